@@ -1,0 +1,34 @@
+# Quickstart: `make demo` runs the whole pipeline on the embedded demo; `make test` runs the tests.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+
+.PHONY: venv demo test dev benchmarks clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+demo: venv
+	$(BIN)/python -m dagster_project.cli demo
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+# The Dagster UI and daemon on the same instance the demo and CLI runs use (http://127.0.0.1:3000).
+dev: venv
+	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+	DFLASH_STORE=$${DFLASH_STORE:-$(CURDIR)/.demo/store} DFLASH_WORK_DIR=$${DFLASH_WORK_DIR:-$(CURDIR)/.demo/work} \
+	DFLASH_NUM_SHARDS=$${DFLASH_NUM_SHARDS:-4} $(BIN)/dagster dev -m dagster_project.definitions
+
+benchmarks: venv
+	$(BIN)/python -m benchmarks.bench_dispatcher
+	$(BIN)/python -m benchmarks.bench_ingest
+	$(BIN)/python -m benchmarks.bench_training_set
+
+clean:
+	rm -rf .demo .work .tmp_dagster_home_*

@@ -1,0 +1,1 @@
+"""Dagster pipeline that builds a token-exact DFlash drafter training set by self-distillation."""

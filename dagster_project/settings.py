@@ -1,0 +1,75 @@
+"""Project-wide settings, read from the environment once when definitions load.
+
+Secrets never live here: credentials come from the environment through `dg.EnvVar` or the AWS
+credential chain. Everything here is plain configuration that is safe to show in the UI.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+DEMO_DATA_DIR = PACKAGE_DIR / "demo_data"
+
+DEFAULT_NUM_SHARDS = 4
+
+
+def env_str(name: str, default: str) -> str:
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from exc
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name, "").strip()
+    return [item.strip() for item in value.split(",") if item.strip()] if value else default
+
+
+def store_uri() -> str:
+    """Root of all pipeline data: a local directory or s3://bucket/prefix."""
+    return env_str("DFLASH_STORE", str(Path.cwd() / ".demo" / "store"))
+
+
+def work_dir() -> Path:
+    """Node-local scratch space: journals, staged uploads."""
+    return Path(env_str("DFLASH_WORK_DIR", str(Path.cwd() / ".work"))).expanduser().resolve()
+
+
+def num_shards() -> int:
+    shards = env_int("DFLASH_NUM_SHARDS", DEFAULT_NUM_SHARDS)
+    if shards < 1:
+        raise ValueError(f"DFLASH_NUM_SHARDS must be >= 1, got {shards}")
+    return shards
+
+
+def prompt_sources() -> list[str]:
+    return env_list("DFLASH_SOURCES", [str(DEMO_DATA_DIR)])
+
+
+def fleet_file() -> Path:
+    """Written by `dflash fleet up`: the endpoints of the running fleet."""
+    return Path(env_str("DFLASH_FLEET_FILE", str(work_dir() / "fleet" / "fleet.json")))
+
+
+def sglang_endpoints() -> list[str]:
+    return env_list("DFLASH_SGLANG_ENDPOINTS", [])
+
+
+def sglang_router() -> str | None:
+    return os.environ.get("DFLASH_SGLANG_ROUTER", "").strip() or None
+
+
+def tokenizer_name() -> str:
+    from dagster_project.tokenizer import BUILTIN_TOKENIZER
+
+    return env_str("DFLASH_TOKENIZER", BUILTIN_TOKENIZER)

@@ -1,0 +1,280 @@
+"""One root URI for all pipeline data: a local directory (demo, tests) or `s3://bucket/prefix` (production).
+
+Both backends expose the same small API over keys relative to the root. Writes are whole objects:
+a local write goes to a temporary file renamed into place, an S3 write is a single PUT (or a completed
+multipart upload), so a reader never sees half an object. Every upload is verified (size and sha256)
+before the call returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+SHA256_METADATA_KEY = "sha256"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    sha256: str | None = None
+    modified: float | None = None
+
+
+class StoreError(RuntimeError):
+    """An object could not be written, read or verified."""
+
+
+class Store(Protocol):
+    uri: str
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo: ...
+    def put_file(self, key: str, path: Path) -> ObjectInfo: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def download(self, key: str, path: Path) -> Path: ...
+    def exists(self, key: str) -> bool: ...
+    def head(self, key: str) -> ObjectInfo | None: ...
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
+    def delete(self, key: str) -> None: ...
+    def url(self, key: str) -> str: ...
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class LocalStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser().resolve()
+        self.uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root not in path.parents and path != self.root:
+            raise StoreError(f"key escapes the store root: {key!r}")
+        return path
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+            tmp.write(data)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp.name, path)
+        return ObjectInfo(key, len(data), sha256_bytes(data), path.stat().st_mtime)
+
+    def put_file(self, key: str, path: Path) -> ObjectInfo:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as tmp:
+            with open(path, "rb") as source:
+                shutil.copyfileobj(source, tmp, _CHUNK)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp.name, target)
+        return ObjectInfo(key, target.stat().st_size, sha256_file(target), target.stat().st_mtime)
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise StoreError(f"no object {self.url(key)}") from exc
+
+    def download(self, key: str, path: Path) -> Path:
+        source = self._path(key)
+        if not source.exists():
+            raise StoreError(f"no object {self.url(key)}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, path)
+        return path
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        stat = path.stat()
+        return ObjectInfo(key, stat.st_size, sha256_file(path), stat.st_mtime)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        base = self._path(prefix) if prefix else self.root
+        search_root = base if base.is_dir() else base.parent
+        if not search_root.exists():
+            return
+        for path in sorted(search_root.rglob("*")):
+            if not path.is_file() or path.name.startswith("."):
+                continue
+            key = path.relative_to(self.root).as_posix()
+            if key.startswith(prefix):
+                stat = path.stat()
+                yield ObjectInfo(key, stat.st_size, None, stat.st_mtime)
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def url(self, key: str) -> str:
+        return str(self.root / key)
+
+
+class S3Store:
+    """Objects under `s3://bucket/prefix`, through a boto3 client (dagster-aws `S3Resource.get_client()`)."""
+
+    def __init__(self, uri: str, client: Any, *, attempts: int = 5, backoff_s: float = 0.5):
+        parsed = urlparse(uri)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise ValueError(f"not an s3:// URI: {uri!r}")
+        self.uri = uri.rstrip("/")
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        self.client = client
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _relative(self, full_key: str) -> str:
+        return full_key[len(self.prefix) + 1 :] if self.prefix else full_key
+
+    def _retrying(self, action: str, key: str, call: Callable[[], Any]) -> Any:
+        """Transient S3 failures (throttling, a restarting endpoint) are retried with exponential backoff."""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return call()
+            except Exception as exc:  # botocore raises many unrelated types for transport errors
+                if attempt == self.attempts or not _is_transient(exc):
+                    raise StoreError(f"{action} {self.url(key)} failed after {attempt} attempt(s): {exc}") from exc
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+    def _verify(self, key: str, size: int, sha256: str) -> ObjectInfo:
+        info = self.head(key)
+        if info is None or info.size != size or info.sha256 != sha256:
+            raise StoreError(
+                f"upload of {self.url(key)} did not verify: expected {size} bytes sha256 {sha256[:12]}, "
+                f"store has {info.size if info else 'nothing'} bytes sha256 {(info.sha256 or '')[:12] if info else ''}"
+            )
+        return info
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        digest = sha256_bytes(data)
+        self._retrying(
+            "PUT",
+            key,
+            lambda: self.client.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=data, Metadata={SHA256_METADATA_KEY: digest}
+            ),
+        )
+        return self._verify(key, len(data), digest)
+
+    def put_file(self, key: str, path: Path) -> ObjectInfo:
+        digest, size = sha256_file(path), path.stat().st_size
+        self._retrying(
+            "upload",
+            key,
+            lambda: self.client.upload_file(
+                str(path), self.bucket, self._key(key), ExtraArgs={"Metadata": {SHA256_METADATA_KEY: digest}}
+            ),
+        )
+        return self._verify(key, size, digest)
+
+    def get_bytes(self, key: str) -> bytes:
+        response = self._retrying("GET", key, lambda: self.client.get_object(Bucket=self.bucket, Key=self._key(key)))
+        return response["Body"].read()
+
+    def download(self, key: str, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._retrying("download", key, lambda: self.client.download_file(self.bucket, self._key(key), str(path)))
+        return path
+
+    def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            response = self._retrying(
+                "HEAD", key, lambda: self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            )
+        except StoreError as exc:
+            if _is_not_found(exc.__cause__):
+                return None
+            raise
+        return ObjectInfo(
+            key,
+            int(response["ContentLength"]),
+            response.get("Metadata", {}).get(SHA256_METADATA_KEY),
+            response["LastModified"].timestamp() if response.get("LastModified") else None,
+        )
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            for item in page.get("Contents", []):
+                yield ObjectInfo(self._relative(item["Key"]), int(item["Size"]), None, item["LastModified"].timestamp())
+
+    def delete(self, key: str) -> None:
+        self._retrying("DELETE", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)))
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+
+def _error_code(exc: BaseException | None) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def _is_not_found(exc: BaseException | None) -> bool:
+    return _error_code(exc) in {"404", "NoSuchKey", "NotFound"}
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if _is_not_found(exc) or _error_code(exc) in {"403", "AccessDenied", "InvalidAccessKeyId", "NoSuchBucket"}:
+        return False
+    return True
+
+
+def open_store(uri: str, s3_client_factory: Callable[[], Any] | None = None) -> Store:
+    """A store for `uri`: `s3://...` needs a client factory (the S3 resource's `get_client`)."""
+    if uri.startswith("s3://"):
+        if s3_client_factory is None:
+            raise ValueError(f"{uri} is an S3 URI but no S3 client was given")
+        return S3Store(uri, s3_client_factory())
+    if "://" in uri:
+        raise ValueError(f"unsupported store URI {uri!r}: use a local path or s3://bucket/prefix")
+    return LocalStore(uri)
+
+
+@contextmanager
+def local_copy(store: Store, key: str) -> Iterator[Path]:
+    """A local file with the object's bytes: the object itself for a local store, a temporary download for S3."""
+    if isinstance(store, LocalStore):
+        path = store._path(key)
+        if not path.is_file():
+            raise StoreError(f"no object {store.url(key)}")
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="dflash-") as tmp:
+        yield store.download(key, Path(tmp) / Path(key).name)

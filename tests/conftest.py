@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.s3_server import running_s3_server
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def require_shared(*relative: str) -> Path:
+    """A file from ../shared (beside the checkout); skip the test, saying why, when it is absent."""
+    path = SHARED.joinpath(*relative)
+    if not path.exists():
+        pytest.skip(f"{path} is absent: this test reads the shared fixtures that sit beside the repository")
+    return path
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    with running_s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch):
+    """A fresh bucket on the session's S3 server; the environment points boto3 and S3Resource at it."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    bucket = f"dflash-{uuid.uuid4().hex[:12]}"
+    s3_server.client().create_bucket(Bucket=bucket)
+    return bucket

@@ -1,0 +1,76 @@
+"""A real S3-protocol server for tests: moto in server mode, as its own process on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing-key",
+    "AWS_SECRET_ACCESS_KEY": "testing-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class S3Server:
+    endpoint: str
+    process: subprocess.Popen
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a client process needs: boto3 (and so dagster-aws S3Resource) reads these itself."""
+        return {**CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint}
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
+        )
+
+
+def _wait_until_up(endpoint: str, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"moto_server exited with {process.returncode}")
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+            return
+        except OSError:
+            time.sleep(0.05)  # polling a condition with a deadline, not synchronising by sleep
+    raise TimeoutError(f"moto_server did not answer on {endpoint} within {timeout_s}s")
+
+
+@contextmanager
+def running_s3_server() -> Iterator[S3Server]:
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    process = subprocess.Popen(
+        [moto, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _wait_until_up(endpoint, process)
+        yield S3Server(endpoint, process)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
