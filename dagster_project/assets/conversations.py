@@ -1,0 +1,77 @@
+"""Asset `conversations` (group prepare): policy, dedup, ids, shards (see prepare.py)."""
+
+# No `from __future__ import annotations`: Dagster 1.13 cannot resolve string annotations of a Config.
+import tempfile
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from dagster_project import layout, settings
+from dagster_project.assets.prompts import raw_prompts
+from dagster_project.prepare import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_QUARANTINE_RATE_MAX, build_conversations
+from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
+from dagster_project.summaries import counts_table
+
+
+class ConversationsConfig(dg.Config):
+    max_prompt_tokens: int = Field(
+        default=DEFAULT_MAX_PROMPT_TOKENS,
+        description="Rows whose last generated turn's prompt has more tokens than this are quarantined (too_long).",
+    )
+    quarantine_rate_max: float = Field(
+        default=DEFAULT_QUARANTINE_RATE_MAX,
+        description="The quarantine-rate check fails above this fraction of input rows.",
+    )
+
+
+@dg.asset(
+    name=layout.CONVERSATIONS,
+    deps=[raw_prompts],
+    group_name="prepare",
+    kinds={"json"},
+    description=(
+        "Normalized conversations under the multi-turn policy, deduplicated, with stable ids, published per "
+        "shard (conversations/shard=NNNNN/); the shards are this asset's files, its partitions are downstream."
+    ),
+)
+def conversations(
+    context: dg.AssetExecutionContext,
+    config: ConversationsConfig,
+    store: DatasetStore,
+    tokenizer: TokenizerResource,
+    generation: GenerationConfig,
+) -> dg.MaterializeResult:
+    data = store.open()
+    settings.work_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="conversations-", dir=settings.work_dir()) as work_dir:
+        manifest = build_conversations(
+            data,
+            tokenizer=tokenizer.load(),
+            settings=generation.settings(),
+            num_shards=settings.num_shards(),
+            work_dir=Path(work_dir),
+            max_prompt_tokens=config.max_prompt_tokens,
+            quarantine_rate_max=config.quarantine_rate_max,
+            log=context.log.info,
+        )
+    return dg.MaterializeResult(
+        metadata={
+            "rows": manifest["rows"],
+            "input_rows": manifest["input_rows"],
+            "quarantined": manifest["quarantined"],
+            "quarantine_rate": dg.MetadataValue.float(manifest["quarantine_rate"]),
+            "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest["quarantined_by_reason"])),
+            "by_source": dg.MetadataValue.md(counts_table("source", manifest["by_source"])),
+            "by_policy": dg.MetadataValue.md(counts_table("policy", manifest["by_policy"])),
+            "policy": manifest["policy"],
+            "history": manifest["history"],
+            "multi_turn": manifest["multi_turn"],
+            "turns": manifest["turns"],
+            "num_shards": manifest["num_shards"],
+            "prompts_tokenized": manifest["prompts_tokenized"],
+            "ids_digest": manifest["ids_digest"],
+            "rows_per_s": manifest["input_rows"] / manifest["seconds"] if manifest["seconds"] else 0.0,
+            "uri": dg.MetadataValue.path(data.url(layout.CONVERSATIONS)),
+        }
+    )

@@ -1,0 +1,140 @@
+"""Checks on the `conversations` asset: quarantine rate, duplicate ids, multi-turn counts, the GX suite.
+
+Each reads what is published in the store (manifests and shards), not what the asset meant to write.
+"""
+
+# No `from __future__ import annotations`: Dagster 1.13 resolves resource parameters from real annotations.
+import dagster as dg
+
+from dagster_project import layout
+from dagster_project.assets.conversations import conversations
+from dagster_project.conversation_shards import scan_shards
+from dagster_project.manifest import read_stage_manifest
+from dagster_project.resources import DatasetStore
+from dagster_project.storage import Store
+from dagster_project.summaries import counts_table
+
+
+def _stage_manifest(store: Store) -> dict:
+    manifest = read_stage_manifest(store, layout.CONVERSATIONS)
+    if manifest is None:
+        raise dg.Failure(f"no {store.url(layout.stage_manifest_key(layout.CONVERSATIONS))}: the conversations stage is not published")
+    return manifest
+
+
+@dg.asset_check(
+    asset=conversations,
+    blocking=True,
+    description="Quarantined rows (both stages) stay below the run's quarantine_rate_max, and every input row is accounted for.",
+)
+def conversations_quarantine_rate(store: DatasetStore) -> dg.AssetCheckResult:
+    manifest = _stage_manifest(store.open())
+    rate, limit = manifest["quarantine_rate"], manifest["quarantine_rate_max"]
+    accounted = manifest["input_rows"] == manifest["rows"] + manifest["quarantined"]
+    return dg.AssetCheckResult(
+        passed=accounted and rate <= limit,
+        description=(
+            f"{manifest['quarantined']} of {manifest['input_rows']} rows quarantined ({rate:.2%}, limit {limit:.2%})"
+            + ("" if accounted else "; input rows != conversations + quarantined")
+        ),
+        metadata={
+            "input_rows": manifest["input_rows"],
+            "conversations": manifest["rows"],
+            "quarantined": manifest["quarantined"],
+            "quarantine_rate": dg.MetadataValue.float(rate),
+            "quarantine_rate_max": dg.MetadataValue.float(limit),
+            "by_reason": dg.MetadataValue.md(counts_table("reason", manifest["quarantined_by_reason"])),
+            "by_stage": dg.MetadataValue.json(manifest["quarantined_by_stage"]),
+            "by_source": dg.MetadataValue.md(counts_table("source", manifest["by_source"])),
+        },
+    )
+
+
+@dg.asset_check(
+    asset=conversations,
+    blocking=True,
+    description="Every published conversation id is unique, in the shard its id hashes to, and every shard matches its manifest.",
+)
+def conversations_unique_ids(store: DatasetStore) -> dg.AssetCheckResult:
+    data = store.open()
+    manifest = _stage_manifest(data)
+    scan = scan_shards(data, manifest)
+    problems = {
+        "duplicate_ids": scan.duplicate_ids,
+        "misplaced_ids": scan.misplaced_ids,
+        "missing_shards": scan.missing_shards,
+        "shards_from_another_build": scan.other_build_shards,
+        "shards_whose_ids_differ_from_manifest": scan.digest_mismatches,
+    }
+    found = {name: values for name, values in problems.items() if values}
+    if scan.rows != manifest["rows"]:
+        found["row_count"] = [f"{scan.rows} in shards, {manifest['rows']} in the manifest"]
+    return dg.AssetCheckResult(
+        passed=not found,
+        description="; ".join(f"{name}: {values[:5]}" for name, values in found.items()) or f"{scan.rows} unique ids",
+        metadata={
+            "conversations": scan.rows,
+            "num_shards": manifest["num_shards"],
+            **{name: len(values) for name, values in problems.items()},
+            "examples": dg.MetadataValue.json({name: values[:20] for name, values in found.items()}),
+        },
+    )
+
+
+@dg.asset_check(
+    asset=conversations,
+    description="Multi-turn conversations and generated turns by policy, recounted from the shards, match the manifest.",
+)
+def conversations_multi_turn_counts(store: DatasetStore) -> dg.AssetCheckResult:
+    data = store.open()
+    manifest = _stage_manifest(data)
+    counted = {policy: dict(counts) for policy, counts in scan_shards(data, manifest).by_policy.items()}
+    expected = {policy: counts for policy, counts in manifest["by_policy"].items() if counts["conversations"]}
+    totals = {key: sum(c.get(key, 0) for c in counted.values()) for key in ("conversations", "multi_turn", "turns")}
+    return dg.AssetCheckResult(
+        passed=counted == expected,
+        description=(
+            f"{totals['multi_turn']} multi-turn of {totals['conversations']} conversations, {totals['turns']} turns to generate"
+            if counted == expected
+            else f"shards hold {counted}, the manifest says {expected}"
+        ),
+        metadata={
+            "policy": manifest["policy"],
+            "history": manifest["history"],
+            "conversations": totals["conversations"],
+            "multi_turn": totals["multi_turn"],
+            "multi_turn_rate": dg.MetadataValue.float(totals["multi_turn"] / totals["conversations"] if totals["conversations"] else 0.0),
+            "turns": totals["turns"],
+            "turns_per_conversation": dg.MetadataValue.float(totals["turns"] / totals["conversations"] if totals["conversations"] else 0.0),
+            "by_policy": dg.MetadataValue.md(counts_table("policy", counted)),
+        },
+    )
+
+
+@dg.asset_check(
+    asset=conversations,
+    blocking=True,
+    description="Great Expectations 1.x suites on the published conversations: roles, non-empty content, unique ids, turn structure.",
+)
+def conversations_gx_suite(store: DatasetStore) -> dg.AssetCheckResult:
+    from dagster_project.gx_conversations import ConversationSuites, shard_chunks
+
+    data = store.open()
+    manifest = _stage_manifest(data)
+    summary = ConversationSuites().validate(shard_chunks(data, manifest["num_shards"]), manifest["num_shards"])
+    failed = summary.failed()
+    return dg.AssetCheckResult(
+        passed=summary.success,
+        description=(
+            f"{len(summary.outcomes)} expectations passed"
+            if not failed
+            else "failed: " + ", ".join(f"{o.suite}.{o.expectation}({o.columns}) x{o.unexpected}" for o in failed)
+        ),
+        metadata={
+            "expectations": len(summary.outcomes),
+            "failed_expectations": len(failed),
+            "chunks": summary.chunks,
+            "rows_validated": dg.MetadataValue.json(summary.rows),
+            "summary": dg.MetadataValue.md(summary.markdown()),
+        },
+    )

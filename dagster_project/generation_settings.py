@@ -1,0 +1,57 @@
+"""Generation settings and their fingerprint.
+
+The fingerprint covers everything that changes what the model is asked or how it samples. It is stored
+in every completions manifest and journal, so a shard generated under other settings is recognised as
+stale and never mixed with new results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+
+import orjson
+
+from dagster_project.records import POLICIES
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    # Qwen3.6 model card, thinking mode, general tasks (reference sglang.md §7).
+    max_new_tokens: int = 32768
+    temperature: float = 1.0
+    top_p: float = 0.95
+    top_k: int = 20
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    enable_thinking: bool = True
+    preserve_thinking: bool = False
+    policy: str = "all_turns"
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown multi-turn policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    def sampling_params(self) -> dict:
+        """Every sampling parameter explicit: /generate applies no generation_config defaults (reference TL;DR 3)."""
+        return {
+            "max_new_tokens": int(self.max_new_tokens),
+            "temperature": float(self.temperature),
+            "top_p": float(self.top_p),
+            "top_k": int(self.top_k),
+            "min_p": float(self.min_p),
+            "presence_penalty": float(self.presence_penalty),
+            "repetition_penalty": float(self.repetition_penalty),
+            # output_ids are what we train on; text is for people, so keep special tokens visible in it.
+            "skip_special_tokens": False,
+            "no_stop_trim": False,
+        }
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+    def as_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,116 @@
+"""The records that cross stage boundaries, and their on-disk schemas.
+
+* `Conversation`: one normalized conversation (JSON Lines in `conversations/shard=NNNNN/`).
+* `COMPLETION_SCHEMA`: one generation event per generated assistant turn (Parquet in `completions/`).
+* `TRAINING_SCHEMA`: one training row per usable generation event (Parquet in `training_set/`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+ROLES = ("system", "user", "assistant")
+POLICIES = ("all_turns", "last_turn", "first_turn", "user_only")
+HISTORY_GENERATED = "generated"
+HISTORY_SOURCE = "source"
+
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+
+
+@dataclass
+class Conversation:
+    id: str
+    messages: list[dict[str, Any]]
+    # Indices into `messages` of the user messages whose reply is generated, in order.
+    generate_after: list[int]
+    policy: str = "all_turns"
+    # "generated": earlier assistant turns in a prompt are the model's own regenerated answers;
+    # "source": the source's assistant turns are kept as context.
+    history: str = HISTORY_GENERATED
+    source: str = ""
+    source_file: str = ""
+    source_row: int = -1
+    shard: int = -1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.generate_after)
+
+    def event_id(self, turn: int) -> str:
+        return f"{self.id}#turn{turn}"
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self)  # orjson serializes dataclasses natively, much faster than asdict
+
+    @classmethod
+    def from_json(cls, line: bytes | str) -> Conversation:
+        return cls(**orjson.loads(line))
+
+
+def split_event_id(event_id: str) -> tuple[str, int]:
+    conversation_id, _, turn = event_id.rpartition("#turn")
+    return conversation_id, int(turn)
+
+
+_ids = pa.list_(pa.int32())
+
+COMPLETION_SCHEMA = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("conversation_id", pa.string()),
+        ("turn_index", pa.int32()),
+        ("num_turns", pa.int32()),
+        ("policy", pa.string()),
+        ("shard", pa.int32()),
+        ("status", pa.string()),  # "ok" or "error"; an error never carries an answer
+        ("error_kind", pa.string()),
+        ("error_message", pa.string()),
+        ("prompt_ids", _ids),
+        ("output_ids", _ids),
+        ("text", pa.string()),
+        ("finish_reason", pa.string()),  # finish_reason.type: stop | length | abort
+        ("finish_matched", pa.string()),
+        ("prompt_tokens", pa.int32()),
+        ("completion_tokens", pa.int32()),
+        ("cached_tokens", pa.int32()),
+        ("spec_verify_ct", pa.int32()),
+        ("spec_accept_length", pa.float64()),
+        ("spec_accept_rate", pa.float64()),
+        ("spec_num_correct_drafts", pa.int32()),
+        ("spec_num_proposed_drafts", pa.int32()),
+        ("e2e_latency_s", pa.float64()),
+        ("client_latency_s", pa.float64()),
+        ("server", pa.string()),
+        ("rid", pa.string()),
+        ("attempts", pa.int32()),
+        ("finished_at", pa.float64()),
+        ("settings_fingerprint", pa.string()),
+    ]
+)
+
+TRAINING_SCHEMA = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("conversation_id", pa.string()),
+        ("turn_index", pa.int32()),
+        ("shard", pa.int32()),
+        ("input_ids", _ids),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("num_tokens", pa.int32()),
+        ("num_loss_tokens", pa.int32()),
+        ("prompt_tokens", pa.int32()),
+        ("completion_tokens", pa.int32()),
+        ("finish_reason", pa.string()),
+        ("truncated", pa.bool_()),
+    ]
+)
+
+
+def empty_completion_row() -> dict[str, Any]:
+    return {name: None for name in COMPLETION_SCHEMA.names}

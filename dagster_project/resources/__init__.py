@@ -1,0 +1,6 @@
+from dagster_project.resources.fleet import SGLangFleet
+from dagster_project.resources.generation import GenerationConfig
+from dagster_project.resources.store import DatasetStore
+from dagster_project.resources.tokenizer import TokenizerResource
+
+__all__ = ["DatasetStore", "GenerationConfig", "SGLangFleet", "TokenizerResource"]
