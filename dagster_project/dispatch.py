@@ -1,0 +1,675 @@
+"""Asyncio dispatcher over an SGLang fleet: per-server windows, failover, exactly-once outcomes.
+
+Each server gets an in-flight window sized from its own `/server_info`
+(`internal_states[*].effective_max_running_requests_per_dp`, reference §3.3) times `oversubscription`.
+The default 1.25 keeps a small queue at each server (reference §6), so a finished request's slot is
+refilled at once instead of after a round trip: in benchmarks/bench_dispatcher.py a window equal to the
+cap leaves each server below its cap ~5% of the time, 1.25x keeps it there 100% of the time.
+Requests are pulled from the caller lazily, only when some window has room, so memory stays bounded
+however long the input is. Every request key ends exactly once, through one `on_outcome` call: with the
+first result that arrives, or with an error that says why.
+
+Failures, and what happens to the requests caught in them:
+
+* a dropped connection or a refused one: the server is quarantined; its requests fail on their own and
+  are retried on other servers;
+* a hang (`/health` answers, nothing finishes for `watchdog_s`): the server is quarantined and its
+  requests are sent again elsewhere while the originals keep their chance; the first answer wins and the
+  other attempts are cancelled and aborted on their servers;
+* 503 queue full: the server cools down (no new work) for a growing pause, and is quarantined if it
+  keeps refusing;
+* request errors (context overflow, bad request) end the request at once as an error outcome.
+
+Quarantined servers are re-probed with `/health`, `/server_info` and a one-token canary request
+(a hung server still answers `/health`), and rejoin when all three pass. If no server is usable for
+`fleet_down_grace_s`, `run` raises `FleetDownError` instead of turning the remaining work into errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+)
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from dagster_project.sglang.client import (
+    CONNECTION_DROPPED,
+    NOT_FOUND,
+    QUEUE_FULL,
+    SERVER_ERROR,
+    SERVER_UNAVAILABLE,
+    TIMEOUT,
+    UNAUTHORIZED,
+    GenerateResult,
+    SGLangClient,
+    SGLangError,
+    new_session,
+)
+
+HEALTHY = "healthy"
+QUARANTINED = "quarantined"
+UNPROBED = "unprobed"
+
+# The endpoint is wrong (bad key, bad URL), not the request: the request waits for a usable server.
+_MISCONFIGURED_KINDS = frozenset({UNAUTHORIZED, NOT_FOUND})
+# Failures of the path to a server, not of the request: the server is set aside at once.
+_SERVER_DOWN_KINDS = frozenset({CONNECTION_DROPPED, SERVER_UNAVAILABLE}) | _MISCONFIGURED_KINDS
+# The request never ran (refused, rejected before admission): the attempt is not charged to it.
+_UNCHARGED_KINDS = frozenset({SERVER_UNAVAILABLE, QUEUE_FULL}) | _MISCONFIGURED_KINDS
+_QUEUE_FULL_QUARANTINE = 8  # consecutive 503s (about 30 s of cooling down) before a server is set aside
+_SERVER_ERROR_QUARANTINE = 5  # consecutive 5xx answers before a server is set aside
+_CANARY_PARAMS = {"max_new_tokens": 1, "temperature": 0.0}
+
+
+@dataclass
+class GenRequest:
+    key: str  # unique per request (the generation event id)
+    input_ids: list[int]
+    sampling_params: dict
+    payload: Any = None  # the caller's, returned untouched in the Outcome
+
+
+@dataclass
+class Outcome:
+    """How one request ended: exactly one of `result` and `error` is set."""
+
+    request: GenRequest
+    result: GenerateResult | None
+    error: SGLangError | None
+    server: str  # the server that produced the result or the final error
+    attempts: int  # attempts started for this request, hedged ones included
+    latency_s: float  # of the attempt that ended the request
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None
+
+
+@dataclass
+class DispatchStats:
+    outcomes: int = 0
+    results: int = 0
+    errors: Counter = field(default_factory=Counter)  # by error kind
+    attempts: int = 0
+    retries: int = 0
+    hedges: int = 0  # requests sent again because their server stopped making progress
+    late_results: int = 0  # results that arrived after their request had ended (dropped)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "errors": dict(self.errors)}
+
+
+class FleetDownError(RuntimeError):
+    """No server was usable for longer than the grace period; the run stops instead of failing its work."""
+
+
+@dataclass(eq=False)
+class _Work:
+    request: GenRequest
+    attempts: int = 0
+    charged: int = 0  # attempts that count against max_attempts
+    tried: set = field(default_factory=set)
+    live: list = field(default_factory=list)  # attempts in flight
+    queued: bool = False
+    done: bool = False
+
+
+@dataclass(eq=False)
+class _Attempt:
+    work: _Work
+    server: _Server
+    rid: str
+    started: float
+    task: asyncio.Task | None = None
+    abandoned: bool = False  # its server was written off; a hedge runs elsewhere
+
+
+@dataclass(eq=False)
+class _Server:
+    url: str
+    state: str = UNPROBED
+    reason: str | None = None
+    window: int = 0
+    cap: int | None = None
+    in_flight: dict = field(default_factory=dict)  # rid -> _Attempt
+    done: int = 0
+    errors: Counter = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    last_progress: float = 0.0
+    cooldown_until: float = 0.0
+    consecutive_503: int = 0
+    consecutive_5xx: int = 0
+    next_health: float = 0.0
+    next_probe: float = 0.0
+    probe_failures: int = 0
+    probing: bool = False
+    client: SGLangClient | None = None
+
+
+def _iterate(
+    requests: Iterable[GenRequest] | AsyncIterable[GenRequest],
+) -> Iterator[GenRequest] | AsyncIterator[GenRequest]:
+    return requests.__aiter__() if isinstance(requests, AsyncIterable) else iter(requests)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        endpoints: list[str],
+        *,
+        api_key: str | None = None,
+        oversubscription: float = 1.25,
+        request_timeout_s: float = 3600.0,
+        max_attempts: int = 3,
+        probe_interval_s: float = 5.0,
+        watchdog_s: float = 600.0,
+        fleet_down_grace_s: float = 300.0,
+        windows: Mapping[str, int] | None = None,
+        default_window: int | None = None,
+        probe_timeout_s: float = 30.0,
+        canary_timeout_s: float = 120.0,
+        max_probe_backoff_s: float = 60.0,
+        require_reasoning: bool = True,
+        session: aiohttp.ClientSession | None = None,
+    ):
+        """`windows` fixes the window of given endpoints (a router has no scheduler state of its own);
+        `default_window` is used for any endpoint whose `/server_info` does not report its cap."""
+        if not endpoints:
+            raise ValueError("no endpoints")
+        if len(set(endpoints)) != len(endpoints):
+            raise ValueError(f"duplicate endpoints in {endpoints}")
+        if oversubscription <= 0 or max_attempts < 1:
+            raise ValueError("oversubscription must be > 0 and max_attempts >= 1")
+        self.endpoints = [url.rstrip("/") for url in endpoints]
+        self.api_key = api_key
+        self.oversubscription = oversubscription
+        self.request_timeout_s = request_timeout_s
+        self.max_attempts = max_attempts
+        self.probe_interval_s = probe_interval_s
+        self.watchdog_s = watchdog_s
+        self.fleet_down_grace_s = fleet_down_grace_s
+        self.windows = {url.rstrip("/"): n for url, n in (windows or {}).items()}
+        self.default_window = default_window
+        self.probe_timeout_s = probe_timeout_s
+        self.canary_timeout_s = canary_timeout_s
+        self.max_probe_backoff_s = max_probe_backoff_s
+        self.require_reasoning = require_reasoning
+        self._session = session
+        self._servers = [_Server(url) for url in self.endpoints]
+        self._running = False
+        self.stats = DispatchStats()
+        self._started = time.monotonic()
+        self._down_since: float | None = None
+
+    # ---- public --------------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        requests: Iterable[GenRequest] | AsyncIterable[GenRequest],
+        on_outcome: Callable[[Outcome], Iterable[GenRequest] | None | Awaitable[Iterable[GenRequest] | None]],
+    ) -> DispatchStats:
+        """Dispatch every request (and the follow-ups `on_outcome` returns) until each has ended once."""
+        if self._running:
+            raise RuntimeError("Dispatcher.run is already running")
+        self._running = True
+        self._reset(requests)
+        session = self._session or new_session()
+        for server in self._servers:
+            server.client = SGLangClient(server.url, self.api_key, session, probe_timeout_s=self.probe_timeout_s)
+        helpers: list[asyncio.Task] = []
+        try:
+            await asyncio.gather(*(self._first_probe(server) for server in self._servers))
+            helpers = [asyncio.create_task(self._monitor()), asyncio.create_task(self._deliver(on_outcome))]
+            while True:
+                self._wake.clear()
+                if self._fatal is not None:
+                    raise self._fatal
+                self._fill()
+                if self._finished():
+                    break
+                await self._wake.wait()
+        finally:
+            self._running = False
+            await self._shutdown(helpers, session)
+        self.stats.elapsed_s = time.monotonic() - self._started
+        return self.stats
+
+    def snapshot(self) -> dict:
+        """Live state per server and totals (cheap; safe to call from another task at any time)."""
+        now = time.monotonic()
+        servers = {}
+        for s in self._servers:
+            servers[s.url] = {
+                "state": "cooling_down" if s.state == HEALTHY and now < s.cooldown_until else s.state,
+                "reason": s.reason,
+                "window": s.window,
+                "max_running_requests": s.cap,
+                "in_flight": len(s.in_flight),
+                "done": s.done,
+                "errors": dict(s.errors),
+                "prompt_tokens": s.prompt_tokens,
+                "completion_tokens": s.completion_tokens,
+                "since_progress_s": round(now - s.last_progress, 3) if s.in_flight else None,
+            }
+        totals = {
+            **self.stats.as_dict(),
+            "in_flight": sum(len(s.in_flight) for s in self._servers),
+            "pending_retries": len(self._retries) if self._running else 0,
+            "pending_followups": len(self._followups) if self._running else 0,
+            "undelivered": self._undelivered if self._running else 0,
+            "healthy_servers": sum(s.state == HEALTHY for s in self._servers),
+            "elapsed_s": now - self._started,
+        }
+        return {"servers": servers, "totals": totals, "running": self._running}
+
+    # ---- the coordinator -----------------------------------------------------------------------------
+
+    def _reset(self, requests: Iterable[GenRequest] | AsyncIterable[GenRequest]) -> None:
+        self.stats = DispatchStats()
+        self._started = time.monotonic()
+        self._source = _iterate(requests)
+        self._source_done = False
+        self._pull: asyncio.Task | None = None
+        self._retries: deque[_Work] = deque()
+        self._followups: deque[_Work] = deque()
+        self._live: dict[str, _Work] = {}
+        self._outcomes: deque[Outcome] = deque()
+        self._undelivered = 0
+        self._wake = asyncio.Event()
+        self._outcome_ready = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self._probes: set[asyncio.Task] = set()
+        self._aborts: set[asyncio.Task] = set()
+        self._down_since = None
+        for server in self._servers:
+            server.in_flight.clear()
+
+    def _finished(self) -> bool:
+        return self._source_done and self._pull is None and not self._live and self._undelivered == 0
+
+    def _backlog_limit(self) -> int:
+        """Outcomes waiting for `on_outcome` hold whole answers: stop pulling when a fleet's worth piles up.
+
+        So at most twice the sum of the windows are pulled and not yet delivered.
+        """
+        return max(1, sum(s.window for s in self._servers))
+
+    def _fill(self) -> None:
+        now = time.monotonic()
+        while self._undelivered < self._backlog_limit():
+            if not any(self._has_room(s, now) for s in self._servers):
+                return
+            work = self._next_work()
+            if work is None:
+                return
+            server = self._pick(work, now)
+            if server is None:  # cannot happen after _has_room, but never lose work
+                self._retries.appendleft(work)
+                work.queued = True
+                return
+            self._launch(work, server, now)
+
+    def _next_work(self) -> _Work | None:
+        for queue in (self._retries, self._followups):
+            if queue:
+                work = queue.popleft()
+                work.queued = False
+                return work
+        if self._source_done:
+            return None
+        if isinstance(self._source, AsyncIterator):
+            return self._next_async()
+        try:
+            request = next(self._source)
+        except StopIteration:
+            self._source_done = True
+            return None
+        return self._admit(request)
+
+    def _next_async(self) -> _Work | None:
+        """Take what a background pull fetched, or start one: a slow source never stalls retries."""
+        if self._pull is None:
+            self._pull = asyncio.ensure_future(self._source.__anext__())
+            self._pull.add_done_callback(lambda _: self._wake.set())
+            return None
+        if not self._pull.done():
+            return None
+        pull, self._pull = self._pull, None
+        try:
+            return self._admit(pull.result())
+        except StopAsyncIteration:
+            self._source_done = True
+            return None
+
+    def _admit(self, request: GenRequest) -> _Work:
+        if request.key in self._live:
+            raise ValueError(f"request key {request.key!r} is already in flight: keys must be unique")
+        work = _Work(request)
+        self._live[request.key] = work
+        return work
+
+    def _has_room(self, server: _Server, now: float) -> bool:
+        return server.state == HEALTHY and len(server.in_flight) < server.window and now >= server.cooldown_until
+
+    def _pick(self, work: _Work, now: float) -> _Server | None:
+        """The least loaded server with room, preferring servers this request has not failed on."""
+        best, best_score = None, None
+        for server in self._servers:
+            if self._has_room(server, now):
+                score = (server.url in work.tried, len(server.in_flight) / server.window)
+                if best_score is None or score < best_score:
+                    best, best_score = server, score
+        return best
+
+    def _launch(self, work: _Work, server: _Server, now: float) -> None:
+        work.attempts += 1
+        work.charged += 1
+        work.tried.add(server.url)
+        self.stats.attempts += 1
+        if work.attempts > 1:
+            self.stats.retries += 1
+        attempt = _Attempt(work, server, uuid.uuid4().hex, now)
+        if not server.in_flight:
+            server.last_progress = now  # the watchdog measures silence while busy, not idle time
+        server.in_flight[attempt.rid] = attempt
+        work.live.append(attempt)
+        attempt.task = asyncio.create_task(self._attempt(attempt))
+
+    async def _attempt(self, attempt: _Attempt) -> None:
+        request = attempt.work.request
+        try:
+            result = await attempt.server.client.generate(
+                request.input_ids,
+                request.sampling_params,
+                rid=attempt.rid,
+                timeout=self.request_timeout_s,
+                require_reasoning=self.require_reasoning,
+            )
+        except SGLangError as error:
+            self._settle(attempt, None, error)
+        except Exception as exc:  # noqa: BLE001 -- a bug here must stop the run, not hide as an error record
+            self._fatal = exc
+            self._wake.set()
+        else:
+            self._settle(attempt, result, None)
+
+    # ---- settling attempts -----------------------------------------------------------------------------
+
+    def _settle(self, attempt: _Attempt, result: GenerateResult | None, error: SGLangError | None) -> None:
+        now = time.monotonic()
+        server, work = attempt.server, attempt.work
+        server.in_flight.pop(attempt.rid, None)
+        if attempt in work.live:
+            work.live.remove(attempt)
+        latency = now - attempt.started
+        self._wake.set()
+        if result is not None:
+            server.last_progress = now
+            server.done += 1
+            server.consecutive_503 = server.consecutive_5xx = 0
+            server.prompt_tokens += result.prompt_tokens
+            server.completion_tokens += result.completion_tokens
+            if work.done:
+                self.stats.late_results += 1  # first result wins
+            else:
+                self._finish(work, result, None, server, latency)
+            return
+        server.errors[error.kind] += 1
+        self._server_failed(server, error, now)
+        if work.done:
+            return
+        if error.kind == TIMEOUT:
+            self._abort_later(server, attempt.rid)
+        if not error.retryable and error.kind not in _MISCONFIGURED_KINDS:
+            self._finish(work, None, error, server, latency)
+            return
+        if error.kind in _UNCHARGED_KINDS:
+            work.charged -= 1
+        if work.live or work.queued:
+            return  # another attempt is still running, or one is already queued
+        if work.charged >= self.max_attempts:
+            self._finish(work, None, error, server, latency)
+        else:
+            self._requeue(work)
+
+    def _server_failed(self, server: _Server, error: SGLangError, now: float) -> None:
+        # A 502/503/504 *answer* comes from something alive (a router whose worker failed): count it like
+        # a 5xx instead of writing the endpoint off; unreachable endpoints are written off at once.
+        if error.kind in _SERVER_DOWN_KINDS and (error.status is None or error.kind in _MISCONFIGURED_KINDS):
+            self._quarantine(server, error.kind, now)
+        elif error.kind == QUEUE_FULL:
+            server.consecutive_503 += 1
+            server.cooldown_until = now + min(30.0, 0.25 * 2 ** (server.consecutive_503 - 1))
+            if server.consecutive_503 >= _QUEUE_FULL_QUARANTINE:
+                self._quarantine(server, QUEUE_FULL, now)
+        elif error.kind in (SERVER_ERROR, SERVER_UNAVAILABLE):
+            server.consecutive_5xx += 1
+            if server.consecutive_5xx >= _SERVER_ERROR_QUARANTINE:
+                self._quarantine(server, error.kind, now)
+        elif error.kind != TIMEOUT:
+            server.last_progress = now  # it answered (a request error, an abort): alive
+
+    def _requeue(self, work: _Work) -> None:
+        work.queued = True
+        self._retries.append(work)
+
+    def _finish(
+        self, work: _Work, result: GenerateResult | None, error: SGLangError | None, server: _Server, latency: float
+    ) -> None:
+        work.done = True
+        del self._live[work.request.key]
+        for loser in work.live:  # hedges that lost: free their slots
+            loser.task.cancel()
+            loser.server.in_flight.pop(loser.rid, None)
+            self._abort_later(loser.server, loser.rid)
+        work.live.clear()
+        self.stats.outcomes += 1
+        if result is not None:
+            self.stats.results += 1
+            self.stats.prompt_tokens += result.prompt_tokens
+            self.stats.completion_tokens += result.completion_tokens
+        else:
+            self.stats.errors[error.kind] += 1
+        self._outcomes.append(Outcome(work.request, result, error, server.url, work.attempts, latency))
+        self._undelivered += 1
+        self._outcome_ready.set()
+
+    def _abort_later(self, server: _Server, rid: str) -> None:
+        """Best effort: free the slot on the server now rather than when it notices the disconnect."""
+        self._spawn(self._abort(server, rid), self._aborts)
+
+    async def _abort(self, server: _Server, rid: str) -> None:
+        try:
+            await server.client.abort(rid, timeout=min(5.0, self.probe_timeout_s))
+        except SGLangError:
+            pass  # a dead server has nothing left to abort
+
+    def _spawn(self, coroutine: Awaitable, tasks: set[asyncio.Task] | None = None) -> None:
+        tasks = self._probes if tasks is None else tasks
+        task = asyncio.ensure_future(coroutine)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    # ---- health ----------------------------------------------------------------------------------------------
+
+    def _quarantine(self, server: _Server, reason: str, now: float) -> None:
+        if server.state == QUARANTINED:
+            return
+        server.state, server.reason = QUARANTINED, reason
+        server.next_probe = now  # first re-probe right away; later ones back off
+
+    def _hedge(self, server: _Server) -> None:
+        """Send the requests stuck on a silent server elsewhere; the originals keep running."""
+        for attempt in list(server.in_flight.values()):
+            attempt.abandoned = True
+            work = attempt.work
+            if work.done or work.queued or any(not a.abandoned for a in work.live):
+                continue
+            if work.charged < self.max_attempts:
+                self.stats.hedges += 1
+                self._requeue(work)
+
+    async def _window(self, server: _Server) -> int:
+        if server.url in self.windows:
+            return self.windows[server.url]
+        try:
+            info = await server.client.server_info()
+        except SGLangError as error:
+            if error.kind != NOT_FOUND:  # sglang-router has no /server_info at all
+                raise
+            info = {}
+        caps = [state.get("effective_max_running_requests_per_dp") for state in info.get("internal_states") or []]
+        if caps and all(isinstance(cap, int) and cap > 0 for cap in caps):
+            server.cap = sum(caps)  # one entry per DP rank
+            return max(1, math.ceil(server.cap * self.oversubscription))
+        if self.default_window is not None:
+            return self.default_window
+        raise ValueError(
+            f"cannot size the window of {server.url}: it reports no "
+            "internal_states[].effective_max_running_requests_per_dp (a router?); pass windows= or default_window="
+        )
+
+    async def _first_probe(self, server: _Server) -> None:
+        now = time.monotonic()
+        try:
+            server.window = await self._window(server)
+        except SGLangError as error:
+            server.state, server.reason, server.next_probe = QUARANTINED, error.kind, now
+            return
+        server.state, server.reason = HEALTHY, None
+        server.next_health = now + self.probe_interval_s
+
+    async def _readmit(self, server: _Server) -> None:
+        """Rejoin only when the server answers health, reports its cap, and really generates a token."""
+        server.probing = True
+        try:
+            # /health, not /health_generate: on SGLang both generate a token, but sglang-router has only /health.
+            if not await server.client.health(timeout=self.probe_timeout_s):
+                raise SGLangError(SERVER_UNAVAILABLE, "/health failed", url=server.url)
+            window = await self._window(server)
+            await server.client.generate([0], _CANARY_PARAMS, timeout=self.canary_timeout_s, require_reasoning=False)
+        except ValueError as exc:  # the server came back unable to report its cap: a configuration error
+            self._fatal = exc
+        except SGLangError as error:
+            server.probe_failures += 1
+            server.reason = f"{server.reason.split(' (')[0]} (re-probe: {error.kind})" if server.reason else error.kind
+            backoff = min(self.max_probe_backoff_s, self.probe_interval_s * 2 ** min(server.probe_failures - 1, 10))
+            server.next_probe = time.monotonic() + backoff
+        else:
+            now = time.monotonic()
+            server.state, server.reason, server.window = HEALTHY, None, window
+            server.probe_failures = server.consecutive_503 = server.consecutive_5xx = 0
+            server.last_progress, server.next_health, server.cooldown_until = now, now + self.probe_interval_s, 0.0
+        finally:
+            server.probing = False
+            self._wake.set()
+
+    async def _health(self, server: _Server) -> None:
+        server.probing = True
+        try:
+            if not await server.client.health(timeout=self.probe_timeout_s) and server.state == HEALTHY:
+                self._quarantine(server, "health_failed", time.monotonic())
+        finally:
+            server.probing = False
+            server.next_health = time.monotonic() + self.probe_interval_s
+            self._wake.set()
+
+    async def _monitor(self) -> None:
+        tick = min(0.25, self.probe_interval_s / 4, self.watchdog_s / 4)
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for server in self._servers:
+                stuck = any(not a.abandoned for a in server.in_flight.values())
+                if stuck and now - server.last_progress > self.watchdog_s:
+                    self._quarantine(server, "no_progress", now)
+                    self._hedge(server)
+                if server.probing:
+                    continue
+                if server.state == HEALTHY and now >= server.next_health:
+                    self._spawn(self._health(server))
+                elif server.state != HEALTHY and now >= server.next_probe:
+                    self._spawn(self._readmit(server))
+            self._check_fleet(now)
+            self._wake.set()  # cooldowns end and probes finish: let the coordinator look again
+
+    def _check_fleet(self, now: float) -> None:
+        if any(s.state == HEALTHY for s in self._servers) or self._finished():
+            self._down_since = None
+            return
+        if self._down_since is None:
+            self._down_since = now
+        elif now - self._down_since > self.fleet_down_grace_s and self._fatal is None:
+            reasons = ", ".join(f"{s.url}: {s.reason}" for s in self._servers)
+            self._fatal = FleetDownError(
+                f"no usable server for {now - self._down_since:.0f}s ({reasons}); "
+                f"{len(self._live)} requests unfinished, {self.stats.outcomes} ended"
+            )
+
+    # ---- delivery and shutdown -----------------------------------------------------------------------------
+
+    async def _deliver(self, on_outcome: Callable[[Outcome], Any]) -> None:
+        """Call `on_outcome` in order, one at a time; its follow-ups go ahead of new requests."""
+        try:
+            while True:
+                while not self._outcomes:
+                    self._outcome_ready.clear()
+                    await self._outcome_ready.wait()
+                outcome = self._outcomes.popleft()
+                followups = on_outcome(outcome)
+                if inspect.isawaitable(followups):
+                    followups = await followups
+                for request in followups or ():
+                    work = self._admit(request)
+                    work.queued = True
+                    self._followups.append(work)
+                self._undelivered -= 1
+                self._wake.set()
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self._fatal = exc
+                self._wake.set()
+            raise
+
+    async def _shutdown(self, helpers: list[asyncio.Task], session: aiohttp.ClientSession) -> None:
+        """Stop helpers; on failure also cancel what is in flight and abort it on the servers."""
+        in_flight = [a for s in self._servers for a in s.in_flight.values()]
+        for attempt in in_flight:
+            attempt.task.cancel()
+            self._abort_later(attempt.server, attempt.rid)
+        for task in helpers:
+            task.cancel()
+        if self._pull is not None:
+            self._pull.cancel()
+        pending = [*helpers, *(a.task for a in in_flight), *self._probes]
+        if self._aborts:
+            # Aborts get a moment to reach live servers; probes and canaries are simply cancelled.
+            await asyncio.wait(self._aborts, timeout=2.0)
+            pending += list(self._aborts)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for server in self._servers:
+            server.in_flight.clear()
+            server.probing = False
+        if self._session is None:
+            await session.close()

@@ -1,0 +1,515 @@
+"""Fleet lifecycle: one `sglang.launch_server` per GPU (or N simulators), a pid file, logs, readiness, stop.
+
+Launch mode starts servers detached in their own process groups and records them in
+`<run_dir>/fleet.json` as each one is spawned, so a launcher killed mid-start leaves a record that the
+next `launch_*` or `stop_fleet` cleans up. Connect mode (`connect`) only normalizes given endpoints or a
+router URL: that is all the Dagster resource ever does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+
+from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
+from dagster_project.sglang.protocol import parse_metrics
+
+DEFAULT_MODEL = "Qwen/Qwen3.6-27B"
+PID_FILE = "fleet.json"
+SIM_VOCAB_FILE = "sim_vocab.json"
+_LOG_TAIL_LINES = 40
+
+# MTP for Qwen3.6-27B (reference §5): NEXTN is resolved to EAGLE; all three sizes must be set together.
+SPECULATIVE_ARGS = (
+    "--speculative-algorithm", "NEXTN",
+    "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "4",
+)  # fmt: skip
+# Flags that 0.5.23 removed, deprecated or refuses for this model (reference TL;DR 7), with what to use.
+REJECTED_FLAGS = {
+    "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
+    "--mamba-scheduler-strategy": "--mamba-radix-cache-strategy",
+    "--disable-cuda-graph": "--cuda-graph-backend-decode disabled",
+    "--enable-dp-attention": "--attn-dp-size",
+    "--language-model-only": "nothing: it rejects Qwen3_5ForConditionalGeneration",
+}
+
+
+class FleetError(RuntimeError):
+    """The fleet could not be started, found, or stopped as asked."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Knobs of one `sglang.launch_server` (reference §5; capacity math in §5.2)."""
+
+    model_path: str = DEFAULT_MODEL
+    host: str = "0.0.0.0"
+    context_length: int = 65536
+    max_running_requests: int | None = None
+    mem_fraction_static: float | None = None
+    mamba_full_memory_ratio: float | None = None
+    mamba_ssm_dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    disable_radix_cache: bool = False
+    served_model_name: str | None = None
+    random_seed: int | None = 0
+    api_key: str | None = field(default=None, repr=False)
+    extra_args: tuple[str, ...] = ()
+
+
+def server_command(options: ServerOptions, port: int, *, python: str = sys.executable) -> list[str]:
+    """The `python -m sglang.launch_server ...` command line of one server (reference §5 recommendation)."""
+    rejected = [arg.split("=")[0] for arg in options.extra_args if arg.split("=")[0] in REJECTED_FLAGS]
+    if rejected:
+        raise ValueError(
+            ", ".join(f"{flag} is not an sglang 0.5.23 flag; use {REJECTED_FLAGS[flag]}" for flag in rejected)
+        )
+    command = [
+        python, "-m", "sglang.launch_server",
+        "--model-path", options.model_path,
+        "--host", options.host,
+        "--port", str(port),
+        "--tp-size", "1",
+        "--context-length", str(options.context_length),
+        "--reasoning-parser", "qwen3",
+        *SPECULATIVE_ARGS,
+        "--enable-metrics",
+    ]  # fmt: skip
+    valued = {
+        "--max-running-requests": options.max_running_requests,
+        "--mem-fraction-static": options.mem_fraction_static,
+        "--mamba-full-memory-ratio": options.mamba_full_memory_ratio,
+        "--mamba-ssm-dtype": options.mamba_ssm_dtype,
+        "--kv-cache-dtype": options.kv_cache_dtype,
+        "--served-model-name": options.served_model_name,
+        "--random-seed": options.random_seed,
+        "--api-key": options.api_key,
+    }
+    for flag, value in valued.items():
+        if value is not None:
+            command += [flag, str(value)]
+    if options.disable_radix_cache:
+        command.append("--disable-radix-cache")
+    return command + list(options.extra_args)
+
+
+def simulator_command(
+    port: int, options: Mapping[str, Any], *, vocab_file: Path | None, host: str, python: str = sys.executable
+) -> list[str]:
+    """`python -m dagster_project.sglang.simulator ...`; `options` are SimConfig fields (e.g. `decode_step_s`)."""
+    command = [python, "-m", "dagster_project.sglang.simulator", "--host", host, "--port", str(port)]
+    if vocab_file is not None:
+        command += ["--vocab-file", str(vocab_file)]
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "speculative":
+            command += [] if value else ["--no-speculative"]
+        elif isinstance(value, bool):
+            command += [flag] if value else []
+        elif isinstance(value, (tuple, list)):
+            command += [flag, ",".join(map(str, value))]
+        elif isinstance(value, dict):
+            command += [flag, orjson.dumps(value).decode()]
+        elif value is not None:
+            command += [flag, str(value)]
+    return command
+
+
+def redact(command: Sequence[str]) -> list[str]:
+    """The command with its API key hidden, for the pid file and error messages."""
+    redacted = list(command)
+    for index, arg in enumerate(redacted[:-1]):
+        if arg == "--api-key":
+            redacted[index + 1] = "<redacted>"
+    return redacted
+
+
+# ---- fleet record ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Member:
+    name: str
+    url: str
+    port: int
+    pid: int
+    created: float  # the process's start time: a recycled pid is never mistaken for our server
+    log: str
+    command: list[str]
+    gpu: int | None = None
+
+    def process(self) -> psutil.Process | None:
+        """The live server process, or None if it is gone."""
+        try:
+            process = psutil.Process(self.pid)
+            if abs(process.create_time() - self.created) > 1.0 or process.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return process
+        except psutil.NoSuchProcess:
+            return None
+
+
+@dataclass
+class Fleet:
+    run_dir: Path
+    kind: str  # "sglang" or "simulator"
+    members: list[Member] = field(default_factory=list)
+    state: str = "starting"  # "up" once every member answered its readiness probe
+    launcher_pid: int = field(default_factory=os.getpid)
+
+    @property
+    def urls(self) -> list[str]:
+        return [member.url for member in self.members]
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / PID_FILE
+
+    def save(self) -> None:
+        record = asdict(self)
+        record["run_dir"] = str(self.run_dir)
+        staging = self.pid_file.with_name(f".{PID_FILE}.{os.getpid()}")
+        staging.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
+        os.replace(staging, self.pid_file)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Fleet | None:
+        path = Path(run_dir) / PID_FILE
+        if not path.is_file():
+            return None
+        record = orjson.loads(path.read_bytes())
+        members = [Member(**member) for member in record.pop("members")]
+        return cls(**{**record, "run_dir": Path(record["run_dir"]), "members": members})
+
+    def alive(self) -> list[Member]:
+        return [member for member in self.members if member.process() is not None]
+
+    def launcher_alive(self) -> bool:
+        return self.launcher_pid != os.getpid() and psutil.pid_exists(self.launcher_pid)
+
+
+# ---- processes --------------------------------------------------------------------------------------------------
+
+
+def log_tail(path: str | Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# Servers this process started, kept so that stopping them also reaps them (no zombies, no warnings).
+_children: dict[int, subprocess.Popen] = {}
+
+
+def _spawn(command: list[str], log_path: Path, env: Mapping[str, str]) -> psutil.Process:
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,
+        )
+    _children[child.pid] = child
+    return psutil.Process(child.pid)
+
+
+def _reap(pid: int) -> None:
+    child = _children.pop(pid, None)
+    if child is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=5)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the OS reports free right now (held open together, so they are distinct)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _http_ok(url: str, timeout_s: float) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _wait_ready(fleet: Fleet, path: str, timeout_s: float, poll_s: float) -> None:
+    """Poll every member's readiness route until all answer 200; fail with the log tail of the laggard."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(fleet.members)
+    with ThreadPoolExecutor(max_workers=max(1, len(pending))) as pool:
+        while pending:
+            for member in pending:
+                if member.process() is None:
+                    raise FleetError(
+                        f"{member.name} ({member.url}) exited during startup. Last log lines of {member.log}:\n{log_tail(member.log)}"
+                    )
+            ready = list(pool.map(lambda m: _http_ok(m.url + path, timeout_s=min(30.0, timeout_s)), pending))
+            pending = [member for member, ok in zip(pending, ready) if not ok]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                member = pending[0]
+                raise FleetError(
+                    f"{member.name} ({member.url}) not ready after {timeout_s:.0f}s "
+                    f"({len(pending)} of {len(fleet.members)} servers pending). Last log lines of {member.log}:\n{log_tail(member.log)}"
+                )
+            time.sleep(poll_s)
+
+
+def _terminate(members: Sequence[Member], timeout_s: float) -> list[str]:
+    """SIGTERM each member's process group, then SIGKILL what is left after `timeout_s`."""
+    live = [(member, member.process()) for member in members]
+    live = [(member, process) for member, process in live if process is not None]
+    for member, _ in live:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(member.pid, signal.SIGTERM)  # own session: the group id is the server's pid
+    deadline = time.monotonic() + timeout_s
+    for member, process in live:
+        with contextlib.suppress(psutil.Error):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(member.pid, signal.SIGKILL)  # children the server left behind, or a server that ignored SIGTERM
+    for member in members:
+        _reap(member.pid)
+    return [member.name for member, _ in live]
+
+
+def cleanup_stale(run_dir: Path) -> list[str]:
+    """Stop the servers of a launch whose launcher died before the fleet was up; returns their names."""
+    fleet = Fleet.load(run_dir)
+    if fleet is None or fleet.state == "up" or fleet.launcher_alive():
+        return []
+    stopped = _terminate(fleet.members, timeout_s=10)
+    fleet.pid_file.unlink(missing_ok=True)
+    return stopped
+
+
+def _prepare(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cleanup_stale(run_dir)
+    fleet = Fleet.load(run_dir)
+    if fleet is None:
+        return
+    if fleet.alive():
+        raise FleetError(
+            f"a {fleet.kind} fleet is already running from {run_dir} ({', '.join(fleet.urls)}): stop it first"
+        )
+    fleet.pid_file.unlink()
+
+
+def _start(
+    fleet: Fleet,
+    specs: Sequence[tuple[str, int, list[str], dict[str, str], int | None]],
+    *,
+    connect_host: str,
+    ready_path: str,
+    startup_timeout_s: float,
+    poll_s: float,
+) -> Fleet:
+    """Spawn each (name, port, command, env, gpu), recording it at once; wait until all are ready."""
+    busy = [port for _, port, *_ in specs if not _port_free(connect_host, port)]
+    if busy:
+        raise FleetError(f"ports already in use: {busy}")
+    fleet.save()
+    try:
+        for name, port, command, env, gpu in specs:
+            log = fleet.run_dir / f"{name}.log"
+            process = _spawn(command, log, env)
+            fleet.members.append(
+                Member(
+                    name,
+                    f"http://{connect_host}:{port}",
+                    port,
+                    process.pid,
+                    process.create_time(),
+                    str(log),
+                    redact(command),
+                    gpu,
+                )
+            )
+            fleet.save()
+        _wait_ready(fleet, ready_path, startup_timeout_s, poll_s)
+    except BaseException:
+        _terminate(fleet.members, timeout_s=10)
+        fleet.pid_file.unlink(missing_ok=True)
+        raise
+    fleet.state = "up"
+    fleet.save()
+    return fleet
+
+
+def launch_fleet(
+    gpus: Sequence[int],
+    run_dir: Path,
+    options: ServerOptions = ServerOptions(),
+    *,
+    base_port: int = 30000,
+    connect_host: str = "127.0.0.1",
+    startup_timeout_s: float = 1800.0,
+    python: str = sys.executable,
+) -> Fleet:
+    """One SGLang server per GPU (`CUDA_VISIBLE_DEVICES=<gpu>`, port `base_port + i`), ready via `/health_generate`."""
+    run_dir = Path(run_dir)
+    _prepare(run_dir)
+    specs = []
+    for index, gpu in enumerate(gpus):
+        port = base_port + index
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        specs.append((f"gpu{gpu}", port, server_command(options, port, python=python), env, gpu))
+    return _start(
+        Fleet(run_dir, "sglang"),
+        specs,
+        connect_host=connect_host,
+        ready_path="/health_generate",
+        startup_timeout_s=startup_timeout_s,
+        poll_s=5.0,
+    )
+
+
+def launch_simulators(
+    count: int,
+    run_dir: Path,
+    options: Mapping[str, Any] | Sequence[Mapping[str, Any]] = (),
+    *,
+    ports: Sequence[int] | None = None,
+    host: str = "127.0.0.1",
+    tokenizer: str | None = None,
+    startup_timeout_s: float = 60.0,
+    python: str = sys.executable,
+) -> Fleet:
+    """`count` simulator processes with the same pid file, logs and readiness checks as real servers.
+
+    `options` holds SimConfig fields for every server, or one mapping per server. The tokenizer is read
+    once here and shared with the servers as a small vocabulary file, so they start in well under a second.
+    """
+    from dagster_project.sglang.simulator import load_sim_vocab
+
+    run_dir = Path(run_dir)
+    _prepare(run_dir)
+    per_server = [dict(options)] * count if isinstance(options, Mapping) else [dict(o) for o in options] or [{}] * count
+    if len(per_server) != count:
+        raise ValueError(f"{len(per_server)} option sets for {count} simulators")
+    ports = list(ports) if ports is not None else free_ports(count, host)
+    vocab_file = load_sim_vocab(tokenizer).save(run_dir / SIM_VOCAB_FILE)
+    specs = [
+        (
+            f"sim{index}",
+            port,
+            simulator_command(port, opts, vocab_file=vocab_file, host=host, python=python),
+            dict(os.environ),
+            None,
+        )
+        for index, (port, opts) in enumerate(zip(ports, per_server))
+    ]
+    return _start(
+        Fleet(run_dir, "simulator"),
+        specs,
+        connect_host=host,
+        ready_path="/health",
+        startup_timeout_s=startup_timeout_s,
+        poll_s=0.05,
+    )
+
+
+def stop_fleet(run_dir: Path, timeout_s: float = 30.0) -> list[str]:
+    """Stop every server recorded in `run_dir` (SIGTERM, then SIGKILL); returns the names stopped."""
+    fleet = Fleet.load(Path(run_dir))
+    if fleet is None:
+        return []
+    stopped = _terminate(fleet.members, timeout_s)
+    fleet.pid_file.unlink(missing_ok=True)
+    return stopped
+
+
+# ---- connect mode and status -------------------------------------------------------------------------------------
+
+
+def connect(endpoints: Sequence[str] | str | None = None, router_url: str | None = None) -> list[str]:
+    """Normalized endpoint URLs: the given servers (any hosts), or one router URL. Nothing is started."""
+    if (endpoints is None) == (router_url is None):
+        raise ValueError("give either endpoints or router_url")
+    urls = (
+        [router_url]
+        if router_url is not None
+        else endpoints.split(",")
+        if isinstance(endpoints, str)
+        else list(endpoints)
+    )
+    normalized = []
+    for url in (u.strip() for u in urls if u.strip()):
+        normalized.append((url if "://" in url else f"http://{url}").rstrip("/"))
+    if not normalized:
+        raise ValueError("no endpoint given")
+    if len(set(normalized)) != len(normalized):
+        raise ValueError(f"duplicate endpoints in {normalized}")
+    return normalized
+
+
+async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeout_s: float = 5.0) -> list[dict]:
+    """Live state of each endpoint: health, its running cap, load and throughput (from `/metrics`)."""
+    async with new_session() as session:
+
+        async def probe(url: str) -> dict:
+            client = SGLangClient(url, api_key=api_key, session=session, probe_timeout_s=timeout_s)
+            status: dict[str, Any] = {"url": url, "healthy": await client.health()}
+            try:
+                info = await client.server_info()
+                states = info.get("internal_states") or [{}]
+                status["max_running_requests"] = states[0].get("effective_max_running_requests_per_dp")
+                status["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
+                status["last_gen_throughput"] = states[0].get("last_gen_throughput")
+            except SGLangError as error:
+                status["error"] = str(error)
+            with contextlib.suppress(SGLangError):
+                metrics = parse_metrics(await client.metrics())
+                status["running"] = metrics.get("sglang:num_running_reqs")
+                status["queued"] = metrics.get("sglang:num_queue_reqs")
+                status["generation_tokens_total"] = metrics.get("sglang:generation_tokens_total")
+            return status
+
+        return list(await asyncio.gather(*(probe(url) for url in urls)))
+
+
+def fleet_status(urls: Sequence[str], api_key: str | None = None, timeout_s: float = 5.0) -> list[dict]:
+    """Blocking `probe_endpoints`, for the CLI."""
+    return asyncio.run(probe_endpoints(urls, api_key, timeout_s))
