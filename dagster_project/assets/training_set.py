@@ -1,0 +1,70 @@
+# No `from __future__ import annotations` here: Dagster 1.13 cannot resolve a string-annotated Config parameter.
+import dagster as dg
+from pydantic import Field
+
+from dagster_project import layout, settings
+from dagster_project.assemble import TRUNCATE, AssemblyOptions, assemble_shard
+from dagster_project.partitions import shard_partitions
+from dagster_project.resources import DatasetStore
+
+
+class TrainingSetConfig(dg.Config):
+    """How completions become training rows (the policy is recorded in each shard's manifest)."""
+
+    max_length: int = Field(
+        default=0,
+        description="Longest row in tokens; 0 keeps rows whole and leaves truncation to the trainer's max_length.",
+    )
+    truncation: str = Field(
+        default=TRUNCATE,
+        description="Rows over max_length: 'truncate' keeps the prompt and the output's head; 'drop' excludes them.",
+    )
+    exclude_length_capped: bool = Field(
+        default=True, description="Exclude generations that hit max_new_tokens (finish_reason 'length')."
+    )
+
+    def options(self) -> AssemblyOptions:
+        return AssemblyOptions(
+            max_length=self.max_length or None,
+            truncation=self.truncation,
+            exclude_length_capped=self.exclude_length_capped,
+        )
+
+
+@dg.asset(
+    partitions_def=shard_partitions,
+    deps=[dg.AssetKey(layout.COMPLETIONS)],
+    group_name="training",
+    kinds={"parquet"},
+    description="Token-exact DFlash rows: input_ids = prompt_ids + output_ids as SGLang saw them; loss on the output.",
+)
+def training_set(
+    context: dg.AssetExecutionContext, config: TrainingSetConfig, store: DatasetStore
+) -> dg.MaterializeResult:
+    shard = layout.shard_index(context.partition_key)
+    data = store.open()
+    manifest = assemble_shard(data, shard, config.options(), settings.work_dir() / "staging")
+    excluded = sum(manifest["exclusions"].values())
+    context.log.info(
+        f"shard {shard}: {manifest['rows']} rows, {manifest['loss_tokens']} supervised tokens; "
+        f"{excluded} of {manifest['rows_in']} events excluded {manifest['exclusions'] or ''}"
+    )
+    return dg.MaterializeResult(
+        metadata={
+            "rows": manifest["rows"],
+            "rows_in": manifest["rows_in"],
+            "excluded": excluded,
+            "exclusions": dg.MetadataValue.json(manifest["exclusions"]),
+            "tokens": manifest["tokens"],
+            "loss_tokens": manifest["loss_tokens"],
+            "prompt_tokens": manifest["prompt_tokens"],
+            "avg_loss_tokens": manifest["loss_tokens"] / manifest["rows"] if manifest["rows"] else 0.0,
+            "truncated_rows": manifest["truncated_rows"],
+            "max_row_tokens": manifest["max_row_tokens"],
+            "row_groups": manifest["row_groups"],
+            "assembly": dg.MetadataValue.json(manifest["assembly"]),
+            "settings_fingerprint": manifest["source"]["settings_fingerprint"] or "",
+            "ids_digest": manifest["ids_digest"],
+            "uri": dg.MetadataValue.path(data.url(layout.shard_prefix(layout.TRAINING_SET, shard))),
+        }
+    )

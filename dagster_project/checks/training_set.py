@@ -1,0 +1,131 @@
+"""Per-shard gates on `training_set`. All blocking: a failed gate stops `specforge_export` in the same run.
+
+The row-level gates share one streaming pass over the shard (`training_set_gates`, one check per gate);
+the Great Expectations suite is a check of its own (`gx_suite`). Each also records its verdict next to the
+shard, so an export in a later run refuses a shard that failed (see dagster_project/export.py).
+"""
+
+# No `from __future__ import annotations` here: Dagster 1.13 cannot resolve a string-annotated Config parameter.
+from collections.abc import Iterator
+
+import dagster as dg
+from pydantic import Field
+
+from dagster_project import gates, layout
+from dagster_project.assemble import enable_thinking, source_is_current
+from dagster_project.assets.training_set import training_set
+from dagster_project.completions_io import completions_manifest
+from dagster_project.export import record_verdict
+from dagster_project.gx_training import FRAME_COLUMNS, training_frame, validate_training_frame
+from dagster_project.manifest import data_keys
+from dagster_project.partitions import shard_partitions
+from dagster_project.resources import DatasetStore, TokenizerResource
+from dagster_project.tokenizer import special_ids
+from dagster_project.training_io import iter_parquet_batches, iter_training_batches, training_manifest
+
+GATE_DESCRIPTIONS = {
+    "loss_sum_floor": "Few rows under the supervised-token floor (default 32 = 2 × the DFlash block size).",
+    "loss_sum_concentration": "No single loss_mask sum on a large share of rows (the '87% at 6' failure).",
+    "consecutive_supervised": "Every row has two consecutive supervised tokens (a DFlash anchor).",
+    "ids_in_vocabulary": "Every id lies inside the tokenizer's vocabulary.",
+    "thinking_structure": "Finished answers close </think> once after non-blank reasoning (thinking on).",
+    "degenerate_answers": "No answer text repeated across many distinct prompts.",
+    "short_answers": "Few empty or very short visible answers.",
+    "ids_match_completions": "Rows are exactly the completions' prompt_ids + output_ids, mask 1 on the output.",
+    "source_is_current": "Built from the completions shard now published; every event kept or excluded with a reason.",
+}
+
+
+class TrainingGateConfig(dg.Config):
+    """Gate thresholds; the defaults and their reasons are in dagster_project/gates.py."""
+
+    loss_floor: int = Field(default=gates.LOSS_FLOOR, description="Supervised tokens a row should have at least.")
+    max_share_below_floor: float = gates.MAX_SHARE_BELOW_FLOOR
+    max_top_loss_sum_share: float = gates.MAX_TOP_LOSS_SUM_SHARE
+    min_repeats: int = Field(
+        default=gates.MIN_REPEATS, description="A sum or answer must recur this often before its share can block."
+    )
+    min_supervised_pairs: int = gates.MIN_SUPERVISED_PAIRS
+    max_bad_thinking_share: float = gates.MAX_BAD_THINKING_SHARE
+    max_degenerate_share: float = gates.MAX_DEGENERATE_SHARE
+    short_answer_chars: int = gates.SHORT_ANSWER_CHARS
+    max_short_answer_share: float = gates.MAX_SHORT_ANSWER_SHARE
+    max_empty_answer_share: float = gates.MAX_EMPTY_ANSWER_SHARE
+
+    def thresholds(self) -> gates.GateThresholds:
+        return gates.GateThresholds(**self.model_dump())
+
+
+def _check_result(result: gates.GateResult) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        asset_key=training_set.key,
+        check_name=result.name,
+        passed=result.passed,
+        description=result.message,
+        metadata={"message": result.message, **result.metadata},
+    )
+
+
+@dg.multi_asset_check(
+    specs=[
+        dg.AssetCheckSpec(name, asset=training_set, blocking=True, partitions_def=shard_partitions, description=text)
+        for name, text in GATE_DESCRIPTIONS.items()
+    ],
+)
+def training_set_gates(
+    context: dg.AssetCheckExecutionContext,
+    config: TrainingGateConfig,
+    store: DatasetStore,
+    tokenizer: TokenizerResource,
+) -> Iterator[dg.AssetCheckResult]:
+    shard = layout.shard_index(context.partition_key)
+    data = store.open()
+    manifest = training_manifest(data, shard)
+    tok = tokenizer.load()
+    special = special_ids(tok)
+    profile = gates.profile_training_batches(
+        iter_training_batches(data, shard, gates.TRAINING_GATE_COLUMNS), special, tok.decode
+    )
+    results = gates.shard_gates(
+        profile,
+        vocab_size=special.vocab_size,
+        enable_thinking=enable_thinking(manifest),
+        thresholds=config.thresholds(),
+    )
+    completion_batches = iter_parquet_batches(
+        data, data_keys(completions_manifest(data, shard)), ["event_id", "prompt_ids", "output_ids"]
+    )
+    results += [gates.ids_match_completions(profile.digests, completion_batches), source_is_current(data, manifest)]
+    record_verdict(data, manifest, "gates", {r.name: r.message for r in results if not r.passed})
+    for result in results:
+        if not result.passed:
+            context.log.error(f"{layout.partition_key(shard)} {result.name}: {result.message}")
+        yield _check_result(result)
+
+
+@dg.asset_check(asset=training_set, partitions_def=shard_partitions, blocking=True, name="gx_suite")
+def training_set_gx_suite(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
+    """Great Expectations 1.x suite on the shard's rows: counts agree with the token lists, ids unique, ranges."""
+    shard = layout.shard_index(context.partition_key)
+    data = store.open()
+    manifest = training_manifest(data, shard)
+    assembly = manifest["assembly"]
+    outcome = validate_training_frame(
+        training_frame(iter_training_batches(data, shard, FRAME_COLUMNS)),
+        shard=shard,
+        rows=manifest["rows"],
+        max_length=assembly["max_length"],
+        finish_reasons=["stop"] if assembly["exclude_length_capped"] else ["stop", "length"],
+    )
+    record_verdict(data, manifest, "gx_suite", {} if outcome.success else {"gx_suite": outcome.message})
+    return dg.AssetCheckResult(
+        passed=outcome.success,
+        description=outcome.message,
+        metadata={
+            "message": outcome.message,
+            "evaluated_expectations": outcome.evaluated,
+            "successful_expectations": outcome.successful,
+            "failed_expectations": dg.MetadataValue.json(outcome.failed),
+            "results": dg.MetadataValue.json(outcome.results),
+        },
+    )
