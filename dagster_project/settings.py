@@ -56,9 +56,9 @@ def prompt_sources() -> list[str]:
     return env_list("DFLASH_SOURCES", [str(DEMO_DATA_DIR)])
 
 
-def fleet_file() -> Path:
-    """Written by `dflash fleet up`: the endpoints of the running fleet."""
-    return Path(env_str("DFLASH_FLEET_FILE", str(work_dir() / "fleet" / "fleet.json")))
+def fleet_dir() -> Path:
+    """Run directory of `dflash fleet up`: the fleet record (pids, ports, URLs) and one log per server."""
+    return Path(env_str("DFLASH_FLEET_DIR", str(work_dir() / "fleet")))
 
 
 def sglang_endpoints() -> list[str]:

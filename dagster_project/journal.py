@@ -1,0 +1,135 @@
+"""Per-shard journal of finished generation events: the resume point of a killed run.
+
+One JSON object per line, appended and flushed as each event finishes, so a SIGKILL loses at most the
+line being written. On open, a torn last line (no newline, or not valid JSON) is cut off; damage
+anywhere else is an error, because silently skipping a line could lose or repeat a generation.
+
+The journal is keyed by event id. A result is final. An error is final unless it is retryable, in which
+case a later run may try that event again and a later record for it supersedes the error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dagster_project.records import STATUS_OK
+
+
+class JournalCorrupt(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """What resuming needs to know about one finished event, without its token arrays."""
+
+    line: int
+    status: str
+    retryable: bool
+    finish_reason: str | None
+    # The visible answer (and reasoning) of a turn that later turns of its conversation build on.
+    history_message: dict[str, str] | None
+
+    @property
+    def final(self) -> bool:
+        return self.status == STATUS_OK or not self.retryable
+
+
+class Journal:
+    def __init__(self, path: Path, *, fsync_every: int = 64):
+        self.path = path
+        self.fsync_every = fsync_every
+        self.entries: dict[str, JournalEntry] = {}
+        self.torn_bytes_dropped = 0
+        self._lines = 0
+        self._unsynced = 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._recover()
+        self._handle = open(path, "ab")
+
+    def _recover(self) -> None:
+        if not self.path.exists():
+            return
+        good_end = 0
+        with open(self.path, "rb") as handle:
+            for number, raw in enumerate(handle):
+                try:
+                    if not raw.endswith(b"\n"):
+                        raise ValueError("unterminated line")
+                    record = orjson.loads(raw)
+                except ValueError:
+                    rest = handle.read()
+                    if rest.strip():
+                        raise JournalCorrupt(
+                            f"{self.path}: line {number + 1} is damaged and is not the last line; "
+                            "refusing to guess which generations it held"
+                        ) from None
+                    self.torn_bytes_dropped = len(raw) + len(rest)
+                    break
+                self._index(number, record)
+                good_end += len(raw)
+                self._lines = number + 1
+        if self.torn_bytes_dropped:
+            with open(self.path, "r+b") as handle:
+                handle.truncate(good_end)
+
+    def _index(self, line: int, record: dict[str, Any]) -> None:
+        event_id = record["event_id"]
+        previous = self.entries.get(event_id)
+        if previous is not None and previous.final:
+            return  # first final record wins; a later duplicate can only be a late answer
+        self.entries[event_id] = JournalEntry(
+            line=line,
+            status=record["status"],
+            retryable=bool(record.get("retryable")),
+            finish_reason=record.get("finish_reason"),
+            history_message=record.get("history_message"),
+        )
+
+    def is_final(self, event_id: str) -> bool:
+        entry = self.entries.get(event_id)
+        return entry is not None and entry.final
+
+    def append(self, record: dict[str, Any]) -> bool:
+        """Record a finished event; returns False (and writes nothing) if it already has a final record."""
+        if self.is_final(record["event_id"]):
+            return False
+        self._handle.write(orjson.dumps(record) + b"\n")
+        self._handle.flush()  # in the kernel now: survives a SIGKILL of this process
+        self._unsynced += 1
+        if self._unsynced >= self.fsync_every:
+            self.sync()
+        self._index(self._lines, record)
+        self._lines += 1
+        return True
+
+    def sync(self) -> None:
+        """fsync: also survive a crash of the machine."""
+        if self._unsynced:
+            os.fsync(self._handle.fileno())
+            self._unsynced = 0
+
+    def close(self) -> None:
+        self.sync()
+        self._handle.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def final_records(self) -> Iterator[dict[str, Any]]:
+        """The record that stands for each event, streamed from disk in journal order."""
+        wanted = {entry.line for entry in self.entries.values()}
+        self.sync()
+        with open(self.path, "rb") as handle:
+            for number, raw in enumerate(handle):
+                if number in wanted:
+                    yield orjson.loads(raw)

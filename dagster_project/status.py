@@ -1,0 +1,294 @@
+"""The six operator questions, answered from the store (heartbeats, manifests, plan) and the live fleet.
+
+1. progress vs the plan   2. MTP on and its accept length   3. concurrency and what caps it
+4. storage                5. coverage of the dataset          6. multi-turn handling
+
+`collect_status` gathers the figures as one dict (the report asset stores it as metadata); `render_text`
+prints it for the `status` command. Both read the same data, so the UI and the terminal agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import orjson
+
+from dagster_project import layout
+from dagster_project.manifest import read_shard_manifest, read_stage_manifest
+from dagster_project.plan import read_plan
+from dagster_project.sglang.client import SGLangClient, SGLangError
+from dagster_project.storage import Store
+
+# A heartbeat older than this means its shard run is not running any more (killed or finished).
+STALE_HEARTBEAT_S = 60.0
+ACCEPT_LENGTH_ALERT_FLOOR = 2.0
+PROGRESS_PREFIX = layout.PROGRESS + "/"
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """`name{labels} value` lines → {name: value}, summing a metric's label sets."""
+    values: Counter = Counter()
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0]
+        try:
+            values[name] += float(value)
+        except ValueError:
+            continue
+    return dict(values)
+
+
+async def _probe_server(url: str, api_key: str | None) -> dict[str, Any]:
+    client = SGLangClient(url, api_key=api_key)
+    try:
+        info = await client.server_info()
+        state = (info.get("internal_states") or [{}])[0]
+        probe: dict[str, Any] = {
+            "reachable": True,
+            "speculative_algorithm": info.get("speculative_algorithm"),
+            "max_running_requests_cli": info.get("max_running_requests"),
+            "effective_max_running_requests": state.get("effective_max_running_requests_per_dp"),
+            "avg_spec_accept_length": state.get("avg_spec_accept_length"),
+            "last_gen_throughput": state.get("last_gen_throughput"),
+            "max_total_num_tokens": info.get("max_total_num_tokens"),
+        }
+        try:
+            metrics = parse_prometheus(await client.metrics())
+        except SGLangError:
+            metrics = {}
+        probe.update(
+            running=metrics.get("sglang:num_running_reqs"),
+            queued=metrics.get("sglang:num_queue_reqs"),
+            token_usage=metrics.get("sglang:token_usage"),
+            mamba_usage=metrics.get("sglang:mamba_usage"),
+            spec_accept_length_metric=metrics.get("sglang:spec_accept_length"),
+            gen_throughput=metrics.get("sglang:gen_throughput"),
+        )
+        return probe
+    except SGLangError as exc:
+        return {"reachable": False, "error": f"{exc.kind}: {exc.message}"}
+    finally:
+        await client.close()
+
+
+def probe_fleet(endpoints: list[str], api_key: str | None = None) -> dict[str, dict[str, Any]]:
+    async def probe_all() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(_probe_server(url, api_key) for url in endpoints))
+
+    return dict(zip(endpoints, asyncio.run(probe_all()))) if endpoints else {}
+
+
+def _heartbeats(store: Store) -> list[dict[str, Any]]:
+    return [orjson.loads(store.get_bytes(info.key)) for info in store.list(PROGRESS_PREFIX) if info.key.endswith(".json")]
+
+
+def _limit_reason(server: dict[str, Any], window: int | None, in_flight: int | None) -> str:
+    cap, running, queued = server.get("effective_max_running_requests"), server.get("running"), server.get("queued")
+    if not server.get("reachable"):
+        return "unreachable"
+    if cap is None or running is None:
+        return "unknown (no /metrics)"
+    if running >= cap and (queued or 0) > 0:
+        return (
+            f"server cap {cap} (memory: KV/mamba state pool) — raising client concurrency only grows the queue; "
+            "raise --max-running-requests / --mamba-full-memory-ratio, or --disable-radix-cache, to go higher"
+        )
+    if window is not None and in_flight is not None and in_flight >= window and running < cap:
+        return f"client window {window} — raise the dispatcher oversubscription"
+    if (queued or 0) == 0 and running < cap:
+        return "not enough work in flight (idle server or tail of a shard)"
+    return "balanced"
+
+
+def collect_status(
+    store: Store, endpoints: list[str], *, api_key: str | None = None, num_shards: int | None = None, now: float | None = None
+) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    plan = read_plan(store)
+    conversations = read_stage_manifest(store, layout.CONVERSATIONS) or {}
+    raw = read_stage_manifest(store, layout.RAW_PROMPTS) or {}
+    shards = num_shards or conversations.get("num_shards") or 0
+    manifests = {s: read_shard_manifest(store, layout.COMPLETIONS, s) for s in range(shards)}
+    published = {s: m for s, m in manifests.items() if m}
+    beats = _heartbeats(store)
+    live = [b for b in beats if b.get("state") == "running" and now - b.get("updated_at", 0) < STALE_HEARTBEAT_S]
+    fleet = probe_fleet(endpoints, api_key)
+
+    # 1. progress: published shards are exact; running shards report through their heartbeats.
+    planned_events = conversations.get("turns") or sum(
+        (read_shard_manifest(store, layout.CONVERSATIONS, s) or {}).get("turns", 0) for s in range(shards)
+    )
+    done_published = sum(m["rows"] for m in published.values())
+    done_running = sum(b["done_events"] for b in live if b["shard"] not in published)
+    done = done_published + done_running
+    output_tokens = sum(m.get("output_tokens", 0) for m in published.values()) + sum(
+        b["output_tokens"] for b in live if b["shard"] not in published
+    )
+    ok_events = sum(m.get("ok", 0) for m in published.values()) + sum(b["ok_events"] for b in live if b["shard"] not in published)
+    window_req_s = sum(b["window"]["req_per_s"] for b in live)
+    window_tok_s = sum(b["window"]["output_tok_per_s"] for b in live)
+    lifetime_req_s = sum(b["lifetime"]["req_per_s"] for b in live)
+    lifetime_tok_s = sum(b["lifetime"]["output_tok_per_s"] for b in live)
+    avg_output = output_tokens / ok_events if ok_events else None
+    remaining = max(planned_events - done, 0)
+    eta_s = remaining * avg_output / window_tok_s if avg_output and window_tok_s else None
+    progress = {
+        "events_planned": planned_events,
+        "events_done": done,
+        "events_remaining": remaining,
+        "fraction_done": done / planned_events if planned_events else 0.0,
+        "shards_running": sorted(b["shard"] for b in live),
+        "window_req_per_s": window_req_s,
+        "window_output_tok_per_s": window_tok_s,
+        "lifetime_req_per_s": lifetime_req_s,
+        "lifetime_output_tok_per_s": lifetime_tok_s,
+        "avg_output_tokens": avg_output,
+        "eta_hours": eta_s / 3600 if eta_s else None,
+        "plan": plan.__dict__ if plan else None,
+        "plan_eta_hours": plan.eta_hours(remaining) if plan else None,
+    }
+
+    # 2. MTP: what each server runs, and the accept length measured on our own requests.
+    spec_tokens = sum(b["spec"]["window_spec_tokens"] for b in live)
+    spec_verify = sum(b["spec"]["window_verify_passes"] for b in live)
+    window_accept = spec_tokens / spec_verify if spec_verify else None
+    lifetime_accepts = [m["generation"]["spec"]["accept_length_lifetime"] for m in published.values() if m["generation"]["spec"]["accept_length_lifetime"]]
+    algorithms = {url: s.get("speculative_algorithm") for url, s in fleet.items() if s.get("reachable")}
+    mtp_on = bool(algorithms) and all(algorithms.values())
+    accept_seen = window_accept or (sum(lifetime_accepts) / len(lifetime_accepts) if lifetime_accepts else None)
+    mtp = {
+        "speculative_algorithm": algorithms,
+        "mtp_on": mtp_on,
+        "accept_length_window": window_accept,
+        "accept_length_published_shards": sum(lifetime_accepts) / len(lifetime_accepts) if lifetime_accepts else None,
+        "server_avg_spec_accept_length": {url: s.get("avg_spec_accept_length") for url, s in fleet.items()},
+        "alert": (
+            "MTP is off on some servers" if algorithms and not mtp_on
+            else f"accept length {accept_seen:.2f} is below {ACCEPT_LENGTH_ALERT_FLOOR}" if accept_seen and accept_seen < ACCEPT_LENGTH_ALERT_FLOOR
+            else None
+        ),
+    }
+
+    # 3. concurrency: the dispatcher's view (heartbeats) next to the servers' own (/server_info, /metrics).
+    client_view: dict[str, dict[str, int]] = {}
+    for b in live:
+        for url, view in (b.get("servers") or {}).items():
+            merged = client_view.setdefault(url, {"window": 0, "in_flight": 0})
+            merged["window"] += int(view.get("window") or 0)
+            merged["in_flight"] += int(view.get("in_flight") or 0)
+    concurrency = {}
+    for url in sorted(set(fleet) | set(client_view)):
+        server, view = fleet.get(url, {"reachable": False}), client_view.get(url, {})
+        concurrency[url] = {
+            "client_window": view.get("window"),
+            "in_flight": view.get("in_flight"),
+            "effective_cap": server.get("effective_max_running_requests"),
+            "running": server.get("running"),
+            "queued": server.get("queued"),
+            "token_usage": server.get("token_usage"),
+            "mamba_usage": server.get("mamba_usage"),
+            "limited_by": _limit_reason(server, view.get("window"), view.get("in_flight")),
+        }
+
+    # 4. storage: what the manifests say is safely in the store.
+    storage = {
+        "store": store.uri,
+        "shards_total": shards,
+        "shards_published": len(published),
+        "bytes_published": sum(o["size"] for m in published.values() for o in m["objects"]),
+        "last_publish_at": max((m["published_at"] for m in published.values()), default=None),
+        "unpublished_shards": [s for s in range(shards) if s not in published][:50],
+        "failed_uploads": sum(b.get("upload_failures", 0) for b in beats),
+    }
+
+    # 5. coverage: every input row accounted for, every conversation planned, every event done once.
+    coverage = {
+        "input_rows": conversations.get("input_rows", raw.get("input_rows")),
+        "normalized": conversations.get("normalized"),
+        "quarantined": conversations.get("quarantined", raw.get("quarantined")),
+        "quarantined_by_reason": conversations.get("quarantined_by_reason", raw.get("quarantined_by_reason")),
+        "conversations": conversations.get("rows"),
+        "by_source": conversations.get("by_source"),
+        "events_planned": planned_events,
+        "events_in_published_shards": done_published,
+        "errors_in_published_shards": sum(m.get("errors", 0) for m in published.values()),
+    }
+
+    # 6. multi-turn: which policy, how many multi-turn conversations, how many turns generated.
+    multi_turn = {
+        "policy": conversations.get("policy"),
+        "multi_turn_conversations": conversations.get("multi_turn"),
+        "conversations": conversations.get("rows"),
+        "generated_turns_planned": planned_events,
+        "history": conversations.get("history"),
+    }
+    return {
+        "collected_at": now,
+        "progress": progress,
+        "mtp": mtp,
+        "concurrency": concurrency,
+        "storage": storage,
+        "coverage": coverage,
+        "multi_turn": multi_turn,
+    }
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def render_text(status: dict[str, Any]) -> str:
+    p, m, s, c, t = status["progress"], status["mtp"], status["storage"], status["coverage"], status["multi_turn"]
+    plan = p["plan"]
+    lines = [
+        "1. Progress vs estimates",
+        f"   events {_fmt(p['events_done'])}/{_fmt(p['events_planned'])} ({p['fraction_done']:.1%}), "
+        f"shards running {p['shards_running'] or 'none'}",
+        f"   rate: window {_fmt(p['window_req_per_s'], 2)} req/s, {_fmt(p['window_output_tok_per_s'])} out tok/s; "
+        f"lifetime {_fmt(p['lifetime_req_per_s'], 2)} req/s, {_fmt(p['lifetime_output_tok_per_s'])} out tok/s",
+        f"   avg output tokens {_fmt(p['avg_output_tokens'])}; ETA {_fmt(p['eta_hours'], 2)} h",
+    ]
+    if plan:
+        lines.append(
+            f"   plan ({plan['source']}): {plan['req_per_s']} req/s, {plan['avg_output_tokens']} avg out tokens, "
+            f"{plan['output_tok_per_s']} out tok/s → ETA {_fmt(p['plan_eta_hours'], 2)} h for what remains"
+        )
+    lines += [
+        "2. MTP (speculative decoding)",
+        f"   algorithm per server: {m['speculative_algorithm'] or 'no server reachable'}",
+        f"   accept length: window {_fmt(m['accept_length_window'], 2)}, published shards "
+        f"{_fmt(m['accept_length_published_shards'], 2)}, servers' own average {m['server_avg_spec_accept_length']}",
+    ]
+    if m["alert"]:
+        lines.append(f"   ALERT: {m['alert']}")
+    lines.append("3. Concurrency (client window / in flight / server cap / running / queued → what limits it)")
+    for url, row in status["concurrency"].items():
+        lines.append(
+            f"   {url}: {_fmt(row['client_window'])} / {_fmt(row['in_flight'])} / {_fmt(row['effective_cap'])} / "
+            f"{_fmt(row['running'])} / {_fmt(row['queued'])} → {row['limited_by']}"
+        )
+    lines += [
+        "4. Storage",
+        f"   {s['store']}: {s['shards_published']}/{s['shards_total']} shards published, {_fmt(s['bytes_published'])} bytes, "
+        f"failed uploads {s['failed_uploads']}",
+        "5. Coverage",
+        f"   input rows {_fmt(c['input_rows'])} → normalized {_fmt(c['normalized'])} + quarantined {_fmt(c['quarantined'])} "
+        f"{c['quarantined_by_reason'] or ''}",
+        f"   conversations {_fmt(c['conversations'])} by source {c['by_source']}; events planned {_fmt(c['events_planned'])}, "
+        f"in published shards {_fmt(c['events_in_published_shards'])} (errors {_fmt(c['errors_in_published_shards'])})",
+        "6. Multi-turn",
+        f"   policy {t['policy']}: {_fmt(t['multi_turn_conversations'])} multi-turn of {_fmt(t['conversations'])} conversations, "
+        f"{_fmt(t['generated_turns_planned'])} assistant turns generated",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+import orjson
+import pytest
+
+from dagster_project.journal import Journal, JournalCorrupt
+
+
+def record(event_id: str, status: str = "ok", retryable: bool = False, **extra) -> dict:
+    return {"event_id": event_id, "status": status, "retryable": retryable, "finish_reason": "stop", **extra}
+
+
+def test_records_survive_reopen_and_duplicates_are_refused(tmp_path):
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as journal:
+        assert journal.append(record("a#turn0", history_message={"content": "hi", "reasoning_content": "r"}))
+        assert journal.append(record("b#turn0"))
+        assert not journal.append(record("a#turn0"))  # first final record wins
+    with Journal(path) as journal:
+        assert set(journal.entries) == {"a#turn0", "b#turn0"}
+        assert journal.entries["a#turn0"].history_message == {"content": "hi", "reasoning_content": "r"}
+        assert [r["event_id"] for r in journal.final_records()] == ["a#turn0", "b#turn0"]
+
+
+def test_torn_last_line_is_cut_off_and_the_journal_stays_appendable(tmp_path):
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as journal:
+        journal.append(record("a#turn0"))
+    good_size = path.stat().st_size
+    with open(path, "ab") as handle:  # what a SIGKILL in the middle of a write leaves behind
+        handle.write(orjson.dumps(record("b#turn0"))[:17])
+    with Journal(path) as journal:
+        assert journal.torn_bytes_dropped == 17
+        assert set(journal.entries) == {"a#turn0"}
+        assert path.stat().st_size == good_size
+        journal.append(record("b#turn0"))
+    with Journal(path) as journal:
+        assert set(journal.entries) == {"a#turn0", "b#turn0"}
+
+
+def test_a_complete_line_without_its_newline_counts_as_torn(tmp_path):
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(orjson.dumps(record("a#turn0")) + b"\n" + orjson.dumps(record("b#turn0")))
+    with Journal(path) as journal:
+        assert set(journal.entries) == {"a#turn0"}
+
+
+def test_damage_before_the_last_line_is_an_error(tmp_path):
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(b'{"event_id": "a#tu\n' + orjson.dumps(record("b#turn0")) + b"\n")
+    with pytest.raises(JournalCorrupt, match="line 1"):
+        Journal(path)
+
+
+def test_a_retryable_error_is_superseded_by_a_later_result_but_a_final_error_is_not(tmp_path):
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as journal:
+        journal.append(record("a#turn0", status="error", retryable=True))
+        journal.append(record("b#turn0", status="error", retryable=False))
+        assert not journal.is_final("a#turn0") and journal.is_final("b#turn0")
+        assert journal.append(record("a#turn0"))
+        assert not journal.append(record("b#turn0"))
+    with Journal(path) as journal:
+        finals = {r["event_id"]: r["status"] for r in journal.final_records()}
+        assert finals == {"a#turn0": "ok", "b#turn0": "error"}
