@@ -1,15 +1,56 @@
 """Per-shard gates on completions. Blocking ones stop `training_set` of that shard in the same run."""
 
-import dagster as dg
+from collections.abc import Iterator
 
-from dagster_project import layout
+import dagster as dg
+from pydantic import Field
+
+from dagster_project import gates, layout
 from dagster_project.assets.completions import completions
 from dagster_project.completions_io import completions_manifest, iter_completion_batches, shard_coverage
 from dagster_project.manifest import verify_shard
 from dagster_project.partitions import shard_partitions
-from dagster_project.resources import DatasetStore
+from dagster_project.resources import DatasetStore, TokenizerResource
+from dagster_project.tokenizer import special_ids
 
 SPEC_ACCEPT_LENGTH_FLOOR = 1.5
+MAX_ERROR_SHARE = 0.02
+MAX_LENGTH_CAPPED_SHARE = 0.10
+
+# The answer gates judge completions as the training rows they would become, before any row is assembled.
+ANSWER_GATES = ("thinking_structure", "degenerate_answers", "short_answers", "ids_in_vocabulary")
+QUALITY_DESCRIPTIONS = {
+    "error_rate": "Few generation events ended in an error (each is recorded with its reason, never as an answer).",
+    "length_capped_rate": "Few answers hit max_new_tokens (they are unfinished, and excluded from training).",
+    "thinking_structure": "Finished answers close </think> once after non-blank reasoning (thinking on).",
+    "degenerate_answers": "No answer text repeated across many distinct prompts.",
+    "short_answers": "Few empty or very short visible answers.",
+    "ids_in_vocabulary": "Every prompt and output id lies inside the tokenizer's vocabulary.",
+}
+
+
+class CompletionsGateConfig(dg.Config):
+    max_error_share: float = Field(default=MAX_ERROR_SHARE, description="Largest tolerated share of error events.")
+    max_length_capped_share: float = MAX_LENGTH_CAPPED_SHARE
+    max_bad_thinking_share: float = gates.MAX_BAD_THINKING_SHARE
+    max_degenerate_share: float = gates.MAX_DEGENERATE_SHARE
+    min_repeats: int = gates.MIN_REPEATS
+    short_answer_chars: int = gates.SHORT_ANSWER_CHARS
+    max_short_answer_share: float = gates.MAX_SHORT_ANSWER_SHARE
+    max_empty_answer_share: float = gates.MAX_EMPTY_ANSWER_SHARE
+
+
+def _share_gate(name: str, count: int, total: int, max_share: float, what: str, by_kind: dict) -> gates.GateResult:
+    share = count / total if total else 0.0
+    passed = share <= max_share
+    verdict = "ok" if passed else "BLOCKED"
+    return gates.GateResult(
+        name,
+        passed,
+        f"{verdict}: {share:.1%} of events ({count}/{total}) {what} (limit {max_share:.0%})"
+        + (f"; by kind {by_kind}" if by_kind else ""),
+        {"count": count, "events": total, "share": share, "max_share": max_share, "by_kind": dg.MetadataValue.json(by_kind)},
+    )
 
 
 @dg.asset_check(asset=completions, partitions_def=shard_partitions, blocking=True)
@@ -81,3 +122,57 @@ def completions_spec_decoding(context: dg.AssetCheckExecutionContext, store: Dat
             "requests_without_spec_stats": without_stats,
         },
     )
+
+
+@dg.multi_asset_check(
+    specs=[
+        dg.AssetCheckSpec(name, asset=completions, blocking=True, partitions_def=shard_partitions, description=text)
+        for name, text in QUALITY_DESCRIPTIONS.items()
+    ],
+)
+def completions_quality(
+    context: dg.AssetCheckExecutionContext, config: CompletionsGateConfig, store: DatasetStore, tokenizer: TokenizerResource
+) -> Iterator[dg.AssetCheckResult]:
+    """What the model answered, judged before a training row exists: errors, length caps, thinking, degeneracy."""
+    shard = layout.shard_index(context.partition_key)
+    data = store.open()
+    manifest = completions_manifest(data, shard)
+    tok = tokenizer.load()
+    special = special_ids(tok)
+    errors_by_kind = manifest["generation"]["errors_by_kind"]
+    finish_reasons = manifest["generation"]["finish_reasons"]
+    results = [
+        _share_gate("error_rate", manifest["errors"], manifest["rows"], config.max_error_share, "ended in an error", errors_by_kind),
+        _share_gate(
+            "length_capped_rate",
+            finish_reasons.get("length", 0),
+            manifest["rows"],
+            config.max_length_capped_share,
+            f"hit max_new_tokens={manifest['settings']['max_new_tokens']}",
+            {},
+        ),
+    ]
+    profile = gates.profile_completion_batches(
+        iter_completion_batches(data, shard, gates.COMPLETION_GATE_COLUMNS), special, tok.decode
+    )
+    thresholds = gates.GateThresholds(
+        max_bad_thinking_share=config.max_bad_thinking_share,
+        max_degenerate_share=config.max_degenerate_share,
+        min_repeats=config.min_repeats,
+        short_answer_chars=config.short_answer_chars,
+        max_short_answer_share=config.max_short_answer_share,
+        max_empty_answer_share=config.max_empty_answer_share,
+    )
+    enable_thinking = bool(manifest["settings"].get("enable_thinking", True))
+    answer_gates = gates.shard_gates(profile, vocab_size=special.vocab_size, enable_thinking=enable_thinking, thresholds=thresholds)
+    results += [result for result in answer_gates if result.name in ANSWER_GATES]
+    for result in results:
+        if not result.passed:
+            context.log.error(f"{context.partition_key} {result.name}: {result.message}")
+        yield dg.AssetCheckResult(
+            asset_key=completions.key,
+            check_name=result.name,
+            passed=result.passed,
+            description=result.message,
+            metadata={"message": result.message, **result.metadata},
+        )
