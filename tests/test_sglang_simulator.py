@@ -13,7 +13,7 @@ import pytest
 
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.launch import SIM_VOCAB_FILE, free_ports, simulator_command
-from dagster_project.sglang.simulator import AcceptModel
+from dagster_project.sglang.sim_outputs import AcceptModel
 from dagster_project.tokenizer import load_tokenizer, special_ids
 from tests.sglang_fixtures import SimFleet, wait_until
 

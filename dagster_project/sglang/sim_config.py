@@ -1,0 +1,165 @@
+"""What a simulator starts from: its settings (`SimConfig`, one field per command-line flag) and the few
+facts of the tokenizer it needs (`SimVocab`), small enough to share as a file across a fleet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dagster_project.sglang import protocol as proto
+
+MODEL_PATH = "Qwen/Qwen3.6-27B"
+MODEL_VOCAB_SIZE = 248320  # padded embedding size: what the server range-checks input ids against (§7)
+SGLANG_VERSION = "0.5.23"
+
+
+@dataclass
+class SimConfig:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    model_path: str = MODEL_PATH
+    served_model_name: str | None = None
+    tokenizer: str | None = None  # None: the project's built-in Qwen3.6 tokenizer
+    vocab_file: str | None = None  # a sketch written by `SimVocab.save`, shared by a fleet (skips the tokenizer)
+    api_key: str | None = field(default=None, repr=False)
+    enable_metrics: bool = False
+    speculative: bool = True  # launched with NEXTN (reported as EAGLE)
+    spec_draft_tokens: int = proto.SPEC_DRAFT_TOKENS
+    reasoning_parser: str | None = "qwen3"
+    context_length: int = 65536
+    token_capacity: int = 249344
+    max_running_requests: int | None = 48  # the CLI value, as /server_info shows it
+    effective_max_running_requests: int | None = None  # the real cap (mamba pool); default: max_running_requests
+    max_queued_requests: int | None = None
+    seed: int = 0
+    output_len: str = "lognormal:2400:0.6"  # fixed:N | uniform:A:B | lognormal:MEDIAN:SIGMA
+    max_output_len: int = 32768  # natural answers never exceed this
+    answer_fraction: tuple[float, float] = (0.1, 0.3)  # share of the output after </think>
+    accept_probs: tuple[float, ...] = (0.2, 0.2, 0.2, 0.4)  # P(k drafts accepted) per verify pass, k < D
+    accept_decay_tokens: int = 0  # context length at which acceptance has fallen halfway to none; 0: no decay
+    ttft_s: float = 0.0
+    prefill_s_per_token: float = 0.0
+    decode_step_s: float = 0.0
+    startup_s: float = 0.0  # /health answers 503 this long after start (§3.1)
+    health_latency_s: float = 0.0  # real /health takes >= 1 s; 0 keeps tests fast
+    request_log_limit: int = 1_000_000
+    faults: dict = field(default_factory=dict)
+
+    @property
+    def running_cap(self) -> int:
+        cap = self.effective_max_running_requests or self.max_running_requests or 48
+        return max(1, cap)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
+
+    @property
+    def max_req_len(self) -> int:
+        return min(self.context_length - 1, self.token_capacity - 1)
+
+    @property
+    def max_req_input_len(self) -> int:
+        return self.max_req_len - 5
+
+
+_WORD_TOKEN = re.compile(r"^Ġ(?=[a-z]*[aeiouy])[a-z]{2,9}$")  # byte-level BPE " word" with a vowel: fewer fragments
+_WORDS = 3000  # the lowest ids are the earliest merges, i.e. the most frequent words
+_SKETCH_FORMAT = 1  # part of the cache file name: bump when SimVocab's fields change
+
+
+@dataclass(frozen=True)
+class SimVocab:
+    """What the simulator needs of a tokenizer: the ids it emits, their text, and which are special."""
+
+    tokenizer: str
+    think_end: int
+    eos_ids: tuple[int, ...]
+    special_ids: frozenset[int]
+    texts: dict[int, str]  # decoded text of every id the simulator emits
+    words: tuple[int, ...]
+    punctuation: tuple[int, ...]
+    newline: int
+    paragraph: int
+
+    @classmethod
+    def from_tokenizer(cls, name: str, tokenizer: Any) -> SimVocab:
+        from dagster_project.tokenizer import special_ids
+
+        ids = special_ids(tokenizer)
+        vocab = tokenizer.get_vocab()
+        words = sorted(i for token, i in vocab.items() if _WORD_TOKEN.match(token))[:_WORDS]
+
+        def single(text: str) -> int:
+            (token_id,) = tokenizer.encode(text, add_special_tokens=False)
+            return token_id
+
+        punctuation = (single(","), single("."))
+        newline, paragraph = single("\n"), single("\n\n")
+        emitted = [*words, *punctuation, newline, paragraph, ids.think_end, *ids.eos_ids]
+        return cls(
+            tokenizer=name,
+            think_end=ids.think_end,
+            eos_ids=tuple(ids.eos_ids),
+            special_ids=frozenset(i for i in emitted if not tokenizer.decode([i], skip_special_tokens=True)),
+            texts={i: tokenizer.decode([i], skip_special_tokens=False) for i in emitted},
+            words=tuple(words),
+            punctuation=punctuation,
+            newline=newline,
+            paragraph=paragraph,
+        )
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of emitted ids, special tokens included (every one of them decodes on its own)."""
+        return "".join(self.texts[i] for i in ids)
+
+    def to_json(self) -> bytes:
+        data = asdict(self)
+        data["special_ids"] = sorted(self.special_ids)
+        data["texts"] = {str(k): v for k, v in self.texts.items()}
+        return orjson.dumps(data)
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> SimVocab:
+        data = orjson.loads(raw)
+        data["special_ids"] = frozenset(data["special_ids"])
+        data["texts"] = {int(k): v for k, v in data["texts"].items()}
+        for key in ("eos_ids", "words", "punctuation"):
+            data[key] = tuple(data[key])
+        return cls(**data)
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.{os.getpid()}")
+        staging.write_bytes(self.to_json())
+        os.replace(staging, path)  # readers never see a half-written sketch
+        return path
+
+
+def load_sim_vocab(tokenizer: str | None = None) -> SimVocab:
+    """The vocabulary sketch of `tokenizer` (default: built-in), cached on disk next to the tokenizer.
+
+    Building it needs the tokenizer (seconds); the cached sketch loads in milliseconds, which is what
+    makes a fleet of simulators start fast.
+    """
+    from dagster_project import tokenizer as tokenization
+
+    name = tokenizer or tokenization.BUILTIN_TOKENIZER
+    builtin = tokenization.builtin_tokenizer_dir()  # named after a digest of everything the build reads
+    if name == tokenization.BUILTIN_TOKENIZER:
+        cache = builtin.with_name(f"{builtin.name}.simvocab-v{_SKETCH_FORMAT}.json")
+    else:
+        cache = builtin.parent / f"simvocab-v{_SKETCH_FORMAT}-{hashlib.sha256(name.encode()).hexdigest()[:16]}.json"
+    if cache.is_file():
+        return SimVocab.from_json(cache.read_bytes())
+    vocab = SimVocab.from_tokenizer(name, tokenization.load_tokenizer(name))
+    vocab.save(cache)
+    return vocab

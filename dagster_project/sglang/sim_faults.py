@@ -1,0 +1,103 @@
+"""Injected failures (checklist §9.7), set at start (`--faults JSON`) or at run time (`POST /_sim/faults`).
+
+Most faults shape a response and are read where the response is made; this module holds their state,
+and the two that act on the process or the connection: a crash and a dropped connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Faults:
+    """Injected failures. Counted faults take an int (the next N requests) or true (every request)."""
+
+    crash_after_requests: int | None = None  # exit the process when this many more requests have arrived
+    crash_after_s: float | None = None  # exit the process this long after the fault is set
+    drop: int | bool = 0  # close the connection before the answer (or mid-stream): no HTTP status
+    hang: bool = False  # nothing progresses; /health still answers 200
+    slow: float = 1.0  # every request takes this many times longer
+    error_503: int | bool = 0  # answer 503 "The request queue is full." (E4)
+    error_503_for_s: float | None = None  # ... for every request during this many seconds
+    empty: int | bool = 0  # the answer is the EOS token alone
+    truncate: int | bool = 0  # the answer is cut early with finish_reason length (a clipped request)
+    mtp_off: bool = False  # no draft is accepted: spec_verify_ct equals the completion tokens
+    _503_until: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        self._crash_timer: asyncio.TimerHandle | None = None  # not a field: never reported, never cleared
+
+    def update(self, changes: Mapping[str, Any], now: float) -> None:
+        known = {f.name for f in fields(self) if not f.name.startswith("_")}
+        unknown = set(changes) - known
+        if unknown:
+            raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
+        if not isinstance(changes.get("slow", 1.0), (int, float)) or changes.get("slow", 1.0) < 1.0:
+            raise ValueError("slow must be a number >= 1 (a slowdown factor)")
+        for name, value in changes.items():
+            setattr(self, name, value)
+        if "error_503_for_s" in changes:
+            self._503_until = now + (changes["error_503_for_s"] or 0.0)
+
+    def clear(self) -> None:
+        """Back to no faults, in place: the scheduler holds this object and must see the change."""
+        for f in fields(self):
+            setattr(self, f.name, f.default)
+
+    def take(self, name: str) -> bool:
+        """Consume one occurrence of a counted fault; True when it applies to this request."""
+        budget = getattr(self, name)
+        if budget is True:
+            return True
+        if budget:
+            setattr(self, name, budget - 1)
+            return True
+        return False
+
+    def rejects_with_503(self, now: float) -> bool:
+        return now < self._503_until or self.take("error_503")
+
+    @property
+    def speed(self) -> float:
+        return 0.0 if self.hang else 1.0 / self.slow
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+
+    def count_arrival(self) -> None:
+        """A request arrived: counts down `crash_after_requests`, crashing on the last one."""
+        remaining = self.crash_after_requests
+        if remaining is None:
+            return
+        if remaining <= 1:
+            crash("crash_after_requests")
+        self.crash_after_requests = remaining - 1
+
+    def arm_crash_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(Re)start the `crash_after_s` countdown from now, or cancel it when that fault is unset."""
+        if self._crash_timer is not None:
+            self._crash_timer.cancel()
+            self._crash_timer = None
+        if self.crash_after_s is not None:
+            self._crash_timer = loop.call_later(self.crash_after_s, crash, "crash_after_s")
+
+
+def crash(reason: str) -> None:
+    """A crashed SGLang server: every connection drops without a status line, later connects are refused."""
+    print(f"simulator: injected crash ({reason}), exiting", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def drop_connection(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+    raise asyncio.CancelledError  # nothing may be written on a dropped connection
