@@ -1,4 +1,4 @@
-"""Generate one shard: plan each conversation's turns, dispatch them, journal every outcome, write Parquet.
+"""Generate one shard's events: plan each conversation's turns, dispatch them, journal every outcome.
 
 Exactly-once: every event id (`<conversation>#turn<k>`) ends as one final record in the journal — a
 result, or an error with its kind and reason. A rerun after a crash skips every final record and
@@ -9,32 +9,22 @@ history rebuilt from the journal.
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dagster_project.dispatch import Dispatcher, GenRequest, Outcome
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.ingest import read_conversations
+from dagster_project.heartbeat import ShardReporter
 from dagster_project.journal import Journal
-from dagster_project.layout import COMPLETIONS, CONVERSATIONS, progress_key, shard_prefix
-from dagster_project.manifest import ids_digest, publish_shard, read_shard_manifest
 from dagster_project.progress import ShardProgress
 from dagster_project.records import COMPLETION_SCHEMA, STATUS_ERROR, STATUS_OK, Conversation
-from dagster_project.storage import Store
 from dagster_project.tokenizer import SpecialIds, render_prompt_ids, special_ids
 from dagster_project.turns import prompt_messages
 
 PREVIOUS_TURN_FAILED = "previous_turn_failed"
 PREVIOUS_TURN_INCOMPLETE = "previous_turn_incomplete"
-ROWS_PER_GROUP = 256
 
 
 @dataclass
@@ -62,6 +52,7 @@ class ShardGeneration:
         self.fingerprint = settings.fingerprint()
         self.sampling_params = settings.sampling_params()
         self.journal = journal
+        self.dispatcher: Dispatcher | None = None
         total = sum(c.num_turns for c in conversations)
         resumed = sum(1 for c in conversations for t in range(c.num_turns) if journal.is_final(c.event_id(t)))
         self.progress = ShardProgress(shard, total, self.fingerprint, resumed_events=resumed)
@@ -217,13 +208,10 @@ class ShardGeneration:
 
     # ---- driving ----------------------------------------------------------------------------------
 
-    async def run(
-        self,
-        dispatcher: Dispatcher,
-        heartbeat: Callable[[dict[str, Any]], None] | None = None,
-        heartbeat_interval_s: float = 5.0,
-    ) -> dict[str, Any]:
-        beating = asyncio.create_task(self._beat(dispatcher, heartbeat, heartbeat_interval_s)) if heartbeat else None
+    async def run(self, dispatcher: Dispatcher, reporter: ShardReporter | None = None) -> dict[str, Any]:
+        """Dispatch until every planned event has a record; the reporter beats alongside."""
+        self.dispatcher = dispatcher
+        reporting = asyncio.create_task(reporter.run()) if reporter else None
         try:
             await dispatcher.run(self.initial_requests(), self.on_outcome)
             self.progress.state = "generated"
@@ -232,120 +220,18 @@ class ShardGeneration:
             raise
         finally:
             self.journal.sync()
-            if beating is not None:
-                beating.cancel()
-                await asyncio.gather(beating, return_exceptions=True)
-                await asyncio.to_thread(heartbeat, self.snapshot(dispatcher))
-        return self.snapshot(dispatcher)
+            if reporting is not None:
+                reporting.cancel()
+                await asyncio.gather(reporting, return_exceptions=True)
+                await reporter.checkpoint_journal()
+                await reporter.beat()
+        return self.snapshot()
 
-    def snapshot(self, dispatcher: Dispatcher | None = None) -> dict[str, Any]:
-        servers = dispatcher.snapshot().get("servers", {}) if dispatcher is not None else {}
+    def snapshot(self) -> dict[str, Any]:
+        servers = self.dispatcher.snapshot().get("servers", {}) if self.dispatcher is not None else {}
         return self.progress.snapshot(servers=servers)
-
-    async def _beat(self, dispatcher: Dispatcher, heartbeat: Callable, interval_s: float) -> None:
-        while True:
-            # The store write is blocking I/O; keep it off the event loop that feeds the fleet.
-            await asyncio.to_thread(heartbeat, self.snapshot(dispatcher))
-            await asyncio.sleep(interval_s)
 
     def missing_events(self) -> list[str]:
         """Events without any record. Retryable errors count as ended here (a later run retries them)."""
         return [c.event_id(t) for c in self.conversations for t in range(c.num_turns) if c.event_id(t) not in self.journal.entries]
 
-
-def write_completions_parquet(journal: Journal, path: Path) -> dict[str, Any]:
-    """Stream the journal's final records into one Parquet file; return counts for the manifest."""
-    columns = COMPLETION_SCHEMA.names
-    counts = {"rows": 0, "ok": 0, "errors": 0, "prompt_tokens": 0, "output_tokens": 0}
-    event_ids: list[str] = []
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with pq.ParquetWriter(path, COMPLETION_SCHEMA, compression="zstd", use_dictionary=["policy", "status", "server"]) as writer:
-        batch: list[dict[str, Any]] = []
-        for record in journal.final_records():
-            batch.append({name: record.get(name) for name in columns})
-            event_ids.append(record["event_id"])
-            counts["rows"] += 1
-            counts["ok" if record["status"] == STATUS_OK else "errors"] += 1
-            counts["prompt_tokens"] += int(record.get("prompt_tokens") or 0)
-            counts["output_tokens"] += int(record.get("completion_tokens") or 0) if record["status"] == STATUS_OK else 0
-            if len(batch) == ROWS_PER_GROUP:
-                writer.write_table(pa.Table.from_pylist(batch, schema=COMPLETION_SCHEMA))
-                batch = []
-        if batch:
-            writer.write_table(pa.Table.from_pylist(batch, schema=COMPLETION_SCHEMA))
-    counts["event_ids"] = event_ids
-    return counts
-
-
-def journal_path(work_dir: Path, shard: int, fingerprint: str) -> Path:
-    """Journals are per settings fingerprint: results made under other settings are never resumed into."""
-    return work_dir / "journal" / shard_prefix(COMPLETIONS, shard) / f"{fingerprint}.jsonl"
-
-
-def generate_shard(
-    store: Store,
-    shard: int,
-    *,
-    tokenizer: Any,
-    settings: GenerationSettings,
-    dispatcher: Dispatcher,
-    work_dir: Path,
-    heartbeat_interval_s: float = 5.0,
-    log: Callable[[str], None] = lambda message: None,
-) -> dict[str, Any]:
-    """Generate and publish `completions/shard=NNNNN/`; return its manifest."""
-    conversations_manifest = read_shard_manifest(store, CONVERSATIONS, shard)
-    if conversations_manifest is None:
-        raise RuntimeError(f"conversations shard {shard} is not published: materialize `conversations` first")
-    conversations = list(read_conversations(store, shard))
-    fingerprint = settings.fingerprint()
-    policies = {c.policy for c in conversations}
-    if policies - {settings.policy}:
-        raise RuntimeError(
-            f"conversations of shard {shard} were planned with policy {sorted(policies)} but generation is "
-            f"configured with {settings.policy!r}: re-materialize `conversations` with the same policy"
-        )
-
-    def heartbeat(snapshot: dict[str, Any]) -> None:
-        store.put_bytes(progress_key(shard), orjson.dumps(snapshot))
-
-    with Journal(journal_path(work_dir, shard, fingerprint)) as journal:
-        if journal.torn_bytes_dropped:
-            log(f"journal: dropped a torn last line ({journal.torn_bytes_dropped} bytes) left by a killed run")
-        job = ShardGeneration(shard, conversations, tokenizer, settings, journal)
-        log(
-            f"shard {shard}: {job.progress.total_events} events in {len(conversations)} conversations, "
-            f"{job.progress.resumed_events} already in the journal"
-        )
-        summary = asyncio.run(job.run(dispatcher, heartbeat, heartbeat_interval_s))
-        missing = job.missing_events()
-        if missing:
-            raise RuntimeError(f"shard {shard}: {len(missing)} events did not end, e.g. {missing[:3]}")
-        with tempfile.TemporaryDirectory(dir=work_dir) as staging:
-            parquet = Path(staging) / "completions.parquet"
-            counts = write_completions_parquet(journal, parquet)
-            expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
-            if set(counts["event_ids"]) != expected or len(counts["event_ids"]) != len(expected):
-                raise RuntimeError(f"shard {shard}: journal does not hold exactly one record per planned event")
-            manifest = publish_shard(
-                store,
-                COMPLETIONS,
-                shard,
-                [("completions.parquet", parquet)],
-                {
-                    "rows": counts["rows"],
-                    "ok": counts["ok"],
-                    "errors": counts["errors"],
-                    "prompt_tokens": counts["prompt_tokens"],
-                    "output_tokens": counts["output_tokens"],
-                    "ids_digest": ids_digest(counts["event_ids"]),
-                    "conversations": len(conversations),
-                    "conversations_ids_digest": conversations_manifest.get("ids_digest"),
-                    "settings_fingerprint": fingerprint,
-                    "settings": settings.as_dict(),
-                    "generation": {k: summary[k] for k in ("lifetime", "spec", "finish_reasons", "errors_by_kind")},
-                },
-            )
-    summary["state"] = "published"
-    heartbeat(summary)
-    return manifest

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import orjson
 
 from dagster_project.records import POLICIES
+from dagster_project.sglang.protocol import sampling_params
 
 
 @dataclass(frozen=True)
@@ -37,18 +38,15 @@ class GenerationSettings:
 
     def sampling_params(self) -> dict:
         """Every sampling parameter explicit: /generate applies no generation_config defaults (reference TL;DR 3)."""
-        return {
-            "max_new_tokens": int(self.max_new_tokens),
-            "temperature": float(self.temperature),
-            "top_p": float(self.top_p),
-            "top_k": int(self.top_k),
-            "min_p": float(self.min_p),
-            "presence_penalty": float(self.presence_penalty),
-            "repetition_penalty": float(self.repetition_penalty),
-            # output_ids are what we train on; text is for people, so keep special tokens visible in it.
-            "skip_special_tokens": False,
-            "no_stop_trim": False,
-        }
+        return sampling_params(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            repetition_penalty=self.repetition_penalty,
+        )
 
     def fingerprint(self) -> str:
         return hashlib.sha256(orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]

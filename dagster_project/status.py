@@ -20,27 +20,13 @@ from dagster_project import layout
 from dagster_project.manifest import read_shard_manifest, read_stage_manifest
 from dagster_project.plan import read_plan
 from dagster_project.sglang.client import SGLangClient, SGLangError
+from dagster_project.sglang.protocol import parse_metrics
 from dagster_project.storage import Store
 
 # A heartbeat older than this means its shard run is not running any more (killed or finished).
 STALE_HEARTBEAT_S = 60.0
 ACCEPT_LENGTH_ALERT_FLOOR = 2.0
 PROGRESS_PREFIX = layout.PROGRESS + "/"
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """`name{labels} value` lines → {name: value}, summing a metric's label sets."""
-    values: Counter = Counter()
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, value = line.rpartition(" ")
-        name = name_part.split("{", 1)[0]
-        try:
-            values[name] += float(value)
-        except ValueError:
-            continue
-    return dict(values)
 
 
 async def _probe_server(url: str, api_key: str | None) -> dict[str, Any]:
@@ -58,7 +44,7 @@ async def _probe_server(url: str, api_key: str | None) -> dict[str, Any]:
             "max_total_num_tokens": info.get("max_total_num_tokens"),
         }
         try:
-            metrics = parse_prometheus(await client.metrics())
+            metrics = parse_metrics(await client.metrics())
         except SGLangError:
             metrics = {}
         probe.update(
@@ -132,8 +118,10 @@ def collect_status(
     ok_events = sum(m.get("ok", 0) for m in published.values()) + sum(b["ok_events"] for b in live if b["shard"] not in published)
     window_req_s = sum(b["window"]["req_per_s"] for b in live)
     window_tok_s = sum(b["window"]["output_tok_per_s"] for b in live)
-    lifetime_req_s = sum(b["lifetime"]["req_per_s"] for b in live)
-    lifetime_tok_s = sum(b["lifetime"]["output_tok_per_s"] for b in live)
+    # Lifetime: every shard run that reported, over the wall-clock span from the first start to the last beat.
+    span = (max(b["updated_at"] for b in beats) - min(b["started_at"] for b in beats)) if beats else 0.0
+    lifetime_req_s = sum(b["done_events"] - b["resumed_events"] for b in beats) / span if span else 0.0
+    lifetime_tok_s = sum(b["output_tokens"] for b in beats) / span if span else 0.0
     avg_output = output_tokens / ok_events if ok_events else None
     remaining = max(planned_events - done, 0)
     eta_s = remaining * avg_output / window_tok_s if avg_output and window_tok_s else None
@@ -149,6 +137,7 @@ def collect_status(
         "lifetime_output_tok_per_s": lifetime_tok_s,
         "avg_output_tokens": avg_output,
         "eta_hours": eta_s / 3600 if eta_s else None,
+        "lifetime_span_hours": span / 3600,
         "plan": plan.__dict__ if plan else None,
         "plan_eta_hours": plan.eta_hours(remaining) if plan else None,
     }
@@ -204,6 +193,8 @@ def collect_status(
         "last_publish_at": max((m["published_at"] for m in published.values()), default=None),
         "unpublished_shards": [s for s in range(shards) if s not in published][:50],
         "failed_uploads": sum(b.get("upload_failures", 0) for b in beats),
+        # Shards published under different generation settings would mix in one training set.
+        "settings_fingerprints": dict(Counter(m.get("settings_fingerprint") for m in published.values())),
     }
 
     # 5. coverage: every input row accounted for, every conversation planned, every event done once.
@@ -248,6 +239,10 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _ago(timestamp: float | None, now: float) -> str:
+    return f"{now - timestamp:,.0f} s ago" if timestamp else "never"
+
+
 def render_text(status: dict[str, Any]) -> str:
     p, m, s, c, t = status["progress"], status["mtp"], status["storage"], status["coverage"], status["multi_turn"]
     plan = p["plan"]
@@ -281,7 +276,9 @@ def render_text(status: dict[str, Any]) -> str:
     lines += [
         "4. Storage",
         f"   {s['store']}: {s['shards_published']}/{s['shards_total']} shards published, {_fmt(s['bytes_published'])} bytes, "
-        f"failed uploads {s['failed_uploads']}",
+        f"failed uploads {s['failed_uploads']}, last publish {_ago(s['last_publish_at'], status['collected_at'])}",
+        f"   generation settings of published shards: {s['settings_fingerprints'] or '—'}"
+        + ("  ALERT: mixed settings" if len(s["settings_fingerprints"]) > 1 else ""),
         "5. Coverage",
         f"   input rows {_fmt(c['input_rows'])} → normalized {_fmt(c['normalized'])} + quarantined {_fmt(c['quarantined'])} "
         f"{c['quarantined_by_reason'] or ''}",

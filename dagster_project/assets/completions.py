@@ -1,13 +1,29 @@
+from typing import Any
+
 import dagster as dg
+from pydantic import Field
 
 from dagster_project import layout, settings
-from dagster_project.generation import generate_shard
+from dagster_project.completions_shard import generate_shard
 from dagster_project.partitions import shard_partitions
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 
 
 class CompletionsConfig(dg.Config):
-    heartbeat_interval_s: float = 5.0
+    heartbeat_interval_s: float = Field(default=5.0, description="Progress snapshot to the store (read by status).")
+    checkpoint_interval_s: float = Field(default=60.0, description="Journal copy to the store (resume on any node).")
+    log_interval_s: float = Field(default=30.0, description="Progress line and observation in Dagster.")
+
+
+def _progress_line(snapshot: dict[str, Any]) -> str:
+    window, spec = snapshot["window"], snapshot["spec"]
+    eta = f"{snapshot['eta_s'] / 60:.1f} min" if snapshot["eta_s"] else "—"
+    accept = f"{spec['accept_length_window']:.2f}" if spec["accept_length_window"] else "—"
+    return (
+        f"{snapshot['done_events']}/{snapshot['total_events']} events, {window['req_per_s']:.2f} req/s, "
+        f"{window['output_tok_per_s']:.0f} out tok/s, accept length {accept}, errors {snapshot['errors_by_kind'] or 0}, "
+        f"ETA {eta}"
+    )
 
 
 @dg.asset(
@@ -16,7 +32,8 @@ class CompletionsConfig(dg.Config):
     group_name="generation",
     kinds={"sglang", "parquet"},
     pool="sglang_fleet",
-    description="One generation event per assistant turn of the shard's conversations, from the SGLang fleet.",
+    description="One generation event per assistant turn of the shard's conversations, from the SGLang fleet. "
+    "Resumes from its journal after a crash: nothing journaled is requested again.",
 )
 def completions(
     context: dg.AssetExecutionContext,
@@ -28,6 +45,22 @@ def completions(
 ) -> dg.MaterializeResult:
     shard = layout.shard_index(context.partition_key)
     data = store.open()
+
+    def on_progress(snapshot: dict[str, Any]) -> None:
+        context.log.info(_progress_line(snapshot))
+        context.log_event(
+            dg.AssetObservation(
+                asset_key=context.asset_key,
+                partition=context.partition_key,
+                metadata={
+                    "done_events": snapshot["done_events"],
+                    "req_per_s": snapshot["window"]["req_per_s"],
+                    "output_tok_per_s": snapshot["window"]["output_tok_per_s"],
+                    "accept_length": snapshot["spec"]["accept_length_window"] or 0.0,
+                },
+            )
+        )
+
     manifest = generate_shard(
         data,
         shard,
@@ -36,6 +69,9 @@ def completions(
         dispatcher=fleet.dispatcher(),
         work_dir=settings.work_dir(),
         heartbeat_interval_s=config.heartbeat_interval_s,
+        checkpoint_interval_s=config.checkpoint_interval_s,
+        log_interval_s=config.log_interval_s,
+        on_progress=on_progress,
         log=context.log.info,
     )
     run = manifest["generation"]
@@ -52,5 +88,7 @@ def completions(
             "spec_accept_length": run["spec"]["accept_length_lifetime"] or 0.0,
             "settings_fingerprint": manifest["settings_fingerprint"],
             "uri": dg.MetadataValue.path(data.url(layout.shard_prefix(layout.COMPLETIONS, shard))),
-        }
+        },
+        # Downstream shards go stale in the UI when this shard's content or settings change.
+        data_version=dg.DataVersion(f"{manifest['settings_fingerprint']}-{manifest['ids_digest'][:16]}"),
     )

@@ -1,0 +1,100 @@
+"""A TCP proxy on loopback that can be switched off: a real network fault between a client and a server.
+
+While `down`, every new connection is accepted and reset at once (what a restarting endpoint looks like);
+connections already open are cut. `refused` counts the connections turned away, so a test can wait for
+the client to have hit the fault before lifting it.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from contextlib import contextmanager
+from collections.abc import Iterator
+
+
+class FaultProxy:
+    def __init__(self, target_host: str, target_port: int):
+        self.target = (target_host, target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.down = threading.Event()
+        self.refused = 0
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept_loop, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.down.is_set():
+                with self._lock:
+                    self.refused += 1
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                client.close()  # linger 0: the client sees a reset, not a clean close
+                continue
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self.target)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self._open.update({client, upstream})
+        pump = threading.Thread(target=self._pipe, args=(upstream, client), daemon=True)
+        pump.start()
+        self._pipe(client, upstream)
+        pump.join()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with self._lock:
+                    self._open.discard(sock)
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def go_down(self) -> None:
+        self.down.set()
+        with self._lock:
+            open_now = list(self._open)
+        for sock in open_now:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def come_back(self) -> None:
+        self.down.clear()
+
+    def close(self) -> None:
+        self._closed = True
+        self.go_down()
+        self.listener.close()
+
+
+@contextmanager
+def fault_proxy(endpoint: str) -> Iterator[FaultProxy]:
+    host, port = endpoint.removeprefix("http://").split(":")
+    proxy = FaultProxy(host, int(port))
+    try:
+        yield proxy
+    finally:
+        proxy.close()
