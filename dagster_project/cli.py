@@ -1,6 +1,6 @@
 """`dflash`: the operator's command line.
 
-    dflash status [--json]                 the six answers: progress, MTP, concurrency, storage, coverage, multi-turn
+    dflash status [--json] [--by-id]       the six answers: progress, MTP, concurrency, storage, coverage, multi-turn
     dflash fleet up|down|status            the SGLang fleet (real servers per GPU, or simulators)
     dflash plan --brief | --req-per-s ...  the estimates `status` compares against
     dflash demo                            the whole pipeline on the embedded demo (`make demo`)
@@ -53,9 +53,13 @@ def _api_key() -> str | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from dagster_project.coverage import dataset_coverage, write_coverage
     from dagster_project.status import collect_status, render_text
 
-    status = collect_status(_store(), _endpoints(), api_key=_api_key(), num_shards=settings.num_shards())
+    store = _store()
+    if args.by_id:
+        write_coverage(store, dataset_coverage(store, settings.num_shards()))
+    status = collect_status(store, _endpoints(), api_key=_api_key(), num_shards=settings.num_shards())
     print(json.dumps(status, indent=2, default=str) if args.json else render_text(status))
     return 0
 
@@ -145,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="the six operator answers")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--by-id", action="store_true", help="recompute coverage by id across every shard first")
     status.set_defaults(func=cmd_status)
 
     fleet = commands.add_parser("fleet", help="start, stop or inspect the SGLang fleet")

@@ -9,7 +9,6 @@ prints it for the `status` command. Both read the same data, so the UI and the t
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
 from typing import Any
@@ -17,10 +16,10 @@ from typing import Any
 import orjson
 
 from dagster_project import layout
+from dagster_project.coverage import read_coverage
 from dagster_project.manifest import read_shard_manifest, read_stage_manifest
 from dagster_project.plan import read_plan
-from dagster_project.sglang.client import SGLangClient, SGLangError
-from dagster_project.sglang.protocol import parse_metrics
+from dagster_project.sglang.launch import fleet_status
 from dagster_project.storage import Store
 
 # A heartbeat older than this means its shard run is not running any more (killed or finished).
@@ -29,44 +28,8 @@ ACCEPT_LENGTH_ALERT_FLOOR = 2.0
 PROGRESS_PREFIX = layout.PROGRESS + "/"
 
 
-async def _probe_server(url: str, api_key: str | None) -> dict[str, Any]:
-    client = SGLangClient(url, api_key=api_key)
-    try:
-        info = await client.server_info()
-        state = (info.get("internal_states") or [{}])[0]
-        probe: dict[str, Any] = {
-            "reachable": True,
-            "speculative_algorithm": info.get("speculative_algorithm"),
-            "max_running_requests_cli": info.get("max_running_requests"),
-            "effective_max_running_requests": state.get("effective_max_running_requests_per_dp"),
-            "avg_spec_accept_length": state.get("avg_spec_accept_length"),
-            "last_gen_throughput": state.get("last_gen_throughput"),
-            "max_total_num_tokens": info.get("max_total_num_tokens"),
-        }
-        try:
-            metrics = parse_metrics(await client.metrics())
-        except SGLangError:
-            metrics = {}
-        probe.update(
-            running=metrics.get("sglang:num_running_reqs"),
-            queued=metrics.get("sglang:num_queue_reqs"),
-            token_usage=metrics.get("sglang:token_usage"),
-            mamba_usage=metrics.get("sglang:mamba_usage"),
-            spec_accept_length_metric=metrics.get("sglang:spec_accept_length"),
-            gen_throughput=metrics.get("sglang:gen_throughput"),
-        )
-        return probe
-    except SGLangError as exc:
-        return {"reachable": False, "error": f"{exc.kind}: {exc.message}"}
-    finally:
-        await client.close()
-
-
 def probe_fleet(endpoints: list[str], api_key: str | None = None) -> dict[str, dict[str, Any]]:
-    async def probe_all() -> list[dict[str, Any]]:
-        return await asyncio.gather(*(_probe_server(url, api_key) for url in endpoints))
-
-    return dict(zip(endpoints, asyncio.run(probe_all()))) if endpoints else {}
+    return {probe["url"]: probe for probe in fleet_status(endpoints, api_key)} if endpoints else {}
 
 
 def _heartbeats(store: Store) -> list[dict[str, Any]]:
@@ -74,21 +37,29 @@ def _heartbeats(store: Store) -> list[dict[str, Any]]:
 
 
 def _limit_reason(server: dict[str, Any], window: int | None, in_flight: int | None) -> str:
-    cap, running, queued = server.get("effective_max_running_requests"), server.get("running"), server.get("queued")
-    if not server.get("reachable"):
+    """What caps this server's batch now, and so what it would take to run 4-8x more at once."""
+    cap, running, queued = server.get("max_running_requests"), server.get("running"), server.get("queued")
+    flag = server.get("max_running_requests_flag")
+    if not server.get("healthy"):
         return "unreachable"
     if cap is None or running is None:
-        return "unknown (no /metrics)"
+        return "unknown (no /server_info cap or /metrics)"
+    memory = (
+        f"the mamba state pool caps it at {cap}, below --max-running-requests {flag}"
+        if flag and cap < flag
+        else f"its cap is {cap}"
+    )
     if running >= cap and (queued or 0) > 0:
         return (
-            f"server cap {cap} (memory: KV/mamba state pool) — raising client concurrency only grows the queue; "
-            "raise --max-running-requests / --mamba-full-memory-ratio, or --disable-radix-cache, to go higher"
+            f"server memory: {memory}, {queued:.0f} queued behind it. More client concurrency only grows the queue; "
+            "to go higher raise --mamba-full-memory-ratio (or --max-mamba-cache-size), --disable-radix-cache, "
+            "a bf16 mamba state or fp8 KV (reference sglang.md §5.2)"
         )
     if window is not None and in_flight is not None and in_flight >= window and running < cap:
-        return f"client window {window} — raise the dispatcher oversubscription"
+        return f"the client window ({window}): raise the fleet resource's oversubscription"
     if (queued or 0) == 0 and running < cap:
-        return "not enough work in flight (idle server or tail of a shard)"
-    return "balanced"
+        return f"not enough work in flight ({memory}; idle server or the tail of a shard)"
+    return f"balanced at the cap ({memory})"
 
 
 def collect_status(
@@ -147,7 +118,7 @@ def collect_status(
     spec_verify = sum(b["spec"]["window_verify_passes"] for b in live)
     window_accept = spec_tokens / spec_verify if spec_verify else None
     lifetime_accepts = [m["generation"]["spec"]["accept_length_lifetime"] for m in published.values() if m["generation"]["spec"]["accept_length_lifetime"]]
-    algorithms = {url: s.get("speculative_algorithm") for url, s in fleet.items() if s.get("reachable")}
+    algorithms = {url: s.get("speculative_algorithm") for url, s in fleet.items() if s.get("healthy")}
     mtp_on = bool(algorithms) and all(algorithms.values())
     accept_seen = window_accept or (sum(lifetime_accepts) / len(lifetime_accepts) if lifetime_accepts else None)
     mtp = {
@@ -172,11 +143,12 @@ def collect_status(
             merged["in_flight"] += int(view.get("in_flight") or 0)
     concurrency = {}
     for url in sorted(set(fleet) | set(client_view)):
-        server, view = fleet.get(url, {"reachable": False}), client_view.get(url, {})
+        server, view = fleet.get(url, {"healthy": False}), client_view.get(url, {})
         concurrency[url] = {
             "client_window": view.get("window"),
             "in_flight": view.get("in_flight"),
-            "effective_cap": server.get("effective_max_running_requests"),
+            "effective_cap": server.get("max_running_requests"),
+            "cap_flag": server.get("max_running_requests_flag"),
             "running": server.get("running"),
             "queued": server.get("queued"),
             "token_usage": server.get("token_usage"),
@@ -208,6 +180,8 @@ def collect_status(
         "events_planned": planned_events,
         "events_in_published_shards": done_published,
         "errors_in_published_shards": sum(m.get("errors", 0) for m in published.values()),
+        # By id, across shards: written by the run_report asset or `dflash status --by-id`.
+        "by_id": read_coverage(store),
     }
 
     # 6. multi-turn: which policy, how many multi-turn conversations, how many turns generated.
@@ -243,6 +217,17 @@ def _ago(timestamp: float | None, now: float) -> str:
     return f"{now - timestamp:,.0f} s ago" if timestamp else "never"
 
 
+def _by_id_line(by_id: dict[str, Any] | None, now: float) -> str:
+    if not by_id:
+        return "   by id: not computed yet (materialize run_report, or dflash status --by-id)"
+    return (
+        f"   by id ({_ago(by_id['computed_at'], now)}): conversations {_fmt(by_id['conversations'])} = done "
+        f"{_fmt(by_id['conversations_done'])} + partial {_fmt(by_id['conversations_partial'])} + missing "
+        f"{_fmt(by_id['conversations_missing'])}; events missing {_fmt(by_id['events_missing'])}, duplicated "
+        f"{_fmt(by_id['events_duplicated'])}, unexpected {_fmt(by_id['events_unexpected'])}"
+    )
+
+
 def render_text(status: dict[str, Any]) -> str:
     p, m, s, c, t = status["progress"], status["mtp"], status["storage"], status["coverage"], status["multi_turn"]
     plan = p["plan"]
@@ -250,8 +235,14 @@ def render_text(status: dict[str, Any]) -> str:
         "1. Progress vs estimates",
         f"   events {_fmt(p['events_done'])}/{_fmt(p['events_planned'])} ({p['fraction_done']:.1%}), "
         f"shards running {p['shards_running'] or 'none'}",
-        f"   rate: window {_fmt(p['window_req_per_s'], 2)} req/s, {_fmt(p['window_output_tok_per_s'])} out tok/s; "
-        f"lifetime {_fmt(p['lifetime_req_per_s'], 2)} req/s, {_fmt(p['lifetime_output_tok_per_s'])} out tok/s",
+        "   rate: "
+        + (
+            f"window {_fmt(p['window_req_per_s'], 2)} req/s, {_fmt(p['window_output_tok_per_s'])} out tok/s; "
+            if p["shards_running"]
+            else "no shard running now; "
+        )
+        + f"lifetime {_fmt(p['lifetime_req_per_s'], 2)} req/s, {_fmt(p['lifetime_output_tok_per_s'])} out tok/s "
+        f"over {_fmt(p['lifetime_span_hours'] * 60, 1)} min",
         f"   avg output tokens {_fmt(p['avg_output_tokens'])}; ETA {_fmt(p['eta_hours'], 2)} h",
     ]
     if plan:
@@ -284,6 +275,7 @@ def render_text(status: dict[str, Any]) -> str:
         f"{c['quarantined_by_reason'] or ''}",
         f"   conversations {_fmt(c['conversations'])} by source {c['by_source']}; events planned {_fmt(c['events_planned'])}, "
         f"in published shards {_fmt(c['events_in_published_shards'])} (errors {_fmt(c['errors_in_published_shards'])})",
+        _by_id_line(c["by_id"], status["collected_at"]),
         "6. Multi-turn",
         f"   policy {t['policy']}: {_fmt(t['multi_turn_conversations'])} multi-turn of {_fmt(t['conversations'])} conversations, "
         f"{_fmt(t['generated_turns_planned'])} assistant turns generated",

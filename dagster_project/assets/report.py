@@ -1,6 +1,8 @@
 import dagster as dg
 
 from dagster_project import layout
+from dagster_project.coverage import dataset_coverage, exactly_once, write_coverage
+from dagster_project.manifest import read_stage_manifest
 from dagster_project.resources import DatasetStore, SGLangFleet
 from dagster_project.status import collect_status, render_text
 
@@ -8,26 +10,54 @@ from dagster_project.status import collect_status, render_text
 @dg.asset(
     deps=[layout.COMPLETIONS],
     group_name="report",
-    kinds={"python"},
+    kinds={"duckdb"},
+    check_specs=[
+        dg.AssetCheckSpec(
+            "dataset_exactly_once",
+            asset="run_report",
+            description="Across all shards, by id: every planned generation event has exactly one record.",
+        )
+    ],
     description="The six operator questions (progress, MTP, concurrency, storage, coverage, multi-turn), "
-    "computed like `dflash status` from heartbeats, manifests and the live fleet.",
+    "computed like `dflash status` from heartbeats, manifests and the live fleet, with coverage by id.",
 )
 def run_report(context: dg.AssetExecutionContext, store: DatasetStore, fleet: SGLangFleet) -> dg.MaterializeResult:
+    data = store.open()
+    conversations = read_stage_manifest(data, layout.CONVERSATIONS)
+    if conversations is None:
+        raise dg.Failure("conversations are not materialized yet: nothing to report on")
+    coverage = dataset_coverage(data, conversations["num_shards"])
+    write_coverage(data, coverage)
     try:
         endpoints = fleet.resolve_endpoints()
     except dg.Failure:
         endpoints = []  # no fleet running: the report still answers from the store
-    status = collect_status(store.open(), endpoints, api_key=fleet.api_key)
+    status = collect_status(data, endpoints, api_key=fleet.api_key)
     text = render_text(status)
     context.log.info("\n" + text)
-    progress, storage = status["progress"], status["storage"]
+    complete = coverage["shards_published"] == coverage["shards"]
     return dg.MaterializeResult(
         metadata={
             "report": dg.MetadataValue.md(f"```\n{text}\n```"),
             "status": dg.MetadataValue.json(status),
-            "fraction_done": progress["fraction_done"],
-            "events_done": progress["events_done"],
-            "shards_published": storage["shards_published"],
+            "fraction_done": status["progress"]["fraction_done"],
+            "events_done": status["progress"]["events_done"],
+            "shards_published": status["storage"]["shards_published"],
             "mtp_on": status["mtp"]["mtp_on"],
-        }
+        },
+        check_results=[
+            dg.AssetCheckResult(
+                check_name="dataset_exactly_once",
+                # Missing events are expected while shards remain unpublished; duplicates never are.
+                passed=exactly_once(coverage) if complete else coverage["events_duplicated"] + coverage["events_unexpected"] == 0,
+                description=(
+                    f"{coverage['events_recorded']:,} records for {coverage['events_planned']:,} planned events in "
+                    f"{coverage['shards_published']}/{coverage['shards']} published shards: "
+                    f"{coverage['events_missing']:,} missing, {coverage['events_duplicated']:,} duplicated, "
+                    f"{coverage['events_unexpected']:,} unexpected"
+                ),
+                metadata={k: v for k, v in coverage.items() if not k.endswith("_sample")}
+                | {k: dg.MetadataValue.json(v) for k, v in coverage.items() if k.endswith("_sample")},
+            )
+        ],
     )

@@ -486,7 +486,7 @@ def connect(endpoints: Sequence[str] | str | None = None, router_url: str | None
 
 
 async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeout_s: float = 5.0) -> list[dict]:
-    """Live state of each endpoint: health, its running cap, load and throughput (from `/metrics`)."""
+    """Live state of each endpoint: health, speculative decoding, its running cap, load (from `/metrics`)."""
     async with new_session() as session:
 
         async def probe(url: str) -> dict:
@@ -495,6 +495,9 @@ async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeo
             try:
                 info = await client.server_info()
                 states = info.get("internal_states") or [{}]
+                status["speculative_algorithm"] = info.get("speculative_algorithm")
+                status["max_running_requests_flag"] = info.get("max_running_requests")
+                # The real cap: the mamba state pool can lower it below the flag (reference TL;DR 5).
                 status["max_running_requests"] = states[0].get("effective_max_running_requests_per_dp")
                 status["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
                 status["last_gen_throughput"] = states[0].get("last_gen_throughput")
@@ -502,12 +505,22 @@ async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeo
                 status["error"] = str(error)
             with contextlib.suppress(SGLangError):
                 metrics = parse_metrics(await client.metrics())
-                status["running"] = metrics.get("sglang:num_running_reqs")
-                status["queued"] = metrics.get("sglang:num_queue_reqs")
-                status["generation_tokens_total"] = metrics.get("sglang:generation_tokens_total")
+                for key, name in _PROBED_METRICS.items():
+                    status[key] = metrics.get(name)
             return status
 
         return list(await asyncio.gather(*(probe(url) for url in urls)))
+
+
+_PROBED_METRICS = {
+    "running": "sglang:num_running_reqs",
+    "queued": "sglang:num_queue_reqs",
+    "token_usage": "sglang:token_usage",
+    "mamba_usage": "sglang:mamba_usage",
+    "spec_accept_length": "sglang:spec_accept_length",
+    "gen_throughput": "sglang:gen_throughput",
+    "generation_tokens_total": "sglang:generation_tokens_total",
+}
 
 
 def fleet_status(urls: Sequence[str], api_key: str | None = None, timeout_s: float = 5.0) -> list[dict]:
