@@ -7,6 +7,7 @@ from pydantic import Field
 
 from dagster_project import gates, layout
 from dagster_project.assets.completions import completions
+from dagster_project.checks.gate_checks import GateConfig, check_result
 from dagster_project.completions_io import completions_manifest, iter_completion_batches, shard_coverage
 from dagster_project.manifest import verify_shard
 from dagster_project.partitions import shard_partitions
@@ -29,15 +30,11 @@ QUALITY_DESCRIPTIONS = {
 }
 
 
-class CompletionsGateConfig(dg.Config):
+class CompletionsGateConfig(GateConfig):
+    """Thresholds of the answer gates (see GateConfig) plus the completions' own."""
+
     max_error_share: float = Field(default=MAX_ERROR_SHARE, description="Largest tolerated share of error events.")
     max_length_capped_share: float = MAX_LENGTH_CAPPED_SHARE
-    max_bad_thinking_share: float = gates.MAX_BAD_THINKING_SHARE
-    max_degenerate_share: float = gates.MAX_DEGENERATE_SHARE
-    min_repeats: int = gates.MIN_REPEATS
-    short_answer_chars: int = gates.SHORT_ANSWER_CHARS
-    max_short_answer_share: float = gates.MAX_SHORT_ANSWER_SHARE
-    max_empty_answer_share: float = gates.MAX_EMPTY_ANSWER_SHARE
 
 
 def _share_gate(name: str, count: int, total: int, max_share: float, what: str, by_kind: dict) -> gates.GateResult:
@@ -155,24 +152,12 @@ def completions_quality(
     profile = gates.profile_completion_batches(
         iter_completion_batches(data, shard, gates.COMPLETION_GATE_COLUMNS), special, tok.decode
     )
-    thresholds = gates.GateThresholds(
-        max_bad_thinking_share=config.max_bad_thinking_share,
-        max_degenerate_share=config.max_degenerate_share,
-        min_repeats=config.min_repeats,
-        short_answer_chars=config.short_answer_chars,
-        max_short_answer_share=config.max_short_answer_share,
-        max_empty_answer_share=config.max_empty_answer_share,
-    )
     enable_thinking = bool(manifest["settings"].get("enable_thinking", True))
-    answer_gates = gates.shard_gates(profile, vocab_size=special.vocab_size, enable_thinking=enable_thinking, thresholds=thresholds)
+    answer_gates = gates.shard_gates(
+        profile, vocab_size=special.vocab_size, enable_thinking=enable_thinking, thresholds=config.thresholds()
+    )
     results += [result for result in answer_gates if result.name in ANSWER_GATES]
     for result in results:
         if not result.passed:
             context.log.error(f"{context.partition_key} {result.name}: {result.message}")
-        yield dg.AssetCheckResult(
-            asset_key=completions.key,
-            check_name=result.name,
-            passed=result.passed,
-            description=result.message,
-            metadata={"message": result.message, **result.metadata},
-        )
+        yield check_result(completions.key, result)

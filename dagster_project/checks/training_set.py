@@ -9,11 +9,11 @@ shard, so an export in a later run refuses a shard that failed (see dagster_proj
 from collections.abc import Iterator
 
 import dagster as dg
-from pydantic import Field
 
 from dagster_project import gates, layout
 from dagster_project.assemble import enable_thinking, source_is_current
 from dagster_project.assets.training_set import training_set
+from dagster_project.checks.gate_checks import GateConfig, check_result
 from dagster_project.completions_io import completions_manifest
 from dagster_project.export import record_verdict
 from dagster_project.gx_training import FRAME_COLUMNS, training_frame, validate_training_frame
@@ -36,34 +36,8 @@ GATE_DESCRIPTIONS = {
 }
 
 
-class TrainingGateConfig(dg.Config):
-    """Gate thresholds; the defaults and their reasons are in dagster_project/gates.py."""
-
-    loss_floor: int = Field(default=gates.LOSS_FLOOR, description="Supervised tokens a row should have at least.")
-    max_share_below_floor: float = gates.MAX_SHARE_BELOW_FLOOR
-    max_top_loss_sum_share: float = gates.MAX_TOP_LOSS_SUM_SHARE
-    min_repeats: int = Field(
-        default=gates.MIN_REPEATS, description="A sum or answer must recur this often before its share can block."
-    )
-    min_supervised_pairs: int = gates.MIN_SUPERVISED_PAIRS
-    max_bad_thinking_share: float = gates.MAX_BAD_THINKING_SHARE
-    max_degenerate_share: float = gates.MAX_DEGENERATE_SHARE
-    short_answer_chars: int = gates.SHORT_ANSWER_CHARS
-    max_short_answer_share: float = gates.MAX_SHORT_ANSWER_SHARE
-    max_empty_answer_share: float = gates.MAX_EMPTY_ANSWER_SHARE
-
-    def thresholds(self) -> gates.GateThresholds:
-        return gates.GateThresholds(**self.model_dump())
-
-
-def _check_result(result: gates.GateResult) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(
-        asset_key=training_set.key,
-        check_name=result.name,
-        passed=result.passed,
-        description=result.message,
-        metadata={"message": result.message, **result.metadata},
-    )
+class TrainingGateConfig(GateConfig):
+    """Thresholds of the training-set gates (see GateConfig)."""
 
 
 @dg.multi_asset_check(
@@ -100,7 +74,7 @@ def training_set_gates(
     for result in results:
         if not result.passed:
             context.log.error(f"{layout.partition_key(shard)} {result.name}: {result.message}")
-        yield _check_result(result)
+        yield check_result(training_set.key, result)
 
 
 @dg.asset_check(asset=training_set, partitions_def=shard_partitions, blocking=True, name="gx_suite")
