@@ -92,7 +92,10 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             print(json.dumps(server))
         return 0
     if args.simulate:
-        fleet = launch.launch_simulators(args.simulate, run_dir, _parse_sim_options(args.sim_option))
+        options = _parse_sim_options(args.sim_option)
+        if _api_key():  # simulators guard their routes like servers started with --api-key
+            options["api_key"] = _api_key()
+        fleet = launch.launch_simulators(args.simulate, run_dir, options)
     else:
         if not args.gpus:
             raise SystemExit("fleet up needs --gpus 0,1,... (real servers) or --simulate N")

@@ -1,0 +1,52 @@
+"""The `dflash` command line as an operator types it (each call a fresh process)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SECRET = "sk-test-4f1d9a7c"
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {
+        **os.environ,
+        "DFLASH_STORE": str(tmp_path / "store"),
+        "DFLASH_WORK_DIR": str(tmp_path / "work"),
+        "SGLANG_API_KEY": SECRET,
+    }
+
+
+def dflash(env: dict, *args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "dagster_project.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert SECRET not in result.stdout + result.stderr, "the API key was printed"
+    return result.stdout
+
+
+def test_fleet_up_status_down_never_shows_the_api_key(env, tmp_path):
+    try:
+        assert "fleet up (simulator)" in dflash(env, "fleet", "up", "--simulate", "2", "--sim-option", "output_len=fixed:8")
+        record = (tmp_path / "work" / "fleet" / "fleet.json").read_text()
+        assert SECRET not in record and "<redacted>" in record
+        servers = [json.loads(line) for line in dflash(env, "fleet", "status").splitlines()]
+        assert [s["healthy"] for s in servers] == [True, True]
+        assert all(s["speculative_algorithm"] == "EAGLE" and s["max_running_requests"] == 16 for s in servers)
+        # Routes other than /health need the key: without it, status cannot read the servers' state.
+        servers_without_key = [json.loads(line) for line in dflash({**env, "SGLANG_API_KEY": ""}, "fleet", "status").splitlines()]
+        assert all("unauthorized" in s["error"] for s in servers_without_key)
+    finally:
+        assert "stopped sim0, sim1" in dflash(env, "fleet", "down")
+    assert "nothing" in dflash(env, "fleet", "down")
+
+
+def test_plan_and_status_on_an_empty_store(env):
+    dflash(env, "plan", "--brief")
+    assert json.loads(dflash(env, "plan", "--show"))["req_per_s"] == 5.6
+    text = dflash(env, "status")
+    for heading in ("1. Progress", "2. MTP", "3. Concurrency", "4. Storage", "5. Coverage", "6. Multi-turn"):
+        assert heading in text
+    assert "5.6 req/s" in text
