@@ -63,8 +63,15 @@ def _limit_reason(server: dict[str, Any], window: int | None, in_flight: int | N
 
 
 def collect_status(
-    store: Store, endpoints: list[str], *, api_key: str | None = None, num_shards: int | None = None, now: float | None = None
+    store: Store,
+    endpoints: list[str],
+    *,
+    api_key: str | None = None,
+    num_shards: int | None = None,
+    current_fingerprint: str | None = None,
+    now: float | None = None,
 ) -> dict[str, Any]:
+    """`current_fingerprint`: the generation settings configured now; published shards made otherwise are stale."""
     now = time.time() if now is None else now
     plan = read_plan(store)
     conversations = read_stage_manifest(store, layout.CONVERSATIONS) or {}
@@ -167,6 +174,7 @@ def collect_status(
         "failed_uploads": sum(b.get("upload_failures", 0) for b in beats),
         # Shards published under different generation settings would mix in one training set.
         "settings_fingerprints": dict(Counter(m.get("settings_fingerprint") for m in published.values())),
+        "stale_shards": sorted(s for s, m in published.items() if current_fingerprint and m.get("settings_fingerprint") != current_fingerprint),
     }
 
     # 5. coverage: every input row accounted for, every conversation planned, every event done once.
@@ -269,7 +277,8 @@ def render_text(status: dict[str, Any]) -> str:
         f"   {s['store']}: {s['shards_published']}/{s['shards_total']} shards published, {_fmt(s['bytes_published'])} bytes, "
         f"failed uploads {s['failed_uploads']}, last publish {_ago(s['last_publish_at'], status['collected_at'])}",
         f"   generation settings of published shards: {s['settings_fingerprints'] or '—'}"
-        + ("  ALERT: mixed settings" if len(s["settings_fingerprints"]) > 1 else ""),
+        + ("  ALERT: mixed settings" if len(s["settings_fingerprints"]) > 1 else "")
+        + (f"  stale (made with other settings than configured now): {s['stale_shards']}" if s["stale_shards"] else ""),
         "5. Coverage",
         f"   input rows {_fmt(c['input_rows'])} → normalized {_fmt(c['normalized'])} + quarantined {_fmt(c['quarantined'])} "
         f"{c['quarantined_by_reason'] or ''}",

@@ -3,7 +3,7 @@ import dagster as dg
 from dagster_project import layout
 from dagster_project.coverage import dataset_coverage, exactly_once, write_coverage
 from dagster_project.manifest import read_stage_manifest
-from dagster_project.resources import DatasetStore, SGLangFleet
+from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet
 from dagster_project.status import collect_status, render_text
 
 
@@ -21,7 +21,9 @@ from dagster_project.status import collect_status, render_text
     description="The six operator questions (progress, MTP, concurrency, storage, coverage, multi-turn), "
     "computed like `dflash status` from heartbeats, manifests and the live fleet, with coverage by id.",
 )
-def run_report(context: dg.AssetExecutionContext, store: DatasetStore, fleet: SGLangFleet) -> dg.MaterializeResult:
+def run_report(
+    context: dg.AssetExecutionContext, store: DatasetStore, fleet: SGLangFleet, generation: GenerationConfig
+) -> dg.MaterializeResult:
     data = store.open()
     conversations = read_stage_manifest(data, layout.CONVERSATIONS)
     if conversations is None:
@@ -32,7 +34,9 @@ def run_report(context: dg.AssetExecutionContext, store: DatasetStore, fleet: SG
         endpoints = fleet.resolve_endpoints()
     except dg.Failure:
         endpoints = []  # no fleet running: the report still answers from the store
-    status = collect_status(data, endpoints, api_key=fleet.api_key)
+    status = collect_status(
+        data, endpoints, api_key=fleet.api_key, current_fingerprint=generation.settings().fingerprint()
+    )
     text = render_text(status)
     context.log.info("\n" + text)
     complete = coverage["shards_published"] == coverage["shards"]
@@ -44,6 +48,7 @@ def run_report(context: dg.AssetExecutionContext, store: DatasetStore, fleet: SG
             "events_done": status["progress"]["events_done"],
             "shards_published": status["storage"]["shards_published"],
             "mtp_on": status["mtp"]["mtp_on"],
+            "stale_shards": dg.MetadataValue.json(status["storage"]["stale_shards"]),
         },
         check_results=[
             dg.AssetCheckResult(

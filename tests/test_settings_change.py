@@ -1,0 +1,51 @@
+"""Changing generation settings makes shards stale; it never mixes old answers into a new shard."""
+
+import dagster as dg
+from dagster_aws.s3 import S3Resource
+
+from dagster_project.assets.completions import completions
+from dagster_project.assets.conversations import conversations
+from dagster_project.assets.prompts import raw_prompts
+from dagster_project.assets.report import run_report
+from dagster_project.completions_io import completions_manifest, shard_coverage
+from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
+from dagster_project.storage import LocalStore
+
+pytest_plugins = ["tests.sglang_fixtures"]
+
+
+def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim_fleet, monkeypatch):
+    monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
+    fleet = sim_fleet(2, output_len="fixed:16")
+    store = LocalStore(tmp_path / "store")
+    base = {
+        "store": DatasetStore(root=store.uri, s3=S3Resource()),
+        "tokenizer": TokenizerResource(),
+        "fleet": SGLangFleet(endpoints=fleet.urls),
+    }
+
+    def resources(max_new_tokens: int) -> dict:
+        return {**base, "generation": GenerationConfig(max_new_tokens=max_new_tokens)}
+
+    def report_metadata(max_new_tokens: int) -> dict:
+        result = dg.materialize([run_report], resources=resources(max_new_tokens))
+        return result.asset_materializations_for_node("run_report")[0].metadata
+
+    def served() -> int:
+        return sum(len(fleet.requests(i)) for i in range(2))
+
+    with dg.instance_for_test() as instance:
+        assert dg.materialize([raw_prompts, conversations], resources=resources(256), instance=instance).success
+        for shard in ("shard-00000", "shard-00001"):
+            assert dg.materialize([completions], partition_key=shard, resources=resources(256), instance=instance).success
+        old = completions_manifest(store, 0)["settings_fingerprint"]
+        assert report_metadata(256)["stale_shards"].value == []
+        assert report_metadata(512)["stale_shards"].value == [0, 1]
+
+        before = served()
+        assert dg.materialize([completions], partition_key="shard-00000", resources=resources(512), instance=instance).success
+        manifest = completions_manifest(store, 0)
+        assert manifest["settings_fingerprint"] != old and manifest["settings"]["max_new_tokens"] == 512
+        # Every event was generated again: nothing from the journal of the old settings was reused.
+        assert served() - before == shard_coverage(store, 0).expected == manifest["rows"]
+        assert report_metadata(512)["stale_shards"].value == [1]
