@@ -22,8 +22,7 @@ test: venv
 # The Dagster UI and daemon on the same instance the demo and CLI runs use (http://127.0.0.1:3000).
 dev: venv
 	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
-	DFLASH_STORE=$${DFLASH_STORE:-$(CURDIR)/.demo/store} DFLASH_WORK_DIR=$${DFLASH_WORK_DIR:-$(CURDIR)/.demo/work} \
-	DFLASH_NUM_SHARDS=$${DFLASH_NUM_SHARDS:-4} $(BIN)/dagster dev -m dagster_project.definitions
+	$(BIN)/dagster dev -m dagster_project.definitions
 
 benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_dispatcher
@@ -31,4 +30,5 @@ benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_training_set
 
 clean:
-	rm -rf .demo .work .tmp_dagster_home_*
+	-$(BIN)/dflash fleet down
+	rm -rf .demo .tmp_dagster_home_*

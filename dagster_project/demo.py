@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dagster_project import layout
 from dagster_project.plan import Plan, write_plan
-from dagster_project.sglang.launch import Fleet
+from dagster_project.sglang.launch import Fleet, stop_fleet
 from dagster_project.status import collect_status, render_text
 from dagster_project.storage import LocalStore
 
@@ -27,9 +27,11 @@ SHARD_ASSETS = "completions,training_set,specforge_export"
 
 
 def demo_environment(root: Path) -> dict[str, str]:
+    """The demo's own settings; none of the shell's pipeline settings (a production store, say) leak in."""
     demo = root / ".demo"
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("DFLASH_", "SGLANG_", "DAGSTER_"))}
     return {
-        **os.environ,
+        **inherited,
         "DFLASH_STORE": str(demo / "store"),
         "DFLASH_WORK_DIR": str(demo / "work"),
         "DFLASH_NUM_SHARDS": str(DEMO_SHARDS),
@@ -58,6 +60,7 @@ def _materialize(env: dict[str, str], select: str, partition: str | None = None)
 
 def run_demo(root: Path) -> int:
     env = demo_environment(root)
+    stop_fleet(Path(env["DFLASH_WORK_DIR"]) / "fleet")  # one left running for `make dev`, say
     shutil.rmtree(root / ".demo", ignore_errors=True)  # a fresh run every time; the Dagster history stays
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(root / "dagster.yaml", Path(env["DAGSTER_HOME"]) / "dagster.yaml")

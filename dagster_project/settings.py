@@ -42,7 +42,7 @@ def store_uri() -> str:
 
 def work_dir() -> Path:
     """Node-local scratch space: journals, staged uploads."""
-    return Path(env_str("DFLASH_WORK_DIR", str(Path.cwd() / ".work"))).expanduser().resolve()
+    return Path(env_str("DFLASH_WORK_DIR", str(Path.cwd() / ".demo" / "work"))).expanduser().resolve()
 
 
 def num_shards() -> int:
