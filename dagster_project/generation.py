@@ -179,15 +179,21 @@ class ShardGeneration:
     def _history_message(self, output_ids: list[int], finish_reason: str | None) -> dict[str, str] | None:
         """What a later turn sees of this answer: its visible part (and its reasoning for preserve_thinking).
 
-        An answer that did not finish (length cap, no `</think>`) cannot serve as history.
+        An answer that did not finish (length cap, or thinking on and no `</think>`) cannot serve as history.
+        With thinking off the prompt already closed the think block, so all of the output is the answer.
         """
-        if finish_reason != "stop" or self.special.think_end not in output_ids:
+        if finish_reason != "stop":
             return None
-        cut = output_ids.index(self.special.think_end)
+        if self.special.think_end in output_ids:
+            cut = output_ids.index(self.special.think_end)
+        elif not self.settings.enable_thinking:
+            cut = -1
+        else:
+            return None
         answer = [i for i in output_ids[cut + 1 :] if i not in self.special.eos_ids]
         return {
             "content": self.tokenizer.decode(answer, skip_special_tokens=True).strip(),
-            "reasoning_content": self.tokenizer.decode(output_ids[:cut], skip_special_tokens=True).strip(),
+            "reasoning_content": self.tokenizer.decode(output_ids[: max(cut, 0)], skip_special_tokens=True).strip(),
         }
 
     def _journal(self, row: dict[str, Any]) -> None:
@@ -229,6 +235,10 @@ class ShardGeneration:
 
     def snapshot(self) -> dict[str, Any]:
         servers = self.dispatcher.snapshot().get("servers", {}) if self.dispatcher is not None else {}
+        for view in servers.values():
+            # Past its running cap a server queues what it is sent (FIFO): what this run has waiting there.
+            cap = view.get("max_running_requests")
+            view["queued_at_server"] = max(view["in_flight"] - cap, 0) if cap else None
         return self.progress.snapshot(servers=servers)
 
     def missing_events(self) -> list[str]:

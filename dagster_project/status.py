@@ -62,6 +62,16 @@ def _limit_reason(server: dict[str, Any], window: int | None, in_flight: int | N
     return f"balanced at the cap ({memory})"
 
 
+def _covered_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def collect_status(
     store: Store,
     endpoints: list[str],
@@ -96,8 +106,9 @@ def collect_status(
     ok_events = sum(m.get("ok", 0) for m in published.values()) + sum(b["ok_events"] for b in live if b["shard"] not in published)
     window_req_s = sum(b["window"]["req_per_s"] for b in live)
     window_tok_s = sum(b["window"]["output_tok_per_s"] for b in live)
-    # Lifetime: every shard run that reported, over the wall-clock span from the first start to the last beat.
-    span = (max(b["updated_at"] for b in beats) - min(b["started_at"] for b in beats)) if beats else 0.0
+    # Lifetime: every shard run that reported, over the time some shard was generating (gaps between runs,
+    # when nothing ran, do not dilute the rate).
+    span = _covered_seconds([(b["started_at"], b["updated_at"]) for b in beats])
     lifetime_req_s = sum(b["done_events"] - b["resumed_events"] for b in beats) / span if span else 0.0
     lifetime_tok_s = sum(b["output_tokens"] for b in beats) / span if span else 0.0
     avg_output = output_tokens / ok_events if ok_events else None
@@ -250,7 +261,7 @@ def render_text(status: dict[str, Any]) -> str:
             else "no shard running now; "
         )
         + f"lifetime {_fmt(p['lifetime_req_per_s'], 2)} req/s, {_fmt(p['lifetime_output_tok_per_s'])} out tok/s "
-        f"over {_fmt(p['lifetime_span_hours'] * 60, 1)} min",
+        f"over {_fmt(p['lifetime_span_hours'] * 60, 1)} min of generation",
         f"   avg output tokens {_fmt(p['avg_output_tokens'])}; ETA {_fmt(p['eta_hours'], 2)} h",
     ]
     if plan:

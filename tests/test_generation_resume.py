@@ -90,3 +90,21 @@ def test_a_crash_mid_shard_then_a_rerun_gives_every_event_exactly_once(tmp_path,
         history = tokenizer.decode(resumed["prompt_ids"])
         assert visible_answer(tokenizer, before[f"{conversation}#turn{last}"]["output_ids"]) in history
         assert "The source's answer" not in history  # all_turns: the model's own history, not the source's
+
+
+def test_with_thinking_off_each_answer_is_the_next_turns_history(tmp_path, sim_fleet):
+    source = tmp_path / "prompts.jsonl"
+    write_multi_turn_prompts(source, conversations=2)
+    settings = GenerationSettings(max_new_tokens=256, enable_thinking=False)
+    store = run_stages(tmp_path, [str(source)], num_shards=1).store
+    tokenizer = load_tokenizer()
+    fleet = sim_fleet(1, **SIM)
+    manifest = generate_shard(store, 0, tokenizer=tokenizer, settings=settings, dispatcher=dispatcher(fleet), work_dir=tmp_path / "w")
+    assert manifest["ok"] == 6 and manifest["errors"] == 0
+    with local_copy(store, manifest["objects"][0]["key"]) as path:
+        rows = {row["event_id"]: row for row in pq.read_table(path).to_pylist()}
+    special = special_ids(tokenizer)
+    first, second = rows["conv0#turn0"], rows["conv0#turn1"]
+    assert special.think_end not in first["output_ids"]  # the prompt closed the think block itself
+    answer = tokenizer.decode([i for i in first["output_ids"] if i not in special.eos_ids], skip_special_tokens=True)
+    assert answer.strip() in tokenizer.decode(second["prompt_ids"])
