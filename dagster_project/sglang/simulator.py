@@ -360,8 +360,9 @@ class Simulator:
                 return _json({"error": str(exc)}, 400)
             except RequestError as error:
                 return _json(error.body, error.status)
-        self.faults.arm_crash_timer(self.loop)
-        self.scheduler.wake_all()  # hang / slow changes apply to requests already running
+        if request.method != "GET":  # reading the faults must not restart a crash countdown
+            self.faults.arm_crash_timer(self.loop)
+            self.scheduler.wake_all()  # hang / slow changes apply to requests already running
         return _json(self.faults.as_dict())
 
     async def sim_requests(self, request: web.Request) -> web.Response:
