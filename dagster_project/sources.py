@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -78,7 +79,8 @@ def _local_files(uri: str) -> list[str]:
         candidates = [path]
     else:
         raise SourceError(f"{uri}: no such file or directory")
-    return sorted(str(p.resolve()) for p in candidates if p.is_file() and is_supported(p.name))
+    # Absolute, as the user named it: a symlinked data folder keeps the name the user knows it by.
+    return sorted(os.path.abspath(p) for p in candidates if p.is_file() and is_supported(p.name))
 
 
 def _s3_files(uri: str, s3_client: Callable[[], Any] | None) -> list[str]:
