@@ -67,8 +67,7 @@ class ShardReporter:
         self._checkpointed_size = -1
 
     def report(self) -> dict[str, Any]:
-        snapshot = {**self.snapshot(), "upload_failures": self.upload_failures}
-        return snapshot
+        return {**self.snapshot(), "upload_failures": self.upload_failures}
 
     def _put_heartbeat(self, snapshot: dict[str, Any]) -> None:
         self.store.put_bytes(progress_key(self.shard), orjson.dumps(snapshot))
