@@ -155,7 +155,9 @@ def running_router(worker_urls: Sequence[str], run_dir: Path, *extra_args: str) 
     command = [
         sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls,
         "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port),
-        "--disable-retries", "--request-timeout-secs", "3600", "--log-level", "warn", *extra_args,
+        "--disable-retries", "--request-timeout-secs", "3600", "--log-level", "warn",
+        # Probe workers every second (default 60 s) so the router sees them, or their death, promptly.
+        "--health-check-interval-secs", "1", *extra_args,
     ]  # fmt: skip
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "router.log", "ab") as log:

@@ -131,7 +131,7 @@ def test_fleet_lifecycle_pid_file_logs_status_and_stop(tmp_path):
 
 def test_startup_timeout_names_the_server_and_shows_its_log(tmp_path):
     with pytest.raises(FleetError) as caught:
-        launch_simulators(1, tmp_path, {"startup_s": 60}, startup_timeout_s=0.5)
+        launch_simulators(1, tmp_path, {"startup_s": 120}, startup_timeout_s=10)
     message = str(caught.value)
     assert "sim0" in message and "not ready after" in message and "simulator ready on" in message
     assert not (tmp_path / PID_FILE).exists()  # what was started is stopped again

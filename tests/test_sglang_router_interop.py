@@ -59,7 +59,7 @@ def test_dispatcher_through_sglang_router_gets_every_answer_once(sim_fleet, tmp_
 
 def test_a_worker_dying_behind_the_router_loses_nothing(sim_fleet, tmp_path):
     fleet = sim_fleet(3, max_running_requests=CAP, decode_step_s=0.004, output_len="uniform:50:150")
-    with running_router(fleet.urls, tmp_path / "router", "--health-check-interval-secs", "1") as router:
+    with running_router(fleet.urls, tmp_path / "router") as router:
         dispatcher = Dispatcher([router], default_window=3 * CAP, max_attempts=5)
         outcomes: dict[str, Outcome] = {}
 
