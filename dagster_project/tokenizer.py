@@ -143,8 +143,15 @@ def _load_uncached(name_or_path: str) -> PreTrainedTokenizerBase:
 
 
 def _cache_root() -> Path:
+    """`$DFLASH_CACHE_DIR`; else `.cache/` of the source checkout the package runs from (so nothing outside
+    the repository is read or written); else, for an installed package, the user's cache directory."""
     configured = os.environ.get("DFLASH_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "dagster_project"
+    if configured:
+        return Path(configured)
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file():
+        return checkout / ".cache"
+    return Path.home() / ".cache" / "dagster_project"
 
 
 def _qwen3_6_added_tokens() -> list[tuple[int, str]]:
