@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from dagster_project import settings
+from dagster_project import layout, settings
 from dagster_project.plan import BRIEF_PLAN, Plan, read_plan, write_plan
 from dagster_project.sglang import launch
 from dagster_project.storage import Store, open_store
@@ -52,6 +52,16 @@ def _api_key() -> str | None:
     return os.environ.get("SGLANG_API_KEY") or None
 
 
+def _materialized_shards() -> set[int] | None:
+    """Completions shards the Dagster instance recorded as materialized (None without DAGSTER_HOME)."""
+    if not os.environ.get("DAGSTER_HOME"):
+        return None
+    import dagster as dg
+
+    with dg.DagsterInstance.get() as instance:
+        return {layout.shard_index(key) for key in instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))}
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from dagster_project.coverage import dataset_coverage, write_coverage
     from dagster_project.status import collect_status, render_text
@@ -59,7 +69,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = _store()
     if args.by_id:
         write_coverage(store, dataset_coverage(store, settings.num_shards()))
-    status = collect_status(store, _endpoints(), api_key=_api_key(), num_shards=settings.num_shards())
+    status = collect_status(
+        store, _endpoints(), api_key=_api_key(), num_shards=settings.num_shards(), materialized=_materialized_shards()
+    )
     print(json.dumps(status, indent=2, default=str) if args.json else render_text(status))
     return 0
 

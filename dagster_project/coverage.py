@@ -19,7 +19,7 @@ import pyarrow as pa
 from dagster_project.completions_io import iter_completion_batches
 from dagster_project.ingest import read_conversations
 from dagster_project.layout import COMPLETIONS
-from dagster_project.manifest import read_shard_manifest
+from dagster_project.manifest import read_shard_manifest, verify_shard
 from dagster_project.storage import Store
 
 COVERAGE_KEY = "reports/coverage.json"
@@ -31,20 +31,24 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
         con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill})
         con.execute("CREATE TABLE planned (event_id VARCHAR, conversation_id VARCHAR, shard INTEGER)")
         con.execute("CREATE TABLE recorded (event_id VARCHAR, status VARCHAR, shard INTEGER)")
-        published = 0
+        published, damaged = 0, []
         for shard in range(num_shards):
             planned = [(c.event_id(t), c.id, shard) for c in read_conversations(store, shard) for t in range(c.num_turns)]
             if planned:
                 columns = dict(zip(("event_id", "conversation_id", "shard"), zip(*planned)))
                 con.register("planned_batch", pa.table(columns))
                 con.execute("INSERT INTO planned SELECT * FROM planned_batch")
-            if read_shard_manifest(store, COMPLETIONS, shard) is None:
+            manifest = read_shard_manifest(store, COMPLETIONS, shard)
+            if manifest is None:
+                continue
+            if verify_shard(store, manifest):  # its events count as missing, and the shard is named
+                damaged.append(shard)
                 continue
             published += 1
             for batch in iter_completion_batches(store, shard, ["event_id", "status"]):
                 con.register("recorded_batch", pa.Table.from_batches([batch]))
                 con.execute("INSERT INTO recorded SELECT event_id, status, ? FROM recorded_batch", [shard])
-        return _summarize(con, num_shards, published)
+        return {**_summarize(con, num_shards, published), "shards_damaged": damaged}
 
 
 def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
@@ -95,7 +99,8 @@ def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) 
 def exactly_once(coverage: dict[str, Any]) -> bool:
     """Every planned event has exactly one record and nothing else was recorded."""
     return (
-        coverage["events_missing"] == 0
+        not coverage["shards_damaged"]
+        and coverage["events_missing"] == 0
         and coverage["events_duplicated"] == 0
         and coverage["events_unexpected"] == 0
         and coverage["conversations_in_several_shards"] == 0

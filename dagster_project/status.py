@@ -17,7 +17,7 @@ import orjson
 
 from dagster_project import layout
 from dagster_project.coverage import read_coverage
-from dagster_project.manifest import read_shard_manifest, read_stage_manifest
+from dagster_project.manifest import read_shard_manifest, read_stage_manifest, verify_shard
 from dagster_project.plan import read_plan
 from dagster_project.sglang.launch import fleet_status
 from dagster_project.storage import Store
@@ -79,9 +79,11 @@ def collect_status(
     api_key: str | None = None,
     num_shards: int | None = None,
     current_fingerprint: str | None = None,
+    materialized: set[int] | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
-    """`current_fingerprint`: the generation settings configured now; published shards made otherwise are stale."""
+    """`current_fingerprint`: the generation settings configured now; published shards made otherwise are stale.
+    `materialized`: the completions shards Dagster recorded as materialized; each should be published intact."""
     now = time.time() if now is None else now
     plan = read_plan(store)
     conversations = read_stage_manifest(store, layout.CONVERSATIONS) or {}
@@ -186,6 +188,11 @@ def collect_status(
         # Shards published under different generation settings would mix in one training set.
         "settings_fingerprints": dict(Counter(m.get("settings_fingerprint") for m in published.values())),
         "stale_shards": sorted(s for s, m in published.items() if current_fingerprint and m.get("settings_fingerprint") != current_fingerprint),
+        "shards_materialized": len(materialized) if materialized is not None else None,
+        # Dagster says materialized, the store disagrees: a manifest or an object is missing or altered.
+        "materialized_not_in_store": None
+        if materialized is None
+        else sorted(s for s in materialized if s not in published or verify_shard(store, published[s])),
     }
 
     # 5. coverage: every input row accounted for, every conversation planned, every event done once.
@@ -285,11 +292,17 @@ def render_text(status: dict[str, Any]) -> str:
         )
     lines += [
         "4. Storage",
-        f"   {s['store']}: {s['shards_published']}/{s['shards_total']} shards published, {_fmt(s['bytes_published'])} bytes, "
+        f"   {s['store']}: {s['shards_published']}/{s['shards_total']} shards published "
+        f"(Dagster: {_fmt(s['shards_materialized'])} materialized), {_fmt(s['bytes_published'])} bytes, "
         f"failed uploads {s['failed_uploads']}, last publish {_ago(s['last_publish_at'], status['collected_at'])}",
         f"   generation settings of published shards: {s['settings_fingerprints'] or '—'}"
         + ("  ALERT: mixed settings" if len(s["settings_fingerprints"]) > 1 else "")
         + (f"  stale (made with other settings than configured now): {s['stale_shards']}" if s["stale_shards"] else ""),
+        *(
+            [f"   ALERT: materialized in Dagster but not intact in the store: {s['materialized_not_in_store']}"]
+            if s["materialized_not_in_store"]
+            else []
+        ),
         "5. Coverage",
         f"   input rows {_fmt(c['input_rows'])} → normalized {_fmt(c['normalized'])} + quarantined {_fmt(c['quarantined'])} "
         f"{c['quarantined_by_reason'] or ''}",

@@ -49,3 +49,27 @@ def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim
         # Every event was generated again: nothing from the journal of the old settings was reused.
         assert served() - before == shard_coverage(store, 0).expected == manifest["rows"]
         assert report_metadata(512)["stale_shards"].value == [1]
+
+
+def test_the_report_flags_a_materialized_shard_whose_objects_left_the_store(tmp_path, sim_fleet, monkeypatch):
+    monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
+    fleet = sim_fleet(1, output_len="fixed:16")
+    store = LocalStore(tmp_path / "store")
+    resources = {
+        "store": DatasetStore(root=store.uri, s3=S3Resource()),
+        "tokenizer": TokenizerResource(),
+        "fleet": SGLangFleet(endpoints=fleet.urls),
+        "generation": GenerationConfig(max_new_tokens=256),
+    }
+    with dg.instance_for_test() as instance:
+        assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success
+        for shard in ("shard-00000", "shard-00001"):
+            assert dg.materialize([completions], partition_key=shard, resources=resources, instance=instance).success
+        store.delete(completions_manifest(store, 1)["objects"][0]["key"])  # an object lost after publication
+
+        result = dg.materialize([run_report], resources=resources, instance=instance, raise_on_error=False)
+        checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+        assert not checks["materialized_shards_in_store"].passed and "[1]" in checks["materialized_shards_in_store"].description
+        assert not checks["dataset_exactly_once"].passed  # the lost shard's events are missing
+        report = result.asset_materializations_for_node("run_report")[0].metadata
+        assert report["materialized_not_in_store"].value == [1]

@@ -16,7 +16,12 @@ from dagster_project.status import collect_status, render_text
             "dataset_exactly_once",
             asset="run_report",
             description="Across all shards, by id: every planned generation event has exactly one record.",
-        )
+        ),
+        dg.AssetCheckSpec(
+            "materialized_shards_in_store",
+            asset="run_report",
+            description="Every completions shard Dagster recorded as materialized has its manifest and intact objects.",
+        ),
     ],
     description="The six operator questions (progress, MTP, concurrency, storage, coverage, multi-turn), "
     "computed like `dflash status` from heartbeats, manifests and the live fleet, with coverage by id.",
@@ -34,8 +39,13 @@ def run_report(
         endpoints = fleet.resolve_endpoints()
     except dg.Failure:
         endpoints = []  # no fleet running: the report still answers from the store
+    materialized = context.instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))
     status = collect_status(
-        data, endpoints, api_key=fleet.api_key, current_fingerprint=generation.settings().fingerprint()
+        data,
+        endpoints,
+        api_key=fleet.api_key,
+        current_fingerprint=generation.settings().fingerprint(),
+        materialized={layout.shard_index(key) for key in materialized},
     )
     text = render_text(status)
     context.log.info("\n" + text)
@@ -49,20 +59,32 @@ def run_report(
             "shards_published": status["storage"]["shards_published"],
             "mtp_on": status["mtp"]["mtp_on"],
             "stale_shards": dg.MetadataValue.json(status["storage"]["stale_shards"]),
+            "materialized_not_in_store": dg.MetadataValue.json(status["storage"]["materialized_not_in_store"]),
         },
         check_results=[
             dg.AssetCheckResult(
                 check_name="dataset_exactly_once",
                 # Missing events are expected while shards remain unpublished; duplicates never are.
-                passed=exactly_once(coverage) if complete else coverage["events_duplicated"] + coverage["events_unexpected"] == 0,
+                passed=exactly_once(coverage)
+                if complete
+                else not coverage["shards_damaged"] and coverage["events_duplicated"] + coverage["events_unexpected"] == 0,
                 description=(
                     f"{coverage['events_recorded']:,} records for {coverage['events_planned']:,} planned events in "
                     f"{coverage['shards_published']}/{coverage['shards']} published shards: "
                     f"{coverage['events_missing']:,} missing, {coverage['events_duplicated']:,} duplicated, "
-                    f"{coverage['events_unexpected']:,} unexpected"
+                    f"{coverage['events_unexpected']:,} unexpected; damaged shards {coverage['shards_damaged'] or 'none'}"
                 ),
                 metadata={k: v for k, v in coverage.items() if not k.endswith("_sample")}
                 | {k: dg.MetadataValue.json(v) for k, v in coverage.items() if k.endswith("_sample")},
-            )
+            ),
+            dg.AssetCheckResult(
+                check_name="materialized_shards_in_store",
+                passed=not status["storage"]["materialized_not_in_store"],
+                description=(
+                    f"{len(materialized)} materialized shards; not intact in the store: "
+                    f"{status['storage']['materialized_not_in_store'] or 'none'}"
+                ),
+                metadata={"materialized": len(materialized), "shards_published": status["storage"]["shards_published"]},
+            ),
         ],
     )
