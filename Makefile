@@ -2,7 +2,8 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+# The instance `make dev` shows and the demo's CLI runs write to (the tests make their own).
+DEV_HOME := $(CURDIR)/.dagster_home
 
 .PHONY: venv demo test dev benchmarks clean
 
@@ -21,8 +22,8 @@ test: venv
 
 # The Dagster UI and daemon on the same instance the demo and CLI runs use (http://127.0.0.1:3000).
 dev: venv
-	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster dev -m dagster_project.definitions
+	mkdir -p $(DEV_HOME) && cp dagster.yaml $(DEV_HOME)/dagster.yaml
+	DAGSTER_HOME=$(DEV_HOME) $(BIN)/dagster dev -m dagster_project.definitions
 
 benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_dispatcher

@@ -53,8 +53,9 @@ def _api_key() -> str | None:
 
 
 def _materialized_shards() -> set[int] | None:
-    """Completions shards the Dagster instance recorded as materialized (None without DAGSTER_HOME)."""
-    if not os.environ.get("DAGSTER_HOME"):
+    """Completions shards the Dagster instance recorded as materialized (None without an instance)."""
+    home = os.environ.get("DAGSTER_HOME")
+    if not home or not Path(home).is_dir():
         return None
     import dagster as dg
 

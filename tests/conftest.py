@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -8,6 +9,11 @@ import pytest
 from tests.s3_server import running_s3_server
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+# Hermetic tests: a production store, fleet or Dagster instance configured in the shell must never be touched.
+for _name in [n for n in os.environ if n.startswith(("DFLASH_", "SGLANG_")) or n == "DAGSTER_HOME"]:
+    if _name != "DFLASH_CACHE_DIR":  # the tokenizer cache is safe to share, and slow to rebuild
+        del os.environ[_name]
 
 
 def require_shared(*relative: str) -> Path:

@@ -135,6 +135,11 @@ def shard_coverage_expected(store, shard: int) -> int:
     return sum(c.num_turns for c in read_conversations(store, shard))
 
 
+def heartbeat(store, shard: int) -> dict:
+    key = f"progress/shard={shard:05d}.json"
+    return orjson.loads(store.get_bytes(key)) if store.exists(key) else {}
+
+
 def dflash_status(env: dict, fleet_urls: list[str]) -> dict:
     result = subprocess.run(
         [sys.executable, "-m", "dagster_project.cli", "status", "--json"],
@@ -153,14 +158,13 @@ def test_status_while_a_shard_runs_answers_the_six_questions(pipeline, sim_fleet
     fleet = sim_fleet(2, **SLOW_FLEET)
     run = materialize_shard(env, 2, fleet.urls)
     try:
-        # The heartbeat shows the shard running once it has finished some events.
-        status = wait_until(
-            lambda: (s := dflash_status(env, fleet.urls))["progress"]["events_done"] >= 8 and s["progress"]["shards_running"] and s,
-            timeout_s=120,
-            interval_s=0.5,
-            what="a running shard in dflash status",
-        )
+        wait_until(lambda: heartbeat(store, 2).get("done_events", 0) >= 8, timeout_s=120, interval_s=0.1, what="8 events done")
+        for index in range(2):  # freeze the fleet mid-shard: the run stays running while status is read
+            fleet.set_faults(index, hang=True)
+        status = dflash_status(env, fleet.urls)
     finally:
+        for index in range(2):
+            fleet.clear_faults(index)
         finished(run)
     progress, mtp, storage, coverage, multi_turn = (status[k] for k in ("progress", "mtp", "storage", "coverage", "multi_turn"))
     # 1. progress vs the plan
@@ -187,10 +191,7 @@ def test_status_while_a_shard_runs_answers_the_six_questions(pipeline, sim_fleet
 
 
 def in_flight(store, shard: int) -> int:
-    key = f"progress/shard={shard:05d}.json"
-    if not store.exists(key):
-        return 0
-    return sum(server["in_flight"] for server in orjson.loads(store.get_bytes(key))["servers"].values())
+    return sum(server["in_flight"] for server in heartbeat(store, shard).get("servers", {}).values())
 
 
 def test_two_shard_runs_share_one_fleet(pipeline, sim_fleet):
