@@ -105,10 +105,14 @@ def test_sigkill_mid_shard_then_rerun_gives_every_event_exactly_once(pipeline, s
     fleet = sim_fleet(2, **SLOW_FLEET)
     run = materialize_shard(env, 1, fleet.urls)
     wait_until(lambda: len(journaled(env, 1)) >= 12, timeout_s=120, interval_s=0.05, what="a dozen journaled events")
+    for index in range(2):  # freeze the fleet so the kill lands mid-shard, with requests in flight
+        fleet.set_faults(index, hang=True)
     family = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
     wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family), what="the run to die")
+    for index in range(2):
+        fleet.clear_faults(index)
 
     before = journaled(env, 1)
     planned = shard_coverage_expected(store, 1)
