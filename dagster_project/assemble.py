@@ -36,10 +36,10 @@ import pyarrow.compute as pc
 
 from dagster_project.gates import GateResult, list_buffers
 from dagster_project.layout import COMPLETIONS, TRAINING_SET, shard_manifest_key
-from dagster_project.manifest import data_keys, ids_digest, publish_shard
+from dagster_project.manifest import data_keys, ids_digest, iter_parquet_batches, publish_shard
 from dagster_project.records import STATUS_OK, TRAINING_SCHEMA
 from dagster_project.storage import Store, sha256_bytes
-from dagster_project.training_io import TRAINING_FILE, TrainingShardWriter, iter_parquet_batches
+from dagster_project.training_io import TRAINING_FILE, TrainingShardWriter
 
 TRUNCATE = "truncate"
 DROP = "drop"

@@ -7,12 +7,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dagster_project.ingest import read_conversations
 from dagster_project.layout import COMPLETIONS
-from dagster_project.manifest import data_keys, read_shard_manifest
-from dagster_project.storage import Store, local_copy
+from dagster_project.manifest import data_keys, iter_parquet_batches, read_shard_manifest
+from dagster_project.storage import Store
 
 
 class ShardNotPublished(RuntimeError):
@@ -28,11 +27,7 @@ def completions_manifest(store: Store, shard: int) -> dict:
 
 def iter_completion_batches(store: Store, shard: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Stream a published shard's rows, one Parquet row group at a time (memory bounded by a row group)."""
-    for key in data_keys(completions_manifest(store, shard)):
-        with local_copy(store, key) as path:
-            parquet = pq.ParquetFile(path)
-            for group in range(parquet.num_row_groups):
-                yield from parquet.read_row_group(group, columns=columns).to_batches()
+    return iter_parquet_batches(store, data_keys(completions_manifest(store, shard)), columns)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dagster_project.generation_settings import GenerationSettings
 from dagster_project.heartbeat import ShardReporter
 from dagster_project.journal import Journal
 from dagster_project.progress import ShardProgress
-from dagster_project.records import COMPLETION_SCHEMA, STATUS_ERROR, STATUS_OK, Conversation
+from dagster_project.records import STATUS_ERROR, STATUS_OK, Conversation, empty_completion_row
 from dagster_project.tokenizer import SpecialIds, render_prompt_ids, special_ids
 from dagster_project.turns import prompt_messages
 
@@ -120,7 +120,7 @@ class ShardGeneration:
     # ---- outcomes ---------------------------------------------------------------------------------
 
     def _base_row(self, conversation: Conversation, turn: int) -> dict[str, Any]:
-        row = {name: None for name in COMPLETION_SCHEMA.names}
+        row = empty_completion_row()
         row.update(
             event_id=conversation.event_id(turn),
             conversation_id=conversation.id,

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from dagster_project.layout import MANIFEST_NAME, shard_manifest_key, shard_prefix, stage_manifest_key
-from dagster_project.storage import Store
+from dagster_project.storage import Store, local_copy
 
 
 def ids_digest(ids: Iterable[str]) -> str:
@@ -83,3 +85,12 @@ def verify_shard(store: Store, manifest: dict[str, Any]) -> list[str]:
 
 def data_keys(manifest: dict[str, Any]) -> list[str]:
     return [o["key"] for o in manifest.get("objects", []) if not o["key"].endswith(MANIFEST_NAME)]
+
+
+def iter_parquet_batches(store: Store, keys: list[str], columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Stream the objects' rows one Parquet row group at a time (memory bounded by a row group)."""
+    for key in keys:
+        with local_copy(store, key) as path:
+            parquet = pq.ParquetFile(path)
+            for group in range(parquet.num_row_groups):
+                yield from parquet.read_row_group(group, columns=columns).to_batches()

@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dagster_project.layout import TRAINING_SET
-from dagster_project.manifest import data_keys, read_shard_manifest
+from dagster_project.manifest import data_keys, iter_parquet_batches, read_shard_manifest
 from dagster_project.records import TRAINING_SCHEMA
-from dagster_project.storage import Store, local_copy
+from dagster_project.storage import Store
 
 TRAINING_FILE = "training.parquet"
 ROWS_PER_GROUP = 1024
@@ -100,15 +100,6 @@ def training_manifest(store: Store, shard: int) -> dict:
     if manifest is None:
         raise TrainingShardNotPublished(f"training_set shard {shard} has no manifest: materialize `training_set` first")
     return manifest
-
-
-def iter_parquet_batches(store: Store, keys: list[str], columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-    """Stream the objects' rows one Parquet row group at a time (memory bounded by a row group)."""
-    for key in keys:
-        with local_copy(store, key) as path:
-            parquet = pq.ParquetFile(path)
-            for group in range(parquet.num_row_groups):
-                yield from parquet.read_row_group(group, columns=columns).to_batches()
 
 
 def iter_training_batches(store: Store, shard: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -36,6 +35,7 @@ from dagster._core.storage.asset_check_execution_record import (
 )
 
 from dagster_project.completions_io import iter_completion_batches
+from dagster_project.sglang.launch import free_ports
 from dagster_project.sglang.protocol import input_hash
 from dagster_project.storage import Store
 from dagster_project.training_io import iter_training_batches
@@ -184,12 +184,6 @@ def materialize(
     return run_cli(command, env=env, cwd=cwd, timeout_s=timeout_s)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # ---- process groups --------------------------------------------------------------------------------------------
 
 
@@ -276,7 +270,7 @@ class DagsterDev:
     @classmethod
     @contextlib.contextmanager
     def running(cls, env: Mapping[str, str], cwd: Path, startup_timeout_s: float = 120.0) -> Iterator[DagsterDev]:
-        port = free_port()
+        port = free_ports(1)[0]
         log_path = cwd / "dagster_dev.log"
         command = [DAGSTER, "dev", "-m", DEFS_MODULE, "-h", "127.0.0.1", "-p", str(port)]
         with open(log_path, "ab") as log:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,17 +11,13 @@ from contextlib import contextmanager
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from dagster_project.sglang.launch import free_ports
+
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing-key",
     "AWS_SECRET_ACCESS_KEY": "testing-secret",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -62,7 +57,7 @@ def _wait_until_up(endpoint: str, process: subprocess.Popen, timeout_s: float = 
 
 @contextmanager
 def running_s3_server() -> Iterator[S3Server]:
-    port = free_port()
+    port = free_ports(1)[0]
     endpoint = f"http://127.0.0.1:{port}"
     moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
     process = subprocess.Popen(

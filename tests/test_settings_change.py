@@ -14,9 +14,9 @@ from dagster_project.storage import LocalStore
 pytest_plugins = ["tests.sglang_fixtures"]
 
 
-def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim_fleet, monkeypatch):
+def pipeline_resources(tmp_path, monkeypatch, fleet):
+    """A local store and the resources of every stage; `resources(n)` with max_new_tokens=n."""
     monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
-    fleet = sim_fleet(2, output_len="fixed:16")
     store = LocalStore(tmp_path / "store")
     base = {
         "store": DatasetStore(root=store.uri, s3=S3Resource()),
@@ -24,8 +24,15 @@ def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim
         "fleet": SGLangFleet(endpoints=fleet.urls),
     }
 
-    def resources(max_new_tokens: int) -> dict:
+    def resources(max_new_tokens: int = 256) -> dict:
         return {**base, "generation": GenerationConfig(max_new_tokens=max_new_tokens)}
+
+    return store, resources
+
+
+def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim_fleet, monkeypatch):
+    fleet = sim_fleet(2, output_len="fixed:16")
+    store, resources = pipeline_resources(tmp_path, monkeypatch, fleet)
 
     def report_metadata(max_new_tokens: int) -> dict:
         result = dg.materialize([run_report], resources=resources(max_new_tokens))
@@ -52,15 +59,9 @@ def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim
 
 
 def test_the_report_flags_a_materialized_shard_whose_objects_left_the_store(tmp_path, sim_fleet, monkeypatch):
-    monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
     fleet = sim_fleet(1, output_len="fixed:16")
-    store = LocalStore(tmp_path / "store")
-    resources = {
-        "store": DatasetStore(root=store.uri, s3=S3Resource()),
-        "tokenizer": TokenizerResource(),
-        "fleet": SGLangFleet(endpoints=fleet.urls),
-        "generation": GenerationConfig(max_new_tokens=256),
-    }
+    store, stage_resources = pipeline_resources(tmp_path, monkeypatch, fleet)
+    resources = stage_resources()
     with dg.instance_for_test() as instance:
         assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success
         for shard in ("shard-00000", "shard-00001"):

@@ -7,7 +7,6 @@
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,11 +23,13 @@ from dagster_project.assets.prompts import raw_prompts
 from dagster_project.completions_io import iter_completion_batches, shard_coverage
 from dagster_project.completions_shard import journal_path
 from dagster_project.generation_settings import GenerationSettings
+from dagster_project.ingest import read_conversations
 from dagster_project.journal import Journal
 from dagster_project.plan import Plan, write_plan
 from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
 from dagster_project.sglang.protocol import input_hash
 from dagster_project.storage import LocalStore
+from tests.dagster_helpers import DAGSTER, DEFS_MODULE, dagster_home, pipeline_env
 from tests.sglang_fixtures import wait_until
 
 pytest_plugins = ["tests.sglang_fixtures"]
@@ -40,24 +41,19 @@ FINGERPRINT = GenerationSettings().fingerprint()
 
 
 @pytest.fixture
-def pipeline(tmp_path):
+def pipeline(tmp_path, monkeypatch):
     """Conversations of the demo data in a local store, and the environment a CLI run needs."""
     store = LocalStore(tmp_path / "store")
+    env = pipeline_env(
+        home=dagster_home(tmp_path / "dagster_home"), store=store.uri, work_dir=tmp_path / "work", num_shards=NUM_SHARDS
+    )
+    for name in ("DFLASH_WORK_DIR", "DFLASH_NUM_SHARDS"):  # what the in-process stages read
+        monkeypatch.setenv(name, env[name])
     resources = {
         "store": DatasetStore(root=store.uri, s3=S3Resource()),
         "tokenizer": TokenizerResource(),
         "generation": GenerationConfig(),
     }
-    env = {
-        **os.environ,
-        "DFLASH_STORE": store.uri,
-        "DFLASH_WORK_DIR": str(tmp_path / "work"),
-        "DFLASH_NUM_SHARDS": str(NUM_SHARDS),
-        "DAGSTER_HOME": str(tmp_path / "dagster_home"),
-    }
-    Path(env["DAGSTER_HOME"]).mkdir()
-    shutil.copyfile(Path(__file__).resolve().parents[1] / "dagster.yaml", Path(env["DAGSTER_HOME"]) / "dagster.yaml")
-    os.environ.update({k: env[k] for k in ("DFLASH_WORK_DIR", "DFLASH_NUM_SHARDS")})
     # Creating the instance here initialises its SQLite storage once, before CLI runs use it concurrently.
     with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
         assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success
@@ -65,11 +61,8 @@ def pipeline(tmp_path):
 
 
 def materialize_shard(env: dict, shard: int, fleet_urls: list[str]) -> subprocess.Popen:
-    command = [
-        str(Path(sys.executable).with_name("dagster")), "asset", "materialize", "-m", "dagster_project.definitions",
-        "--select", "completions", "--partition", f"shard-{shard:05d}",
-    ]  # fmt: skip
-    # Its own session: a SIGKILL of the group takes the run worker and its step process together.
+    command = [DAGSTER, "asset", "materialize", "-m", DEFS_MODULE, "--select", "completions", "--partition", f"shard-{shard:05d}"]
+    # Its own session: a SIGKILL of the group takes the run worker and everything it started.
     return subprocess.Popen(
         command,
         env={**env, "DFLASH_SGLANG_ENDPOINTS": ",".join(fleet_urls)},
@@ -115,7 +108,7 @@ def test_sigkill_mid_shard_then_rerun_gives_every_event_exactly_once(pipeline, s
         fleet.clear_faults(index)
 
     before = journaled(env, 1)
-    planned = shard_coverage_expected(store, 1)
+    planned = sum(c.num_turns for c in read_conversations(store, 1))
     assert 12 <= len(before) < planned
     logged_before = [len(fleet.requests(index)) for index in range(len(fleet.urls))]
 
@@ -131,12 +124,6 @@ def test_sigkill_mid_shard_then_rerun_gives_every_event_exactly_once(pipeline, s
         for event, output in zip(batch.column("event_id").to_pylist(), batch.column("output_ids").to_pylist())
     }
     assert all(published[e] == r["output_ids"] for e, r in before.items())
-
-
-def shard_coverage_expected(store, shard: int) -> int:
-    from dagster_project.ingest import read_conversations
-
-    return sum(c.num_turns for c in read_conversations(store, shard))
 
 
 def heartbeat(store, shard: int) -> dict:

@@ -7,7 +7,8 @@ import pyarrow.parquet as pq
 
 from dagster_project.records import TRAINING_SCHEMA
 from dagster_project.storage import LocalStore
-from dagster_project.training_io import TrainingShardWriter, iter_parquet_batches
+from dagster_project.manifest import iter_parquet_batches
+from dagster_project.training_io import TrainingShardWriter
 
 
 def _rows(lengths: list[int]) -> pa.RecordBatch:
