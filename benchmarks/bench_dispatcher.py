@@ -32,7 +32,7 @@ import aiohttp
 import orjson
 
 from benchmarks.report import write_section
-from dagster_project.dispatch import Dispatcher, GenRequest, Outcome
+from dagster_project.generation.dispatch import Dispatcher, GenRequest, Outcome
 from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
 from dagster_project.sglang.launch import Fleet, launch_simulators, stop_fleet
 from dagster_project.sglang.protocol import sampling_params

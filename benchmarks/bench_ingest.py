@@ -47,11 +47,17 @@ def _row(rng: random.Random, index: int, recent: list[str]) -> dict:
     if roll < 0.015:
         return {"id": f"row-{index}", "messages": [{"role": "user", "content": "   "}]}
     if roll < 0.017:
-        return {"id": f"row-{index}", "messages": [{"role": "user", "content": "2+2?"}, {"role": "tool", "content": "4"}]}
+        return {
+            "id": f"row-{index}",
+            "messages": [{"role": "user", "content": "2+2?"}, {"role": "tool", "content": "4"}],
+        }
     messages = [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] if rng.random() < 0.1 else []
     for _ in range(rng.randint(2, 3) if rng.random() < 0.084 else 1):
         question = f"Q{index}: {_sentence(rng, rng.randint(8, 60))}"
-        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": _sentence(rng, rng.randint(10, 80))}]
+        messages += [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": _sentence(rng, rng.randint(10, 80))},
+        ]
         if len(recent) < 1000:
             recent.append(question)
     return {"id": f"row-{index}", "messages": messages}
@@ -92,10 +98,10 @@ def child_pyarrow_rows(path: Path) -> dict:
 
 
 def child_project(path: Path, shards: int) -> dict:
+    from dagster_project.conversations.stage import build_conversations
     from dagster_project.generation_settings import GenerationSettings
-    from dagster_project.ingest import ingest_to_store
-    from dagster_project.prepare import build_conversations
-    from dagster_project.storage import LocalStore
+    from dagster_project.ingest.stage import ingest_to_store
+    from dagster_project.store.storage import LocalStore
     from dagster_project.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
@@ -105,7 +111,9 @@ def child_project(path: Path, shards: int) -> dict:
         started = time.perf_counter()
         raw = ingest_to_store(store, [f"bench={path}"], work_dir=work)
         ingested = time.perf_counter()
-        manifest = build_conversations(store, tokenizer=tokenizer, settings=GenerationSettings(), num_shards=shards, work_dir=work)
+        manifest = build_conversations(
+            store, tokenizer=tokenizer, settings=GenerationSettings(), num_shards=shards, work_dir=work
+        )
         finished = time.perf_counter()
     return {
         "rows": raw["input_rows"],
@@ -125,7 +133,17 @@ CHILDREN = {"pyarrow_table": child_pyarrow_table, "pyarrow_rows": child_pyarrow_
 
 
 def run_child(kind: str, path: Path, shards: int) -> dict:
-    command = [sys.executable, "-m", "benchmarks.bench_ingest", "--child", kind, "--input", str(path), "--shards", str(shards)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.bench_ingest",
+        "--child",
+        kind,
+        "--input",
+        str(path),
+        "--shards",
+        str(shards),
+    ]
     done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -147,7 +165,10 @@ def main() -> None:
         started = time.perf_counter()
         make_input(full, args.rows)
         make_input(quarter, args.rows // 4)
-        print(f"inputs written in {time.perf_counter() - started:.0f}s ({full.stat().st_size / 2**20:.0f} MiB)", file=sys.stderr)
+        print(
+            f"inputs written in {time.perf_counter() - started:.0f}s ({full.stat().st_size / 2**20:.0f} MiB)",
+            file=sys.stderr,
+        )
         table = run_child("pyarrow_table", full, args.shards)
         streamed = run_child("pyarrow_rows", full, args.shards)
         ours = run_child("project", full, args.shards)

@@ -31,16 +31,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.report import write_section
-from dagster_project import gates
-from dagster_project.assemble import AssemblyOptions, assemble_shard
-from dagster_project.export import export_shard, record_verdict
-from dagster_project.gx_training import FRAME_COLUMNS, training_frame, validate_training_frame
-from dagster_project.layout import COMPLETIONS
-from dagster_project.manifest import data_keys, ids_digest, iter_parquet_batches, publish_shard, read_shard_manifest
 from dagster_project.records import COMPLETION_SCHEMA
-from dagster_project.storage import LocalStore
+from dagster_project.store.layout import COMPLETIONS
+from dagster_project.store.manifest import (
+    data_keys,
+    ids_digest,
+    iter_parquet_batches,
+    publish_shard,
+    read_shard_manifest,
+)
+from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import load_tokenizer, special_ids
-from dagster_project.training_io import iter_training_batches, training_manifest
+from dagster_project.training import gates
+from dagster_project.training.export import export_shard, record_verdict
+from dagster_project.training.shards import iter_training_batches, training_manifest
+from dagster_project.training.stage import AssemblyOptions, assemble_shard
+from dagster_project.training.suite import FRAME_COLUMNS, training_frame, validate_training_frame
 
 REAL_RUN_TOKENS = 913_786 * (400 + 2_400)  # prompts × (prompt + output tokens), the brief's figures
 BASE_VOCABULARY = 248_044

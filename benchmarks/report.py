@@ -18,7 +18,9 @@ HEADER = (
 def machine() -> str:
     import os
 
-    return f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} cores, {platform.machine()}"
+    return (
+        f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} cores, {platform.machine()}"
+    )
 
 
 def write_section(name: str, body: str) -> Path:

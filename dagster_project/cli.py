@@ -1,9 +1,9 @@
 """`dflash`: the operator's command line.
 
-    dflash status [--json] [--by-id]       the six answers: progress, MTP, concurrency, storage, coverage, multi-turn
-    dflash fleet up|down|status            the SGLang fleet (real servers per GPU, or simulators)
-    dflash plan --brief | --req-per-s ...  the estimates `status` compares against
-    dflash demo                            the whole pipeline on the embedded demo (`make demo`)
+dflash status [--json] [--by-id]       the six answers: progress, MTP, concurrency, storage, coverage, multi-turn
+dflash fleet up|down|status            the SGLang fleet (real servers per GPU, or simulators)
+dflash plan --brief | --req-per-s ...  the estimates `status` compares against
+dflash demo                            the whole pipeline on the embedded demo (`make demo`)
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import os
 import sys
 from pathlib import Path
 
-from dagster_project import layout, settings
-from dagster_project.plan import BRIEF_PLAN, Plan, read_plan, write_plan
+from dagster_project import settings
+from dagster_project.ops.plan import BRIEF_PLAN, Plan, read_plan, write_plan
 from dagster_project.sglang import launch
-from dagster_project.storage import Store, open_store
+from dagster_project.store import layout
+from dagster_project.store.storage import Store, open_store
 
 # What `fleet up --simulate` starts unless told otherwise: thinking-shaped ~300-token answers, MTP on,
 # a server-side cap of 16 running requests with a queue behind it, metrics on.
@@ -60,12 +61,14 @@ def _materialized_shards() -> set[int] | None:
     import dagster as dg
 
     with dg.DagsterInstance.get() as instance:
-        return {layout.shard_index(key) for key in instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))}
+        return {
+            layout.shard_index(key) for key in instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))
+        }
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from dagster_project.coverage import dataset_coverage, write_coverage
-    from dagster_project.status import collect_status, render_text
+    from dagster_project.ops.coverage import dataset_coverage, write_coverage
+    from dagster_project.ops.status import collect_status, render_text
 
     store = _store()
     if args.by_id:
@@ -124,7 +127,9 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             extra_args=tuple(args.extra_arg),
         )
         gpus = [int(g) for g in args.gpus.split(",")]
-        fleet = launch.launch_fleet(gpus, run_dir, options, base_port=args.base_port, startup_timeout_s=args.startup_timeout_s)
+        fleet = launch.launch_fleet(
+            gpus, run_dir, options, base_port=args.base_port, startup_timeout_s=args.startup_timeout_s
+        )
     print(f"fleet up ({fleet.kind}): {', '.join(fleet.urls)}; record and logs in {run_dir}")
     return 0
 
@@ -154,13 +159,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from dagster_project.demo import run_demo
+    from dagster_project.ops.demo import run_demo
 
     return run_demo(Path.cwd())
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dflash", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="dflash", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     status = commands.add_parser("status", help="the six operator answers")
@@ -170,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     fleet = commands.add_parser("fleet", help="start, stop or inspect the SGLang fleet")
     fleet.add_argument("action", choices=["up", "down", "status"])
-    fleet.add_argument("--simulate", type=int, metavar="N", help="start N SGLang-protocol simulators instead of servers")
+    fleet.add_argument(
+        "--simulate", type=int, metavar="N", help="start N SGLang-protocol simulators instead of servers"
+    )
     fleet.add_argument("--sim-option", action="append", default=[], metavar="NAME=VALUE", help="simulator setting")
     fleet.add_argument("--gpus", help="comma-separated GPU indices: one server per GPU")
     fleet.add_argument("--model", default=launch.DEFAULT_MODEL)

@@ -15,14 +15,21 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning)
 from dagster_aws.s3 import S3Resource  # noqa: E402
 
 from dagster_project import settings  # noqa: E402
-from dagster_project.assets import completions, conversations, exports, prompts, report, training_set  # noqa: E402
+from dagster_project.assets import (  # noqa: E402
+    completions,
+    conversations,
+    raw_prompts,
+    run_report,
+    specforge_export,
+    training_set,
+)
 from dagster_project.checks import completions as completions_checks  # noqa: E402
 from dagster_project.checks import conversations as conversations_checks  # noqa: E402
 from dagster_project.checks import training_set as training_set_checks  # noqa: E402
 from dagster_project.partitions import shard_partitions  # noqa: E402
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource  # noqa: E402
 
-STAGES = [prompts, conversations, completions, training_set, exports, report]
+STAGES = [raw_prompts, conversations, completions, training_set, specforge_export, run_report]
 CHECKS = [conversations_checks, completions_checks, training_set_checks]
 
 

@@ -6,6 +6,7 @@ conversations manifest; the completions asset refuses to run against conversatio
 
 import dagster as dg
 
-from dagster_project import layout, settings
+from dagster_project import settings
+from dagster_project.store import layout
 
 shard_partitions = dg.StaticPartitionsDefinition(layout.partition_keys(settings.num_shards()))

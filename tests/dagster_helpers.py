@@ -34,11 +34,11 @@ from dagster._core.storage.asset_check_execution_record import (
     AssetCheckExecutionRecordStatus,
 )
 
-from dagster_project.completions_io import iter_completion_batches
+from dagster_project.generation.shards import iter_completion_batches
 from dagster_project.sglang.launch import free_ports
 from dagster_project.sglang.protocol import input_hash
-from dagster_project.storage import Store
-from dagster_project.training_io import iter_training_batches
+from dagster_project.store.storage import Store
+from dagster_project.training.shards import iter_training_batches
 from tests.sglang_fixtures import wait_until
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -146,11 +146,19 @@ def _tail(text: str, chars: int = 6000) -> str:
     return text if len(text) <= chars else "…" + text[-chars:]
 
 
-def run_cli(args: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess:
+def run_cli(
+    args: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float = 300
+) -> subprocess.CompletedProcess:
     """Run a CLI to completion in its own process group; fail the test with the end of its output when it
     exits non-zero. On timeout the whole group goes (a run may spawn processes of its own)."""
     process = subprocess.Popen(
-        list(args), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        list(args),
+        env=dict(env),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
@@ -279,7 +287,9 @@ class DagsterDev:
             )
         dev = cls(process, port, log_path)
         try:
-            wait_until(dev._loaded, timeout_s=startup_timeout_s, interval_s=0.5, what="dagster dev to load the code location")
+            wait_until(
+                dev._loaded, timeout_s=startup_timeout_s, interval_s=0.5, what="dagster dev to load the code location"
+            )
             yield dev
         except BaseException as exc:
             exc.add_note(f"--- dagster dev log (end)\n{_tail(dev.log(), 8000)}")
@@ -364,7 +374,9 @@ def assert_token_exact(store: Store, shard: int, logged: Mapping[str, LoggedRequ
         if request.server != event["server"]:
             problems.append(f"{row['event_id']}: answered by {request.server}, the event says {event['server']}")
         if request.outcome != event["finish_reason"]:
-            problems.append(f"{row['event_id']}: server logged {request.outcome!r}, event says {event['finish_reason']!r}")
+            problems.append(
+                f"{row['event_id']}: server logged {request.outcome!r}, event says {event['finish_reason']!r}"
+            )
         prompt_len, ids, mask = request.prompt_tokens, row["input_ids"], row["loss_mask"]
         prompt, output = ids[:prompt_len], ids[prompt_len:]
         if input_hash(prompt) != request.input_hash:
@@ -384,7 +396,9 @@ def assert_token_exact(store: Store, shard: int, logged: Mapping[str, LoggedRequ
             )
         if row["num_loss_tokens"] != len(event["output_ids"]) or row["prompt_tokens"] != prompt_len:
             problems.append(f"{row['event_id']}: counts disagree with the row's ids")
-    assert not problems, f"shard {shard}: {len(problems)} of {len(rows)} rows are not token-exact:\n" + "\n".join(problems[:20])
+    assert not problems, f"shard {shard}: {len(problems)} of {len(rows)} rows are not token-exact:\n" + "\n".join(
+        problems[:20]
+    )
     return len(rows)
 
 

@@ -7,15 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dagster_project import layout
+from dagster_project.conversations.shards import read_conversations
+from dagster_project.conversations.stage import QUARANTINE_KEY as PREPARE_QUARANTINE_KEY
+from dagster_project.conversations.stage import build_conversations
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.ingest import QUARANTINE_KEY as INGEST_QUARANTINE_KEY
-from dagster_project.ingest import ingest_to_store, read_conversations
-from dagster_project.jsonl import read_jsonl_zst
-from dagster_project.prepare import QUARANTINE_KEY as PREPARE_QUARANTINE_KEY
-from dagster_project.prepare import build_conversations
+from dagster_project.ingest.stage import QUARANTINE_KEY as INGEST_QUARANTINE_KEY
+from dagster_project.ingest.stage import ingest_to_store
 from dagster_project.records import Conversation
-from dagster_project.storage import LocalStore
+from dagster_project.store import layout
+from dagster_project.store.jsonl import read_jsonl_zst
+from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import load_tokenizer
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

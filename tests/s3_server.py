@@ -7,8 +7,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from dagster_project.sglang.launch import free_ports

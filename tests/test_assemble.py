@@ -6,14 +6,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dagster_project import assemble
-from dagster_project.assemble import AssemblyOptions, assemble_batch, assemble_shard, source_is_current
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.layout import TRAINING_SET, shard_prefix
-from dagster_project.manifest import ids_digest, read_shard_manifest
 from dagster_project.records import COMPLETION_SCHEMA, TRAINING_SCHEMA
-from dagster_project.storage import LocalStore
-from dagster_project.training_io import TRAINING_FILE, iter_training_batches
+from dagster_project.store.layout import TRAINING_SET, shard_prefix
+from dagster_project.store.manifest import ids_digest, read_shard_manifest
+from dagster_project.store.storage import LocalStore
+from dagster_project.training import stage as assemble
+from dagster_project.training.shards import TRAINING_FILE, iter_training_batches
+from dagster_project.training.stage import AssemblyOptions, assemble_batch, assemble_shard, source_is_current
 from tests.training_shards import completion_row, error_row, healthy_rows, publish_completions
 
 

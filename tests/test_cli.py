@@ -21,7 +21,9 @@ def env(tmp_path):
 
 
 def dflash(env: dict, *args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "dagster_project.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "dagster_project.cli", *args], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert SECRET not in result.stdout + result.stderr, "the API key was printed"
     return result.stdout
@@ -29,14 +31,18 @@ def dflash(env: dict, *args: str) -> str:
 
 def test_fleet_up_status_down_never_shows_the_api_key(env, tmp_path):
     try:
-        assert "fleet up (simulator)" in dflash(env, "fleet", "up", "--simulate", "2", "--sim-option", "output_len=fixed:8")
+        assert "fleet up (simulator)" in dflash(
+            env, "fleet", "up", "--simulate", "2", "--sim-option", "output_len=fixed:8"
+        )
         record = (tmp_path / "work" / "fleet" / "fleet.json").read_text()
         assert SECRET not in record and "<redacted>" in record
         servers = [json.loads(line) for line in dflash(env, "fleet", "status").splitlines()]
         assert [s["healthy"] for s in servers] == [True, True]
         assert all(s["speculative_algorithm"] == "EAGLE" and s["max_running_requests"] == 16 for s in servers)
         # Routes other than /health need the key: without it, status cannot read the servers' state.
-        servers_without_key = [json.loads(line) for line in dflash({**env, "SGLANG_API_KEY": ""}, "fleet", "status").splitlines()]
+        servers_without_key = [
+            json.loads(line) for line in dflash({**env, "SGLANG_API_KEY": ""}, "fleet", "status").splitlines()
+        ]
         assert all("unauthorized" in s["error"] for s in servers_without_key)
     finally:
         assert "stopped sim0, sim1" in dflash(env, "fleet", "down")

@@ -27,16 +27,16 @@ import dagster as dg
 import orjson
 import pytest
 
-from dagster_project import layout
-from dagster_project.completions_io import iter_completion_batches
-from dagster_project.export import specforge_key
-from dagster_project.manifest import (
+from dagster_project.generation.shards import iter_completion_batches
+from dagster_project.store import layout
+from dagster_project.store.manifest import (
     read_shard_manifest,
     read_stage_manifest,
     verify_shard,
 )
-from dagster_project.storage import LocalStore, Store, open_store
-from dagster_project.training_io import iter_training_batches
+from dagster_project.store.storage import LocalStore, Store, open_store
+from dagster_project.training.export import specforge_key
+from dagster_project.training.shards import iter_training_batches
 from tests.dagster_helpers import (
     FAST_ANSWERS,
     SHARD_ASSETS,
@@ -73,7 +73,9 @@ def local_run(tmp_path_factory) -> CliRun:
     root = tmp_path_factory.mktemp("cli_local")
     with SimFleet.start(2, root / "fleet", **FAST_ANSWERS) as fleet:
         home = dagster_home(root / "dagster_home")
-        env = pipeline_env(home=home, store=root / "store", work_dir=root / "work", num_shards=NUM_SHARDS, endpoints=fleet.urls)
+        env = pipeline_env(
+            home=home, store=root / "store", work_dir=root / "work", num_shards=NUM_SHARDS, endpoints=fleet.urls
+        )
         materialize(env, root, "raw_prompts,conversations")
         with ThreadPoolExecutor(NUM_SHARDS) as pool:
             list(pool.map(lambda key: materialize(env, root, SHARD_ASSETS, key), SHARDS))
@@ -175,7 +177,9 @@ def test_the_same_flow_with_the_store_on_s3(sim_fleet, s3_server, s3_bucket, tmp
 
     pages = s3_server.client().get_paginator("list_objects_v2").paginate(Bucket=s3_bucket)
     keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
-    assert keys and all(key.startswith(prefix + "/") for key in keys), [k for k in keys if not k.startswith(prefix + "/")]
+    assert keys and all(key.startswith(prefix + "/") for key in keys), [
+        k for k in keys if not k.startswith(prefix + "/")
+    ]
     relative = {key[len(prefix) + 1 :] for key in keys}
     for stage in (layout.RAW_PROMPTS, layout.CONVERSATIONS):
         assert layout.stage_manifest_key(stage) in relative, stage
@@ -183,7 +187,9 @@ def test_the_same_flow_with_the_store_on_s3(sim_fleet, s3_server, s3_bucket, tmp
         assert layout.shard_manifest_key(layout.CONVERSATIONS, conversations_shard) in relative
     for stage in (layout.COMPLETIONS, layout.TRAINING_SET):
         assert layout.shard_manifest_key(stage, shard) in relative, stage
-        assert not any(key.startswith(layout.shard_prefix(stage, 0)) for key in relative), f"{stage} of an unrequested shard"
+        assert not any(key.startswith(layout.shard_prefix(stage, 0)) for key in relative), (
+            f"{stage} of an unrequested shard"
+        )
     assert specforge_key(shard) in relative
     assert not (tmp_path / ".demo").exists(), "something was written to the default local store"
 

@@ -17,23 +17,23 @@ import dagster as dg
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from dagster_project import layout
 from dagster_project.assets.completions import completions
 from dagster_project.assets.conversations import conversations
-from dagster_project.assets.exports import specforge_export
-from dagster_project.assets.prompts import raw_prompts
+from dagster_project.assets.raw_prompts import raw_prompts
+from dagster_project.assets.specforge_export import specforge_export
 from dagster_project.assets.training_set import training_set
 from dagster_project.checks import completions as completions_checks
 from dagster_project.checks import training_set as training_set_checks
-from dagster_project.completions_io import iter_completion_batches
-from dagster_project.manifest import read_shard_manifest
+from dagster_project.generation.shards import iter_completion_batches
 from dagster_project.resources import (
     DatasetStore,
     GenerationConfig,
     SGLangFleet,
     TokenizerResource,
 )
-from dagster_project.storage import LocalStore
+from dagster_project.store import layout
+from dagster_project.store.manifest import read_shard_manifest
+from dagster_project.store.storage import LocalStore
 from tests.dagster_helpers import FAST_ANSWERS, asset_check_keys
 
 pytest_plugins = ["tests.sglang_fixtures"]
@@ -107,7 +107,9 @@ def test_empty_answers_fail_the_blocking_gates_and_stop_training_set_in_the_same
 
     assert not result.success
     # The fault was live: every answer is the EOS token alone, stored as a result (an empty answer is data).
-    events = [r for b in iter_completion_batches(prepared.store, shard, ["status", "output_ids"]) for r in b.to_pylist()]
+    events = [
+        r for b in iter_completion_batches(prepared.store, shard, ["status", "output_ids"]) for r in b.to_pylist()
+    ]
     assert events and {(r["status"], len(r["output_ids"])) for r in events if r["status"] == "ok"} == {("ok", 1)}
     # completions is materialized (its data exists, and the UI shows it) ...
     assert [m.partition for m in result.asset_materializations_for_node("completions")] == [partition]
@@ -120,7 +122,9 @@ def test_empty_answers_fail_the_blocking_gates_and_stop_training_set_in_the_same
     assert blocked <= {key.name for key in asset_check_keys("completions") if _is_blocking(key)}
     assert set(failed) - blocked <= {"completions_spec_decoding"}  # a warning: one-token answers draft nothing
     for name, phrase in EMPTY_ANSWER_GATES.items():
-        assert failed[name].description.startswith("BLOCKED") and phrase in failed[name].description, failed[name].description
+        assert failed[name].description.startswith("BLOCKED") and phrase in failed[name].description, failed[
+            name
+        ].description
     assert {e.partition for e in evaluations.values()} == {partition}
     # The run's failure names the gates that stopped it.
     failures = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]

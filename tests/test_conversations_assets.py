@@ -9,22 +9,27 @@ import dagster as dg
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from dagster_project import layout
 from dagster_project.assets.conversations import conversations
-from dagster_project.assets.prompts import raw_prompts
+from dagster_project.assets.raw_prompts import raw_prompts
 from dagster_project.checks.conversations import (
     conversations_gx_suite,
     conversations_multi_turn_counts,
     conversations_quarantine_rate,
     conversations_unique_ids,
 )
-from dagster_project.ingest import read_conversations
-from dagster_project.quarantine import REASONS
+from dagster_project.conversations.shards import read_conversations
+from dagster_project.ingest.quarantine import REASONS
 from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
 from dagster_project.settings import DEMO_DATA_DIR
+from dagster_project.store import layout
 
 ASSETS = [raw_prompts, conversations]
-CHECKS = [conversations_quarantine_rate, conversations_unique_ids, conversations_multi_turn_counts, conversations_gx_suite]
+CHECKS = [
+    conversations_quarantine_rate,
+    conversations_unique_ids,
+    conversations_multi_turn_counts,
+    conversations_gx_suite,
+]
 NUM_SHARDS = 3
 
 
@@ -97,10 +102,17 @@ def test_corrupted_shard_fails_the_id_and_gx_checks(resources: dict, tmp_path: P
     gx = checks["conversations_gx_suite"]
     assert not gx.passed
     summary = gx.metadata["summary"].value
-    for failed in ["| conversations | expect_column_values_to_be_unique | id | FAIL", "| messages | expect_column_values_to_be_in_set | role | FAIL",
-                   "| messages | expect_column_values_to_be_between | visible_chars | FAIL", "| turns | expect_column_values_to_be_in_set | role | FAIL"]:
+    for failed in [
+        "| conversations | expect_column_values_to_be_unique | id | FAIL",
+        "| messages | expect_column_values_to_be_in_set | role | FAIL",
+        "| messages | expect_column_values_to_be_between | visible_chars | FAIL",
+        "| turns | expect_column_values_to_be_in_set | role | FAIL",
+    ]:
         assert failed in summary, summary
-    assert "| turns | expect_column_pair_values_a_to_be_greater_than_b | message_index, previous_message_index | pass" in summary
+    assert (
+        "| turns | expect_column_pair_values_a_to_be_greater_than_b | message_index, previous_message_index | pass"
+        in summary
+    )
 
 
 def test_sources_and_store_on_s3(s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,9 +3,9 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dagster_project.coverage import dataset_coverage, exactly_once
-from dagster_project.manifest import publish_shard
+from dagster_project.ops.coverage import dataset_coverage, exactly_once
 from dagster_project.records import COMPLETION_SCHEMA, empty_completion_row
+from dagster_project.store.manifest import publish_shard
 from tests.ingest_helpers import run_stages
 
 
@@ -22,10 +22,15 @@ def test_coverage_by_id_finds_gaps_duplicates_and_strays_that_counts_would_hide(
         for i in range(12):
             messages = [{"role": "user", "content": f"Question number {i}?"}]
             if i % 4 == 0:  # multi-turn: two generated turns
-                messages += [{"role": "assistant", "content": "An answer."}, {"role": "user", "content": f"And then {i}?"}]
+                messages += [
+                    {"role": "assistant", "content": "An answer."},
+                    {"role": "user", "content": f"And then {i}?"},
+                ]
             handle.write(json.dumps({"id": f"c{i}", "messages": messages}) + "\n")
     outcome = run_stages(tmp_path, [str(source)], num_shards=2)
-    planned = {s: [c.event_id(t) for c in outcome.conversations if c.shard == s for t in range(c.num_turns)] for s in (0, 1)}
+    planned = {
+        s: [c.event_id(t) for c in outcome.conversations if c.shard == s for t in range(c.num_turns)] for s in (0, 1)
+    }
     assert sum(map(len, planned.values())) == 15
 
     publish_completions(outcome.store, tmp_path, 0, planned[0])

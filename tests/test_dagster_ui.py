@@ -23,7 +23,7 @@ import pytest
 from dagster_aws.s3 import S3Resource
 
 from dagster_project.assets.conversations import conversations
-from dagster_project.assets.prompts import raw_prompts
+from dagster_project.assets.raw_prompts import raw_prompts
 from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
 from tests.dagster_helpers import (
     DAGSTER,

@@ -14,8 +14,8 @@ import dagster as dg
 
 from dagster_project import settings
 from dagster_project.definitions import defs
-from dagster_project.layout import partition_keys
 from dagster_project.partitions import shard_partitions
+from dagster_project.store.layout import partition_keys
 from tests.dagster_helpers import (
     DAGSTER,
     DEFS_MODULE,

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from dagster_project.dispatch import Dispatcher, FleetDownError, GenRequest, Outcome
+from dagster_project.generation.dispatch import Dispatcher, FleetDownError, GenRequest, Outcome
 from dagster_project.sglang import protocol as proto
 
 pytest_plugins = ["tests.sglang_fixtures"]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dagster_project.dispatch import Dispatcher, FleetDownError, GenRequest, Outcome
+from dagster_project.generation.dispatch import Dispatcher, FleetDownError, GenRequest, Outcome
 from dagster_project.sglang import protocol as proto
 from tests.sglang_fixtures import SimFleet
 

@@ -12,10 +12,16 @@ import json
 
 import pytest
 
-from dagster_project.assemble import AssemblyOptions, assemble_shard
-from dagster_project.export import REQUIRED_VERDICTS, ShardNotCleared, export_shard, record_verdict, specforge_key
-from dagster_project.storage import LocalStore
-from dagster_project.training_io import TrainingShardNotPublished, iter_training_batches, training_manifest
+from dagster_project.store.storage import LocalStore
+from dagster_project.training.export import (
+    REQUIRED_VERDICTS,
+    ShardNotCleared,
+    export_shard,
+    record_verdict,
+    specforge_key,
+)
+from dagster_project.training.shards import TrainingShardNotPublished, iter_training_batches, training_manifest
+from dagster_project.training.stage import AssemblyOptions, assemble_shard
 from tests.training_shards import healthy_rows, publish_completions
 
 

@@ -11,14 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from dagster_project import readers
-from dagster_project.formats import detect_format, parse_row
-from dagster_project.quarantine import Rejected
-from dagster_project.readers import FileFormatError, file_kind, iter_rows
+from dagster_project.ingest import readers
+from dagster_project.ingest.formats import detect_format, parse_row
+from dagster_project.ingest.quarantine import Rejected
+from dagster_project.ingest.readers import FileFormatError, file_kind, iter_rows
 
 ROWS = [
     {"id": "a", "prompt": "first", "n": 12345678901234},
-    {"id": "b", "prompt": "second with \"quotes\" and \\ backslashes and ünïcödé 🙂", "n": -1.5e-3},
+    {"id": "b", "prompt": 'second with "quotes" and \\ backslashes and ünïcödé 🙂', "n": -1.5e-3},
     {"id": "c", "prompt": "third", "tags": [1, [2, {"x": None}]], "ok": True},
 ]
 
@@ -49,17 +49,23 @@ def test_unsupported_file_names_are_refused(name: str) -> None:
 
 
 @pytest.mark.parametrize("window", [1, 3, 7, 64, 1 << 20])
-def test_json_array_streams_across_any_window_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: int) -> None:
+def test_json_array_streams_across_any_window_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: int
+) -> None:
     monkeypatch.setattr(readers, "_CHUNK_CHARS", window)
     path = tmp_path / "rows.json"
-    path.write_text("  [\n" + ",\n   ".join(json.dumps(r, ensure_ascii=False) for r in ROWS) + "\n]  \n", encoding="utf-8")
+    path.write_text(
+        "  [\n" + ",\n   ".join(json.dumps(r, ensure_ascii=False) for r in ROWS) + "\n]  \n", encoding="utf-8"
+    )
     assert values(path) == ROWS
     assert [row.row for row in iter_rows(path)] == [0, 1, 2]
 
 
 def test_json_array_quarantines_only_the_element_with_invalid_utf8(tmp_path: Path) -> None:
     path = tmp_path / "rows.json"
-    path.write_bytes(b'[{"id": "ok1", "prompt": "fine"}, {"id": "bad", "prompt": "caf\xe9"}, {"id": "ok2", "prompt": "x"}]')
+    path.write_bytes(
+        b'[{"id": "ok1", "prompt": "fine"}, {"id": "bad", "prompt": "caf\xe9"}, {"id": "ok2", "prompt": "x"}]'
+    )
     rows = list(iter_rows(path))
     assert [r.value["id"] for r in rows if r.reason is None] == ["ok1", "ok2"]
     assert (rows[1].row, rows[1].reason) == (1, "invalid_utf8")
@@ -116,7 +122,13 @@ def test_json_lines_bad_rows_get_reasons(tmp_path: Path) -> None:
         b'{"id": "big", "n": 123456789012345678901234567890}\n'
     )
     rows = list(iter_rows(path))
-    assert [(r.row, r.reason) for r in rows] == [(0, None), (1, "invalid_json"), (2, "invalid_utf8"), (3, "invalid_utf8"), (4, None)]
+    assert [(r.row, r.reason) for r in rows] == [
+        (0, None),
+        (1, "invalid_json"),
+        (2, "invalid_utf8"),
+        (3, "invalid_utf8"),
+        (4, None),
+    ]
     assert "line 3" in rows[2].detail and '"latin1"' in rows[2].raw
 
 
@@ -168,8 +180,16 @@ def test_sharegpt_roles_including_odd_ones_and_system() -> None:
 
 
 def test_openai_list_content_is_joined_as_the_template_renders_it() -> None:
-    row = {"messages": [{"role": "developer", "content": "Rules"}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
-    assert parse_row(row, "openai").messages == [{"role": "system", "content": "Rules"}, {"role": "user", "content": "ab"}]
+    row = {
+        "messages": [
+            {"role": "developer", "content": "Rules"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        ]
+    }
+    assert parse_row(row, "openai").messages == [
+        {"role": "system", "content": "Rules"},
+        {"role": "user", "content": "ab"},
+    ]
 
 
 def test_alpaca_joins_input_only_when_non_empty_and_keeps_history_and_system() -> None:
@@ -206,17 +226,48 @@ def test_format_detection_is_a_majority_vote() -> None:
         ({"messages": [{"role": "user"}]}, "openai", "empty_content"),
         ({"messages": [{"role": "user", "content": 42}]}, "openai", "non_string_content"),
         ({"messages": [{"role": "user", "content": {"text": "x"}}]}, "openai", "non_string_content"),
-        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}, "openai", "non_string_content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+            "openai",
+            "non_string_content",
+        ),
         ({"conversations": [{"from": "narrator", "value": "x"}]}, "sharegpt", "unknown_role"),
         ({"conversations": [{"value": "x"}]}, "sharegpt", "unknown_role"),
         ({"conversations": [{"from": "gpt", "value": "x"}]}, "sharegpt", "no_user_turn"),
         ({"messages": []}, "openai", "no_user_turn"),
-        ({"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "u"}]}, "openai", "starts_with_assistant"),
-        ({"messages": [{"role": "user", "content": "u"}, {"role": "system", "content": "s"}]}, "openai", "misplaced_system"),
+        (
+            {
+                "messages": [
+                    {"role": "system", "content": "s"},
+                    {"role": "assistant", "content": "a"},
+                    {"role": "user", "content": "u"},
+                ]
+            },
+            "openai",
+            "starts_with_assistant",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "u"}, {"role": "system", "content": "s"}]},
+            "openai",
+            "misplaced_system",
+        ),
         ({"messages": [{"role": "user", "content": "u"}, {"role": "tool", "content": "r"}]}, "openai", "tool_use"),
-        ({"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": None, "tool_calls": [{}]}]}, "openai", "tool_use"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "u"},
+                    {"role": "assistant", "content": None, "tool_calls": [{}]},
+                ]
+            },
+            "openai",
+            "tool_use",
+        ),
         ({"messages": [{"role": "user", "content": "u"}], "tools": [{"name": "f"}]}, "openai", "tool_use"),
-        ({"conversations": [{"from": "human", "value": "u"}, {"from": "observation", "value": "r"}]}, "sharegpt", "tool_use"),
+        (
+            {"conversations": [{"from": "human", "value": "u"}, {"from": "observation", "value": "r"}]},
+            "sharegpt",
+            "tool_use",
+        ),
         ({"instruction": "   ", "input": "x"}, "alpaca", "empty_content"),
         ({"instruction": "x", "input": 3}, "alpaca", "non_string_content"),
         ({"prompt": "x"}, "alpaca", "unrecognized_format"),

@@ -6,10 +6,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dagster_project import gates
-from dagster_project.assemble import AssemblyOptions, assemble_batch
 from dagster_project.records import COMPLETION_SCHEMA
 from dagster_project.tokenizer import render_prompt_ids, special_ids
+from dagster_project.training import gates
+from dagster_project.training.stage import AssemblyOptions, assemble_batch
 from tests.training_shards import (
     disaster_rows,
     error_row,

@@ -9,14 +9,14 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from dagster_project.completions_io import shard_coverage
-from dagster_project.completions_shard import generate_shard, journal_path
-from dagster_project.dispatch import Dispatcher, FleetDownError
+from dagster_project.generation.dispatch import Dispatcher, FleetDownError
+from dagster_project.generation.journal import Journal
+from dagster_project.generation.shards import shard_coverage
+from dagster_project.generation.stage import generate_shard, journal_path
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.journal import Journal
 from dagster_project.records import split_event_id
 from dagster_project.sglang.protocol import input_hash
-from dagster_project.storage import local_copy
+from dagster_project.store.storage import local_copy
 from dagster_project.tokenizer import load_tokenizer, special_ids
 from tests.ingest_helpers import run_stages
 
@@ -70,7 +70,9 @@ def test_a_crash_mid_shard_then_a_rerun_gives_every_event_exactly_once(tmp_path,
     assert any(last < 2 for last in stopped_mid_conversation.values())
 
     fresh = sim_fleet(1, **SIM)
-    manifest = generate_shard(store, 0, tokenizer=tokenizer, settings=SETTINGS, dispatcher=dispatcher(fresh), work_dir=work)
+    manifest = generate_shard(
+        store, 0, tokenizer=tokenizer, settings=SETTINGS, dispatcher=dispatcher(fresh), work_dir=work
+    )
 
     coverage = shard_coverage(store, 0)
     assert coverage.exact and coverage.expected == 12 and manifest["ok"] == 12
@@ -99,7 +101,9 @@ def test_with_thinking_off_each_answer_is_the_next_turns_history(tmp_path, sim_f
     store = run_stages(tmp_path, [str(source)], num_shards=1).store
     tokenizer = load_tokenizer()
     fleet = sim_fleet(1, **SIM)
-    manifest = generate_shard(store, 0, tokenizer=tokenizer, settings=settings, dispatcher=dispatcher(fleet), work_dir=tmp_path / "w")
+    manifest = generate_shard(
+        store, 0, tokenizer=tokenizer, settings=settings, dispatcher=dispatcher(fleet), work_dir=tmp_path / "w"
+    )
     assert manifest["ok"] == 6 and manifest["errors"] == 0
     with local_copy(store, manifest["objects"][0]["key"]) as path:
         rows = {row["event_id"]: row for row in pq.read_table(path).to_pylist()}

@@ -9,12 +9,12 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from dagster_project import layout
-from dagster_project.conversation_shards import SHARD_FILE, ShardBuffers
-from dagster_project.prepare import content_id
-from dagster_project.readers import FileFormatError
-from dagster_project.sharding import shard_of
-from dagster_project.sources import SourceError, resolve_sources
+from dagster_project.conversations.sharding import shard_of
+from dagster_project.conversations.shards import SHARD_FILE, ShardBuffers
+from dagster_project.conversations.stage import content_id
+from dagster_project.ingest.readers import FileFormatError
+from dagster_project.ingest.sources import SourceError, resolve_sources
+from dagster_project.store import layout
 
 from .ingest_helpers import run_stages
 
@@ -37,24 +37,97 @@ def adversarial_rows() -> list[tuple[bytes, str | None, str]]:
         return json.dumps(row, ensure_ascii=False).encode("utf-8")
 
     return [
-        (line({"id": "ok_single", "messages": [user("What is a prime number?"), assistant("A number ...")]}), "ok_single", "kept"),
-        (line({"id": "ok_system_multi", "messages": [{"role": "system", "content": "Be brief."}, user("Hi"), assistant("Hello"), user("Bye")]}), "ok_system_multi", "kept"),
+        (
+            line({"id": "ok_single", "messages": [user("What is a prime number?"), assistant("A number ...")]}),
+            "ok_single",
+            "kept",
+        ),
+        (
+            line(
+                {
+                    "id": "ok_system_multi",
+                    "messages": [
+                        {"role": "system", "content": "Be brief."},
+                        user("Hi"),
+                        assistant("Hello"),
+                        user("Bye"),
+                    ],
+                }
+            ),
+            "ok_system_multi",
+            "kept",
+        ),
         (line({"id": "empty", "messages": [user("  \t ")]}), "empty", "empty_content"),
-        (line({"id": "non_string", "messages": [user([{"type": "image_url", "image_url": {"url": "x"}}])]}), "non_string", "non_string_content"),
-        (line({"id": "unknown_role", "messages": [{"role": "narrator", "content": "x"}, user("y")]}), "unknown_role", "unknown_role"),
-        (line({"id": "no_user", "messages": [{"role": "system", "content": "s"}, assistant("a")]}), "no_user", "no_user_turn"),
-        (line({"id": "starts_assistant", "messages": [assistant("Hello!"), user("Hi")]}), "starts_assistant", "starts_with_assistant"),
-        (line({"id": "late_system", "messages": [user("q"), {"role": "system", "content": "s"}]}), "late_system", "misplaced_system"),
-        (line({"id": "tool_result", "messages": [user("2+2?"), {"role": "tool", "content": "4"}]}), "tool_result", "tool_use"),
-        (line({"id": "tool_call", "messages": [user("2+2?"), {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add"}}]}]}), "tool_call", "tool_use"),
+        (
+            line({"id": "non_string", "messages": [user([{"type": "image_url", "image_url": {"url": "x"}}])]}),
+            "non_string",
+            "non_string_content",
+        ),
+        (
+            line({"id": "unknown_role", "messages": [{"role": "narrator", "content": "x"}, user("y")]}),
+            "unknown_role",
+            "unknown_role",
+        ),
+        (
+            line({"id": "no_user", "messages": [{"role": "system", "content": "s"}, assistant("a")]}),
+            "no_user",
+            "no_user_turn",
+        ),
+        (
+            line({"id": "starts_assistant", "messages": [assistant("Hello!"), user("Hi")]}),
+            "starts_assistant",
+            "starts_with_assistant",
+        ),
+        (
+            line({"id": "late_system", "messages": [user("q"), {"role": "system", "content": "s"}]}),
+            "late_system",
+            "misplaced_system",
+        ),
+        (
+            line({"id": "tool_result", "messages": [user("2+2?"), {"role": "tool", "content": "4"}]}),
+            "tool_result",
+            "tool_use",
+        ),
+        (
+            line(
+                {
+                    "id": "tool_call",
+                    "messages": [
+                        user("2+2?"),
+                        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add"}}]},
+                    ],
+                }
+            ),
+            "tool_call",
+            "tool_use",
+        ),
         (line({"id": "too_long", "messages": [user("word " * 2000)]}), "too_long", "too_long"),
         (b'{"id": "bad_utf8", "messages": [{"role": "user", "content": "caf\xe9"}]}', "bad_utf8", "invalid_utf8"),
         (b'{"id": "cut_short", "messages": [{"role": "user", "content": "where', "cut_short", "invalid_json"),
         (line({"id": "not_messages", "text": "hello"}), "not_messages", "unrecognized_format"),
         (b"", None, "blank line: not a row"),
-        (line({"id": "dup_of_ok_single", "messages": [user("What is a prime number?"), assistant("Another answer")]}), "dup_of_ok_single", "duplicate"),
-        (line({"id": "ok_single", "messages": [user("Same id as row 0, other content.")]}), content_id([user("Same id as row 0, other content.")]), "kept"),
-        (line({"id": content_id(stolen_messages), "messages": [user("This row's source id is another row's hash id.")]}), content_id(stolen_messages), "kept"),
+        (
+            line(
+                {"id": "dup_of_ok_single", "messages": [user("What is a prime number?"), assistant("Another answer")]}
+            ),
+            "dup_of_ok_single",
+            "duplicate",
+        ),
+        (
+            line({"id": "ok_single", "messages": [user("Same id as row 0, other content.")]}),
+            content_id([user("Same id as row 0, other content.")]),
+            "kept",
+        ),
+        (
+            line(
+                {
+                    "id": content_id(stolen_messages),
+                    "messages": [user("This row's source id is another row's hash id.")],
+                }
+            ),
+            content_id(stolen_messages),
+            "kept",
+        ),
         (line({"id": "ok_single", "messages": stolen_messages}), "ok_single", "duplicate_id"),
         (line({"messages": [user("No id at all.")]}), content_id([user("No id at all.")]), "kept"),
     ]
@@ -71,7 +144,9 @@ def adversarial(tmp_path_factory: pytest.TempPathFactory):
 
 def test_adversarial_file_every_row_has_the_expected_outcome(adversarial) -> None:
     path, rows, outcome = adversarial
-    expected = {(str(path), index): result for index, (_, _, result) in enumerate(rows) if result != "blank line: not a row"}
+    expected = {
+        (str(path), index): result for index, (_, _, result) in enumerate(rows) if result != "blank line: not a row"
+    }
     assert outcome.by_row() == expected
 
 
@@ -80,11 +155,16 @@ def test_adversarial_file_accounting_by_id(adversarial) -> None:
     kept_ids = sorted(c.id for c in outcome.conversations)
     assert kept_ids == sorted(row_id for _, row_id, result in rows if result == "kept")
     quarantined = sorted((q["id"], q["reason"]) for q in outcome.quarantined)
-    assert quarantined == sorted((row_id, result) for _, row_id, result in rows if result not in ("kept", "blank line: not a row"))
+    assert quarantined == sorted(
+        (row_id, result) for _, row_id, result in rows if result not in ("kept", "blank line: not a row")
+    )
     manifest = outcome.manifest
     assert manifest["input_rows"] == len(rows) - 1 == manifest["rows"] + manifest["quarantined"]
     assert manifest["by_source"] == {"evil": {"input_rows": 19, "conversations": 5, "quarantined": 14}}
-    assert manifest["quarantined_by_reason"]["tool_use"] == 2 and manifest["quarantined_by_stage"] == {"ingest": 11, "conversations": 3}
+    assert manifest["quarantined_by_reason"]["tool_use"] == 2 and manifest["quarantined_by_stage"] == {
+        "ingest": 11,
+        "conversations": 3,
+    }
 
 
 def test_quarantine_records_say_where_and_why(adversarial) -> None:
@@ -101,7 +181,11 @@ def test_ids_shards_and_provenance_of_kept_rows(adversarial) -> None:
     path, _, outcome = adversarial
     by_id = {c.id: c for c in outcome.conversations}
     assert by_id["ok_system_multi"].generate_after == [1, 3]
-    assert by_id["ok_system_multi"].extra == {"format": "openai", "source_id": "ok_system_multi", "source_user_turns": 2}
+    assert by_id["ok_system_multi"].extra == {
+        "format": "openai",
+        "source_id": "ok_system_multi",
+        "source_user_turns": 2,
+    }
     renamed = by_id[content_id([user("Same id as row 0, other content.")])]
     assert (renamed.extra["source_id"], renamed.source_row, renamed.source_file) == ("ok_single", 16, str(path))
     for conversation in outcome.conversations:
@@ -117,7 +201,9 @@ def test_every_shard_is_published_with_its_manifest_fields(adversarial) -> None:
         assert manifest["rows"] == len(held) and manifest["num_shards"] == 3 and manifest["policy"] == "all_turns"
         assert manifest["turns"] == sum(c.num_turns for c in held)
         assert manifest["multi_turn"] == sum(c.extra["source_user_turns"] > 1 for c in held)
-        assert [o["key"] for o in manifest["objects"]] == [layout.shard_prefix(layout.CONVERSATIONS, shard) + SHARD_FILE]
+        assert [o["key"] for o in manifest["objects"]] == [
+            layout.shard_prefix(layout.CONVERSATIONS, shard) + SHARD_FILE
+        ]
 
 
 def test_fewer_shards_on_a_rebuild_removes_the_stale_ones(tmp_path: Path) -> None:

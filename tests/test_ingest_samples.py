@@ -40,7 +40,9 @@ def up_to_last_question(messages: list[tuple[str, str]]) -> list[tuple[str, str]
 
 def request_keys(messages_per_row: list[list[tuple[str, str]]], show_answers: bool) -> list[object]:
     return [
-        tuple((role, text if show_answers or role != "assistant" else "") for role, text in up_to_last_question(messages))
+        tuple(
+            (role, text if show_answers or role != "assistant" else "") for role, text in up_to_last_question(messages)
+        )
         for messages in messages_per_row
     ]
 
@@ -74,7 +76,11 @@ def test_sharegpt_duplicates_are_the_repeated_question_sequences(all_turns) -> N
     assert {outcome for (file, _), outcome in rows.items() if file == str(FASTCHAT)} == {"kept", "duplicate"}
     kept_ids = {c.id for c in all_turns.conversations if c.source == "dummy_conversation"}
     assert kept_ids == {f"identity_{row}" for row in kept}, "ShareGPT ids are the source's own"
-    assert all_turns.manifest["by_source"]["dummy_conversation"] == {"input_rows": 500, "conversations": len(kept), "quarantined": 500 - len(kept)}
+    assert all_turns.manifest["by_source"]["dummy_conversation"] == {
+        "input_rows": 500,
+        "conversations": len(kept),
+        "quarantined": 500 - len(kept),
+    }
 
 
 def test_alpaca_keeps_the_first_of_each_exact_duplicate_and_hashes_ids(all_turns) -> None:
@@ -86,7 +92,9 @@ def test_alpaca_keeps_the_first_of_each_exact_duplicate_and_hashes_ids(all_turns
     alpaca = {c.source_row: c for c in all_turns.conversations if c.source == "alpaca_en_demo"}
     assert all(c.id.startswith("h-") and c.extra["source_id"] is None for c in alpaca.values())
     with_input = next(i for i in sorted(kept) if rows[i]["input"])
-    assert alpaca[with_input].messages[0]["content"] == f"{rows[with_input]['instruction']}\n\n{rows[with_input]['input']}"
+    assert (
+        alpaca[with_input].messages[0]["content"] == f"{rows[with_input]['instruction']}\n\n{rows[with_input]['input']}"
+    )
     without_input = next(i for i in sorted(kept) if not rows[i]["input"])
     assert alpaca[without_input].messages[0]["content"] == rows[without_input]["instruction"]
 

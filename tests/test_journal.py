@@ -1,7 +1,7 @@
 import orjson
 import pytest
 
-from dagster_project.journal import Journal, JournalCorrupt
+from dagster_project.generation.journal import Journal, JournalCorrupt
 
 
 def record(event_id: str, status: str = "ok", retryable: bool = False, **extra) -> dict:

@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from dagster_project.manifest import publish_shard, read_shard_manifest, verify_shard
 from dagster_project.resources.store import DatasetStore
-from dagster_project.storage import StoreError
+from dagster_project.store.manifest import publish_shard, read_shard_manifest, verify_shard
+from dagster_project.store.storage import StoreError
 from tests.fault_proxy import fault_proxy
 from tests.sglang_fixtures import wait_until
 
@@ -38,7 +38,9 @@ def test_a_brief_outage_during_publishing_is_ridden_out(proxied_store, shard_fil
     proxy.go_down()
     with ThreadPoolExecutor(1) as pool:
         publishing = pool.submit(publish_shard, store, "completions", 7, shard_files, {"rows": 2})
-        wait_until(lambda: proxy.refused >= 2, timeout_s=30, what="the upload to hit the outage")  # the upload has really hit the outage
+        wait_until(
+            lambda: proxy.refused >= 2, timeout_s=30, what="the upload to hit the outage"
+        )  # the upload has really hit the outage
         proxy.come_back()
         manifest = publishing.result(timeout=120)
     assert verify_shard(store, manifest) == []

@@ -5,11 +5,11 @@ from dagster_aws.s3 import S3Resource
 
 from dagster_project.assets.completions import completions
 from dagster_project.assets.conversations import conversations
-from dagster_project.assets.prompts import raw_prompts
-from dagster_project.assets.report import run_report
-from dagster_project.completions_io import completions_manifest, shard_coverage
+from dagster_project.assets.raw_prompts import raw_prompts
+from dagster_project.assets.run_report import run_report
+from dagster_project.generation.shards import completions_manifest, shard_coverage
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
-from dagster_project.storage import LocalStore
+from dagster_project.store.storage import LocalStore
 
 pytest_plugins = ["tests.sglang_fixtures"]
 
@@ -44,13 +44,17 @@ def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim
     with dg.instance_for_test() as instance:
         assert dg.materialize([raw_prompts, conversations], resources=resources(256), instance=instance).success
         for shard in ("shard-00000", "shard-00001"):
-            assert dg.materialize([completions], partition_key=shard, resources=resources(256), instance=instance).success
+            assert dg.materialize(
+                [completions], partition_key=shard, resources=resources(256), instance=instance
+            ).success
         old = completions_manifest(store, 0)["settings_fingerprint"]
         assert report_metadata(256)["stale_shards"].value == []
         assert report_metadata(512)["stale_shards"].value == [0, 1]
 
         before = served()
-        assert dg.materialize([completions], partition_key="shard-00000", resources=resources(512), instance=instance).success
+        assert dg.materialize(
+            [completions], partition_key="shard-00000", resources=resources(512), instance=instance
+        ).success
         manifest = completions_manifest(store, 0)
         assert manifest["settings_fingerprint"] != old and manifest["settings"]["max_new_tokens"] == 512
         # Every event was generated again: nothing from the journal of the old settings was reused.
@@ -70,7 +74,10 @@ def test_the_report_flags_a_materialized_shard_whose_objects_left_the_store(tmp_
 
         result = dg.materialize([run_report], resources=resources, instance=instance, raise_on_error=False)
         checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
-        assert not checks["materialized_shards_in_store"].passed and "[1]" in checks["materialized_shards_in_store"].description
+        assert (
+            not checks["materialized_shards_in_store"].passed
+            and "[1]" in checks["materialized_shards_in_store"].description
+        )
         assert not checks["dataset_exactly_once"].passed  # the lost shard's events are missing
         report = result.asset_materializations_for_node("run_report")[0].metadata
         assert report["materialized_not_in_store"].value == [1]

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from dagster_project.dispatch import Dispatcher, GenRequest, Outcome
+from dagster_project.generation.dispatch import Dispatcher, GenRequest, Outcome
 from dagster_project.sglang import protocol as proto
 from tests.sglang_fixtures import running_router
 

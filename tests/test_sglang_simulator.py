@@ -13,7 +13,7 @@ import pytest
 
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.launch import SIM_VOCAB_FILE, free_ports, simulator_command
-from dagster_project.sglang.sim_outputs import AcceptModel
+from dagster_project.sglang.sim.outputs import AcceptModel
 from dagster_project.tokenizer import load_tokenizer, special_ids
 from tests.sglang_fixtures import SimFleet, wait_until
 
@@ -465,8 +465,14 @@ def test_streaming_is_cumulative_and_ends_with_done(fleet):
     content_type, events = stream_events(fleet, SLOW, {"input_ids": THINKING_PROMPT, "sampling_params": PARAMS})
     *chunks, final, done = events
     assert content_type.startswith("text/event-stream") and done == "[DONE]" and len(chunks) == 4
-    assert all(c["meta_info"]["finish_reason"] is None for c in chunks) and final["meta_info"]["finish_reason"]["type"] == "stop"
-    assert "response_sent_to_client_ts" in chunks[0]["meta_info"] and "response_sent_to_client_ts" not in final["meta_info"]
+    assert (
+        all(c["meta_info"]["finish_reason"] is None for c in chunks)
+        and final["meta_info"]["finish_reason"]["type"] == "stop"
+    )
+    assert (
+        "response_sent_to_client_ts" in chunks[0]["meta_info"]
+        and "response_sent_to_client_ts" not in final["meta_info"]
+    )
     lengths = [len(c["output_ids"]) for c in chunks]
     assert lengths == sorted(lengths) and lengths[0] == 1 and lengths[-1] < 200
     for chunk in chunks:
@@ -478,6 +484,13 @@ def test_streaming_is_cumulative_and_ends_with_done(fleet):
 def test_streaming_errors_arrive_as_a_chunk(fleet):
     _, events = stream_events(fleet, SMALL, {"input_ids": [1] * 600})
     assert events == [
-        {"error": {"message": proto.msg_input_too_long(600, 600), "type": "invalid_request_error", "code": 400, "retryable": False}},
+        {
+            "error": {
+                "message": proto.msg_input_too_long(600, 600),
+                "type": "invalid_request_error",
+                "code": 400,
+                "retryable": False,
+            }
+        },
         "[DONE]",
     ]

@@ -13,22 +13,22 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-from dagster_aws.s3 import S3Resource
 import orjson
 import psutil
 import pytest
+from dagster_aws.s3 import S3Resource
 
 from dagster_project.assets.conversations import conversations
-from dagster_project.assets.prompts import raw_prompts
-from dagster_project.completions_io import iter_completion_batches, shard_coverage
-from dagster_project.completions_shard import journal_path
+from dagster_project.assets.raw_prompts import raw_prompts
+from dagster_project.conversations.shards import read_conversations
+from dagster_project.generation.journal import Journal
+from dagster_project.generation.shards import iter_completion_batches, shard_coverage
+from dagster_project.generation.stage import journal_path
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.ingest import read_conversations
-from dagster_project.journal import Journal
-from dagster_project.plan import Plan, write_plan
+from dagster_project.ops.plan import Plan, write_plan
 from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
 from dagster_project.sglang.protocol import input_hash
-from dagster_project.storage import LocalStore
+from dagster_project.store.storage import LocalStore
 from tests.dagster_helpers import DAGSTER, DEFS_MODULE, dagster_home, pipeline_env
 from tests.sglang_fixtures import wait_until
 
@@ -61,7 +61,17 @@ def pipeline(tmp_path, monkeypatch):
 
 
 def materialize_shard(env: dict, shard: int, fleet_urls: list[str]) -> subprocess.Popen:
-    command = [DAGSTER, "asset", "materialize", "-m", DEFS_MODULE, "--select", "completions", "--partition", f"shard-{shard:05d}"]
+    command = [
+        DAGSTER,
+        "asset",
+        "materialize",
+        "-m",
+        DEFS_MODULE,
+        "--select",
+        "completions",
+        "--partition",
+        f"shard-{shard:05d}",
+    ]
     # Its own session: a SIGKILL of the group takes the run worker and everything it started.
     return subprocess.Popen(
         command,
@@ -103,7 +113,9 @@ def test_sigkill_mid_shard_then_rerun_gives_every_event_exactly_once(pipeline, s
     family = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
-    wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family), what="the run to die")
+    wait_until(
+        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family), what="the run to die"
+    )
     for index in range(2):
         fleet.clear_faults(index)
 
@@ -149,7 +161,9 @@ def test_status_while_a_shard_runs_answers_the_six_questions(pipeline, sim_fleet
     fleet = sim_fleet(2, **SLOW_FLEET)
     run = materialize_shard(env, 2, fleet.urls)
     try:
-        wait_until(lambda: heartbeat(store, 2).get("done_events", 0) >= 8, timeout_s=120, interval_s=0.1, what="8 events done")
+        wait_until(
+            lambda: heartbeat(store, 2).get("done_events", 0) >= 8, timeout_s=120, interval_s=0.1, what="8 events done"
+        )
         for index in range(2):  # freeze the fleet mid-shard: the run stays running while status is read
             fleet.set_faults(index, hang=True)
         status = dflash_status(env, fleet.urls)
@@ -157,7 +171,9 @@ def test_status_while_a_shard_runs_answers_the_six_questions(pipeline, sim_fleet
         for index in range(2):
             fleet.clear_faults(index)
         finished(run)
-    progress, mtp, storage, coverage, multi_turn = (status[k] for k in ("progress", "mtp", "storage", "coverage", "multi_turn"))
+    progress, mtp, storage, coverage, multi_turn = (
+        status[k] for k in ("progress", "mtp", "storage", "coverage", "multi_turn")
+    )
     # 1. progress vs the plan
     assert progress["shards_running"] == [2]
     assert 0 < progress["events_done"] < progress["events_planned"]
@@ -191,7 +207,12 @@ def test_two_shard_runs_share_one_fleet(pipeline, sim_fleet):
     for index in range(2):  # hold every answer until both runs have requests on the fleet
         fleet.set_faults(index, hang=True)
     runs = {shard: materialize_shard(env, shard, fleet.urls) for shard in (0, 3)}
-    wait_until(lambda: all(in_flight(store, shard) for shard in runs), timeout_s=120, interval_s=0.2, what="both runs in flight")
+    wait_until(
+        lambda: all(in_flight(store, shard) for shard in runs),
+        timeout_s=120,
+        interval_s=0.2,
+        what="both runs in flight",
+    )
     for index in range(2):
         fleet.clear_faults(index)
     for run in runs.values():

@@ -27,9 +27,9 @@ import json
 
 import pyarrow as pa
 
-from dagster_project.assemble import AssemblyOptions, assemble_batch
 from dagster_project.records import COMPLETION_SCHEMA
 from dagster_project.tokenizer import render_prompt_ids, special_ids
+from dagster_project.training.stage import AssemblyOptions, assemble_batch
 from tests.conftest import require_shared
 from tests.training_shards import DISASTER_OUTPUT_TEXT, completion_row, tokenizer
 

@@ -1,9 +1,9 @@
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from dagster_project.manifest import publish_shard, read_shard_manifest, verify_shard
 from dagster_project.resources.store import DatasetStore
-from dagster_project.storage import LocalStore, StoreError, local_copy, open_store
+from dagster_project.store.manifest import publish_shard, read_shard_manifest, verify_shard
+from dagster_project.store.storage import LocalStore, StoreError, local_copy, open_store
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -48,7 +48,9 @@ def test_publishing_replaces_a_shard_and_verifies_it(store, tmp_path):
     ]
     assert verify_shard(store, manifest) == []
     store.put_bytes("completions/shard=00003/part-1.parquet", b"tampered")
-    assert verify_shard(store, manifest) == ["completions/shard=00003/part-1.parquet: 8 bytes in the store, manifest says 9"]
+    assert verify_shard(store, manifest) == [
+        "completions/shard=00003/part-1.parquet: 8 bytes in the store, manifest says 9"
+    ]
 
 
 def test_unsupported_uris_are_refused():

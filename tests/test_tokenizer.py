@@ -329,9 +329,13 @@ def test_project_template_matches_official_on_edge_cases(
 
 def test_tokenizer_sizes_and_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
     assert len(tokenizer) == 248070
-    assert tokenizer.convert_tokens_to_ids(
-        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-    ) == [248044, 248045, 248046, 248068, 248069]
+    assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]) == [
+        248044,
+        248045,
+        248046,
+        248068,
+        248069,
+    ]
     assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 248046)
     assert (tokenizer.pad_token, tokenizer.pad_token_id) == ("<|endoftext|>", 248044)
     assert tokenizer.bos_token is None
@@ -372,7 +376,7 @@ def test_prompt_ids_end_with_the_thinking_generation_prompt(tokenizer: PreTraine
     prompt_ids = render_prompt_ids(tokenizer, CONV)
 
     assert type(prompt_ids) is list and all(type(token_id) is int for token_id in prompt_ids)
-    assert prompt_ids[-len(THINKING_PROMPT_END):] == THINKING_PROMPT_END
+    assert prompt_ids[-len(THINKING_PROMPT_END) :] == THINKING_PROMPT_END
     prompt_text = render_text(tokenizer, CONV, add_generation_prompt=True)
     assert prompt_ids == tokenizer.encode(prompt_text, add_special_tokens=False)
 
@@ -380,7 +384,7 @@ def test_prompt_ids_end_with_the_thinking_generation_prompt(tokenizer: PreTraine
 def test_prompt_ids_end_with_the_empty_think_block_when_thinking_is_off(tokenizer: PreTrainedTokenizerBase) -> None:
     prompt_ids = render_prompt_ids(tokenizer, CONV, enable_thinking=False)
 
-    assert prompt_ids[-len(NON_THINKING_PROMPT_END):] == NON_THINKING_PROMPT_END
+    assert prompt_ids[-len(NON_THINKING_PROMPT_END) :] == NON_THINKING_PROMPT_END
 
 
 def test_preserve_thinking_keeps_historical_reasoning(tokenizer: PreTrainedTokenizerBase) -> None:
@@ -395,7 +399,11 @@ def test_text_parts_render_as_text_and_images_as_placeholders(tokenizer: PreTrai
     messages = [
         {
             "role": "user",
-            "content": [{"type": "text", "text": "Describe "}, {"type": "image"}, {"type": "text", "text": " briefly."}],
+            "content": [
+                {"type": "text", "text": "Describe "},
+                {"type": "image"},
+                {"type": "text", "text": " briefly."},
+            ],
         }
     ]
 

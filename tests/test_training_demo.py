@@ -8,18 +8,18 @@ import json
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
-from dagster_project import layout
 from dagster_project.assets.completions import completions
 from dagster_project.assets.conversations import conversations
-from dagster_project.assets.exports import specforge_export
-from dagster_project.assets.prompts import raw_prompts
+from dagster_project.assets.raw_prompts import raw_prompts
+from dagster_project.assets.specforge_export import specforge_export
 from dagster_project.assets.training_set import training_set
 from dagster_project.checks.training_set import GATE_DESCRIPTIONS, training_set_gates, training_set_gx_suite
-from dagster_project.completions_io import iter_completion_batches
-from dagster_project.export import specforge_key
+from dagster_project.generation.shards import iter_completion_batches
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
-from dagster_project.storage import LocalStore
-from dagster_project.training_io import iter_training_batches
+from dagster_project.store import layout
+from dagster_project.store.storage import LocalStore
+from dagster_project.training.export import specforge_key
+from dagster_project.training.shards import iter_training_batches
 from tests.sglang_fixtures import sim_fleet  # noqa: F401  (the fixture)
 from tests.training_shards import tokenizer
 

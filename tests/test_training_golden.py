@@ -13,11 +13,11 @@ import json
 import pyarrow as pa
 import pytest
 
-from dagster_project import gates
-from dagster_project.assemble import AssemblyOptions, assemble_shard
-from dagster_project.storage import LocalStore
+from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import render_prompt_ids, render_text, special_ids
-from dagster_project.training_io import iter_training_batches
+from dagster_project.training import gates
+from dagster_project.training.shards import iter_training_batches
+from dagster_project.training.stage import AssemblyOptions, assemble_shard
 from tests.conftest import require_shared
 from tests.training_shards import completion_row, output_ids, publish_completions, tokenizer
 

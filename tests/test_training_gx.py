@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from dagster_project.assemble import AssemblyOptions, assemble_batch
-from dagster_project.gx_training import training_frame, validate_training_frame
 from dagster_project.records import COMPLETION_SCHEMA, TRAINING_SCHEMA
+from dagster_project.training.stage import AssemblyOptions, assemble_batch
+from dagster_project.training.suite import training_frame, validate_training_frame
 from tests.training_shards import completion_row
 
 

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dagster_project.records import TRAINING_SCHEMA
-from dagster_project.storage import LocalStore
-from dagster_project.manifest import iter_parquet_batches
-from dagster_project.training_io import TrainingShardWriter
+from dagster_project.store.manifest import iter_parquet_batches
+from dagster_project.store.storage import LocalStore
+from dagster_project.training.shards import TrainingShardWriter
 
 
 def _rows(lengths: list[int]) -> pa.RecordBatch:

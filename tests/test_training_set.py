@@ -6,13 +6,13 @@ import dagster as dg
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from dagster_project import layout
-from dagster_project.assets.exports import specforge_export
+from dagster_project.assets.specforge_export import specforge_export
 from dagster_project.assets.training_set import training_set
 from dagster_project.checks.training_set import GATE_DESCRIPTIONS, training_set_gates, training_set_gx_suite
-from dagster_project.export import specforge_key
 from dagster_project.resources import DatasetStore, TokenizerResource
-from dagster_project.storage import LocalStore
+from dagster_project.store import layout
+from dagster_project.store.storage import LocalStore
+from dagster_project.training.export import specforge_key
 from tests.training_shards import disaster_rows, healthy_rows, publish_completions
 
 SHARD = 1

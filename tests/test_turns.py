@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dagster_project.conversations.turns import apply_policy, prompt_messages, request_key
 from dagster_project.records import Conversation
-from dagster_project.turns import apply_policy, prompt_messages, request_key
 
 
 def msg(role: str, content: str) -> dict:
@@ -41,7 +41,12 @@ def with_reasoning(content: str, reasoning: str) -> dict:
         ("all_turns", [1, 5, 7], "generated", SOURCE),
         ("last_turn", [7], "source", SOURCE),
         ("first_turn", [1], "generated", SOURCE),
-        ("user_only", [4], "generated", [msg("system", "S"), msg("user", "u1"), msg("user", "u2a"), msg("user", "u2b"), msg("user", "u3")]),
+        (
+            "user_only",
+            [4],
+            "generated",
+            [msg("system", "S"), msg("user", "u1"), msg("user", "u2a"), msg("user", "u2b"), msg("user", "u3")],
+        ),
     ],
 )
 def test_apply_policy(policy: str, generate_after: list[int], history: str, kept: list[dict]) -> None:

@@ -15,10 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.layout import COMPLETIONS
-from dagster_project.manifest import ids_digest, publish_shard
 from dagster_project.records import COMPLETION_SCHEMA, STATUS_ERROR, STATUS_OK, empty_completion_row
-from dagster_project.storage import Store
+from dagster_project.store.layout import COMPLETIONS
+from dagster_project.store.manifest import ids_digest, publish_shard
+from dagster_project.store.storage import Store
 from dagster_project.tokenizer import load_tokenizer, render_prompt_ids
 
 # The historical failure: empty reasoning, then "OK." — 6 tokens: \n </think> \n\n OK . <|im_end|>

@@ -3,10 +3,11 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from dagster_project import layout, settings
-from dagster_project.completions_shard import generate_shard
+from dagster_project import settings
+from dagster_project.generation.stage import generate_shard
 from dagster_project.partitions import shard_partitions
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
+from dagster_project.store import layout
 
 
 class CompletionsConfig(dg.Config):

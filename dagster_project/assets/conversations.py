@@ -7,11 +7,16 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from dagster_project import layout, settings
-from dagster_project.assets.prompts import raw_prompts
-from dagster_project.prepare import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_QUARANTINE_RATE_MAX, build_conversations
+from dagster_project import settings
+from dagster_project.assets.raw_prompts import raw_prompts
+from dagster_project.assets.tables import counts_table
+from dagster_project.conversations.stage import (
+    DEFAULT_MAX_PROMPT_TOKENS,
+    DEFAULT_QUARANTINE_RATE_MAX,
+    build_conversations,
+)
 from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
-from dagster_project.summaries import counts_table
+from dagster_project.store import layout
 
 
 class ConversationsConfig(dg.Config):

@@ -2,10 +2,11 @@
 import dagster as dg
 from pydantic import Field
 
-from dagster_project import layout, settings
-from dagster_project.assemble import TRUNCATE, AssemblyOptions, assemble_shard
+from dagster_project import settings
 from dagster_project.partitions import shard_partitions
 from dagster_project.resources import DatasetStore
+from dagster_project.store import layout
+from dagster_project.training.stage import TRUNCATE, AssemblyOptions, assemble_shard
 
 
 class TrainingSetConfig(dg.Config):

@@ -5,14 +5,15 @@ from collections.abc import Iterator
 import dagster as dg
 from pydantic import Field
 
-from dagster_project import gates, layout
 from dagster_project.assets.completions import completions
 from dagster_project.checks.gate_checks import GateConfig, check_result
-from dagster_project.completions_io import completions_manifest, iter_completion_batches, shard_coverage
-from dagster_project.manifest import verify_shard
+from dagster_project.generation.shards import completions_manifest, iter_completion_batches, shard_coverage
 from dagster_project.partitions import shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
+from dagster_project.store import layout
+from dagster_project.store.manifest import verify_shard
 from dagster_project.tokenizer import special_ids
+from dagster_project.training import gates
 
 SPEC_ACCEPT_LENGTH_FLOOR = 1.5
 MAX_ERROR_SHARE = 0.02
@@ -46,7 +47,13 @@ def _share_gate(name: str, count: int, total: int, max_share: float, what: str, 
         passed,
         f"{verdict}: {share:.1%} of events ({count}/{total}) {what} (limit {max_share:.0%})"
         + (f"; by kind {by_kind}" if by_kind else ""),
-        {"count": count, "events": total, "share": share, "max_share": max_share, "by_kind": dg.MetadataValue.json(by_kind)},
+        {
+            "count": count,
+            "events": total,
+            "share": share,
+            "max_share": max_share,
+            "by_kind": dg.MetadataValue.json(by_kind),
+        },
     )
 
 
@@ -94,7 +101,9 @@ def completions_spec_decoding(context: dg.AssetCheckExecutionContext, store: Dat
     """
     tokens = verify = without_stats = 0
     shard = layout.shard_index(context.partition_key)
-    for batch in iter_completion_batches(store.open(), shard, columns=["status", "completion_tokens", "spec_verify_ct"]):
+    for batch in iter_completion_batches(
+        store.open(), shard, columns=["status", "completion_tokens", "spec_verify_ct"]
+    ):
         for status, completion, passes in zip(*(batch.column(i).to_pylist() for i in range(3))):
             if status != "ok":
                 continue
@@ -109,7 +118,9 @@ def completions_spec_decoding(context: dg.AssetCheckExecutionContext, store: Dat
         passed=passed,
         severity=dg.AssetCheckSeverity.WARN,
         description=(
-            f"accept length {accept_length:.2f}" if accept_length else "no request reported spec-decoding stats: MTP is off"
+            f"accept length {accept_length:.2f}"
+            if accept_length
+            else "no request reported spec-decoding stats: MTP is off"
         )
         + ("" if passed else f" (floor {SPEC_ACCEPT_LENGTH_FLOOR})"),
         metadata={
@@ -128,7 +139,10 @@ def completions_spec_decoding(context: dg.AssetCheckExecutionContext, store: Dat
     ],
 )
 def completions_quality(
-    context: dg.AssetCheckExecutionContext, config: CompletionsGateConfig, store: DatasetStore, tokenizer: TokenizerResource
+    context: dg.AssetCheckExecutionContext,
+    config: CompletionsGateConfig,
+    store: DatasetStore,
+    tokenizer: TokenizerResource,
 ) -> Iterator[dg.AssetCheckResult]:
     """What the model answered, judged before a training row exists: errors, length caps, thinking, degeneracy."""
     shard = layout.shard_index(context.partition_key)
@@ -139,7 +153,14 @@ def completions_quality(
     errors_by_kind = manifest["generation"]["errors_by_kind"]
     finish_reasons = manifest["generation"]["finish_reasons"]
     results = [
-        _share_gate("error_rate", manifest["errors"], manifest["rows"], config.max_error_share, "ended in an error", errors_by_kind),
+        _share_gate(
+            "error_rate",
+            manifest["errors"],
+            manifest["rows"],
+            config.max_error_share,
+            "ended in an error",
+            errors_by_kind,
+        ),
         _share_gate(
             "length_capped_rate",
             finish_reasons.get("length", 0),

@@ -6,19 +6,21 @@ Each reads what is published in the store (manifests and shards), not what the a
 # No `from __future__ import annotations`: Dagster 1.13 resolves resource parameters from real annotations.
 import dagster as dg
 
-from dagster_project import layout
 from dagster_project.assets.conversations import conversations
-from dagster_project.conversation_shards import scan_shards
-from dagster_project.manifest import read_stage_manifest
+from dagster_project.assets.tables import counts_table
+from dagster_project.conversations.shards import scan_shards
 from dagster_project.resources import DatasetStore
-from dagster_project.storage import Store
-from dagster_project.summaries import counts_table
+from dagster_project.store import layout
+from dagster_project.store.manifest import read_stage_manifest
+from dagster_project.store.storage import Store
 
 
 def _stage_manifest(store: Store) -> dict:
     manifest = read_stage_manifest(store, layout.CONVERSATIONS)
     if manifest is None:
-        raise dg.Failure(f"no {store.url(layout.stage_manifest_key(layout.CONVERSATIONS))}: the conversations stage is not published")
+        raise dg.Failure(
+            f"no {store.url(layout.stage_manifest_key(layout.CONVERSATIONS))}: the conversations stage is not published"
+        )
     return manifest
 
 
@@ -103,9 +105,13 @@ def conversations_multi_turn_counts(store: DatasetStore) -> dg.AssetCheckResult:
             "history": manifest["history"],
             "conversations": totals["conversations"],
             "multi_turn": totals["multi_turn"],
-            "multi_turn_rate": dg.MetadataValue.float(totals["multi_turn"] / totals["conversations"] if totals["conversations"] else 0.0),
+            "multi_turn_rate": dg.MetadataValue.float(
+                totals["multi_turn"] / totals["conversations"] if totals["conversations"] else 0.0
+            ),
             "turns": totals["turns"],
-            "turns_per_conversation": dg.MetadataValue.float(totals["turns"] / totals["conversations"] if totals["conversations"] else 0.0),
+            "turns_per_conversation": dg.MetadataValue.float(
+                totals["turns"] / totals["conversations"] if totals["conversations"] else 0.0
+            ),
             "by_policy": dg.MetadataValue.md(counts_table("policy", counted)),
         },
     )
@@ -117,7 +123,7 @@ def conversations_multi_turn_counts(store: DatasetStore) -> dg.AssetCheckResult:
     description="Great Expectations 1.x suites on the published conversations: roles, non-empty content, unique ids, turn structure.",
 )
 def conversations_gx_suite(store: DatasetStore) -> dg.AssetCheckResult:
-    from dagster_project.gx_conversations import ConversationSuites, shard_chunks
+    from dagster_project.conversations.suite import ConversationSuites, shard_chunks
 
     data = store.open()
     manifest = _stage_manifest(data)

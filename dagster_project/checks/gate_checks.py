@@ -3,7 +3,7 @@
 import dagster as dg
 from pydantic import Field
 
-from dagster_project import gates
+from dagster_project.training import gates
 
 
 class GateConfig(dg.Config):

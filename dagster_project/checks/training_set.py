@@ -10,18 +10,19 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from dagster_project import gates, layout
-from dagster_project.assemble import enable_thinking, source_is_current
 from dagster_project.assets.training_set import training_set
 from dagster_project.checks.gate_checks import GateConfig, check_result
-from dagster_project.completions_io import completions_manifest
-from dagster_project.export import record_verdict
-from dagster_project.gx_training import FRAME_COLUMNS, training_frame, validate_training_frame
-from dagster_project.manifest import data_keys, iter_parquet_batches
+from dagster_project.generation.shards import completions_manifest
 from dagster_project.partitions import shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
+from dagster_project.store import layout
+from dagster_project.store.manifest import data_keys, iter_parquet_batches
 from dagster_project.tokenizer import special_ids
-from dagster_project.training_io import iter_training_batches, training_manifest
+from dagster_project.training import gates
+from dagster_project.training.export import record_verdict
+from dagster_project.training.shards import iter_training_batches, training_manifest
+from dagster_project.training.stage import enable_thinking, source_is_current
+from dagster_project.training.suite import FRAME_COLUMNS, training_frame, validate_training_frame
 
 GATE_DESCRIPTIONS = {
     "loss_sum_floor": "Few rows under the supervised-token floor (default 32 = 2 × the DFlash block size).",

@@ -9,7 +9,7 @@ from pydantic import Field
 from dagster_project.sglang.launch import Fleet
 
 if TYPE_CHECKING:
-    from dagster_project.dispatch import Dispatcher
+    from dagster_project.generation.dispatch import Dispatcher
 
 
 class SGLangFleet(dg.ConfigurableResource):
@@ -42,7 +42,7 @@ class SGLangFleet(dg.ConfigurableResource):
         )
 
     def dispatcher(self) -> Dispatcher:
-        from dagster_project.dispatch import Dispatcher
+        from dagster_project.generation.dispatch import Dispatcher
 
         return Dispatcher(
             self.resolve_endpoints(),

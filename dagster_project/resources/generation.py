@@ -13,7 +13,9 @@ class GenerationConfig(dg.ConfigurableResource):
     generated under the old values stale instead of silently mixing settings.
     """
 
-    max_new_tokens: int = Field(default=DEFAULTS.max_new_tokens, description="Cap on generated tokens per assistant turn.")
+    max_new_tokens: int = Field(
+        default=DEFAULTS.max_new_tokens, description="Cap on generated tokens per assistant turn."
+    )
     temperature: float = DEFAULTS.temperature
     top_p: float = DEFAULTS.top_p
     top_k: int = DEFAULTS.top_k
@@ -21,8 +23,12 @@ class GenerationConfig(dg.ConfigurableResource):
     presence_penalty: float = DEFAULTS.presence_penalty
     repetition_penalty: float = DEFAULTS.repetition_penalty
     enable_thinking: bool = DEFAULTS.enable_thinking
-    preserve_thinking: bool = Field(default=DEFAULTS.preserve_thinking, description="Keep earlier turns' reasoning in prompts.")
-    policy: str = Field(default=DEFAULTS.policy, description="Multi-turn policy: all_turns, last_turn, first_turn, user_only.")
+    preserve_thinking: bool = Field(
+        default=DEFAULTS.preserve_thinking, description="Keep earlier turns' reasoning in prompts."
+    )
+    policy: str = Field(
+        default=DEFAULTS.policy, description="Multi-turn policy: all_turns, last_turn, first_turn, user_only."
+    )
 
     def settings(self) -> GenerationSettings:
         return GenerationSettings(**self.model_dump())

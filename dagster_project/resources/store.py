@@ -2,7 +2,7 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
-from dagster_project.storage import S3Store, Store, open_store
+from dagster_project.store.storage import S3Store, Store, open_store
 
 
 class DatasetStore(dg.ConfigurableResource):

@@ -114,8 +114,8 @@ def server_command(options: ServerOptions, port: int, *, python: str = sys.execu
 def simulator_command(
     port: int, options: Mapping[str, Any], *, vocab_file: Path | None, host: str, python: str = sys.executable
 ) -> list[str]:
-    """`python -m dagster_project.sglang.simulator ...`; `options` are SimConfig fields (e.g. `decode_step_s`)."""
-    command = [python, "-m", "dagster_project.sglang.simulator", "--host", host, "--port", str(port)]
+    """`python -m dagster_project.sglang.sim.server ...`; `options` are SimConfig fields (e.g. `decode_step_s`)."""
+    command = [python, "-m", "dagster_project.sglang.sim.server", "--host", host, "--port", str(port)]
     if vocab_file is not None:
         command += ["--vocab-file", str(vocab_file)]
     for name, value in options.items():
@@ -422,7 +422,7 @@ def launch_simulators(
     `options` holds SimConfig fields for every server, or one mapping per server. The tokenizer is read
     once here and shared with the servers as a small vocabulary file, so they start in well under a second.
     """
-    from dagster_project.sglang.simulator import load_sim_vocab
+    from dagster_project.sglang.sim.server import load_sim_vocab
 
     run_dir = Path(run_dir)
     _prepare(run_dir)

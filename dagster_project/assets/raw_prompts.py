@@ -1,0 +1,60 @@
+"""Asset `raw_prompts` (group ingest): every source row normalized or quarantined (see ingest.py)."""
+
+# No `from __future__ import annotations`: Dagster 1.13 cannot resolve string annotations of a Config.
+import functools
+import tempfile
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from dagster_project import settings
+from dagster_project.assets.tables import counts_table
+from dagster_project.ingest.formats import AUTO, FORMATS
+from dagster_project.ingest.stage import ingest_to_store
+from dagster_project.resources import DatasetStore
+from dagster_project.store import layout
+
+
+class RawPromptsConfig(dg.Config):
+    sources: list[str] = Field(
+        default=settings.prompt_sources(),
+        description="Source specs: a path, directory, glob or s3:// URI, optionally named as NAME=URI.",
+    )
+    format: str = Field(
+        default=AUTO, description=f"Row format: {AUTO} (detected per file) or one of {', '.join(FORMATS)}."
+    )
+
+
+@dg.asset(
+    name=layout.RAW_PROMPTS,
+    group_name="ingest",
+    kinds={"json"},
+    description="Every source row, normalized to messages or quarantined with a reason (raw_prompts/ in the store).",
+)
+def raw_prompts(
+    context: dg.AssetExecutionContext, config: RawPromptsConfig, store: DatasetStore
+) -> dg.MaterializeResult:
+    data = store.open()
+    settings.work_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="raw_prompts-", dir=settings.work_dir()) as work_dir:
+        manifest = ingest_to_store(
+            data,
+            config.sources,
+            fmt=config.format,
+            work_dir=Path(work_dir),
+            s3_client=functools.cache(store.s3.get_client),
+            log=context.log.info,
+        )
+    return dg.MaterializeResult(
+        metadata={
+            "input_rows": manifest["input_rows"],
+            "accepted": manifest["accepted"],
+            "quarantined": manifest["quarantined"],
+            "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest["quarantined_by_reason"])),
+            "by_source": dg.MetadataValue.md(counts_table("source", manifest["by_source"])),
+            "files": dg.MetadataValue.json(manifest["files"]),
+            "rows_per_s": manifest["input_rows"] / manifest["seconds"] if manifest["seconds"] else 0.0,
+            "uri": dg.MetadataValue.path(data.url(layout.RAW_PROMPTS)),
+        }
+    )

@@ -1,0 +1,91 @@
+import dagster as dg
+
+from dagster_project.ops.coverage import dataset_coverage, exactly_once, write_coverage
+from dagster_project.ops.status import collect_status, render_text
+from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet
+from dagster_project.store import layout
+from dagster_project.store.manifest import read_stage_manifest
+
+
+@dg.asset(
+    deps=[layout.COMPLETIONS],
+    group_name="report",
+    kinds={"duckdb"},
+    check_specs=[
+        dg.AssetCheckSpec(
+            "dataset_exactly_once",
+            asset="run_report",
+            description="Across all shards, by id: every planned generation event has exactly one record.",
+        ),
+        dg.AssetCheckSpec(
+            "materialized_shards_in_store",
+            asset="run_report",
+            description="Every completions shard Dagster recorded as materialized has its manifest and intact objects.",
+        ),
+    ],
+    description="The six operator questions (progress, MTP, concurrency, storage, coverage, multi-turn), "
+    "computed like `dflash status` from heartbeats, manifests and the live fleet, with coverage by id.",
+)
+def run_report(
+    context: dg.AssetExecutionContext, store: DatasetStore, fleet: SGLangFleet, generation: GenerationConfig
+) -> dg.MaterializeResult:
+    data = store.open()
+    conversations = read_stage_manifest(data, layout.CONVERSATIONS)
+    if conversations is None:
+        raise dg.Failure("conversations are not materialized yet: nothing to report on")
+    coverage = dataset_coverage(data, conversations["num_shards"])
+    write_coverage(data, coverage)
+    try:
+        endpoints = fleet.resolve_endpoints()
+    except dg.Failure:
+        endpoints = []  # no fleet running: the report still answers from the store
+    materialized = context.instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))
+    status = collect_status(
+        data,
+        endpoints,
+        api_key=fleet.api_key,
+        current_fingerprint=generation.settings().fingerprint(),
+        materialized={layout.shard_index(key) for key in materialized},
+    )
+    text = render_text(status)
+    context.log.info("\n" + text)
+    complete = coverage["shards_published"] == coverage["shards"]
+    return dg.MaterializeResult(
+        metadata={
+            "report": dg.MetadataValue.md(f"```\n{text}\n```"),
+            "status": dg.MetadataValue.json(status),
+            "fraction_done": status["progress"]["fraction_done"],
+            "events_done": status["progress"]["events_done"],
+            "shards_published": status["storage"]["shards_published"],
+            "mtp_on": status["mtp"]["mtp_on"],
+            "stale_shards": dg.MetadataValue.json(status["storage"]["stale_shards"]),
+            "materialized_not_in_store": dg.MetadataValue.json(status["storage"]["materialized_not_in_store"]),
+        },
+        check_results=[
+            dg.AssetCheckResult(
+                check_name="dataset_exactly_once",
+                # Missing events are expected while shards remain unpublished; duplicates never are.
+                passed=exactly_once(coverage)
+                if complete
+                else not coverage["shards_damaged"]
+                and coverage["events_duplicated"] + coverage["events_unexpected"] == 0,
+                description=(
+                    f"{coverage['events_recorded']:,} records for {coverage['events_planned']:,} planned events in "
+                    f"{coverage['shards_published']}/{coverage['shards']} published shards: "
+                    f"{coverage['events_missing']:,} missing, {coverage['events_duplicated']:,} duplicated, "
+                    f"{coverage['events_unexpected']:,} unexpected; damaged shards {coverage['shards_damaged'] or 'none'}"
+                ),
+                metadata={k: v for k, v in coverage.items() if not k.endswith("_sample")}
+                | {k: dg.MetadataValue.json(v) for k, v in coverage.items() if k.endswith("_sample")},
+            ),
+            dg.AssetCheckResult(
+                check_name="materialized_shards_in_store",
+                passed=not status["storage"]["materialized_not_in_store"],
+                description=(
+                    f"{len(materialized)} materialized shards; not intact in the store: "
+                    f"{status['storage']['materialized_not_in_store'] or 'none'}"
+                ),
+                metadata={"materialized": len(materialized), "shards_published": status["storage"]["shards_published"]},
+            ),
+        ],
+    )

@@ -1,0 +1,236 @@
+"""Stage 2 (`conversations`): the ingest snapshot → policy-applied, deduplicated, sharded conversations.
+
+For each snapshot row, in input order:
+
+1. the multi-turn policy (`turns.apply_policy`) decides which replies are generated;
+2. **duplicates** (`duplicate`): two rows are duplicates when they would send the model exactly the same
+   requests (`turns.request_key`: with history `generated` the source's answers are never shown, so
+   rows that differ only there are duplicates). The first row is kept; digests live in an on-disk
+   index (`dedup.SeenIndex`), so memory does not grow with the dataset;
+3. **token budget** (`too_long`): the prompt of the last generated turn, rendered with the chat
+   template (the source's own answers standing in for the earlier generated ones), must fit in
+   `max_prompt_tokens`, counted with the real tokenizer (`budget.PromptBudget`);
+4. **id**: the source's id when present and not taken yet, else `h-` + a hash of the normalized
+   messages; if that is taken too the row is quarantined (`duplicate_id`) rather than merged;
+5. **shard** = `sharding.shard_of(id, num_shards)`; rows are buffered per shard on local disk, then every
+   shard is published (data, then its manifest), then the stage manifest.
+
+Store layout: `conversations/shard=NNNNN/{conversations.jsonl,_manifest.json}`,
+`conversations/quarantine.jsonl.zst` (this stage's rejected rows) and `conversations/_manifest.json`,
+which carries the accounting of both stages: input_rows = rows + quarantined.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dagster_project.conversations.budget import PromptBudget
+from dagster_project.conversations.dedup import SeenIndex, digest64
+from dagster_project.conversations.sharding import shard_of
+from dagster_project.conversations.shards import ShardBuffers, publish_shards, remove_stale_shards
+from dagster_project.conversations.turns import POLICY_HISTORY, apply_policy, request_key, turn_ends
+from dagster_project.generation_settings import GenerationSettings
+from dagster_project.ingest.quarantine import Accounting, quarantine_record
+from dagster_project.ingest.stage import PROMPTS_KEY
+from dagster_project.records import Conversation
+from dagster_project.store import layout
+from dagster_project.store.jsonl import JsonlZstWriter, read_jsonl_zst
+from dagster_project.store.manifest import read_stage_manifest, write_stage_manifest
+from dagster_project.store.storage import Store
+
+STAGE = "conversations"
+QUARANTINE_KEY = f"{layout.CONVERSATIONS}/quarantine.jsonl.zst"
+DEFAULT_MAX_PROMPT_TOKENS = 16384  # with 32K new tokens, multi-turn history still fits a 64K context
+DEFAULT_QUARANTINE_RATE_MAX = 0.10
+
+
+def content_id(messages: list[dict[str, Any]]) -> str:
+    return "h-" + hashlib.blake2b(orjson.dumps(messages), digest_size=8).hexdigest()
+
+
+class ConversationBuilder:
+    """Turns snapshot rows into conversations, one at a time; `accounting` counts every row."""
+
+    def __init__(self, settings: GenerationSettings, budget: PromptBudget, seen: SeenIndex, num_shards: int):
+        self.settings = settings
+        self.budget = budget
+        self.seen = seen
+        self.num_shards = num_shards
+        self.accounting = Accounting()
+        self.multi_turn = 0
+        self.turns = 0
+
+    def build(self, row: dict[str, Any]) -> Conversation | dict[str, Any]:
+        """The conversation of a snapshot row, or its quarantine record."""
+        messages, generate_after, history = apply_policy(row["messages"], self.settings.policy)
+        hashed_id = content_id(row["messages"])
+        provisional_id = row["source_id"] or hashed_id
+        conversation = Conversation(
+            id=provisional_id,
+            messages=messages,
+            generate_after=generate_after,
+            policy=self.settings.policy,
+            history=history,
+            source=row["source"],
+            source_file=row["source_file"],
+            source_row=row["source_row"],
+            extra={
+                **row["extra"],  # the source's own annotations first: the pipeline's keys win a clash
+                "format": row["format"],
+                "source_id": row["source_id"],
+                "source_user_turns": len(turn_ends(row["messages"])),
+            },
+        )
+        digest = digest64(request_key(conversation))
+        first = self.seen.first_with_content(digest)
+        if first is not None:
+            return self._reject(conversation, "duplicate", f"same generation requests as {first}", duplicate_of=first)
+        tokens = self.budget.tokens_over(messages[: generate_after[-1] + 1])
+        if tokens is not None:
+            return self._reject(
+                conversation, "too_long", f"prompt of {tokens} tokens > budget {self.budget.max_tokens}"
+            )
+        claimed = next((c for c in (row["source_id"], hashed_id) if c and self.seen.claim_id(c)), None)
+        if claimed is None:
+            return self._reject(
+                conversation, "duplicate_id", f"ids {row['source_id']!r} and {hashed_id!r} are taken by earlier rows"
+            )
+        conversation.id = claimed
+        self.seen.add_content(digest, conversation.id)
+        conversation.shard = shard_of(conversation.id, self.num_shards)
+        self.accounting.keep(conversation.source)
+        self.multi_turn += conversation.extra["source_user_turns"] > 1
+        self.turns += conversation.num_turns
+        return conversation
+
+    def _reject(self, conversation: Conversation, reason: str, detail: str, **extra: Any) -> dict[str, Any]:
+        self.accounting.reject(conversation.source, reason)
+        return quarantine_record(
+            stage=STAGE,
+            reason=reason,
+            detail=detail,
+            id=conversation.id,
+            source=conversation.source,
+            source_file=conversation.source_file,
+            source_row=conversation.source_row,
+            **extra,
+        )
+
+
+def build_conversations(
+    store: Store,
+    *,
+    tokenizer: Any,
+    settings: GenerationSettings,
+    num_shards: int,
+    work_dir: Path,
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+    quarantine_rate_max: float = DEFAULT_QUARANTINE_RATE_MAX,
+    log: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Build and publish every conversations shard from the ingest snapshot; return the stage manifest."""
+    raw = read_stage_manifest(store, layout.RAW_PROMPTS)
+    if raw is None:
+        raise LookupError(
+            f"no {store.url(layout.stage_manifest_key(layout.RAW_PROMPTS))}: materialize raw_prompts first"
+        )
+    started = time.perf_counter()
+    build_id = uuid.uuid4().hex
+    workspace = work_dir / layout.CONVERSATIONS / build_id
+    snapshot = store.download(PROMPTS_KEY, workspace / "prompts.jsonl.zst")
+    # A half-rebuilt stage must not look complete to readers.
+    store.delete(layout.stage_manifest_key(layout.CONVERSATIONS))
+
+    budget = PromptBudget(
+        tokenizer,
+        max_prompt_tokens,
+        enable_thinking=settings.enable_thinking,
+        preserve_thinking=settings.preserve_thinking,
+    )
+    buffers = ShardBuffers(workspace / "shards", num_shards)
+    with SeenIndex(workspace / "seen.sqlite") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
+        builder = ConversationBuilder(settings, budget, seen, num_shards)
+        for row in read_jsonl_zst(snapshot):
+            built = builder.build(row)
+            if isinstance(built, Conversation):
+                # The same bytes as built.to_json(); orjson serializes the dataclass without asdict's deep copy.
+                buffers.write(built.shard, orjson.dumps(built))
+            else:
+                quarantine.write(built)
+    buffers.flush()
+    snapshot.unlink()
+    built_s = time.perf_counter() - started
+    log(f"{builder.accounting.kept} conversations, {builder.accounting.quarantined} quarantined in {built_s:.1f}s")
+
+    fields = {"num_shards": num_shards, "policy": settings.policy, "build_id": build_id}
+    shard_manifests = publish_shards(store, buffers, fields, log)
+    stale = remove_stale_shards(store, num_shards)
+    quarantine_info = store.put_file(QUARANTINE_KEY, quarantine.path)
+    quarantine.path.unlink()
+    stage = _stage_fields(raw, builder, shard_manifests)
+    return write_stage_manifest(
+        store,
+        layout.CONVERSATIONS,
+        {
+            **fields,
+            **stage,
+            "quarantine_rate_max": quarantine_rate_max,
+            "max_prompt_tokens": max_prompt_tokens,
+            "prompts_tokenized": budget.exact_counts,
+            "enable_thinking": settings.enable_thinking,
+            "preserve_thinking": settings.preserve_thinking,
+            "stale_shards_removed": stale,
+            "seconds": time.perf_counter() - started,
+            "quarantine_object": {
+                "key": quarantine_info.key,
+                "size": quarantine_info.size,
+                "sha256": quarantine_info.sha256,
+            },
+        },
+    )
+
+
+def _stage_fields(raw: dict[str, Any], builder: ConversationBuilder, shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """Totals over both stages: every input row is a conversation or quarantined, by reason and source."""
+    counts = builder.accounting.as_dict()
+    by_reason = Counter(raw["quarantined_by_reason"]) + Counter(counts["quarantined_by_reason"])
+    by_source = {}
+    for name in sorted(set(raw["by_source"]) | set(counts["by_source"])):
+        ingested = raw["by_source"].get(name, {})
+        built = counts["by_source"].get(name, {})
+        by_source[name] = {
+            "input_rows": ingested.get("rows", 0),
+            "conversations": built.get("kept", 0),
+            "quarantined": ingested.get("quarantined", 0) + built.get("quarantined", 0),
+        }
+    rows = sum(m["rows"] for m in shards)
+    quarantined = sum(by_reason.values())
+    if rows != counts["kept"] or raw["input_rows"] != rows + quarantined:
+        raise RuntimeError(
+            f"accounting does not add up: {raw['input_rows']} input rows, {rows} published conversations "
+            f"({counts['kept']} built), {quarantined} quarantined"
+        )
+    policy = builder.settings.policy
+    return {
+        "input_rows": raw["input_rows"],
+        "rows": rows,
+        "normalized": rows,
+        "quarantined": quarantined,
+        "quarantine_rate": quarantined / raw["input_rows"] if raw["input_rows"] else 0.0,
+        "quarantined_by_reason": dict(sorted(by_reason.items())),
+        "quarantined_by_stage": {"ingest": raw["quarantined"], STAGE: counts["quarantined"]},
+        "by_source": by_source,
+        "history": POLICY_HISTORY[policy],
+        "multi_turn": builder.multi_turn,
+        "turns": builder.turns,
+        "by_policy": {policy: {"conversations": rows, "multi_turn": builder.multi_turn, "turns": builder.turns}},
+        "ids_digest": hashlib.sha256("".join(m["ids_digest"] for m in shards).encode()).hexdigest(),
+    }

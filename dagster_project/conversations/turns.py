@@ -1,0 +1,111 @@
+"""Multi-turn policies (DESIGN §5): which assistant turns are generated, and on which history.
+
+A turn is a reply to a user message; a run of consecutive user messages gets one reply, after its
+last message. `generate_after` lists the indices of those user messages, in order.
+
+* `all_turns` (default): every turn is generated, in order, on the model's own earlier answers
+  (history `generated`). The source's assistant messages stay in `messages` as a reference, but a
+  prompt never shows them: each is replaced by the generated answer of the turn it belongs to.
+* `last_turn`: only the last user message's reply, with the source's assistant messages as context
+  (history `source`).
+* `first_turn`: only the reply to the first user turn (system prompt + first user message(s)).
+* `user_only` (the brief's historical behaviour): assistant messages are removed from `messages`;
+  system + user messages are kept and one reply is generated after the last user message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from dagster_project.records import HISTORY_GENERATED, HISTORY_SOURCE, POLICIES, Conversation
+
+# Which assistant messages a prompt shows: the model's own (generated) or the source's.
+POLICY_HISTORY = {
+    "all_turns": HISTORY_GENERATED,
+    "last_turn": HISTORY_SOURCE,
+    "first_turn": HISTORY_GENERATED,
+    "user_only": HISTORY_GENERATED,
+}
+
+
+def apply_policy(messages: list[dict[str, Any]], policy: str) -> tuple[list[dict[str, Any]], list[int], str]:
+    """(messages, generate_after, history) of a validated conversation under `policy`."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown multi-turn policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if policy == "user_only":
+        messages = [m for m in messages if m["role"] != "assistant"]
+    ends = turn_ends(messages)
+    if not ends:
+        raise ValueError("a conversation needs a user message")
+    generate_after = ends if policy == "all_turns" else ends[:1] if policy == "first_turn" else ends[-1:]
+    return messages, generate_after, POLICY_HISTORY[policy]
+
+
+def turn_ends(messages: list[dict[str, Any]]) -> list[int]:
+    """Indices of user messages that end a run of user messages: one per user turn."""
+    return [
+        index
+        for index, message in enumerate(messages)
+        if message["role"] == "user" and (index + 1 == len(messages) or messages[index + 1]["role"] != "user")
+    ]
+
+
+def request_key(conversation: Conversation) -> bytes:
+    """What the conversation's generation requests depend on: equal keys, identical requests.
+
+    The messages up to the last generated turn; with history `generated` the source's assistant
+    contents are never shown to the model, so only their position counts.
+    """
+    upto = conversation.generate_after[-1] + 1
+    hide_answers = conversation.history == HISTORY_GENERATED
+    return orjson.dumps(
+        [
+            [m["role"], "" if hide_answers and m["role"] == "assistant" else m["content"]]
+            for m in conversation.messages[:upto]
+        ]
+    )
+
+
+def prompt_messages(conversation: Conversation, turn: int, generated: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages to render for turn `turn`, given the generated answers of the earlier turns.
+
+    `generated[k]` is `{"content": visible answer, "reasoning_content": reasoning}` of turn k. With
+    history `generated`, every run of source assistant messages after turn k's user message is replaced
+    by `generated[k]`; `reasoning_content` is passed on so `preserve_thinking=True` renders it (the
+    template drops it otherwise).
+    """
+    if not 0 <= turn < conversation.num_turns:
+        raise ValueError(f"{conversation.id}: turn {turn} out of range (it has {conversation.num_turns})")
+    upto = conversation.generate_after[turn]
+    context = conversation.messages[: upto + 1]
+    if conversation.history == HISTORY_SOURCE:
+        return [{"role": m["role"], "content": m["content"]} for m in context]
+    if len(generated) < turn:
+        raise ValueError(
+            f"{conversation.id}: turn {turn} needs the {turn} earlier generated answers, got {len(generated)}"
+        )
+    prompt: list[dict[str, Any]] = []
+    for index, message in enumerate(context):
+        if message["role"] != "assistant":
+            prompt.append({"role": message["role"], "content": message["content"]})
+        elif context[index - 1]["role"] != "assistant":  # the first of a run stands for the whole run
+            answered = _turn_before(conversation.generate_after, index)
+            answer = generated[answered]
+            prompt.append(
+                {
+                    "role": "assistant",
+                    "content": answer["content"],
+                    "reasoning_content": answer.get("reasoning_content") or "",
+                }
+            )
+    return prompt
+
+
+def _turn_before(generate_after: list[int], index: int) -> int:
+    """The turn whose reply the assistant message at `index` is: the last turn before it."""
+    earlier = [turn for turn, user_index in enumerate(generate_after) if user_index < index]
+    if not earlier:
+        raise ValueError(f"assistant message {index} answers no generated turn")
+    return earlier[-1]

@@ -1,0 +1,254 @@
+"""Generate one shard's events: plan each conversation's turns, dispatch them, journal every outcome.
+
+Exactly-once: every event id (`<conversation>#turn<k>`) ends as one final record in the journal — a
+result, or an error with its kind and reason. A rerun after a crash skips every final record and
+requests only what is missing; a multi-turn conversation resumes at the turn where it stopped, its
+history rebuilt from the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from dagster_project.conversations.turns import prompt_messages
+from dagster_project.generation.dispatch import Dispatcher, GenRequest, Outcome
+from dagster_project.generation.heartbeat import ShardReporter
+from dagster_project.generation.journal import Journal
+from dagster_project.generation.progress import ShardProgress
+from dagster_project.generation_settings import GenerationSettings
+from dagster_project.records import STATUS_ERROR, STATUS_OK, Conversation, empty_completion_row
+from dagster_project.tokenizer import SpecialIds, render_prompt_ids, special_ids
+
+PREVIOUS_TURN_FAILED = "previous_turn_failed"
+PREVIOUS_TURN_INCOMPLETE = "previous_turn_incomplete"
+
+
+@dataclass
+class _Pending:
+    conversation: Conversation
+    turn: int
+
+
+class ShardGeneration:
+    """Everything one shard run needs; `run()` drives the dispatcher until every event has ended."""
+
+    def __init__(
+        self,
+        shard: int,
+        conversations: list[Conversation],
+        tokenizer: Any,
+        settings: GenerationSettings,
+        journal: Journal,
+    ):
+        self.shard = shard
+        self.conversations = conversations
+        self.tokenizer = tokenizer
+        self.special: SpecialIds = special_ids(tokenizer)
+        self.settings = settings
+        self.fingerprint = settings.fingerprint()
+        self.sampling_params = settings.sampling_params()
+        self.journal = journal
+        self.dispatcher: Dispatcher | None = None
+        total = sum(c.num_turns for c in conversations)
+        resumed = sum(1 for c in conversations for t in range(c.num_turns) if journal.is_final(c.event_id(t)))
+        self.progress = ShardProgress(shard, total, self.fingerprint, resumed_events=resumed)
+
+    # ---- planning ---------------------------------------------------------------------------------
+
+    def _history(self, conversation: Conversation, upto: int) -> list[dict[str, str]]:
+        return [self.journal.entries[conversation.event_id(t)].history_message or {} for t in range(upto)]
+
+    def _next_request(self, conversation: Conversation) -> GenRequest | None:
+        """On resume: the first turn of `conversation` without a final record, or None when all have ended.
+
+        Turns after a failed or unfinished turn cannot be generated (their history would be missing);
+        they end as errors that inherit whether the cause is worth retrying.
+        """
+        for turn in range(conversation.num_turns):
+            entry = self.journal.entries.get(conversation.event_id(turn))
+            if entry is None or not entry.final:
+                return self._request(conversation, turn)
+            if entry.status != STATUS_OK or entry.history_message is None:
+                self._end_remaining(conversation, turn, entry.status, entry.finish_reason, entry.retryable)
+                return None
+        return None
+
+    def _request(self, conversation: Conversation, turn: int) -> GenRequest:
+        messages = prompt_messages(conversation, turn, self._history(conversation, turn))
+        input_ids = render_prompt_ids(
+            self.tokenizer,
+            messages,
+            enable_thinking=self.settings.enable_thinking,
+            preserve_thinking=self.settings.preserve_thinking,
+        )
+        return GenRequest(
+            key=conversation.event_id(turn),
+            input_ids=input_ids,
+            sampling_params=self.sampling_params,
+            payload=_Pending(conversation, turn),
+        )
+
+    def _end_remaining(
+        self, conversation: Conversation, failed_turn: int, status: str, finish_reason: str | None, retryable: bool
+    ) -> None:
+        if status == STATUS_OK:
+            kind, cause = (
+                PREVIOUS_TURN_INCOMPLETE,
+                f"finished with finish_reason {finish_reason!r}, not a complete answer",
+            )
+        else:
+            kind, cause = PREVIOUS_TURN_FAILED, "ended with an error"
+        for turn in range(failed_turn + 1, conversation.num_turns):
+            if self.journal.is_final(conversation.event_id(turn)):
+                continue
+            row = self._base_row(conversation, turn)
+            row.update(
+                status=STATUS_ERROR,
+                error_kind=kind,
+                error_message=f"not generated: turn {failed_turn} of this conversation {cause}",
+                retryable=status != STATUS_OK and retryable,
+            )
+            self._journal(row)
+
+    def initial_requests(self) -> Iterator[GenRequest]:
+        for conversation in self.conversations:
+            request = self._next_request(conversation)
+            if request is not None:
+                yield request
+
+    # ---- outcomes ---------------------------------------------------------------------------------
+
+    def _base_row(self, conversation: Conversation, turn: int) -> dict[str, Any]:
+        row = empty_completion_row()
+        row.update(
+            event_id=conversation.event_id(turn),
+            conversation_id=conversation.id,
+            turn_index=turn,
+            num_turns=conversation.num_turns,
+            policy=conversation.policy,
+            shard=self.shard,
+            settings_fingerprint=self.fingerprint,
+            finished_at=time.time(),
+            retryable=False,
+            history_message=None,
+        )
+        return row
+
+    def _outcome_row(self, outcome: Outcome) -> dict[str, Any]:
+        pending: _Pending = outcome.request.payload
+        row = self._base_row(pending.conversation, pending.turn)
+        row.update(
+            prompt_ids=outcome.request.input_ids,
+            prompt_tokens=len(outcome.request.input_ids),
+            server=outcome.server,
+            attempts=outcome.attempts,
+            client_latency_s=outcome.latency_s,
+        )
+        if outcome.error is not None:
+            row.update(
+                status=STATUS_ERROR,
+                error_kind=outcome.error.kind,
+                error_message=outcome.error.message,
+                retryable=outcome.error.retryable,
+            )
+            return row
+        result, meta = outcome.result, outcome.result.meta_info
+        finish = result.finish_reason or {}
+        row.update(
+            status=STATUS_OK,
+            rid=result.rid,
+            output_ids=result.output_ids,
+            text=result.text,
+            finish_reason=finish.get("type"),
+            finish_matched=None if finish.get("matched") is None else str(finish.get("matched")),
+            prompt_tokens=meta.get("prompt_tokens", len(outcome.request.input_ids)),
+            completion_tokens=meta.get("completion_tokens", len(result.output_ids)),
+            cached_tokens=meta.get("cached_tokens"),
+            spec_verify_ct=meta.get("spec_verify_ct"),
+            spec_accept_length=meta.get("spec_accept_length"),
+            spec_accept_rate=meta.get("spec_accept_rate"),
+            spec_num_correct_drafts=meta.get("spec_num_correct_drafts"),
+            spec_num_proposed_drafts=meta.get("spec_num_proposed_drafts"),
+            e2e_latency_s=meta.get("e2e_latency"),
+        )
+        if pending.turn + 1 < pending.conversation.num_turns:
+            row["history_message"] = self._history_message(result.output_ids, row["finish_reason"])
+        return row
+
+    def _history_message(self, output_ids: list[int], finish_reason: str | None) -> dict[str, str] | None:
+        """What a later turn sees of this answer: its visible part (and its reasoning for preserve_thinking).
+
+        An answer that did not finish (length cap, or thinking on and no `</think>`) cannot serve as history.
+        With thinking off the prompt already closed the think block, so all of the output is the answer.
+        """
+        if finish_reason != "stop":
+            return None
+        if self.special.think_end in output_ids:
+            cut = output_ids.index(self.special.think_end)
+        elif not self.settings.enable_thinking:
+            cut = -1
+        else:
+            return None
+        answer = [i for i in output_ids[cut + 1 :] if i not in self.special.eos_ids]
+        return {
+            "content": self.tokenizer.decode(answer, skip_special_tokens=True).strip(),
+            "reasoning_content": self.tokenizer.decode(output_ids[: max(cut, 0)], skip_special_tokens=True).strip(),
+        }
+
+    def _journal(self, row: dict[str, Any]) -> None:
+        if self.journal.append(row):
+            self.progress.record(row)
+
+    def on_outcome(self, outcome: Outcome) -> list[GenRequest]:
+        row = self._outcome_row(outcome)
+        self._journal(row)
+        pending: _Pending = outcome.request.payload
+        conversation, next_turn = pending.conversation, pending.turn + 1
+        if next_turn >= conversation.num_turns:
+            return []
+        if row["status"] != STATUS_OK or row["history_message"] is None:
+            self._end_remaining(conversation, pending.turn, row["status"], row["finish_reason"], row["retryable"])
+            return []
+        return [self._request(conversation, next_turn)]
+
+    # ---- driving ----------------------------------------------------------------------------------
+
+    async def run(self, dispatcher: Dispatcher, reporter: ShardReporter | None = None) -> dict[str, Any]:
+        """Dispatch until every planned event has a record; the reporter beats alongside."""
+        self.dispatcher = dispatcher
+        reporting = asyncio.create_task(reporter.run()) if reporter else None
+        try:
+            await dispatcher.run(self.initial_requests(), self.on_outcome)
+            self.progress.state = "generated"
+        except BaseException:
+            self.progress.state = "failed"
+            raise
+        finally:
+            self.journal.sync()
+            if reporting is not None:
+                reporting.cancel()
+                await asyncio.gather(reporting, return_exceptions=True)
+                await reporter.checkpoint_journal()
+                await reporter.beat()
+        return self.snapshot()
+
+    def snapshot(self) -> dict[str, Any]:
+        servers = self.dispatcher.snapshot().get("servers", {}) if self.dispatcher is not None else {}
+        for view in servers.values():
+            # Past its running cap a server queues what it is sent (FIFO): what this run has waiting there.
+            cap = view.get("max_running_requests")
+            view["queued_at_server"] = max(view["in_flight"] - cap, 0) if cap else None
+        return self.progress.snapshot(servers=servers)
+
+    def missing_events(self) -> list[str]:
+        """Events without any record. Retryable errors count as ended here (a later run retries them)."""
+        return [
+            c.event_id(t)
+            for c in self.conversations
+            for t in range(c.num_turns)
+            if c.event_id(t) not in self.journal.entries
+        ]

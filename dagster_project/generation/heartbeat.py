@@ -1,0 +1,113 @@
+"""What a running shard tells the outside world while it generates.
+
+* every few seconds, its progress snapshot to `<store>/progress/shard=NNNNN.json` (read by `status`);
+* every minute or so, a copy of its journal to `<store>/progress/journal/...`, so a run resumed on another
+  node loses at most that minute of work;
+* at a slower pace, a progress line for Dagster's logs (each one is a database write).
+
+A store hiccup never stops generation: it is counted (`upload_failures`) and shown by `status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dagster_project.generation.journal import Journal
+from dagster_project.store.layout import PROGRESS, SHARD_DIGITS, progress_key
+from dagster_project.store.storage import Store, StoreError
+
+
+def journal_checkpoint_key(shard: int, fingerprint: str) -> str:
+    return f"{PROGRESS}/journal/shard={shard:0{SHARD_DIGITS}d}/{fingerprint}.jsonl"
+
+
+def restore_journal(store: Store, shard: int, fingerprint: str, local_path: Path) -> bool:
+    """Seed a missing local journal from the store's checkpoint (a resume on another node)."""
+    key = journal_checkpoint_key(shard, fingerprint)
+    if local_path.exists() or not store.exists(key):
+        return False
+    store.download(key, local_path)
+    return True
+
+
+class ShardReporter:
+    def __init__(
+        self,
+        store: Store,
+        shard: int,
+        journal: Journal,
+        fingerprint: str,
+        snapshot: Callable[[], dict[str, Any]],
+        *,
+        heartbeat_interval_s: float = 5.0,
+        checkpoint_interval_s: float = 60.0,
+        log_interval_s: float = 30.0,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        log: Callable[[str], None] = lambda message: None,
+    ):
+        self.store = store
+        self.shard = shard
+        self.journal = journal
+        self.fingerprint = fingerprint
+        self.snapshot = snapshot
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.log_interval_s = log_interval_s
+        self.on_progress = on_progress
+        self.log = log
+        self.upload_failures = 0
+        self._checkpointed_size = -1
+
+    def report(self) -> dict[str, Any]:
+        return {**self.snapshot(), "upload_failures": self.upload_failures}
+
+    def _put_heartbeat(self, snapshot: dict[str, Any]) -> None:
+        self.store.put_bytes(progress_key(self.shard), orjson.dumps(snapshot))
+
+    def _checkpoint(self, copy: Path) -> None:
+        self.store.put_file(journal_checkpoint_key(self.shard, self.fingerprint), copy)
+
+    async def _guarded(self, what: str, call: Callable[..., None], *args: Any) -> None:
+        # Store writes are blocking I/O: keep them off the event loop that feeds the fleet.
+        try:
+            await asyncio.to_thread(call, *args)
+        except (StoreError, OSError) as exc:
+            self.upload_failures += 1
+            self.log(f"{what} of shard {self.shard} failed (generation goes on): {exc}")
+
+    async def checkpoint_journal(self) -> None:
+        self.journal.sync()
+        size = self.journal.path.stat().st_size
+        if size == self._checkpointed_size:
+            return
+        with tempfile.TemporaryDirectory(prefix="dflash-journal-") as tmp:
+            # A frozen copy: the journal keeps growing while the upload runs, and the upload is verified.
+            copy = Path(tmp) / self.journal.path.name
+            shutil.copyfile(self.journal.path, copy)
+            await self._guarded("journal checkpoint", self._checkpoint, copy)
+        self._checkpointed_size = size
+
+    async def beat(self) -> None:
+        await self._guarded("heartbeat", self._put_heartbeat, self.report())
+
+    async def run(self) -> None:
+        """Until cancelled: heartbeats, journal checkpoints and progress logs, each at its own pace."""
+        last_checkpoint = last_log = time.monotonic()
+        while True:
+            await self.beat()
+            now = time.monotonic()
+            if now - last_checkpoint >= self.checkpoint_interval_s:
+                await self.checkpoint_journal()
+                last_checkpoint = now
+            if self.on_progress is not None and now - last_log >= self.log_interval_s:
+                self.on_progress(self.report())
+                last_log = now
+            await asyncio.sleep(self.heartbeat_interval_s)

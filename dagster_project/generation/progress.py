@@ -1,0 +1,119 @@
+"""Live progress of one shard: counts, token totals, lifetime and windowed rates, spec-decoding figures.
+
+The shard driver feeds every finished event into a `ShardProgress`; its `snapshot()` is the heartbeat
+written to `<store>/progress/shard=NNNNN.json` every few seconds and read by `status`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_WINDOW_S = 120.0
+
+
+@dataclass
+class _Finished:
+    at: float
+    output_tokens: int
+    verify_passes: int
+
+
+@dataclass
+class ShardProgress:
+    shard: int
+    total_events: int
+    settings_fingerprint: str
+    resumed_events: int = 0
+    window_s: float = DEFAULT_WINDOW_S
+    started_at: float = field(default_factory=time.time)
+    done_events: int = 0
+    ok_events: int = 0
+    errors_by_kind: Counter = field(default_factory=Counter)
+    finish_reasons: Counter = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    spec_tokens: int = 0  # completion tokens of requests that reported spec stats
+    spec_verify_passes: int = 0
+    requests_without_spec_stats: int = 0
+    state: str = "running"
+    _recent: deque = field(default_factory=deque)
+
+    def record(self, row: dict[str, Any], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.done_events += 1
+        if row["status"] != "ok":
+            self.errors_by_kind[row.get("error_kind") or "unknown"] += 1
+            return
+        self.ok_events += 1
+        self.finish_reasons[row.get("finish_reason") or "unknown"] += 1
+        output = int(row.get("completion_tokens") or 0)
+        verify = int(row.get("spec_verify_ct") or 0)
+        self.prompt_tokens += int(row.get("prompt_tokens") or 0)
+        self.output_tokens += output
+        if verify:
+            self.spec_tokens += output
+            self.spec_verify_passes += verify
+        else:
+            self.requests_without_spec_stats += 1
+        self._recent.append(_Finished(now, output, verify))
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._recent and self._recent[0].at < now - self.window_s:
+            self._recent.popleft()
+
+    def snapshot(self, now: float | None = None, servers: dict[str, Any] | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        self._trim(now)
+        elapsed = max(now - self.started_at, 1e-9)
+        window = self._recent
+        window_span = min(self.window_s, elapsed)
+        window_tokens = sum(f.output_tokens for f in window)
+        window_spec_tokens = sum(f.output_tokens for f in window if f.verify_passes)
+        window_verify = sum(f.verify_passes for f in window)
+        generated_here = self.done_events
+        remaining = max(self.total_events - self.resumed_events - generated_here, 0)
+        avg_output = self.output_tokens / self.ok_events if self.ok_events else None
+        window_tok_s = window_tokens / window_span if window else 0.0
+        eta_s = remaining * avg_output / window_tok_s if avg_output and window_tok_s else None
+        return {
+            "shard": self.shard,
+            "state": self.state,
+            "settings_fingerprint": self.settings_fingerprint,
+            "started_at": self.started_at,
+            "updated_at": now,
+            "total_events": self.total_events,
+            "resumed_events": self.resumed_events,
+            "done_events": self.resumed_events + generated_here,
+            "remaining_events": remaining,
+            "ok_events": self.ok_events,
+            "errors_by_kind": dict(self.errors_by_kind),
+            "finish_reasons": dict(self.finish_reasons),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "avg_output_tokens": avg_output,
+            "lifetime": {
+                "seconds": elapsed,
+                "req_per_s": generated_here / elapsed,
+                "output_tok_per_s": self.output_tokens / elapsed,
+            },
+            "window": {
+                "seconds": window_span,
+                "req_per_s": len(window) / window_span if window_span else 0.0,
+                "output_tok_per_s": window_tok_s,
+            },
+            "spec": {
+                "accept_length_lifetime": self.spec_tokens / self.spec_verify_passes
+                if self.spec_verify_passes
+                else None,
+                "accept_length_window": window_spec_tokens / window_verify if window_verify else None,
+                "window_spec_tokens": window_spec_tokens,
+                "window_verify_passes": window_verify,
+                "requests_without_spec_stats": self.requests_without_spec_stats,
+            },
+            "eta_s": eta_s,
+            "servers": servers or {},
+        }

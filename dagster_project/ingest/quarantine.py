@@ -1,0 +1,110 @@
+"""Why an input row was not turned into a conversation.
+
+Every input row ends up either normalized or quarantined with one of these reason codes, never silently
+dropped. The ingest stage (`raw_prompts`) applies the rules that depend only on the row itself; the
+conversations stage applies the ones that depend on the multi-turn policy or on other rows (the token
+budget, duplicates). Both write their rejected rows as JSON Lines with the code and a human detail.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+# Reason code -> what it means (shown in the asset's metadata and in docs).
+REASONS: dict[str, str] = {
+    "invalid_utf8": "the row is not valid UTF-8 (or holds unpaired surrogates that cannot be encoded)",
+    "invalid_json": "a JSON Lines row that does not parse",
+    "unrecognized_format": "the row lacks the fields of its file's format (or is not a JSON object)",
+    "empty_content": "a message whose content is missing, empty or whitespace only",
+    "non_string_content": "message content that cannot be flattened to text (images, audio, numbers, ...)",
+    "unknown_role": "a message role that is not system/user/assistant or a known alias",
+    "tool_use": "tool definitions, tool calls or tool results (see the policy in ingest.py)",
+    "no_user_turn": "no user message at all",
+    "starts_with_assistant": "the first message after the system prompt is an assistant message",
+    "misplaced_system": "a system message after the first message (the chat template refuses it)",
+    "too_long": "the prompt of the last generated turn is longer than the token budget",
+    "duplicate": "the same generation requests as an earlier row (first kept)",
+    "duplicate_id": "the id it would get is already taken by an earlier row",
+}
+
+RAW_EXCERPT_CHARS = 2000
+
+
+class Rejected(Exception):
+    """A row breaks a rule; `reason` is one of REASONS, `detail` says where and why."""
+
+    def __init__(self, reason: str, detail: str):
+        if reason not in REASONS:
+            raise ValueError(f"unknown quarantine reason {reason!r}")
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def quarantine_record(
+    *,
+    stage: str,
+    reason: str,
+    detail: str,
+    source: str,
+    source_file: str,
+    source_row: int,
+    id: str | None = None,
+    raw: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    record = {
+        "stage": stage,
+        "reason": reason,
+        "detail": detail,
+        "id": id,
+        "source": source,
+        "source_file": source_file,
+        "source_row": source_row,
+        **extra,
+    }
+    if raw is not None:
+        record["raw"] = raw[:RAW_EXCERPT_CHARS]
+    return record
+
+
+@dataclass
+class Accounting:
+    """Rows in, rows kept, rows quarantined by reason, overall and per source."""
+
+    rows: int = 0
+    kept: int = 0
+    by_reason: Counter = field(default_factory=Counter)
+    by_source: dict[str, Counter] = field(default_factory=dict)
+
+    @property
+    def quarantined(self) -> int:
+        return sum(self.by_reason.values())
+
+    def keep(self, source: str) -> None:
+        self._count(source, "kept")
+        self.kept += 1
+
+    def reject(self, source: str, reason: str) -> None:
+        self._count(source, "quarantined")
+        self.by_reason[reason] += 1
+
+    def _count(self, source: str, outcome: str) -> None:
+        self.rows += 1
+        counts = self.by_source.setdefault(source, Counter())
+        counts["rows"] += 1
+        counts[outcome] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "kept": self.kept,
+            "quarantined": self.quarantined,
+            "quarantined_by_reason": dict(sorted(self.by_reason.items())),
+            "by_source": {
+                name: {k: counts[k] for k in ("rows", "kept", "quarantined")}
+                for name, counts in sorted(self.by_source.items())
+            },
+        }

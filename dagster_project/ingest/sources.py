@@ -1,0 +1,121 @@
+"""Source specs → the prompt files they name, local or on S3.
+
+A source spec is `URI` or `NAME=URI`. The URI is a local file, a directory (every supported file under
+it), a glob (`data/**/*.parquet`), or the same on S3 (`s3://bucket/prefix/`, `s3://bucket/dir/*.jsonl`).
+Every row records its source name, so counts per source are visible: NAME when given, else the file's
+name without its extensions (`dummy_conversation.json` → `dummy_conversation`). Name the source when
+one dataset spans many files (`nemotron_chat=s3://bucket/nemotron/chat/`). A local path with `=` before
+its first `/` must be written `./...` or absolute, so that it is not read as a name.
+
+S3 files are downloaded to the work directory one at a time (Parquet needs random access) and deleted
+after reading, so local disk holds one source file at most.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from dagster_project.ingest.readers import COMPRESSIONS, is_supported
+
+_NAMED_SPEC = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+class SourceError(ValueError):
+    """A source spec that names no readable file."""
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    source: str
+    uri: str  # absolute local path or s3://bucket/key
+
+
+def parse_spec(spec: str) -> tuple[str | None, str]:
+    """(name or None, uri) of a source spec."""
+    match = _NAMED_SPEC.match(spec.strip())
+    return (match.group(1), match.group(2)) if match else (None, spec.strip())
+
+
+def default_source_name(uri: str) -> str:
+    name = Path(urlparse(uri).path).name
+    if Path(name).suffix.lower() in COMPRESSIONS:
+        name = Path(name).stem
+    return Path(name).stem
+
+
+def resolve_sources(specs: list[str], s3_client: Callable[[], Any] | None = None) -> list[SourceFile]:
+    """The files of every spec, in spec order and sorted within a spec; raises SourceError if one matches nothing."""
+    if not specs:
+        raise SourceError("no prompt sources given")
+    files = []
+    for spec in specs:
+        name, uri = parse_spec(spec)
+        uris = _s3_files(uri, s3_client) if uri.startswith("s3://") else _local_files(uri)
+        if not uris:
+            raise SourceError(f"source {spec!r} matched no .json/.jsonl/.parquet file")
+        files.extend(SourceFile(name or default_source_name(found), found) for found in uris)
+    return files
+
+
+def _local_files(uri: str) -> list[str]:
+    path = Path(uri).expanduser()
+    if _GLOB_CHARS.search(uri):
+        candidates = [Path(p) for p in glob.glob(str(path), recursive=True)]
+    elif path.is_dir():
+        candidates = [p for p in path.rglob("*") if not any(part.startswith(".") for part in p.relative_to(path).parts)]
+    elif path.is_file():
+        if not is_supported(path.name):
+            raise SourceError(f"{uri}: unsupported file type (expected .json, .jsonl, .ndjson, .parquet, + .gz/.zst)")
+        candidates = [path]
+    else:
+        raise SourceError(f"{uri}: no such file or directory")
+    # Absolute, as the user named it: a symlinked data folder keeps the name the user knows it by.
+    return sorted(os.path.abspath(p) for p in candidates if p.is_file() and is_supported(p.name))
+
+
+def _s3_files(uri: str, s3_client: Callable[[], Any] | None) -> list[str]:
+    if s3_client is None:
+        raise SourceError(f"{uri} is on S3 but no S3 client was given")
+    parsed = urlparse(uri)
+    bucket, key = parsed.netloc, parsed.path.lstrip("/")
+    pattern = key if _GLOB_CHARS.search(key) else None
+    prefix = key[: _GLOB_CHARS.search(key).start()] if pattern else key
+    keys = []
+    for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys.extend(item["Key"] for item in page.get("Contents", []))
+    if pattern:
+        matched = [k for k in keys if fnmatch.fnmatchcase(k, pattern)]
+    elif key in keys:
+        matched = [key]
+    else:
+        directory = key.rstrip("/") + "/" if key else ""
+        matched = [k for k in keys if k.startswith(directory)]
+    return [f"s3://{bucket}/{k}" for k in sorted(matched) if is_supported(k)]
+
+
+@contextmanager
+def local_copy(file: SourceFile, work_dir: Path, s3_client: Callable[[], Any] | None = None) -> Iterator[Path]:
+    """A local path for the file: itself, or a download under `work_dir` removed afterwards."""
+    if not file.uri.startswith("s3://"):
+        yield Path(file.uri)
+        return
+    if s3_client is None:
+        raise SourceError(f"{file.uri} is on S3 but no S3 client was given")
+    parsed = urlparse(file.uri)
+    target = work_dir / "source_downloads" / Path(parsed.path).name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    s3_client().download_file(parsed.netloc, parsed.path.lstrip("/"), str(target))
+    try:
+        yield target
+    finally:
+        target.unlink(missing_ok=True)

@@ -1,0 +1,117 @@
+"""Is the entire dataset covered, each prompt exactly once? Answered by id, across every shard.
+
+The planned generation events (from the conversations shards) and the recorded ones (from the published
+completions shards) are loaded shard by shard into DuckDB, which joins them with bounded memory (it
+spills to disk past its limit), so the answer never depends on counts that could hide a gap and a
+duplicate cancelling out.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any
+
+import duckdb
+import orjson
+import pyarrow as pa
+
+from dagster_project.conversations.shards import read_conversations
+from dagster_project.generation.shards import iter_completion_batches
+from dagster_project.store.layout import COMPLETIONS
+from dagster_project.store.manifest import read_shard_manifest, verify_shard
+from dagster_project.store.storage import Store
+
+COVERAGE_KEY = "reports/coverage.json"
+_SAMPLE = 20
+
+
+def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB") -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="dflash-coverage-") as spill:
+        con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill})
+        con.execute("CREATE TABLE planned (event_id VARCHAR, conversation_id VARCHAR, shard INTEGER)")
+        con.execute("CREATE TABLE recorded (event_id VARCHAR, status VARCHAR, shard INTEGER)")
+        published, damaged = 0, []
+        for shard in range(num_shards):
+            planned = [
+                (c.event_id(t), c.id, shard) for c in read_conversations(store, shard) for t in range(c.num_turns)
+            ]
+            if planned:
+                columns = dict(zip(("event_id", "conversation_id", "shard"), zip(*planned)))
+                con.register("planned_batch", pa.table(columns))
+                con.execute("INSERT INTO planned SELECT * FROM planned_batch")
+            manifest = read_shard_manifest(store, COMPLETIONS, shard)
+            if manifest is None:
+                continue
+            if verify_shard(store, manifest):  # its events count as missing, and the shard is named
+                damaged.append(shard)
+                continue
+            published += 1
+            for batch in iter_completion_batches(store, shard, ["event_id", "status"]):
+                con.register("recorded_batch", pa.Table.from_batches([batch]))
+                con.execute("INSERT INTO recorded SELECT event_id, status, ? FROM recorded_batch", [shard])
+        return {**_summarize(con, num_shards, published), "shards_damaged": damaged}
+
+
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    return int(con.execute(sql).fetchone()[0])
+
+
+def _sample(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
+    return [row[0] for row in con.execute(f"{sql} ORDER BY 1 LIMIT {_SAMPLE}").fetchall()]
+
+
+def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) -> dict[str, Any]:
+    con.execute(
+        """CREATE TABLE counts AS
+           SELECT p.event_id, p.conversation_id, count(r.event_id) AS records,
+                  count(r.event_id) FILTER (WHERE r.status <> 'ok') AS errors
+           FROM planned p LEFT JOIN recorded r USING (event_id) GROUP BY p.event_id, p.conversation_id"""
+    )
+    con.execute(
+        """CREATE TABLE per_conversation AS
+           SELECT conversation_id, min(records) AS least, max(records) AS most, sum(errors) AS errors
+           FROM counts GROUP BY conversation_id"""
+    )
+    missing = "SELECT event_id FROM counts WHERE records = 0"
+    duplicated = "SELECT event_id FROM recorded GROUP BY event_id HAVING count(*) > 1"
+    unexpected = "SELECT event_id FROM recorded ANTI JOIN planned USING (event_id)"
+    split = "SELECT conversation_id FROM planned GROUP BY conversation_id HAVING count(DISTINCT shard) > 1"
+    return {
+        "computed_at": time.time(),
+        "shards": num_shards,
+        "shards_published": published,
+        "conversations": _scalar(con, "SELECT count(*) FROM per_conversation"),
+        "conversations_done": _scalar(con, "SELECT count(*) FROM per_conversation WHERE least >= 1"),
+        "conversations_partial": _scalar(con, "SELECT count(*) FROM per_conversation WHERE least = 0 AND most >= 1"),
+        "conversations_missing": _scalar(con, "SELECT count(*) FROM per_conversation WHERE most = 0"),
+        "conversations_with_errors": _scalar(con, "SELECT count(*) FROM per_conversation WHERE errors > 0"),
+        "conversations_in_several_shards": _scalar(con, f"SELECT count(*) FROM ({split})"),
+        "events_planned": _scalar(con, "SELECT count(*) FROM planned"),
+        "events_recorded": _scalar(con, "SELECT count(*) FROM recorded"),
+        "events_missing": _scalar(con, f"SELECT count(*) FROM ({missing})"),
+        "events_duplicated": _scalar(con, f"SELECT count(*) FROM ({duplicated})"),
+        "events_unexpected": _scalar(con, f"SELECT count(*) FROM ({unexpected})"),
+        "missing_sample": _sample(con, missing),
+        "duplicated_sample": _sample(con, duplicated),
+        "unexpected_sample": _sample(con, unexpected),
+    }
+
+
+def exactly_once(coverage: dict[str, Any]) -> bool:
+    """Every planned event has exactly one record and nothing else was recorded."""
+    return (
+        not coverage["shards_damaged"]
+        and coverage["events_missing"] == 0
+        and coverage["events_duplicated"] == 0
+        and coverage["events_unexpected"] == 0
+        and coverage["conversations_in_several_shards"] == 0
+    )
+
+
+def write_coverage(store: Store, coverage: dict[str, Any]) -> None:
+    store.put_bytes(COVERAGE_KEY, orjson.dumps(coverage, option=orjson.OPT_INDENT_2))
+
+
+def read_coverage(store: Store) -> dict[str, Any] | None:
+    return orjson.loads(store.get_bytes(COVERAGE_KEY)) if store.exists(COVERAGE_KEY) else None

@@ -1,0 +1,315 @@
+"""What a simulated server answers: output ids, text, finish reason and spec-decoding stats.
+
+An answer is a deterministic function of `--seed`, the prompt ids and the sampling params, so every server
+of a fleet answers a prompt the same way. Thinking prompts get a reasoning part, `\\n</think>\\n\\n` and an
+answer; words are ordinary vocabulary tokens, so `text` is exactly the tokenizer's decoding of `output_ids`.
+Spec stats come from simulated verify passes and obey every invariant of §1.3. How long an answer takes
+is the scheduler's business (`sim_scheduler`), not this module's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.sim.config import SimConfig, SimVocab
+
+
+class WordPool:
+    """A long, fixed stream of word tokens in sentences; answers are slices of it at prompt-derived offsets.
+
+    Slicing a prebuilt list keeps a 2,000-token answer at microseconds, which is what lets a simulator
+    serve thousands of zero-latency requests per second.
+    """
+
+    SIZE = 1 << 16
+
+    def __init__(self, vocab: SimVocab, seed: int):
+        rng = random.Random(f"pool:{seed}")
+        ids: list[int] = []
+        comma, period = vocab.punctuation
+        while len(ids) < self.SIZE:
+            sentence = rng.choices(vocab.words, k=rng.randint(4, 16))
+            if len(sentence) > 8:
+                sentence.insert(rng.randint(3, len(sentence) - 2), comma)
+            ids += sentence
+            ids.append(period)
+            if rng.random() < 0.15:
+                ids.append(vocab.paragraph)
+        # Stored twice over, so any slice of up to SIZE tokens is contiguous; `offsets` maps a token
+        # position to its first character in `text`, so an answer's text is one string slice.
+        self.ids = ids[: self.SIZE] * 2
+        self.text = vocab.decode(self.ids)
+        self.offsets = list(accumulate((len(vocab.texts[i]) for i in self.ids), initial=0))
+
+    def take(self, start: int, count: int) -> tuple[list[int], str]:
+        start %= self.SIZE
+        if count <= self.SIZE:
+            end = start + count
+            return self.ids[start:end], self.text[self.offsets[start] : self.offsets[end]]
+        head_ids, head_text = self.take(start, self.SIZE)
+        tail_ids, tail_text = self.take(start, count - self.SIZE)
+        return head_ids + tail_ids, head_text + tail_text
+
+
+def parse_length_distribution(spec: str) -> Callable[[random.Random], int]:
+    """`fixed:N`, `uniform:A:B` or `lognormal:MEDIAN:SIGMA` → a sampler of natural output lengths."""
+    kind, *args = spec.split(":")
+    try:
+        if kind == "fixed":
+            (n,) = map(int, args)
+            return lambda rng: n
+        if kind == "uniform":
+            low, high = map(int, args)
+            return lambda rng: rng.randint(low, high)
+        if kind == "lognormal":
+            median, sigma = map(float, args)
+            return lambda rng: int(rng.lognormvariate(math.log(median), sigma))
+    except ValueError:
+        pass
+    raise ValueError(f"bad output length distribution {spec!r}: use fixed:N, uniform:A:B or lognormal:MEDIAN:SIGMA")
+
+
+# ---- speculative decoding --------------------------------------------------------------------------------
+
+
+def correct_drafts(histogram: Sequence[int]) -> int:
+    """`spec_num_correct_drafts` of a histogram: index k counts the passes that accepted k drafts."""
+    return sum(k * n for k, n in enumerate(histogram))
+
+
+def _trim(histogram: list[int]) -> list[int]:
+    """The server grows the histogram only up to the largest accepted count seen."""
+    while histogram and histogram[-1] == 0:
+        histogram.pop()
+    return histogram
+
+
+class _DrawPool:
+    """Accepted-draft counts of many verify passes at one acceptance level, with prefix sums."""
+
+    STEPS = 1 << 13
+
+    def __init__(self, probs: Sequence[float], rng: random.Random):
+        draws = rng.choices(range(len(probs)), weights=probs, k=self.STEPS)
+        self.tokens = list(accumulate((k + 1 for k in draws), initial=0))  # accepted drafts + bonus token
+        self.counts = [list(accumulate((int(k == level) for k in draws), initial=0)) for level in range(len(probs))]
+
+
+@dataclass
+class SpecDraw:
+    """The verify passes behind `tokens` output tokens: segments of precomputed draw pools."""
+
+    verify: int
+    histogram: list[int]
+    segments: list[tuple[_DrawPool, int, int]]  # (pool, start, steps)
+    no_drafts: bool = False  # MTP off: every token took its own pass
+
+    @property
+    def correct(self) -> int:
+        return correct_drafts(self.histogram)
+
+    def prefix(self, steps: int) -> tuple[int, list[int]]:
+        """Tokens produced and histogram after the first `steps` passes (for a partial answer)."""
+        if self.no_drafts:
+            return steps, [steps] if steps else []
+        tokens, histogram = 1, [0] * len(self.histogram)
+        for pool, start, count in self.segments:
+            take = min(steps, count)
+            tokens += pool.tokens[start + take] - pool.tokens[start]
+            for k in range(len(histogram)):
+                histogram[k] += pool.counts[k][start + take] - pool.counts[k][start]
+            steps -= take
+            if steps <= 0:
+                break
+        return tokens, _trim(histogram)
+
+
+class AcceptModel:
+    """Per-pass draft acceptance, piecewise constant over context buckets, degrading with context."""
+
+    BUCKET = 1024  # tokens of context that share one acceptance level
+    LEVELS = 32
+
+    def __init__(self, probs: Sequence[float], decay_tokens: int, seed: int):
+        if not probs or abs(sum(probs) - 1.0) > 1e-6 or min(probs) < 0:
+            raise ValueError(f"accept_probs must be non-negative and sum to 1, got {list(probs)}")
+        self.probs = tuple(probs)
+        self.decay_tokens = decay_tokens
+        self._seed = seed
+        self._pools: dict[int, _DrawPool] = {}  # built on first use: most servers see few context levels
+
+    def _pool(self, context: int) -> _DrawPool:
+        level = 0
+        if self.decay_tokens:
+            middle = (context // self.BUCKET + 0.5) * self.BUCKET
+            level = round(self.LEVELS * middle / (middle + self.decay_tokens))
+        pool = self._pools.get(level)
+        if pool is None:
+            weight = level / self.LEVELS  # share of passes that accept nothing, mixed in as context grows
+            probs = [(1 - weight) * p for p in self.probs]
+            probs[0] += weight
+            pool = self._pools[level] = _DrawPool(probs, random.Random(f"accept:{self._seed}:{level}"))
+        return pool
+
+    def draw(self, prompt_tokens: int, tokens: int, rng: random.Random) -> SpecDraw:
+        histogram = [0] * len(self.probs)
+        segments = []
+        verify = 0
+        needed = tokens - 1  # the first token is sampled by the prefill pass
+        context = prompt_tokens + 1
+        while needed > 0:
+            pool = self._pool(context)
+            budget = min(needed, self.BUCKET - context % self.BUCKET)
+            start = rng.randrange(_DrawPool.STEPS - self.BUCKET)
+            end = bisect.bisect_left(pool.tokens, pool.tokens[start] + budget, start)
+            produced = pool.tokens[end] - pool.tokens[start]
+            for k in range(len(histogram)):
+                histogram[k] += pool.counts[k][end] - pool.counts[k][start]
+            segments.append((pool, start, end - start))
+            verify += end - start
+            needed -= produced  # overshoot past a stop is discarded: completion <= 1 + correct + verify
+            context += produced
+        return SpecDraw(verify, _trim(histogram), segments)
+
+
+# ---- answers ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    """A planned response: the output and how it ended."""
+
+    output_ids: list[int]
+    text: str
+    finish_reason: dict
+    spec: SpecDraw | None  # None: the server runs without speculative decoding
+    stop_text: str = ""  # the stop token's text, shown only with no_stop_trim
+
+    @property
+    def decode_steps(self) -> int:
+        """Forward passes after prefill: one per verify pass, or one per token after the first."""
+        return self.spec.verify if self.spec is not None else max(0, len(self.output_ids) - 1)
+
+    def prefix(self, steps: int | None) -> tuple[list[int], int, list[int]]:
+        """Output ids, verify passes and histogram after `steps` decode steps (None: prefill not done)."""
+        if steps is None:
+            return [], 0, []
+        if self.spec is None:
+            return self.output_ids[: steps + 1], 0, []
+        tokens, histogram = self.spec.prefix(steps)
+        return self.output_ids[: min(tokens, len(self.output_ids))], steps, histogram
+
+
+class OutputModel:
+    def __init__(self, config: SimConfig, vocab: SimVocab):
+        self.config = config
+        self.vocab = vocab
+        self.pool = WordPool(vocab, config.seed)
+        self.lengths = parse_length_distribution(config.output_len)
+        self.accept = AcceptModel(config.accept_probs, config.accept_decay_tokens, config.seed)
+        self.eos = vocab.eos_ids[0]
+        # `<think>\n\n</think>\n\n` closes the thinking block in the prompt (enable_thinking=False, §2.1).
+        self.no_think_suffix = [vocab.think_end, vocab.paragraph]
+        close = [vocab.newline, vocab.think_end, vocab.paragraph]
+        self.think_close = (close, vocab.decode(close))
+
+    def plan(
+        self,
+        input_ids: list[int],
+        prompt_hash: str,
+        params: Mapping[str, Any],
+        max_new_tokens: int,
+        sample: int = 0,
+        *,
+        empty: bool = False,
+        truncate: bool = False,
+        mtp_off: bool = False,
+    ) -> Answer:
+        """The answer to one sample; `empty`, `truncate` and `mtp_off` are the injected faults that shape it."""
+        rng = random.Random(f"{self.config.seed}:{prompt_hash}:{sample}")
+        thinking = input_ids[-2:] != self.no_think_suffix
+        natural = max(1, min(self.lengths(rng), self.config.max_output_len))
+        natural = max(natural, int(params.get("min_new_tokens") or 0) + 1)
+        if empty:
+            natural = 1
+        cap = max_new_tokens
+        if truncate and natural > 1:
+            cap = min(cap, max(1, natural // 3))  # as if the KV pool clipped the request
+        if params.get("ignore_eos"):
+            natural = cap + 1  # the model keeps writing until the cap
+        with_eos = natural <= cap
+        ids, text = self._compose(rng, thinking, natural, natural if with_eos else cap, with_eos)
+        if with_eos:
+            finish, stop_text = proto.finish_stop(self.eos), self.vocab.texts[self.eos]
+        else:
+            finish, stop_text = proto.finish_length(cap), ""
+        ids, text, finish, stop_text = self._apply_stops(ids, text, finish, stop_text, params)
+        return Answer(ids, text, finish, self._spec(len(input_ids), len(ids), rng, mtp_off), stop_text)
+
+    def _compose(
+        self, rng: random.Random, thinking: bool, natural: int, count: int, with_eos: bool
+    ) -> tuple[list[int], str]:
+        """The first `count` tokens of an answer whose natural length, its EOS included, is `natural`."""
+        body = natural - 1
+        parts: list[tuple[list[int], str]] = []
+        if thinking and body >= 4:
+            answer = max(1, round(body * rng.uniform(*self.config.answer_fraction)))
+            reasoning = max(0, body - 3 - answer)
+            answer = body - 3 - reasoning
+            parts.append(self.pool.take(rng.randrange(WordPool.SIZE), reasoning))
+            parts.append(self.think_close)
+            parts.append(self.pool.take(rng.randrange(WordPool.SIZE), answer))
+        else:
+            parts.append(self.pool.take(rng.randrange(WordPool.SIZE), body))
+        ids: list[int] = []
+        texts: list[str] = []
+        for part_ids, part_text in parts:
+            room = count - len(ids)
+            if room <= 0:
+                break
+            if len(part_ids) <= room:
+                ids += part_ids
+                texts.append(part_text)
+            else:
+                ids += part_ids[:room]
+                texts.append(self.vocab.decode(part_ids[:room]))
+        if with_eos and len(ids) < count:
+            ids.append(self.eos)  # its text is the stop token: trimmed from `text` (§1.3)
+        return ids, "".join(texts)
+
+    def _apply_stops(
+        self, ids: list[int], text: str, finish: dict, stop_text: str, params: Mapping[str, Any]
+    ) -> tuple[list[int], str, dict, str]:
+        """`stop_token_ids` and `stop` strings end the answer at their first occurrence (§1.2, §1.4)."""
+        stop_ids = set(params.get("stop_token_ids") or ())
+        stops = params.get("stop") or ()
+        if not stop_ids and not stops:
+            return ids, text, finish, stop_text
+        body = ids[:-1] if finish["type"] == "stop" else ids
+        if not stop_ids.isdisjoint(body):
+            index = min(body.index(token) for token in stop_ids if token in body)
+            prefix, token = body[:index], body[index]
+            return prefix + [token], self.vocab.decode(prefix), proto.finish_stop(token), self.vocab.texts[token]
+        stops = [stops] if isinstance(stops, str) else stops
+        found = [(text.find(s), s) for s in stops if s and s in text]
+        if not found:
+            return ids, text, finish, stop_text
+        position, matched = min(found)
+        # The server cuts output_ids after the token that completes the stop string.
+        ends = list(accumulate(len(self.vocab.texts[i]) for i in body))
+        last = bisect.bisect_left(ends, position + len(matched))
+        return body[: last + 1], text[:position], proto.finish_stop(matched), matched
+
+    def _spec(self, prompt_tokens: int, tokens: int, rng: random.Random, mtp_off: bool) -> SpecDraw | None:
+        if not self.config.speculative:
+            return None
+        if mtp_off:
+            return SpecDraw(tokens, [tokens] if tokens else [], [], no_drafts=True)
+        return self.accept.draw(prompt_tokens, tokens, rng)

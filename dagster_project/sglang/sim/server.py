@@ -1,0 +1,543 @@
+"""An SGLang 0.5.23 stand-in: one HTTP server process speaking the protocol of ../shared/reference/sglang.md.
+
+It serves native `/generate` with `input_ids` and the ops routes (§1-§4, checklist §9) without a GPU.
+This module is the HTTP server: routes, responses, streaming, admin routes and the command line. The
+rest lives in:
+
+* `sim_config` — `SimConfig` (one field per flag) and `SimVocab`, the tokenizer facts a server needs.
+* `sim_requests` — the `/generate` request checks in the server's order and their error shapes (E1-E4).
+* `sim_outputs` — the answer to a prompt: real Qwen3.6 token ids with a think block, the exact `text`,
+  the finish reason and spec-decoding stats; a deterministic function of `--seed` and the prompt.
+* `sim_scheduler` — running cap, FIFO queue (503 when bounded and full), latency model, aborts.
+* `sim_faults` — injected failures: crash, drop, hang, slow, 503 bursts, empty/truncated answers, MTP off.
+* `sim_ops` — the bodies of /server_info, /model_info, /v1/models and /metrics, and their counters.
+
+Streaming (`"stream": true`) sends cumulative chunks after prefill and at each quarter of the decode,
+the finished response, then `data: [DONE]` (§1.5). Admin routes under `/_sim/` (never SGLang's) set
+faults, read the request log (`rid`, prompt hash, outcome) and the scheduler state.
+
+Start one with `python -m dagster_project.sglang.sim.server --port 31000 [options]`; fleets are started by
+`dagster_project.sglang.launch.launch_simulators`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.sim import ops as sim_ops
+from dagster_project.sglang.sim.config import SimConfig, SimVocab, load_sim_vocab
+from dagster_project.sglang.sim.faults import Faults, drop_connection
+from dagster_project.sglang.sim.outputs import OutputModel, correct_drafts, parse_length_distribution
+from dagster_project.sglang.sim.requests import (
+    GenerateItem,
+    RequestError,
+    check_request,
+    parse_generate,
+    queue_full,
+    read_json,
+)
+from dagster_project.sglang.sim.scheduler import Job, QueueFull, Scheduler
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# A request log entry is a list (a million of them must stay small); its outcome changes as it runs.
+_LOG_KEYS = ("rid", "input_hash", "prompt_tokens", "received_at", "outcome")
+_OUTCOME = _LOG_KEYS.index("outcome")
+
+
+class Simulator:
+    def __init__(self, config: SimConfig, vocab: SimVocab):
+        self.config = config
+        self.vocab = vocab
+        self.model = OutputModel(config, vocab)
+        self.loop = asyncio.get_running_loop()
+        self.faults = Faults()
+        self.faults.update(config.faults, time.perf_counter())
+        self.started_at = time.perf_counter()
+        self.started_wall = time.time()
+        self.scheduler = Scheduler(config, self.faults, self.started_at)
+        self.stats = sim_ops.Stats()
+        self.request_log: list[list] = []
+        self._tokenizer: Any = None
+        self.faults.arm_crash_timer(self.loop)
+
+    # ---- /generate ----
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        received = time.perf_counter()
+        try:
+            body = await read_json(request)
+            batch = parse_generate(body)
+        except RequestError as error:
+            return _json(error.body, error.status)
+        self.faults.count_arrival()
+        if body.get("stream"):
+            if len(batch) > 1 or int(batch[0].params.get("n") or 1) > 1:
+                return _json(proto.e3_body("the simulator streams single requests only (no batch, n=1)"), 400)
+            return await self._stream(request, batch[0], received)
+        if len(batch) > 1:
+            results = await asyncio.gather(
+                *(self._generate_one(request, item, received) for item in batch), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, RequestError):
+                    return _json(result.body, result.status)
+                if isinstance(result, BaseException):
+                    raise result
+            return _json(results, 200)
+        try:
+            return _json(await self._generate_one(request, batch[0], received), 200)
+        except RequestError as error:
+            return _json(error.body, error.status)
+
+    async def _prepare(self, item: GenerateItem, received: float) -> tuple[list[int], list, list[Job]]:
+        """Stage C checks, then one planned job per sample; every request is logged, refused or not."""
+        params = item.params
+        input_ids = item.prompt if isinstance(item.prompt, list) else await self._tokenize(item.prompt)
+        prompt_hash = proto.input_hash(input_ids)
+        log = [item.rid, prompt_hash, len(input_ids), time.time(), "pending"]
+        if len(self.request_log) < self.config.request_log_limit:
+            self.request_log.append(log)
+        try:
+            max_new_tokens = check_request(input_ids, params, item.rid, self.config, self.scheduler.jobs)
+            if self.faults.rejects_with_503(time.perf_counter()):
+                raise queue_full()
+        except RequestError as error:
+            log[_OUTCOME] = f"error:{error.status}"
+            raise
+        samples = int(params.get("n") or 1)
+        rids = [item.rid] if samples == 1 else [uuid.uuid4().hex for _ in range(samples)]  # n>1: fresh rids (§1.1)
+        jobs = []
+        for sample, rid in enumerate(rids):
+            answer = self.model.plan(
+                input_ids,
+                prompt_hash,
+                params,
+                max_new_tokens,
+                sample,
+                empty=self.faults.take("empty"),
+                truncate=self.faults.take("truncate"),
+                mtp_off=self.faults.mtp_off,
+            )
+            jobs.append(self.scheduler.add(rid, answer, len(input_ids), received))
+        return input_ids, log, jobs
+
+    async def _execute(
+        self, jobs: list[Job], log: list, checkpoint: Callable[[Job], Awaitable[None]] | None = None
+    ) -> None:
+        try:
+            await asyncio.gather(*(self.scheduler.run(job, checkpoint) for job in jobs))
+        except QueueFull:
+            log[_OUTCOME] = "error:503"
+            raise queue_full() from None
+        except asyncio.CancelledError:  # the client went away: the server aborts the request (§4)
+            log[_OUTCOME] = "disconnected"
+            for job in jobs:
+                job.aborted = True
+            self.stats.counters["aborted"] += len(jobs)
+            raise
+        finally:
+            self.scheduler.forget(jobs)
+
+    async def _generate_one(self, request: web.Request, item: GenerateItem, received: float) -> Any:
+        input_ids, log, jobs = await self._prepare(item, received)
+        drop = self.faults.take("drop")
+        await self._execute(jobs, log)
+        if drop:
+            log[_OUTCOME] = "dropped"
+            drop_connection(request)
+        responses = [self._respond(job, input_ids, item) for job in jobs]
+        log[_OUTCOME] = responses[0]["meta_info"]["finish_reason"]["type"]
+        return responses[0] if len(jobs) == 1 else responses
+
+    async def _stream(self, request: web.Request, item: GenerateItem, received: float) -> web.StreamResponse:
+        """Server-sent events (§1.5): cumulative output, `finish_reason` null until the last chunk, then [DONE].
+
+        Chunks come after prefill and at each quarter of the decode, not after every token.
+        """
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+
+        async def send(body: dict) -> None:
+            await response.write(b"data: " + orjson.dumps(body) + b"\n\n")
+
+        try:
+            input_ids, log, (job,) = await self._prepare(item, received)
+        except RequestError as error:
+            # Headers are out: a scheduler abort arrives as a normal chunk, a refusal as an error chunk (§1.5).
+            if error.status == 503:
+                finish = proto.finish_abort(error.body["message"], 503)
+                await send({"text": "", "output_ids": [], "meta_info": {"id": item.rid, "finish_reason": finish}})
+            else:
+                message = error.body["error"]["message"]
+                details = {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "code": error.status,
+                    "retryable": False,
+                }
+                await send({"error": details})
+            await response.write(b"data: [DONE]\n\n")
+            return response
+        drop = self.faults.take("drop")
+        first = True
+
+        async def checkpoint(job: Job) -> None:
+            nonlocal first
+            ids = job.partial()[0]
+            meta = {
+                "id": job.rid,
+                "finish_reason": None,
+                "prompt_tokens": job.prompt_tokens,
+                "weight_version": "default",
+                "num_retractions": 0,
+                "reasoning_tokens": self._reasoning_tokens(ids, item),
+                "completion_tokens": len(ids),
+                "cached_tokens": 0,
+                "cached_tokens_details": None,
+                "dp_rank": None,
+            }
+            if first:
+                meta["response_sent_to_client_ts"] = time.time()
+                first = False
+            await send({"text": self.vocab.decode(ids), "output_ids": ids, "meta_info": meta})
+            if drop:
+                log[_OUTCOME] = "dropped"
+                drop_connection(request)  # mid-stream: the client sees no [DONE]
+
+        await self._execute([job], log, checkpoint)
+        final = self._respond(job, input_ids, item)
+        del final["meta_info"]["response_sent_to_client_ts"]  # only the first chunk carries it
+        log[_OUTCOME] = final["meta_info"]["finish_reason"]["type"]
+        await send(final)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def _tokenize(self, text: str) -> list[int]:
+        if self._tokenizer is None:  # loaded on first use: most clients send input_ids
+            from dagster_project.tokenizer import BUILTIN_TOKENIZER, load_tokenizer
+
+            self._tokenizer = await asyncio.to_thread(load_tokenizer, self.config.tokenizer or BUILTIN_TOKENIZER)
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+    def _respond(self, job: Job, input_ids: list[int], item: GenerateItem) -> dict:
+        """The finished response (§1.3), meta_info keys in the server's order; records the request's stats."""
+        answer, params = job.answer, item.params
+        finished_at = time.perf_counter()
+        if job.aborted:
+            ids, spec_ct, histogram = job.partial()
+            text = self.vocab.decode(ids)
+            finish = proto.finish_abort()
+            self.stats.counters["aborted"] += 1
+        else:
+            ids, text, finish = answer.output_ids, answer.text, answer.finish_reason
+            spec_ct = answer.spec.verify if answer.spec is not None else 0
+            histogram = answer.spec.histogram if answer.spec is not None else []
+            if params.get("no_stop_trim") and finish["type"] == "stop":
+                matched = finish["matched"]
+                skip = params.get("skip_special_tokens", True) is not False and matched in self.vocab.special_ids
+                text += "" if skip else answer.stop_text
+        completion = len(ids)
+        wall = self.started_wall - self.started_at  # perf_counter → epoch seconds
+        started = job.started or finished_at  # never admitted (aborted while queued): no queueing time
+        queue_s = started - job.received
+        e2e = finished_at - job.received
+        meta: dict[str, Any] = {
+            "id": job.rid,
+            "finish_reason": finish,
+            "prompt_tokens": job.prompt_tokens,
+            "weight_version": "default",
+            "num_retractions": 0,
+        }
+        if self.config.enable_metrics:
+            meta["forward_entry_time"] = wall + started
+            meta["prefill_finished_time"] = wall + started + job.prefill_s
+            meta["queue_time"] = queue_s
+        meta["reasoning_tokens"] = self._reasoning_tokens(ids, item)
+        meta["completion_tokens"] = completion
+        meta["cached_tokens"] = 0
+        meta["weight_versions"] = [{"version": "default", "start": 0, "end": completion}]
+        meta["cached_tokens_details"] = None
+        meta["dp_rank"] = None
+        meta["e2e_latency"] = e2e
+        if spec_ct > 0:
+            correct = correct_drafts(histogram)
+            proposed = spec_ct * (self.config.spec_draft_tokens - 1)
+            meta["spec_accept_rate"] = correct / proposed
+            meta["spec_accept_length"] = completion / spec_ct
+            meta["spec_num_correct_drafts"] = correct
+            meta["spec_num_proposed_drafts"] = proposed
+            meta["spec_verify_ct"] = spec_ct
+            if histogram:
+                meta["spec_correct_drafts_histogram"] = histogram
+            self.stats.record_spec(completion, spec_ct, correct)
+        if self.config.enable_metrics:
+            decode_s = e2e - queue_s - job.prefill_s
+            meta["request_received_ts"] = wall + job.received
+            meta["first_token_latency"] = queue_s + job.prefill_s
+            meta["api_server_dispatch_finish_ts"] = wall + job.received
+            meta["request_finished_ts"] = wall + finished_at
+            meta["decode_throughput"] = completion / decode_s if decode_s > 0 else 0.0
+        meta["response_sent_to_client_ts"] = time.time()
+        response: dict[str, Any] = {"text": text, "output_ids": ids, "meta_info": meta}
+        if item.return_prompt_token_ids:
+            response["prompt_token_ids"] = input_ids
+        self.stats.record_finish(job.prompt_tokens, completion, e2e)
+        return response
+
+    def _reasoning_tokens(self, ids: list[int], item: GenerateItem) -> int:
+        """Counted only on request (`require_reasoning`) with a reasoning parser: up to and including </think>."""
+        if not (item.require_reasoning and self.config.reasoning_parser):
+            return 0
+        try:
+            return ids.index(self.vocab.think_end) + 1
+        except ValueError:
+            return len(ids)
+
+    # ---- ops routes ----
+
+    def _starting(self) -> bool:
+        return time.perf_counter() - self.started_at < self.config.startup_s
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.config.health_latency_s:
+            await asyncio.sleep(self.config.health_latency_s)
+        return web.Response(status=503 if self._starting() else 200)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self._starting() else 200)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return _json(sim_ops.model_info(self.config))
+
+    async def models(self, request: web.Request) -> web.Response:
+        return _json(sim_ops.models(self.config, self.started_wall))
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return _json(sim_ops.server_info(self.config, self.scheduler, self.stats))
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self.scheduler.jobs:
+            return web.Response(status=400, text=proto.MSG_FLUSH_FAILED)
+        self.stats.flush()
+        return web.Response(text=proto.MSG_FLUSH_OK)
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        try:
+            body = await read_json(request)
+        except RequestError as error:
+            return _json(error.body, error.status)
+        self.scheduler.abort(body.get("rid") or "", bool(body.get("abort_all")))
+        return web.Response(status=200)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if not self.config.enable_metrics:
+            return web.Response(status=404, text="Not Found")
+        text = sim_ops.exposition(self.config, self.scheduler, self.stats)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    # ---- /_sim admin routes ----
+
+    async def sim_faults(self, request: web.Request) -> web.Response:
+        if request.method == "DELETE":
+            self.faults.clear()
+        elif request.method == "POST":
+            try:
+                self.faults.update(await read_json(request), time.perf_counter())
+            except (ValueError, TypeError) as exc:
+                return _json({"error": str(exc)}, 400)
+            except RequestError as error:
+                return _json(error.body, error.status)
+        if request.method != "GET":  # reading the faults must not restart a crash countdown
+            self.faults.arm_crash_timer(self.loop)
+            self.scheduler.wake_all()  # hang / slow changes apply to requests already running
+        return _json(self.faults.as_dict())
+
+    async def sim_requests(self, request: web.Request) -> web.Response:
+        since = int(request.query.get("since", 0))
+        entries = [dict(zip(_LOG_KEYS, entry)) for entry in self.request_log[since:]]
+        return _json({"total": len(self.request_log), "requests": entries})
+
+    async def sim_state(self, request: web.Request) -> web.Response:
+        now = time.perf_counter()
+        scheduler = self.scheduler
+        if request.method == "POST" and request.query.get("reset_occupancy"):
+            scheduler.reset_occupancy(now)
+        return _json(
+            {
+                "pid": os.getpid(),
+                "running": scheduler.running,
+                "queued": len(scheduler.waiting),
+                "cap": scheduler.cap,
+                "uptime_s": now - self.started_at,
+                "counters": self.stats.counters,
+                "peaks": scheduler.peaks,
+                "faults": self.faults.as_dict(),
+                "occupancy": scheduler.occupancy.report(now),
+            }
+        )
+
+    def _keyed(self, handler: Handler) -> Handler:
+        """With --api-key, SGLang wants the key on every route but /health*, /ready and /metrics (§3)."""
+        key = self.config.api_key
+        if not key:
+            return handler
+        expected = f"Bearer {key}"
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if request.headers.get("Authorization") != expected:
+                return _json(proto.UNAUTHORIZED_BODY, 401)
+            return await handler(request)
+
+        return guarded
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=512 * 1024 * 1024)
+        router, keyed = app.router, self._keyed
+        generate = keyed(self.generate)
+        router.add_route("POST", "/generate", generate)
+        router.add_route("PUT", "/generate", generate)
+        for path in ("/health", "/health_generate"):
+            router.add_get(path, self.health)
+        router.add_get("/ready", self.ready)
+        for path in ("/model_info", "/get_model_info"):
+            router.add_get(path, keyed(self.model_info))
+        for path in ("/server_info", "/get_server_info"):
+            router.add_get(path, keyed(self.server_info))
+        router.add_get("/v1/models", keyed(self.models))
+        flush_cache = keyed(self.flush_cache)
+        router.add_route("GET", "/flush_cache", flush_cache)
+        router.add_route("POST", "/flush_cache", flush_cache)
+        router.add_post("/abort_request", keyed(self.abort_request))
+        router.add_get("/metrics", self.metrics)
+        for method in ("GET", "POST", "DELETE"):
+            router.add_route(method, "/_sim/faults", self.sim_faults)
+        router.add_get("/_sim/requests", self.sim_requests)
+        router.add_route("GET", "/_sim/state", self.sim_state)
+        router.add_route("POST", "/_sim/state", self.sim_state)
+        return app
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+# ---- command line -----------------------------------------------------------------------------------------
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(","))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
+    defaults = SimConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m dagster_project.sglang.sim.server", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--host", default=defaults.host)
+    parser.add_argument("--port", type=int, default=defaults.port)
+    parser.add_argument("--model-path", default=defaults.model_path)
+    parser.add_argument("--served-model-name")
+    parser.add_argument(
+        "--tokenizer", help="tokenizer name or path (default: the project's built-in Qwen3.6 tokenizer)"
+    )
+    parser.add_argument(
+        "--vocab-file", help="vocabulary sketch written by the fleet launcher (skips loading the tokenizer)"
+    )
+    parser.add_argument("--api-key")
+    parser.add_argument("--enable-metrics", action="store_true")
+    parser.add_argument(
+        "--no-speculative", dest="speculative", action="store_false", help="serve as if launched without MTP"
+    )
+    parser.add_argument(
+        "--spec-draft-tokens", "--speculative-num-draft-tokens", type=int, default=defaults.spec_draft_tokens
+    )
+    parser.add_argument("--reasoning-parser", default=defaults.reasoning_parser)
+    parser.add_argument("--context-length", type=int, default=defaults.context_length)
+    parser.add_argument("--token-capacity", type=int, default=defaults.token_capacity)
+    parser.add_argument("--max-running-requests", type=int, default=defaults.max_running_requests)
+    parser.add_argument(
+        "--effective-max-running-requests",
+        type=int,
+        help="the real cap (e.g. set by the mamba pool); default: --max-running-requests",
+    )
+    parser.add_argument("--max-queued-requests", type=int)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--output-len", default=defaults.output_len, help="fixed:N | uniform:A:B | lognormal:MEDIAN:SIGMA"
+    )
+    parser.add_argument("--max-output-len", type=int, default=defaults.max_output_len)
+    parser.add_argument(
+        "--answer-fraction",
+        type=_floats,
+        default=defaults.answer_fraction,
+        help="LOW,HIGH share of the output after </think>",
+    )
+    parser.add_argument(
+        "--accept-probs",
+        type=_floats,
+        default=defaults.accept_probs,
+        help="P(k drafts accepted) per verify pass, k=0..D-1",
+    )
+    parser.add_argument("--accept-decay-tokens", type=int, default=defaults.accept_decay_tokens)
+    parser.add_argument("--ttft-s", type=float, default=defaults.ttft_s)
+    parser.add_argument("--prefill-s-per-token", type=float, default=defaults.prefill_s_per_token)
+    parser.add_argument("--decode-step-s", type=float, default=defaults.decode_step_s)
+    parser.add_argument("--startup-s", type=float, default=defaults.startup_s)
+    parser.add_argument("--health-latency-s", type=float, default=defaults.health_latency_s)
+    parser.add_argument("--request-log-limit", type=int, default=defaults.request_log_limit)
+    parser.add_argument(
+        "--faults", type=orjson.loads, default={}, help="initial faults as JSON, e.g. '{\"hang\": true}'"
+    )
+    args = parser.parse_args(argv)
+    config = SimConfig(**vars(args))
+    if len(config.accept_probs) != config.spec_draft_tokens:
+        parser.error(f"--accept-probs needs {config.spec_draft_tokens} values (one per possible accepted-draft count)")
+    parse_length_distribution(config.output_len)  # a bad spec fails here, before the slow vocabulary load
+    return config
+
+
+async def serve(config: SimConfig, vocab: SimVocab) -> None:
+    simulator = Simulator(config, vocab)
+    # handler_cancellation: a client that disconnects cancels its handler, as SGLang aborts its rid.
+    runner = web.AppRunner(simulator.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
+    await site.start()
+    print(f"simulator ready on http://{config.host}:{config.port} (pid {os.getpid()})", flush=True)
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = parse_args(argv)
+    vocab = (
+        SimVocab.from_json(Path(config.vocab_file).read_bytes())
+        if config.vocab_file
+        else load_sim_vocab(config.tokenizer)
+    )
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(config, vocab))
+    else:
+        uvloop.run(serve(config, vocab))
+
+
+if __name__ == "__main__":
+    main()

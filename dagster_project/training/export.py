@@ -1,0 +1,127 @@
+"""SpecForge export: one pre-tokenized JSON Lines file per training shard.
+
+Each line is `{"input_ids": [...], "loss_mask": [...]}` — SpecForge's pre-tokenized contract
+(`specforge/data/prompt_builder.py::prepare_prompt_tasks`; reference drafter_data.md §2.4): a file whose
+first record has both keys is read as is, without SpecForge's own chat template or masking. SpecForge
+checks equal lengths, 0/1 masks and non-empty rows, truncates to its `max_length`, and drops rows under
+`min_loss_tokens`; DFlash drops rows without two consecutive supervised tokens. Rows are written in the
+training shard's order, so line k of a shard file is row k of `training_set/shard=NNNNN/`.
+
+**Pointing SpecForge at the set.** Its `train_data_path` takes one file (a directory must be an HF
+`save_to_disk` dataset), so concatenate the shards; zero-padded names keep `sort` order = shard order:
+
+    cat <store>/exports/specforge/shard=*.jsonl > train.jsonl     # then: train_data_path: train.jsonl
+
+SpecForge loads a JSONL file into Python lists, ~45 bytes per token: fine for a pilot, but the full
+2.3B-token set would need ~100 GB of RAM. For that, build the HF dataset directory it reads lazily from the
+training Parquet (`datasets.Dataset.from_parquet(files).select_columns(["input_ids", "loss_mask"])
+.save_to_disk(dir)`) and point `train_data_path` at the directory.
+
+**Only cleared shards are exported.** Blocking checks stop the export in the run that fails them, but not
+a later run that selects the export alone (Dagster does not carry blocking across runs). So each training
+check records its verdict next to the shard (`training_set/shard=NNNNN/_verdicts/<check>.json`, tied to
+that publication: re-assembling the shard removes it), and the export refuses a shard without a passing
+verdict from every check in `REQUIRED_VERDICTS`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET, shard_prefix
+from dagster_project.store.storage import Store
+from dagster_project.training.gates import list_buffers
+from dagster_project.training.shards import iter_training_batches, training_manifest
+
+SPECFORGE_PREFIX = f"{EXPORTS}/specforge/"
+EXPORT_COLUMNS = ["input_ids", "loss_mask"]
+REQUIRED_VERDICTS = ("gates", "gx_suite")
+
+
+class ShardNotCleared(RuntimeError):
+    """The training shard has not passed its checks (since it was last published)."""
+
+
+def verdict_key(shard: int, check: str) -> str:
+    return f"{shard_prefix(TRAINING_SET, shard)}_verdicts/{check}.json"
+
+
+def _publication(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {"published_at": manifest["published_at"], "ids_digest": manifest["ids_digest"]}
+
+
+def record_verdict(store: Store, manifest: dict[str, Any], check: str, failures: dict[str, str]) -> None:
+    """Record a check's outcome on this publication of the shard; `failures` maps a gate to its message."""
+    verdict = {"check": check, "passed": not failures, "failures": failures, **_publication(manifest)}
+    store.put_bytes(verdict_key(manifest["shard"], check), orjson.dumps(verdict, option=orjson.OPT_INDENT_2))
+
+
+def uncleared(store: Store, manifest: dict[str, Any]) -> list[str]:
+    """Why the shard may not be exported yet (empty when every required check passed on this publication)."""
+    reasons = []
+    for check in REQUIRED_VERDICTS:
+        key = verdict_key(manifest["shard"], check)
+        verdict = orjson.loads(store.get_bytes(key)) if store.exists(key) else None
+        if verdict is None or {k: verdict[k] for k in _publication(manifest)} != _publication(manifest):
+            reasons.append(f"{check} has not run on this publication of the shard")
+        elif not verdict["passed"]:
+            reasons.extend(f"{check}/{gate}: {message}" for gate, message in verdict["failures"].items())
+    return reasons
+
+
+def specforge_key(shard: int) -> str:
+    return f"{SPECFORGE_PREFIX}shard={shard:0{SHARD_DIGITS}d}.jsonl"
+
+
+def write_specforge_jsonl(batches: Iterable[pa.RecordBatch], path: Path) -> dict[str, int]:
+    """Write the rows' `input_ids` and `loss_mask` as JSON Lines; return row and token counts."""
+    counts = {"rows": 0, "tokens": 0, "loss_tokens": 0}
+    with open(path, "wb") as out:
+        for batch in batches:
+            offsets, ids = list_buffers(batch.column("input_ids"))
+            mask_offsets, mask = list_buffers(batch.column("loss_mask"))
+            if not np.array_equal(offsets, mask_offsets):
+                raise ValueError("input_ids and loss_mask differ in length on some row")
+            out.writelines(
+                orjson.dumps(
+                    {"input_ids": ids[start:end], "loss_mask": mask[start:end]},
+                    option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE,
+                )
+                for start, end in zip(offsets[:-1], offsets[1:], strict=True)
+            )
+            counts["rows"] += batch.num_rows
+            counts["tokens"] += int(ids.size)
+            counts["loss_tokens"] += int(mask.sum(dtype=np.int64))
+    return counts
+
+
+def export_shard(store: Store, shard: int, staging_dir: Path) -> dict[str, Any]:
+    """Write `exports/specforge/shard=NNNNN.jsonl` from the published training shard; return what was written."""
+    manifest = training_manifest(store, shard)
+    reasons = uncleared(store, manifest)
+    if reasons:
+        raise ShardNotCleared(f"training_set shard {shard} is not cleared for export: " + "; ".join(reasons))
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=staging_dir) as staging:
+        path = Path(staging) / "specforge.jsonl"
+        counts = write_specforge_jsonl(iter_training_batches(store, shard, EXPORT_COLUMNS), path)
+        if counts["rows"] != manifest["rows"] or counts["loss_tokens"] != manifest["loss_tokens"]:
+            raise RuntimeError(
+                f"training shard {shard} changed while it was exported ({counts['rows']} rows written, "
+                f"manifest says {manifest['rows']}): re-run `specforge_export`"
+            )
+        info = store.put_file(specforge_key(shard), path)
+    return {
+        **counts,
+        "key": info.key,
+        "bytes": info.size,
+        "sha256": info.sha256,
+        "training_ids_digest": manifest["ids_digest"],
+    }

@@ -1,0 +1,106 @@
+"""Training shards as Parquet: written and read one row group at a time.
+
+Layout (reference validation_storage.md §5):
+* `input_ids` as `list<int32>`, `loss_mask` as `list<int8>` (same file size as `list<bool>`, and it reads
+  straight into the 0/1 integers trainers expect);
+* zstd level 1: level 3 saves under 1% on token ids (§5) and writes ~1.7x slower here;
+* dictionary encoding only on the low-cardinality `finish_reason`: on token columns it slows writes ~40%
+  for ~1.5% size;
+* row groups of at most 1,024 rows or 4M tokens (~16 MB of ids), so a reader holds one group at a time
+  and can seek to a row without decoding the file.
+
+A column is never combined across row groups or files: the full set has more tokens than a `list`
+array's int32 offsets can address (2^31).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dagster_project.records import TRAINING_SCHEMA
+from dagster_project.store.layout import TRAINING_SET
+from dagster_project.store.manifest import data_keys, iter_parquet_batches, read_shard_manifest
+from dagster_project.store.storage import Store
+
+TRAINING_FILE = "training.parquet"
+ROWS_PER_GROUP = 1024
+TOKENS_PER_GROUP = 4 * 1024 * 1024
+COMPRESSION = "zstd"
+COMPRESSION_LEVEL = 1
+DICTIONARY_COLUMNS = ["finish_reason"]
+
+
+class TrainingShardNotPublished(RuntimeError):
+    pass
+
+
+class TrainingShardWriter:
+    """Buffers training batches and writes them as row groups bounded by rows and by tokens."""
+
+    def __init__(self, path: Path, *, rows_per_group: int = ROWS_PER_GROUP, tokens_per_group: int = TOKENS_PER_GROUP):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.rows_per_group = rows_per_group
+        self.tokens_per_group = tokens_per_group
+        self._writer = pq.ParquetWriter(
+            path,
+            TRAINING_SCHEMA,
+            compression=COMPRESSION,
+            compression_level=COMPRESSION_LEVEL,
+            use_dictionary=DICTIONARY_COLUMNS,
+        )
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+        self._pending_tokens = 0
+        self.rows = 0
+        self.row_groups = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Add rows; a group is flushed as soon as it is full, by row count or by tokens."""
+        tokens = batch.column("num_tokens").to_numpy()
+        start = 0
+        for end in range(1, batch.num_rows + 1):
+            self._pending_tokens += int(tokens[end - 1])
+            self._pending_rows += 1
+            if self._pending_rows >= self.rows_per_group or self._pending_tokens >= self.tokens_per_group:
+                self._pending.append(batch.slice(start, end - start))
+                start = end
+                self._flush()
+        if start < batch.num_rows:
+            self._pending.append(batch.slice(start))
+
+    def _flush(self) -> None:
+        if self._pending_rows:
+            table = pa.Table.from_batches(self._pending, schema=TRAINING_SCHEMA)
+            self._writer.write_table(table, row_group_size=self._pending_rows)
+            self.rows += self._pending_rows
+            self.row_groups += 1
+        self._pending, self._pending_rows, self._pending_tokens = [], 0, 0
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+    def __enter__(self) -> TrainingShardWriter:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def training_manifest(store: Store, shard: int) -> dict:
+    manifest = read_shard_manifest(store, TRAINING_SET, shard)
+    if manifest is None:
+        raise TrainingShardNotPublished(f"training_set shard {shard} has no manifest: materialize `training_set` first")
+    return manifest
+
+
+def iter_training_batches(store: Store, shard: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    return iter_parquet_batches(store, data_keys(training_manifest(store, shard)), columns)

@@ -1,0 +1,292 @@
+"""Completions → token-exact DFlash training rows.
+
+For every usable generation event: `input_ids = prompt_ids + output_ids` and `loss_mask` = 0 over the
+prompt, 1 over the output — the ids exactly as sent to and returned by SGLang, never re-tokenized
+(reference drafter_data.md §7.1, the engine boundary). The output ends with the EOS `<|im_end|>` the model
+emitted, so the drafter learns to stop; the template's "\\n" after it is never generated and never in a row.
+
+**Exclusions**, each counted under its reason (first matching reason wins):
+`error` (the request failed: no answer), `aborted` (finish_reason abort), `unknown_finish_reason`,
+`length_capped` (finish_reason length, when `exclude_length_capped`, the default: the answer was cut by
+`max_new_tokens`, usually inside its reasoning), `empty_output`, `duplicate_event` (an event recorded
+twice; the first is kept), and the two `max_length` reasons below.
+
+**`max_length`** (off by default: rows are stored whole, and the trainer's own `max_length` decides).
+When set, a row longer than `max_length`:
+* `truncate` (default): keeps its first `max_length` tokens — the whole prompt and the head of the output,
+  exactly what SpecForge does to a longer row — and is marked `truncated`. A row whose prompt leaves fewer
+  than 2 output tokens (no DFlash anchor) is excluded as `prompt_fills_max_length`.
+* `drop`: is excluded as `over_max_length`.
+The prompt is never cut: a row without its context would teach the drafter the wrong distribution.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dagster_project.records import STATUS_OK, TRAINING_SCHEMA
+from dagster_project.store.layout import COMPLETIONS, TRAINING_SET, shard_manifest_key
+from dagster_project.store.manifest import data_keys, ids_digest, iter_parquet_batches, publish_shard
+from dagster_project.store.storage import Store, sha256_bytes
+from dagster_project.training.gates import GateResult, list_buffers
+from dagster_project.training.shards import TRAINING_FILE, TrainingShardWriter
+
+TRUNCATE = "truncate"
+DROP = "drop"
+TRUNCATION_POLICIES = (TRUNCATE, DROP)
+# DFlash needs two consecutive supervised tokens for an anchor.
+MIN_OUTPUT_TOKENS = 2
+
+ERROR = "error"
+ABORTED = "aborted"
+UNKNOWN_FINISH_REASON = "unknown_finish_reason"
+LENGTH_CAPPED = "length_capped"
+EMPTY_OUTPUT = "empty_output"
+DUPLICATE_EVENT = "duplicate_event"
+OVER_MAX_LENGTH = "over_max_length"
+PROMPT_FILLS_MAX_LENGTH = "prompt_fills_max_length"
+
+COMPLETION_COLUMNS = [
+    "event_id",
+    "conversation_id",
+    "turn_index",
+    "status",
+    "prompt_ids",
+    "output_ids",
+    "finish_reason",
+]
+
+
+class CompletionsNotPublished(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class AssemblyOptions:
+    max_length: int | None = None
+    truncation: str = TRUNCATE
+    exclude_length_capped: bool = True
+
+    def __post_init__(self) -> None:
+        if self.truncation not in TRUNCATION_POLICIES:
+            raise ValueError(f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
+        if self.max_length is not None and self.max_length < MIN_OUTPUT_TOKENS + 1:
+            raise ValueError(
+                f"max_length must leave room for a prompt and {MIN_OUTPUT_TOKENS} output tokens, got {self.max_length}"
+            )
+
+
+@dataclass
+class AssemblyCounts:
+    rows_in: int = 0
+    rows: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    prompt_tokens: int = 0
+    truncated_rows: int = 0
+    max_row_tokens: int = 0
+    exclusions: Counter = field(default_factory=Counter)
+    finish_reasons: Counter = field(default_factory=Counter)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        self.tokens += int(pc.sum(batch.column("num_tokens")).as_py() or 0)
+        self.loss_tokens += int(pc.sum(batch.column("num_loss_tokens")).as_py() or 0)
+        self.prompt_tokens += int(pc.sum(batch.column("prompt_tokens")).as_py() or 0)
+        self.truncated_rows += int(pc.sum(batch.column("truncated")).as_py() or 0)
+        self.max_row_tokens = max(self.max_row_tokens, int(pc.max(batch.column("num_tokens")).as_py() or 0))
+        self.finish_reasons.update(batch.column("finish_reason").to_pylist())
+
+
+def _exclusion_reasons(batch: pa.RecordBatch, options: AssemblyOptions, seen: set[str]) -> np.ndarray:
+    """The exclusion reason of each row (None = kept); `seen` carries event ids across batches."""
+    rows = batch.num_rows
+    reasons = np.full(rows, None, dtype=object)
+    status = np.asarray(batch.column("status").to_pylist(), dtype=object)
+    finish = np.asarray(batch.column("finish_reason").to_pylist(), dtype=object)
+    prompt_len = pc.list_value_length(batch.column("prompt_ids")).fill_null(0).to_numpy(zero_copy_only=False)
+    output_len = pc.list_value_length(batch.column("output_ids")).fill_null(0).to_numpy(zero_copy_only=False)
+
+    def exclude(condition: np.ndarray, reason: str) -> None:
+        reasons[(reasons == None) & condition] = reason  # noqa: E711 (elementwise over an object array)
+
+    exclude(status != STATUS_OK, ERROR)
+    exclude(finish == "abort", ABORTED)
+    exclude(np.array([reason not in ("stop", "length") for reason in finish], dtype=bool), UNKNOWN_FINISH_REASON)
+    if options.exclude_length_capped:
+        exclude(finish == "length", LENGTH_CAPPED)
+    exclude(output_len == 0, EMPTY_OUTPUT)
+    for row, event in enumerate(batch.column("event_id").to_pylist()):
+        if reasons[row] is None:
+            if event in seen:
+                reasons[row] = DUPLICATE_EVENT
+            seen.add(event)
+    if options.max_length is not None:
+        too_long = prompt_len + output_len > options.max_length
+        if options.truncation == DROP:
+            exclude(too_long, OVER_MAX_LENGTH)
+        else:
+            exclude(prompt_len > options.max_length - MIN_OUTPUT_TOKENS, PROMPT_FILLS_MAX_LENGTH)
+    return reasons
+
+
+def _join(prompts: pa.Array, outputs: pa.Array, output_keep: np.ndarray) -> tuple[pa.ListArray, pa.ListArray]:
+    """Per row, `prompt + output[:output_keep]` and its mask (0 on the prompt, 1 on the output), vectorized.
+
+    Each row is two segments copied from the two flat value buffers; one gather builds them all.
+    """
+    prompt_offsets, prompt_values = list_buffers(prompts)
+    output_offsets, output_values = list_buffers(outputs)
+    rows = len(prompts)
+    source = np.concatenate([prompt_values, output_values])
+    segment_start = np.empty(2 * rows, dtype=np.int64)
+    segment_start[0::2] = prompt_offsets[:-1]
+    segment_start[1::2] = output_offsets[:-1] + prompt_values.size
+    segment_len = np.empty(2 * rows, dtype=np.int64)
+    segment_len[0::2] = np.diff(prompt_offsets)
+    segment_len[1::2] = output_keep
+    segment_dest = np.cumsum(segment_len) - segment_len
+    gather = np.arange(int(segment_len.sum()), dtype=np.int64) + np.repeat(segment_start - segment_dest, segment_len)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(segment_len[0::2] + segment_len[1::2])]).astype(np.int32))
+    mask = np.repeat(np.tile(np.array([0, 1], dtype=np.int8), rows), segment_len)
+    return (
+        pa.ListArray.from_arrays(offsets, pa.array(source[gather], pa.int32())),
+        pa.ListArray.from_arrays(offsets, pa.array(mask, pa.int8())),
+    )
+
+
+def assemble_batch(
+    batch: pa.RecordBatch, shard: int, options: AssemblyOptions, seen: set[str]
+) -> tuple[pa.RecordBatch, Counter]:
+    """Training rows (TRAINING_SCHEMA) for one batch of completions, and the excluded rows counted by reason."""
+    reasons = _exclusion_reasons(batch, options, seen)
+    kept = batch.filter(pa.array(reasons == None))  # noqa: E711
+    prompt_len = pc.list_value_length(kept.column("prompt_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
+    output_len = pc.list_value_length(kept.column("output_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
+    output_keep = output_len if options.max_length is None else np.minimum(output_len, options.max_length - prompt_len)
+    input_ids, loss_mask = _join(kept.column("prompt_ids"), kept.column("output_ids"), output_keep)
+    rows = kept.num_rows
+    training = pa.RecordBatch.from_arrays(
+        [
+            kept.column("event_id"),
+            kept.column("conversation_id"),
+            kept.column("turn_index").cast(pa.int32()),
+            pa.array(np.full(rows, shard, dtype=np.int32)),
+            input_ids,
+            loss_mask,
+            pa.array((prompt_len + output_keep).astype(np.int32)),
+            pa.array(output_keep.astype(np.int32)),
+            pa.array(prompt_len.astype(np.int32)),
+            pa.array(output_len.astype(np.int32)),
+            kept.column("finish_reason"),
+            pa.array(output_keep < output_len),
+        ],
+        schema=TRAINING_SCHEMA,
+    )
+    return training, Counter(reason for reason in reasons if reason is not None)
+
+
+def assemble_batches(
+    batches: Iterable[pa.RecordBatch], shard: int, options: AssemblyOptions
+) -> Iterator[tuple[pa.RecordBatch, Counter, list[str]]]:
+    """Stream `assemble_batch` over a shard; also yields each input batch's event ids (for the source digest)."""
+    seen: set[str] = set()
+    for batch in batches:
+        training, excluded = assemble_batch(batch, shard, options, seen)
+        yield training, excluded, batch.column("event_id").to_pylist()
+
+
+def _completions_source(store: Store, shard: int) -> tuple[dict[str, Any], str]:
+    key = shard_manifest_key(COMPLETIONS, shard)
+    if not store.exists(key):
+        raise CompletionsNotPublished(f"completions shard {shard} has no manifest: materialize `completions` first")
+    raw = store.get_bytes(key)
+    return orjson.loads(raw), sha256_bytes(raw)
+
+
+def assemble_shard(store: Store, shard: int, options: AssemblyOptions, staging_dir: Path) -> dict[str, Any]:
+    """Build and publish `training_set/shard=NNNNN/` from the published completions shard; return its manifest."""
+    source, source_sha256 = _completions_source(store, shard)
+    counts = AssemblyCounts()
+    kept_ids: list[str] = []
+    source_ids: list[str] = []
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=staging_dir) as staging:
+        path = Path(staging) / TRAINING_FILE
+        with TrainingShardWriter(path) as writer:
+            batches = iter_parquet_batches(store, data_keys(source), COMPLETION_COLUMNS)
+            for training, excluded, events in assemble_batches(batches, shard, options):
+                writer.write(training)
+                counts.add(training)
+                counts.exclusions.update(excluded)
+                kept_ids.extend(training.column("event_id").to_pylist())
+                source_ids.extend(events)
+        counts.rows_in = len(source_ids)
+        if counts.rows_in != source.get("rows") or ids_digest(source_ids) != source.get("ids_digest"):
+            raise RuntimeError(
+                f"completions shard {shard} changed while it was read or does not match its manifest "
+                f"({counts.rows_in} rows read, manifest says {source.get('rows')}): re-run `training_set`"
+            )
+        fields = {
+            "rows": counts.rows,
+            "ids_digest": ids_digest(kept_ids),
+            "rows_in": counts.rows_in,
+            "tokens": counts.tokens,
+            "loss_tokens": counts.loss_tokens,
+            "prompt_tokens": counts.prompt_tokens,
+            "truncated_rows": counts.truncated_rows,
+            "max_row_tokens": counts.max_row_tokens,
+            "row_groups": writer.row_groups,
+            "exclusions": dict(sorted(counts.exclusions.items())),
+            "finish_reasons": dict(sorted(counts.finish_reasons.items())),
+            "assembly": asdict(options),
+            "source": {
+                "completions_manifest_sha256": source_sha256,
+                "completions_ids_digest": source.get("ids_digest"),
+                "settings_fingerprint": source.get("settings_fingerprint"),
+                "settings": source.get("settings", {}),
+            },
+        }
+        return publish_shard(store, TRAINING_SET, shard, [(TRAINING_FILE, path)], fields)
+
+
+def enable_thinking(training_manifest: dict[str, Any]) -> bool:
+    """Whether the shard's answers were generated with thinking on (the default when not recorded)."""
+    return bool(training_manifest["source"]["settings"].get("enable_thinking", True))
+
+
+def source_is_current(store: Store, training_manifest: dict[str, Any]) -> GateResult:
+    """The training shard was assembled from the completions shard now published, and accounts for every row."""
+    source, source_sha256 = _completions_source(store, training_manifest["shard"])
+    excluded = sum(training_manifest["exclusions"].values())
+    accounted = training_manifest["rows"] + excluded
+    current = training_manifest["source"]["completions_manifest_sha256"] == source_sha256
+    balanced = accounted == source["rows"]
+    metadata = {
+        "rows": training_manifest["rows"],
+        "excluded_rows": excluded,
+        "exclusions": training_manifest["exclusions"],
+        "completions_rows": source["rows"],
+        "completions_manifest_sha256": source_sha256,
+        "assembled_from_sha256": training_manifest["source"]["completions_manifest_sha256"],
+    }
+    if not current:
+        text = (
+            "BLOCKED: completions were republished after this training shard was assembled "
+            "— re-materialize training_set"
+        )
+    elif not balanced:
+        text = f"BLOCKED: {training_manifest['rows']} rows + {excluded} excluded ≠ {source['rows']} completions rows"
+    else:
+        text = f"ok: {training_manifest['rows']} rows + {excluded} excluded = the {source['rows']} completions rows"
+    return GateResult("source_is_current", current and balanced, text, metadata)
