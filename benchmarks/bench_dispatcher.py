@@ -274,7 +274,8 @@ def render(
         "",
         (
             f"**(a) Saturation.** {SATURATION_SERVERS} simulated servers, running cap {SATURATION_CAP} each, prefill "
-            f"{SATURATION_SIM['ttft_s'] * 1000:.0f} ms + 20 us/prompt token, {SATURATION_SIM['decode_step_s'] * 1000:.0f} ms "
+            f"{SATURATION_SIM['ttft_s'] * 1000:.0f} ms + 20 us/prompt token, "
+            f"{SATURATION_SIM['decode_step_s'] * 1000:.0f} ms "
             "per decode step (MTP: ~2.8 tokens per step), output lengths lognormal (median 150 tokens). Share of a "
             f"{window_s:.0f} s steady-state window that each server spent running exactly its cap (target: >= 98%)."
         ),
@@ -286,7 +287,8 @@ def render(
         per_server = " / ".join(f"{share:.1%}" for share in run.at_cap)
         running = statistics.mean(run.mean_running) / SATURATION_CAP
         lines.append(
-            f"| {run.name} | **{min(run.at_cap):.1%}** | {per_server} | {running:.1%} | {run.requests_per_s:.0f} | {run.tokens_per_s:,.0f} |"
+            f"| {run.name} | **{min(run.at_cap):.1%}** | {per_server} | {running:.1%} | "
+            f"{run.requests_per_s:.0f} | {run.tokens_per_s:,.0f} |"
         )
     baseline, dispatcher = throughput
     lines += [
@@ -304,13 +306,15 @@ def render(
     ]
     for run in (baseline, dispatcher):
         lines.append(
-            f"| {run.name} | **{run.requests_per_s:,.0f}** | {run.requests_per_s * 2000:,.0f} | {run.cpu_per_request_us:.0f} us | "
+            f"| {run.name} | **{run.requests_per_s:,.0f}** | {run.requests_per_s * 2000:,.0f} | "
+            f"{run.cpu_per_request_us:.0f} us | "
             f"{run.core_utilization:.0%} | {run.single_core_capacity:,.0f} req/s |"
         )
     lines += [
         "",
         (
-            f"Dispatcher overhead over the raw loop: {dispatcher.cpu_per_request_us - baseline.cpu_per_request_us:+.0f} us "
+            "Dispatcher overhead over the raw loop: "
+            f"{dispatcher.cpu_per_request_us - baseline.cpu_per_request_us:+.0f} us "
             "of CPU per request (typed errors, windows, failover bookkeeping, exactly-once delivery)."
         ),
     ]

@@ -148,6 +148,13 @@ def run_child(kind: str, path: Path, shards: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _row(label: str, result: dict, seconds: float | None = None, rss: bool = True) -> str:
+    """One table row: rows, seconds, rows/s and (optionally) peak RSS of a measured step."""
+    seconds = result["seconds"] if seconds is None else seconds
+    peak = f"{result['peak_rss_mib']:.0f}" if rss else ""
+    return f"| {label} | {result['rows']:,} | {seconds:.1f} | {result['rows'] / seconds:,.0f} | {peak} |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -175,9 +182,6 @@ def main() -> None:
         ours_quarter = run_child("project", quarter, args.shards)
         size_mib = full.stat().st_size / 2**20
 
-    def rate(result: dict) -> str:
-        return f"{result['rows'] / result['seconds']:,.0f}"
-
     body = "\n".join(
         [
             "## Ingest: 1,000,000 synthetic prompts → conversations",
@@ -185,23 +189,30 @@ def main() -> None:
             f"Input: one Parquet file ({size_mib:.0f} MiB, zstd), Hugging Face `messages` layout, {args.rows:,} rows "
             f"({ours['multi_turn']:,} multi-turn kept, {sum(ours['quarantined_by_reason'].values()):,} quarantined: "
             f"{', '.join(f'{k} {v:,}' for k, v in ours['quarantined_by_reason'].items())}). Policy `all_turns`, "
-            f"{args.shards:,} shards, local store; {ours['prompts_tokenized']:,} prompts needed the tokenizer for the budget.",
+            f"{args.shards:,} shards, local store; {ours['prompts_tokenized']:,} prompts needed the tokenizer "
+            "for the budget.",
             "",
             "| what | rows | seconds | rows/s | peak RSS (MiB) |",
             "|---|---:|---:|---:|---:|",
-            f"| pyarrow `read_table` (whole file in memory) | {table['rows']:,} | {table['seconds']:.1f} | {rate(table)} | {table['peak_rss_mib']:.0f} |",
-            f"| pyarrow `iter_batches` + `to_pylist` (row floor) | {streamed['rows']:,} | {streamed['seconds']:.1f} | {rate(streamed)} | {streamed['peak_rss_mib']:.0f} |",
-            f"| project: ingest (read, normalize, rules, snapshot) | {ours['rows']:,} | {ours['ingest_seconds']:.1f} | {ours['rows'] / ours['ingest_seconds']:,.0f} | |",
-            f"| project: prepare (policy, budget, dedup, ids, {args.shards:,} shards published) | {ours['rows']:,} | {ours['prepare_seconds']:.1f} | {ours['rows'] / ours['prepare_seconds']:,.0f} | |",
-            f"| **project: both stages** | {ours['rows']:,} | {ours['seconds']:.1f} | {rate(ours)} | {ours['peak_rss_mib']:.0f} |",
-            f"| project: both stages, a quarter of the rows | {ours_quarter['rows']:,} | {ours_quarter['seconds']:.1f} | {rate(ours_quarter)} | {ours_quarter['peak_rss_mib']:.0f} |",
+            _row("pyarrow `read_table` (whole file in memory)", table),
+            _row("pyarrow `iter_batches` + `to_pylist` (row floor)", streamed),
+            _row("project: ingest (read, normalize, rules, snapshot)", ours, seconds=ours["ingest_seconds"], rss=False),
+            _row(
+                f"project: prepare (policy, budget, dedup, ids, {args.shards:,} shards published)",
+                ours,
+                seconds=ours["prepare_seconds"],
+                rss=False,
+            ),
+            _row("**project: both stages**", ours),
+            _row("project: both stages, a quarter of the rows", ours_quarter),
             "",
-            f"The project's process holds {ours['rss_after_imports_mib']:.0f} MiB once transformers is imported and the "
-            "tokenizer loaded, before reading any row (loading the tokenizer itself peaks near 630 MiB). Peak RSS is "
-            f"{ours_quarter['peak_rss_mib']:.0f} MiB at {ours_quarter['rows']:,} rows and {ours['peak_rss_mib']:.0f} MiB at "
-            f"{ours['rows']:,}: rows are streamed, shard buffers are capped at 32 MiB and the dedup index is an on-disk SQLite "
-            f"file with a 16 MiB page cache. Four times the rows cost {ours['peak_rss_mib'] - ours_quarter['peak_rss_mib']:.0f} MiB "
-            "more peak (the SQLite cache filling is part of it; the rest is not attributed yet), while `read_table` holds "
+            f"The project's process holds {ours['rss_after_imports_mib']:.0f} MiB once transformers is imported and "
+            "the tokenizer loaded, before reading any row (loading the tokenizer itself peaks near 630 MiB). Peak RSS "
+            f"is {ours_quarter['peak_rss_mib']:.0f} MiB at {ours_quarter['rows']:,} rows and "
+            f"{ours['peak_rss_mib']:.0f} MiB at {ours['rows']:,}: rows are streamed, shard buffers are capped at "
+            "32 MiB and the dedup index is an on-disk SQLite file with a 16 MiB page cache. Four times the rows cost "
+            f"{ours['peak_rss_mib'] - ours_quarter['peak_rss_mib']:.0f} MiB more peak (the SQLite cache filling is "
+            "part of it; the rest is not attributed yet), while `read_table` holds "
             "the whole table.",
         ]
     )
