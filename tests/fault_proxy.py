@@ -1,7 +1,8 @@
 """A TCP proxy on loopback that can be switched off: a real network fault between a client and a server.
 
 While `down`, every new connection is accepted and reset at once (what a restarting endpoint looks like);
-connections already open are cut. `refused` counts the connections turned away, so a test can wait for
+connections already open are cut. While `silent`, new connections are accepted and never answered (a hung
+endpoint). `refused` and `held` count the connections turned away or left hanging, so a test can wait for
 the client to have hit the fault before lifting it.
 """
 
@@ -19,7 +20,10 @@ class FaultProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.down = threading.Event()
+        self.silent = threading.Event()
         self.refused = 0
+        self.held = 0
+        self._hanging: list[socket.socket] = []
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -40,6 +44,11 @@ class FaultProxy:
                     self.refused += 1
                 client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                 client.close()  # linger 0: the client sees a reset, not a clean close
+                continue
+            if self.silent.is_set():
+                with self._lock:
+                    self.held += 1
+                    self._hanging.append(client)
                 continue
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
@@ -81,8 +90,16 @@ class FaultProxy:
             except OSError:
                 pass
 
+    def go_silent(self) -> None:
+        self.silent.set()
+
     def come_back(self) -> None:
         self.down.clear()
+        self.silent.clear()
+        with self._lock:
+            hanging, self._hanging = self._hanging, []
+        for sock in hanging:
+            sock.close()
 
     def close(self) -> None:
         self._closed = True

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlparse
 
 SHA256_METADATA_KEY = "sha256"
 _CHUNK = 1 << 20
@@ -34,6 +35,26 @@ class ObjectInfo:
 
 class StoreError(RuntimeError):
     """An object could not be written, read or verified."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long one store operation may take: every S3 call goes through it.
+
+    A call that hangs is cut by the socket timeouts; a transient failure is retried with exponential backoff
+    until `attempts` or `deadline_s` runs out; a permanent one (access denied, no such bucket, bad
+    credentials) fails at once. botocore's own retries are off so that this is the only policy.
+    """
+
+    attempts: int = 5
+    backoff_s: float = 0.5  # first retry delay; doubles on each retry
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0  # per socket read, not per object: a large upload is not cut short
+    deadline_s: float = 60.0  # no new attempt starts after this long
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or min(self.backoff_s, self.connect_timeout_s, self.read_timeout_s, self.deadline_s) < 0:
+            raise ValueError(f"invalid store retry policy {self}")
 
 
 class Store(Protocol):
@@ -62,6 +83,19 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+@cache
+def _file_mode() -> int:
+    """The mode a plain `open()` would give a new file under this process's umask (temporary files get 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _publish_temporary(tmp_name: str, path: Path) -> None:
+    os.chmod(tmp_name, _file_mode())
+    os.replace(tmp_name, path)
+
+
 class LocalStore:
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser().resolve()
@@ -80,7 +114,7 @@ class LocalStore:
             tmp.write(data)
             tmp.flush()
             os.fsync(tmp.fileno())
-        os.replace(tmp.name, path)
+        _publish_temporary(tmp.name, path)
         return ObjectInfo(key, len(data), sha256_bytes(data), path.stat().st_mtime)
 
     def put_file(self, key: str, path: Path) -> ObjectInfo:
@@ -91,7 +125,7 @@ class LocalStore:
                 shutil.copyfileobj(source, tmp, _CHUNK)
             tmp.flush()
             os.fsync(tmp.fileno())
-        os.replace(tmp.name, target)
+        _publish_temporary(tmp.name, target)
         return ObjectInfo(key, target.stat().st_size, sha256_file(target), target.stat().st_mtime)
 
     def get_bytes(self, key: str) -> bytes:
@@ -139,18 +173,13 @@ class LocalStore:
 
 
 class S3Store:
-    """Objects under `s3://bucket/prefix`, through a boto3 client (dagster-aws `S3Resource.get_client()`)."""
+    """Objects under `s3://bucket/prefix`, through a boto3 client (see `bounded_client`)."""
 
-    def __init__(self, uri: str, client: Any, *, attempts: int = 5, backoff_s: float = 0.5):
-        parsed = urlparse(uri)
-        if parsed.scheme != "s3" or not parsed.netloc:
-            raise ValueError(f"not an s3:// URI: {uri!r}")
-        self.uri = uri.rstrip("/")
-        self.bucket = parsed.netloc
-        self.prefix = parsed.path.strip("/")
+    def __init__(self, uri: str, client: Any, policy: RetryPolicy = RetryPolicy()):
+        self.bucket, self.prefix = parse_s3_uri(uri)
+        self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self.client = client
-        self.attempts = attempts
-        self.backoff_s = backoff_s
+        self.policy = policy
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -159,14 +188,22 @@ class S3Store:
         return full_key[len(self.prefix) + 1 :] if self.prefix else full_key
 
     def _retrying(self, action: str, key: str, call: Callable[[], Any]) -> Any:
-        """Transient S3 failures (throttling, a restarting endpoint) are retried with exponential backoff."""
-        for attempt in range(1, self.attempts + 1):
+        """Transient S3 failures (throttling, a restarting or hung endpoint) are retried with exponential
+        backoff, within the policy's attempts and deadline; permanent ones fail at once."""
+        policy, started = self.policy, time.monotonic()
+        for attempt in range(1, policy.attempts + 1):
             try:
                 return call()
             except Exception as exc:  # botocore raises many unrelated types for transport errors
-                if attempt == self.attempts or not _is_transient(exc):
-                    raise StoreError(f"{action} {self.url(key)} failed after {attempt} attempt(s): {exc}") from exc
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                delay = policy.backoff_s * 2 ** (attempt - 1)
+                elapsed = time.monotonic() - started
+                if not _is_transient(exc):
+                    raise StoreError(f"{action} {self.url(key)} failed: {exc} (not retried: permanent)") from exc
+                if attempt == policy.attempts or elapsed + delay > policy.deadline_s:
+                    raise StoreError(
+                        f"{action} {self.url(key)} failed after {attempt} attempt(s) in {elapsed:.0f} s: {exc}"
+                    ) from exc
+                time.sleep(delay)
         raise AssertionError("unreachable")
 
     def _verify(self, key: str, size: int, sha256: str) -> ObjectInfo:
@@ -229,10 +266,14 @@ class S3Store:
         )
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+        page_args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._key(prefix)}
+        while True:
+            page = self._retrying("LIST", prefix, lambda: self.client.list_objects_v2(**page_args))
             for item in page.get("Contents", []):
                 yield ObjectInfo(self._relative(item["Key"]), int(item["Size"]), None, item["LastModified"].timestamp())
+            if not page.get("IsTruncated"):
+                return
+            page_args["ContinuationToken"] = page["NextContinuationToken"]
 
     def delete(self, key: str) -> None:
         self._retrying("DELETE", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)))
@@ -241,28 +282,87 @@ class S3Store:
         return f"s3://{self.bucket}/{self._key(key)}"
 
 
+_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+# Retrying these cannot help: the operator has to fix credentials, permissions or the bucket name.
+_PERMANENT = {
+    "400",
+    "403",
+    "AccessDenied",
+    "AllAccessDisabled",
+    "InvalidAccessKeyId",
+    "InvalidBucketName",
+    "NoSuchBucket",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+}
+_CODE_IN_MESSAGE = re.compile(r"An error occurred \((\w+)\)")
+
+
 def _error_code(exc: BaseException | None) -> str:
-    response = getattr(exc, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", ""))
+    """The S3 error code of a botocore error, also when boto3's transfer layer wrapped it in another type."""
+    while exc is not None:
+        code = str((getattr(exc, "response", None) or {}).get("Error", {}).get("Code", ""))
+        if code:
+            return code
+        found = _CODE_IN_MESSAGE.search(str(exc))
+        if found:
+            return found.group(1)
+        exc = exc.__cause__ or exc.__context__
+    return ""
 
 
 def _is_not_found(exc: BaseException | None) -> bool:
-    return _error_code(exc) in {"404", "NoSuchKey", "NotFound"}
+    return _error_code(exc) in _NOT_FOUND
 
 
 def _is_transient(exc: BaseException) -> bool:
-    if _is_not_found(exc) or _error_code(exc) in {"403", "AccessDenied", "InvalidAccessKeyId", "NoSuchBucket"}:
+    from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
         return False
-    return True
+    code = _error_code(exc)
+    return code not in _NOT_FOUND and code not in _PERMANENT
 
 
-def open_store(uri: str, s3_client_factory: Callable[[], Any] | None = None) -> Store:
-    """A store for `uri`: `s3://...` needs a client factory (the S3 resource's `get_client`)."""
-    if uri.startswith("s3://"):
+_S3_URI = re.compile(r"s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?")
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """(bucket, prefix) of `s3://bucket/prefix`; anything else that names the s3 scheme is refused."""
+    match = _S3_URI.fullmatch(uri.strip())
+    if match is None:
+        raise ValueError(f"{uri!r} is not a valid S3 URI: write s3://bucket/prefix (two slashes, a lowercase bucket)")
+    return match["bucket"], (match["prefix"] or "").strip("/")
+
+
+def bounded_client(policy: RetryPolicy, **client_args: Any) -> Any:
+    """A boto3 S3 client whose calls cannot hang: connect and read timeouts, no hidden botocore retries.
+
+    `client_args` are boto3's (`region_name`, `endpoint_url`, `use_ssl`, `verify`, and `profile_name` for
+    the session); credentials come from boto3's own chain (environment, profile, instance role).
+    """
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.session.Session(profile_name=client_args.pop("profile_name", None))
+    config = Config(
+        connect_timeout=policy.connect_timeout_s,
+        read_timeout=policy.read_timeout_s,
+        retries={"total_max_attempts": 1},
+    )
+    return session.client("s3", config=config, **client_args)
+
+
+def open_store(
+    uri: str, s3_client_factory: Callable[[], Any] | None = None, policy: RetryPolicy = RetryPolicy()
+) -> Store:
+    """A store for `uri`: a local path, or `s3://bucket/prefix` (which needs a client factory)."""
+    if uri.strip().lower().startswith("s3:"):
+        parse_s3_uri(uri)
         if s3_client_factory is None:
             raise ValueError(f"{uri} is an S3 URI but no S3 client was given")
-        return S3Store(uri, s3_client_factory())
-    if "://" in uri:
+        return S3Store(uri, s3_client_factory(), policy)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", uri):
         raise ValueError(f"unsupported store URI {uri!r}: use a local path or s3://bucket/prefix")
     return LocalStore(uri)
 
