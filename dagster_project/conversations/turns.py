@@ -1,4 +1,4 @@
-"""Multi-turn policies (DESIGN §5): which assistant turns are generated, and on which history.
+"""Multi-turn policies: which assistant turns are generated, and on which history.
 
 A turn is a reply to a user message; a run of consecutive user messages gets one reply, after its
 last message. `generate_after` lists the indices of those user messages, in order.
@@ -9,7 +9,7 @@ last message. `generate_after` lists the indices of those user messages, in orde
 * `last_turn`: only the last user message's reply, with the source's assistant messages as context
   (history `source`).
 * `first_turn`: only the reply to the first user turn (system prompt + first user message(s)).
-* `user_only` (the brief's historical behaviour): assistant messages are removed from `messages`;
+* `user_only` (how the first dataset was built): assistant messages are removed from `messages`;
   system + user messages are kept and one reply is generated after the last user message.
 """
 

@@ -1,8 +1,8 @@
 """Asyncio dispatcher over an SGLang fleet: per-server windows, failover, exactly-once outcomes.
 
 Each server gets an in-flight window sized from its own `/server_info`
-(`internal_states[*].effective_max_running_requests_per_dp`, reference §3.3) times `oversubscription`.
-The default 1.25 keeps a small queue at each server (reference §6), so a finished request's slot is
+(`internal_states[*].effective_max_running_requests_per_dp`) times `oversubscription`.
+The default 1.25 keeps a small queue at each server, so a finished request's slot is
 refilled at once instead of after a round trip: in benchmarks/bench_dispatcher.py a window equal to the
 cap leaves each server below its cap ~5% of the time, 1.25x keeps it there 100% of the time.
 Requests are pulled from the caller lazily, only when some window has room, so memory stays bounded

@@ -7,7 +7,7 @@ alone (`formats.parse_row`); those that depend on the multi-turn policy or on ot
 budget, duplicates, ids) belong to stage 2 (`prepare`), which reads this snapshot, so changing the
 policy never re-reads the sources.
 
-Store layout (DESIGN §3):
+Store layout:
 
     raw_prompts/prompts.jsonl.zst      one normalized row per line: source, source_file, source_row,
                                        format, source_id, messages, extra

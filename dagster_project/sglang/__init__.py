@@ -1,6 +1,6 @@
 """SGLang 0.5.23: the native protocol, a client with typed errors, fleet launch, and a CPU simulator.
 
-Plain logic, no dagster. The protocol facts come from ../shared/reference/sglang.md.
+Plain logic, no dagster. The protocol facts were checked against the sglang 0.5.23 wheel.
 """
 
 from dagster_project.sglang.client import GenerateResult, SGLangClient, SGLangError

@@ -67,7 +67,10 @@ class SGLangError(Exception):
         return f"{self.kind}{status}{where}: {self.message}"
 
     def __repr__(self) -> str:
-        return f"SGLangError(kind={self.kind!r}, status={self.status!r}, retryable={self.retryable}, message={self.message!r})"
+        return (
+            f"SGLangError(kind={self.kind!r}, status={self.status!r}, "
+            f"retryable={self.retryable}, message={self.message!r})"
+        )
 
     def __reduce__(self):  # keeps the error picklable despite keyword-only arguments
         return _rebuild_error, (self.kind, self.message, self.status, self.url, self.rid)
@@ -164,7 +167,7 @@ def _result_from_body(body: Any, rid: str, url: str) -> GenerateResult:
 
 
 def _error_message(body: Any) -> str:
-    """The human text of any of the error shapes E1-E4 (§4), or the raw body."""
+    """The human text of any of the error shapes E1-E4 (see `protocol.e1_body`...`e4_body`), or the raw body."""
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, str):
@@ -179,7 +182,7 @@ def _error_message(body: Any) -> str:
 def classify_http_error(
     status: int, body: bytes | str | Any, *, url: str | None = None, rid: str | None = None
 ) -> SGLangError:
-    """Map a non-200 answer to a typed error (§4 error table)."""
+    """Map a non-200 answer to a typed error."""
     if isinstance(body, (bytes, str)):
         try:
             parsed: Any = orjson.loads(body)
@@ -210,7 +213,7 @@ def classify_http_error(
 
 
 def _redact(value: Any, secret: str) -> Any:
-    """Replace the API key wherever a server echoes it (`/server_info` includes `api_key`, §3.3)."""
+    """Replace the API key wherever a server echoes it (`/server_info` includes `api_key`)."""
     if isinstance(value, dict):
         return {
             k: (_REDACTED if k in ("api_key", "admin_api_key") and v else _redact(v, secret)) for k, v in value.items()
@@ -289,7 +292,7 @@ class SGLangClient:
             ) from None
         except aiohttp.ClientError as exc:
             # ServerDisconnectedError, ClientPayloadError (truncated body), ClientOSError (reset): the
-            # server died or dropped us mid-request (§4, "server dies mid-request").
+            # server died or dropped us mid-request.
             raise SGLangError(CONNECTION_DROPPED, f"{type(exc).__name__}: {exc}", url=self.base_url, rid=rid) from None
 
     async def _get_ok(self, path: str, timeout: float | None) -> bytes:
@@ -311,7 +314,7 @@ class SGLangClient:
         rid = rid or uuid.uuid4().hex
         request = {"rid": rid, "input_ids": input_ids, "sampling_params": sampling_params, "stream": False}
         if require_reasoning:
-            # Makes the server count meta_info.reasoning_tokens up to </think> (§1.1).
+            # Makes the server count meta_info.reasoning_tokens up to </think>.
             request["require_reasoning"] = True
         status, body = await self._call("POST", "/generate", data=orjson.dumps(request), timeout=timeout, rid=rid)
         if status != 200:
@@ -350,14 +353,14 @@ class SGLangClient:
         return (await self._get_ok("/metrics", timeout or self._probe_timeout_s)).decode()
 
     async def flush_cache(self, timeout: float | None = None) -> bool:
-        """True when flushed; False when the server refused because requests are in flight (§3.4)."""
+        """True when flushed; False when the server refused because requests are in flight."""
         status, body = await self._call("POST", "/flush_cache", timeout=timeout or self._probe_timeout_s)
         if status in (200, 400):
             return status == 200
         raise self._clean(classify_http_error(status, body, url=self.base_url))
 
     async def abort(self, rid: str, timeout: float | None = None) -> None:
-        """Abort every in-flight request whose rid starts with `rid` (prefix semantics, TL;DR 8)."""
+        """Abort every in-flight request whose rid starts with `rid` (SGLang matches abort rids by prefix)."""
         payload = orjson.dumps({"rid": rid, "abort_all": False})
         status, body = await self._call(
             "POST", "/abort_request", data=payload, timeout=timeout or self._probe_timeout_s

@@ -35,14 +35,14 @@ PID_FILE = "fleet.json"
 SIM_VOCAB_FILE = "sim_vocab.json"
 _LOG_TAIL_LINES = 40
 
-# MTP for Qwen3.6-27B (reference §5): NEXTN is resolved to EAGLE; all three sizes must be set together.
+# MTP for Qwen3.6-27B (the model card's recipe): NEXTN is resolved to EAGLE; all three sizes must be set together.
 SPECULATIVE_ARGS = (
     "--speculative-algorithm", "NEXTN",
     "--speculative-num-steps", "3",
     "--speculative-eagle-topk", "1",
     "--speculative-num-draft-tokens", "4",
 )  # fmt: skip
-# Flags that 0.5.23 removed, deprecated or refuses for this model (reference TL;DR 7), with what to use.
+# Flags that 0.5.23 removed, deprecated or refuses for this model, with what to use.
 REJECTED_FLAGS = {
     "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
     "--mamba-scheduler-strategy": "--mamba-radix-cache-strategy",
@@ -58,7 +58,11 @@ class FleetError(RuntimeError):
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """Knobs of one `sglang.launch_server` (reference §5; capacity math in §5.2)."""
+    """Knobs of one `sglang.launch_server`.
+
+    The mamba state pool, more than `max_running_requests`, caps concurrency: `mamba_full_memory_ratio`,
+    `disable_radix_cache`, a bf16 `mamba_ssm_dtype` and an fp8 `kv_cache_dtype` are what raise it.
+    """
 
     model_path: str = DEFAULT_MODEL
     host: str = "0.0.0.0"
@@ -76,7 +80,7 @@ class ServerOptions:
 
 
 def server_command(options: ServerOptions, port: int, *, python: str = sys.executable) -> list[str]:
-    """The `python -m sglang.launch_server ...` command line of one server (reference §5 recommendation)."""
+    """The `python -m sglang.launch_server ...` command line of one server: the model card's MTP recipe, metrics on."""
     rejected = [arg.split("=")[0] for arg in options.extra_args if arg.split("=")[0] in REJECTED_FLAGS]
     if rejected:
         raise ValueError(
@@ -281,7 +285,8 @@ def _wait_ready(fleet: Fleet, path: str, timeout_s: float, poll_s: float) -> Non
             for member in pending:
                 if member.process() is None:
                     raise FleetError(
-                        f"{member.name} ({member.url}) exited during startup. Last log lines of {member.log}:\n{log_tail(member.log)}"
+                        f"{member.name} ({member.url}) exited during startup. "
+                        f"Last log lines of {member.log}:\n{log_tail(member.log)}"
                     )
             ready = list(pool.map(lambda m: _http_ok(m.url + path, timeout_s=min(30.0, timeout_s)), pending))
             pending = [member for member, ok in zip(pending, ready) if not ok]
@@ -291,7 +296,8 @@ def _wait_ready(fleet: Fleet, path: str, timeout_s: float, poll_s: float) -> Non
                 member = pending[0]
                 raise FleetError(
                     f"{member.name} ({member.url}) not ready after {timeout_s:.0f}s "
-                    f"({len(pending)} of {len(fleet.members)} servers pending). Last log lines of {member.log}:\n{log_tail(member.log)}"
+                    f"({len(pending)} of {len(fleet.members)} servers pending). "
+                    f"Last log lines of {member.log}:\n{log_tail(member.log)}"
                 )
             time.sleep(poll_s)
 
@@ -497,7 +503,8 @@ async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeo
                 states = info.get("internal_states") or [{}]
                 status["speculative_algorithm"] = info.get("speculative_algorithm")
                 status["max_running_requests_flag"] = info.get("max_running_requests")
-                # The real cap: the mamba state pool can lower it below the flag (reference TL;DR 5).
+                # The real cap: the mamba state pool can lower it below the flag, and only
+                # internal_states shows it.
                 status["max_running_requests"] = states[0].get("effective_max_running_requests_per_dp")
                 status["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
                 status["last_gen_throughput"] = states[0].get("last_gen_throughput")

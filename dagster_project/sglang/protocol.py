@@ -1,8 +1,8 @@
 """SGLang 0.5.23 native `/generate` protocol: the facts both ends of the wire share.
 
 The client builds requests and classifies errors with it, the simulator produces responses and errors
-with it, and tests and pipeline gates validate responses against it. Section numbers (§) refer to
-../shared/reference/sglang.md; message texts were checked against the sglang 0.5.23 wheel.
+with it, and tests and pipeline gates validate responses against it. Message texts were checked against
+the sglang 0.5.23 wheel.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-DEFAULT_MAX_NEW_TOKENS = 128  # §1.2: an absent max_new_tokens means 128 on /generate
-UNCAPPED_MAX_NEW_TOKENS = 1 << 30  # §1.2: an explicit null means "no cap", clipped to the context
+DEFAULT_MAX_NEW_TOKENS = 128  # an absent max_new_tokens means 128 on /generate
+UNCAPPED_MAX_NEW_TOKENS = 1 << 30  # an explicit null means "no cap", clipped to the context
 TOP_K_ALL = 1 << 30
-SPEC_DRAFT_TOKENS = 4  # D of the recommended NEXTN 3/1/4 configuration (§5)
+SPEC_DRAFT_TOKENS = 4  # D of the recommended NEXTN 3/1/4 configuration
 
-# Closed sampling_params schema (§1.2, api_types.py:1256), in the contract's order: the order is part of
+# Closed sampling_params schema (api_types.py:1256), in the contract's order: the order is part of
 # the E2 "unknown field" message.
 _I64, _F64, _BOOL, _STR, _STR_OR_LIST, _I64_LIST, _F64_MAP, _ANY = range(8)
 SAMPLING_TYPES: dict[str, int] = {
@@ -54,7 +54,8 @@ SAMPLING_TYPES: dict[str, int] = {
 }
 SAMPLING_KEYS: tuple[str, ...] = tuple(SAMPLING_TYPES)
 
-# The keys the pipeline always sends, so no server default can leak into the data (TL;DR 3).
+# The keys the pipeline always sends, so no server default can leak into the data: /generate ignores the
+# model's generation_config and falls back to its own defaults (temperature 1.0, max_new_tokens 128).
 EXPLICIT_SAMPLING_KEYS = (
     "max_new_tokens",
     "temperature",
@@ -67,7 +68,7 @@ EXPLICIT_SAMPLING_KEYS = (
     "no_stop_trim",
 )
 
-# ---- error bodies (§4) -------------------------------------------------------------------------------
+# ---- error bodies ------------------------------------------------------------------------------------
 
 MSG_NO_INPUT = "Either text, input_ids or input_embeds should be provided."
 MSG_EMPTY_INPUT_IDS = "input_ids cannot be empty."
@@ -209,7 +210,7 @@ def _check_value(kind: int, value: Any) -> None:
 
 
 def check_sampling_contract(params: Any) -> None:
-    """Raise `ContractError` with the server's E2 text if `params` breaks the closed schema (§1.2).
+    """Raise `ContractError` with the server's E2 text if `params` breaks the closed schema.
 
     `null` is accepted for every key (it means the default, or no cap for max_new_tokens).
     """
@@ -285,9 +286,9 @@ def sampling_params(
     no_stop_trim: bool = False,
     **extra: Any,
 ) -> dict:
-    """Every sampling key explicit (`/generate` applies no generation_config, TL;DR 3), checked like the server.
+    """Every sampling key explicit (`/generate` applies no generation_config), checked like the server.
 
-    Defaults are the Qwen3.6 model card's thinking-mode settings (§7). `extra` takes any other key of the
+    Defaults are the Qwen3.6 model card's thinking-mode settings. `extra` takes any other key of the
     closed schema. Raises `ContractError` / `ValueError` with the text the server would answer.
     """
     params = {
@@ -312,7 +313,7 @@ def sampling_params(
     return params
 
 
-# ---- responses (§1.3, §1.4) --------------------------------------------------------------------------
+# ---- responses ---------------------------------------------------------------------------------------
 
 
 def finish_stop(matched: int | str) -> dict:
@@ -335,7 +336,7 @@ SPEC_KEYS = (
     "spec_verify_ct",
     "spec_correct_drafts_histogram",
 )
-# Insertion order of meta_info keys (§1.3); optional keys keep their place relative to the others.
+# Insertion order of meta_info keys; optional keys keep their place relative to the others.
 META_KEY_ORDER = (
     "id",
     "finish_reason",
@@ -375,7 +376,7 @@ _ALWAYS_META = (
 
 
 def check_spec_stats(meta: Mapping[str, Any], spec_draft_tokens: int = SPEC_DRAFT_TOKENS) -> list[str]:
-    """Violations of the spec-decoding invariants of §1.3 (empty when they hold or no stats are present)."""
+    """Violations of the spec-decoding invariants in `meta_info` (empty when they hold or no stats are present)."""
     if "spec_verify_ct" not in meta:
         return []
     problems = []
@@ -414,7 +415,7 @@ def check_generate_response(
     spec_draft_tokens: int | None = SPEC_DRAFT_TOKENS,
     eos_ids: Sequence[int] = (),
 ) -> list[str]:
-    """Violations of §1.3/§1.4 in one non-streamed `/generate` response object (empty list = valid).
+    """Violations of the response contract in one non-streamed `/generate` response object (empty list = valid).
 
     `spec_draft_tokens=None` asserts a server launched without speculative decoding (no spec keys).
     `eos_ids` lets a token stop be checked against the model's EOS ids.
@@ -510,7 +511,7 @@ def input_hash(input_ids: Sequence[int]) -> str:
     return hashlib.blake2b(array("q", input_ids).tobytes(), digest_size=8).hexdigest()
 
 
-# ---- /metrics (§3.7) ------------------------------------------------------------------------------------
+# ---- /metrics -------------------------------------------------------------------------------------------
 
 # HELP texts of the metrics the simulator exposes (documentation strings in sglang 0.5.23's metrics_collector).
 METRIC_HELP = {

@@ -1,4 +1,4 @@
-"""Where things live in the store (DESIGN §3) and how shards are named.
+"""Where things live in the store and how shards are named.
 
 Partition keys are `shard-00042`; the store prefix of that shard is `<stage>/shard=00042/`.
 """

@@ -1,4 +1,4 @@
-"""Publishing a shard: data objects first, the manifest last (DESIGN §3).
+"""Publishing a shard: data objects first, the manifest last.
 
 A shard without a manifest does not exist for downstream assets. Replacing a shard first withdraws its
 old manifest, so a reader never pairs a new manifest with old objects or the reverse.

@@ -1,7 +1,7 @@
 """SpecForge export: one pre-tokenized JSON Lines file per training shard.
 
 Each line is `{"input_ids": [...], "loss_mask": [...]}` — SpecForge's pre-tokenized contract
-(`specforge/data/prompt_builder.py::prepare_prompt_tasks`; reference drafter_data.md §2.4): a file whose
+(`specforge/data/prompt_builder.py::prepare_prompt_tasks`): a file whose
 first record has both keys is read as is, without SpecForge's own chat template or masking. SpecForge
 checks equal lengths, 0/1 masks and non-empty rows, truncates to its `max_length`, and drops rows under
 `min_loss_tokens`; DFlash drops rows without two consecutive supervised tokens. Rows are written in the

@@ -1,8 +1,8 @@
 """Quality gates on generated answers and training rows: the checks that would have caught "loss_mask sum = 6".
 
 The last attempt at this dataset shipped 914K rows of which 87% had a loss_mask sum of exactly 6: empty
-reasoning plus "OK." (reference drafter_data.md §0). Every gate below looks at one shard and returns a
-`GateResult`: `passed`, one line a person understands at a glance, and every figure behind it.
+reasoning plus "OK." as the answer. Every gate below looks at one shard and returns a `GateResult`: `passed`,
+one line a person understands at a glance, and every figure behind it.
 
 Two layers, both plain numpy over Arrow list columns, one chunk at a time:
 

@@ -1,9 +1,9 @@
 """Training shards as Parquet: written and read one row group at a time.
 
-Layout (reference validation_storage.md §5):
+Layout:
 * `input_ids` as `list<int32>`, `loss_mask` as `list<int8>` (same file size as `list<bool>`, and it reads
   straight into the 0/1 integers trainers expect);
-* zstd level 1: level 3 saves under 1% on token ids (§5) and writes ~1.7x slower here;
+* zstd level 1: level 3 saves under 1% on token ids and writes ~1.7x slower here;
 * dictionary encoding only on the low-cardinality `finish_reason`: on token columns it slows writes ~40%
   for ~1.5% size;
 * row groups of at most 1,024 rows or 4M tokens (~16 MB of ids), so a reader holds one group at a time

@@ -1,9 +1,10 @@
 """Completions → token-exact DFlash training rows.
 
 For every usable generation event: `input_ids = prompt_ids + output_ids` and `loss_mask` = 0 over the
-prompt, 1 over the output — the ids exactly as sent to and returned by SGLang, never re-tokenized
-(reference drafter_data.md §7.1, the engine boundary). The output ends with the EOS `<|im_end|>` the model
-emitted, so the drafter learns to stop; the template's "\\n" after it is never generated and never in a row.
+prompt, 1 over the output — the ids exactly as sent to and returned by SGLang, never re-tokenized (the
+prompt/output boundary comes from the engine, so no template mismatch can creep in). The output ends with
+the EOS `<|im_end|>` the model emitted, so the drafter learns to stop; the template's "\\n" after it is
+never generated and never in a row.
 
 **Exclusions**, each counted under its reason (first matching reason wins):
 `error` (the request failed: no answer), `aborted` (finish_reason abort), `unknown_finish_reason`,

@@ -1,9 +1,9 @@
-"""A Great Expectations 1.x suite over one training shard (reference validation_storage.md §1).
+"""A Great Expectations 1.x suite over one training shard.
 
 GX validates one pandas row per training row: the scalar columns plus figures measured from the token
 lists themselves (list lengths, mask sum, mask range), so a count column that disagrees with its lists is
 caught. The token-level rules (anchors, vocabulary, thinking structure) live in `gates`, in one numpy
-pass; GX would re-scan the lists once per expectation (§1.5).
+pass; GX would re-scan the lists once per expectation.
 
 GX is imported inside `validate_training_shard`: the import costs seconds and code locations load this
 module. Each validation builds an ephemeral context, a registered suite (`context.suites.add`; an

@@ -17,7 +17,7 @@ import orjson
 from dagster_project.sglang import protocol as proto
 
 MODEL_PATH = "Qwen/Qwen3.6-27B"
-MODEL_VOCAB_SIZE = 248320  # padded embedding size: what the server range-checks input ids against (§7)
+MODEL_VOCAB_SIZE = 248320  # padded embedding size: what the server range-checks input ids against
 SGLANG_VERSION = "0.5.23"
 
 
@@ -48,7 +48,7 @@ class SimConfig:
     ttft_s: float = 0.0
     prefill_s_per_token: float = 0.0
     decode_step_s: float = 0.0
-    startup_s: float = 0.0  # /health answers 503 this long after start (§3.1)
+    startup_s: float = 0.0  # /health answers 503 this long after start
     health_latency_s: float = 0.0  # real /health takes >= 1 s; 0 keeps tests fast
     request_log_limit: int = 1_000_000
     faults: dict = field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""Injected failures (checklist §9.7), set at start (`--faults JSON`) or at run time (`POST /_sim/faults`).
+"""Injected failures, set at start (`--faults JSON`) or at run time (`POST /_sim/faults`).
 
 Most faults shape a response and are read where the response is made; this module holds their state,
 and the two that act on the process or the connection: a crash and a dropped connection.

@@ -1,4 +1,4 @@
-"""What the ops routes report (§3): the bodies of /model_info, /v1/models and /server_info, the /metrics
+"""What the ops routes report: the bodies of /model_info, /v1/models and /server_info, the /metrics
 exposition, and the request counters behind them.
 
 Static values (memory figures, cuda-graph sizes, ...) are plausible numbers for Qwen3.6-27B on one H200;
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from dagster_project.sglang.sim.scheduler import Scheduler
 
 _E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
-_MAMBA_SLOTS_PER_REQUEST = 5  # S of the default extra_buffer radix strategy (§5.2): sizes the mamba pool
+_MAMBA_SLOTS_PER_REQUEST = 5  # S of the default extra_buffer radix strategy: sizes the mamba pool
 
 
 class Stats:
@@ -90,7 +90,7 @@ def models(config: SimConfig, created: float) -> dict:
 def server_info(config: SimConfig, scheduler: Scheduler, stats: Stats) -> dict:
     c = config
     cap = scheduler.cap
-    spec = "EAGLE" if c.speculative else None  # NEXTN resolves to EAGLE (TL;DR 6)
+    spec = "EAGLE" if c.speculative else None  # NEXTN resolves to EAGLE, and /server_info says so
     state: dict[str, Any] = {
         "speculative_algorithm": spec,
         "max_mamba_cache_size": cap * _MAMBA_SLOTS_PER_REQUEST,
@@ -138,7 +138,7 @@ def server_info(config: SimConfig, scheduler: Scheduler, stats: Stats) -> dict:
         "reasoning_parser": c.reasoning_parser,
         "enable_metrics": c.enable_metrics,
         "weight_version": "default",
-        "api_key": c.api_key,  # the real server does not redact it either (§3.3)
+        "api_key": c.api_key,  # the real server does not redact it either
         "launch_command": "python -m dagster_project.sglang.sim.server " + " ".join(_redacted_argv()),
         "status": "ready",
         "max_total_num_tokens": c.token_capacity,
@@ -151,7 +151,7 @@ def server_info(config: SimConfig, scheduler: Scheduler, stats: Stats) -> dict:
 
 
 def exposition(config: SimConfig, scheduler: Scheduler, stats: Stats) -> str:
-    """/metrics text: the §3.7 names and labels of the scheduler and tokenizer metrics."""
+    """/metrics text: SGLang's names and labels of the scheduler and tokenizer metrics."""
     name = config.model_name
     labels = {"engine_type": "unified", "model_name": name, "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": "0"}
     tokenizer = {"engine_type": "unified", "model_name": name}

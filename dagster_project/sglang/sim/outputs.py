@@ -3,8 +3,8 @@
 An answer is a deterministic function of `--seed`, the prompt ids and the sampling params, so every server
 of a fleet answers a prompt the same way. Thinking prompts get a reasoning part, `\\n</think>\\n\\n` and an
 answer; words are ordinary vocabulary tokens, so `text` is exactly the tokenizer's decoding of `output_ids`.
-Spec stats come from simulated verify passes and obey every invariant of §1.3. How long an answer takes
-is the scheduler's business (`sim_scheduler`), not this module's.
+Spec stats come from simulated verify passes and obey every invariant `protocol.check_spec_stats` checks.
+How long an answer takes is the scheduler's business (`sim_scheduler`), not this module's.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ class OutputModel:
         self.lengths = parse_length_distribution(config.output_len)
         self.accept = AcceptModel(config.accept_probs, config.accept_decay_tokens, config.seed)
         self.eos = vocab.eos_ids[0]
-        # `<think>\n\n</think>\n\n` closes the thinking block in the prompt (enable_thinking=False, §2.1).
+        # `<think>\n\n</think>\n\n` closes the thinking block in the prompt (enable_thinking=False).
         self.no_think_suffix = [vocab.think_end, vocab.paragraph]
         close = [vocab.newline, vocab.think_end, vocab.paragraph]
         self.think_close = (close, vocab.decode(close))
@@ -281,13 +281,13 @@ class OutputModel:
                 ids += part_ids[:room]
                 texts.append(self.vocab.decode(part_ids[:room]))
         if with_eos and len(ids) < count:
-            ids.append(self.eos)  # its text is the stop token: trimmed from `text` (§1.3)
+            ids.append(self.eos)  # its text is the stop token: trimmed from `text`
         return ids, "".join(texts)
 
     def _apply_stops(
         self, ids: list[int], text: str, finish: dict, stop_text: str, params: Mapping[str, Any]
     ) -> tuple[list[int], str, dict, str]:
-        """`stop_token_ids` and `stop` strings end the answer at their first occurrence (§1.2, §1.4)."""
+        """`stop_token_ids` and `stop` strings end the answer at their first occurrence."""
         stop_ids = set(params.get("stop_token_ids") or ())
         stops = params.get("stop") or ()
         if not stop_ids and not stops:

@@ -1,4 +1,4 @@
-"""The `/generate` request contract (§1, §4): what is checked, in the server's order, and the error shapes.
+"""The `/generate` request contract: what is checked, in the server's order, and the error shapes.
 
 Stage A checks the request types (E1), stage B the closed `sampling_params` schema (E2), stage C the
 prompt against the model and the server (E3). A full queue is a 503 with the E4 shape.
@@ -84,7 +84,7 @@ def parse_generate(body: Any) -> list[GenerateItem]:
         raise RequestError(400, proto.e3_body("The length of sampling_params and the batch size mismatch."))
     rid = body.get("rid")
     if batched:
-        # A string rid is the batch's prefix (§1.1).
+        # A string rid is the batch's prefix: item i gets `<rid>_<i>`.
         rids = (
             rid if isinstance(rid, list) else [f"{rid}_{i}" if rid else uuid.uuid4().hex for i in range(len(prompts))]
         )
@@ -123,7 +123,7 @@ def check_request(input_ids: list[int], params: dict, rid: str, config: SimConfi
     if prompt_tokens >= config.max_req_input_len:
         raise RequestError(400, proto.e3_body(proto.msg_input_exceeds_max(prompt_tokens, config.max_req_input_len)))
     cap = proto.UNCAPPED_MAX_NEW_TOKENS if requested is None else requested
-    # The scheduler silently clips to what the context leaves (§1.2).
+    # The scheduler silently clips to what the context leaves.
     return max(0, min(cap, config.max_req_len - prompt_tokens - 1))
 
 
@@ -139,7 +139,7 @@ _TOP_LEVEL_TYPES: tuple[tuple[str, Callable[[Any], bool], tuple[str, tuple, str]
 
 
 def _e1_message(error_type: str, ctx: tuple, message: str, value: Any, loc: str | int = 0) -> str:
-    """FastAPI's validation text as SGLang words it: `<str(exc)> <exc.errors()>` (§4 E1; wording approximate)."""
+    """FastAPI's validation text as SGLang words it: `<str(exc)> <exc.errors()>` (E1; wording approximate)."""
     error = {"type": error_type, "loc": ("body", loc), "msg": message, "input": value}
     if ctx:
         error["ctx"] = dict(ctx)

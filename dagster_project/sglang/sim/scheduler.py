@@ -175,7 +175,7 @@ class Scheduler:
 
     def abort(self, prefix: str, abort_all: bool = False) -> None:
         for job in list(self.jobs.values()):
-            if abort_all or job.rid.startswith(prefix):  # prefix semantics (TL;DR 8)
+            if abort_all or job.rid.startswith(prefix):  # SGLang matches abort rids by prefix
                 job.aborted = True
                 job.interrupt()
 

@@ -1,6 +1,6 @@
-"""An SGLang 0.5.23 stand-in: one HTTP server process speaking the protocol of ../shared/reference/sglang.md.
+"""An SGLang 0.5.23 stand-in: one HTTP server process that answers like the real one.
 
-It serves native `/generate` with `input_ids` and the ops routes (§1-§4, checklist §9) without a GPU.
+It serves native `/generate` with `input_ids` and the ops routes, errors included, without a GPU.
 This module is the HTTP server: routes, responses, streaming, admin routes and the command line. The
 rest lives in:
 
@@ -13,7 +13,7 @@ rest lives in:
 * `sim_ops` — the bodies of /server_info, /model_info, /v1/models and /metrics, and their counters.
 
 Streaming (`"stream": true`) sends cumulative chunks after prefill and at each quarter of the decode,
-the finished response, then `data: [DONE]` (§1.5). Admin routes under `/_sim/` (never SGLang's) set
+the finished response, then `data: [DONE]`. Admin routes under `/_sim/` (never SGLang's) set
 faults, read the request log (`rid`, prompt hash, outcome) and the scheduler state.
 
 Start one with `python -m dagster_project.sglang.sim.server --port 31000 [options]`; fleets are started by
@@ -118,7 +118,7 @@ class Simulator:
             log[_OUTCOME] = f"error:{error.status}"
             raise
         samples = int(params.get("n") or 1)
-        rids = [item.rid] if samples == 1 else [uuid.uuid4().hex for _ in range(samples)]  # n>1: fresh rids (§1.1)
+        rids = [item.rid] if samples == 1 else [uuid.uuid4().hex for _ in range(samples)]  # n>1: fresh rids
         jobs = []
         for sample, rid in enumerate(rids):
             answer = self.model.plan(
@@ -142,7 +142,7 @@ class Simulator:
         except QueueFull:
             log[_OUTCOME] = "error:503"
             raise queue_full() from None
-        except asyncio.CancelledError:  # the client went away: the server aborts the request (§4)
+        except asyncio.CancelledError:  # the client went away: the server aborts the request
             log[_OUTCOME] = "disconnected"
             for job in jobs:
                 job.aborted = True
@@ -163,7 +163,7 @@ class Simulator:
         return responses[0] if len(jobs) == 1 else responses
 
     async def _stream(self, request: web.Request, item: GenerateItem, received: float) -> web.StreamResponse:
-        """Server-sent events (§1.5): cumulative output, `finish_reason` null until the last chunk, then [DONE].
+        """Server-sent events: cumulative output, `finish_reason` null until the last chunk, then [DONE].
 
         Chunks come after prefill and at each quarter of the decode, not after every token.
         """
@@ -176,7 +176,7 @@ class Simulator:
         try:
             input_ids, log, (job,) = await self._prepare(item, received)
         except RequestError as error:
-            # Headers are out: a scheduler abort arrives as a normal chunk, a refusal as an error chunk (§1.5).
+            # Headers are out: a scheduler abort arrives as a normal chunk, a refusal as an error chunk.
             if error.status == 503:
                 finish = proto.finish_abort(error.body["message"], 503)
                 await send({"text": "", "output_ids": [], "meta_info": {"id": item.rid, "finish_reason": finish}})
@@ -233,7 +233,7 @@ class Simulator:
         return self._tokenizer.encode(text, add_special_tokens=False)
 
     def _respond(self, job: Job, input_ids: list[int], item: GenerateItem) -> dict:
-        """The finished response (§1.3), meta_info keys in the server's order; records the request's stats."""
+        """The finished response, meta_info keys in the server's order; records the request's stats."""
         answer, params = job.answer, item.params
         finished_at = time.perf_counter()
         if job.aborted:
@@ -390,7 +390,7 @@ class Simulator:
         )
 
     def _keyed(self, handler: Handler) -> Handler:
-        """With --api-key, SGLang wants the key on every route but /health*, /ready and /metrics (§3)."""
+        """With --api-key, SGLang wants the key on every route but /health*, /ready and /metrics."""
         key = self.config.api_key
         if not key:
             return handler
