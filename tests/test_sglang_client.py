@@ -124,3 +124,36 @@ def test_the_api_key_is_sent_and_never_shown(sim_fleet):
     assert (error.kind, error.retryable, error.status) == ("unauthorized", False, 401)
     client = sgl.SGLangClient(url, api_key=SECRET)
     assert SECRET not in repr(client) and SECRET not in str(error) + repr(error)
+
+
+def test_a_nan_stop_is_a_retryable_error_not_an_answer(sim_fleet):
+    fleet = sim_fleet(1)
+    fleet.set_faults(0, nan=1)
+    error = run(expect_error(fleet.url(0), "generate", PROMPT, PARAMS))
+    assert error.kind == sgl.SAMPLING_FAILED and error.retryable and "NaN happened" in error.message
+    assert error.url == fleet.url(0)
+
+
+def test_ops_bodies_that_are_not_json_are_typed_errors_naming_the_server():
+    from aiohttp import web
+
+    async def scenario() -> list[sgl.SGLangError]:
+        async def proxy_error_page(request: web.Request) -> web.Response:
+            return web.Response(text="<html><body>502 Bad Gateway</body></html>", content_type="text/html")
+
+        app = web.Application()
+        for path in ("/server_info", "/model_info"):
+            app.router.add_get(path, proxy_error_page)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_ports(1)[0]
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        try:
+            return [await expect_error(url, "server_info"), await expect_error(url, "model_info")]
+        finally:
+            await runner.cleanup()
+
+    for error, path in zip(run(scenario()), ("/server_info", "/model_info")):
+        assert error.kind == sgl.BAD_RESPONSE and error.url and error.url in str(error)
+        assert f"{path} is not a JSON object" in error.message and "502 Bad Gateway" in error.message

@@ -192,6 +192,7 @@ def test_every_simulator_option_survives_the_command_line():
         "max_queued_requests": 2, "seed": 5, "output_len": "uniform:1:9", "max_output_len": 99,
         "answer_fraction": (0.2, 0.4), "accept_probs": (0.5, 0.25, 0.25), "accept_decay_tokens": 4096,
         "ttft_s": 0.5, "prefill_s_per_token": 0.001, "decode_step_s": 0.02, "startup_s": 1.5, "health_latency_s": 0.1,
+        "health_check_timeout_s": 3.0,
         "request_log_limit": 10, "faults": {"hang": True, "error_503": 2},
     }  # fmt: skip
     assert set(options) | {"host", "port", "vocab_file"} == {f.name for f in fields(SimConfig)}

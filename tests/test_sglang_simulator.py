@@ -407,14 +407,27 @@ def test_fault_503_burst_then_recovery(sim_fleet):
     assert generate(sims, 0)[0] == 200
 
 
-def test_fault_hang_keeps_health_but_stops_progress_until_cleared(sim_fleet):
-    sims = sim_fleet(1, decode_step_s=0.001, faults={"hang": True})
+def test_fault_hang_stops_progress_and_fails_health_after_the_health_timeout(sim_fleet):
+    # As SGLang: /health and /health_generate inject a 1-token generation; none within the timeout is a 503.
+    sims = sim_fleet(1, decode_step_s=0.001, health_check_timeout_s=0.5)
+    sims.set_faults(0, hang=True)
     pending = in_background(generate, sims, 0)
     wait_until(lambda: sims.state(0)["running"] == 1, what="a running request")
-    assert call(sims.url(0) + "/health")[0] == 200 and not pending.done()
-    assert sims.state(0)["counters"]["requests"] == 0
+    assert call(sims.url(0) + "/health")[0] == 503 and call(sims.url(0) + "/health_generate")[0] == 503
+    assert not pending.done() and sims.state(0)["counters"]["requests"] == 0
     sims.set_faults(0, hang=False)
     assert pending.result(timeout=10)[0] == 200
+    assert call(sims.url(0) + "/health_generate")[0] == 200
+
+
+def test_fault_nan_ends_the_answer_with_sglangs_nan_stop(sim_fleet, tokenizer):
+    eos = special_ids(tokenizer).im_end
+    sims = sim_fleet(1, output_len="fixed:40")
+    sims.set_faults(0, nan=1)
+    status, body = generate(sims, 0)
+    assert status == 200 and body["meta_info"]["finish_reason"] == {"type": "stop", "matched": "NaN happened"}
+    assert body["output_ids"][-1] == eos and len(body["output_ids"]) == body["meta_info"]["completion_tokens"]
+    assert generate(sims, 0)[1]["meta_info"]["finish_reason"]["matched"] == eos  # one request only
 
 
 def test_fault_slow_multiplies_latency(sim_fleet):

@@ -15,7 +15,7 @@ from typing import Any, Self
 import aiohttp
 import orjson
 
-from dagster_project.sglang.protocol import CONTEXT_LENGTH_MESSAGE, MSG_QUEUE_FULL
+from dagster_project.sglang.protocol import CONTEXT_LENGTH_MESSAGE, MSG_QUEUE_FULL, NAN_STOP
 
 # Error kinds. Not retryable: the request itself is wrong, or the client is misconfigured.
 CONTEXT_LENGTH = "context_length"
@@ -31,9 +31,20 @@ CONNECTION_DROPPED = "connection_dropped"
 TIMEOUT = "timeout"
 ABORTED = "aborted"
 BAD_RESPONSE = "bad_response"
+SAMPLING_FAILED = "sampling_failed"  # the server's sampler drew an out-of-vocabulary id ("NaN happened")
 
 RETRYABLE_KINDS = frozenset(
-    {DUPLICATE_RID, QUEUE_FULL, SERVER_UNAVAILABLE, SERVER_ERROR, CONNECTION_DROPPED, TIMEOUT, ABORTED, BAD_RESPONSE}
+    {
+        DUPLICATE_RID,
+        QUEUE_FULL,
+        SERVER_UNAVAILABLE,
+        SERVER_ERROR,
+        CONNECTION_DROPPED,
+        TIMEOUT,
+        ABORTED,
+        BAD_RESPONSE,
+        SAMPLING_FAILED,
+    }
 )
 _MAX_MESSAGE_CHARS = 2000
 _REDACTED = "<redacted>"
@@ -163,6 +174,15 @@ def _result_from_body(body: Any, rid: str, url: str) -> GenerateResult:
         raise SGLangError(ABORTED, finish.get("message") or "Aborted", url=url, rid=rid, partial=result)
     if kind not in ("stop", "length"):
         raise SGLangError(BAD_RESPONSE, f"unknown finish_reason {finish!r}", url=url, rid=rid)
+    if kind == "stop" and finish.get("matched") == NAN_STOP:
+        raise SGLangError(
+            SAMPLING_FAILED,
+            f"finish_reason matched {NAN_STOP!r}: the sampler drew an id outside the vocabulary and the server "
+            "overwrote the last output id; the answer is not usable",
+            url=url,
+            rid=rid,
+            partial=result,
+        )
     return result
 
 
@@ -327,13 +347,23 @@ class SGLangClient:
             ) from None
         return _result_from_body(parsed, rid, self.base_url)
 
+    async def _get_json(self, path: str, timeout: float | None) -> dict:
+        body = await self._get_ok(path, timeout or self._probe_timeout_s)
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            excerpt = body[:80].decode("utf-8", "replace")
+            raise SGLangError(BAD_RESPONSE, f"{path} is not a JSON object: {excerpt!r}", url=self.base_url)
+        return parsed
+
     async def server_info(self, timeout: float | None = None) -> dict:
         """`/server_info` with any echoed API key redacted."""
-        body = await self._get_ok("/server_info", timeout or self._probe_timeout_s)
-        return _redact(orjson.loads(body), self._api_key)
+        return _redact(await self._get_json("/server_info", timeout), self._api_key)
 
     async def model_info(self, timeout: float | None = None) -> dict:
-        return orjson.loads(await self._get_ok("/model_info", timeout or self._probe_timeout_s))
+        return await self._get_json("/model_info", timeout)
 
     async def health(self, timeout: float | None = None) -> bool:
         return await self._probe("/health", timeout)

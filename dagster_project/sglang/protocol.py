@@ -316,6 +316,11 @@ def sampling_params(
 # ---- responses ---------------------------------------------------------------------------------------
 
 
+# What the scheduler reports when the sampler drew an id outside the vocabulary: it looks like a normal stop, with
+# the last output id overwritten by EOS, but the answer is garbage and must be treated as a failed request.
+NAN_STOP = "NaN happened"
+
+
 def finish_stop(matched: int | str) -> dict:
     return {"type": "stop", "matched": matched}
 

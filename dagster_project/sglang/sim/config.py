@@ -50,6 +50,7 @@ class SimConfig:
     decode_step_s: float = 0.0
     startup_s: float = 0.0  # /health answers 503 this long after start
     health_latency_s: float = 0.0  # real /health takes >= 1 s; 0 keeps tests fast
+    health_check_timeout_s: float = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT: no output this long means 503
     request_log_limit: int = 1_000_000
     faults: dict = field(default_factory=dict)
 

@@ -23,13 +23,14 @@ class Faults:
     crash_after_requests: int | None = None  # exit the process when this many more requests have arrived
     crash_after_s: float | None = None  # exit the process this long after the fault is set
     drop: int | bool = 0  # close the connection before the answer (or mid-stream): no HTTP status
-    hang: bool = False  # nothing progresses; /health still answers 200
+    hang: bool = False  # nothing progresses; /health and /health_generate answer 503 after the health timeout
     slow: float = 1.0  # every request takes this many times longer
     error_503: int | bool = 0  # answer 503 "The request queue is full." (E4)
     error_503_for_s: float | None = None  # ... for every request during this many seconds
     empty: int | bool = 0  # the answer is the EOS token alone
     truncate: int | bool = 0  # the answer is cut early with finish_reason length (a clipped request)
     mtp_off: bool = False  # no draft is accepted: spec_verify_ct equals the completion tokens
+    nan: int | bool = 0  # the sampler drew an out-of-vocabulary id: stop "NaN happened", last id overwritten
     _503_until: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:

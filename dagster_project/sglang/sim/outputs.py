@@ -4,7 +4,7 @@ An answer is a deterministic function of `--seed`, the prompt ids and the sampli
 of a fleet answers a prompt the same way. Thinking prompts get a reasoning part, `\\n</think>\\n\\n` and an
 answer; words are ordinary vocabulary tokens, so `text` is exactly the tokenizer's decoding of `output_ids`.
 Spec stats come from simulated verify passes and obey every invariant `protocol.check_spec_stats` checks.
-How long an answer takes is the scheduler's business (`sim_scheduler`), not this module's.
+How long an answer takes is the scheduler's business (`sim.scheduler`), not this module's.
 """
 
 from __future__ import annotations
@@ -231,8 +231,9 @@ class OutputModel:
         empty: bool = False,
         truncate: bool = False,
         mtp_off: bool = False,
+        nan: bool = False,
     ) -> Answer:
-        """The answer to one sample; `empty`, `truncate` and `mtp_off` are the injected faults that shape it."""
+        """The answer to one sample; `empty`, `truncate`, `mtp_off` and `nan` are the injected faults that shape it."""
         rng = random.Random(f"{self.config.seed}:{prompt_hash}:{sample}")
         thinking = input_ids[-2:] != self.no_think_suffix
         natural = max(1, min(self.lengths(rng), self.config.max_output_len))
@@ -251,6 +252,10 @@ class OutputModel:
         else:
             finish, stop_text = proto.finish_length(cap), ""
         ids, text, finish, stop_text = self._apply_stops(ids, text, finish, stop_text, params)
+        if nan:
+            # The scheduler overwrites the out-of-vocabulary id with EOS and reports the NaN stop string.
+            ids = [*ids[:-1], self.eos]
+            text, finish, stop_text = self.vocab.decode(ids[:-1]), proto.finish_stop(proto.NAN_STOP), ""
         return Answer(ids, text, finish, self._spec(len(input_ids), len(ids), rng, mtp_off), stop_text)
 
     def _compose(

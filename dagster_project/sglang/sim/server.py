@@ -4,13 +4,13 @@ It serves native `/generate` with `input_ids` and the ops routes, errors include
 This module is the HTTP server: routes, responses, streaming, admin routes and the command line. The
 rest lives in:
 
-* `sim_config` — `SimConfig` (one field per flag) and `SimVocab`, the tokenizer facts a server needs.
-* `sim_requests` — the `/generate` request checks in the server's order and their error shapes (E1-E4).
-* `sim_outputs` — the answer to a prompt: real Qwen3.6 token ids with a think block, the exact `text`,
+* `sim.config` — `SimConfig` (one field per flag) and `SimVocab`, the tokenizer facts a server needs.
+* `sim.requests` — the `/generate` request checks in the server's order and their error shapes (E1-E4).
+* `sim.outputs` — the answer to a prompt: real Qwen3.6 token ids with a think block, the exact `text`,
   the finish reason and spec-decoding stats; a deterministic function of `--seed` and the prompt.
-* `sim_scheduler` — running cap, FIFO queue (503 when bounded and full), latency model, aborts.
-* `sim_faults` — injected failures: crash, drop, hang, slow, 503 bursts, empty/truncated answers, MTP off.
-* `sim_ops` — the bodies of /server_info, /model_info, /v1/models and /metrics, and their counters.
+* `sim.scheduler` — running cap, FIFO queue (503 when bounded and full), latency model, aborts.
+* `sim.faults` — injected failures: crash, drop, hang, slow, 503 bursts, empty/truncated/NaN answers, MTP off.
+* `sim.ops` — the bodies of /server_info, /model_info, /v1/models and /metrics, and their counters.
 
 Streaming (`"stream": true`) sends cumulative chunks after prefill and at each quarter of the decode,
 the finished response, then `data: [DONE]`. Admin routes under `/_sim/` (never SGLang's) set
@@ -51,6 +51,7 @@ from dagster_project.sglang.sim.requests import (
 from dagster_project.sglang.sim.scheduler import Job, QueueFull, Scheduler
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_HEALTH_POLL_S = 0.1  # how often a health check looks for progress (the real server: once a second)
 
 # A request log entry is a list (a million of them must stay small); its outcome changes as it runs.
 _LOG_KEYS = ("rid", "input_hash", "prompt_tokens", "received_at", "outcome")
@@ -130,6 +131,7 @@ class Simulator:
                 empty=self.faults.take("empty"),
                 truncate=self.faults.take("truncate"),
                 mtp_off=self.faults.mtp_off,
+                nan=self.faults.take("nan"),
             )
             jobs.append(self.scheduler.add(rid, answer, len(input_ids), received))
         return input_ids, log, jobs
@@ -312,9 +314,21 @@ class Simulator:
         return time.perf_counter() - self.started_at < self.config.startup_s
 
     async def health(self, request: web.Request) -> web.Response:
+        """`/health` and `/health_generate` share SGLang's handler: a 1-token generation must make progress.
+
+        The real server injects a one-token request and polls for output once a second; with no output within
+        its health-check timeout (20 s by default) it answers 503. Here a hung scheduler makes no progress.
+        """
+        if self._starting():
+            return web.Response(status=503)
         if self.config.health_latency_s:
             await asyncio.sleep(self.config.health_latency_s)
-        return web.Response(status=503 if self._starting() else 200)
+        deadline = time.perf_counter() + self.config.health_check_timeout_s
+        while self.faults.speed == 0:
+            if time.perf_counter() >= deadline:
+                return web.Response(status=503)
+            await asyncio.sleep(min(_HEALTH_POLL_S, max(0.0, deadline - time.perf_counter())))
+        return web.Response(status=200)
 
     async def ready(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self._starting() else 200)
@@ -497,6 +511,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     parser.add_argument("--decode-step-s", type=float, default=defaults.decode_step_s)
     parser.add_argument("--startup-s", type=float, default=defaults.startup_s)
     parser.add_argument("--health-latency-s", type=float, default=defaults.health_latency_s)
+    parser.add_argument("--health-check-timeout-s", type=float, default=defaults.health_check_timeout_s)
     parser.add_argument("--request-log-limit", type=int, default=defaults.request_log_limit)
     parser.add_argument(
         "--faults", type=orjson.loads, default={}, help="initial faults as JSON, e.g. '{\"hang\": true}'"
