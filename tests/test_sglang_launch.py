@@ -129,6 +129,19 @@ def test_fleet_lifecycle_pid_file_logs_status_and_stop(tmp_path):
     assert stop_fleet(tmp_path) == []
 
 
+def test_servers_do_not_inherit_store_credentials(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak-this")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "nor-this")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # not a secret: kept
+    fleet = launch_simulators(1, tmp_path)
+    try:
+        environment = Fleet.load(tmp_path).members[0].process().environ()
+    finally:
+        stop_fleet(tmp_path)
+    assert "AWS_SECRET_ACCESS_KEY" not in environment and "AWS_SESSION_TOKEN" not in environment
+    assert environment["AWS_DEFAULT_REGION"] == "us-east-1" and fleet.urls
+
+
 def test_startup_timeout_names_the_server_and_shows_its_log(tmp_path):
     with pytest.raises(FleetError) as caught:
         launch_simulators(1, tmp_path, {"startup_s": 120}, startup_timeout_s=10)

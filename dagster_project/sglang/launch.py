@@ -224,6 +224,16 @@ def log_tail(path: str | Path, lines: int = _LOG_TAIL_LINES) -> str:
 _children: dict[int, subprocess.Popen] = {}
 
 
+def server_environment() -> dict[str, str]:
+    """This process's environment less its secrets: a server outlives the shell and needs no store credentials."""
+    return {name: value for name, value in os.environ.items() if not _is_secret(name)}
+
+
+def _is_secret(name: str) -> bool:
+    upper = name.upper()
+    return (upper.startswith("AWS_") and upper.endswith(("_KEY", "_KEY_ID", "_TOKEN"))) or "SECRET" in upper
+
+
 def _spawn(command: list[str], log_path: Path, env: Mapping[str, str]) -> psutil.Process:
     with open(log_path, "ab") as log:
         child = subprocess.Popen(
@@ -400,7 +410,7 @@ def launch_fleet(
     specs = []
     for index, gpu in enumerate(gpus):
         port = base_port + index
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        env = {**server_environment(), "CUDA_VISIBLE_DEVICES": str(gpu)}
         specs.append((f"gpu{gpu}", port, server_command(options, port, python=python), env, gpu))
     return _start(
         Fleet(run_dir, "sglang"),
@@ -442,7 +452,7 @@ def launch_simulators(
             f"sim{index}",
             port,
             simulator_command(port, opts, vocab_file=vocab_file, host=host, python=python),
-            dict(os.environ),
+            server_environment(),
             None,
         )
         for index, (port, opts) in enumerate(zip(ports, per_server))
