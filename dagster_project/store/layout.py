@@ -14,6 +14,7 @@ COMPLETIONS = "completions"
 TRAINING_SET = "training_set"
 EXPORTS = "exports"
 PROGRESS = "progress"
+LEASES = "leases"
 
 
 def partition_key(shard: int) -> str:
@@ -45,3 +46,7 @@ def stage_manifest_key(stage: str) -> str:
 
 def progress_key(shard: int) -> str:
     return f"{PROGRESS}/shard={shard:0{SHARD_DIGITS}d}.json"
+
+
+def lease_key(stage: str, shard: int) -> str:
+    return f"{LEASES}/{stage}/shard={shard:0{SHARD_DIGITS}d}.json"

@@ -8,6 +8,7 @@ before the call returns.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -35,6 +36,10 @@ class ObjectInfo:
 
 class StoreError(RuntimeError):
     """An object could not be written, read or verified."""
+
+
+class PreconditionFailed(StoreError):
+    """A conditional write lost: the object was not in the state the writer expected."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,12 @@ class Store(Protocol):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
     def delete(self, key: str) -> None: ...
     def url(self, key: str) -> str: ...
+
+    # Compare-and-swap on one small object (leases): `version` is an opaque tag of the object's content.
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None: ...
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
+        """Write only if the object is at `version` (None: only if it does not exist); the new version."""
+        ...
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -170,6 +181,24 @@ class LocalStore:
 
     def url(self, key: str) -> str:
         return str(self.root / key)
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        try:
+            data = self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        return data, sha256_bytes(data)
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Every writer of this key on this file system serializes on the lock file: compare, then swap.
+        with open(path.parent / f".{path.name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.get_versioned(key)
+            if (current[1] if current else None) != version:
+                raise PreconditionFailed(f"{self.url(key)} changed since it was read (expected version {version})")
+            return self.put_bytes(key, data).sha256 or sha256_bytes(data)
 
 
 class S3Store:
@@ -278,11 +307,38 @@ class S3Store:
     def delete(self, key: str) -> None:
         self._retrying("DELETE", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)))
 
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        try:
+            response = self._retrying(
+                "GET", key, lambda: self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            )
+        except StoreError as exc:
+            if _is_not_found(exc.__cause__):
+                return None
+            raise
+        return response["Body"].read(), response["ETag"]
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
+        condition = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
+        try:
+            response = self._retrying(
+                "conditional PUT",
+                key,
+                lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition),
+            )
+        except StoreError as exc:
+            if _error_code(exc.__cause__) in _CONFLICT:
+                raise PreconditionFailed(f"{self.url(key)} changed since it was read (expected {version})") from exc
+            raise
+        return response["ETag"]
+
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
 
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+# A conditional write that lost the race (412), or raced another conditional write of the same key (409).
+_CONFLICT = {"412", "PreconditionFailed", "409", "ConditionalRequestConflict"}
 # Retrying these cannot help: the operator has to fix credentials, permissions or the bucket name.
 _PERMANENT = {
     "400",
@@ -321,7 +377,7 @@ def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
         return False
     code = _error_code(exc)
-    return code not in _NOT_FOUND and code not in _PERMANENT
+    return code not in _NOT_FOUND and code not in _PERMANENT and code not in _CONFLICT
 
 
 _S3_URI = re.compile(r"s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?")
