@@ -10,7 +10,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from dagster_project.generation.dispatch import Dispatcher, FleetDownError
-from dagster_project.generation.journal import Journal
 from dagster_project.generation.shards import shard_coverage
 from dagster_project.generation.stage import generate_shard, journal_path
 from dagster_project.generation_settings import GenerationSettings
@@ -19,6 +18,7 @@ from dagster_project.sglang.protocol import input_hash
 from dagster_project.store.storage import local_copy
 from dagster_project.tokenizer import load_tokenizer, special_ids
 from tests.ingest_helpers import run_stages
+from tests.journal_files import journal_records
 
 pytest_plugins = ["tests.sglang_fixtures"]
 
@@ -60,8 +60,7 @@ def test_a_crash_mid_shard_then_a_rerun_gives_every_event_exactly_once(tmp_path,
     with pytest.raises(FleetDownError):
         generate_shard(store, 0, tokenizer=tokenizer, settings=SETTINGS, dispatcher=dispatcher(doomed), work_dir=work)
 
-    with Journal(journal_path(work, 0, SETTINGS.fingerprint())) as journal:
-        before = {record["event_id"]: record for record in journal.final_records()}
+    before = journal_records(journal_path(work, 0, SETTINGS.fingerprint()))
     assert 4 <= len(before) < 12
     stopped_mid_conversation = {
         conversation: max(split_event_id(e)[1] for e in before if split_event_id(e)[0] == conversation)

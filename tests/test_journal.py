@@ -1,7 +1,9 @@
+import os
+
 import orjson
 import pytest
 
-from dagster_project.generation.journal import Journal, JournalCorrupt
+from dagster_project.generation.journal import Journal, JournalBusy, JournalCorrupt
 
 
 def record(event_id: str, status: str = "ok", retryable: bool = False, **extra) -> dict:
@@ -61,3 +63,14 @@ def test_a_retryable_error_is_superseded_by_a_later_result_but_a_final_error_is_
     with Journal(path) as journal:
         finals = {r["event_id"]: r["status"] for r in journal.final_records()}
         assert finals == {"a#turn0": "ok", "b#turn0": "error"}
+
+
+def test_a_second_writer_of_the_same_journal_is_refused_naming_the_holder(tmp_path):
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as journal:
+        journal.append(record("a#turn0"))
+        with pytest.raises(JournalBusy, match=f"in use by pid {os.getpid()}"):
+            Journal(path)
+        assert journal.append(record("b#turn0"))  # the refused opener changed nothing
+    with Journal(path) as journal:
+        assert set(journal.entries) == {"a#turn0", "b#turn0"}

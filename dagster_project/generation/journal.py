@@ -6,10 +6,14 @@ anywhere else is an error, because silently skipping a line could lose or repeat
 
 The journal is keyed by event id. A result is final. An error is final unless it is retryable, in which
 case a later run may try that event again and a later record for it supersedes the error.
+
+One process at a time: opening takes an exclusive lock (`<journal>.lock`, which names its holder), so a
+second run of the same shard on this host refuses instead of appending its own lines in between.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +27,10 @@ from dagster_project.records import STATUS_OK
 
 class JournalCorrupt(RuntimeError):
     pass
+
+
+class JournalBusy(RuntimeError):
+    """Another live process has the journal open."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,13 @@ class Journal:
         self._lines = 0
         self._unsynced = 0
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._recover()
-        self._handle = open(path, "ab")
+        self._lock = _lock_exclusively(path.with_name(path.name + ".lock"))
+        try:
+            self._recover()
+            self._handle = open(path, "ab")
+        except BaseException:
+            self._lock.close()
+            raise
 
     def _recover(self) -> None:
         if not self.path.exists():
@@ -118,6 +131,7 @@ class Journal:
     def close(self) -> None:
         self.sync()
         self._handle.close()
+        self._lock.close()  # closing the descriptor releases the lock
 
     def __enter__(self) -> Journal:
         return self
@@ -133,3 +147,21 @@ class Journal:
             for number, raw in enumerate(handle):
                 if number in wanted:
                     yield orjson.loads(raw)
+
+
+def _lock_exclusively(lock_path: Path):
+    """An open lock file holding an exclusive lock, with this process's pid in it; `JournalBusy` if taken."""
+    handle = open(lock_path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise JournalBusy(
+            f"{lock_path.with_suffix('')} is in use by {holder}: that shard is already running here"
+        ) from None
+    handle.truncate(0)
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
