@@ -17,10 +17,16 @@ for _name in [n for n in os.environ if n.startswith(("DFLASH_", "SGLANG_")) or n
 
 
 def require_shared(*relative: str) -> Path:
-    """A file from ../shared (beside the checkout); skip the test, saying why, when it is absent."""
+    """A file from ../shared (beside the checkout); skip the test, saying why, when it is absent.
+
+    CI has the folder and sets REQUIRE_SHARED_FIXTURES=1: there a missing file fails the test instead, so the
+    tests that read it can never pass by being skipped."""
     path = SHARED.joinpath(*relative)
     if not path.exists():
-        pytest.skip(f"{path} is absent: this test reads the shared fixtures that sit beside the repository")
+        reason = f"{path} is absent: this test reads the shared fixtures that sit beside the repository"
+        if os.environ.get("REQUIRE_SHARED_FIXTURES") == "1":
+            pytest.fail(reason + " (REQUIRE_SHARED_FIXTURES=1)")
+        pytest.skip(reason)
     return path
 
 

@@ -13,10 +13,15 @@ from pathlib import Path
 import pytest
 
 from dagster_project.tokenizer import load_tokenizer, render_prompt_ids
+from tests.conftest import require_shared
 
 from .ingest_helpers import SHARED_DATA, run_stages
 
-pytestmark = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"{SHARED_DATA} (the shared sample data) is absent")
+
+@pytest.fixture(autouse=True, scope="module")
+def shared_data() -> Path:  # module scope: checked before the module's other fixtures read the files
+    return require_shared("data")
+
 
 FASTCHAT = SHARED_DATA / "FastChat" / "dummy_conversation.json"
 ALPACA = SHARED_DATA / "LLaMA-Factory" / "alpaca_en_demo.json"

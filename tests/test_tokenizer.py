@@ -29,9 +29,8 @@ from dagster_project.tokenizer import (
     render_text,
     special_ids,
 )
+from tests.conftest import require_shared
 
-SHARED_DIR = Path(__file__).resolve().parents[1].parent / "shared"
-FIXTURES_DIR = SHARED_DIR / "fixtures" / "chat_templates"
 OFFICIAL_TEMPLATE_NAME = "qwen3_6.official_reconstructed.jinja"
 PROJECT_TEMPLATE_PATH = Path(tokenizer_module.__file__).with_name("chat_template.jinja")
 
@@ -144,9 +143,7 @@ def reference_tokenizer() -> QwenReferenceTokenizer:
 
 @pytest.fixture(scope="module")
 def fixtures_dir() -> Path:
-    if not FIXTURES_DIR.is_dir():
-        pytest.skip(f"reference fixtures not found at {FIXTURES_DIR} (the shared folder beside the repository)")
-    return FIXTURES_DIR
+    return require_shared("fixtures", "chat_templates")
 
 
 @pytest.fixture(scope="module")
