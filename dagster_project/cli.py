@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from dagster_project import settings
@@ -137,7 +138,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     store = _store()
     if args.show:
-        print(json.dumps(read_plan(store).__dict__ if read_plan(store) else None, indent=2))
+        recorded = read_plan(store)
+        print(json.dumps(asdict(recorded) if recorded else None, indent=2))
         return 0
     if args.brief:
         plan = BRIEF_PLAN

@@ -5,10 +5,9 @@ The plan lives in the store (`plan.json`) so every `status` reader compares agai
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-import orjson
-
+from dagster_project.store.dataclass_json import from_json, to_json
 from dagster_project.store.storage import Store
 
 PLAN_KEY = "plan.json"
@@ -41,8 +40,8 @@ BRIEF_PLAN = Plan(
 
 
 def write_plan(store: Store, plan: Plan) -> None:
-    store.put_bytes(PLAN_KEY, orjson.dumps(asdict(plan), option=orjson.OPT_INDENT_2))
+    store.put_bytes(PLAN_KEY, to_json(plan))
 
 
 def read_plan(store: Store) -> Plan | None:
-    return Plan(**orjson.loads(store.get_bytes(PLAN_KEY))) if store.exists(PLAN_KEY) else None
+    return from_json(Plan, store.get_bytes(PLAN_KEY)) if store.exists(PLAN_KEY) else None

@@ -1,0 +1,59 @@
+"""Dataclasses as the JSON objects the store holds: manifests, heartbeats, reports.
+
+Writing is `dataclasses.asdict`, so the JSON keys are the field names. Reading tolerates change in both
+directions, so stores written by other versions still read: keys a newer writer added are ignored, and
+fields an older writer did not know take their defaults. Nested dataclasses (also inside lists, tuples,
+dict values and `X | None`) are rebuilt from the field annotations.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import asdict, fields, is_dataclass
+from typing import Any, TypeVar
+
+import orjson
+
+T = TypeVar("T")
+
+
+def to_json(record: Any) -> bytes:
+    return orjson.dumps(asdict(record), option=orjson.OPT_INDENT_2)
+
+
+def from_json(kind: type[T], raw: bytes) -> T:
+    return from_dict(kind, orjson.loads(raw))
+
+
+def from_dict(kind: type[T], data: Mapping[str, Any]) -> T:
+    hints = _field_types(kind)
+    return kind(**{f.name: _build(hints[f.name], data[f.name]) for f in fields(kind) if f.init and f.name in data})
+
+
+@functools.cache
+def _field_types(kind: type) -> dict[str, Any]:
+    return typing.get_type_hints(kind)
+
+
+@functools.cache
+def _holds_dataclass(hint: Any) -> bool:
+    return is_dataclass(hint) or any(_holds_dataclass(arg) for arg in typing.get_args(hint))
+
+
+def _build(hint: Any, value: Any) -> Any:
+    if value is None or not _holds_dataclass(hint):
+        return value  # plain JSON values (and lists and dicts of them) are used as read
+    if is_dataclass(hint):
+        return from_dict(hint, value)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        arms = [arm for arm in args if arm is not type(None)]
+        return _build(arms[0], value) if len(arms) == 1 else value
+    if origin in (list, tuple) and args:
+        return origin(_build(args[0], item) for item in value)
+    if origin is dict and len(args) == 2:
+        return {key: _build(args[1], item) for key, item in value.items()}
+    return value
