@@ -116,11 +116,11 @@ def child_project(path: Path, shards: int) -> dict:
         )
         finished = time.perf_counter()
     return {
-        "rows": raw["input_rows"],
-        "conversations": manifest["rows"],
-        "quarantined_by_reason": manifest["quarantined_by_reason"],
-        "multi_turn": manifest["multi_turn"],
-        "prompts_tokenized": manifest["prompts_tokenized"],
+        "rows": raw.input_rows,
+        "conversations": manifest.rows,
+        "quarantined_by_reason": manifest.quarantined_by_reason,
+        "multi_turn": manifest.multi_turn,
+        "prompts_tokenized": manifest.prompts_tokenized,
         "ingest_seconds": ingested - started,
         "prepare_seconds": finished - ingested,
         "seconds": finished - started,

@@ -31,15 +31,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.report import write_section
+from dagster_project.generation.shards import CompletionsShardManifest, completions_manifest
 from dagster_project.records import COMPLETION_SCHEMA
-from dagster_project.store.layout import COMPLETIONS
-from dagster_project.store.manifest import (
-    data_keys,
-    ids_digest,
-    iter_parquet_batches,
-    publish_shard,
-    read_shard_manifest,
-)
+from dagster_project.store.manifest import ids_digest, iter_parquet_batches, publish_shard
 from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import load_tokenizer, special_ids
 from dagster_project.training import gates
@@ -91,14 +85,13 @@ def publish_synthetic_shards(store: LocalStore, shards: int, rows: int, output_t
             table = synthetic_completions(rng, shard, rows, output_tokens)
             path = Path(staging) / "completions.parquet"
             pq.write_table(table, path, compression="zstd", row_group_size=256)
-            fields = {
-                "rows": rows,
-                "ids_digest": ids_digest(table.column("event_id").to_pylist()),
-                "settings": {"enable_thinking": True},
-            }
-            publish_shard(
-                store, COMPLETIONS, shard, [("completions.parquet", path)], {**fields, "settings_fingerprint": "bench"}
+            manifest = CompletionsShardManifest(
+                shard=shard,
+                rows=rows,
+                ids_digest=ids_digest(table.column("event_id").to_pylist()),
+                settings_fingerprint="bench",
             )
+            publish_shard(store, manifest, [("completions.parquet", path)])
             tokens += int(np.sum(table.column("prompt_tokens"))) + int(np.sum(table.column("completion_tokens")))
     return tokens
 
@@ -111,7 +104,7 @@ def _baseline(root: str, shards: int) -> int:
     tables = [
         pq.read_table(store.root / key, columns=["prompt_ids", "output_ids"])
         for shard in range(shards)
-        for key in data_keys(read_shard_manifest(store, COMPLETIONS, shard))
+        for key in completions_manifest(store, shard).data_keys
     ]
     combined = pa.concat_tables(tables)
     return sum(len(chunk.values) for name in ("prompt_ids", "output_ids") for chunk in combined.column(name).chunks)
@@ -120,7 +113,7 @@ def _baseline(root: str, shards: int) -> int:
 def _assemble(root: str, shards: int) -> int:
     store = LocalStore(root)
     return sum(
-        assemble_shard(store, shard, AssemblyOptions(), Path(root) / "staging")["tokens"] for shard in range(shards)
+        assemble_shard(store, shard, AssemblyOptions(), Path(root) / "staging").tokens for shard in range(shards)
     )
 
 
@@ -134,12 +127,12 @@ def _gates(root: str, shards: int) -> int:
             iter_training_batches(store, shard, gates.TRAINING_GATE_COLUMNS), special, tok.decode
         )
         results = gates.shard_gates(profile, vocab_size=special.vocab_size, enable_thinking=True)
-        completions = read_shard_manifest(store, COMPLETIONS, shard)
-        batches = iter_parquet_batches(store, data_keys(completions), ["event_id", "prompt_ids", "output_ids"])
+        completions = completions_manifest(store, shard)
+        batches = iter_parquet_batches(store, completions.data_keys, ["event_id", "prompt_ids", "output_ids"])
         results.append(gates.ids_match_completions(profile.digests, batches))
         manifest = training_manifest(store, shard)
         record_verdict(store, manifest, "gates", {r.name: r.message for r in results if not r.passed})
-        tokens += manifest["tokens"]
+        tokens += manifest.tokens
     return tokens
 
 
@@ -150,16 +143,16 @@ def _gx_suite(root: str, shards: int) -> int:
         manifest = training_manifest(store, shard)
         frame = training_frame(iter_training_batches(store, shard, FRAME_COLUMNS))
         outcome = validate_training_frame(
-            frame, shard=shard, rows=manifest["rows"], max_length=None, finish_reasons=["stop"]
+            frame, shard=shard, rows=manifest.rows, max_length=None, finish_reasons=["stop"]
         )
         record_verdict(store, manifest, "gx_suite", {} if outcome.success else {"gx_suite": outcome.message})
-        tokens += manifest["tokens"]
+        tokens += manifest.tokens
     return tokens
 
 
 def _export(root: str, shards: int) -> int:
     store = LocalStore(root)
-    return sum(export_shard(store, shard, Path(root) / "staging")["tokens"] for shard in range(shards))
+    return sum(export_shard(store, shard, Path(root) / "staging").tokens for shard in range(shards))
 
 
 def _status_mib(field: str) -> float:

@@ -50,6 +50,3 @@ class GenerationSettings:
 
     def fingerprint(self) -> str:
         return hashlib.sha256(orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-
-    def as_dict(self) -> dict:
-        return asdict(self)

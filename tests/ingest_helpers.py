@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dagster_project.conversations.shards import read_conversations
+from dagster_project.conversations.shards import ConversationsManifest, read_conversations
 from dagster_project.conversations.stage import QUARANTINE_KEY as PREPARE_QUARANTINE_KEY
 from dagster_project.conversations.stage import build_conversations
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.ingest.stage import QUARANTINE_KEY as INGEST_QUARANTINE_KEY
+from dagster_project.ingest.shards import QUARANTINE_KEY as INGEST_QUARANTINE_KEY
+from dagster_project.ingest.shards import RawPromptsManifest
 from dagster_project.ingest.stage import ingest_to_store
 from dagster_project.records import Conversation
 from dagster_project.store import layout
@@ -26,8 +27,8 @@ SHARED_DATA = SHARED / "data"
 @dataclass
 class Outcome:
     store: LocalStore
-    raw_manifest: dict[str, Any]
-    manifest: dict[str, Any]
+    raw_manifest: RawPromptsManifest
+    manifest: ConversationsManifest
     conversations: list[Conversation]
     quarantined: list[dict[str, Any]]
 
@@ -68,5 +69,5 @@ def run_stages(
         for key in (INGEST_QUARANTINE_KEY, PREPARE_QUARANTINE_KEY)
         for record in read_jsonl_zst(store.download(key, root / "downloads" / key))
     ]
-    assert manifest["num_shards"] == num_shards and store.exists(layout.stage_manifest_key(layout.CONVERSATIONS))
+    assert manifest.num_shards == num_shards and store.exists(layout.stage_manifest_key(layout.CONVERSATIONS))
     return Outcome(store, raw, manifest, conversations, quarantined)

@@ -9,10 +9,10 @@ import pytest
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import COMPLETION_SCHEMA, TRAINING_SCHEMA
 from dagster_project.store.layout import TRAINING_SET, shard_prefix
-from dagster_project.store.manifest import ids_digest, read_shard_manifest
+from dagster_project.store.manifest import ids_digest
 from dagster_project.store.storage import LocalStore
 from dagster_project.training import stage as assemble
-from dagster_project.training.shards import TRAINING_FILE, iter_training_batches
+from dagster_project.training.shards import TRAINING_FILE, iter_training_batches, read_training_manifest
 from dagster_project.training.stage import AssemblyOptions, assemble_batch, assemble_shard, source_is_current
 from tests.training_shards import completion_row, error_row, healthy_rows, publish_completions
 
@@ -110,20 +110,20 @@ def test_a_shard_is_assembled_streamed_and_published_with_its_manifest(tmp_path)
     manifest = assemble_shard(store, 3, AssemblyOptions(), tmp_path / "staging")
 
     kept = [row for i, row in enumerate(rows) if i not in (5, 9)]
-    assert manifest == read_shard_manifest(store, TRAINING_SET, 3)
-    assert manifest["rows"] == 38 and manifest["rows_in"] == 40
-    assert manifest["exclusions"] == {assemble.ERROR: 1, assemble.LENGTH_CAPPED: 1}
-    assert manifest["ids_digest"] == ids_digest(row["event_id"] for row in kept)
-    assert manifest["loss_tokens"] == sum(len(row["output_ids"]) for row in kept)
-    assert manifest["tokens"] == sum(len(row["prompt_ids"]) + len(row["output_ids"]) for row in kept)
-    assert manifest["assembly"] == {"max_length": None, "truncation": "truncate", "exclude_length_capped": True}
-    assert manifest["source"]["settings"]["max_new_tokens"] == 4096
-    assert manifest["source"]["settings_fingerprint"] == source["settings_fingerprint"]
-    assert [o["key"] for o in manifest["objects"]] == [shard_prefix(TRAINING_SET, 3) + TRAINING_FILE]
+    assert manifest == read_training_manifest(store, 3)
+    assert manifest.rows == 38 and manifest.rows_in == 40
+    assert manifest.exclusions == {assemble.ERROR: 1, assemble.LENGTH_CAPPED: 1}
+    assert manifest.ids_digest == ids_digest(row["event_id"] for row in kept)
+    assert manifest.loss_tokens == sum(len(row["output_ids"]) for row in kept)
+    assert manifest.tokens == sum(len(row["prompt_ids"]) + len(row["output_ids"]) for row in kept)
+    assert manifest.assembly == AssemblyOptions(max_length=None, truncation="truncate", exclude_length_capped=True)
+    assert manifest.source.settings.max_new_tokens == 4096
+    assert manifest.source.settings_fingerprint == source.settings_fingerprint
+    assert manifest.data_keys == [shard_prefix(TRAINING_SET, 3) + TRAINING_FILE]
 
     training = [row for batch in iter_training_batches(store, 3) for row in batch.to_pylist()]
     assert [row["input_ids"] for row in training] == [row["prompt_ids"] + row["output_ids"] for row in kept]
-    parquet = pq.ParquetFile(store.root / manifest["objects"][0]["key"])
+    parquet = pq.ParquetFile(store.root / manifest.data_keys[0])
     assert parquet.schema_arrow == TRAINING_SCHEMA
     column = parquet.metadata.row_group(0).column(TRAINING_SCHEMA.get_field_index("input_ids"))
     assert column.compression == "ZSTD"
@@ -152,7 +152,7 @@ def test_an_unpublished_completions_shard_is_refused(tmp_path):
 def test_completions_that_disagree_with_their_manifest_are_refused(tmp_path):
     store = LocalStore(tmp_path / "store")
     manifest = publish_completions(store, 0, healthy_rows(4))
-    key = manifest["objects"][0]["key"]
+    key = manifest.data_keys[0]
     table = pq.read_table(store.root / key)
     pq.write_table(table.slice(0, 3), store.root / key)
     with pytest.raises(RuntimeError, match="3 rows read, manifest says 4"):

@@ -27,16 +27,13 @@ import dagster as dg
 import orjson
 import pytest
 
+from dagster_project.conversations.shards import read_conversations_manifest
 from dagster_project.generation.shards import iter_completion_batches
 from dagster_project.store import layout
-from dagster_project.store.manifest import (
-    read_shard_manifest,
-    read_stage_manifest,
-    verify_shard,
-)
+from dagster_project.store.manifest import ShardManifest, read_shard_manifest, verify_shard
 from dagster_project.store.storage import LocalStore, Store, open_store
 from dagster_project.training.export import specforge_key
-from dagster_project.training.shards import iter_training_batches
+from dagster_project.training.shards import iter_training_batches, training_manifest
 from tests.dagster_helpers import (
     FAST_ANSWERS,
     SHARD_ASSETS,
@@ -97,8 +94,8 @@ def test_every_training_row_is_what_the_engine_received_and_returned(local_run):
     assert sorted(event["rid"] for event in events) == sorted(local_run.logged)
     # Every event became a row or was excluded with a counted reason; the export is the training rows verbatim.
     for shard in range(NUM_SHARDS):
-        manifest = read_shard_manifest(local_run.store, layout.TRAINING_SET, shard)
-        assert manifest["rows"] + sum(manifest["exclusions"].values()) == len(_events(local_run.store, shard))
+        manifest = training_manifest(local_run.store, shard)
+        assert manifest.rows + manifest.excluded == len(_events(local_run.store, shard))
         training = [
             {"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]}
             for batch in iter_training_batches(local_run.store, shard, ["input_ids", "loss_mask"])
@@ -194,10 +191,10 @@ def test_the_same_flow_with_the_store_on_s3(sim_fleet, s3_server, s3_bucket, tmp
     assert not (tmp_path / ".demo").exists(), "something was written to the default local store"
 
     store = open_store(store_uri, s3_server.client)
-    assert read_stage_manifest(store, layout.CONVERSATIONS)["num_shards"] == NUM_SHARDS
+    assert read_conversations_manifest(store).num_shards == NUM_SHARDS
     for stage in (layout.CONVERSATIONS, layout.COMPLETIONS, layout.TRAINING_SET):
-        manifest = read_shard_manifest(store, stage, shard)
-        listed = {obj["key"] for obj in manifest["objects"]}
+        manifest = read_shard_manifest(store, stage, shard, ShardManifest)
+        listed = {obj.key for obj in manifest.objects}
         assert listed and listed <= relative and verify_shard(store, manifest) == [], stage
         assert all(key.startswith(layout.shard_prefix(stage, shard)) for key in listed), stage
     assert assert_token_exact(store, shard, request_logs(fleet)) > 10

@@ -32,8 +32,8 @@ from dagster_project.resources import (
     TokenizerResource,
 )
 from dagster_project.store import layout
-from dagster_project.store.manifest import read_shard_manifest
 from dagster_project.store.storage import LocalStore
+from dagster_project.training.shards import read_training_manifest
 from tests.dagster_helpers import FAST_ANSWERS, asset_check_keys
 
 pytest_plugins = ["tests.sglang_fixtures"]
@@ -135,7 +135,7 @@ def test_empty_answers_fail_the_blocking_gates_and_stop_training_set_in_the_same
     assert not {"training_set", "specforge_export"} & _steps_started(result)
     assert {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()} == {"completions"}
     assert partition not in prepared.instance.get_materialized_partitions(dg.AssetKey("training_set"))
-    assert read_shard_manifest(prepared.store, layout.TRAINING_SET, shard) is None
+    assert read_training_manifest(prepared.store, shard) is None
 
 
 def test_a_healthy_fleet_passes_every_completions_check_and_the_shard_goes_through(prepared, sim_fleet):
@@ -155,7 +155,7 @@ def test_a_healthy_fleet_passes_every_completions_check_and_the_shard_goes_throu
         "training_set",
         "specforge_export",
     }
-    assert read_shard_manifest(prepared.store, layout.TRAINING_SET, shard)["rows"] > 10
+    assert read_training_manifest(prepared.store, shard).rows > 10
 
 
 def _is_blocking(key: dg.AssetCheckKey) -> bool:

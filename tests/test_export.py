@@ -65,7 +65,7 @@ def test_each_line_is_a_training_row_in_the_pre_tokenized_contract(store, tmp_pa
     assert [_specforge_rejects(record) for record in records] == [None] * 12
     training = [row for batch in iter_training_batches(store, 2) for row in batch.to_pylist()]
     assert [(r["input_ids"], r["loss_mask"]) for r in records] == [(r["input_ids"], r["loss_mask"]) for r in training]
-    assert written["rows"] == 12 and written["loss_tokens"] == sum(sum(r["loss_mask"]) for r in training)
+    assert written.rows == 12 and written.loss_tokens == sum(sum(r["loss_mask"]) for r in training)
     assert specforge_key(2) == "exports/specforge/shard=00002.jsonl"
 
 

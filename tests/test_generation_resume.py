@@ -74,12 +74,12 @@ def test_a_crash_mid_shard_then_a_rerun_gives_every_event_exactly_once(tmp_path,
     )
 
     coverage = shard_coverage(store, 0)
-    assert coverage.exact and coverage.expected == 12 and manifest["ok"] == 12
+    assert coverage.exact and coverage.expected == 12 and manifest.ok == 12
     sent_again = {entry["input_hash"] for entry in fresh.requests(0)}
     assert not sent_again & {input_hash(record["prompt_ids"]) for record in before.values()}
     assert len(fresh.requests(0)) == 12 - len(before)
 
-    with local_copy(store, manifest["objects"][0]["key"]) as path:
+    with local_copy(store, manifest.data_keys[0]) as path:
         rows = {row["event_id"]: row for row in pq.read_table(path).to_pylist()}
     for event_id, record in before.items():  # journaled answers are published as they were, not regenerated
         assert rows[event_id]["output_ids"] == record["output_ids"]
@@ -103,8 +103,8 @@ def test_with_thinking_off_each_answer_is_the_next_turns_history(tmp_path, sim_f
     manifest = generate_shard(
         store, 0, tokenizer=tokenizer, settings=settings, dispatcher=dispatcher(fleet), work_dir=tmp_path / "w"
     )
-    assert manifest["ok"] == 6 and manifest["errors"] == 0
-    with local_copy(store, manifest["objects"][0]["key"]) as path:
+    assert manifest.ok == 6 and manifest.errors == 0
+    with local_copy(store, manifest.data_keys[0]) as path:
         rows = {row["event_id"]: row for row in pq.read_table(path).to_pylist()}
     special = special_ids(tokenizer)
     first, second = rows["conv0#turn0"], rows["conv0#turn1"]

@@ -10,7 +10,7 @@ import pytest
 from moto import mock_aws
 
 from dagster_project.conversations.sharding import shard_of
-from dagster_project.conversations.shards import SHARD_FILE, ShardBuffers
+from dagster_project.conversations.shards import SHARD_FILE, ShardBuffers, SourceTotals
 from dagster_project.conversations.stage import content_id
 from dagster_project.ingest.readers import FileFormatError
 from dagster_project.ingest.sources import SourceError, resolve_sources
@@ -159,9 +159,9 @@ def test_adversarial_file_accounting_by_id(adversarial) -> None:
         (row_id, result) for _, row_id, result in rows if result not in ("kept", "blank line: not a row")
     )
     manifest = outcome.manifest
-    assert manifest["input_rows"] == len(rows) - 1 == manifest["rows"] + manifest["quarantined"]
-    assert manifest["by_source"] == {"evil": {"input_rows": 19, "conversations": 5, "quarantined": 14}}
-    assert manifest["quarantined_by_reason"]["tool_use"] == 2 and manifest["quarantined_by_stage"] == {
+    assert manifest.input_rows == len(rows) - 1 == manifest.rows + manifest.quarantined
+    assert manifest.by_source == {"evil": SourceTotals(input_rows=19, conversations=5, quarantined=14)}
+    assert manifest.quarantined_by_reason["tool_use"] == 2 and manifest.quarantined_by_stage == {
         "ingest": 11,
         "conversations": 3,
     }
@@ -213,7 +213,7 @@ def test_fewer_shards_on_a_rebuild_removes_the_stale_ones(tmp_path: Path) -> Non
     outcome = run_stages(tmp_path, [str(path)], num_shards=2)
     shards = {info.key.split("/")[1] for info in outcome.store.list(f"{layout.CONVERSATIONS}/shard=")}
     assert shards == {"shard=00000", "shard=00001"}
-    assert outcome.manifest["stale_shards_removed"] == 6  # 3 shards x (data + manifest)
+    assert outcome.manifest.stale_shards_removed == 6  # 3 shards x (data + manifest)
     assert len(outcome.conversations) == 20
 
 
@@ -250,9 +250,9 @@ def test_s3_sources_by_glob_and_prefix(tmp_path: Path) -> None:
             ["chat=s3://prompts-bucket/sets/chat/*.jsonl", "s3://prompts-bucket/sets/code/"],
             s3_client=lambda: client,
         )
-    assert outcome.manifest["by_source"] == {
-        "c": {"input_rows": 4, "conversations": 4, "quarantined": 0},
-        "chat": {"input_rows": 5, "conversations": 5, "quarantined": 0},
+    assert outcome.manifest.by_source == {
+        "c": SourceTotals(input_rows=4, conversations=4, quarantined=0),
+        "chat": SourceTotals(input_rows=5, conversations=5, quarantined=0),
     }
     assert {c.source_file for c in outcome.conversations} == {
         "s3://prompts-bucket/sets/chat/a.jsonl",

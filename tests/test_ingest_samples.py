@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dagster_project.conversations.shards import PolicyCounts, SourceTotals
 from dagster_project.tokenizer import load_tokenizer, render_prompt_ids
 from tests.conftest import require_shared
 
@@ -71,7 +72,7 @@ def test_every_sample_row_is_a_conversation_or_quarantined(all_turns) -> None:
     for path, count in [(FASTCHAT, 500), (ALPACA, 999), (KTO, 300)]:
         assert sorted(row for file, row in outcomes if file == str(path)) == list(range(count)), path
     manifest = all_turns.manifest
-    assert manifest["input_rows"] == 1799 == manifest["rows"] + manifest["quarantined"]
+    assert manifest.input_rows == 1799 == manifest.rows + manifest.quarantined
 
 
 def test_sharegpt_duplicates_are_the_repeated_question_sequences(all_turns) -> None:
@@ -81,11 +82,9 @@ def test_sharegpt_duplicates_are_the_repeated_question_sequences(all_turns) -> N
     assert {outcome for (file, _), outcome in rows.items() if file == str(FASTCHAT)} == {"kept", "duplicate"}
     kept_ids = {c.id for c in all_turns.conversations if c.source == "dummy_conversation"}
     assert kept_ids == {f"identity_{row}" for row in kept}, "ShareGPT ids are the source's own"
-    assert all_turns.manifest["by_source"]["dummy_conversation"] == {
-        "input_rows": 500,
-        "conversations": len(kept),
-        "quarantined": 500 - len(kept),
-    }
+    assert all_turns.manifest.by_source["dummy_conversation"] == SourceTotals(
+        input_rows=500, conversations=len(kept), quarantined=500 - len(kept)
+    )
 
 
 def test_alpaca_keeps_the_first_of_each_exact_duplicate_and_hashes_ids(all_turns) -> None:
@@ -112,7 +111,7 @@ def test_openai_messages_keep_their_answers_as_reference_and_count_turns(all_tur
     for row, conversation in kto.items():
         assert [(m["role"], m["content"]) for m in conversation.messages] == messages[row]
         assert conversation.num_turns == sum(role == "user" for role, _ in messages[row])  # strict alternation here
-    assert all_turns.manifest["multi_turn"] == sum(c.extra["source_user_turns"] > 1 for c in all_turns.conversations)
+    assert all_turns.manifest.multi_turn == sum(c.extra["source_user_turns"] > 1 for c in all_turns.conversations)
 
 
 def test_last_turn_counts_the_source_answers_as_part_of_the_request(tmp_path: Path) -> None:
@@ -120,8 +119,8 @@ def test_last_turn_counts_the_source_answers_as_part_of_the_request(tmp_path: Pa
     kept = first_occurrences(request_keys(fastchat_messages(), show_answers=True))
     assert {c.source_row for c in outcome.conversations} == kept
     assert all(c.history == "source" and c.num_turns == 1 for c in outcome.conversations)
-    assert outcome.manifest["by_policy"] == {
-        "last_turn": {"conversations": len(kept), "multi_turn": outcome.manifest["multi_turn"], "turns": len(kept)}
+    assert outcome.manifest.by_policy == {
+        "last_turn": PolicyCounts(conversations=len(kept), multi_turn=outcome.manifest.multi_turn, turns=len(kept))
     }
 
 
@@ -137,5 +136,5 @@ def test_token_budget_matches_the_real_tokenizer_row_by_row(tmp_path: Path) -> N
         if actual != "duplicate":
             assert actual == expected, f"row {row}"
             counted += 1
-    assert counted > 250 and 0 < outcome.manifest["quarantined_by_reason"]["too_long"] < counted
-    assert outcome.manifest["prompts_tokenized"] < 270, "short prompts are decided without the tokenizer"
+    assert counted > 250 and 0 < outcome.manifest.quarantined_by_reason["too_long"] < counted
+    assert outcome.manifest.prompts_tokenized < 270, "short prompts are decided without the tokenizer"

@@ -9,7 +9,7 @@ import pytest
 from dagster_aws.s3 import S3Resource
 
 from dagster_project.resources.store import DatasetStore
-from dagster_project.store.manifest import publish_shard, read_shard_manifest, verify_shard
+from dagster_project.store.manifest import ShardManifest, publish_shard, read_shard_manifest, verify_shard
 from dagster_project.store.storage import StoreError
 from tests.fault_proxy import fault_proxy
 from tests.sglang_fixtures import wait_until
@@ -37,33 +37,33 @@ def test_a_brief_outage_during_publishing_is_ridden_out(proxied_store, shard_fil
     store, proxy = proxied_store
     proxy.go_down()
     with ThreadPoolExecutor(1) as pool:
-        publishing = pool.submit(publish_shard, store, "completions", 7, shard_files, {"rows": 2})
+        publishing = pool.submit(publish_shard, store, ShardManifest(stage="completions", shard=7, rows=2), shard_files)
         wait_until(
             lambda: proxy.refused >= 2, timeout_s=30, what="the upload to hit the outage"
         )  # the upload has really hit the outage
         proxy.come_back()
         manifest = publishing.result(timeout=120)
     assert verify_shard(store, manifest) == []
-    assert read_shard_manifest(store, "completions", 7)["rows"] == 2
-    assert [o["size"] for o in manifest["objects"]] == [4096, 8960]
+    assert read_shard_manifest(store, "completions", 7, ShardManifest) == manifest
+    assert [o.size for o in manifest.objects] == [4096, 8960]
 
 
 def test_an_outage_longer_than_the_retries_fails_loudly_and_publishes_nothing(proxied_store, shard_files):
     store, proxy = proxied_store
     proxy.go_down()
     with pytest.raises(StoreError, match="failed after 4 attempt"):
-        publish_shard(store, "completions", 8, shard_files, {"rows": 2})
+        publish_shard(store, ShardManifest(stage="completions", shard=8, rows=2), shard_files)
     proxy.come_back()
-    assert read_shard_manifest(store, "completions", 8) is None  # the shard does not exist downstream
+    assert read_shard_manifest(store, "completions", 8, ShardManifest) is None  # the shard does not exist downstream
 
 
 def test_a_failed_republish_never_pairs_the_old_manifest_with_new_objects(proxied_store, shard_files, tmp_path):
     store, proxy = proxied_store
-    old = publish_shard(store, "completions", 9, shard_files[:1], {"rows": 1})
+    old = publish_shard(store, ShardManifest(stage="completions", shard=9, rows=1), shard_files[:1])
     proxy.go_down()
     with pytest.raises(StoreError):
-        publish_shard(store, "completions", 9, shard_files[1:], {"rows": 5})
+        publish_shard(store, ShardManifest(stage="completions", shard=9, rows=5), shard_files[1:])
     proxy.come_back()
-    manifest = read_shard_manifest(store, "completions", 9)
+    manifest = read_shard_manifest(store, "completions", 9, ShardManifest)
     # Either the old publication is intact, or the shard is withdrawn; never a mixture.
     assert manifest is None or (manifest == old and verify_shard(store, manifest) == [])

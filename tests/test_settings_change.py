@@ -47,7 +47,7 @@ def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim
             assert dg.materialize(
                 [completions], partition_key=shard, resources=resources(256), instance=instance
             ).success
-        old = completions_manifest(store, 0)["settings_fingerprint"]
+        old = completions_manifest(store, 0).settings_fingerprint
         assert report_metadata(256)["stale_shards"].value == []
         assert report_metadata(512)["stale_shards"].value == [0, 1]
 
@@ -56,9 +56,9 @@ def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim
             [completions], partition_key="shard-00000", resources=resources(512), instance=instance
         ).success
         manifest = completions_manifest(store, 0)
-        assert manifest["settings_fingerprint"] != old and manifest["settings"]["max_new_tokens"] == 512
+        assert manifest.settings_fingerprint != old and manifest.settings.max_new_tokens == 512
         # Every event was generated again: nothing from the journal of the old settings was reused.
-        assert served() - before == shard_coverage(store, 0).expected == manifest["rows"]
+        assert served() - before == shard_coverage(store, 0).expected == manifest.rows
         assert report_metadata(512)["stale_shards"].value == [1]
 
 
@@ -70,7 +70,7 @@ def test_the_report_flags_a_materialized_shard_whose_objects_left_the_store(tmp_
         assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success
         for shard in ("shard-00000", "shard-00001"):
             assert dg.materialize([completions], partition_key=shard, resources=resources, instance=instance).success
-        store.delete(completions_manifest(store, 1)["objects"][0]["key"])  # an object lost after publication
+        store.delete(completions_manifest(store, 1).data_keys[0])  # an object lost after publication
 
         result = dg.materialize([run_report], resources=resources, instance=instance, raise_on_error=False)
         checks = {e.check_name: e for e in result.get_asset_check_evaluations()}

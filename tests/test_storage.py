@@ -2,7 +2,7 @@ import pytest
 from dagster_aws.s3 import S3Resource
 
 from dagster_project.resources.store import DatasetStore
-from dagster_project.store.manifest import publish_shard, read_shard_manifest, verify_shard
+from dagster_project.store.manifest import ShardManifest, publish_shard, read_shard_manifest, verify_shard
 from dagster_project.store.storage import LocalStore, StoreError, local_copy, open_store
 
 
@@ -36,11 +36,11 @@ def test_round_trip_list_and_delete(store, tmp_path):
 def test_publishing_replaces_a_shard_and_verifies_it(store, tmp_path):
     old = tmp_path / "old.parquet"
     old.write_bytes(b"old data")
-    publish_shard(store, "completions", 3, [("part-0.parquet", old)], {"rows": 1})
+    publish_shard(store, ShardManifest(stage="completions", shard=3, rows=1), [("part-0.parquet", old)])
     new = tmp_path / "new.parquet"
     new.write_bytes(b"new data!")
-    manifest = publish_shard(store, "completions", 3, [("part-1.parquet", new)], {"rows": 2})
-    assert read_shard_manifest(store, "completions", 3)["rows"] == 2
+    manifest = publish_shard(store, ShardManifest(stage="completions", shard=3, rows=2), [("part-1.parquet", new)])
+    assert read_shard_manifest(store, "completions", 3, ShardManifest) == manifest
     # objects of the earlier publication that the new manifest does not list are gone
     assert sorted(o.key for o in store.list("completions/shard=00003/")) == [
         "completions/shard=00003/_manifest.json",

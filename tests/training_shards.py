@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import COMPLETION_SCHEMA, STATUS_ERROR, STATUS_OK, empty_completion_row
-from dagster_project.store.layout import COMPLETIONS
 from dagster_project.store.manifest import ids_digest, publish_shard
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import load_tokenizer, render_prompt_ids
@@ -101,7 +101,7 @@ def disaster_rows(count: int, broken_share: float = 0.87, shard: int = 0) -> lis
 
 def publish_completions(
     store: Store, shard: int, rows: list[dict[str, Any]], settings: GenerationSettings | None = None
-) -> dict[str, Any]:
+) -> CompletionsShardManifest:
     """Write rows as a completions shard (COMPLETION_SCHEMA Parquet) and publish it with its manifest."""
     settings = settings or GenerationSettings()
     table = pa.Table.from_pylist(rows, schema=COMPLETION_SCHEMA)
@@ -109,18 +109,14 @@ def publish_completions(
         path = Path(staging) / "completions.parquet"
         pq.write_table(table, path, compression="zstd", row_group_size=16)
         ok = [r for r in rows if r["status"] == STATUS_OK]
-        return publish_shard(
-            store,
-            COMPLETIONS,
-            shard,
-            [("completions.parquet", path)],
-            {
-                "rows": len(rows),
-                "ok": len(ok),
-                "errors": len(rows) - len(ok),
-                "output_tokens": sum(len(r["output_ids"]) for r in ok),
-                "ids_digest": ids_digest(r["event_id"] for r in rows),
-                "settings_fingerprint": settings.fingerprint(),
-                "settings": settings.as_dict(),
-            },
+        manifest = CompletionsShardManifest(
+            shard=shard,
+            rows=len(rows),
+            ids_digest=ids_digest(r["event_id"] for r in rows),
+            ok=len(ok),
+            errors=len(rows) - len(ok),
+            output_tokens=sum(len(r["output_ids"]) for r in ok),
+            settings_fingerprint=settings.fingerprint(),
+            settings=settings,
         )
+        return publish_shard(store, manifest, [("completions.parquet", path)])

@@ -1,9 +1,8 @@
-from typing import Any
-
 import dagster as dg
 from pydantic import Field
 
 from dagster_project import settings
+from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.stage import generate_shard
 from dagster_project.partitions import shard_partitions
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
@@ -16,13 +15,13 @@ class CompletionsConfig(dg.Config):
     log_interval_s: float = Field(default=30.0, description="Progress line and observation in Dagster.")
 
 
-def _progress_line(snapshot: dict[str, Any]) -> str:
-    window, spec = snapshot["window"], snapshot["spec"]
-    eta = f"{snapshot['eta_s'] / 60:.1f} min" if snapshot["eta_s"] else "—"
-    accept = f"{spec['accept_length_window']:.2f}" if spec["accept_length_window"] else "—"
+def _progress_line(heartbeat: Heartbeat) -> str:
+    window, accept_length = heartbeat.window, heartbeat.spec.accept_length_window
+    eta = f"{heartbeat.eta_s / 60:.1f} min" if heartbeat.eta_s else "—"
+    accept = f"{accept_length:.2f}" if accept_length else "—"
     return (
-        f"{snapshot['done_events']}/{snapshot['total_events']} events, {window['req_per_s']:.2f} req/s, "
-        f"{window['output_tok_per_s']:.0f} out tok/s, accept length {accept}, errors {snapshot['errors_by_kind'] or 0}, "
+        f"{heartbeat.done_events}/{heartbeat.total_events} events, {window.req_per_s:.2f} req/s, "
+        f"{window.output_tok_per_s:.0f} out tok/s, accept length {accept}, errors {heartbeat.errors_by_kind or 0}, "
         f"ETA {eta}"
     )
 
@@ -47,17 +46,17 @@ def completions(
     shard = layout.shard_index(context.partition_key)
     data = store.open()
 
-    def on_progress(snapshot: dict[str, Any]) -> None:
-        context.log.info(_progress_line(snapshot))
+    def on_progress(heartbeat: Heartbeat) -> None:
+        context.log.info(_progress_line(heartbeat))
         context.log_event(
             dg.AssetObservation(
                 asset_key=context.asset_key,
                 partition=context.partition_key,
                 metadata={
-                    "done_events": snapshot["done_events"],
-                    "req_per_s": snapshot["window"]["req_per_s"],
-                    "output_tok_per_s": snapshot["window"]["output_tok_per_s"],
-                    "accept_length": snapshot["spec"]["accept_length_window"] or 0.0,
+                    "done_events": heartbeat.done_events,
+                    "req_per_s": heartbeat.window.req_per_s,
+                    "output_tok_per_s": heartbeat.window.output_tok_per_s,
+                    "accept_length": heartbeat.spec.accept_length_window or 0.0,
                 },
             )
         )
@@ -75,21 +74,21 @@ def completions(
         on_progress=on_progress,
         log=context.log.info,
     )
-    run = manifest["generation"]
+    run = manifest.generation
     return dg.MaterializeResult(
         metadata={
-            "rows": manifest["rows"],
-            "ok": manifest["ok"],
-            "errors": manifest["errors"],
-            "errors_by_kind": dg.MetadataValue.json(run["errors_by_kind"]),
-            "finish_reasons": dg.MetadataValue.json(run["finish_reasons"]),
-            "output_tokens": manifest["output_tokens"],
-            "avg_output_tokens": (manifest["output_tokens"] / manifest["ok"]) if manifest["ok"] else 0.0,
-            "output_tok_per_s": run["lifetime"]["output_tok_per_s"],
-            "spec_accept_length": run["spec"]["accept_length_lifetime"] or 0.0,
-            "settings_fingerprint": manifest["settings_fingerprint"],
+            "rows": manifest.rows,
+            "ok": manifest.ok,
+            "errors": manifest.errors,
+            "errors_by_kind": dg.MetadataValue.json(run.errors_by_kind),
+            "finish_reasons": dg.MetadataValue.json(run.finish_reasons),
+            "output_tokens": manifest.output_tokens,
+            "avg_output_tokens": manifest.avg_output_tokens,
+            "output_tok_per_s": run.lifetime.output_tok_per_s,
+            "spec_accept_length": run.spec.accept_length_lifetime or 0.0,
+            "settings_fingerprint": manifest.settings_fingerprint,
             "uri": dg.MetadataValue.path(data.url(layout.shard_prefix(layout.COMPLETIONS, shard))),
         },
         # Downstream shards go stale in the UI when this shard's content or settings change.
-        data_version=dg.DataVersion(f"{manifest['settings_fingerprint']}-{manifest['ids_digest'][:16]}"),
+        data_version=dg.DataVersion(f"{manifest.settings_fingerprint}-{manifest.ids_digest[:16]}"),
     )

@@ -1,4 +1,4 @@
-"""Asset `conversations` (group prepare): policy, dedup, ids, shards (see prepare.py)."""
+"""Asset `conversations` (group prepare): policy, dedup, ids, shards (see conversations/stage.py)."""
 
 # No `from __future__ import annotations`: Dagster 1.13 cannot resolve string annotations of a Config.
 import tempfile
@@ -62,21 +62,21 @@ def conversations(
         )
     return dg.MaterializeResult(
         metadata={
-            "rows": manifest["rows"],
-            "input_rows": manifest["input_rows"],
-            "quarantined": manifest["quarantined"],
-            "quarantine_rate": dg.MetadataValue.float(manifest["quarantine_rate"]),
-            "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest["quarantined_by_reason"])),
-            "by_source": dg.MetadataValue.md(counts_table("source", manifest["by_source"])),
-            "by_policy": dg.MetadataValue.md(counts_table("policy", manifest["by_policy"])),
-            "policy": manifest["policy"],
-            "history": manifest["history"],
-            "multi_turn": manifest["multi_turn"],
-            "turns": manifest["turns"],
-            "num_shards": manifest["num_shards"],
-            "prompts_tokenized": manifest["prompts_tokenized"],
-            "ids_digest": manifest["ids_digest"],
-            "rows_per_s": manifest["input_rows"] / manifest["seconds"] if manifest["seconds"] else 0.0,
+            "rows": manifest.rows,
+            "input_rows": manifest.input_rows,
+            "quarantined": manifest.quarantined,
+            "quarantine_rate": dg.MetadataValue.float(manifest.quarantine_rate),
+            "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
+            "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),
+            "by_policy": dg.MetadataValue.md(counts_table("policy", manifest.by_policy)),
+            "policy": manifest.policy,
+            "history": manifest.history,
+            "multi_turn": manifest.multi_turn,
+            "turns": manifest.turns,
+            "num_shards": manifest.num_shards,
+            "prompts_tokenized": manifest.prompts_tokenized,
+            "ids_digest": manifest.ids_digest,
+            "rows_per_s": manifest.input_rows / manifest.seconds if manifest.seconds else 0.0,
             "uri": dg.MetadataValue.path(data.url(layout.CONVERSATIONS)),
         }
     )

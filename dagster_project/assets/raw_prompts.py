@@ -1,8 +1,9 @@
-"""Asset `raw_prompts` (group ingest): every source row normalized or quarantined (see ingest.py)."""
+"""Asset `raw_prompts` (group ingest): every source row normalized or quarantined (see ingest/stage.py)."""
 
 # No `from __future__ import annotations`: Dagster 1.13 cannot resolve string annotations of a Config.
 import functools
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import dagster as dg
@@ -48,13 +49,13 @@ def raw_prompts(
         )
     return dg.MaterializeResult(
         metadata={
-            "input_rows": manifest["input_rows"],
-            "accepted": manifest["accepted"],
-            "quarantined": manifest["quarantined"],
-            "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest["quarantined_by_reason"])),
-            "by_source": dg.MetadataValue.md(counts_table("source", manifest["by_source"])),
-            "files": dg.MetadataValue.json(manifest["files"]),
-            "rows_per_s": manifest["input_rows"] / manifest["seconds"] if manifest["seconds"] else 0.0,
+            "input_rows": manifest.input_rows,
+            "accepted": manifest.accepted,
+            "quarantined": manifest.quarantined,
+            "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
+            "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),
+            "files": dg.MetadataValue.json([asdict(file) for file in manifest.files]),
+            "rows_per_s": manifest.input_rows / manifest.seconds if manifest.seconds else 0.0,
             "uri": dg.MetadataValue.path(data.url(layout.RAW_PROMPTS)),
         }
     )

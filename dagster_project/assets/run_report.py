@@ -1,10 +1,12 @@
+from dataclasses import asdict
+
 import dagster as dg
 
-from dagster_project.ops.coverage import dataset_coverage, exactly_once, write_coverage
+from dagster_project.conversations.shards import read_conversations_manifest
+from dagster_project.ops.coverage import dataset_coverage, write_coverage
 from dagster_project.ops.status import collect_status, render_text
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet
 from dagster_project.store import layout
-from dagster_project.store.manifest import read_stage_manifest
 
 
 @dg.asset(
@@ -30,10 +32,10 @@ def run_report(
     context: dg.AssetExecutionContext, store: DatasetStore, fleet: SGLangFleet, generation: GenerationConfig
 ) -> dg.MaterializeResult:
     data = store.open()
-    conversations = read_stage_manifest(data, layout.CONVERSATIONS)
+    conversations = read_conversations_manifest(data)
     if conversations is None:
         raise dg.Failure("conversations are not materialized yet: nothing to report on")
-    coverage = dataset_coverage(data, conversations["num_shards"])
+    coverage = dataset_coverage(data, conversations.num_shards)
     write_coverage(data, coverage)
     try:
         endpoints = fleet.resolve_endpoints()
@@ -49,7 +51,6 @@ def run_report(
     )
     text = render_text(status)
     context.log.info("\n" + text)
-    complete = coverage["shards_published"] == coverage["shards"]
     return dg.MaterializeResult(
         metadata={
             "report": dg.MetadataValue.md(f"```\n{text}\n```"),
@@ -65,18 +66,20 @@ def run_report(
             dg.AssetCheckResult(
                 check_name="dataset_exactly_once",
                 # Missing events are expected while shards remain unpublished; duplicates never are.
-                passed=exactly_once(coverage)
-                if complete
-                else not coverage["shards_damaged"]
-                and coverage["events_duplicated"] + coverage["events_unexpected"] == 0,
+                passed=coverage.exactly_once
+                if coverage.complete
+                else not coverage.shards_damaged and coverage.events_duplicated + coverage.events_unexpected == 0,
                 description=(
-                    f"{coverage['events_recorded']:,} records for {coverage['events_planned']:,} planned events in "
-                    f"{coverage['shards_published']}/{coverage['shards']} published shards: "
-                    f"{coverage['events_missing']:,} missing, {coverage['events_duplicated']:,} duplicated, "
-                    f"{coverage['events_unexpected']:,} unexpected; damaged shards {coverage['shards_damaged'] or 'none'}"
+                    f"{coverage.events_recorded:,} records for {coverage.events_planned:,} planned events in "
+                    f"{coverage.shards_published}/{coverage.shards} published shards: "
+                    f"{coverage.events_missing:,} missing, {coverage.events_duplicated:,} duplicated, "
+                    f"{coverage.events_unexpected:,} unexpected; damaged shards {coverage.shards_damaged or 'none'}"
                 ),
-                metadata={k: v for k, v in coverage.items() if not k.endswith("_sample")}
-                | {k: dg.MetadataValue.json(v) for k, v in coverage.items() if k.endswith("_sample")},
+                # Lists (the id samples, the damaged shards) as JSON, counts as numbers.
+                metadata={
+                    name: dg.MetadataValue.json(value) if isinstance(value, list) else value
+                    for name, value in asdict(coverage).items()
+                },
             ),
             dg.AssetCheckResult(
                 check_name="materialized_shards_in_store",

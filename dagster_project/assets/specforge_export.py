@@ -15,7 +15,7 @@ from dagster_project.training.export import export_shard
     kinds={"json"},
     description=(
         "SpecForge pre-tokenized JSONL ({input_ids, loss_mask} per line) of one training shard. "
-        "Train on `cat exports/specforge/shard=*.jsonl > train.jsonl` (see dagster_project/export.py)."
+        "Train on `cat exports/specforge/shard=*.jsonl > train.jsonl` (see dagster_project/training/export.py)."
     ),
 )
 def specforge_export(context: dg.AssetExecutionContext, store: DatasetStore) -> dg.MaterializeResult:
@@ -24,12 +24,12 @@ def specforge_export(context: dg.AssetExecutionContext, store: DatasetStore) -> 
     written = export_shard(data, shard, settings.work_dir() / "staging")
     return dg.MaterializeResult(
         metadata={
-            "rows": written["rows"],
-            "tokens": written["tokens"],
-            "loss_tokens": written["loss_tokens"],
-            "bytes": written["bytes"],
-            "sha256": written["sha256"],
-            "training_ids_digest": written["training_ids_digest"],
-            "uri": dg.MetadataValue.path(data.url(written["key"])),
+            "rows": written.rows,
+            "tokens": written.tokens,
+            "loss_tokens": written.loss_tokens,
+            "bytes": written.size,
+            "sha256": written.sha256,
+            "training_ids_digest": written.training_ids_digest,
+            "uri": dg.MetadataValue.path(data.url(written.key)),
         }
     )

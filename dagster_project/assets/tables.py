@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from dagster_project.ingest.quarantine import REASONS
 
 
 def counts_table(label: str, counts: Mapping[str, Any]) -> str:
-    """A markdown table of `{name: count}` or `{name: {column: count}}`; reasons get their meaning."""
+    """A markdown table of `{name: count}`, `{name: {column: count}}` or `{name: counts dataclass}`; reasons get
+    their meaning."""
     if not counts:
         return f"no {label} counts"
+    counts = {name: asdict(value) if is_dataclass(value) else value for name, value in counts.items()}
     columns = sorted({c for value in counts.values() if isinstance(value, Mapping) for c in value}, key=_column_order)
     header = [label, *(columns or ["rows"])]
     explain = label == "reason"

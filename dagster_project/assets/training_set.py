@@ -1,4 +1,6 @@
 # No `from __future__ import annotations` here: Dagster 1.13 cannot resolve a string-annotated Config parameter.
+from dataclasses import asdict
+
 import dagster as dg
 from pydantic import Field
 
@@ -6,7 +8,8 @@ from dagster_project import settings
 from dagster_project.partitions import shard_partitions
 from dagster_project.resources import DatasetStore
 from dagster_project.store import layout
-from dagster_project.training.stage import TRUNCATE, AssemblyOptions, assemble_shard
+from dagster_project.training.shards import TRUNCATE, AssemblyOptions
+from dagster_project.training.stage import assemble_shard
 
 
 class TrainingSetConfig(dg.Config):
@@ -45,27 +48,26 @@ def training_set(
     shard = layout.shard_index(context.partition_key)
     data = store.open()
     manifest = assemble_shard(data, shard, config.options(), settings.work_dir() / "staging")
-    excluded = sum(manifest["exclusions"].values())
     context.log.info(
-        f"shard {shard}: {manifest['rows']} rows, {manifest['loss_tokens']} supervised tokens; "
-        f"{excluded} of {manifest['rows_in']} events excluded {manifest['exclusions'] or ''}"
+        f"shard {shard}: {manifest.rows} rows, {manifest.loss_tokens} supervised tokens; "
+        f"{manifest.excluded} of {manifest.rows_in} events excluded {manifest.exclusions or ''}"
     )
     return dg.MaterializeResult(
         metadata={
-            "rows": manifest["rows"],
-            "rows_in": manifest["rows_in"],
-            "excluded": excluded,
-            "exclusions": dg.MetadataValue.json(manifest["exclusions"]),
-            "tokens": manifest["tokens"],
-            "loss_tokens": manifest["loss_tokens"],
-            "prompt_tokens": manifest["prompt_tokens"],
-            "avg_loss_tokens": manifest["loss_tokens"] / manifest["rows"] if manifest["rows"] else 0.0,
-            "truncated_rows": manifest["truncated_rows"],
-            "max_row_tokens": manifest["max_row_tokens"],
-            "row_groups": manifest["row_groups"],
-            "assembly": dg.MetadataValue.json(manifest["assembly"]),
-            "settings_fingerprint": manifest["source"]["settings_fingerprint"] or "",
-            "ids_digest": manifest["ids_digest"],
+            "rows": manifest.rows,
+            "rows_in": manifest.rows_in,
+            "excluded": manifest.excluded,
+            "exclusions": dg.MetadataValue.json(manifest.exclusions),
+            "tokens": manifest.tokens,
+            "loss_tokens": manifest.loss_tokens,
+            "prompt_tokens": manifest.prompt_tokens,
+            "avg_loss_tokens": manifest.loss_tokens / manifest.rows if manifest.rows else 0.0,
+            "truncated_rows": manifest.truncated_rows,
+            "max_row_tokens": manifest.max_row_tokens,
+            "row_groups": manifest.row_groups,
+            "assembly": dg.MetadataValue.json(asdict(manifest.assembly)),
+            "settings_fingerprint": manifest.source.settings_fingerprint,
+            "ids_digest": manifest.ids_digest,
             "uri": dg.MetadataValue.path(data.url(layout.shard_prefix(layout.TRAINING_SET, shard))),
         }
     )

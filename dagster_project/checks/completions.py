@@ -85,10 +85,10 @@ def completions_published(context: dg.AssetCheckExecutionContext, store: Dataset
         passed=not problems,
         description="; ".join(problems) or "manifest and objects agree",
         metadata={
-            "objects": len(manifest["objects"]),
-            "bytes": sum(o["size"] for o in manifest["objects"]),
+            "objects": len(manifest.objects),
+            "bytes": manifest.stored_bytes,
             "problems": dg.MetadataValue.json(problems),
-            "uri": dg.MetadataValue.path(data.url(layout.shard_manifest_key(layout.COMPLETIONS, manifest["shard"]))),
+            "uri": dg.MetadataValue.path(data.url(layout.shard_manifest_key(layout.COMPLETIONS, manifest.shard))),
         },
     )
 
@@ -150,32 +150,33 @@ def completions_quality(
     manifest = completions_manifest(data, shard)
     tok = tokenizer.load()
     special = special_ids(tok)
-    errors_by_kind = manifest["generation"]["errors_by_kind"]
-    finish_reasons = manifest["generation"]["finish_reasons"]
+    run = manifest.generation
     results = [
         _share_gate(
             "error_rate",
-            manifest["errors"],
-            manifest["rows"],
+            manifest.errors,
+            manifest.rows,
             config.max_error_share,
             "ended in an error",
-            errors_by_kind,
+            run.errors_by_kind,
         ),
         _share_gate(
             "length_capped_rate",
-            finish_reasons.get("length", 0),
-            manifest["rows"],
+            run.finish_reasons.get("length", 0),
+            manifest.rows,
             config.max_length_capped_share,
-            f"hit max_new_tokens={manifest['settings']['max_new_tokens']}",
+            f"hit max_new_tokens={manifest.settings.max_new_tokens}",
             {},
         ),
     ]
     profile = gates.profile_completion_batches(
         iter_completion_batches(data, shard, gates.COMPLETION_GATE_COLUMNS), special, tok.decode
     )
-    enable_thinking = bool(manifest["settings"].get("enable_thinking", True))
     answer_gates = gates.shard_gates(
-        profile, vocab_size=special.vocab_size, enable_thinking=enable_thinking, thresholds=config.thresholds()
+        profile,
+        vocab_size=special.vocab_size,
+        enable_thinking=manifest.settings.enable_thinking,
+        thresholds=config.thresholds(),
     )
     results += [result for result in answer_gates if result.name in ANSWER_GATES]
     for result in results:

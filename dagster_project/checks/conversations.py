@@ -8,15 +8,19 @@ import dagster as dg
 
 from dagster_project.assets.conversations import conversations
 from dagster_project.assets.tables import counts_table
-from dagster_project.conversations.shards import scan_shards
+from dagster_project.conversations.shards import (
+    ConversationsManifest,
+    PolicyCounts,
+    read_conversations_manifest,
+    scan_shards,
+)
 from dagster_project.resources import DatasetStore
 from dagster_project.store import layout
-from dagster_project.store.manifest import read_stage_manifest
 from dagster_project.store.storage import Store
 
 
-def _stage_manifest(store: Store) -> dict:
-    manifest = read_stage_manifest(store, layout.CONVERSATIONS)
+def _stage_manifest(store: Store) -> ConversationsManifest:
+    manifest = read_conversations_manifest(store)
     if manifest is None:
         raise dg.Failure(
             f"no {store.url(layout.stage_manifest_key(layout.CONVERSATIONS))}: the conversations stage is not published"
@@ -31,23 +35,23 @@ def _stage_manifest(store: Store) -> dict:
 )
 def conversations_quarantine_rate(store: DatasetStore) -> dg.AssetCheckResult:
     manifest = _stage_manifest(store.open())
-    rate, limit = manifest["quarantine_rate"], manifest["quarantine_rate_max"]
-    accounted = manifest["input_rows"] == manifest["rows"] + manifest["quarantined"]
+    rate, limit = manifest.quarantine_rate, manifest.quarantine_rate_max
+    accounted = manifest.input_rows == manifest.rows + manifest.quarantined
     return dg.AssetCheckResult(
         passed=accounted and rate <= limit,
         description=(
-            f"{manifest['quarantined']} of {manifest['input_rows']} rows quarantined ({rate:.2%}, limit {limit:.2%})"
+            f"{manifest.quarantined} of {manifest.input_rows} rows quarantined ({rate:.2%}, limit {limit:.2%})"
             + ("" if accounted else "; input rows != conversations + quarantined")
         ),
         metadata={
-            "input_rows": manifest["input_rows"],
-            "conversations": manifest["rows"],
-            "quarantined": manifest["quarantined"],
+            "input_rows": manifest.input_rows,
+            "conversations": manifest.rows,
+            "quarantined": manifest.quarantined,
             "quarantine_rate": dg.MetadataValue.float(rate),
             "quarantine_rate_max": dg.MetadataValue.float(limit),
-            "by_reason": dg.MetadataValue.md(counts_table("reason", manifest["quarantined_by_reason"])),
-            "by_stage": dg.MetadataValue.json(manifest["quarantined_by_stage"]),
-            "by_source": dg.MetadataValue.md(counts_table("source", manifest["by_source"])),
+            "by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
+            "by_stage": dg.MetadataValue.json(manifest.quarantined_by_stage),
+            "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),
         },
     )
 
@@ -69,14 +73,14 @@ def conversations_unique_ids(store: DatasetStore) -> dg.AssetCheckResult:
         "shards_whose_ids_differ_from_manifest": scan.digest_mismatches,
     }
     found = {name: values for name, values in problems.items() if values}
-    if scan.rows != manifest["rows"]:
-        found["row_count"] = [f"{scan.rows} in shards, {manifest['rows']} in the manifest"]
+    if scan.rows != manifest.rows:
+        found["row_count"] = [f"{scan.rows} in shards, {manifest.rows} in the manifest"]
     return dg.AssetCheckResult(
         passed=not found,
         description="; ".join(f"{name}: {values[:5]}" for name, values in found.items()) or f"{scan.rows} unique ids",
         metadata={
             "conversations": scan.rows,
-            "num_shards": manifest["num_shards"],
+            "num_shards": manifest.num_shards,
             **{name: len(values) for name, values in problems.items()},
             "examples": dg.MetadataValue.json({name: values[:20] for name, values in found.items()}),
         },
@@ -90,27 +94,31 @@ def conversations_unique_ids(store: DatasetStore) -> dg.AssetCheckResult:
 def conversations_multi_turn_counts(store: DatasetStore) -> dg.AssetCheckResult:
     data = store.open()
     manifest = _stage_manifest(data)
-    counted = {policy: dict(counts) for policy, counts in scan_shards(data, manifest).by_policy.items()}
-    expected = {policy: counts for policy, counts in manifest["by_policy"].items() if counts["conversations"]}
-    totals = {key: sum(c.get(key, 0) for c in counted.values()) for key in ("conversations", "multi_turn", "turns")}
+    counted = scan_shards(data, manifest).by_policy
+    expected = {policy: counts for policy, counts in manifest.by_policy.items() if counts.conversations}
+    totals = PolicyCounts(
+        conversations=sum(c.conversations for c in counted.values()),
+        multi_turn=sum(c.multi_turn for c in counted.values()),
+        turns=sum(c.turns for c in counted.values()),
+    )
     return dg.AssetCheckResult(
         passed=counted == expected,
         description=(
-            f"{totals['multi_turn']} multi-turn of {totals['conversations']} conversations, {totals['turns']} turns to generate"
+            f"{totals.multi_turn} multi-turn of {totals.conversations} conversations, {totals.turns} turns to generate"
             if counted == expected
             else f"shards hold {counted}, the manifest says {expected}"
         ),
         metadata={
-            "policy": manifest["policy"],
-            "history": manifest["history"],
-            "conversations": totals["conversations"],
-            "multi_turn": totals["multi_turn"],
+            "policy": manifest.policy,
+            "history": manifest.history,
+            "conversations": totals.conversations,
+            "multi_turn": totals.multi_turn,
             "multi_turn_rate": dg.MetadataValue.float(
-                totals["multi_turn"] / totals["conversations"] if totals["conversations"] else 0.0
+                totals.multi_turn / totals.conversations if totals.conversations else 0.0
             ),
-            "turns": totals["turns"],
+            "turns": totals.turns,
             "turns_per_conversation": dg.MetadataValue.float(
-                totals["turns"] / totals["conversations"] if totals["conversations"] else 0.0
+                totals.turns / totals.conversations if totals.conversations else 0.0
             ),
             "by_policy": dg.MetadataValue.md(counts_table("policy", counted)),
         },
@@ -127,7 +135,7 @@ def conversations_gx_suite(store: DatasetStore) -> dg.AssetCheckResult:
 
     data = store.open()
     manifest = _stage_manifest(data)
-    summary = ConversationSuites().validate(shard_chunks(data, manifest["num_shards"]), manifest["num_shards"])
+    summary = ConversationSuites().validate(shard_chunks(data, manifest.num_shards), manifest.num_shards)
     failed = summary.failed()
     return dg.AssetCheckResult(
         passed=summary.success,

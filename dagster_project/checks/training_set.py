@@ -2,7 +2,7 @@
 
 The row-level gates share one streaming pass over the shard (`training_set_gates`, one check per gate);
 the Great Expectations suite is a check of its own (`gx_suite`). Each also records its verdict next to the
-shard, so an export in a later run refuses a shard that failed (see dagster_project/export.py).
+shard, so an export in a later run refuses a shard that failed (see dagster_project/training/export.py).
 """
 
 # No `from __future__ import annotations` here: Dagster 1.13 cannot resolve a string-annotated Config parameter.
@@ -16,12 +16,12 @@ from dagster_project.generation.shards import completions_manifest
 from dagster_project.partitions import shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
 from dagster_project.store import layout
-from dagster_project.store.manifest import data_keys, iter_parquet_batches
+from dagster_project.store.manifest import iter_parquet_batches
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gates
 from dagster_project.training.export import record_verdict
 from dagster_project.training.shards import iter_training_batches, training_manifest
-from dagster_project.training.stage import enable_thinking, source_is_current
+from dagster_project.training.stage import source_is_current
 from dagster_project.training.suite import FRAME_COLUMNS, training_frame, validate_training_frame
 
 GATE_DESCRIPTIONS = {
@@ -64,11 +64,11 @@ def training_set_gates(
     results = gates.shard_gates(
         profile,
         vocab_size=special.vocab_size,
-        enable_thinking=enable_thinking(manifest),
+        enable_thinking=manifest.source.settings.enable_thinking,
         thresholds=config.thresholds(),
     )
     completion_batches = iter_parquet_batches(
-        data, data_keys(completions_manifest(data, shard)), ["event_id", "prompt_ids", "output_ids"]
+        data, completions_manifest(data, shard).data_keys, ["event_id", "prompt_ids", "output_ids"]
     )
     results += [gates.ids_match_completions(profile.digests, completion_batches), source_is_current(data, manifest)]
     record_verdict(data, manifest, "gates", {r.name: r.message for r in results if not r.passed})
@@ -84,13 +84,13 @@ def training_set_gx_suite(context: dg.AssetCheckExecutionContext, store: Dataset
     shard = layout.shard_index(context.partition_key)
     data = store.open()
     manifest = training_manifest(data, shard)
-    assembly = manifest["assembly"]
+    assembly = manifest.assembly
     outcome = validate_training_frame(
         training_frame(iter_training_batches(data, shard, FRAME_COLUMNS)),
         shard=shard,
-        rows=manifest["rows"],
-        max_length=assembly["max_length"],
-        finish_reasons=["stop"] if assembly["exclude_length_capped"] else ["stop", "length"],
+        rows=manifest.rows,
+        max_length=assembly.max_length,
+        finish_reasons=["stop"] if assembly.exclude_length_capped else ["stop", "length"],
     )
     record_verdict(data, manifest, "gx_suite", {} if outcome.success else {"gx_suite": outcome.message})
     return dg.AssetCheckResult(

@@ -1,29 +1,108 @@
-"""Writing the conversations of many shards to local disk, then publishing them (DESIGN §3, §4).
+"""Writing the conversations of many shards to local disk, publishing them, and the manifests that describe them.
 
 Rows arrive in input order, each for some shard. `ShardBuffers` keeps a bounded amount in memory and
 appends it to one local file per shard, opening one file at a time, so 1,830 shards never hit the
 open-file limit and memory does not grow with the dataset. `publish_shards` then uploads each shard's
-file and its manifest, several shards at a time. `scan_shards` reads them back for the checks.
+file and its manifest (`ConversationsShardManifest`), several shards at a time; the stage's own
+manifest (`ConversationsManifest`) comes last. `scan_shards` reads them back for the checks.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.records import Conversation
 from dagster_project.store import layout
-from dagster_project.store.manifest import data_keys, ids_digest, publish_shard, read_shard_manifest
+from dagster_project.store.manifest import (
+    ShardManifest,
+    StageManifest,
+    StoredObject,
+    ids_digest,
+    publish_shard,
+    read_shard_manifest,
+    read_stage_manifest,
+)
 from dagster_project.store.storage import Store
 
 SHARD_FILE = "conversations.jsonl"
 BUFFERED_BYTES = 32 << 20
 PUBLISH_WORKERS = 8
+
+
+@dataclass
+class PolicyCounts:
+    """Conversations under one multi-turn policy, the multi-turn ones among them, and the turns to generate."""
+
+    conversations: int = 0
+    multi_turn: int = 0
+    turns: int = 0
+
+    def add(self, conversation: Conversation) -> None:
+        self.conversations += 1
+        self.multi_turn += conversation.extra.get("source_user_turns", 1) > 1
+        self.turns += conversation.num_turns
+
+
+@dataclass(frozen=True)
+class SourceTotals:
+    """One source over both stages: input_rows = conversations + quarantined."""
+
+    input_rows: int
+    conversations: int
+    quarantined: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConversationsShardManifest(ShardManifest):
+    stage: str = layout.CONVERSATIONS
+    num_shards: int
+    policy: str
+    build_id: str
+    multi_turn: int = 0
+    turns: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConversationsManifest(StageManifest):
+    """The stage as a whole, with the accounting of both stages: input_rows = rows + quarantined."""
+
+    stage: str = layout.CONVERSATIONS
+    num_shards: int
+    policy: str
+    build_id: str
+    input_rows: int
+    rows: int
+    normalized: int
+    quarantined: int
+    quarantine_rate: float
+    quarantined_by_reason: dict[str, int] = field(default_factory=dict)
+    quarantined_by_stage: dict[str, int] = field(default_factory=dict)
+    by_source: dict[str, SourceTotals] = field(default_factory=dict)
+    history: str
+    multi_turn: int
+    turns: int
+    by_policy: dict[str, PolicyCounts] = field(default_factory=dict)
+    ids_digest: str
+    quarantine_rate_max: float
+    max_prompt_tokens: int
+    prompts_tokenized: int = 0
+    enable_thinking: bool = True
+    preserve_thinking: bool = False
+    stale_shards_removed: int = 0
+    seconds: float = 0.0
+    quarantine_object: StoredObject | None = None
+
+
+def read_conversations_manifest(store: Store) -> ConversationsManifest | None:
+    return read_stage_manifest(store, layout.CONVERSATIONS, ConversationsManifest)
+
+
+def read_shard_conversations_manifest(store: Store, shard: int) -> ConversationsShardManifest | None:
+    return read_shard_manifest(store, layout.CONVERSATIONS, shard, ConversationsShardManifest)
 
 
 class ShardBuffers:
@@ -55,19 +134,9 @@ class ShardBuffers:
         self._buffered = 0
 
 
-def shard_stats(conversations: Iterable[Conversation]) -> dict[str, Any]:
-    """Rows, ids digest, multi-turn conversations and generated turns of one shard."""
-    ids, multi_turn, turns = [], 0, 0
-    for conversation in conversations:
-        ids.append(conversation.id)
-        multi_turn += conversation.extra.get("source_user_turns", 1) > 1
-        turns += conversation.num_turns
-    return {"rows": len(ids), "ids_digest": ids_digest(ids), "multi_turn": multi_turn, "turns": turns}
-
-
-def conversations_in(store: Store, manifest: dict[str, Any]) -> Iterator[Conversation]:
+def conversations_in(store: Store, manifest: ShardManifest) -> Iterator[Conversation]:
     """The conversations of the shard that `manifest` describes."""
-    for key in data_keys(manifest):
+    for key in manifest.data_keys:
         for line in store.get_bytes(key).splitlines():
             if line.strip():
                 yield Conversation.from_json(line)
@@ -75,7 +144,7 @@ def conversations_in(store: Store, manifest: dict[str, Any]) -> Iterator[Convers
 
 def read_conversations(store: Store, shard: int) -> Iterator[Conversation]:
     """The conversations of a published shard (one shard in memory at most)."""
-    manifest = read_shard_manifest(store, layout.CONVERSATIONS, shard)
+    manifest = read_shard_conversations_manifest(store, shard)
     if manifest is None:
         raise LookupError(
             f"conversations shard {shard} is not published (no {store.url(layout.shard_manifest_key(layout.CONVERSATIONS, shard))}); "
@@ -91,16 +160,29 @@ def read_local_shard(path: Path) -> Iterable[Conversation]:
 
 
 def publish_shards(
-    store: Store, buffers: ShardBuffers, fields: dict[str, Any], log: Callable[[str], None] = lambda _: None
-) -> list[dict[str, Any]]:
+    store: Store, buffers: ShardBuffers, *, policy: str, build_id: str, log: Callable[[str], None] = lambda _: None
+) -> list[ConversationsShardManifest]:
     """Publish every shard (data, then manifest); return the manifests in shard order."""
 
-    def publish(shard: int) -> dict[str, Any]:
+    def publish(shard: int) -> ConversationsShardManifest:
         path = buffers.path(shard)
-        stats = shard_stats(read_local_shard(path))
-        manifest = publish_shard(store, layout.CONVERSATIONS, shard, [(SHARD_FILE, path)], {**fields, **stats})
+        ids, counts = [], PolicyCounts()
+        for conversation in read_local_shard(path):
+            ids.append(conversation.id)
+            counts.add(conversation)
+        manifest = ConversationsShardManifest(
+            shard=shard,
+            rows=counts.conversations,
+            ids_digest=ids_digest(ids),
+            num_shards=buffers.num_shards,
+            policy=policy,
+            build_id=build_id,
+            multi_turn=counts.multi_turn,
+            turns=counts.turns,
+        )
+        published = publish_shard(store, manifest, [(SHARD_FILE, path)])
         path.unlink()
-        return manifest
+        return published
 
     with ThreadPoolExecutor(max_workers=PUBLISH_WORKERS) as pool:
         manifests = []
@@ -134,22 +216,22 @@ class ShardScan:
     digest_mismatches: list[int] = field(default_factory=list)
     duplicate_ids: list[str] = field(default_factory=list)
     misplaced_ids: list[str] = field(default_factory=list)
-    by_policy: dict[str, Counter] = field(default_factory=dict)
+    by_policy: dict[str, PolicyCounts] = field(default_factory=dict)
 
 
-def scan_shards(store: Store, stage_manifest: dict[str, Any], examples: int = 20) -> ShardScan:
+def scan_shards(store: Store, stage_manifest: ConversationsManifest, examples: int = 20) -> ShardScan:
     """Read every shard once (one in memory at a time) and check ids, placement and manifests."""
     scan = ShardScan()
-    num_shards = stage_manifest["num_shards"]
+    num_shards = stage_manifest.num_shards
     for shard in range(num_shards):
-        manifest = read_shard_manifest(store, layout.CONVERSATIONS, shard)
+        manifest = read_shard_conversations_manifest(store, shard)
         if manifest is None:
             scan.missing_shards.append(shard)
             continue
-        if manifest.get("build_id") != stage_manifest.get("build_id"):
+        if manifest.build_id != stage_manifest.build_id:
             scan.other_build_shards.append(shard)
         conversations = list(conversations_in(store, manifest))
-        if shard_stats(conversations)["ids_digest"] != manifest.get("ids_digest"):
+        if ids_digest(c.id for c in conversations) != manifest.ids_digest:
             scan.digest_mismatches.append(shard)
         seen: set[str] = set()
         for conversation in conversations:
@@ -159,8 +241,5 @@ def scan_shards(store: Store, stage_manifest: dict[str, Any], examples: int = 20
             seen.add(conversation.id)
             if shard_of(conversation.id, num_shards) != shard and len(scan.misplaced_ids) < examples:
                 scan.misplaced_ids.append(conversation.id)
-            counts = scan.by_policy.setdefault(conversation.policy, Counter())
-            counts["conversations"] += 1
-            counts["multi_turn"] += conversation.extra.get("source_user_turns", 1) > 1
-            counts["turns"] += conversation.num_turns
+            scan.by_policy.setdefault(conversation.policy, PolicyCounts()).add(conversation)
     return scan

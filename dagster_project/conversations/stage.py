@@ -35,15 +35,22 @@ import orjson
 from dagster_project.conversations.budget import PromptBudget
 from dagster_project.conversations.dedup import SeenIndex, digest64
 from dagster_project.conversations.sharding import shard_of
-from dagster_project.conversations.shards import ShardBuffers, publish_shards, remove_stale_shards
+from dagster_project.conversations.shards import (
+    ConversationsManifest,
+    PolicyCounts,
+    ShardBuffers,
+    SourceTotals,
+    publish_shards,
+    remove_stale_shards,
+)
 from dagster_project.conversations.turns import POLICY_HISTORY, apply_policy, request_key, turn_ends
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.ingest.quarantine import Accounting, quarantine_record
-from dagster_project.ingest.stage import PROMPTS_KEY
+from dagster_project.ingest.quarantine import Accounting, SourceCounts, quarantine_record
+from dagster_project.ingest.shards import PROMPTS_KEY, RawPromptsManifest, read_raw_prompts_manifest
 from dagster_project.records import Conversation
 from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter, read_jsonl_zst
-from dagster_project.store.manifest import read_stage_manifest, write_stage_manifest
+from dagster_project.store.manifest import put_object, write_stage_manifest
 from dagster_project.store.storage import Store
 
 STAGE = "conversations"
@@ -65,8 +72,7 @@ class ConversationBuilder:
         self.seen = seen
         self.num_shards = num_shards
         self.accounting = Accounting()
-        self.multi_turn = 0
-        self.turns = 0
+        self.counts = PolicyCounts()
 
     def build(self, row: dict[str, Any]) -> Conversation | dict[str, Any]:
         """The conversation of a snapshot row, or its quarantine record."""
@@ -107,8 +113,7 @@ class ConversationBuilder:
         self.seen.add_content(digest, conversation.id)
         conversation.shard = shard_of(conversation.id, self.num_shards)
         self.accounting.keep(conversation.source)
-        self.multi_turn += conversation.extra["source_user_turns"] > 1
-        self.turns += conversation.num_turns
+        self.counts.add(conversation)
         return conversation
 
     def _reject(self, conversation: Conversation, reason: str, detail: str, **extra: Any) -> dict[str, Any]:
@@ -135,9 +140,9 @@ def build_conversations(
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     quarantine_rate_max: float = DEFAULT_QUARANTINE_RATE_MAX,
     log: Callable[[str], None] = lambda _: None,
-) -> dict[str, Any]:
+) -> ConversationsManifest:
     """Build and publish every conversations shard from the ingest snapshot; return the stage manifest."""
-    raw = read_stage_manifest(store, layout.RAW_PROMPTS)
+    raw = read_raw_prompts_manifest(store)
     if raw is None:
         raise LookupError(
             f"no {store.url(layout.stage_manifest_key(layout.RAW_PROMPTS))}: materialize raw_prompts first"
@@ -170,67 +175,62 @@ def build_conversations(
     built_s = time.perf_counter() - started
     log(f"{builder.accounting.kept} conversations, {builder.accounting.quarantined} quarantined in {built_s:.1f}s")
 
-    fields = {"num_shards": num_shards, "policy": settings.policy, "build_id": build_id}
-    shard_manifests = publish_shards(store, buffers, fields, log)
+    shard_manifests = publish_shards(store, buffers, policy=settings.policy, build_id=build_id, log=log)
     stale = remove_stale_shards(store, num_shards)
-    quarantine_info = store.put_file(QUARANTINE_KEY, quarantine.path)
+    quarantine_object = put_object(store, QUARANTINE_KEY, quarantine.path)
     quarantine.path.unlink()
-    stage = _stage_fields(raw, builder, shard_manifests)
+    accounting = builder.accounting
+    rows = sum(m.rows for m in shard_manifests)
+    _check_accounting(raw, accounting, rows)
+    quarantined_by_reason = Counter(raw.quarantined_by_reason) + accounting.by_reason
+    quarantined = sum(quarantined_by_reason.values())
     return write_stage_manifest(
         store,
-        layout.CONVERSATIONS,
-        {
-            **fields,
-            **stage,
-            "quarantine_rate_max": quarantine_rate_max,
-            "max_prompt_tokens": max_prompt_tokens,
-            "prompts_tokenized": budget.exact_counts,
-            "enable_thinking": settings.enable_thinking,
-            "preserve_thinking": settings.preserve_thinking,
-            "stale_shards_removed": stale,
-            "seconds": time.perf_counter() - started,
-            "quarantine_object": {
-                "key": quarantine_info.key,
-                "size": quarantine_info.size,
-                "sha256": quarantine_info.sha256,
-            },
-        },
+        ConversationsManifest(
+            num_shards=num_shards,
+            policy=settings.policy,
+            build_id=build_id,
+            input_rows=raw.input_rows,
+            rows=rows,
+            normalized=rows,
+            quarantined=quarantined,
+            quarantine_rate=quarantined / raw.input_rows if raw.input_rows else 0.0,
+            quarantined_by_reason=dict(sorted(quarantined_by_reason.items())),
+            quarantined_by_stage={"ingest": raw.quarantined, STAGE: accounting.quarantined},
+            by_source=_by_source(raw.by_source, accounting.by_source),
+            history=POLICY_HISTORY[settings.policy],
+            multi_turn=builder.counts.multi_turn,
+            turns=builder.counts.turns,
+            by_policy={settings.policy: builder.counts},
+            ids_digest=hashlib.sha256("".join(m.ids_digest for m in shard_manifests).encode()).hexdigest(),
+            quarantine_rate_max=quarantine_rate_max,
+            max_prompt_tokens=max_prompt_tokens,
+            prompts_tokenized=budget.exact_counts,
+            enable_thinking=settings.enable_thinking,
+            preserve_thinking=settings.preserve_thinking,
+            stale_shards_removed=stale,
+            seconds=time.perf_counter() - started,
+            quarantine_object=quarantine_object,
+        ),
     )
 
 
-def _stage_fields(raw: dict[str, Any], builder: ConversationBuilder, shards: list[dict[str, Any]]) -> dict[str, Any]:
-    """Totals over both stages: every input row is a conversation or quarantined, by reason and source."""
-    counts = builder.accounting.as_dict()
-    by_reason = Counter(raw["quarantined_by_reason"]) + Counter(counts["quarantined_by_reason"])
-    by_source = {}
-    for name in sorted(set(raw["by_source"]) | set(counts["by_source"])):
-        ingested = raw["by_source"].get(name, {})
-        built = counts["by_source"].get(name, {})
-        by_source[name] = {
-            "input_rows": ingested.get("rows", 0),
-            "conversations": built.get("kept", 0),
-            "quarantined": ingested.get("quarantined", 0) + built.get("quarantined", 0),
-        }
-    rows = sum(m["rows"] for m in shards)
-    quarantined = sum(by_reason.values())
-    if rows != counts["kept"] or raw["input_rows"] != rows + quarantined:
+def _check_accounting(raw: RawPromptsManifest, accounting: Accounting, rows: int) -> None:
+    """Every input row is a published conversation or quarantined by one of the two stages."""
+    quarantined = raw.quarantined + accounting.quarantined
+    if rows != accounting.kept or raw.input_rows != rows + quarantined:
         raise RuntimeError(
-            f"accounting does not add up: {raw['input_rows']} input rows, {rows} published conversations "
-            f"({counts['kept']} built), {quarantined} quarantined"
+            f"accounting does not add up: {raw.input_rows} input rows, {rows} published conversations "
+            f"({accounting.kept} built), {quarantined} quarantined"
         )
-    policy = builder.settings.policy
-    return {
-        "input_rows": raw["input_rows"],
-        "rows": rows,
-        "normalized": rows,
-        "quarantined": quarantined,
-        "quarantine_rate": quarantined / raw["input_rows"] if raw["input_rows"] else 0.0,
-        "quarantined_by_reason": dict(sorted(by_reason.items())),
-        "quarantined_by_stage": {"ingest": raw["quarantined"], STAGE: counts["quarantined"]},
-        "by_source": by_source,
-        "history": POLICY_HISTORY[policy],
-        "multi_turn": builder.multi_turn,
-        "turns": builder.turns,
-        "by_policy": {policy: {"conversations": rows, "multi_turn": builder.multi_turn, "turns": builder.turns}},
-        "ids_digest": hashlib.sha256("".join(m["ids_digest"] for m in shards).encode()).hexdigest(),
-    }
+
+
+def _by_source(ingested: dict[str, SourceCounts], built: dict[str, SourceCounts]) -> dict[str, SourceTotals]:
+    """Per source, over both stages: rows read by ingest, conversations built, rows quarantined by either."""
+    totals = {}
+    for name in sorted(set(ingested) | set(built)):
+        read, kept = ingested.get(name, SourceCounts()), built.get(name, SourceCounts())
+        totals[name] = SourceTotals(
+            input_rows=read.rows, conversations=kept.kept, quarantined=read.quarantined + kept.quarantined
+        )
+    return totals

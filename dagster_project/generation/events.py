@@ -18,7 +18,7 @@ from dagster_project.conversations.turns import prompt_messages
 from dagster_project.generation.dispatch import Dispatcher, GenRequest, Outcome
 from dagster_project.generation.heartbeat import ShardReporter
 from dagster_project.generation.journal import Journal
-from dagster_project.generation.progress import ShardProgress
+from dagster_project.generation.progress import Heartbeat, ShardProgress
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import STATUS_ERROR, STATUS_OK, Conversation, empty_completion_row
 from dagster_project.tokenizer import SpecialIds, render_prompt_ids, special_ids
@@ -217,7 +217,7 @@ class ShardGeneration:
 
     # ---- driving ----------------------------------------------------------------------------------
 
-    async def run(self, dispatcher: Dispatcher, reporter: ShardReporter | None = None) -> dict[str, Any]:
+    async def run(self, dispatcher: Dispatcher, reporter: ShardReporter | None = None) -> Heartbeat:
         """Dispatch until every planned event has a record; the reporter beats alongside."""
         self.dispatcher = dispatcher
         reporting = asyncio.create_task(reporter.run()) if reporter else None
@@ -236,7 +236,7 @@ class ShardGeneration:
                 await reporter.beat()
         return self.snapshot()
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> Heartbeat:
         servers = self.dispatcher.snapshot().get("servers", {}) if self.dispatcher is not None else {}
         for view in servers.values():
             # Past its running cap a server queues what it is sent (FIFO): what this run has waiting there.

@@ -1,6 +1,6 @@
 """What a running shard tells the outside world while it generates.
 
-* every few seconds, its progress snapshot to `<store>/progress/shard=NNNNN.json` (read by `status`);
+* every few seconds, its `Heartbeat` to `<store>/progress/shard=NNNNN.json` (read by `status`);
 * every minute or so, a copy of its journal to `<store>/progress/journal/...`, so a run resumed on another
   node loses at most that minute of work;
 * at a slower pace, a progress line for Dagster's logs (each one is a database write).
@@ -15,18 +15,30 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from dagster_project.generation.journal import Journal
+from dagster_project.generation.progress import Heartbeat
+from dagster_project.store.dataclass_json import from_json, to_json
 from dagster_project.store.layout import PROGRESS, SHARD_DIGITS, progress_key
 from dagster_project.store.storage import Store, StoreError
+
+HEARTBEATS_PREFIX = PROGRESS + "/shard="
 
 
 def journal_checkpoint_key(shard: int, fingerprint: str) -> str:
     return f"{PROGRESS}/journal/shard={shard:0{SHARD_DIGITS}d}/{fingerprint}.jsonl"
+
+
+def read_heartbeats(store: Store) -> list[Heartbeat]:
+    """The last heartbeat of every shard run that reported, running or not."""
+    return [
+        from_json(Heartbeat, store.get_bytes(info.key))
+        for info in store.list(HEARTBEATS_PREFIX)
+        if info.key.endswith(".json")
+    ]
 
 
 def restore_journal(store: Store, shard: int, fingerprint: str, local_path: Path) -> bool:
@@ -45,12 +57,12 @@ class ShardReporter:
         shard: int,
         journal: Journal,
         fingerprint: str,
-        snapshot: Callable[[], dict[str, Any]],
+        snapshot: Callable[[], Heartbeat],
         *,
         heartbeat_interval_s: float = 5.0,
         checkpoint_interval_s: float = 60.0,
         log_interval_s: float = 30.0,
-        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        on_progress: Callable[[Heartbeat], None] | None = None,
         log: Callable[[str], None] = lambda message: None,
     ):
         self.store = store
@@ -66,11 +78,11 @@ class ShardReporter:
         self.upload_failures = 0
         self._checkpointed_size = -1
 
-    def report(self) -> dict[str, Any]:
-        return {**self.snapshot(), "upload_failures": self.upload_failures}
+    def report(self) -> Heartbeat:
+        return replace(self.snapshot(), upload_failures=self.upload_failures)
 
-    def _put_heartbeat(self, snapshot: dict[str, Any]) -> None:
-        self.store.put_bytes(progress_key(self.shard), orjson.dumps(snapshot))
+    def _put_heartbeat(self, heartbeat: Heartbeat) -> None:
+        self.store.put_bytes(progress_key(self.shard), to_json(heartbeat))
 
     def _checkpoint(self, copy: Path) -> None:
         self.store.put_file(journal_checkpoint_key(self.shard, self.fingerprint), copy)

@@ -1,6 +1,6 @@
 """Live progress of one shard: counts, token totals, lifetime and windowed rates, spec-decoding figures.
 
-The shard driver feeds every finished event into a `ShardProgress`; its `snapshot()` is the heartbeat
+The shard driver feeds every finished event into a `ShardProgress`; its `snapshot()` is the `Heartbeat`
 written to `<store>/progress/shard=NNNNN.json` every few seconds and read by `status`.
 """
 
@@ -12,6 +12,52 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_WINDOW_S = 120.0
+
+
+@dataclass(frozen=True)
+class Rates:
+    seconds: float = 0.0
+    req_per_s: float = 0.0
+    output_tok_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SpecDecodingStats:
+    """Accept length = completion tokens / verify passes, over requests that reported spec-decoding stats."""
+
+    accept_length_lifetime: float | None = None
+    accept_length_window: float | None = None
+    window_spec_tokens: int = 0
+    window_verify_passes: int = 0
+    requests_without_spec_stats: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Heartbeat:
+    """A running shard's progress, as `status` reads it from the store."""
+
+    shard: int
+    state: str
+    settings_fingerprint: str
+    started_at: float
+    updated_at: float
+    total_events: int
+    resumed_events: int
+    done_events: int
+    remaining_events: int
+    ok_events: int
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    avg_output_tokens: float | None = None
+    lifetime: Rates = field(default_factory=Rates)
+    window: Rates = field(default_factory=Rates)
+    spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+    eta_s: float | None = None
+    # The dispatcher's own view of each server (`Dispatcher.snapshot()`), keyed by URL.
+    servers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    upload_failures: int = 0
 
 
 @dataclass
@@ -65,7 +111,7 @@ class ShardProgress:
         while self._recent and self._recent[0].at < now - self.window_s:
             self._recent.popleft()
 
-    def snapshot(self, now: float | None = None, servers: dict[str, Any] | None = None) -> dict[str, Any]:
+    def snapshot(self, now: float | None = None, servers: dict[str, dict[str, Any]] | None = None) -> Heartbeat:
         now = time.time() if now is None else now
         self._trim(now)
         elapsed = max(now - self.started_at, 1e-9)
@@ -79,41 +125,37 @@ class ShardProgress:
         avg_output = self.output_tokens / self.ok_events if self.ok_events else None
         window_tok_s = window_tokens / window_span if window else 0.0
         eta_s = remaining * avg_output / window_tok_s if avg_output and window_tok_s else None
-        return {
-            "shard": self.shard,
-            "state": self.state,
-            "settings_fingerprint": self.settings_fingerprint,
-            "started_at": self.started_at,
-            "updated_at": now,
-            "total_events": self.total_events,
-            "resumed_events": self.resumed_events,
-            "done_events": self.resumed_events + generated_here,
-            "remaining_events": remaining,
-            "ok_events": self.ok_events,
-            "errors_by_kind": dict(self.errors_by_kind),
-            "finish_reasons": dict(self.finish_reasons),
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "avg_output_tokens": avg_output,
-            "lifetime": {
-                "seconds": elapsed,
-                "req_per_s": generated_here / elapsed,
-                "output_tok_per_s": self.output_tokens / elapsed,
-            },
-            "window": {
-                "seconds": window_span,
-                "req_per_s": len(window) / window_span if window_span else 0.0,
-                "output_tok_per_s": window_tok_s,
-            },
-            "spec": {
-                "accept_length_lifetime": self.spec_tokens / self.spec_verify_passes
-                if self.spec_verify_passes
-                else None,
-                "accept_length_window": window_spec_tokens / window_verify if window_verify else None,
-                "window_spec_tokens": window_spec_tokens,
-                "window_verify_passes": window_verify,
-                "requests_without_spec_stats": self.requests_without_spec_stats,
-            },
-            "eta_s": eta_s,
-            "servers": servers or {},
-        }
+        return Heartbeat(
+            shard=self.shard,
+            state=self.state,
+            settings_fingerprint=self.settings_fingerprint,
+            started_at=self.started_at,
+            updated_at=now,
+            total_events=self.total_events,
+            resumed_events=self.resumed_events,
+            done_events=self.resumed_events + generated_here,
+            remaining_events=remaining,
+            ok_events=self.ok_events,
+            errors_by_kind=dict(self.errors_by_kind),
+            finish_reasons=dict(self.finish_reasons),
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            avg_output_tokens=avg_output,
+            lifetime=Rates(
+                seconds=elapsed, req_per_s=generated_here / elapsed, output_tok_per_s=self.output_tokens / elapsed
+            ),
+            window=Rates(
+                seconds=window_span,
+                req_per_s=len(window) / window_span if window_span else 0.0,
+                output_tok_per_s=window_tok_s,
+            ),
+            spec=SpecDecodingStats(
+                accept_length_lifetime=self.spec_tokens / self.spec_verify_passes if self.spec_verify_passes else None,
+                accept_length_window=window_spec_tokens / window_verify if window_verify else None,
+                window_spec_tokens=window_spec_tokens,
+                window_verify_passes=window_verify,
+                requests_without_spec_stats=self.requests_without_spec_stats,
+            ),
+            eta_s=eta_s,
+            servers=servers or {},
+        )

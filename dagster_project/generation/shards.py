@@ -1,4 +1,5 @@
-"""Reading a published completions shard, and the coverage rule that ties it to its conversations."""
+"""A published completions shard: its manifest, reading its rows, and the coverage rule that ties it to its
+conversations."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from dagster_project.conversations.shards import read_conversations
+from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
+from dagster_project.generation_settings import GenerationSettings
 from dagster_project.store.layout import COMPLETIONS
-from dagster_project.store.manifest import data_keys, iter_parquet_batches, read_shard_manifest
+from dagster_project.store.manifest import ShardManifest, iter_parquet_batches, read_shard_manifest
 from dagster_project.store.storage import Store
 
 
@@ -18,8 +21,47 @@ class ShardNotPublished(RuntimeError):
     pass
 
 
-def completions_manifest(store: Store, shard: int) -> dict:
-    manifest = read_shard_manifest(store, COMPLETIONS, shard)
+@dataclass(frozen=True)
+class GenerationSummary:
+    """How the shard run that published the shard went (its last heartbeat, in short)."""
+
+    lifetime: Rates = field(default_factory=Rates)
+    spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, heartbeat: Heartbeat) -> GenerationSummary:
+        return cls(heartbeat.lifetime, heartbeat.spec, heartbeat.finish_reasons, heartbeat.errors_by_kind)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompletionsShardManifest(ShardManifest):
+    """rows = ok + errors: one record per planned event. `ids_digest` is over event ids."""
+
+    stage: str = COMPLETIONS
+    ok: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    conversations: int = 0
+    conversations_ids_digest: str = ""
+    settings_fingerprint: str = ""
+    # A manifest that did not record its settings was made with the defaults.
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
+    generation: GenerationSummary = field(default_factory=GenerationSummary)
+
+    @property
+    def avg_output_tokens(self) -> float:
+        return self.output_tokens / self.ok if self.ok else 0.0
+
+
+def read_completions_manifest(store: Store, shard: int) -> CompletionsShardManifest | None:
+    return read_shard_manifest(store, COMPLETIONS, shard, CompletionsShardManifest)
+
+
+def completions_manifest(store: Store, shard: int) -> CompletionsShardManifest:
+    manifest = read_completions_manifest(store, shard)
     if manifest is None:
         raise ShardNotPublished(f"completions shard {shard} has no manifest: it is not published")
     return manifest
@@ -27,7 +69,7 @@ def completions_manifest(store: Store, shard: int) -> dict:
 
 def iter_completion_batches(store: Store, shard: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Stream a published shard's rows, one Parquet row group at a time (memory bounded by a row group)."""
-    return iter_parquet_batches(store, data_keys(completions_manifest(store, shard)), columns)
+    return iter_parquet_batches(store, completions_manifest(store, shard).data_keys, columns)
 
 
 @dataclass

@@ -71,40 +71,37 @@ def quarantine_record(
 
 
 @dataclass
+class SourceCounts:
+    """Rows read from one source: rows = kept + quarantined."""
+
+    rows: int = 0
+    kept: int = 0
+    quarantined: int = 0
+
+
+@dataclass
 class Accounting:
     """Rows in, rows kept, rows quarantined by reason, overall and per source."""
 
     rows: int = 0
     kept: int = 0
     by_reason: Counter = field(default_factory=Counter)
-    by_source: dict[str, Counter] = field(default_factory=dict)
+    by_source: dict[str, SourceCounts] = field(default_factory=dict)
 
     @property
     def quarantined(self) -> int:
         return sum(self.by_reason.values())
 
     def keep(self, source: str) -> None:
-        self._count(source, "kept")
+        self._count_row(source).kept += 1
         self.kept += 1
 
     def reject(self, source: str, reason: str) -> None:
-        self._count(source, "quarantined")
+        self._count_row(source).quarantined += 1
         self.by_reason[reason] += 1
 
-    def _count(self, source: str, outcome: str) -> None:
+    def _count_row(self, source: str) -> SourceCounts:
         self.rows += 1
-        counts = self.by_source.setdefault(source, Counter())
-        counts["rows"] += 1
-        counts[outcome] += 1
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "rows": self.rows,
-            "kept": self.kept,
-            "quarantined": self.quarantined,
-            "quarantined_by_reason": dict(sorted(self.by_reason.items())),
-            "by_source": {
-                name: {k: counts[k] for k in ("rows", "kept", "quarantined")}
-                for name, counts in sorted(self.by_source.items())
-            },
-        }
+        counts = self.by_source.setdefault(source, SourceCounts())
+        counts.rows += 1
+        return counts

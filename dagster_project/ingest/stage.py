@@ -7,13 +7,7 @@ alone (`formats.parse_row`); those that depend on the multi-turn policy or on ot
 budget, duplicates, ids) belong to stage 2 (`prepare`), which reads this snapshot, so changing the
 policy never re-reads the sources.
 
-Store layout:
-
-    raw_prompts/prompts.jsonl.zst      one normalized row per line: source, source_file, source_row,
-                                       format, source_id, messages, extra
-    raw_prompts/quarantine.jsonl.zst   one rejected row per line: reason, detail, id, provenance, raw excerpt
-    raw_prompts/_manifest.json         counts (input_rows = accepted + quarantined), per reason,
-                                       per source, per file; written last
+What it publishes, and the manifest that accounts for every row, are described in `ingest.shards`.
 """
 
 from __future__ import annotations
@@ -30,15 +24,14 @@ from typing import Any
 from dagster_project.ingest.formats import AUTO, FORMATS, ID_FIELDS, detect_format, parse_row, source_id
 from dagster_project.ingest.quarantine import Accounting, Rejected, quarantine_record
 from dagster_project.ingest.readers import FileFormatError, RawRow, iter_rows
+from dagster_project.ingest.shards import PROMPTS_KEY, QUARANTINE_KEY, IngestedFile, RawPromptsManifest
 from dagster_project.ingest.sources import SourceFile, local_copy, resolve_sources
 from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
-from dagster_project.store.manifest import write_stage_manifest
+from dagster_project.store.manifest import StoredObject, put_object, write_stage_manifest
 from dagster_project.store.storage import Store
 
 STAGE = "ingest"
-PROMPTS_KEY = f"{layout.RAW_PROMPTS}/prompts.jsonl.zst"
-QUARANTINE_KEY = f"{layout.RAW_PROMPTS}/quarantine.jsonl.zst"
 DETECTION_ROWS = 200
 _ID_IN_TEXT = re.compile(rf'"(?:{"|".join(ID_FIELDS)})"\s*:\s*"([^"\\]{{1,200}})"')
 
@@ -46,7 +39,7 @@ _ID_IN_TEXT = re.compile(rf'"(?:{"|".join(ID_FIELDS)})"\s*:\s*"([^"\\]{{1,200}})
 @dataclass
 class IngestResult:
     accounting: Accounting
-    files: list[dict[str, Any]] = field(default_factory=list)
+    files: list[IngestedFile] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -70,9 +63,9 @@ def ingest_files(
         with local_copy(file, work_dir, s3_client) as path:
             file_format = _ingest_file(file, path, fmt, prompts, quarantine, result.accounting)
         rows, kept = result.accounting.rows - before[0], result.accounting.kept - before[1]
-        counts = {"rows": rows, "kept": kept, "quarantined": rows - kept}
-        result.files.append({"uri": file.uri, "source": file.source, "format": file_format, **counts})
-        log(f"{file.uri}: {file_format}, {counts['rows']} rows, {counts['quarantined']} quarantined")
+        ingested = IngestedFile(file.uri, file.source, file_format, rows=rows, kept=kept, quarantined=rows - kept)
+        result.files.append(ingested)
+        log(f"{file.uri}: {file_format}, {ingested.rows} rows, {ingested.quarantined} quarantined")
     result.seconds = time.perf_counter() - started
     return result
 
@@ -133,7 +126,7 @@ def ingest_to_store(
     work_dir: Path,
     s3_client: Callable[[], Any] | None = None,
     log: Callable[[str], None] = lambda _: None,
-) -> dict[str, Any]:
+) -> RawPromptsManifest:
     """Ingest `sources` and publish the snapshot, the quarantine and the manifest; return the manifest."""
     files = resolve_sources(sources, s3_client)
     staging = work_dir / layout.RAW_PROMPTS
@@ -144,27 +137,26 @@ def ingest_to_store(
         result = ingest_files(files, prompts, quarantine, fmt=fmt, work_dir=work_dir, s3_client=s3_client, log=log)
     # Withdraw the old manifest first: a reader never pairs it with the new objects.
     store.delete(layout.stage_manifest_key(layout.RAW_PROMPTS))
-    objects = [_upload(store, PROMPTS_KEY, prompts.path), _upload(store, QUARANTINE_KEY, quarantine.path)]
-    counts = result.accounting.as_dict()
+    objects = (_upload(store, PROMPTS_KEY, prompts.path), _upload(store, QUARANTINE_KEY, quarantine.path))
+    accounting = result.accounting
     return write_stage_manifest(
         store,
-        layout.RAW_PROMPTS,
-        {
-            "input_rows": counts["rows"],
-            "accepted": counts["kept"],
-            "quarantined": counts["quarantined"],
-            "quarantined_by_reason": counts["quarantined_by_reason"],
-            "by_source": counts["by_source"],
-            "files": result.files,
-            "sources": sources,
-            "format": fmt,
-            "seconds": result.seconds,
-            "objects": objects,
-        },
+        RawPromptsManifest(
+            input_rows=accounting.rows,
+            accepted=accounting.kept,
+            quarantined=accounting.quarantined,
+            quarantined_by_reason=dict(sorted(accounting.by_reason.items())),
+            by_source=dict(sorted(accounting.by_source.items())),
+            files=result.files,
+            sources=sources,
+            format=fmt,
+            seconds=result.seconds,
+            objects=objects,
+        ),
     )
 
 
-def _upload(store: Store, key: str, path: Path) -> dict[str, Any]:
-    info = store.put_file(key, path)
+def _upload(store: Store, key: str, path: Path) -> StoredObject:
+    uploaded = put_object(store, key, path)
     path.unlink()
-    return {"key": info.key, "size": info.size, "sha256": info.sha256}
+    return uploaded

@@ -10,23 +10,62 @@ from __future__ import annotations
 
 import tempfile
 import time
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import duckdb
-import orjson
 import pyarrow as pa
 
 from dagster_project.conversations.shards import read_conversations
-from dagster_project.generation.shards import iter_completion_batches
-from dagster_project.store.layout import COMPLETIONS
-from dagster_project.store.manifest import read_shard_manifest, verify_shard
+from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest
+from dagster_project.store.dataclass_json import from_json, to_json
+from dagster_project.store.manifest import verify_shard
 from dagster_project.store.storage import Store
 
 COVERAGE_KEY = "reports/coverage.json"
 _SAMPLE = 20
 
 
-def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB") -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class DatasetCoverage:
+    """Planned events against recorded ones, by id, across every shard (the samples hold up to 20 ids)."""
+
+    computed_at: float
+    shards: int
+    shards_published: int
+    conversations: int
+    conversations_done: int
+    conversations_partial: int
+    conversations_missing: int
+    conversations_with_errors: int
+    conversations_in_several_shards: int
+    events_planned: int
+    events_recorded: int
+    events_missing: int
+    events_duplicated: int
+    events_unexpected: int
+    missing_sample: list[str] = field(default_factory=list)
+    duplicated_sample: list[str] = field(default_factory=list)
+    unexpected_sample: list[str] = field(default_factory=list)
+    shards_damaged: list[int] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Every shard is published."""
+        return self.shards_published == self.shards
+
+    @property
+    def exactly_once(self) -> bool:
+        """Every planned event has exactly one record and nothing else was recorded."""
+        return (
+            not self.shards_damaged
+            and self.events_missing == 0
+            and self.events_duplicated == 0
+            and self.events_unexpected == 0
+            and self.conversations_in_several_shards == 0
+        )
+
+
+def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB") -> DatasetCoverage:
     with tempfile.TemporaryDirectory(prefix="dflash-coverage-") as spill:
         con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill})
         con.execute("CREATE TABLE planned (event_id VARCHAR, conversation_id VARCHAR, shard INTEGER)")
@@ -40,7 +79,7 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
                 columns = dict(zip(("event_id", "conversation_id", "shard"), zip(*planned)))
                 con.register("planned_batch", pa.table(columns))
                 con.execute("INSERT INTO planned SELECT * FROM planned_batch")
-            manifest = read_shard_manifest(store, COMPLETIONS, shard)
+            manifest = read_completions_manifest(store, shard)
             if manifest is None:
                 continue
             if verify_shard(store, manifest):  # its events count as missing, and the shard is named
@@ -50,7 +89,7 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
             for batch in iter_completion_batches(store, shard, ["event_id", "status"]):
                 con.register("recorded_batch", pa.Table.from_batches([batch]))
                 con.execute("INSERT INTO recorded SELECT event_id, status, ? FROM recorded_batch", [shard])
-        return {**_summarize(con, num_shards, published), "shards_damaged": damaged}
+        return replace(_summarize(con, num_shards, published), shards_damaged=damaged)
 
 
 def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
@@ -61,7 +100,7 @@ def _sample(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
     return [row[0] for row in con.execute(f"{sql} ORDER BY 1 LIMIT {_SAMPLE}").fetchall()]
 
 
-def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) -> dict[str, Any]:
+def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) -> DatasetCoverage:
     con.execute(
         """CREATE TABLE counts AS
            SELECT p.event_id, p.conversation_id, count(r.event_id) AS records,
@@ -77,41 +116,30 @@ def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) 
     duplicated = "SELECT event_id FROM recorded GROUP BY event_id HAVING count(*) > 1"
     unexpected = "SELECT event_id FROM recorded ANTI JOIN planned USING (event_id)"
     split = "SELECT conversation_id FROM planned GROUP BY conversation_id HAVING count(DISTINCT shard) > 1"
-    return {
-        "computed_at": time.time(),
-        "shards": num_shards,
-        "shards_published": published,
-        "conversations": _scalar(con, "SELECT count(*) FROM per_conversation"),
-        "conversations_done": _scalar(con, "SELECT count(*) FROM per_conversation WHERE least >= 1"),
-        "conversations_partial": _scalar(con, "SELECT count(*) FROM per_conversation WHERE least = 0 AND most >= 1"),
-        "conversations_missing": _scalar(con, "SELECT count(*) FROM per_conversation WHERE most = 0"),
-        "conversations_with_errors": _scalar(con, "SELECT count(*) FROM per_conversation WHERE errors > 0"),
-        "conversations_in_several_shards": _scalar(con, f"SELECT count(*) FROM ({split})"),
-        "events_planned": _scalar(con, "SELECT count(*) FROM planned"),
-        "events_recorded": _scalar(con, "SELECT count(*) FROM recorded"),
-        "events_missing": _scalar(con, f"SELECT count(*) FROM ({missing})"),
-        "events_duplicated": _scalar(con, f"SELECT count(*) FROM ({duplicated})"),
-        "events_unexpected": _scalar(con, f"SELECT count(*) FROM ({unexpected})"),
-        "missing_sample": _sample(con, missing),
-        "duplicated_sample": _sample(con, duplicated),
-        "unexpected_sample": _sample(con, unexpected),
-    }
-
-
-def exactly_once(coverage: dict[str, Any]) -> bool:
-    """Every planned event has exactly one record and nothing else was recorded."""
-    return (
-        not coverage["shards_damaged"]
-        and coverage["events_missing"] == 0
-        and coverage["events_duplicated"] == 0
-        and coverage["events_unexpected"] == 0
-        and coverage["conversations_in_several_shards"] == 0
+    return DatasetCoverage(
+        computed_at=time.time(),
+        shards=num_shards,
+        shards_published=published,
+        conversations=_scalar(con, "SELECT count(*) FROM per_conversation"),
+        conversations_done=_scalar(con, "SELECT count(*) FROM per_conversation WHERE least >= 1"),
+        conversations_partial=_scalar(con, "SELECT count(*) FROM per_conversation WHERE least = 0 AND most >= 1"),
+        conversations_missing=_scalar(con, "SELECT count(*) FROM per_conversation WHERE most = 0"),
+        conversations_with_errors=_scalar(con, "SELECT count(*) FROM per_conversation WHERE errors > 0"),
+        conversations_in_several_shards=_scalar(con, f"SELECT count(*) FROM ({split})"),
+        events_planned=_scalar(con, "SELECT count(*) FROM planned"),
+        events_recorded=_scalar(con, "SELECT count(*) FROM recorded"),
+        events_missing=_scalar(con, f"SELECT count(*) FROM ({missing})"),
+        events_duplicated=_scalar(con, f"SELECT count(*) FROM ({duplicated})"),
+        events_unexpected=_scalar(con, f"SELECT count(*) FROM ({unexpected})"),
+        missing_sample=_sample(con, missing),
+        duplicated_sample=_sample(con, duplicated),
+        unexpected_sample=_sample(con, unexpected),
     )
 
 
-def write_coverage(store: Store, coverage: dict[str, Any]) -> None:
-    store.put_bytes(COVERAGE_KEY, orjson.dumps(coverage, option=orjson.OPT_INDENT_2))
+def write_coverage(store: Store, coverage: DatasetCoverage) -> None:
+    store.put_bytes(COVERAGE_KEY, to_json(coverage))
 
 
-def read_coverage(store: Store) -> dict[str, Any] | None:
-    return orjson.loads(store.get_bytes(COVERAGE_KEY)) if store.exists(COVERAGE_KEY) else None
+def read_coverage(store: Store) -> DatasetCoverage | None:
+    return from_json(DatasetCoverage, store.get_bytes(COVERAGE_KEY)) if store.exists(COVERAGE_KEY) else None

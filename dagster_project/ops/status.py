@@ -11,31 +11,26 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import asdict
 from typing import Any
 
-import orjson
-
+from dagster_project.conversations.shards import read_conversations_manifest, read_shard_conversations_manifest
+from dagster_project.generation.heartbeat import read_heartbeats
+from dagster_project.generation.shards import read_completions_manifest
+from dagster_project.ingest.shards import read_raw_prompts_manifest
 from dagster_project.ops.coverage import read_coverage
 from dagster_project.ops.plan import read_plan
 from dagster_project.sglang.launch import fleet_status
-from dagster_project.store import layout
-from dagster_project.store.manifest import read_shard_manifest, read_stage_manifest, verify_shard
+from dagster_project.store.manifest import verify_shard
 from dagster_project.store.storage import Store
 
 # A heartbeat older than this means its shard run is not running any more (killed or finished).
 STALE_HEARTBEAT_S = 60.0
 ACCEPT_LENGTH_ALERT_FLOOR = 2.0
-PROGRESS_PREFIX = layout.PROGRESS + "/"
 
 
 def probe_fleet(endpoints: list[str], api_key: str | None = None) -> dict[str, dict[str, Any]]:
     return {probe["url"]: probe for probe in fleet_status(endpoints, api_key)} if endpoints else {}
-
-
-def _heartbeats(store: Store) -> list[dict[str, Any]]:
-    return [
-        orjson.loads(store.get_bytes(info.key)) for info in store.list(PROGRESS_PREFIX) if info.key.endswith(".json")
-    ]
 
 
 def _limit_reason(server: dict[str, Any], window: int | None, in_flight: int | None) -> str:
@@ -88,35 +83,33 @@ def collect_status(
     `materialized`: the completions shards Dagster recorded as materialized; each should be published intact."""
     now = time.time() if now is None else now
     plan = read_plan(store)
-    conversations = read_stage_manifest(store, layout.CONVERSATIONS) or {}
-    raw = read_stage_manifest(store, layout.RAW_PROMPTS) or {}
-    shards = num_shards or conversations.get("num_shards") or 0
-    manifests = {s: read_shard_manifest(store, layout.COMPLETIONS, s) for s in range(shards)}
+    conversations = read_conversations_manifest(store)
+    raw = read_raw_prompts_manifest(store)
+    shards = num_shards or (conversations.num_shards if conversations else 0)
+    manifests = {s: read_completions_manifest(store, s) for s in range(shards)}
     published = {s: m for s, m in manifests.items() if m}
-    beats = _heartbeats(store)
-    live = [b for b in beats if b.get("state") == "running" and now - b.get("updated_at", 0) < STALE_HEARTBEAT_S]
+    beats = read_heartbeats(store)
+    live = [b for b in beats if b.state == "running" and now - b.updated_at < STALE_HEARTBEAT_S]
     fleet = probe_fleet(endpoints, api_key)
 
     # 1. progress: published shards are exact; running shards report through their heartbeats.
-    planned_events = conversations.get("turns") or sum(
-        (read_shard_manifest(store, layout.CONVERSATIONS, s) or {}).get("turns", 0) for s in range(shards)
+    planned_events = (conversations.turns if conversations else 0) or sum(
+        m.turns for s in range(shards) if (m := read_shard_conversations_manifest(store, s))
     )
-    done_published = sum(m["rows"] for m in published.values())
-    done_running = sum(b["done_events"] for b in live if b["shard"] not in published)
+    done_published = sum(m.rows for m in published.values())
+    done_running = sum(b.done_events for b in live if b.shard not in published)
     done = done_published + done_running
-    output_tokens = sum(m.get("output_tokens", 0) for m in published.values()) + sum(
-        b["output_tokens"] for b in live if b["shard"] not in published
+    output_tokens = sum(m.output_tokens for m in published.values()) + sum(
+        b.output_tokens for b in live if b.shard not in published
     )
-    ok_events = sum(m.get("ok", 0) for m in published.values()) + sum(
-        b["ok_events"] for b in live if b["shard"] not in published
-    )
-    window_req_s = sum(b["window"]["req_per_s"] for b in live)
-    window_tok_s = sum(b["window"]["output_tok_per_s"] for b in live)
+    ok_events = sum(m.ok for m in published.values()) + sum(b.ok_events for b in live if b.shard not in published)
+    window_req_s = sum(b.window.req_per_s for b in live)
+    window_tok_s = sum(b.window.output_tok_per_s for b in live)
     # Lifetime: every shard run that reported, over the time some shard was generating (gaps between runs,
     # when nothing ran, do not dilute the rate).
-    span = _covered_seconds([(b["started_at"], b["updated_at"]) for b in beats])
-    lifetime_req_s = sum(b["done_events"] - b["resumed_events"] for b in beats) / span if span else 0.0
-    lifetime_tok_s = sum(b["output_tokens"] for b in beats) / span if span else 0.0
+    span = _covered_seconds([(b.started_at, b.updated_at) for b in beats])
+    lifetime_req_s = sum(b.done_events - b.resumed_events for b in beats) / span if span else 0.0
+    lifetime_tok_s = sum(b.output_tokens for b in beats) / span if span else 0.0
     avg_output = output_tokens / ok_events if ok_events else None
     remaining = max(planned_events - done, 0)
     eta_s = remaining * avg_output / window_tok_s if avg_output and window_tok_s else None
@@ -125,7 +118,7 @@ def collect_status(
         "events_done": done,
         "events_remaining": remaining,
         "fraction_done": done / planned_events if planned_events else 0.0,
-        "shards_running": sorted(b["shard"] for b in live),
+        "shards_running": sorted(b.shard for b in live),
         "window_req_per_s": window_req_s,
         "window_output_tok_per_s": window_tok_s,
         "lifetime_req_per_s": lifetime_req_s,
@@ -133,18 +126,16 @@ def collect_status(
         "avg_output_tokens": avg_output,
         "eta_hours": eta_s / 3600 if eta_s else None,
         "lifetime_span_hours": span / 3600,
-        "plan": plan.__dict__ if plan else None,
+        "plan": asdict(plan) if plan else None,
         "plan_eta_hours": plan.eta_hours(remaining) if plan else None,
     }
 
     # 2. MTP: what each server runs, and the accept length measured on our own requests.
-    spec_tokens = sum(b["spec"]["window_spec_tokens"] for b in live)
-    spec_verify = sum(b["spec"]["window_verify_passes"] for b in live)
+    spec_tokens = sum(b.spec.window_spec_tokens for b in live)
+    spec_verify = sum(b.spec.window_verify_passes for b in live)
     window_accept = spec_tokens / spec_verify if spec_verify else None
     lifetime_accepts = [
-        m["generation"]["spec"]["accept_length_lifetime"]
-        for m in published.values()
-        if m["generation"]["spec"]["accept_length_lifetime"]
+        m.generation.spec.accept_length_lifetime for m in published.values() if m.generation.spec.accept_length_lifetime
     ]
     algorithms = {url: s.get("speculative_algorithm") for url, s in fleet.items() if s.get("healthy")}
     mtp_on = bool(algorithms) and all(algorithms.values())
@@ -167,7 +158,7 @@ def collect_status(
     # 3. concurrency: the dispatcher's view (heartbeats) next to the servers' own (/server_info, /metrics).
     client_view: dict[str, dict[str, int]] = {}
     for b in live:
-        for url, view in (b.get("servers") or {}).items():
+        for url, view in b.servers.items():
             merged = client_view.setdefault(url, {"window": 0, "in_flight": 0})
             merged["window"] += int(view.get("window") or 0)
             merged["in_flight"] += int(view.get("in_flight") or 0)
@@ -191,16 +182,14 @@ def collect_status(
         "store": store.uri,
         "shards_total": shards,
         "shards_published": len(published),
-        "bytes_published": sum(o["size"] for m in published.values() for o in m["objects"]),
-        "last_publish_at": max((m["published_at"] for m in published.values()), default=None),
+        "bytes_published": sum(m.stored_bytes for m in published.values()),
+        "last_publish_at": max((m.published_at for m in published.values()), default=None),
         "unpublished_shards": [s for s in range(shards) if s not in published][:50],
-        "failed_uploads": sum(b.get("upload_failures", 0) for b in beats),
+        "failed_uploads": sum(b.upload_failures for b in beats),
         # Shards published under different generation settings would mix in one training set.
-        "settings_fingerprints": dict(Counter(m.get("settings_fingerprint") for m in published.values())),
+        "settings_fingerprints": dict(Counter(m.settings_fingerprint for m in published.values())),
         "stale_shards": sorted(
-            s
-            for s, m in published.items()
-            if current_fingerprint and m.get("settings_fingerprint") != current_fingerprint
+            s for s, m in published.items() if current_fingerprint and m.settings_fingerprint != current_fingerprint
         ),
         "shards_materialized": len(materialized) if materialized is not None else None,
         # Dagster says materialized, the store disagrees: a manifest or an object is missing or altered.
@@ -210,27 +199,30 @@ def collect_status(
     }
 
     # 5. coverage: every input row accounted for, every conversation planned, every event done once.
+    # Before the conversations stage runs, the ingest stage's counts are all there is.
+    rows = conversations or raw
+    by_id = read_coverage(store)
     coverage = {
-        "input_rows": conversations.get("input_rows", raw.get("input_rows")),
-        "normalized": conversations.get("normalized"),
-        "quarantined": conversations.get("quarantined", raw.get("quarantined")),
-        "quarantined_by_reason": conversations.get("quarantined_by_reason", raw.get("quarantined_by_reason")),
-        "conversations": conversations.get("rows"),
-        "by_source": conversations.get("by_source"),
+        "input_rows": rows.input_rows if rows else None,
+        "normalized": conversations.normalized if conversations else None,
+        "quarantined": rows.quarantined if rows else None,
+        "quarantined_by_reason": rows.quarantined_by_reason if rows else None,
+        "conversations": conversations.rows if conversations else None,
+        "by_source": {name: asdict(t) for name, t in conversations.by_source.items()} if conversations else None,
         "events_planned": planned_events,
         "events_in_published_shards": done_published,
-        "errors_in_published_shards": sum(m.get("errors", 0) for m in published.values()),
+        "errors_in_published_shards": sum(m.errors for m in published.values()),
         # By id, across shards: written by the run_report asset or `dflash status --by-id`.
-        "by_id": read_coverage(store),
+        "by_id": asdict(by_id) if by_id else None,
     }
 
     # 6. multi-turn: which policy, how many multi-turn conversations, how many turns generated.
     multi_turn = {
-        "policy": conversations.get("policy"),
-        "multi_turn_conversations": conversations.get("multi_turn"),
-        "conversations": conversations.get("rows"),
+        "policy": conversations.policy if conversations else None,
+        "multi_turn_conversations": conversations.multi_turn if conversations else None,
+        "conversations": conversations.rows if conversations else None,
         "generated_turns_planned": planned_events,
-        "history": conversations.get("history"),
+        "history": conversations.history if conversations else None,
     }
     return {
         "collected_at": now,

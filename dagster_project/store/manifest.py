@@ -2,6 +2,9 @@
 
 A shard without a manifest does not exist for downstream assets. Replacing a shard first withdraws its
 old manifest, so a reader never pairs a new manifest with old objects or the reverse.
+
+Every manifest is a dataclass: `ShardManifest` (or `StageManifest` for a stage published as a whole)
+holds what all of them record, and each stage's `shards` module adds its own fields in a subclass.
 """
 
 from __future__ import annotations
@@ -9,15 +12,61 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
-import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dagster_project.store.dataclass_json import from_json, to_json
 from dagster_project.store.layout import MANIFEST_NAME, shard_manifest_key, shard_prefix, stage_manifest_key
-from dagster_project.store.storage import Store, local_copy
+from dagster_project.store.storage import ObjectInfo, Store, local_copy
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """An object a manifest vouches for: its key, and the size and checksum it had when it was uploaded."""
+
+    key: str
+    size: int
+    sha256: str | None = None
+
+    @classmethod
+    def of(cls, info: ObjectInfo) -> StoredObject:
+        return cls(key=info.key, size=info.size, sha256=info.sha256)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardManifest:
+    """What every published shard records. `objects` and `published_at` are filled in by `publish_shard`."""
+
+    stage: str
+    shard: int
+    rows: int
+    ids_digest: str = ""
+    objects: tuple[StoredObject, ...] = ()
+    published_at: float = 0.0
+
+    @property
+    def data_keys(self) -> list[str]:
+        return [o.key for o in self.objects if not o.key.endswith(MANIFEST_NAME)]
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(o.size for o in self.objects)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageManifest:
+    """What a stage published as a whole records. `published_at` is filled in by `write_stage_manifest`."""
+
+    stage: str
+    published_at: float = 0.0
+
+
+ShardManifestT = TypeVar("ShardManifestT", bound=ShardManifest)
+StageManifestT = TypeVar("StageManifestT", bound=StageManifest)
 
 
 def ids_digest(ids: Iterable[str]) -> str:
@@ -29,21 +78,20 @@ def ids_digest(ids: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-def publish_shard(
-    store: Store, stage: str, shard: int, files: list[tuple[str, Path]], fields: dict[str, Any]
-) -> dict[str, Any]:
-    """Upload `files` (names relative to the shard prefix) then the manifest; return the manifest."""
-    prefix = shard_prefix(stage, shard)
-    manifest_key = shard_manifest_key(stage, shard)
+def put_object(store: Store, key: str, path: Path) -> StoredObject:
+    return StoredObject.of(store.put_file(key, path))
+
+
+def publish_shard(store: Store, manifest: ShardManifestT, files: list[tuple[str, Path]]) -> ShardManifestT:
+    """Upload `files` (names relative to the shard prefix) then the manifest; return the manifest as published."""
+    prefix = shard_prefix(manifest.stage, manifest.shard)
+    manifest_key = shard_manifest_key(manifest.stage, manifest.shard)
     store.delete(manifest_key)
-    objects = []
-    for name, path in files:
-        info = store.put_file(prefix + name, path)
-        objects.append({"key": info.key, "size": info.size, "sha256": info.sha256})
-    manifest = {"stage": stage, "shard": shard, **fields, "objects": objects, "published_at": time.time()}
-    store.put_bytes(manifest_key, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
-    _remove_unlisted(store, prefix, {o["key"] for o in objects} | {manifest_key})
-    return manifest
+    objects = tuple(put_object(store, prefix + name, path) for name, path in files)
+    published = replace(manifest, objects=objects, published_at=time.time())
+    store.put_bytes(manifest_key, to_json(published))
+    _remove_unlisted(store, prefix, {o.key for o in objects} | {manifest_key})
+    return published
 
 
 def _remove_unlisted(store: Store, prefix: str, keep: set[str]) -> None:
@@ -53,38 +101,35 @@ def _remove_unlisted(store: Store, prefix: str, keep: set[str]) -> None:
             store.delete(info.key)
 
 
-def read_shard_manifest(store: Store, stage: str, shard: int) -> dict[str, Any] | None:
+def read_shard_manifest(store: Store, stage: str, shard: int, kind: type[ShardManifestT]) -> ShardManifestT | None:
+    """The shard's manifest as `kind` (any `ShardManifest` reads any stage's), or None when it is not published."""
     key = shard_manifest_key(stage, shard)
-    return orjson.loads(store.get_bytes(key)) if store.exists(key) else None
+    return from_json(kind, store.get_bytes(key)) if store.exists(key) else None
 
 
-def write_stage_manifest(store: Store, stage: str, fields: dict[str, Any]) -> dict[str, Any]:
-    manifest = {"stage": stage, **fields, "published_at": time.time()}
-    store.put_bytes(stage_manifest_key(stage), orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
-    return manifest
+def write_stage_manifest(store: Store, manifest: StageManifestT) -> StageManifestT:
+    published = replace(manifest, published_at=time.time())
+    store.put_bytes(stage_manifest_key(manifest.stage), to_json(published))
+    return published
 
 
-def read_stage_manifest(store: Store, stage: str) -> dict[str, Any] | None:
+def read_stage_manifest(store: Store, stage: str, kind: type[StageManifestT]) -> StageManifestT | None:
     key = stage_manifest_key(stage)
-    return orjson.loads(store.get_bytes(key)) if store.exists(key) else None
+    return from_json(kind, store.get_bytes(key)) if store.exists(key) else None
 
 
-def verify_shard(store: Store, manifest: dict[str, Any]) -> list[str]:
+def verify_shard(store: Store, manifest: ShardManifest) -> list[str]:
     """Problems with a published shard's objects in the store (empty when it is intact)."""
     problems = []
-    for obj in manifest.get("objects", []):
-        info = store.head(obj["key"])
+    for obj in manifest.objects:
+        info = store.head(obj.key)
         if info is None:
-            problems.append(f"missing {obj['key']}")
-        elif info.size != obj["size"]:
-            problems.append(f"{obj['key']}: {info.size} bytes in the store, manifest says {obj['size']}")
-        elif info.sha256 and obj.get("sha256") and info.sha256 != obj["sha256"]:
-            problems.append(f"{obj['key']}: checksum differs from the manifest")
+            problems.append(f"missing {obj.key}")
+        elif info.size != obj.size:
+            problems.append(f"{obj.key}: {info.size} bytes in the store, manifest says {obj.size}")
+        elif info.sha256 and obj.sha256 and info.sha256 != obj.sha256:
+            problems.append(f"{obj.key}: checksum differs from the manifest")
     return problems
-
-
-def data_keys(manifest: dict[str, Any]) -> list[str]:
-    return [o["key"] for o in manifest.get("objects", []) if not o["key"].endswith(MANIFEST_NAME)]
 
 
 def iter_parquet_batches(store: Store, keys: list[str], columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:

@@ -28,17 +28,18 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import orjson
 import pyarrow as pa
 
+from dagster_project.store.dataclass_json import from_json, to_json
 from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET, shard_prefix
 from dagster_project.store.storage import Store
 from dagster_project.training.gates import list_buffers
-from dagster_project.training.shards import iter_training_batches, training_manifest
+from dagster_project.training.shards import TrainingShardManifest, iter_training_batches, training_manifest
 
 SPECFORGE_PREFIX = f"{EXPORTS}/specforge/"
 EXPORT_COLUMNS = ["input_ids", "loss_mask"]
@@ -49,30 +50,60 @@ class ShardNotCleared(RuntimeError):
     """The training shard has not passed its checks (since it was last published)."""
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """A check's outcome on one publication of a training shard (`published_at` and `ids_digest` tell which)."""
+
+    check: str
+    passed: bool
+    failures: dict[str, str] = field(default_factory=dict)  # gate → its message
+    published_at: float = 0.0
+    ids_digest: str = ""
+
+    def judges(self, manifest: TrainingShardManifest) -> bool:
+        return (self.published_at, self.ids_digest) == (manifest.published_at, manifest.ids_digest)
+
+
+@dataclass(frozen=True)
+class ExportedShard:
+    """What `export_shard` wrote: one JSON Lines object, and what it holds."""
+
+    key: str
+    size: int
+    sha256: str | None
+    rows: int
+    tokens: int
+    loss_tokens: int
+    training_ids_digest: str
+
+
+@dataclass
+class JsonlCounts:
+    rows: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+
+
 def verdict_key(shard: int, check: str) -> str:
     return f"{shard_prefix(TRAINING_SET, shard)}_verdicts/{check}.json"
 
 
-def _publication(manifest: dict[str, Any]) -> dict[str, Any]:
-    return {"published_at": manifest["published_at"], "ids_digest": manifest["ids_digest"]}
-
-
-def record_verdict(store: Store, manifest: dict[str, Any], check: str, failures: dict[str, str]) -> None:
+def record_verdict(store: Store, manifest: TrainingShardManifest, check: str, failures: dict[str, str]) -> None:
     """Record a check's outcome on this publication of the shard; `failures` maps a gate to its message."""
-    verdict = {"check": check, "passed": not failures, "failures": failures, **_publication(manifest)}
-    store.put_bytes(verdict_key(manifest["shard"], check), orjson.dumps(verdict, option=orjson.OPT_INDENT_2))
+    verdict = Verdict(check, not failures, failures, manifest.published_at, manifest.ids_digest)
+    store.put_bytes(verdict_key(manifest.shard, check), to_json(verdict))
 
 
-def uncleared(store: Store, manifest: dict[str, Any]) -> list[str]:
+def uncleared(store: Store, manifest: TrainingShardManifest) -> list[str]:
     """Why the shard may not be exported yet (empty when every required check passed on this publication)."""
     reasons = []
     for check in REQUIRED_VERDICTS:
-        key = verdict_key(manifest["shard"], check)
-        verdict = orjson.loads(store.get_bytes(key)) if store.exists(key) else None
-        if verdict is None or {k: verdict[k] for k in _publication(manifest)} != _publication(manifest):
+        key = verdict_key(manifest.shard, check)
+        verdict = from_json(Verdict, store.get_bytes(key)) if store.exists(key) else None
+        if verdict is None or not verdict.judges(manifest):
             reasons.append(f"{check} has not run on this publication of the shard")
-        elif not verdict["passed"]:
-            reasons.extend(f"{check}/{gate}: {message}" for gate, message in verdict["failures"].items())
+        elif not verdict.passed:
+            reasons.extend(f"{check}/{gate}: {message}" for gate, message in verdict.failures.items())
     return reasons
 
 
@@ -80,9 +111,9 @@ def specforge_key(shard: int) -> str:
     return f"{SPECFORGE_PREFIX}shard={shard:0{SHARD_DIGITS}d}.jsonl"
 
 
-def write_specforge_jsonl(batches: Iterable[pa.RecordBatch], path: Path) -> dict[str, int]:
+def write_specforge_jsonl(batches: Iterable[pa.RecordBatch], path: Path) -> JsonlCounts:
     """Write the rows' `input_ids` and `loss_mask` as JSON Lines; return row and token counts."""
-    counts = {"rows": 0, "tokens": 0, "loss_tokens": 0}
+    counts = JsonlCounts()
     with open(path, "wb") as out:
         for batch in batches:
             offsets, ids = list_buffers(batch.column("input_ids"))
@@ -96,13 +127,13 @@ def write_specforge_jsonl(batches: Iterable[pa.RecordBatch], path: Path) -> dict
                 )
                 for start, end in zip(offsets[:-1], offsets[1:], strict=True)
             )
-            counts["rows"] += batch.num_rows
-            counts["tokens"] += int(ids.size)
-            counts["loss_tokens"] += int(mask.sum(dtype=np.int64))
+            counts.rows += batch.num_rows
+            counts.tokens += int(ids.size)
+            counts.loss_tokens += int(mask.sum(dtype=np.int64))
     return counts
 
 
-def export_shard(store: Store, shard: int, staging_dir: Path) -> dict[str, Any]:
+def export_shard(store: Store, shard: int, staging_dir: Path) -> ExportedShard:
     """Write `exports/specforge/shard=NNNNN.jsonl` from the published training shard; return what was written."""
     manifest = training_manifest(store, shard)
     reasons = uncleared(store, manifest)
@@ -112,16 +143,18 @@ def export_shard(store: Store, shard: int, staging_dir: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=staging_dir) as staging:
         path = Path(staging) / "specforge.jsonl"
         counts = write_specforge_jsonl(iter_training_batches(store, shard, EXPORT_COLUMNS), path)
-        if counts["rows"] != manifest["rows"] or counts["loss_tokens"] != manifest["loss_tokens"]:
+        if counts.rows != manifest.rows or counts.loss_tokens != manifest.loss_tokens:
             raise RuntimeError(
-                f"training shard {shard} changed while it was exported ({counts['rows']} rows written, "
-                f"manifest says {manifest['rows']}): re-run `specforge_export`"
+                f"training shard {shard} changed while it was exported ({counts.rows} rows written, "
+                f"manifest says {manifest.rows}): re-run `specforge_export`"
             )
         info = store.put_file(specforge_key(shard), path)
-    return {
-        **counts,
-        "key": info.key,
-        "bytes": info.size,
-        "sha256": info.sha256,
-        "training_ids_digest": manifest["ids_digest"],
-    }
+    return ExportedShard(
+        key=info.key,
+        size=info.size,
+        sha256=info.sha256,
+        rows=counts.rows,
+        tokens=counts.tokens,
+        loss_tokens=counts.loss_tokens,
+        training_ids_digest=manifest.ids_digest,
+    )

@@ -1,4 +1,4 @@
-"""Training shards as Parquet: written and read one row group at a time.
+"""Training shards: their manifest, and their rows as Parquet, written and read one row group at a time.
 
 Layout:
 * `input_ids` as `list<int32>`, `loss_mask` as `list<int8>` (same file size as `list<bool>`, and it reads
@@ -16,15 +16,17 @@ array's int32 offsets can address (2^31).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import TRAINING_SCHEMA
 from dagster_project.store.layout import TRAINING_SET
-from dagster_project.store.manifest import data_keys, iter_parquet_batches, read_shard_manifest
+from dagster_project.store.manifest import ShardManifest, iter_parquet_batches, read_shard_manifest
 from dagster_project.store.storage import Store
 
 TRAINING_FILE = "training.parquet"
@@ -34,9 +36,65 @@ COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 1
 DICTIONARY_COLUMNS = ["finish_reason"]
 
+TRUNCATE = "truncate"
+DROP = "drop"
+TRUNCATION_POLICIES = (TRUNCATE, DROP)
+# DFlash needs two consecutive supervised tokens for an anchor.
+MIN_OUTPUT_TOKENS = 2
+
 
 class TrainingShardNotPublished(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class AssemblyOptions:
+    """How completions become rows (see `training.stage`); recorded in each shard's manifest."""
+
+    max_length: int | None = None
+    truncation: str = TRUNCATE
+    exclude_length_capped: bool = True
+
+    def __post_init__(self) -> None:
+        if self.truncation not in TRUNCATION_POLICIES:
+            raise ValueError(f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
+        if self.max_length is not None and self.max_length < MIN_OUTPUT_TOKENS + 1:
+            raise ValueError(
+                f"max_length must leave room for a prompt and {MIN_OUTPUT_TOKENS} output tokens, got {self.max_length}"
+            )
+
+
+@dataclass(frozen=True)
+class TrainingSource:
+    """The completions shard the rows were assembled from, as it was published then."""
+
+    completions_manifest_sha256: str = ""
+    completions_ids_digest: str = ""
+    settings_fingerprint: str = ""
+    # A completions manifest that did not record its settings was made with the defaults.
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingShardManifest(ShardManifest):
+    """rows_in completions rows = rows kept + the rows excluded, by reason. `ids_digest` is over kept event ids."""
+
+    stage: str = TRAINING_SET
+    rows_in: int
+    tokens: int
+    loss_tokens: int
+    prompt_tokens: int
+    truncated_rows: int = 0
+    max_row_tokens: int = 0
+    row_groups: int = 0
+    exclusions: dict[str, int] = field(default_factory=dict)
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
+    source: TrainingSource = field(default_factory=TrainingSource)
+
+    @property
+    def excluded(self) -> int:
+        return sum(self.exclusions.values())
 
 
 class TrainingShardWriter:
@@ -95,12 +153,16 @@ class TrainingShardWriter:
         self.close()
 
 
-def training_manifest(store: Store, shard: int) -> dict:
-    manifest = read_shard_manifest(store, TRAINING_SET, shard)
+def read_training_manifest(store: Store, shard: int) -> TrainingShardManifest | None:
+    return read_shard_manifest(store, TRAINING_SET, shard, TrainingShardManifest)
+
+
+def training_manifest(store: Store, shard: int) -> TrainingShardManifest:
+    manifest = read_training_manifest(store, shard)
     if manifest is None:
         raise TrainingShardNotPublished(f"training_set shard {shard} has no manifest: materialize `training_set` first")
     return manifest
 
 
 def iter_training_batches(store: Store, shard: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-    return iter_parquet_batches(store, data_keys(training_manifest(store, shard)), columns)
+    return iter_parquet_batches(store, training_manifest(store, shard).data_keys, columns)

@@ -26,27 +26,29 @@ from __future__ import annotations
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.records import STATUS_OK, TRAINING_SCHEMA
-from dagster_project.store.layout import COMPLETIONS, TRAINING_SET, shard_manifest_key
-from dagster_project.store.manifest import data_keys, ids_digest, iter_parquet_batches, publish_shard
+from dagster_project.store.dataclass_json import from_json
+from dagster_project.store.layout import COMPLETIONS, shard_manifest_key
+from dagster_project.store.manifest import ids_digest, iter_parquet_batches, publish_shard
 from dagster_project.store.storage import Store, sha256_bytes
 from dagster_project.training.gates import GateResult, list_buffers
-from dagster_project.training.shards import TRAINING_FILE, TrainingShardWriter
-
-TRUNCATE = "truncate"
-DROP = "drop"
-TRUNCATION_POLICIES = (TRUNCATE, DROP)
-# DFlash needs two consecutive supervised tokens for an anchor.
-MIN_OUTPUT_TOKENS = 2
+from dagster_project.training.shards import (
+    DROP,
+    MIN_OUTPUT_TOKENS,
+    TRAINING_FILE,
+    AssemblyOptions,
+    TrainingShardManifest,
+    TrainingShardWriter,
+    TrainingSource,
+)
 
 ERROR = "error"
 ABORTED = "aborted"
@@ -70,21 +72,6 @@ COMPLETION_COLUMNS = [
 
 class CompletionsNotPublished(RuntimeError):
     pass
-
-
-@dataclass(frozen=True)
-class AssemblyOptions:
-    max_length: int | None = None
-    truncation: str = TRUNCATE
-    exclude_length_capped: bool = True
-
-    def __post_init__(self) -> None:
-        if self.truncation not in TRUNCATION_POLICIES:
-            raise ValueError(f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
-        if self.max_length is not None and self.max_length < MIN_OUTPUT_TOKENS + 1:
-            raise ValueError(
-                f"max_length must leave room for a prompt and {MIN_OUTPUT_TOKENS} output tokens, got {self.max_length}"
-            )
 
 
 @dataclass
@@ -207,15 +194,16 @@ def assemble_batches(
         yield training, excluded, batch.column("event_id").to_pylist()
 
 
-def _completions_source(store: Store, shard: int) -> tuple[dict[str, Any], str]:
+def _completions_source(store: Store, shard: int) -> tuple[CompletionsShardManifest, str]:
+    """The published completions manifest and the sha256 of its bytes (which tells one publication from another)."""
     key = shard_manifest_key(COMPLETIONS, shard)
     if not store.exists(key):
         raise CompletionsNotPublished(f"completions shard {shard} has no manifest: materialize `completions` first")
     raw = store.get_bytes(key)
-    return orjson.loads(raw), sha256_bytes(raw)
+    return from_json(CompletionsShardManifest, raw), sha256_bytes(raw)
 
 
-def assemble_shard(store: Store, shard: int, options: AssemblyOptions, staging_dir: Path) -> dict[str, Any]:
+def assemble_shard(store: Store, shard: int, options: AssemblyOptions, staging_dir: Path) -> TrainingShardManifest:
     """Build and publish `training_set/shard=NNNNN/` from the published completions shard; return its manifest."""
     source, source_sha256 = _completions_source(store, shard)
     counts = AssemblyCounts()
@@ -225,7 +213,7 @@ def assemble_shard(store: Store, shard: int, options: AssemblyOptions, staging_d
     with tempfile.TemporaryDirectory(dir=staging_dir) as staging:
         path = Path(staging) / TRAINING_FILE
         with TrainingShardWriter(path) as writer:
-            batches = iter_parquet_batches(store, data_keys(source), COMPLETION_COLUMNS)
+            batches = iter_parquet_batches(store, source.data_keys, COMPLETION_COLUMNS)
             for training, excluded, events in assemble_batches(batches, shard, options):
                 writer.write(training)
                 counts.add(training)
@@ -233,53 +221,48 @@ def assemble_shard(store: Store, shard: int, options: AssemblyOptions, staging_d
                 kept_ids.extend(training.column("event_id").to_pylist())
                 source_ids.extend(events)
         counts.rows_in = len(source_ids)
-        if counts.rows_in != source.get("rows") or ids_digest(source_ids) != source.get("ids_digest"):
+        if counts.rows_in != source.rows or ids_digest(source_ids) != source.ids_digest:
             raise RuntimeError(
                 f"completions shard {shard} changed while it was read or does not match its manifest "
-                f"({counts.rows_in} rows read, manifest says {source.get('rows')}): re-run `training_set`"
+                f"({counts.rows_in} rows read, manifest says {source.rows}): re-run `training_set`"
             )
-        fields = {
-            "rows": counts.rows,
-            "ids_digest": ids_digest(kept_ids),
-            "rows_in": counts.rows_in,
-            "tokens": counts.tokens,
-            "loss_tokens": counts.loss_tokens,
-            "prompt_tokens": counts.prompt_tokens,
-            "truncated_rows": counts.truncated_rows,
-            "max_row_tokens": counts.max_row_tokens,
-            "row_groups": writer.row_groups,
-            "exclusions": dict(sorted(counts.exclusions.items())),
-            "finish_reasons": dict(sorted(counts.finish_reasons.items())),
-            "assembly": asdict(options),
-            "source": {
-                "completions_manifest_sha256": source_sha256,
-                "completions_ids_digest": source.get("ids_digest"),
-                "settings_fingerprint": source.get("settings_fingerprint"),
-                "settings": source.get("settings", {}),
-            },
-        }
-        return publish_shard(store, TRAINING_SET, shard, [(TRAINING_FILE, path)], fields)
+        manifest = TrainingShardManifest(
+            shard=shard,
+            rows=counts.rows,
+            ids_digest=ids_digest(kept_ids),
+            rows_in=counts.rows_in,
+            tokens=counts.tokens,
+            loss_tokens=counts.loss_tokens,
+            prompt_tokens=counts.prompt_tokens,
+            truncated_rows=counts.truncated_rows,
+            max_row_tokens=counts.max_row_tokens,
+            row_groups=writer.row_groups,
+            exclusions=dict(sorted(counts.exclusions.items())),
+            finish_reasons=dict(sorted(counts.finish_reasons.items())),
+            assembly=options,
+            source=TrainingSource(
+                completions_manifest_sha256=source_sha256,
+                completions_ids_digest=source.ids_digest,
+                settings_fingerprint=source.settings_fingerprint,
+                settings=source.settings,
+            ),
+        )
+        return publish_shard(store, manifest, [(TRAINING_FILE, path)])
 
 
-def enable_thinking(training_manifest: dict[str, Any]) -> bool:
-    """Whether the shard's answers were generated with thinking on (the default when not recorded)."""
-    return bool(training_manifest["source"]["settings"].get("enable_thinking", True))
-
-
-def source_is_current(store: Store, training_manifest: dict[str, Any]) -> GateResult:
+def source_is_current(store: Store, manifest: TrainingShardManifest) -> GateResult:
     """The training shard was assembled from the completions shard now published, and accounts for every row."""
-    source, source_sha256 = _completions_source(store, training_manifest["shard"])
-    excluded = sum(training_manifest["exclusions"].values())
-    accounted = training_manifest["rows"] + excluded
-    current = training_manifest["source"]["completions_manifest_sha256"] == source_sha256
-    balanced = accounted == source["rows"]
+    source, source_sha256 = _completions_source(store, manifest.shard)
+    assembled_from = manifest.source.completions_manifest_sha256
+    current = assembled_from == source_sha256
+    balanced = manifest.rows + manifest.excluded == source.rows
     metadata = {
-        "rows": training_manifest["rows"],
-        "excluded_rows": excluded,
-        "exclusions": training_manifest["exclusions"],
-        "completions_rows": source["rows"],
+        "rows": manifest.rows,
+        "excluded_rows": manifest.excluded,
+        "exclusions": manifest.exclusions,
+        "completions_rows": source.rows,
         "completions_manifest_sha256": source_sha256,
-        "assembled_from_sha256": training_manifest["source"]["completions_manifest_sha256"],
+        "assembled_from_sha256": assembled_from,
     }
     if not current:
         text = (
@@ -287,7 +270,7 @@ def source_is_current(store: Store, training_manifest: dict[str, Any]) -> GateRe
             "— re-materialize training_set"
         )
     elif not balanced:
-        text = f"BLOCKED: {training_manifest['rows']} rows + {excluded} excluded ≠ {source['rows']} completions rows"
+        text = f"BLOCKED: {manifest.rows} rows + {manifest.excluded} excluded ≠ {source.rows} completions rows"
     else:
-        text = f"ok: {training_manifest['rows']} rows + {excluded} excluded = the {source['rows']} completions rows"
+        text = f"ok: {manifest.rows} rows + {manifest.excluded} excluded = the {source.rows} completions rows"
     return GateResult("source_is_current", current and balanced, text, metadata)
