@@ -77,7 +77,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     status = collect_status(
         store, _endpoints(), api_key=_api_key(), num_shards=settings.num_shards(), materialized=_materialized_shards()
     )
-    print(json.dumps(status, indent=2, default=str) if args.json else render_text(status))
+    print(json.dumps(asdict(status), indent=2, default=str) if args.json else render_text(status))
     return 0
 
 

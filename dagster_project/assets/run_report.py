@@ -51,16 +51,17 @@ def run_report(
     )
     text = render_text(status)
     context.log.info("\n" + text)
+    storage = status.storage
     return dg.MaterializeResult(
         metadata={
             "report": dg.MetadataValue.md(f"```\n{text}\n```"),
-            "status": dg.MetadataValue.json(status),
-            "fraction_done": status["progress"]["fraction_done"],
-            "events_done": status["progress"]["events_done"],
-            "shards_published": status["storage"]["shards_published"],
-            "mtp_on": status["mtp"]["mtp_on"],
-            "stale_shards": dg.MetadataValue.json(status["storage"]["stale_shards"]),
-            "materialized_not_in_store": dg.MetadataValue.json(status["storage"]["materialized_not_in_store"]),
+            "status": dg.MetadataValue.json(asdict(status)),
+            "fraction_done": status.progress.fraction_done,
+            "events_done": status.progress.events_done,
+            "shards_published": storage.shards_published,
+            "mtp_on": status.mtp.mtp_on,
+            "stale_shards": dg.MetadataValue.json(storage.stale_shards),
+            "materialized_not_in_store": dg.MetadataValue.json(storage.materialized_not_in_store),
         },
         check_results=[
             dg.AssetCheckResult(
@@ -83,12 +84,12 @@ def run_report(
             ),
             dg.AssetCheckResult(
                 check_name="materialized_shards_in_store",
-                passed=not status["storage"]["materialized_not_in_store"],
+                passed=not storage.materialized_not_in_store,
                 description=(
                     f"{len(materialized)} materialized shards; not intact in the store: "
-                    f"{status['storage']['materialized_not_in_store'] or 'none'}"
+                    f"{storage.materialized_not_in_store or 'none'}"
                 ),
-                metadata={"materialized": len(materialized), "shards_published": status["storage"]["shards_published"]},
+                metadata={"materialized": len(materialized), "shards_published": storage.shards_published},
             ),
         ],
     )
