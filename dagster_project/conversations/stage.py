@@ -46,10 +46,16 @@ from dagster_project.conversations.shards import (
 from dagster_project.conversations.turns import POLICY_HISTORY, apply_policy, request_key, turn_ends
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ingest.quarantine import Accounting, SourceCounts, quarantine_record
-from dagster_project.ingest.shards import PROMPTS_KEY, RawPromptsManifest, read_raw_prompts_manifest
+from dagster_project.ingest.shards import (
+    PROMPTS_KEY,
+    PromptRow,
+    RawPromptsManifest,
+    read_prompt_rows,
+    read_raw_prompts_manifest,
+)
 from dagster_project.records import Conversation
 from dagster_project.store import layout
-from dagster_project.store.jsonl import JsonlZstWriter, read_jsonl_zst
+from dagster_project.store.jsonl import JsonlZstWriter
 from dagster_project.store.manifest import put_object, write_stage_manifest
 from dagster_project.store.storage import Store
 
@@ -74,25 +80,25 @@ class ConversationBuilder:
         self.accounting = Accounting()
         self.counts = PolicyCounts()
 
-    def build(self, row: dict[str, Any]) -> Conversation | dict[str, Any]:
+    def build(self, row: PromptRow) -> Conversation | dict[str, Any]:
         """The conversation of a snapshot row, or its quarantine record."""
-        messages, generate_after, history = apply_policy(row["messages"], self.settings.policy)
-        hashed_id = content_id(row["messages"])
-        provisional_id = row["source_id"] or hashed_id
+        messages, generate_after, history = apply_policy(row.messages, self.settings.policy)
+        hashed_id = content_id(row.messages)
+        provisional_id = row.source_id or hashed_id
         conversation = Conversation(
             id=provisional_id,
             messages=messages,
             generate_after=generate_after,
             policy=self.settings.policy,
             history=history,
-            source=row["source"],
-            source_file=row["source_file"],
-            source_row=row["source_row"],
+            source=row.source,
+            source_file=row.source_file,
+            source_row=row.source_row,
             extra={
-                **row["extra"],  # the source's own annotations first: the pipeline's keys win a clash
-                "format": row["format"],
-                "source_id": row["source_id"],
-                "source_user_turns": len(turn_ends(row["messages"])),
+                **row.extra,  # the source's own annotations first: the pipeline's keys win a clash
+                "format": row.format,
+                "source_id": row.source_id,
+                "source_user_turns": len(turn_ends(row.messages)),
             },
         )
         digest = digest64(request_key(conversation))
@@ -104,10 +110,10 @@ class ConversationBuilder:
             return self._reject(
                 conversation, "too_long", f"prompt of {tokens} tokens > budget {self.budget.max_tokens}"
             )
-        claimed = next((c for c in (row["source_id"], hashed_id) if c and self.seen.claim_id(c)), None)
+        claimed = next((c for c in (row.source_id, hashed_id) if c and self.seen.claim_id(c)), None)
         if claimed is None:
             return self._reject(
-                conversation, "duplicate_id", f"ids {row['source_id']!r} and {hashed_id!r} are taken by earlier rows"
+                conversation, "duplicate_id", f"ids {row.source_id!r} and {hashed_id!r} are taken by earlier rows"
             )
         conversation.id = claimed
         self.seen.add_content(digest, conversation.id)
@@ -163,7 +169,7 @@ def build_conversations(
     buffers = ShardBuffers(workspace / "shards", num_shards)
     with SeenIndex(workspace / "seen.sqlite") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
         builder = ConversationBuilder(settings, budget, seen, num_shards)
-        for row in read_jsonl_zst(snapshot):
+        for row in read_prompt_rows(snapshot):
             built = builder.build(row)
             if isinstance(built, Conversation):
                 # The same bytes as built.to_json(); orjson serializes the dataclass without asdict's deep copy.

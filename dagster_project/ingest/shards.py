@@ -1,22 +1,39 @@
-"""What the ingest stage publishes (`raw_prompts/`), and reading its manifest back.
+"""What the ingest stage publishes (`raw_prompts/`), and reading it back.
 
-raw_prompts/prompts.jsonl.zst      one normalized row per line: source, source_file, source_row,
-                                   format, source_id, messages, extra
-raw_prompts/quarantine.jsonl.zst   one rejected row per line: reason, detail, id, provenance, raw excerpt
-raw_prompts/_manifest.json         `RawPromptsManifest`, written last
+* `raw_prompts/prompts.jsonl.zst`: one `PromptRow` per line, the snapshot the conversations stage reads;
+* `raw_prompts/quarantine.jsonl.zst`: one rejected row per line (reason, detail, id, provenance, raw excerpt);
+* `raw_prompts/_manifest.json`: the `RawPromptsManifest`, written last.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from dagster_project.ingest.quarantine import SourceCounts
 from dagster_project.store import layout
+from dagster_project.store.dataclass_json import from_dict
+from dagster_project.store.jsonl import read_jsonl_zst
 from dagster_project.store.manifest import StageManifest, StoredObject, read_stage_manifest
 from dagster_project.store.storage import Store
 
 PROMPTS_KEY = f"{layout.RAW_PROMPTS}/prompts.jsonl.zst"
 QUARANTINE_KEY = f"{layout.RAW_PROMPTS}/quarantine.jsonl.zst"
+
+
+@dataclass  # not frozen: rows are built by the million, and a frozen dataclass is slower to build
+class PromptRow:
+    """One accepted source row: its messages normalized to {role, content}, and where it came from."""
+
+    source: str
+    source_file: str
+    source_row: int
+    format: str
+    source_id: str | None
+    messages: list[dict[str, Any]]
+    extra: dict[str, Any] = field(default_factory=dict)  # the source's own fields the format does not use
 
 
 @dataclass(frozen=True)
@@ -48,3 +65,9 @@ class RawPromptsManifest(StageManifest):
 
 def read_raw_prompts_manifest(store: Store) -> RawPromptsManifest | None:
     return read_stage_manifest(store, layout.RAW_PROMPTS, RawPromptsManifest)
+
+
+def read_prompt_rows(path: Path) -> Iterator[PromptRow]:
+    """The rows of a local copy of the snapshot (`PROMPTS_KEY`), streamed."""
+    for record in read_jsonl_zst(path):
+        yield from_dict(PromptRow, record)

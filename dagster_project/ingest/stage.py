@@ -24,7 +24,7 @@ from typing import Any
 from dagster_project.ingest.formats import AUTO, FORMATS, ID_FIELDS, detect_format, parse_row, source_id
 from dagster_project.ingest.quarantine import Accounting, Rejected, quarantine_record
 from dagster_project.ingest.readers import FileFormatError, RawRow, iter_rows
-from dagster_project.ingest.shards import PROMPTS_KEY, QUARANTINE_KEY, IngestedFile, RawPromptsManifest
+from dagster_project.ingest.shards import PROMPTS_KEY, QUARANTINE_KEY, IngestedFile, PromptRow, RawPromptsManifest
 from dagster_project.ingest.sources import SourceFile, local_copy, resolve_sources
 from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
@@ -104,7 +104,7 @@ def _ingest_file(
             continue
         accounting.keep(file.source)
         prompts.write(
-            {**where, "format": file_format, "source_id": row.source_id, "messages": row.messages, "extra": row.extra}
+            PromptRow(**where, format=file_format, source_id=row.source_id, messages=row.messages, extra=row.extra)
         )
     return file_format or "unknown"
 

@@ -26,7 +26,8 @@ class JsonlZstWriter:
         self._file = open(path, "wb")
         self._stream = zstandard.ZstdCompressor(level=ZSTD_LEVEL).stream_writer(self._file, closefd=False)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Any) -> None:
+        """`record`: a dict, or a dataclass (written as the object of its fields)."""
         self._stream.write(orjson.dumps(record) + b"\n")
         self.rows += 1
 
