@@ -58,6 +58,8 @@ class SourceTotals:
 
 @dataclass(frozen=True, kw_only=True)
 class ConversationsShardManifest(ShardManifest):
+    """One shard of one build (`build_id`; a shard of another build is stale): rows, multi-turn ones, turns."""
+
     stage: str = layout.CONVERSATIONS
     num_shards: int
     policy: str
@@ -146,9 +148,9 @@ def read_conversations(store: Store, shard: int) -> Iterator[Conversation]:
     """The conversations of a published shard (one shard in memory at most)."""
     manifest = read_shard_conversations_manifest(store, shard)
     if manifest is None:
+        missing = store.url(layout.shard_manifest_key(layout.CONVERSATIONS, shard))
         raise LookupError(
-            f"conversations shard {shard} is not published (no {store.url(layout.shard_manifest_key(layout.CONVERSATIONS, shard))}); "
-            "materialize the conversations asset first"
+            f"conversations shard {shard} is not published (no {missing}); materialize the conversations asset first"
         )
     yield from conversations_in(store, manifest)
 
