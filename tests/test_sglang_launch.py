@@ -202,10 +202,13 @@ def test_every_simulator_option_survives_the_command_line():
         "model_path": "m", "served_model_name": "served", "tokenizer": "tok", "api_key": "k", "enable_metrics": True,
         "speculative": False, "spec_draft_tokens": 3, "reasoning_parser": "qwen3", "context_length": 1000,
         "token_capacity": 5000, "max_running_requests": 9, "effective_max_running_requests": 7,
+        "gpu_memory_gb": 100.5, "weights_gb": 50.0, "mem_fraction_static": 0.85, "mamba_full_memory_ratio": 2.5,
+        "max_mamba_cache_size": 300, "disable_radix_cache": True, "mamba_radix_cache_strategy": "extra_buffer_lazy",
+        "mamba_ssm_dtype": "bfloat16", "kv_cache_dtype": "fp8_e4m3", "cuda_graph_max_bs_decode": 32,
         "max_queued_requests": 2, "seed": 5, "output_len": "uniform:1:9", "max_output_len": 99,
         "answer_fraction": (0.2, 0.4), "accept_probs": (0.5, 0.25, 0.25), "accept_decay_tokens": 4096,
-        "ttft_s": 0.5, "prefill_s_per_token": 0.001, "decode_step_s": 0.02, "startup_s": 1.5, "health_latency_s": 0.1,
-        "health_check_timeout_s": 3.0,
+        "accept_decay_batch": 32, "ttft_s": 0.5, "prefill_s_per_token": 0.001, "decode_step_s": 0.02,
+        "decode_step_growth": 0.01, "startup_s": 1.5, "health_latency_s": 0.1, "health_check_timeout_s": 3.0,
         "request_log_limit": 10, "faults": {"hang": True, "error_503": 2},
     }  # fmt: skip
     assert set(options) | {"host", "port", "vocab_file"} == {f.name for f in fields(SimConfig)}

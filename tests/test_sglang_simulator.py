@@ -219,11 +219,17 @@ def test_request_errors_have_the_servers_shapes_and_texts(fleet):
 
 
 def test_context_length_errors_are_verbatim(fleet):
+    # Under NEXTN 3/1/4 the length checks count 4 more tokens per prompt: room for the drafts.
     url = fleet.url(SMALL) + "/generate"
-    assert call(url, {"input_ids": [1] * 600})[1] == {"error": {"message": proto.msg_input_too_long(600, 600)}}
+    assert call(url, {"input_ids": [1] * 600})[1] == {"error": {"message": proto.msg_input_too_long(604, 600)}}
     assert call(url, {"input_ids": [1] * 100, "sampling_params": {"max_new_tokens": 501}})[1] == {
+        "error": {"message": proto.msg_total_too_long(600, 104, 501)}
+    }
+    # Within the reserve of the limit: 96 + 501 fits 600, 96 + 4 + 501 does not.
+    assert call(url, {"input_ids": [1] * 96, "sampling_params": {"max_new_tokens": 501}})[1] == {
         "error": {"message": proto.msg_total_too_long(600, 100, 501)}
     }
+    assert call(url, {"input_ids": [1] * 96, "sampling_params": {"max_new_tokens": 500}})[0] == 200
     assert call(url, {"input_ids": [1] * 595, "sampling_params": {"max_new_tokens": 1}})[1] == {
         "error": {"message": proto.msg_input_exceeds_max(595, 594)}
     }
@@ -499,7 +505,7 @@ def test_streaming_errors_arrive_as_a_chunk(fleet):
     assert events == [
         {
             "error": {
-                "message": proto.msg_input_too_long(600, 600),
+                "message": proto.msg_input_too_long(604, 600),
                 "type": "invalid_request_error",
                 "code": 400,
                 "retryable": False,
@@ -507,3 +513,100 @@ def test_streaming_errors_arrive_as_a_chunk(fleet):
         },
         "[DONE]",
     ]
+
+
+# ---- capacity: the memory model, KV-budget admission, batch-size effects ----------------------------------------
+
+# A typical H200 launch with --max-running-requests unset (tests/test_capacity.py derives these numbers):
+# 0.5.23 gives it 22 running requests.
+H200 = {"gpu_memory_gb": 139.4, "weights_gb": 52.31, "mem_fraction_static": 0.824, "max_running_requests": None}
+# A server whose KV pool, 20,320 tokens, binds long before its cap of 16 (radix cache off: 16 state slots).
+SMALL_POOL = {
+    "gpu_memory_gb": 74.9,
+    "mem_fraction_static": 0.88,
+    "disable_radix_cache": True,
+    "max_running_requests": 16,
+}
+
+
+def test_the_memory_model_sizes_pools_and_cap_as_0_5_23_and_server_info_says_so(sim_fleet):
+    from dagster_project.sglang import capacity
+
+    fleet = sim_fleet(3, [H200, {**H200, "disable_radix_cache": True, "max_running_requests": 64}, {}])
+    info = call(fleet.url(0) + "/server_info")[1]
+    state = info["internal_states"][0]
+    assert (info["max_running_requests"], state["effective_max_running_requests_per_dp"]) == (48, 22)
+    assert (state["max_mamba_cache_size"], info["max_total_num_tokens"]) == (111, 512_108)
+    assert state["memory_usage"]["kvcache"] == round(512_108 * 69_632 / capacity.GIB, 3)
+    report = capacity.analyze(info, prompt_tokens=600, output_tokens=2000)
+    assert (report.cap, report.bound, report.best.flags) == (
+        22,
+        capacity.Resource.MAMBA_SLOTS,
+        ("--disable-radix-cache", "--max-running-requests", "69"),
+    )
+    assert fleet.state(0)["cap"] == 22
+    radix_off = call(fleet.url(1) + "/server_info")[1]
+    assert radix_off["internal_states"][0]["effective_max_running_requests_per_dp"] == 64
+    assert capacity.analyze(radix_off, 600, 2000).cap_bound is capacity.Resource.CONFIGURED
+    # Without the memory model the pools are as given, and still read as a consistent server.
+    given = capacity.analyze(call(fleet.url(2) + "/server_info")[1], 600, 2000)
+    assert (given.cap, given.limits[capacity.Resource.MAMBA_SLOTS]) == (8, 8)
+    # A launch the memory cannot hold does not start, like the real server.
+    bad = subprocess.run(
+        [*simulator_command(free_ports(1)[0], {**H200, "disable_radix_cache": True, "max_running_requests": 96},
+                            vocab_file=None, host="127.0.0.1")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "leaves no KV tokens" in bad.stderr
+
+
+def test_kv_budget_admission_keeps_early_batches_below_the_cap(sim_fleet):
+    fleet = sim_fleet(1, {**SMALL_POOL, "decode_step_s": 0.01, "output_len": "fixed:3000", "enable_metrics": True})
+    params = proto.sampling_params(max_new_tokens=4096)
+    futures = [in_background(generate, fleet, 0, input_ids=[7, i] + [1] * 98, params=params) for i in range(10)]
+    wait_until(lambda: fleet.state(0)["running"] + fleet.state(0)["queued"] == 10, what="ten requests in the server")
+    # Each needs 100 + 4096 + 1 tokens free besides what every running one holds and may still write at the
+    # starting new_token_ratio 0.7: 100 + 0.7 × 4096 = 2,967; 20,320 − 5 × 2,967 = 5,484 fits a sixth, not a seventh.
+    state = fleet.state(0)
+    assert (state["running"], state["queued"], state["cap"]) == (6, 4, 16)
+    metrics = proto.parse_metrics(call(fleet.url(0) + "/metrics")[1])
+    assert 0.6 < metrics["sglang:new_token_ratio"] <= 0.7 and metrics["sglang:max_total_num_tokens"] == 20_320
+    call(fleet.url(0) + "/abort_request", {"rid": "", "abort_all": True})
+    assert all(f.result(timeout=30)[1]["meta_info"]["finish_reason"]["type"] == "abort" for f in futures)
+
+
+def test_the_ratio_decays_admits_more_and_a_full_pool_retracts(sim_fleet):
+    fleet = sim_fleet(1, {**SMALL_POOL, "decode_step_s": 0.0005, "output_len": "fixed:3000", "enable_metrics": True})
+    params = proto.sampling_params(max_new_tokens=4096)
+    futures = [in_background(generate, fleet, 0, input_ids=[8, i] + [1] * 98, params=params) for i in range(12)]
+    bodies = [f.result(timeout=120)[1] for f in futures]
+    assert all(body["meta_info"]["finish_reason"]["type"] == "stop" for body in bodies)
+    assert fleet.state(0)["peaks"]["running"] > 6  # the decayed ratio let more in than the first batch
+    retracted = proto.parse_metrics(call(fleet.url(0) + "/metrics")[1])["sglang:num_retracted_requests_total"]
+    assert retracted >= 1 and sum(body["meta_info"]["num_retractions"] for body in bodies) == retracted
+
+
+def test_decode_steps_slow_down_as_the_batch_grows(sim_fleet):
+    fleet = sim_fleet(
+        1,
+        speculative=False,
+        decode_step_s=0.005,
+        decode_step_growth=0.1,
+        output_len="fixed:100",
+        max_running_requests=9,
+    )
+    alone = generate(fleet, 0, input_ids=[9, 0])[1]["meta_info"]["e2e_latency"]
+    futures = [in_background(generate, fleet, 0, input_ids=[9, i]) for i in range(1, 10)]
+    batch = [f.result(timeout=60)[1]["meta_info"]["e2e_latency"] for f in futures]
+    # 99 steps of 5 ms alone; a batch of nine steps 1 + 0.1 × 8 = 1.8 times slower.
+    assert 0.45 < alone < 0.8 and min(batch) > 1.4 * alone
+
+
+def test_acceptance_degrades_with_batch_size():
+    import random
+
+    model = AcceptModel((0.2, 0.2, 0.2, 0.4), decay_tokens=0, seed=0, decay_batch=32)
+    alone = model.draw(100, 2000, random.Random(1), batch=1)
+    crowded = model.draw(100, 2000, random.Random(1), batch=65)  # halfway to no acceptance
+    assert 2000 / alone.verify > 2.5 > 2000 / crowded.verify > 1.5
+    assert model.draw(100, 2000, random.Random(1)).verify == alone.verify  # batch 1 is the default

@@ -533,6 +533,8 @@ METRIC_HELP = {
     "spec_num_steps": "Currently active speculative_num_steps.",
     "spec_num_draft_tokens": "Currently active speculative_num_draft_tokens (decouples from steps under topk>1).",
     "num_retracted_reqs": "The number of retracted requests.",
+    "num_retracted_requests_total": "Total number of retracted requests.",
+    "new_token_ratio": "The new token ratio.",
     "max_total_num_tokens": "Maximum total number of tokens in the KV cache pool.",
     "context_len": "Maximum context length.",
     "prompt_tokens_total": "Number of prefill tokens processed.",

@@ -9,11 +9,13 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from dagster_project.sglang import capacity
 from dagster_project.sglang import protocol as proto
 
 MODEL_PATH = "Qwen/Qwen3.6-27B"
@@ -35,9 +37,23 @@ class SimConfig:
     spec_draft_tokens: int = proto.SPEC_DRAFT_TOKENS
     reasoning_parser: str | None = "qwen3"
     context_length: int = 65536
+    # Without `gpu_memory_gb` the pools are given: KV tokens and the real cap (default: the configured one).
     token_capacity: int = 249344
-    max_running_requests: int | None = 48  # the CLI value, as /server_info shows it
-    effective_max_running_requests: int | None = None  # the real cap (mamba pool); default: max_running_requests
+    max_running_requests: int | None = None  # --max-running-requests; unset: 48 under speculative decoding
+    effective_max_running_requests: int | None = None
+    # With `gpu_memory_gb` (GiB free before the weights load) the KV pool, the mamba state pool and the cap
+    # are sized from memory as SGLang 0.5.23 sizes them, under these launch flags (`capacity.size_pools`);
+    # running requests are then admitted against the KV pool.
+    gpu_memory_gb: float | None = None
+    weights_gb: float = 52.31
+    mem_fraction_static: float = 0.88
+    mamba_full_memory_ratio: float = 0.9
+    max_mamba_cache_size: int | None = None
+    disable_radix_cache: bool = False
+    mamba_radix_cache_strategy: str = "extra_buffer"
+    mamba_ssm_dtype: str | None = None  # None: the model's float32
+    kv_cache_dtype: str = "auto"
+    cuda_graph_max_bs_decode: int | None = None
     max_queued_requests: int | None = None
     seed: int = 0
     output_len: str = "lognormal:2400:0.6"  # fixed:N | uniform:A:B | lognormal:MEDIAN:SIGMA
@@ -47,7 +63,9 @@ class SimConfig:
     accept_decay_tokens: int = 0  # context length at which acceptance has fallen halfway to none; 0: no decay
     ttft_s: float = 0.0
     prefill_s_per_token: float = 0.0
-    decode_step_s: float = 0.0
+    decode_step_s: float = 0.0  # one decode step of a batch of one
+    decode_step_growth: float = 0.0  # a decode step takes (1 + growth × (batch − 1)) × decode_step_s
+    accept_decay_batch: int = 0  # batch size beyond one at which acceptance has fallen halfway to none; 0: no decay
     startup_s: float = 0.0  # /health answers 503 this long after start
     health_latency_s: float = 0.0  # real /health takes >= 1 s; 0 keeps tests fast
     health_check_timeout_s: float = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT: no output this long means 503
@@ -55,9 +73,46 @@ class SimConfig:
     faults: dict = field(default_factory=dict)
 
     @property
+    def launch_settings(self) -> capacity.LaunchSettings:
+        return capacity.LaunchSettings(
+            max_running_requests=self.max_running_requests,
+            mamba_full_memory_ratio=self.mamba_full_memory_ratio,
+            max_mamba_cache_size=self.max_mamba_cache_size,
+            disable_radix_cache=self.disable_radix_cache,
+            mamba_radix_cache_strategy=self.mamba_radix_cache_strategy,
+            speculative_draft_tokens=self.spec_draft_tokens if self.speculative else 0,
+            mamba_ssm_dtype=self.mamba_ssm_dtype or "float32",
+            kv_cache_dtype=self.kv_cache_dtype,
+            context_length=self.context_length,
+            cuda_graph_max_bs=self.cuda_graph_max_bs_decode,
+        )
+
+    @property
+    def memory_model(self) -> bool:
+        return self.gpu_memory_gb is not None
+
+    @cached_property
+    def pools(self) -> capacity.Pools:
+        """The KV pool, the mamba state pool and the running cap: sized from memory, or as given."""
+        settings = self.launch_settings
+        if self.gpu_memory_gb is not None:
+            budget = capacity.pool_budget_bytes(self.gpu_memory_gb, self.weights_gb, self.mem_fraction_static)
+            return capacity.size_pools(budget, settings)
+        configured = settings.configured_max_running_requests or capacity.SPEC_DEFAULT_MAX_RUNNING_REQUESTS
+        cap = max(1, self.effective_max_running_requests or configured)
+        slots = cap * settings.state_slots_per_request  # a given cap below the flag is the state pool's doing
+        bound = capacity.Resource.MAMBA_SLOTS if cap < configured else capacity.Resource.CONFIGURED
+        cell = capacity.QWEN3_6_27B.kv_bytes_per_token(settings.kv_cache_dtype, settings.speculative)
+        state = capacity.state_pool_bytes(settings, slots)
+        return capacity.Pools(slots, self.token_capacity, cap, bound, state, self.token_capacity * cell)
+
+    @property
     def running_cap(self) -> int:
-        cap = self.effective_max_running_requests or self.max_running_requests or 48
-        return max(1, cap)
+        return self.pools.max_running_requests
+
+    @property
+    def reserved_prompt_tokens(self) -> int:
+        return capacity.reserved_prompt_tokens(self.launch_settings)
 
     @property
     def model_name(self) -> str:
@@ -65,7 +120,7 @@ class SimConfig:
 
     @property
     def max_req_len(self) -> int:
-        return min(self.context_length - 1, self.token_capacity - 1)
+        return min(self.context_length - 1, self.pools.max_total_num_tokens - 1)
 
     @property
     def max_req_input_len(self) -> int:

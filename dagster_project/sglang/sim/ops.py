@@ -1,8 +1,9 @@
 """What the ops routes report: the bodies of /model_info, /v1/models and /server_info, the /metrics
 exposition, and the request counters behind them.
 
-Static values (memory figures, cuda-graph sizes, ...) are plausible numbers for Qwen3.6-27B on one H200;
-the dynamic ones (running and queued requests, token usage, throughput, spec acceptance) are live.
+The capacity fields (pools, cap, memory, CUDA-graph sizes) are the server's sizing (`SimConfig.pools`), under
+0.5.23's names, so that `capacity.analyze` reads a simulator as it reads a real server; the dynamic ones
+(running and queued requests, token usage, throughput, spec acceptance) are live.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections import deque
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
+from dagster_project.sglang import capacity
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.sim.config import SGLANG_VERSION, SimConfig
 
@@ -22,7 +24,8 @@ if TYPE_CHECKING:
     from dagster_project.sglang.sim.scheduler import Scheduler
 
 _E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
-_MAMBA_SLOTS_PER_REQUEST = 5  # S of the default extra_buffer radix strategy: sizes the mamba pool
+_GRAPH_MEMORY_GB = {"decode": 0.0, "target_verify": 1.1, "draft_decode": 0.4, "draft_extend": 0.3}
+_FREE_GB = 139.4  # GPU memory free before the weights load on an H200, for a server with given pools
 
 
 class Stats:
@@ -89,25 +92,27 @@ def models(config: SimConfig, created: float) -> dict:
 
 def server_info(config: SimConfig, scheduler: Scheduler, stats: Stats) -> dict:
     c = config
-    cap = scheduler.cap
+    pools, settings = c.pools, c.launch_settings
     spec = "EAGLE" if c.speculative else None  # NEXTN resolves to EAGLE, and /server_info says so
+    graph_gb = sum(_GRAPH_MEMORY_GB.values())
+    pools_gb = (pools.state_bytes + pools.kv_bytes) / capacity.GIB
     state: dict[str, Any] = {
         "speculative_algorithm": spec,
-        "max_mamba_cache_size": cap * _MAMBA_SLOTS_PER_REQUEST,
+        "max_mamba_cache_size": pools.max_mamba_cache_size,  # the scheduler's computed value
         "world_size": 1,
-        "effective_max_running_requests_per_dp": cap,
+        "effective_max_running_requests_per_dp": pools.max_running_requests,
         "last_gen_throughput": scheduler.gen_throughput(),
         "memory_usage": {
-            "weight": 52.31,
-            "kvcache": 16.2,
-            "startup_available": 139.23,
-            "token_capacity": c.token_capacity,
+            "weight": c.weights_gb,
+            "kvcache": round(pools.kv_bytes / capacity.GIB, 3),
+            "startup_available": round((c.gpu_memory_gb or _FREE_GB) - c.weights_gb - pools_gb - graph_gb, 3),
+            "token_capacity": pools.max_total_num_tokens,
             "token_capacity_swa": None,
-            "graph": {"decode": 0.0, "target_verify": 1.1, "draft_decode": 0.4, "draft_extend": 0.3},
+            "graph": _GRAPH_MEMORY_GB,
         },
         "disaggregation_mode": "null",
-        "decode_cuda_graph_bs": [bs for bs in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128) if bs <= cap],
-        "decode_cuda_graph_memory_gb": 1.8,
+        "decode_cuda_graph_bs": capacity.decode_cuda_graph_bs(settings, pools.max_running_requests),
+        "decode_cuda_graph_memory_gb": round(graph_gb, 3),
     }
     if c.speculative and stats.spec_totals[1]:  # absent until the first decode window, like SGLang's
         state["avg_spec_accept_length"] = stats.spec_totals[0] / stats.spec_totals[1]
@@ -121,27 +126,29 @@ def server_info(config: SimConfig, scheduler: Scheduler, stats: Stats) -> dict:
         "dp_size": 1,
         "base_gpu_id": 0,
         "context_length": c.context_length,
-        "mem_fraction_static": 0.88,
-        "max_running_requests": c.max_running_requests,
+        "mem_fraction_static": c.mem_fraction_static,
+        "max_running_requests": settings.configured_max_running_requests,  # resolved, not the cap in force
         "max_queued_requests": c.max_queued_requests,
         "chunked_prefill_size": 8192,
-        "kv_cache_dtype": "auto",
+        "page_size": 1,
+        "kv_cache_dtype": c.kv_cache_dtype,
         "speculative_algorithm": spec,
         "speculative_num_steps": c.spec_draft_tokens - 1 if c.speculative else None,
         "speculative_eagle_topk": 1 if c.speculative else None,
         "speculative_num_draft_tokens": c.spec_draft_tokens if c.speculative else None,
-        "mamba_ssm_dtype": None,
-        "max_mamba_cache_size": None,
-        "mamba_full_memory_ratio": 0.9,
-        "mamba_radix_cache_strategy": "extra_buffer",
-        "disable_radix_cache": False,
+        "mamba_ssm_dtype": c.mamba_ssm_dtype,
+        "max_mamba_cache_size": c.max_mamba_cache_size,  # the flag; internal_states has the computed size
+        "mamba_full_memory_ratio": c.mamba_full_memory_ratio,
+        "mamba_radix_cache_strategy": "auto" if c.disable_radix_cache else c.mamba_radix_cache_strategy,  # unresolved
+        "disable_radix_cache": c.disable_radix_cache,
+        "disable_overlap_schedule": False,
         "reasoning_parser": c.reasoning_parser,
         "enable_metrics": c.enable_metrics,
         "weight_version": "default",
         "api_key": c.api_key,  # the real server does not redact it either
         "launch_command": "python -m dagster_project.sglang.sim.server " + " ".join(_redacted_argv()),
         "status": "ready",
-        "max_total_num_tokens": c.token_capacity,
+        "max_total_num_tokens": pools.max_total_num_tokens,
         "max_req_input_len": c.max_req_input_len,
         "startup_time": 0.0,
         "internal_states": [state],
@@ -156,9 +163,11 @@ def exposition(config: SimConfig, scheduler: Scheduler, stats: Stats) -> str:
     labels = {"engine_type": "unified", "model_name": name, "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": "0"}
     tokenizer = {"engine_type": "unified", "model_name": name}
     streaming = {**tokenizer, "is_streaming": "false"}
+    pools = config.pools
     used = scheduler.used_tokens()
-    full_usage = used / config.token_capacity
-    mamba_usage = scheduler.running / (scheduler.cap * _MAMBA_SLOTS_PER_REQUEST)
+    full_usage = used / pools.max_total_num_tokens
+    # Running requests' state slots; the draft snapshots have their own buffer.
+    mamba_usage = scheduler.running * config.launch_settings.state_slots_per_request / pools.max_mamba_cache_size
     out = proto.Exposition()
     out.gauge("num_running_reqs", scheduler.running, labels)
     out.gauge("num_queue_reqs", len(scheduler.waiting), labels)
@@ -177,8 +186,11 @@ def exposition(config: SimConfig, scheduler: Scheduler, stats: Stats) -> str:
         out.gauge("spec_accept_rate", correct / (verify * (draft - 1)) if verify else 0.0, labels)
         out.gauge("spec_num_steps", draft - 1, labels)
         out.gauge("spec_num_draft_tokens", draft, labels)
-    out.gauge("num_retracted_reqs", 0, {**labels, "pid": str(os.getpid())})  # mode "all": one series per process
-    out.gauge("max_total_num_tokens", config.token_capacity, labels)
+    retracted = sum(1 for job in scheduler.waiting if job.retractions)
+    out.gauge("num_retracted_reqs", retracted, {**labels, "pid": str(os.getpid())})  # mode "all": a series per process
+    out.counter("num_retracted_requests_total", scheduler.retracted, labels)
+    out.gauge("new_token_ratio", scheduler.new_token_ratio(), labels)
+    out.gauge("max_total_num_tokens", pools.max_total_num_tokens, labels)
     out.gauge("context_len", config.context_length, labels)
     counters = stats.counters
     out.counter("prompt_tokens_total", counters["prompt_tokens"], streaming)

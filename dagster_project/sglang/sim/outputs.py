@@ -132,40 +132,49 @@ class SpecDraw:
 
 
 class AcceptModel:
-    """Per-pass draft acceptance, piecewise constant over context buckets, degrading with context."""
+    """Per-pass draft acceptance, piecewise constant over context buckets, degrading with context and with
+    the batch size.
+
+    Either decay mixes passes that accept nothing into the drafts' own distribution: half of them at
+    `decay_tokens` of context, or at `decay_batch` running requests beyond the first.
+    """
 
     BUCKET = 1024  # tokens of context that share one acceptance level
     LEVELS = 32
 
-    def __init__(self, probs: Sequence[float], decay_tokens: int, seed: int):
+    def __init__(self, probs: Sequence[float], decay_tokens: int, seed: int, decay_batch: int = 0):
         if not probs or abs(sum(probs) - 1.0) > 1e-6 or min(probs) < 0:
             raise ValueError(f"accept_probs must be non-negative and sum to 1, got {list(probs)}")
         self.probs = tuple(probs)
         self.decay_tokens = decay_tokens
+        self.decay_batch = decay_batch
         self._seed = seed
-        self._pools: dict[int, _DrawPool] = {}  # built on first use: most servers see few context levels
+        self._pools: dict[int, _DrawPool] = {}  # built on first use: most servers see few acceptance levels
 
-    def _pool(self, context: int) -> _DrawPool:
-        level = 0
+    def _pool(self, context: int, batch: int) -> _DrawPool:
+        kept = 1.0  # share of passes that keep the drafts' own acceptance
         if self.decay_tokens:
             middle = (context // self.BUCKET + 0.5) * self.BUCKET
-            level = round(self.LEVELS * middle / (middle + self.decay_tokens))
+            kept *= self.decay_tokens / (middle + self.decay_tokens)
+        if self.decay_batch:
+            kept *= self.decay_batch / (max(0, batch - 1) + self.decay_batch)
+        level = round(self.LEVELS * (1 - kept))
         pool = self._pools.get(level)
         if pool is None:
-            weight = level / self.LEVELS  # share of passes that accept nothing, mixed in as context grows
+            weight = level / self.LEVELS  # share of passes that accept nothing
             probs = [(1 - weight) * p for p in self.probs]
             probs[0] += weight
             pool = self._pools[level] = _DrawPool(probs, random.Random(f"accept:{self._seed}:{level}"))
         return pool
 
-    def draw(self, prompt_tokens: int, tokens: int, rng: random.Random) -> SpecDraw:
+    def draw(self, prompt_tokens: int, tokens: int, rng: random.Random, batch: int = 1) -> SpecDraw:
         histogram = [0] * len(self.probs)
         segments = []
         verify = 0
         needed = tokens - 1  # the first token is sampled by the prefill pass
         context = prompt_tokens + 1
         while needed > 0:
-            pool = self._pool(context)
+            pool = self._pool(context, batch)
             budget = min(needed, self.BUCKET - context % self.BUCKET)
             start = rng.randrange(_DrawPool.STEPS - self.BUCKET)
             end = bisect.bisect_left(pool.tokens, pool.tokens[start] + budget, start)
@@ -213,7 +222,9 @@ class OutputModel:
         self.vocab = vocab
         self.pool = WordPool(vocab, config.seed)
         self.lengths = parse_length_distribution(config.output_len)
-        self.accept = AcceptModel(config.accept_probs, config.accept_decay_tokens, config.seed)
+        self.accept = AcceptModel(
+            config.accept_probs, config.accept_decay_tokens, config.seed, decay_batch=config.accept_decay_batch
+        )
         self.eos = vocab.eos_ids[0]
         # `<think>\n\n</think>\n\n` closes the thinking block in the prompt (enable_thinking=False).
         self.no_think_suffix = [vocab.think_end, vocab.paragraph]
@@ -228,12 +239,14 @@ class OutputModel:
         max_new_tokens: int,
         sample: int = 0,
         *,
+        batch: int = 1,
         empty: bool = False,
         truncate: bool = False,
         mtp_off: bool = False,
         nan: bool = False,
     ) -> Answer:
-        """The answer to one sample; `empty`, `truncate`, `mtp_off` and `nan` are the injected faults that shape it."""
+        """The answer to one sample, decoded in a batch of `batch` requests (its acceptance may depend on it);
+        `empty`, `truncate`, `mtp_off` and `nan` are the injected faults that shape it."""
         rng = random.Random(f"{self.config.seed}:{prompt_hash}:{sample}")
         thinking = input_ids[-2:] != self.no_think_suffix
         natural = max(1, min(self.lengths(rng), self.config.max_output_len))
@@ -256,7 +269,7 @@ class OutputModel:
             # The scheduler overwrites the out-of-vocabulary id with EOS and reports the NaN stop string.
             ids = [*ids[:-1], self.eos]
             text, finish, stop_text = self.vocab.decode(ids[:-1]), proto.finish_stop(proto.NAN_STOP), ""
-        return Answer(ids, text, finish, self._spec(len(input_ids), len(ids), rng, mtp_off), stop_text)
+        return Answer(ids, text, finish, self._spec(len(input_ids), len(ids), rng, mtp_off, batch), stop_text)
 
     def _compose(
         self, rng: random.Random, thinking: bool, natural: int, count: int, with_eos: bool
@@ -312,9 +325,9 @@ class OutputModel:
         last = bisect.bisect_left(ends, position + len(matched))
         return body[: last + 1], text[:position], proto.finish_stop(matched), matched
 
-    def _spec(self, prompt_tokens: int, tokens: int, rng: random.Random, mtp_off: bool) -> SpecDraw | None:
+    def _spec(self, prompt_tokens: int, tokens: int, rng: random.Random, mtp_off: bool, batch: int) -> SpecDraw | None:
         if not self.config.speculative:
             return None
         if mtp_off:
             return SpecDraw(tokens, [tokens] if tokens else [], [], no_drafts=True)
-        return self.accept.draw(prompt_tokens, tokens, rng)
+        return self.accept.draw(prompt_tokens, tokens, rng, batch)

@@ -108,12 +108,13 @@ def check_request(input_ids: list[int], params: dict, rid: str, config: SimConfi
     if max(input_ids) >= MODEL_VOCAB_SIZE:
         raise RequestError(400, proto.e3_body(proto.msg_ids_out_of_vocab(input_ids, MODEL_VOCAB_SIZE)))
     prompt_tokens = len(input_ids)
+    counted = prompt_tokens + config.reserved_prompt_tokens  # EAGLE keeps room for its drafts in every prompt
     context = config.context_length
-    if prompt_tokens >= context:
-        raise RequestError(400, proto.e3_body(proto.msg_input_too_long(prompt_tokens, context)))
+    if counted >= context:
+        raise RequestError(400, proto.e3_body(proto.msg_input_too_long(counted, context)))
     requested = params.get("max_new_tokens", proto.DEFAULT_MAX_NEW_TOKENS)  # present but null: no cap
-    if requested is not None and requested + prompt_tokens > context:
-        raise RequestError(400, proto.e3_body(proto.msg_total_too_long(context, prompt_tokens, requested)))
+    if requested is not None and requested + counted > context:
+        raise RequestError(400, proto.e3_body(proto.msg_total_too_long(context, counted, requested)))
     try:
         proto.check_sampling_values(params, MODEL_VOCAB_SIZE)
     except ValueError as exc:

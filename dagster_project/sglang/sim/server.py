@@ -4,11 +4,13 @@ It serves native `/generate` with `input_ids` and the ops routes, errors include
 This module is the HTTP server: routes, responses, streaming, admin routes and the command line. The
 rest lives in:
 
-* `sim.config` — `SimConfig` (one field per flag) and `SimVocab`, the tokenizer facts a server needs.
+* `sim.config` — `SimConfig` (one field per flag; the pools sized from memory by `sglang.capacity`) and
+  `SimVocab`, the tokenizer facts a server needs.
 * `sim.requests` — the `/generate` request checks in the server's order and their error shapes (E1-E4).
 * `sim.outputs` — the answer to a prompt: real Qwen3.6 token ids with a think block, the exact `text`,
   the finish reason and spec-decoding stats; a deterministic function of `--seed` and the prompt.
-* `sim.scheduler` — running cap, FIFO queue (503 when bounded and full), latency model, aborts.
+* `sim.scheduler` — running cap, KV-budget admission and retraction, FIFO queue (503 when bounded and
+  full), latency model (decode steps slow with the batch), aborts.
 * `sim.faults` — injected failures: crash, drop, hang, slow, 503 bursts, empty/truncated/NaN answers, MTP off.
 * `sim.ops` — the bodies of /server_info, /model_info, /v1/models and /metrics, and their counters.
 
@@ -35,6 +37,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from dagster_project.sglang import capacity
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.sim import ops as sim_ops
 from dagster_project.sglang.sim.config import SimConfig, SimVocab, load_sim_vocab
@@ -128,12 +131,13 @@ class Simulator:
                 params,
                 max_new_tokens,
                 sample,
+                batch=self.scheduler.expected_batch(),
                 empty=self.faults.take("empty"),
                 truncate=self.faults.take("truncate"),
                 mtp_off=self.faults.mtp_off,
                 nan=self.faults.take("nan"),
             )
-            jobs.append(self.scheduler.add(rid, answer, len(input_ids), received))
+            jobs.append(self.scheduler.add(rid, answer, len(input_ids), max_new_tokens, received))
         return input_ids, log, jobs
 
     async def _execute(
@@ -204,7 +208,7 @@ class Simulator:
                 "finish_reason": None,
                 "prompt_tokens": job.prompt_tokens,
                 "weight_version": "default",
-                "num_retractions": 0,
+                "num_retractions": job.retractions,
                 "reasoning_tokens": self._reasoning_tokens(ids, item),
                 "completion_tokens": len(ids),
                 "cached_tokens": 0,
@@ -261,7 +265,7 @@ class Simulator:
             "finish_reason": finish,
             "prompt_tokens": job.prompt_tokens,
             "weight_version": "default",
-            "num_retractions": 0,
+            "num_retractions": job.retractions,
         }
         if self.config.enable_metrics:
             meta["forward_entry_time"] = wall + started
@@ -481,12 +485,29 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     parser.add_argument("--reasoning-parser", default=defaults.reasoning_parser)
     parser.add_argument("--context-length", type=int, default=defaults.context_length)
     parser.add_argument("--token-capacity", type=int, default=defaults.token_capacity)
-    parser.add_argument("--max-running-requests", type=int, default=defaults.max_running_requests)
+    parser.add_argument("--max-running-requests", type=int, help="default: 48 with speculative decoding")
     parser.add_argument(
         "--effective-max-running-requests",
         type=int,
-        help="the real cap (e.g. set by the mamba pool); default: --max-running-requests",
+        help="without --gpu-memory-gb: the real cap (e.g. set by the mamba pool); default: --max-running-requests",
     )
+    memory = parser.add_argument_group(
+        "memory model", "size the KV pool, the mamba state pool and the cap from GPU memory as SGLang 0.5.23 does"
+    )
+    memory.add_argument("--gpu-memory-gb", type=float, help="GiB free before the weights load: turns the model on")
+    memory.add_argument("--weights-gb", type=float, default=defaults.weights_gb)
+    memory.add_argument("--mem-fraction-static", type=float, default=defaults.mem_fraction_static)
+    memory.add_argument("--mamba-full-memory-ratio", type=float, default=defaults.mamba_full_memory_ratio)
+    memory.add_argument("--max-mamba-cache-size", type=int)
+    memory.add_argument("--disable-radix-cache", action="store_true")
+    memory.add_argument(
+        "--mamba-radix-cache-strategy", choices=capacity.RADIX_STRATEGIES, default=defaults.mamba_radix_cache_strategy
+    )
+    memory.add_argument("--mamba-ssm-dtype", choices=("float32", "bfloat16", "float16"))
+    memory.add_argument(
+        "--kv-cache-dtype", choices=("auto", "bfloat16", "fp8_e4m3", "fp8_e5m2"), default=defaults.kv_cache_dtype
+    )
+    memory.add_argument("--cuda-graph-max-bs-decode", type=int)
     parser.add_argument("--max-queued-requests", type=int)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
@@ -508,7 +529,19 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     parser.add_argument("--accept-decay-tokens", type=int, default=defaults.accept_decay_tokens)
     parser.add_argument("--ttft-s", type=float, default=defaults.ttft_s)
     parser.add_argument("--prefill-s-per-token", type=float, default=defaults.prefill_s_per_token)
-    parser.add_argument("--decode-step-s", type=float, default=defaults.decode_step_s)
+    parser.add_argument("--decode-step-s", type=float, default=defaults.decode_step_s, help="at batch size one")
+    parser.add_argument(
+        "--decode-step-growth",
+        type=float,
+        default=defaults.decode_step_growth,
+        help="a decode step takes (1 + GROWTH × (batch − 1)) × --decode-step-s",
+    )
+    parser.add_argument(
+        "--accept-decay-batch",
+        type=int,
+        default=defaults.accept_decay_batch,
+        help="batch size beyond one at which draft acceptance has fallen halfway to none; 0: no decay",
+    )
     parser.add_argument("--startup-s", type=float, default=defaults.startup_s)
     parser.add_argument("--health-latency-s", type=float, default=defaults.health_latency_s)
     parser.add_argument("--health-check-timeout-s", type=float, default=defaults.health_check_timeout_s)
@@ -521,6 +554,10 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     if len(config.accept_probs) != config.spec_draft_tokens:
         parser.error(f"--accept-probs needs {config.spec_draft_tokens} values (one per possible accepted-draft count)")
     parse_length_distribution(config.output_len)  # a bad spec fails here, before the slow vocabulary load
+    try:  # a launch that would not fit the memory fails here, as the real server fails to start
+        _ = config.pools
+    except ValueError as exc:
+        parser.error(str(exc))
     return config
 
 
