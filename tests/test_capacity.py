@@ -185,6 +185,13 @@ def test_analyze_names_the_binding_resource_and_the_headroom():
     rebuilt = capacity.ServerState.from_server_info(server_info(LaunchSettings())).budget_bytes()
     assert size_pools(rebuilt, LaunchSettings()) == size_pools(BUDGET, LaunchSettings())
     assert [option.note != "" for option in report.options].count(True) == 1  # the bf16 state, flagged
+    lines = report.describe().splitlines()
+    assert lines[0] == report.explain() and "  mamba state slots: 22" in lines
+    assert "memory now: state pool 29.2 GiB, KV pool 33.2 GiB" in lines
+    assert (
+        "  ×3.1 `--disable-radix-cache --max-running-requests 69`: 69 running, state pool 50.2 GiB, "
+        "KV pool 12.3 GiB (189.3K tokens)"
+    ) in lines
 
 
 def test_analyze_sees_kv_tokens_and_cuda_graphs_bind_before_the_cap():

@@ -411,6 +411,8 @@ class CapacityReport:
     tokens_per_request: float
     slots_per_request: int
     radix_cache: bool
+    state_bytes: int  # the server's state pool, draft snapshots included
+    kv_bytes: int  # its KV pool
     options: tuple[LaunchPlan, ...]  # the same memory under other flags, most concurrency first
 
     @property
@@ -453,6 +455,15 @@ class CapacityReport:
             text += f"; `{' '.join(best.flags)}` → est. ×{self.headroom:.1f}"
         return text
 
+    def describe(self) -> str:
+        """`explain()`, then what each resource allows, the memory split now and under each option."""
+        lines = [self.explain(), "allowed by each resource on its own:"]
+        lines += [f"  {resource.value}: {limit}" for resource, limit in self.limits.items()]
+        lines.append(f"memory now: state pool {self.state_bytes / GIB:.1f} GiB, KV pool {self.kv_bytes / GIB:.1f} GiB")
+        lines.append("the same memory under other flags (est. × throughput, at the same step time):")
+        lines += [f"  ×{option.concurrency / self.concurrency:.1f} {option.describe()}" for option in self.options]
+        return "\n".join(lines)
+
 
 def analyze(
     server_info: Mapping[str, Any],
@@ -483,6 +494,8 @@ def analyze(
     for resource in (Resource.KV_POOL, Resource.MAMBA_SLOTS):
         if limits[resource] == server.cap < limits[cap_bound]:
             cap_bound = resource
+    state_bytes = state_pool_bytes(settings, server.max_mamba_cache_size, model)
+    budget = server.budget_bytes(model)
     return CapacityReport(
         cap=server.cap,
         cap_bound=cap_bound,
@@ -490,7 +503,9 @@ def analyze(
         tokens_per_request=tokens,
         slots_per_request=per_request,
         radix_cache=not settings.disable_radix_cache,
-        options=alternatives(server.budget_bytes(model), tokens, settings, model),
+        state_bytes=state_bytes,
+        kv_bytes=budget - state_bytes,
+        options=alternatives(budget, tokens, settings, model),
     )
 
 
