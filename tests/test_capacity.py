@@ -7,11 +7,12 @@ relative to `sglang/srt/`. The sizing chain for a hybrid model:
    after the weights load, less `free_before_load × (1 − mem_fraction_static)` and the multimodal reserve
    (SGLANG_VLM_CACHE_SIZE_MB = 100, environ.py:1598; mem_cache/kv_cache_configurator.py:202-219).
 2. `_handle_max_mamba_cache` (mem_cache/kv_cache_configurator.py:3229-3409) carves the mamba state pool out
-   of it: `--max-mamba-cache-size` as given (3303-3323), exactly `--max-running-requests` slots with the radix
-   cache off (3324-3346), else `ratio / (1 + ratio)` of the budget (3347-3386), solved jointly with the
-   draft-token SSM snapshots under speculative decoding (3357-3377).
+   of it: `--max-mamba-cache-size` as given (3303-3324), exactly `--max-running-requests` slots with the radix
+   cache off (3325-3344), else `ratio / (1 + ratio)` of the budget (3345-3386), solved jointly with the
+   draft-token SSM snapshots under speculative decoding (3359-3377); it returns the budget less the state
+   pool (3404-3409).
 3. The rest is KV: `bytes // cell size` tokens (model_executor/pool_configurator.py:637-647; the cell counts
-   the MTP draft layer under EAGLE, pool_configurator.py:258-320).
+   the MTP draft layer under EAGLE, pool_configurator.py:259-314).
 4. `resolve_max_num_reqs` (mem_cache/kv_cache_configurator.py:3119-3172): the cap is
    `min(configured or an estimate in [2048, 4096], tokens // 2, slots // slots per request)`.
 
@@ -41,7 +42,7 @@ from dagster_project.sglang.capacity import (
 )
 
 # One state slot of Qwen3.6-27B (configs/mamba_utils.py:116-125 `mamba_cache_per_req`, shapes from
-# configs/qwen3_next.py:288-315 and configs/mamba_utils.py:195-243): per GDN layer a bf16 conv state of
+# configs/qwen3_next.py:287-313 and configs/mamba_utils.py:195-243): per GDN layer a bf16 conv state of
 # (48·128 + 2·16·128) × 3 = 30,720 values and an SSM state of 48 × 128 × 128 = 786,432 values, 48 layers.
 SLOT_FP32 = (30_720 * 2 + 786_432 * 4) * 48  # 153,944,064 B
 SLOT_BF16 = (30_720 * 2 + 786_432 * 2) * 48  # 78,446,592 B
@@ -52,7 +53,7 @@ CELL = 16 * 2 * 4 * 256 * 2  # 65,536 B without speculative decoding
 # One H200 (143,771 MiB) with the launch defaults. The free memory before the weights load and the weights'
 # size are measurements (boot log "avail mem" and "mem usage"); these are typical values. The auto
 # --mem-fraction-static (arg_groups/memory_hook.py:281-342): reserve 512 + 8192 × 1.5 + 128 + graph reserve
-# (decode max bs 48 × 2 + 58 prefill token buckets × 8, memory_hook.py:357-398) = 13,488 MiB →
+# (decode max bs 48 × 2 + 58 prefill token buckets × 8, memory_hook.py:357-399) = 13,488 MiB →
 # round(130,283 / 143,771, 3) = 0.906, times the VLM factor 0.95 × (1 − 0.1 × (27·1152² / (24·1024²) − 1)) =
 # 0.9097 (memory_hook.py:417-462) = 0.824.
 FREE_GIB, WEIGHTS_GIB, MEM_FRACTION = 139.4, 52.31, 0.824
@@ -79,9 +80,10 @@ def test_the_budget_is_what_the_weights_and_the_runtime_slack_leave():
     [
         # Defaults (NEXTN 3/1/4, everything else unset): 5 slots per request, ratio 0.9, configured 48.
         # State share BUDGET × 0.9/1.9 = 31,767,018,842 B; slots ⌊(31,767,018,842 − 153,944,064 × 5) /
-        # (153,944,064 × (1 + 4/5))⌋ = ⌊111.86⌋ = 111 (kv_cache_configurator.py:3364-3369); state pool
-        # (111 + 1) slots + (min(48, 111 // 5 = 22) + 1) × 4 snapshots = 204 × 153,944,064 B; KV tokens
-        # (BUDGET − 31,404,589,056) // 69,632 = 512,108; cap min(48, 256,054, 22) = 22, set by the mamba slots.
+        # (153,944,064 × (1 + 4/5))⌋ = ⌊111.86⌋ = 111 (kv_cache_configurator.py:3363-3369); state pool
+        # (111 + 1) slots + (min(48, 111 // 5 = 22) + 1) × 4 snapshots (3370-3377, 3404-3408)
+        # = 204 × 153,944,064 B; KV tokens (BUDGET − 31,404,589,056) // 69,632 = 512,108;
+        # cap min(48, 256,054, 22) = 22, set by the mamba slots (3134-3150).
         (LaunchSettings(), 111, 512_108, 22, Resource.MAMBA_SLOTS),
         # --mamba-full-memory-ratio 2.5: share × 2.5/3.5 → ⌊170.09⌋ = 170 slots, cap 170 // 5 = 34;
         # 171 + 35 × 4 = 311 slot sizes of state leave 275,550 tokens.
@@ -91,7 +93,7 @@ def test_the_budget_is_what_the_weights_and_the_runtime_slack_leave():
         (LaunchSettings(disable_radix_cache=True, max_running_requests=64), 64, 244_598, 64, Resource.CONFIGURED),
         # No speculative decoding: no snapshots, slots ⌊31,767,018,842 / 153,944,064 − 1⌋ = 205
         # (3378-3386), KV cell 65,536 → 539,416 tokens; nothing configured, so the estimate
-        # max(min(539,416 / 65,536 × 512, 4096), 2048) = 4096 (3122-3130) yields to 205 // 5 = 41.
+        # max(min(539,416 / 65,536 × 512, 4096), 2048) = 4096 (3122-3132) yields to 205 // 5 = 41.
         (LaunchSettings(speculative_draft_tokens=0), 205, 539_416, 41, Resource.MAMBA_SLOTS),
     ],
     ids=["defaults", "ratio-2.5", "radix-off-64", "no-speculative"],
@@ -113,7 +115,7 @@ def test_slots_per_request_follow_the_radix_strategy():
 
 
 def test_explicit_state_pool_and_the_other_binding_limits():
-    # --max-mamba-cache-size 200 (kv_cache_configurator.py:3303-3323): 200 // 5 = 40 below the configured 48.
+    # --max-mamba-cache-size 200 (kv_cache_configurator.py:3303-3324): 200 // 5 = 40 below the configured 48.
     pools = size_pools(BUDGET, LaunchSettings(max_mamba_cache_size=200))
     assert (pools.max_mamba_cache_size, pools.max_running_requests, pools.bound) == (200, 40, Resource.MAMBA_SLOTS)
     # A cap asked for above what the slots give is still capped by them.
@@ -129,8 +131,8 @@ def test_explicit_state_pool_and_the_other_binding_limits():
 
 
 def test_decode_cuda_graph_batch_sizes():
-    # Spec decoding's list (arg_groups/cuda_graph_hook.py:517-533), clamped to the configured 48
-    # (memory_hook.py:180-188) and to the pool (model_executor/runner/base_cuda_graph_runner.py:92-101).
+    # Spec decoding's list (arg_groups/cuda_graph_hook.py:517-530), clamped to the configured 48
+    # (memory_hook.py:182-188) and to the pool (model_executor/runner/base_cuda_graph_runner.py:92-102).
     assert decode_cuda_graph_bs(LaunchSettings(), 48)[-4:] == [32, 40, 44, 48]
     sizes = decode_cuda_graph_bs(LaunchSettings(), 22)
     assert sizes[:8] == list(range(1, 9)) and sizes[-2:] == [20, 22]

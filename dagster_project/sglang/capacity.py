@@ -64,7 +64,7 @@ class HybridModel:
 
     def state_bytes_per_slot(self, ssm_dtype: str = "float32") -> int:
         """`mamba_cache_per_req`: conv + SSM state over every linear layer (configs/mamba_utils.py:116-125,
-        shapes from configs/qwen3_next.py:288-315 and mamba_utils.py:195-243; the conv state stays bf16)."""
+        shapes from configs/qwen3_next.py:287-313 and mamba_utils.py:195-243; the conv state stays bf16)."""
         value_dim = self.linear_value_heads * self.linear_value_head_dim
         conv_dim = value_dim + 2 * self.linear_key_heads * self.linear_key_head_dim  # conv over [q, k, v]
         conv = conv_dim * (self.conv_kernel - 1) * dtype_bytes("bfloat16")
@@ -73,7 +73,7 @@ class HybridModel:
 
     def kv_bytes_per_token(self, kv_dtype: str = "auto", speculative: bool = True) -> int:
         """KV cell size: K and V of every full-attention layer, plus the draft layers' share under EAGLE/MTP
-        (model_executor/pool_configurator.py:219-339)."""
+        (model_executor/pool_configurator.py:219-314)."""
         cell = self.full_attention_layers * 2 * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype)
         if speculative and self.draft_layers:
             cell += int(cell * self.draft_layers / self.full_attention_layers)
@@ -233,7 +233,7 @@ def size_pools(budget_bytes: int, settings: LaunchSettings, model: HybridModel =
 def state_pool_bytes(settings: LaunchSettings, slots: int, model: HybridModel = QWEN3_6_27B) -> int:
     """Bytes of a state pool of `slots` slots: the slots, +1 padding, and under speculative decoding the
     draft tokens' SSM snapshots of every request the slots can serve, +1 padding
-    (mem_cache/kv_cache_configurator.py:3311-3320, 3335-3345, 3370-3377, 3403-3408)."""
+    (mem_cache/kv_cache_configurator.py:3313-3324, 3338-3344, 3370-3377, 3404-3408)."""
     # Drafts imply a configured cap (48 when unset), so `or 1` only stands in where snapshots are 0.
     served = min(max(1, settings.configured_max_running_requests or 1), slots // settings.state_slots_per_request)
     snapshots = (served + 1) * settings.speculative_draft_tokens
@@ -242,7 +242,7 @@ def state_pool_bytes(settings: LaunchSettings, slots: int, model: HybridModel = 
 
 def requested_max_running_requests(settings: LaunchSettings, max_total_num_tokens: int) -> int:
     """The cap asked for: the configured one, or with none an estimate from the KV pool between 2048 and
-    4096 (mem_cache/kv_cache_configurator.py:3122-3133)."""
+    4096 (mem_cache/kv_cache_configurator.py:3122-3132)."""
     configured = settings.configured_max_running_requests
     if configured is not None:
         return max(1, configured)
@@ -250,8 +250,8 @@ def requested_max_running_requests(settings: LaunchSettings, max_total_num_token
 
 
 def decode_cuda_graph_bs(settings: LaunchSettings, cap: int) -> list[int]:
-    """Decode batch sizes captured as CUDA graphs (arg_groups/cuda_graph_hook.py:500-533, clamped to the
-    flag at arg_groups/memory_hook.py:180-188 and to the request pool at
+    """Decode batch sizes captured as CUDA graphs (arg_groups/cuda_graph_hook.py:500-532, clamped to the
+    flag at arg_groups/memory_hook.py:182-188 and to the request pool at
     model_executor/runner/base_cuda_graph_runner.py:65-110)."""
     max_bs = settings.cuda_graph_max_bs
     if max_bs is None:
