@@ -1,7 +1,8 @@
 """`dagster dev` shows the pipeline, and a backfill over every shard works from the UI with the daemon.
 
-`dagster dev -m dagster_project.definitions` (webserver, daemon, code server) runs as its own process group
-on a temp DAGSTER_HOME holding the project's dagster.yaml, with the `sglang_fleet` pool set to 1 through
+`dagster dev -w workspace.yaml` (webserver, daemon, code server; the repository's workspace.yaml, as `make dev`
+runs it, so the location it names is the one loaded) runs as its own process group on a temp DAGSTER_HOME
+holding the project's dagster.yaml, with the `sglang_fleet` pool set to 1 through
 `dagster instance concurrency set` (OPERATIONS §4.3). Through its GraphQL endpoint — what the UI's pages
 and buttons call — the test reads the assets, their checks and the shard partitions, then launches a
 partition backfill of `completions,training_set,specforge_export` over all shards (`launchPartitionBackfill`,

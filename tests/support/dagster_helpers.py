@@ -3,8 +3,8 @@
 * `dagster_home` / `pipeline_env` / `materialize`: a persistent temp instance with the project's `dagster.yaml`,
   an environment that carries exactly the pipeline's settings (nothing leaks in from the developer's shell),
   and `dagster asset materialize` as a subprocess.
-* `DagsterDev`: `dagster dev` (webserver + daemon) as its own process group, readiness polled through GraphQL,
-  the whole group killed at the end.
+* `DagsterDev`: `dagster dev -w workspace.yaml` (webserver + daemon) as its own process group, readiness polled
+  through GraphQL, the whole group killed at the end.
 * `assert_token_exact`: every training row of a shard against what the simulators logged and the completions
   shard recorded.
 * `check_evaluations`: asset-check evaluations of the instance, by (asset, check, partition).
@@ -30,6 +30,7 @@ from typing import Any
 
 import dagster as dg
 import psutil
+import yaml
 from dagster._core.storage.asset_check_execution_record import (
     AssetCheckExecutionRecordStatus,
 )
@@ -45,6 +46,8 @@ from tests.support.sglang_fixtures import wait_until
 BIN_DIR = Path(sys.executable).parent  # the CLIs installed beside this interpreter (.venv/bin)
 DAGSTER = str(BIN_DIR / "dagster")
 DEFS_MODULE = "dagster_project.definitions"
+# The code location `make dev` loads; absolute, since the tests run Dagster from a temp directory.
+WORKSPACE = PROJECT_ROOT / "workspace.yaml"
 SHARD_ASSETS = ("completions", "training_set", "specforge_export")
 
 # Settings the pipeline reads from the environment; a test states every one it relies on.
@@ -260,7 +263,8 @@ WORKSPACE_QUERY = """
 
 @dataclass
 class DagsterDev:
-    """`dagster dev -m dagster_project.definitions` (webserver, daemon, code server) on a free port."""
+    """`dagster dev -w workspace.yaml` (webserver, daemon, code server) on a free port: the repository's
+    workspace.yaml, the one `make dev` uses, is what loads the code location."""
 
     process: subprocess.Popen
     port: int
@@ -281,7 +285,7 @@ class DagsterDev:
     def running(cls, env: Mapping[str, str], cwd: Path, startup_timeout_s: float = 120.0) -> Iterator[DagsterDev]:
         port = free_ports(1)[0]
         log_path = cwd / "dagster_dev.log"
-        command = [DAGSTER, "dev", "-m", DEFS_MODULE, "-h", "127.0.0.1", "-p", str(port)]
+        command = [DAGSTER, "dev", "-w", str(WORKSPACE), "-h", "127.0.0.1", "-p", str(port)]
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 command, env=dict(env), cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -310,10 +314,20 @@ class DagsterDev:
             error = entry["locationOrLoadError"]
             if error and error["__typename"] == "PythonError":
                 raise AssertionError(f"code location {entry['name']} failed to load: {error['message']}")
-        return bool(entries) and all(
+        loaded = bool(entries) and all(
             e["loadStatus"] == "LOADED" and (e["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation"
             for e in entries
         )
+        if loaded:  # the code locations are workspace.yaml's, by the names it gives them
+            names = {e["name"] for e in entries}
+            assert names == workspace_locations(), f"dagster dev loaded {names}, not the locations of {WORKSPACE}"
+        return loaded
+
+
+def workspace_locations() -> set[str]:
+    """The location names workspace.yaml declares (`load_from: - python_module: {location_name: ...}`)."""
+    entries = yaml.safe_load(WORKSPACE.read_text())["load_from"]
+    return {origin["location_name"] for entry in entries for origin in entry.values()}
 
 
 # ---- token exactness -------------------------------------------------------------------------------------------
