@@ -1,10 +1,11 @@
 """Fixtures every test may use, registered once here, and the `integration` marker.
 
-Layout: `tests/unit/<stage>/` mirrors `dagster_project/<stage>/` (plain logic, no process started);
-`tests/integration/` holds everything that starts processes or drives Dagster (its CLI, `dagster dev`, an
-instance), the moto S3 server, simulator fleets, the real sglang-router and fault injection; `tests/support/`
-holds the helpers both use. Every test under `tests/integration/` is marked `integration`, so
-`pytest -m "not integration"` (`make test-fast`) runs the unit tests alone.
+Layout: `tests/unit/<stage>/` mirrors `dagster_project/<stage>/` (plain logic; no server, fleet or Dagster
+run is started), the ground-floor modules' tests at `tests/unit/`; `tests/integration/` holds everything that
+drives Dagster (its CLI, `dagster dev`, an instance) or starts servers: the moto S3 server, simulator fleets,
+the real sglang-router, fault injection, the CLI pipeline; `tests/support/` holds the helpers both use. Every
+test under `tests/integration/` is marked `integration`, so `pytest -m "not integration"` (`make test-fast`)
+runs the unit tests alone.
 """
 
 from __future__ import annotations
