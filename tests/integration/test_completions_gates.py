@@ -34,7 +34,7 @@ from dagster_project.resources import (
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.shards import read_training_manifest
-from tests.support.dagster_helpers import FAST_ANSWERS, asset_check_keys
+from tests.support.dagster_helpers import FAST_ANSWERS, asset_check_keys, evaluations_by_check
 
 NUM_SHARDS = 2
 SHARD_RUN = [
@@ -86,10 +86,6 @@ def _run_shard(prepared: Prepared, shard: int, endpoints: list[str]) -> dg.Execu
     )
 
 
-def _evaluations(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, dg.AssetCheckEvaluation]:
-    return {e.check_name: e for e in result.get_asset_check_evaluations() if e.asset_key == dg.AssetKey(asset)}
-
-
 def _steps_started(result: dg.ExecuteInProcessResult) -> set[str]:
     return {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_START}
 
@@ -113,7 +109,7 @@ def test_empty_answers_fail_the_blocking_gates_and_stop_training_set_in_the_same
     assert [m.partition for m in result.asset_materializations_for_node("completions")] == [partition]
     assert partition in prepared.instance.get_materialized_partitions(dg.AssetKey("completions"))
     # ... its blocking gates fail, each saying what it saw, attributed to the shard ...
-    evaluations = _evaluations(result, "completions")
+    evaluations = evaluations_by_check(result, "completions")
     failed = {name: e for name, e in evaluations.items() if not e.passed}
     assert set(EMPTY_ANSWER_GATES) <= set(failed), {n: e.description for n, e in evaluations.items()}
     blocked = {name for name, e in failed.items() if e.severity == dg.AssetCheckSeverity.ERROR}
@@ -143,7 +139,7 @@ def test_a_healthy_fleet_passes_every_completions_check_and_the_shard_goes_throu
 
     result = _run_shard(prepared, shard, fleet.urls)
 
-    evaluations = _evaluations(result, "completions")
+    evaluations = evaluations_by_check(result, "completions")
     assert set(evaluations) == {key.name for key in asset_check_keys("completions")}
     assert {name: e.description for name, e in evaluations.items() if not e.passed} == {}
     assert {e.partition for e in evaluations.values()} == {partition}

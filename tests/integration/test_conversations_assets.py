@@ -22,6 +22,7 @@ from dagster_project.ingest.quarantine import REASONS
 from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
 from dagster_project.settings import DEMO_DATA_DIR
 from dagster_project.store import layout
+from tests.support.dagster_helpers import evaluations_by_check
 
 ASSETS = [raw_prompts, conversations]
 CHECKS = [
@@ -44,14 +45,10 @@ def resources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     }
 
 
-def check_results(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
-    return {e.check_name: e for e in result.get_asset_check_evaluations()}
-
-
 def test_demo_data_materializes_and_every_check_passes(resources: dict, tmp_path: Path) -> None:
     result = dg.materialize([*ASSETS, *CHECKS], resources=resources)
     assert result.success
-    checks = check_results(result)
+    checks = evaluations_by_check(result)
     assert set(checks) == {c.check_key.name for c in CHECKS}
     assert all(e.passed for e in checks.values()), {n: e.description for n, e in checks.items() if not e.passed}
 
@@ -74,7 +71,7 @@ def test_quarantine_rate_above_the_limit_fails_the_blocking_check(resources: dic
     config = dg.RunConfig(ops={"conversations": {"config": {"quarantine_rate_max": 0.01}}})
     result = dg.materialize([*ASSETS, *CHECKS], resources=resources, run_config=config, raise_on_error=False)
     assert not result.success
-    evaluation = check_results(result)["conversations_quarantine_rate"]
+    evaluation = evaluations_by_check(result)["conversations_quarantine_rate"]
     assert not evaluation.passed
     assert evaluation.metadata["quarantine_rate"].value > 0.01 == evaluation.metadata["quarantine_rate_max"].value
 
@@ -94,7 +91,7 @@ def test_corrupted_shard_fails_the_id_and_gx_checks(resources: dict, tmp_path: P
         selection=dg.AssetSelection.checks_for_assets(conversations),
         raise_on_error=False,
     )
-    checks = check_results(result)
+    checks = evaluations_by_check(result)
     assert not checks["conversations_unique_ids"].passed
     assert checks["conversations_unique_ids"].metadata["duplicate_ids"].value == 2  # two copies of one id added
     assert checks["conversations_unique_ids"].metadata["shards_whose_ids_differ_from_manifest"].value == 1

@@ -13,7 +13,7 @@ import pytest
 
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.launch import SIM_VOCAB_FILE, free_ports, simulator_command
-from dagster_project.tokenizer import load_tokenizer, special_ids
+from dagster_project.tokenizer import special_ids
 from tests.support.sglang_fixtures import SimFleet, wait_until
 
 THINKING_PROMPT = [248045, 846, 198, 3838, 374, 220, 17, 10, 17, 30, 248046, 198, 248045, 74455, 198, 248068, 198]
@@ -41,11 +41,6 @@ ROLES = [
 def fleet(tmp_path_factory):
     with SimFleet.start(len(ROLES), tmp_path_factory.mktemp("sims"), ROLES) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer()
 
 
 def call(

@@ -13,6 +13,7 @@ from dagster_project.resources import DatasetStore, TokenizerResource
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.export import specforge_key
+from tests.support.dagster_helpers import evaluations_by_check
 from tests.support.training_shards import disaster_rows, healthy_rows, publish_completions
 
 SHARD = 1
@@ -37,16 +38,12 @@ def _materialize(store: LocalStore, assets: list = ASSETS, **kwargs) -> dg.Execu
         )
 
 
-def _evaluations(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
-    return {evaluation.check_name: evaluation for evaluation in result.get_asset_check_evaluations()}
-
-
 def test_a_healthy_shard_passes_every_gate_and_is_exported(store):
     publish_completions(store, SHARD, healthy_rows(30, shard=SHARD))
     result = _materialize(store)
     assert result.success
 
-    evaluations = _evaluations(result)
+    evaluations = evaluations_by_check(result)
     assert set(evaluations) == {*GATE_DESCRIPTIONS, "gx_suite"}
     assert all(e.passed and e.partition == PARTITION for e in evaluations.values())
     assert evaluations["gx_suite"].metadata["evaluated_expectations"].value == 17
@@ -62,7 +59,7 @@ def test_the_historical_failure_is_blocked_before_export(store):
     result = _materialize(store, raise_on_error=False)
     assert not result.success
 
-    evaluations = _evaluations(result)
+    evaluations = evaluations_by_check(result)
     failed = {name for name, evaluation in evaluations.items() if not evaluation.passed}
     assert failed == {
         "loss_sum_floor",
@@ -95,7 +92,7 @@ def test_thresholds_are_run_config(store):
     publish_completions(store, SHARD, disaster_rows(40, broken_share=0.1, shard=SHARD))
     strict = {"ops": {"training_set_gates": {"config": {"max_share_below_floor": 0.0}}}}
     result = _materialize(store, run_config=strict, raise_on_error=False)
-    evaluations = _evaluations(result)
+    evaluations = evaluations_by_check(result)
     assert (
         not evaluations["loss_sum_floor"].passed
         and evaluations["loss_sum_floor"].metadata["max_share_below_floor"].value == 0.0

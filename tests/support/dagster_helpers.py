@@ -429,6 +429,17 @@ def asset_check_keys(asset: str) -> list[dg.AssetCheckKey]:
     return sorted((k for k in graph.asset_check_keys if k.asset_key == dg.AssetKey(asset)), key=lambda k: k.name)
 
 
+def evaluations_by_check(
+    result: dg.ExecuteInProcessResult, asset: str | None = None
+) -> dict[str, dg.AssetCheckEvaluation]:
+    """The check evaluations of an in-process run (`dg.materialize`), by check name; `asset`'s alone if given."""
+    return {
+        e.check_name: e
+        for e in result.get_asset_check_evaluations()
+        if asset is None or e.asset_key == dg.AssetKey(asset)
+    }
+
+
 def check_evaluations(instance: dg.DagsterInstance, asset: str, limit: int = 100) -> dict[tuple[str, str | None], list]:
     """Completed evaluations of every check of `asset`, by (check name, partition)."""
     completed = {AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED}

