@@ -19,7 +19,8 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["local", "s3"])
+# The S3 variant needs the moto server process: it is an integration test (`make test-fast` skips it).
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
 def store(request, tmp_path):
     if request.param == "local":
         return LocalStore(tmp_path / "store")
