@@ -1,11 +1,12 @@
-# Quickstart: `make demo` runs the whole pipeline on the embedded demo; `make test` runs the tests.
+# Quickstart: `make demo` runs the whole pipeline on the embedded demo; `make test` runs the tests
+# (`make test-fast` the unit tests alone).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 # The instance `make dev` shows and the demo's CLI runs write to (the tests make their own).
 DEV_HOME := $(CURDIR)/.dagster_home
 
-.PHONY: venv demo test lint dev benchmarks clean
+.PHONY: venv demo test test-fast lint dev benchmarks clean
 
 venv: $(VENV)/.installed
 
@@ -17,8 +18,15 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/python -m dagster_project.cli demo
 
+# Every test: tests/unit/ and tests/integration/.
 test: venv
 	$(BIN)/python -m pytest -q
+
+# The unit tests alone (tests/unit/, ~20 s). Skips everything marked `integration` (all of tests/integration/):
+# the tests that drive Dagster (its CLI, `dagster dev`, an instance) or start servers: the moto S3 server,
+# simulator fleets, the real sglang-router, fault injection, the CLI pipeline.
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not integration"
 
 # House rules a machine checks: style (ruff, line length 120) and the package's layering (import-linter).
 lint: venv

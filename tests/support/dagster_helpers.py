@@ -1,0 +1,469 @@
+"""Shared helpers for the tests that drive Dagster the way an operator does: its CLIs, `dagster dev` and GraphQL.
+
+* `dagster_home` / `pipeline_env` / `materialize`: a persistent temp instance with the project's `dagster.yaml`,
+  an environment that carries exactly the pipeline's settings (nothing leaks in from the developer's shell),
+  and `dagster asset materialize` as a subprocess.
+* `DagsterDev`: `dagster dev -w workspace.yaml` (webserver + daemon) as its own process group, readiness polled
+  through GraphQL, the whole group killed at the end.
+* `assert_token_exact`: every training row of a shard against what the simulators logged and the completions
+  shard recorded.
+* `check_evaluations`: asset-check evaluations of the instance, by (asset, check, partition).
+
+Never sleep to synchronize: `wait_until` (from tests.support.sglang_fixtures) polls a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import psutil
+import yaml
+from dagster._core.storage.asset_check_execution_record import (
+    AssetCheckExecutionRecordStatus,
+)
+
+from dagster_project.generation.shards import iter_completion_batches
+from dagster_project.sglang.launch import free_ports
+from dagster_project.sglang.protocol import input_hash
+from dagster_project.store.storage import Store
+from dagster_project.training.shards import iter_training_batches
+from tests.support.paths import PROJECT_ROOT
+from tests.support.sglang_fixtures import wait_until
+
+BIN_DIR = Path(sys.executable).parent  # the CLIs installed beside this interpreter (.venv/bin)
+DAGSTER = str(BIN_DIR / "dagster")
+DEFS_MODULE = "dagster_project.definitions"
+# The code location `make dev` loads; absolute, since the tests run Dagster from a temp directory.
+WORKSPACE = PROJECT_ROOT / "workspace.yaml"
+SHARD_ASSETS = ("completions", "training_set", "specforge_export")
+
+# Settings the pipeline reads from the environment; a test states every one it relies on.
+_PIPELINE_PREFIXES = ("DFLASH_", "DAGSTER_", "SGLANG_")
+
+# Simulator answers that are quick to generate yet pass every training gate: a fixed length would put every
+# row at one loss_mask sum (the concentration gate blocks that), and < 32 tokens would hit the loss floor.
+FAST_ANSWERS = {"output_len": "uniform:48:160", "max_running_requests": 8}
+
+
+# ---- what the definitions promise (README's table) -------------------------------------------------------
+
+# asset -> (group, partitioned by shard, upstream assets)
+EXPECTED_ASSETS = {
+    "raw_prompts": ("ingest", False, set()),
+    "conversations": ("prepare", False, {"raw_prompts"}),
+    "completions": ("generation", True, {"conversations"}),
+    "training_set": ("training", True, {"completions"}),
+    "specforge_export": ("exports", True, {"training_set"}),
+    "run_report": ("report", False, {"completions"}),
+}
+
+# asset -> {check name: blocking}. Besides the report's, only the two "how did it go" checks are warnings:
+# the multi-turn recount of conversations and MTP's accept length (speculation changes speed, not the data).
+EXPECTED_CHECKS = {
+    "conversations": {
+        "conversations_quarantine_rate": True,
+        "conversations_unique_ids": True,
+        "conversations_gx_suite": True,
+        "conversations_multi_turn_counts": False,
+    },
+    "completions": {
+        "completions_exactly_once": True,
+        "completions_published": True,
+        "completions_spec_decoding": False,
+        "error_rate": True,
+        "length_capped_rate": True,
+        "thinking_structure": True,
+        "degenerate_answers": True,
+        "short_answers": True,
+        "ids_in_vocabulary": True,
+    },
+    "training_set": {
+        name: True
+        for name in (
+            "loss_sum_floor",
+            "loss_sum_concentration",
+            "consecutive_supervised",
+            "ids_in_vocabulary",
+            "thinking_structure",
+            "degenerate_answers",
+            "short_answers",
+            "ids_match_completions",
+            "source_is_current",
+            "gx_suite",
+        )
+    },
+    # Coverage by id across all shards; nothing is downstream of the report, so it has nothing to block.
+    "run_report": {"dataset_exactly_once": False, "materialized_shards_in_store": False},
+}
+
+
+# ---- instance and environment ------------------------------------------------------------------------------
+
+
+def dagster_home(path: Path) -> Path:
+    """A persistent instance directory holding the project's dagster.yaml (what `make dev` and the demo use)."""
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", path / "dagster.yaml")
+    return path
+
+
+def pipeline_env(
+    *,
+    home: Path,
+    store: str | Path,
+    work_dir: Path,
+    num_shards: int,
+    endpoints: Sequence[str] = (),
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of a pipeline process: this interpreter's, minus any DFLASH_/DAGSTER_/SGLANG_ setting
+    inherited from the shell, plus the given ones."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith(_PIPELINE_PREFIXES)}
+    env.update(
+        DAGSTER_HOME=str(home),
+        DFLASH_STORE=str(store),
+        DFLASH_WORK_DIR=str(work_dir),
+        DFLASH_NUM_SHARDS=str(num_shards),
+        PYTHONUNBUFFERED="1",
+    )
+    if endpoints:
+        env["DFLASH_SGLANG_ENDPOINTS"] = ",".join(endpoints)
+    env.update(extra or {})
+    return env
+
+
+def _tail(text: str, chars: int = 6000) -> str:
+    return text if len(text) <= chars else "…" + text[-chars:]
+
+
+def run_cli(
+    args: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float = 300
+) -> subprocess.CompletedProcess:
+    """Run a CLI to completion in its own process group; fail the test with the end of its output when it
+    exits non-zero. On timeout the whole group goes (a run may spawn processes of its own)."""
+    process = subprocess.Popen(
+        list(args),
+        env=dict(env),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_process_group(process)
+        raise AssertionError(f"{' '.join(args)} did not finish within {timeout_s}s") from None
+    result = subprocess.CompletedProcess(list(args), process.returncode, stdout, stderr)
+    if result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(args)} exited {result.returncode}\n"
+            f"--- stdout\n{_tail(result.stdout)}\n--- stderr\n{_tail(result.stderr)}"
+        )
+    return result
+
+
+def materialize(
+    env: Mapping[str, str],
+    cwd: Path,
+    select: str | Iterable[str],
+    partition: str | None = None,
+    *,
+    run_config: Mapping[str, Any] | None = None,
+    timeout_s: float = 300,
+) -> subprocess.CompletedProcess:
+    """`dagster asset materialize -m dagster_project.definitions --select ... [--partition ...] [--config-json ...]`."""
+    select = select if isinstance(select, str) else ",".join(select)
+    command = [DAGSTER, "asset", "materialize", "-m", DEFS_MODULE, "--select", select]
+    if partition is not None:
+        command += ["--partition", partition]
+    if run_config is not None:
+        command += ["--config-json", json.dumps(run_config)]
+    return run_cli(command, env=env, cwd=cwd, timeout_s=timeout_s)
+
+
+# ---- process groups --------------------------------------------------------------------------------------------
+
+
+def kill_process_group(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
+    """Stop `process` (started with start_new_session=True) and everything it spawned.
+
+    SIGTERM to the group first; whatever is still alive at the deadline (a process that inherited an ignored
+    SIGTERM, reference §9.10, or one that left the group) gets SIGKILL by pid.
+    """
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _, alive = psutil.wait_procs(descendants, timeout=max(1.0, timeout_s / 3))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(alive, timeout=5)
+    if process.poll() is None:
+        process.kill()
+        process.wait(timeout=5)
+
+
+# ---- dagster dev and GraphQL -----------------------------------------------------------------------------------
+
+
+class GraphQLError(AssertionError):
+    pass
+
+
+def graphql(url: str, query: str, variables: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> dict:
+    """POST one GraphQL document; return `data`, failing on transport or GraphQL errors."""
+    body = json.dumps({"query": query, "variables": dict(variables or {})}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        payload = json.loads(response.read())
+    if payload.get("errors"):
+        raise GraphQLError(f"GraphQL errors: {payload['errors']}")
+    return payload["data"]
+
+
+WORKSPACE_QUERY = """
+{
+  workspaceOrError {
+    __typename
+    ... on Workspace {
+      locationEntries {
+        name
+        loadStatus
+        locationOrLoadError { __typename ... on PythonError { message } }
+      }
+    }
+  }
+}
+"""
+
+
+@dataclass
+class DagsterDev:
+    """`dagster dev -w workspace.yaml` (webserver, daemon, code server) on a free port: the repository's
+    workspace.yaml, the one `make dev` uses, is what loads the code location."""
+
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/graphql"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def query(self, document: str, variables: Mapping[str, Any] | None = None) -> dict:
+        return graphql(self.url, document, variables)
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, env: Mapping[str, str], cwd: Path, startup_timeout_s: float = 120.0) -> Iterator[DagsterDev]:
+        port = free_ports(1)[0]
+        log_path = cwd / "dagster_dev.log"
+        command = [DAGSTER, "dev", "-w", str(WORKSPACE), "-h", "127.0.0.1", "-p", str(port)]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                command, env=dict(env), cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        dev = cls(process, port, log_path)
+        try:
+            wait_until(
+                dev._loaded, timeout_s=startup_timeout_s, interval_s=0.5, what="dagster dev to load the code location"
+            )
+            yield dev
+        except BaseException as exc:
+            exc.add_note(f"--- dagster dev log (end)\n{_tail(dev.log(), 8000)}")
+            raise
+        finally:
+            kill_process_group(process)
+
+    def _loaded(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"dagster dev exited with {self.process.returncode}:\n{_tail(self.log())}")
+        try:
+            data = self.query(WORKSPACE_QUERY)
+        except (OSError, GraphQLError, ValueError):  # not listening yet, or the workspace is still loading
+            return False
+        entries = data["workspaceOrError"].get("locationEntries") or []
+        for entry in entries:
+            error = entry["locationOrLoadError"]
+            if error and error["__typename"] == "PythonError":
+                raise AssertionError(f"code location {entry['name']} failed to load: {error['message']}")
+        loaded = bool(entries) and all(
+            e["loadStatus"] == "LOADED" and (e["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation"
+            for e in entries
+        )
+        if loaded:  # the code locations are workspace.yaml's, by the names it gives them
+            names = {e["name"] for e in entries}
+            assert names == workspace_locations(), f"dagster dev loaded {names}, not the locations of {WORKSPACE}"
+        return loaded
+
+
+def workspace_locations() -> set[str]:
+    """The location names workspace.yaml declares (`load_from: - python_module: {location_name: ...}`)."""
+    entries = yaml.safe_load(WORKSPACE.read_text())["load_from"]
+    return {origin["location_name"] for entry in entries for origin in entry.values()}
+
+
+# ---- token exactness -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    server: str
+    rid: str
+    input_hash: str
+    prompt_tokens: int
+    outcome: str
+
+
+def request_logs(fleet: Any) -> dict[str, LoggedRequest]:
+    """Every request the fleet's simulators received, by rid (rids are unique across the fleet)."""
+    logged: dict[str, LoggedRequest] = {}
+    for index, url in enumerate(fleet.urls):
+        for entry in fleet.requests(index):
+            assert entry["rid"] not in logged, f"rid {entry['rid']} was received twice"
+            logged[entry["rid"]] = LoggedRequest(
+                url, entry["rid"], entry["input_hash"], entry["prompt_tokens"], entry["outcome"]
+            )
+    return logged
+
+
+def assert_token_exact(store: Store, shard: int, logged: Mapping[str, LoggedRequest]) -> int:
+    """Every training row of `shard` is exactly what the engine saw and said.
+
+    For each row: its generation event (completions shard) names the request (`rid`) and the server; the
+    simulator's log of that rid gives the hash and length of the `input_ids` it received. The row's
+    `input_ids` must be those prompt ids (same length, same hash) followed by exactly the event's
+    `output_ids`, and `loss_mask` must be 0 over exactly the prompt and 1 over exactly the output.
+    Returns the number of rows checked.
+    """
+    events = {
+        row["event_id"]: row
+        for batch in iter_completion_batches(
+            store, shard, ["event_id", "status", "rid", "server", "prompt_ids", "output_ids", "finish_reason"]
+        )
+        for row in batch.to_pylist()
+    }
+    rows = [row for batch in iter_training_batches(store, shard) for row in batch.to_pylist()]
+    assert rows, f"shard {shard} has no training rows"
+    problems: list[str] = []
+    seen_rids: set[str] = set()
+    for row in rows:
+        event = events.get(row["event_id"])
+        if event is None or event["status"] != "ok":
+            problems.append(f"{row['event_id']}: no ok generation event in the completions shard")
+            continue
+        request = logged.get(event["rid"])
+        if request is None:
+            problems.append(f"{row['event_id']}: rid {event['rid']} was never received by a simulator")
+            continue
+        if event["rid"] in seen_rids:
+            problems.append(f"{row['event_id']}: rid {event['rid']} backs two training rows")
+        seen_rids.add(event["rid"])
+        if request.server != event["server"]:
+            problems.append(f"{row['event_id']}: answered by {request.server}, the event says {event['server']}")
+        if request.outcome != event["finish_reason"]:
+            problems.append(
+                f"{row['event_id']}: server logged {request.outcome!r}, event says {event['finish_reason']!r}"
+            )
+        prompt_len, ids, mask = request.prompt_tokens, row["input_ids"], row["loss_mask"]
+        prompt, output = ids[:prompt_len], ids[prompt_len:]
+        if input_hash(prompt) != request.input_hash:
+            problems.append(f"{row['event_id']}: the first {prompt_len} input_ids are not the ids the server received")
+        if prompt != event["prompt_ids"]:
+            problems.append(f"{row['event_id']}: prompt differs from the event's prompt_ids")
+        if output != event["output_ids"]:
+            problems.append(
+                f"{row['event_id']}: the {len(output)} ids after the prompt are not the "
+                f"{len(event['output_ids'])} output_ids returned"
+            )
+        expected_mask = [0] * prompt_len + [1] * len(event["output_ids"])
+        if mask != expected_mask:
+            zeros = next((i for i, m in enumerate(mask) if m), len(mask))
+            problems.append(
+                f"{row['event_id']}: loss_mask has {len(mask)} entries, first 1 at {zeros}; expected 0 over "
+                f"{prompt_len} prompt ids then 1 over {len(event['output_ids'])} output ids"
+            )
+        if row["num_loss_tokens"] != len(event["output_ids"]) or row["prompt_tokens"] != prompt_len:
+            problems.append(f"{row['event_id']}: counts disagree with the row's ids")
+    assert not problems, f"shard {shard}: {len(problems)} of {len(rows)} rows are not token-exact:\n" + "\n".join(
+        problems[:20]
+    )
+    return len(rows)
+
+
+# ---- the instance ---------------------------------------------------------------------------------------------
+
+
+def asset_check_keys(asset: str) -> list[dg.AssetCheckKey]:
+    """The check keys the definitions declare for `asset` (what every shard run must evaluate)."""
+    from dagster_project.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    return sorted((k for k in graph.asset_check_keys if k.asset_key == dg.AssetKey(asset)), key=lambda k: k.name)
+
+
+def evaluations_by_check(
+    result: dg.ExecuteInProcessResult, asset: str | None = None
+) -> dict[str, dg.AssetCheckEvaluation]:
+    """The check evaluations of an in-process run (`dg.materialize`), by check name; `asset`'s alone if given."""
+    return {
+        e.check_name: e
+        for e in result.get_asset_check_evaluations()
+        if asset is None or e.asset_key == dg.AssetKey(asset)
+    }
+
+
+def check_evaluations(instance: dg.DagsterInstance, asset: str, limit: int = 100) -> dict[tuple[str, str | None], list]:
+    """Completed evaluations of every check of `asset`, by (check name, partition)."""
+    completed = {AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED}
+    by_key: dict[tuple[str, str | None], list] = defaultdict(list)
+    for key in asset_check_keys(asset):
+        for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=limit, status=completed):
+            by_key[(key.name, record.partition)].append(record)
+    return dict(by_key)
+
+
+def step_windows(instance: dg.DagsterInstance, run_id: str, step_key: str) -> tuple[float, float]:
+    """(start, end) timestamps of one step of a run, from its event log."""
+    start = end = None
+    for event in instance.all_logs(run_id):
+        if event.step_key != step_key or not event.is_dagster_event:
+            continue
+        kind = event.dagster_event_type
+        if kind == dg.DagsterEventType.STEP_START:
+            start = event.timestamp
+        elif kind in (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE):
+            end = event.timestamp
+    assert start is not None and end is not None, f"run {run_id} has no complete {step_key!r} step"
+    return start, end
+
+
+def materialized_partitions(instance: dg.DagsterInstance, assets: Iterable[str]) -> dict[str, set[str]]:
+    return {asset: set(instance.get_materialized_partitions(dg.AssetKey(asset))) for asset in assets}

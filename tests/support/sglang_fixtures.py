@@ -1,0 +1,183 @@
+"""Fleets of simulator processes for tests: free ports, readiness polled, faults and request logs at run time.
+
+Use the `sim_fleet` fixture (a factory, registered in tests/conftest.py; every fleet it starts is stopped
+after the test):
+
+    def test_x(sim_fleet):
+        fleet = sim_fleet(4, output_len="fixed:64", decode_step_s=0.001)
+        fleet.set_faults(2, hang=True)
+        ...
+
+or `SimFleet.start(count, run_dir, ...)` as a context manager outside pytest. Never sleep to synchronize:
+`wait_until(predicate)` polls a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import orjson
+
+from dagster_project.sglang.launch import (
+    Fleet,
+    free_ports,
+    launch_simulators,
+    stop_fleet,
+)
+
+T = TypeVar("T")
+
+# Small answers and no latency unless a test asks for more: the suite stays fast.
+FAST_DEFAULTS: dict[str, Any] = {"output_len": "uniform:8:48", "max_running_requests": 8}
+
+
+def wait_until(
+    predicate: Callable[[], T], timeout_s: float = 10.0, interval_s: float = 0.01, what: str = "condition"
+) -> T:
+    """Poll `predicate` until it returns something truthy; fail the test when the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def _refuses(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _call(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> Any:
+    data = orjson.dumps(body) if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return orjson.loads(response.read())
+
+
+class SimFleet:
+    """A running fleet of simulator processes and the controls tests need over it."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+
+    @classmethod
+    def start(
+        cls,
+        count: int,
+        run_dir: Path,
+        options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        **common: Any,
+    ) -> SimFleet:
+        """`count` simulators; `common` options apply to all, `options` may give one mapping per server."""
+        if options is None or isinstance(options, Mapping):
+            per_server: Any = {**FAST_DEFAULTS, **(options or {}), **common}
+        else:
+            per_server = [{**FAST_DEFAULTS, **common, **o} for o in options]
+        return cls(launch_simulators(count, run_dir, per_server))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def urls(self) -> list[str]:
+        return self.fleet.urls
+
+    def url(self, index: int) -> str:
+        return self.fleet.members[index].url
+
+    def set_faults(self, index: int, **faults: Any) -> dict:
+        """Change faults of one server now (merged into its current faults), e.g. `hang=True`, `error_503=5`."""
+        return _call("POST", self.url(index) + "/_sim/faults", faults)
+
+    def clear_faults(self, index: int) -> dict:
+        return _call("DELETE", self.url(index) + "/_sim/faults")
+
+    def requests(self, index: int, since: int = 0) -> list[dict]:
+        """The server's request log: rid, input_hash, prompt_tokens, received_at, outcome."""
+        return _call("GET", f"{self.url(index)}/_sim/requests?since={since}")["requests"]
+
+    def state(self, index: int) -> dict:
+        """Scheduler state: running, queued, cap, counters, faults, occupancy."""
+        return _call("GET", self.url(index) + "/_sim/state")
+
+    def reset_occupancy(self, index: int) -> dict:
+        return _call("POST", self.url(index) + "/_sim/state?reset_occupancy=1")
+
+    def alive(self, index: int) -> bool:
+        return self.fleet.members[index].process() is not None
+
+    def kill(self, index: int, signum: int = signal.SIGKILL) -> None:
+        """Kill one server the hard way (its process group), and wait until it is gone and its port refuses."""
+        member = self.fleet.members[index]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(member.pid, signum)
+        # A dead leader thread shows as a zombie while the other threads still hold the listening socket.
+        wait_until(lambda: not self.alive(index) and _refuses(member.port), what=f"{member.name} to exit")
+
+    def stop(self) -> None:
+        stop_fleet(self.fleet.run_dir, timeout_s=10)
+
+
+@contextlib.contextmanager
+def running_router(worker_urls: Sequence[str], run_dir: Path, *extra_args: str) -> Iterator[str]:
+    """The real `sglang-router` (PyPI, its Rust binary) in front of `worker_urls`; yields its URL.
+
+    Round robin, no router retries and a long request timeout: what the reference recommends when a
+    single endpoint is wanted (§6), so that exactly-once bookkeeping stays with the dispatcher.
+    """
+    port = free_ports(1)[0]
+    command = [
+        sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls,
+        "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port),
+        "--disable-retries", "--request-timeout-secs", "3600", "--log-level", "warn",
+        # Probe workers every second (default 60 s) so the router sees them, or their death, promptly.
+        "--health-check-interval-secs", "1", *extra_args,
+    ]  # fmt: skip
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "router.log", "ab") as log:
+        router = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            lambda: _healthy_workers(url) == len(worker_urls),
+            timeout_s=60,
+            interval_s=0.05,
+            what="the router to see every worker healthy",
+        )
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(router.pid, signal.SIGTERM)
+        try:
+            router.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(router.pid, signal.SIGKILL)
+            router.wait()
+
+
+def _healthy_workers(router_url: str) -> int:
+    try:
+        return _call("GET", router_url + "/readiness", timeout_s=2)["healthy_workers"]
+    except (OSError, KeyError, ValueError):
+        return -1

@@ -1,0 +1,53 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dagster_project.generation.shards import CompletionsShardManifest
+from dagster_project.ops.coverage import dataset_coverage
+from dagster_project.records import COMPLETION_SCHEMA, empty_completion_row
+from dagster_project.store.manifest import publish_shard
+from tests.support.ingest_helpers import run_stages
+
+
+def publish_completions(store, tmp_path, shard: int, event_ids: list[str]) -> None:
+    rows = [{**empty_completion_row(), "event_id": e, "status": "ok", "shard": shard} for e in event_ids]
+    path = tmp_path / f"completions-{shard}.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=COMPLETION_SCHEMA), path)
+    publish_shard(store, CompletionsShardManifest(shard=shard, rows=len(rows)), [("completions.parquet", path)])
+
+
+def test_coverage_by_id_finds_gaps_duplicates_and_strays_that_counts_would_hide(tmp_path):
+    source = tmp_path / "prompts.jsonl"
+    with open(source, "w") as handle:
+        for i in range(12):
+            messages = [{"role": "user", "content": f"Question number {i}?"}]
+            if i % 4 == 0:  # multi-turn: two generated turns
+                messages += [
+                    {"role": "assistant", "content": "An answer."},
+                    {"role": "user", "content": f"And then {i}?"},
+                ]
+            handle.write(json.dumps({"id": f"c{i}", "messages": messages}) + "\n")
+    outcome = run_stages(tmp_path, [str(source)], num_shards=2)
+    planned = {
+        s: [c.event_id(t) for c in outcome.conversations if c.shard == s for t in range(c.num_turns)] for s in (0, 1)
+    }
+    assert sum(map(len, planned.values())) == 15
+
+    publish_completions(outcome.store, tmp_path, 0, planned[0])
+    complete_so_far = dataset_coverage(outcome.store, 2)
+    assert complete_so_far.shards_published == 1 and complete_so_far.events_missing == len(planned[1])
+    assert not complete_so_far.exactly_once
+
+    # One event dropped and another recorded twice: the row count is right, the ids are not. Plus a stray.
+    dropped, doubled = planned[1][0], planned[1][1]
+    publish_completions(outcome.store, tmp_path, 1, planned[1][1:] + [doubled, "stranger#turn0"])
+    coverage = dataset_coverage(outcome.store, 2)
+    assert coverage.events_missing == 1 and coverage.missing_sample == [dropped]
+    assert coverage.events_duplicated == 1 and coverage.duplicated_sample == [doubled]
+    assert coverage.events_unexpected == 1 and coverage.unexpected_sample == ["stranger#turn0"]
+    assert coverage.conversations_done == coverage.conversations - 1
+    assert not coverage.exactly_once
+
+    publish_completions(outcome.store, tmp_path, 1, planned[1])
+    assert dataset_coverage(outcome.store, 2).exactly_once

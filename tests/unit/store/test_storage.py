@@ -1,0 +1,61 @@
+import pytest
+from dagster_aws.s3 import S3Resource
+
+from dagster_project.resources.store import DatasetStore
+from dagster_project.store.manifest import ShardManifest, publish_shard, read_shard_manifest, verify_shard
+from dagster_project.store.storage import LocalStore, StoreError, local_copy, open_store
+
+
+# The S3 variant needs the moto server process: it is an integration test (`make test-fast` skips it).
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
+def store(request, tmp_path):
+    if request.param == "local":
+        return LocalStore(tmp_path / "store")
+    bucket = request.getfixturevalue("s3_bucket")
+    # Through dagster-aws S3Resource, as the pipeline does; endpoint and credentials from the environment.
+    return DatasetStore(root=f"s3://{bucket}/runs/demo", s3=S3Resource()).open()
+
+
+def test_round_trip_list_and_delete(store, tmp_path):
+    info = store.put_bytes("a/b/one.txt", b"hello")
+    assert (info.size, info.sha256) == (5, "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824")
+    source = tmp_path / "two.bin"
+    source.write_bytes(b"x" * 3000)
+    assert store.put_file("a/two.bin", source).size == 3000
+    assert store.get_bytes("a/b/one.txt") == b"hello"
+    assert [o.key for o in store.list("a/")] == ["a/b/one.txt", "a/two.bin"]
+    assert store.exists("a/two.bin") and not store.exists("a/missing")
+    assert store.head("a/missing") is None
+    with local_copy(store, "a/two.bin") as path:
+        assert path.read_bytes() == b"x" * 3000
+    store.delete("a/two.bin")
+    assert not store.exists("a/two.bin")
+    with pytest.raises(StoreError):
+        store.get_bytes("a/two.bin")
+
+
+def test_publishing_replaces_a_shard_and_verifies_it(store, tmp_path):
+    old = tmp_path / "old.parquet"
+    old.write_bytes(b"old data")
+    publish_shard(store, ShardManifest(stage="completions", shard=3, rows=1), [("part-0.parquet", old)])
+    new = tmp_path / "new.parquet"
+    new.write_bytes(b"new data!")
+    manifest = publish_shard(store, ShardManifest(stage="completions", shard=3, rows=2), [("part-1.parquet", new)])
+    assert read_shard_manifest(store, "completions", 3, ShardManifest) == manifest
+    # objects of the earlier publication that the new manifest does not list are gone
+    assert sorted(o.key for o in store.list("completions/shard=00003/")) == [
+        "completions/shard=00003/_manifest.json",
+        "completions/shard=00003/part-1.parquet",
+    ]
+    assert verify_shard(store, manifest) == []
+    store.put_bytes("completions/shard=00003/part-1.parquet", b"tampered")
+    assert verify_shard(store, manifest) == [
+        "completions/shard=00003/part-1.parquet: 8 bytes in the store, manifest says 9"
+    ]
+
+
+def test_unsupported_uris_are_refused():
+    with pytest.raises(ValueError, match="unsupported"):
+        open_store("gs://bucket/x")
+    with pytest.raises(ValueError, match="no S3 client"):
+        open_store("s3://bucket/x")

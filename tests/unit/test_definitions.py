@@ -1,0 +1,80 @@
+"""The Dagster definitions: what loads, and the shape the pipeline promises (README, ARCHITECTURE, OPERATIONS §4).
+
+The expected assets, groups and checks are written out (tests/support/dagster_helpers.py) on purpose: a check that
+is renamed, dropped or stops blocking fails this test instead of silently weakening a gate.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from dagster_project import settings
+from dagster_project.definitions import defs
+from dagster_project.partitions import shard_partitions
+from dagster_project.store.layout import partition_keys
+from tests.support.dagster_helpers import (
+    EXPECTED_ASSETS,
+    EXPECTED_CHECKS,
+    SHARD_ASSETS,
+    dagster_home,
+)
+
+
+def test_definitions_load_and_validate():
+    dg.Definitions.validate_loadable(defs)
+    assert {key.to_user_string() for key in defs.resolve_all_asset_keys()} == set(EXPECTED_ASSETS)
+    assert defs.resolve_implicit_global_asset_job_def() is not None
+    assert set(defs.resources) == {"s3", "store", "tokenizer", "generation", "fleet"}
+
+
+def test_assets_groups_dependencies_and_shard_partitions():
+    graph = defs.resolve_asset_graph()
+    expected_keys = partition_keys(settings.num_shards())
+    assert expected_keys[:2] == ["shard-00000", "shard-00001"]
+    for name, (group, partitioned, upstream) in EXPECTED_ASSETS.items():
+        node = graph.get(dg.AssetKey(name))
+        assert node.group_name == group, name
+        assert {key.to_user_string() for key in node.parent_keys} == upstream, name
+        if partitioned:
+            assert node.partitions_def == shard_partitions, name
+            assert node.partitions_def.get_partition_keys() == expected_keys, name
+            # No BackfillPolicy: a backfill makes one run per shard, tagged dagster/partition, which is what
+            # attributes every check evaluation to its shard (reference §2d, §3c).
+            assert node.backfill_policy is None, name
+        else:
+            assert node.partitions_def is None, name
+    # The pool that caps how many shards use the fleet at once (OPERATIONS §4.3) is on completions alone.
+    pools = {name: graph.get(dg.AssetKey(name)).pools for name in EXPECTED_ASSETS}
+    assert {name: pool for name, pool in pools.items() if pool} == {"completions": {"sglang_fleet"}}
+
+
+def test_checks_per_asset_and_blocking_ones_block():
+    graph = defs.resolve_asset_graph()
+    declared: dict[str, dict[str, bool]] = {}
+    for key in graph.asset_check_keys:
+        spec = graph.get_check_spec(key)
+        declared.setdefault(key.asset_key.to_user_string(), {})[key.name] = spec.blocking
+        asset_partitions = graph.get(key.asset_key).partitions_def
+        # Checks of a shard asset are partitioned like it: their results are per shard.
+        assert spec.partitions_def == asset_partitions, key
+    assert declared == EXPECTED_CHECKS
+
+
+def test_shard_job_generates_assembles_and_exports_one_shard_with_its_gates():
+    job = defs.resolve_job_def("shard_job")
+    assert job.partitions_def == shard_partitions
+    assert {key.to_user_string() for key in job.asset_layer.selected_asset_keys} == set(SHARD_ASSETS)
+    job_checks = {(k.asset_key.to_user_string(), k.name) for k in job.asset_layer.asset_graph.asset_check_keys}
+    assert job_checks == {(asset, name) for asset in ("completions", "training_set") for name in EXPECTED_CHECKS[asset]}
+
+
+def test_project_dagster_yaml_loads_as_an_instance(tmp_path):
+    """The instance `make dev` and the demo use: the sglang_fleet default, run retries, monitoring."""
+    instance = dg.DagsterInstance.from_config(str(dagster_home(tmp_path / "home")))
+    try:
+        pools = instance.get_concurrency_config().pool_config
+        assert pools.default_pool_limit == 4 and pools.pool_granularity.value == "op"
+        assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
+        assert instance.run_monitoring_enabled
+    finally:
+        instance.dispose()

@@ -1,0 +1,159 @@
+"""Completions → training rows: exact ids, the engine-boundary mask, exclusions with reasons, max_length policy."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dagster_project.generation_settings import GenerationSettings
+from dagster_project.records import COMPLETION_SCHEMA, TRAINING_SCHEMA
+from dagster_project.store.layout import TRAINING_SET, shard_prefix
+from dagster_project.store.manifest import ids_digest
+from dagster_project.store.storage import LocalStore
+from dagster_project.training import stage as assemble
+from dagster_project.training.shards import TRAINING_FILE, iter_training_batches, read_training_manifest
+from dagster_project.training.stage import AssemblyOptions, assemble_batch, assemble_shard, source_is_current
+from tests.support.training_shards import completion_row, error_row, healthy_rows, publish_completions
+
+
+def _assemble(rows: list[dict], options: AssemblyOptions | None = None) -> tuple[list[dict], dict]:
+    completions = pa.RecordBatch.from_pylist(rows, schema=COMPLETION_SCHEMA)
+    batch, excluded = assemble_batch(completions, 7, options or AssemblyOptions(), set())
+    return batch.to_pylist(), dict(excluded)
+
+
+def test_a_row_is_prompt_ids_then_output_ids_with_the_mask_on_the_output():
+    rows, excluded = _assemble([completion_row("c#turn0", [11, 12, 13], [21, 22, 248046])])
+    assert excluded == {}
+    assert rows == [
+        {
+            "event_id": "c#turn0",
+            "conversation_id": "c",
+            "turn_index": 0,
+            "shard": 7,
+            "input_ids": [11, 12, 13, 21, 22, 248046],
+            "loss_mask": [0, 0, 0, 1, 1, 1],
+            "num_tokens": 6,
+            "num_loss_tokens": 3,
+            "prompt_tokens": 3,
+            "completion_tokens": 3,
+            "finish_reason": "stop",
+            "truncated": False,
+        }
+    ]
+
+
+def test_every_excluded_event_is_counted_under_its_reason():
+    rows, excluded = _assemble(
+        [
+            completion_row("ok#turn0", [1, 2], [3, 4]),
+            error_row("failed#turn0", [1, 2]),
+            completion_row("capped#turn0", [1], [2, 3], finish_reason="length"),
+            completion_row("aborted#turn0", [1], [2, 3], finish_reason="abort"),
+            completion_row("odd#turn0", [1], [2, 3], finish_reason=None),
+            completion_row("empty#turn0", [1], []),
+            completion_row("ok#turn0", [1, 2], [3, 4]),
+        ]
+    )
+    assert [row["event_id"] for row in rows] == ["ok#turn0"]
+    assert excluded == {
+        assemble.ERROR: 1,
+        assemble.LENGTH_CAPPED: 1,
+        assemble.ABORTED: 1,
+        assemble.UNKNOWN_FINISH_REASON: 1,
+        assemble.EMPTY_OUTPUT: 1,
+        assemble.DUPLICATE_EVENT: 1,
+    }
+
+
+def test_length_capped_generations_can_be_kept():
+    rows, excluded = _assemble(
+        [completion_row("capped#turn0", [1], [2, 3], finish_reason="length")],
+        AssemblyOptions(exclude_length_capped=False),
+    )
+    assert excluded == {} and rows[0]["finish_reason"] == "length" and rows[0]["loss_mask"] == [0, 1, 1]
+
+
+def test_truncation_keeps_the_prompt_and_the_head_of_the_output():
+    source = [
+        completion_row("fits#turn0", [1, 2], [3, 4, 5]),
+        completion_row("long#turn0", [1, 2, 3], [4, 5, 6, 7, 8]),
+        completion_row("no-room#turn0", [1, 2, 3, 4, 5], [6, 7]),
+    ]
+    rows, excluded = _assemble(source, AssemblyOptions(max_length=6))
+    assert excluded == {assemble.PROMPT_FILLS_MAX_LENGTH: 1}
+    fits, long = rows
+    assert (fits["input_ids"], fits["truncated"]) == ([1, 2, 3, 4, 5], False)
+    assert long["input_ids"] == [1, 2, 3, 4, 5, 6] and long["loss_mask"] == [0, 0, 0, 1, 1, 1]
+    assert (long["truncated"], long["num_loss_tokens"], long["completion_tokens"]) == (True, 3, 5)
+
+    rows, excluded = _assemble(source, AssemblyOptions(max_length=6, truncation=assemble.DROP))
+    assert [row["event_id"] for row in rows] == ["fits#turn0"]
+    assert excluded == {assemble.OVER_MAX_LENGTH: 2}
+
+
+def test_options_refuse_a_policy_they_do_not_know():
+    with pytest.raises(ValueError, match="truncation must be one of"):
+        AssemblyOptions(max_length=100, truncation="middle")
+    with pytest.raises(ValueError, match="max_length must leave room"):
+        AssemblyOptions(max_length=2)
+
+
+def test_a_shard_is_assembled_streamed_and_published_with_its_manifest(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    rows = healthy_rows(40, shard=3)
+    rows[5] = error_row(rows[5]["event_id"], rows[5]["prompt_ids"], shard=3)
+    rows[9].update(finish_reason="length")
+    source = publish_completions(store, 3, rows, GenerationSettings(max_new_tokens=4096))
+
+    manifest = assemble_shard(store, 3, AssemblyOptions(), tmp_path / "staging")
+
+    kept = [row for i, row in enumerate(rows) if i not in (5, 9)]
+    assert manifest == read_training_manifest(store, 3)
+    assert manifest.rows == 38 and manifest.rows_in == 40
+    assert manifest.exclusions == {assemble.ERROR: 1, assemble.LENGTH_CAPPED: 1}
+    assert manifest.ids_digest == ids_digest(row["event_id"] for row in kept)
+    assert manifest.loss_tokens == sum(len(row["output_ids"]) for row in kept)
+    assert manifest.tokens == sum(len(row["prompt_ids"]) + len(row["output_ids"]) for row in kept)
+    assert manifest.assembly == AssemblyOptions(max_length=None, truncation="truncate", exclude_length_capped=True)
+    assert manifest.source.settings.max_new_tokens == 4096
+    assert manifest.source.settings_fingerprint == source.settings_fingerprint
+    assert manifest.data_keys == [shard_prefix(TRAINING_SET, 3) + TRAINING_FILE]
+
+    training = [row for batch in iter_training_batches(store, 3) for row in batch.to_pylist()]
+    assert [row["input_ids"] for row in training] == [row["prompt_ids"] + row["output_ids"] for row in kept]
+    parquet = pq.ParquetFile(store.root / manifest.data_keys[0])
+    assert parquet.schema_arrow == TRAINING_SCHEMA
+    column = parquet.metadata.row_group(0).column(TRAINING_SCHEMA.get_field_index("input_ids"))
+    assert column.compression == "ZSTD"
+    assert source_is_current(store, manifest).passed
+
+
+def test_republished_completions_make_the_training_shard_stale(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    rows = healthy_rows(6)
+    publish_completions(store, 0, rows)
+    manifest = assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")
+    publish_completions(store, 0, rows[:5])
+    stale = source_is_current(store, manifest)
+    assert not stale.passed
+    assert (
+        stale.message
+        == "BLOCKED: completions were republished after this training shard was assembled — re-materialize training_set"
+    )
+
+
+def test_an_unpublished_completions_shard_is_refused(tmp_path):
+    with pytest.raises(assemble.CompletionsNotPublished, match="completions shard 4 has no manifest"):
+        assemble_shard(LocalStore(tmp_path), 4, AssemblyOptions(), tmp_path / "staging")
+
+
+def test_completions_that_disagree_with_their_manifest_are_refused(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    manifest = publish_completions(store, 0, healthy_rows(4))
+    key = manifest.data_keys[0]
+    table = pq.read_table(store.root / key)
+    pq.write_table(table.slice(0, 3), store.root / key)
+    with pytest.raises(RuntimeError, match="3 rows read, manifest says 4"):
+        assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")

@@ -1,0 +1,101 @@
+"""The SpecForge export meets the pre-tokenized JSONL contract its trainer reads as is.
+
+The rules checked are those of SpecForge's `prepare_prompt_tasks` fast path (reference drafter_data.md
+§2.4): a file is pre-tokenized when its first record has both `input_ids` and `loss_mask`; each record
+holds two one-dimensional integer sequences of equal, non-zero length, the mask in {0, 1}; and DFlash keeps
+a row only with two consecutive supervised tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dagster_project.store.storage import LocalStore
+from dagster_project.training.export import (
+    REQUIRED_VERDICTS,
+    ShardNotCleared,
+    export_shard,
+    record_verdict,
+    specforge_key,
+)
+from dagster_project.training.shards import TrainingShardNotPublished, iter_training_batches, training_manifest
+from dagster_project.training.stage import AssemblyOptions, assemble_shard
+from tests.support.training_shards import healthy_rows, publish_completions
+
+
+def _specforge_rejects(record: dict) -> str | None:
+    """Why SpecForge's pre-tokenized reader (with the DFlash filter) would refuse the record, or None."""
+    ids, mask = record.get("input_ids"), record.get("loss_mask")
+    if not isinstance(ids, list) or not isinstance(mask, list):
+        return "input_ids and loss_mask must both be sequences"
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
+        return "input_ids must be integers"
+    if any(m not in (0, 1) or isinstance(m, bool) for m in mask):
+        return "loss_mask must be 0 or 1"
+    if len(ids) != len(mask) or not ids:
+        return "lengths differ or the row is empty"
+    if not any(a == b == 1 for a, b in zip(mask[:-1], mask[1:], strict=True)):
+        return "no two consecutive supervised tokens"
+    return None
+
+
+def _clear(store: LocalStore, shard: int) -> None:
+    """What the training checks record when every gate passes."""
+    for check in REQUIRED_VERDICTS:
+        record_verdict(store, training_manifest(store, shard), check, {})
+
+
+@pytest.fixture
+def store(tmp_path) -> LocalStore:
+    store = LocalStore(tmp_path / "store")
+    for shard in (0, 2):
+        publish_completions(store, shard, healthy_rows(12, shard=shard))
+        assemble_shard(store, shard, AssemblyOptions(), tmp_path / "staging")
+        _clear(store, shard)
+    return store
+
+
+def test_each_line_is_a_training_row_in_the_pre_tokenized_contract(store, tmp_path):
+    written = export_shard(store, 2, tmp_path / "staging")
+    lines = store.get_bytes(specforge_key(2)).decode().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert all(set(record) == {"input_ids", "loss_mask"} for record in records)
+    assert [_specforge_rejects(record) for record in records] == [None] * 12
+    training = [row for batch in iter_training_batches(store, 2) for row in batch.to_pylist()]
+    assert [(r["input_ids"], r["loss_mask"]) for r in records] == [(r["input_ids"], r["loss_mask"]) for r in training]
+    assert written.rows == 12 and written.loss_tokens == sum(sum(r["loss_mask"]) for r in training)
+    assert specforge_key(2) == "exports/specforge/shard=00002.jsonl"
+
+
+def test_shard_files_concatenate_into_one_training_file_in_shard_order(store, tmp_path):
+    for shard in (2, 0):
+        export_shard(store, shard, tmp_path / "staging")
+    keys = sorted(info.key for info in store.list("exports/specforge/"))
+    assert keys == [specforge_key(0), specforge_key(2)]
+    joined = b"".join(store.get_bytes(key) for key in keys).decode().splitlines()
+    assert len(joined) == 24 and all(_specforge_rejects(json.loads(line)) is None for line in joined)
+
+
+def test_an_unassembled_shard_is_not_exported(store, tmp_path):
+    with pytest.raises(TrainingShardNotPublished, match="training_set shard 1 has no manifest"):
+        export_shard(store, 1, tmp_path / "staging")
+
+
+def test_a_shard_that_failed_or_skipped_its_checks_is_not_exported(store, tmp_path):
+    manifest = training_manifest(store, 0)
+    record_verdict(
+        store,
+        manifest,
+        "gates",
+        {"loss_sum_concentration": "BLOCKED: 87% of rows (87/100) have loss_mask sum exactly 6"},
+    )
+    with pytest.raises(ShardNotCleared, match="gates/loss_sum_concentration: BLOCKED: 87% of rows"):
+        export_shard(store, 0, tmp_path / "staging")
+    # Re-assembling publishes the shard anew: verdicts on the old publication no longer count.
+    _clear(store, 0)
+    assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")
+    with pytest.raises(ShardNotCleared, match="gates has not run on this publication"):
+        export_shard(store, 0, tmp_path / "staging")
+    assert not store.exists(specforge_key(0))

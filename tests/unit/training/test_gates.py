@@ -1,0 +1,259 @@
+"""Quality gates: the historical "loss_mask sum = 6" shard is blocked, a healthy one passes, every rule has an edge."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dagster_project.records import COMPLETION_SCHEMA
+from dagster_project.tokenizer import render_prompt_ids, special_ids
+from dagster_project.training import gates
+from dagster_project.training.stage import AssemblyOptions, assemble_batch
+from tests.support.training_shards import (
+    disaster_rows,
+    error_row,
+    healthy_output,
+    healthy_rows,
+    output_ids,
+    question,
+    tokenizer,
+)
+
+
+def _training_batch(rows: list[dict], options: AssemblyOptions | None = None) -> pa.RecordBatch:
+    completions = pa.RecordBatch.from_pylist(rows, schema=COMPLETION_SCHEMA)
+    batch, _ = assemble_batch(completions, 0, options or AssemblyOptions(), set())
+    return batch
+
+
+def _evaluate(rows: list[dict], **kwargs) -> dict[str, gates.GateResult]:
+    tok = tokenizer()
+    special = special_ids(tok)
+    profile = gates.profile_training_batches([_training_batch(rows)], special, tok.decode)
+    results = gates.shard_gates(profile, vocab_size=special.vocab_size, enable_thinking=True, **kwargs)
+    return {result.name: result for result in results}
+
+
+def test_the_historical_failure_is_blocked_with_messages_a_person_understands():
+    results = _evaluate(disaster_rows(100, broken_share=0.87))
+
+    concentration = results["loss_sum_concentration"]
+    assert not concentration.passed
+    assert concentration.message.startswith("BLOCKED: 87% of rows (87/100) have loss_mask sum exactly 6")
+    assert "empty reasoning + a one-word answer such as 'OK.'" in concentration.message
+    assert concentration.metadata["top_sum"] == 6 and concentration.metadata["top_count"] == 87
+
+    floor = results["loss_sum_floor"]
+    assert not floor.passed
+    assert floor.message.startswith("BLOCKED: 87% of rows (87/100) have fewer than 32 supervised tokens")
+
+    thinking = results["thinking_structure"]
+    assert not thinking.passed
+    assert "87% of finished answers (87/100) have empty reasoning before </think>" in thinking.message
+
+    degenerate = results["degenerate_answers"]
+    assert not degenerate.passed
+    assert "87% of distinct prompts (87/100) got the same answer 'OK.'" in degenerate.message
+
+    short = results["short_answers"]
+    assert not short.passed and "most often 'OK.'" in short.message
+
+    # Six supervised tokens still hold DFlash anchors and valid ids: those gates rightly stay green.
+    assert results["consecutive_supervised"].passed and results["ids_in_vocabulary"].passed
+
+
+def test_a_healthy_shard_passes_every_gate():
+    results = _evaluate(healthy_rows(60))
+    assert all(result.passed for result in results.values()), {r.name: r.message for r in results.values()}
+    assert all(result.message.startswith("ok: ") for result in results.values())
+
+
+def test_a_few_broken_rows_in_a_large_shard_do_not_block_it():
+    # 2 of 100 under the floor is within the default 2% limit; the same 2 can never dominate the sums.
+    results = _evaluate(disaster_rows(100, broken_share=0.02))
+    assert results["loss_sum_floor"].passed and results["loss_sum_concentration"].passed
+
+
+def test_loss_floor_share_is_a_limit_not_a_target():
+    sums = np.array([10, 20] + [500 + i for i in range(98)])
+    assert gates.loss_sum_floor(sums).passed  # 2% below 32: at the limit
+    assert not gates.loss_sum_floor(np.append(sums[:99], 5)).passed  # 3% below
+    assert gates.loss_sum_floor(sums, floor=8).metadata["rows_below_floor"] == 0
+    empty = gates.loss_sum_floor(np.array([], dtype=np.int64))
+    assert not empty.passed and empty.message == "BLOCKED: the shard has no rows"
+
+
+def test_loss_sum_concentration_needs_both_a_share_and_repeats():
+    assert gates.loss_sum_concentration(np.array([700] * 4 + list(range(800, 806)))).passed  # 40%, but only 4 rows
+    assert gates.loss_sum_concentration(np.array([700] * 5 + list(range(800, 895)))).passed  # 5%: at the limit
+    blocked = gates.loss_sum_concentration(np.array([700] * 6 + list(range(800, 894))))
+    assert not blocked.passed
+    assert blocked.message == (
+        "BLOCKED: 6% of rows (6/100) have loss_mask sum exactly 700 — one output shape repeated across the shard"
+    )
+    assert blocked.metadata["top_sums"]["700"] == 6
+
+
+def test_consecutive_supervised_pairs_never_straddle_rows():
+    masks = pa.array([[0, 0, 1, 0, 1], [0, 1], [1, 0, 0], [0, 1, 1, 1], []], pa.list_(pa.int8()))
+    assert gates.supervised_pairs(masks).tolist() == [0, 0, 0, 2, 0]
+    result = gates.consecutive_supervised(gates.supervised_pairs(masks))
+    assert not result.passed
+    assert result.message.startswith("BLOCKED: 4/5 rows have fewer than 1 pair(s) of consecutive supervised tokens")
+    assert result.metadata["sample_rows"] == [0, 1, 2, 4]
+
+
+def test_per_row_figures_read_sliced_and_chunked_columns():
+    lists = pa.array([[9, 9], [1, 2, 3], [], [7], [4, 1, 1, 1]], pa.list_(pa.int32()))
+    chunked = pa.chunked_array([lists.slice(1, 2), lists.slice(3)])
+    assert gates.list_lengths(chunked).tolist() == [3, 0, 1, 4]
+    assert gates.row_sums(chunked).tolist() == [6, 0, 7, 7]
+    low, high = gates.id_bounds(chunked)
+    assert low.tolist() == [1, 0, 7, 1] and high.tolist() == [3, -1, 7, 4]
+    prompts, supervised = gates.split_by_mask(
+        lists.slice(1), pa.array([[0, 1, 1], [], [1], [0, 0, 1, 1]], pa.list_(pa.int8()))
+    )
+    assert prompts.to_pylist() == [[1], [], [], [4, 1]]
+    assert supervised.to_pylist() == [[2, 3], [], [7], [1, 1]]
+
+
+def test_ids_outside_the_vocabulary_are_named():
+    vocab = special_ids(tokenizer()).vocab_size
+    low, high = gates.id_bounds(pa.array([[1, 2], [3, vocab], [-1, 5]], pa.list_(pa.int32())))
+    result = gates.ids_in_vocabulary(low, high, vocab)
+    assert not result.passed
+    assert result.message == (
+        f"BLOCKED: 2/3 rows hold ids outside [0, {vocab}) (smallest -1, largest {vocab}) "
+        "— wrong tokenizer or corrupted rows"
+    )
+    assert gates.ids_in_vocabulary(np.array([0]), np.array([vocab - 1]), vocab).passed
+
+
+def _thinking(outputs: list[list[int]], finished: list[bool] | None = None, **kwargs) -> gates.GateResult:
+    tok = tokenizer()
+    profile = gates.profile_outputs(pa.array(outputs, pa.list_(pa.int32())), special_ids(tok), tok.decode)
+    return gates.thinking_structure(profile, np.array(finished or [True] * len(outputs)), max_bad_share=0.0, **kwargs)
+
+
+def test_thinking_structure_names_each_way_an_answer_can_be_malformed():
+    tok = tokenizer()
+    encode = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    good = output_ids("Two plus two is four.", "4")
+    assert _thinking([good]).passed
+    cases = {
+        "no_think_end": encode("Just an answer without reasoning.<|im_end|>"),
+        "several_think_ends": encode("Hmm.\n</think>\n\nMaybe.\n</think>\n\nYes.<|im_end|>"),
+        "stray_think_start": encode("<think>\nAgain.\n</think>\n\nYes.<|im_end|>"),
+        "blank_reasoning": encode("\n \n</think>\n\nYes.<|im_end|>"),
+    }
+    for problem, output in cases.items():
+        result = _thinking([good, output])
+        assert not result.passed and result.metadata[problem] == 1, (problem, result.message)
+    assert "never close the think block" in _thinking([cases["no_think_end"]]).message
+    # A truncated or length-capped answer may stop inside its reasoning: it is not judged.
+    assert _thinking([good, cases["no_think_end"]], finished=[True, False]).passed
+    # Thinking off: the prompt closed the block, so any marker in the answer is wrong.
+    off = _thinking([encode("Plain answer.<|im_end|>"), good], enable_thinking=False)
+    assert not off.passed and off.metadata["think_end_with_thinking_off"] == 1
+
+
+def test_thinking_profile_reads_completions_output_ids_too():
+    tok = tokenizer()
+    capped = output_ids("Long reasoning", "unused")[:3]  # a length-capped answer, still inside its reasoning
+    profile = gates.profile_outputs([healthy_output(3), capped], special_ids(tok), tok.decode)
+    assert profile.think_ends.tolist() == [1, 0]
+    assert profile.answer_texts[0] == "3 times 6 is 18."
+    assert profile.answer_texts[1] == tok.decode(capped).strip()  # no </think>: the whole output is the answer
+
+
+def test_the_same_answer_to_the_same_prompt_is_not_degenerate():
+    prompts = [b"p1"] * 6 + [b"p2", b"p3", b"p4"]
+    assert gates.degenerate_answers(["Paris."] * 6 + ["a", "b", "c"], prompts).passed
+    result = gates.degenerate_answers(["Paris."] * 6 + ["Paris."] * 3, prompts)
+    assert result.passed  # 4 distinct prompts: fewer than min_repeats (5)
+    spread = gates.degenerate_answers(["OK."] * 5 + ["x"] * 5, [bytes([i]) for i in range(10)])
+    assert not spread.passed and spread.metadata["top_answer_prompts"] == 5
+
+
+def test_short_answers_separate_empty_from_short():
+    answers = ["A complete sentence."] * 95 + [""] * 2 + ["4"] * 3
+    result = gates.short_answers(answers)
+    assert not result.passed and "2% of finished answers (2/100) are empty after </think>" in result.message
+    assert gates.short_answers(answers, max_empty_share=0.02).passed
+    assert result.metadata["short_answers"] == 5 and result.metadata["common_short_answers"] == {"4": 3, "": 2}
+
+
+def _profile(rows: list[dict], options: AssemblyOptions | None = None) -> gates.ShardProfile:
+    tok = tokenizer()
+    return gates.profile_training_batches([_training_batch(rows, options)], special_ids(tok), tok.decode)
+
+
+def _completions(rows: list[dict]) -> list[pa.RecordBatch]:
+    return pa.Table.from_pylist(rows, schema=COMPLETION_SCHEMA).to_batches(max_chunksize=3)
+
+
+def test_training_rows_equal_the_completions_ids():
+    rows = healthy_rows(8)
+    assert gates.ids_match_completions(_profile(rows).digests, _completions(rows)).passed
+    truncated = _profile(rows, AssemblyOptions(max_length=60))
+    assert gates.ids_match_completions(truncated.digests, _completions(rows)).passed  # a prefix of the output
+
+
+@pytest.mark.parametrize(
+    ("tamper", "problem"),
+    [
+        (lambda row: row.update(output_ids=[row["output_ids"][0] + 1, *row["output_ids"][1:]]), "output_differs"),
+        (lambda row: row.update(prompt_ids=row["prompt_ids"][1:]), "prompt_differs"),
+        (lambda row: row.update(event_id="elsewhere#turn0"), "not_in_completions"),
+    ],
+)
+def test_a_row_that_differs_from_its_completion_is_blocked(tamper, problem):
+    rows = healthy_rows(5)
+    training_source = [dict(row) for row in rows]
+    tamper(training_source[2])
+    result = gates.ids_match_completions(_profile(training_source).digests, _completions(rows))
+    assert not result.passed and result.metadata[problem] == 1, result.message
+    assert result.message.startswith("BLOCKED: 1/5 rows ")
+
+
+def test_a_mask_that_is_not_the_engine_boundary_is_blocked():
+    rows = healthy_rows(3)
+    batch = _training_batch(rows)
+    masks = batch.column("loss_mask").to_pylist()
+    masks[1][-1] = 0  # EOS unsupervised: the mask no longer ends at the output's end
+    batch = batch.set_column(5, "loss_mask", pa.array(masks, pa.list_(pa.int8())))
+    tok = tokenizer()
+    profile = gates.profile_training_batches([batch], special_ids(tok), tok.decode)
+    result = gates.ids_match_completions(profile.digests, _completions(rows))
+    assert not result.passed and result.metadata["mask_not_at_boundary"] == 1
+
+
+def test_row_digests_distinguish_token_sequences():
+    tok = tokenizer()
+    keys = gates.row_digests([render_prompt_ids(tok, question(i)) for i in (1, 2, 1)])
+    assert keys[0] == keys[2] != keys[1]
+
+
+def test_the_same_gates_block_the_failure_on_completions_before_any_training_row_exists():
+    tok = tokenizer()
+    special = special_ids(tok)
+    rows = disaster_rows(100) + [error_row("failed#turn0", [1, 2, 3])]
+    batches = pa.Table.from_pylist(rows, schema=COMPLETION_SCHEMA).to_batches(max_chunksize=16)
+    profile = gates.profile_completion_batches(batches, special, tok.decode)
+    results = {r.name: r for r in gates.shard_gates(profile, vocab_size=special.vocab_size, enable_thinking=True)}
+    assert len(profile.loss_sums) == 100  # the error row has no answer to judge
+    assert results["loss_sum_concentration"].message.startswith(
+        "BLOCKED: 87% of rows (87/100) have loss_mask sum exactly 6"
+    )
+    assert {name for name, r in results.items() if not r.passed} == {
+        "loss_sum_floor",
+        "loss_sum_concentration",
+        "thinking_structure",
+        "degenerate_answers",
+        "short_answers",
+    }
+    healthy = gates.profile_completion_batches(
+        pa.Table.from_pylist(healthy_rows(30), schema=COMPLETION_SCHEMA).to_batches(), special, tok.decode
+    )
+    assert all(r.passed for r in gates.shard_gates(healthy, vocab_size=special.vocab_size, enable_thinking=True))
