@@ -572,13 +572,3 @@ def test_decode_steps_slow_down_as_the_batch_grows(sim_fleet):
     batch = [f.result(timeout=60)[1]["meta_info"]["e2e_latency"] for f in futures]
     # 99 steps of 5 ms alone; a batch of nine steps 1 + 0.1 × 8 = 1.8 times slower.
     assert 0.45 < alone < 0.8 and min(batch) > 1.4 * alone
-
-
-def test_acceptance_degrades_with_batch_size():
-    import random
-
-    model = AcceptModel((0.2, 0.2, 0.2, 0.4), decay_tokens=0, seed=0, decay_batch=32)
-    alone = model.draw(100, 2000, random.Random(1), batch=1)
-    crowded = model.draw(100, 2000, random.Random(1), batch=65)  # halfway to no acceptance
-    assert 2000 / alone.verify > 2.5 > 2000 / crowded.verify > 1.5
-    assert model.draw(100, 2000, random.Random(1)).verify == alone.verify  # batch 1 is the default

@@ -1,4 +1,4 @@
-"""The simulator's speculative-decoding model, without a server: acceptance that degrades with context."""
+"""The simulator's speculative-decoding model, without a server: acceptance that degrades with context and batch."""
 
 from __future__ import annotations
 
@@ -24,3 +24,13 @@ def test_acceptance_degrades_with_context_length():
             "spec_accept_rate": draw.correct / (draw.verify * 3),
         }
         assert proto.check_spec_stats(meta) == []
+
+
+def test_acceptance_degrades_with_batch_size():
+    import random
+
+    model = AcceptModel((0.2, 0.2, 0.2, 0.4), decay_tokens=0, seed=0, decay_batch=32)
+    alone = model.draw(100, 2000, random.Random(1), batch=1)
+    crowded = model.draw(100, 2000, random.Random(1), batch=65)  # halfway to no acceptance
+    assert 2000 / alone.verify > 2.5 > 2000 / crowded.verify > 1.5
+    assert model.draw(100, 2000, random.Random(1)).verify == alone.verify  # batch 1 is the default
