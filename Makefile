@@ -19,7 +19,7 @@ demo: venv
 	$(BIN)/python -m dagster_project.cli demo
 
 # Every test: tests/unit/ and tests/integration/.
-test: venv
+test: lint
 	$(BIN)/python -m pytest -q
 
 # The unit tests alone (tests/unit/, ~20 s). Skips everything marked `integration` (all of tests/integration/):

@@ -177,7 +177,7 @@ def sharegpt_rows(rng: random.Random, prompts: Prompts) -> list[dict]:
                 {"from": "gpt", "value": "It is 21 degrees."},
             ],
         },
-        # The same question as sharegpt-001 with another reference answer: the model would be asked the same thing twice.
+        # The same question as sharegpt-001 with another reference answer: the model would be asked it twice.
         {
             "id": "bad-duplicate-of-sharegpt-001",
             "conversations": [rows[1]["conversations"][0], {"from": "gpt", "value": "A different reference answer."}],

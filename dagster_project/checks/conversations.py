@@ -31,7 +31,8 @@ def _stage_manifest(store: Store) -> ConversationsManifest:
 @dg.asset_check(
     asset=conversations,
     blocking=True,
-    description="Quarantined rows (both stages) stay below the run's quarantine_rate_max, and every input row is accounted for.",
+    description="Quarantined rows (both stages) stay below the run's quarantine_rate_max, "
+    "and every input row is accounted for.",
 )
 def conversations_quarantine_rate(store: DatasetStore) -> dg.AssetCheckResult:
     manifest = _stage_manifest(store.open())
@@ -59,7 +60,8 @@ def conversations_quarantine_rate(store: DatasetStore) -> dg.AssetCheckResult:
 @dg.asset_check(
     asset=conversations,
     blocking=True,
-    description="Every published conversation id is unique, in the shard its id hashes to, and every shard matches its manifest.",
+    description="Every published conversation id is unique, in the shard its id hashes to, "
+    "and every shard matches its manifest.",
 )
 def conversations_unique_ids(store: DatasetStore) -> dg.AssetCheckResult:
     data = store.open()
@@ -89,7 +91,8 @@ def conversations_unique_ids(store: DatasetStore) -> dg.AssetCheckResult:
 
 @dg.asset_check(
     asset=conversations,
-    description="Multi-turn conversations and generated turns by policy, recounted from the shards, match the manifest.",
+    description="Multi-turn conversations and generated turns by policy, recounted from the shards, "
+    "match the manifest.",
 )
 def conversations_multi_turn_counts(store: DatasetStore) -> dg.AssetCheckResult:
     data = store.open()
@@ -128,7 +131,8 @@ def conversations_multi_turn_counts(store: DatasetStore) -> dg.AssetCheckResult:
 @dg.asset_check(
     asset=conversations,
     blocking=True,
-    description="Great Expectations 1.x suites on the published conversations: roles, non-empty content, unique ids, turn structure.",
+    description="Great Expectations 1.x suites on the published conversations: roles, non-empty content, "
+    "unique ids, turn structure.",
 )
 def conversations_gx_suite(store: DatasetStore) -> dg.AssetCheckResult:
     from dagster_project.conversations.suite import ConversationSuites, shard_chunks

@@ -150,9 +150,8 @@ class SuiteSummary:
         for o in self.outcomes.values():
             result = "pass" if o.success else ("ERROR" if o.errors else "FAIL")
             shown = "; ".join(o.errors[:1]) or ", ".join(map(str, o.examples))
-            lines.append(
-                f"| {o.suite} | {o.expectation} | {o.columns} | {result} | {o.unexpected} of {o.elements} | {shown[:200]} |"
-            )
+            cells = [o.suite, o.expectation, o.columns, result, f"{o.unexpected} of {o.elements}", shown[:200]]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
         return "\n".join(lines)
 
 
