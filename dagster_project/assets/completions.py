@@ -65,7 +65,7 @@ def completions(
         data,
         shard,
         tokenizer=tokenizer.load(),
-        settings=generation.settings(),
+        settings=generation.to_dataclass(),
         dispatcher=fleet.dispatcher(),
         work_dir=settings.work_dir(),
         heartbeat_interval_s=config.heartbeat_interval_s,

@@ -53,7 +53,7 @@ def conversations(
         manifest = build_conversations(
             data,
             tokenizer=tokenizer.load(),
-            settings=generation.settings(),
+            settings=generation.to_dataclass(),
             num_shards=settings.num_shards(),
             work_dir=Path(work_dir),
             max_prompt_tokens=config.max_prompt_tokens,

@@ -46,7 +46,7 @@ def run_report(
         data,
         endpoints,
         api_key=fleet.api_key,
-        current_fingerprint=generation.settings().fingerprint(),
+        current_fingerprint=generation.to_dataclass().fingerprint(),
         materialized={layout.shard_index(key) for key in materialized},
     )
     text = render_text(status)

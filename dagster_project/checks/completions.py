@@ -35,7 +35,9 @@ class CompletionsGateConfig(GateConfig):
     """Thresholds of the answer gates (see GateConfig) plus the completions' own."""
 
     max_error_share: float = Field(default=MAX_ERROR_SHARE, description="Largest tolerated share of error events.")
-    max_length_capped_share: float = MAX_LENGTH_CAPPED_SHARE
+    max_length_capped_share: float = Field(
+        default=MAX_LENGTH_CAPPED_SHARE, description="Largest tolerated share of answers that hit max_new_tokens."
+    )
 
 
 def _share_gate(name: str, count: int, total: int, max_share: float, what: str, by_kind: dict) -> gates.GateResult:
@@ -176,7 +178,7 @@ def completions_quality(
         profile,
         vocab_size=special.vocab_size,
         enable_thinking=manifest.settings.enable_thinking,
-        thresholds=config.thresholds(),
+        thresholds=config.to_dataclass(),
     )
     results += [result for result in answer_gates if result.name in ANSWER_GATES]
     for result in results:

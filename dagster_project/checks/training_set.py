@@ -65,7 +65,7 @@ def training_set_gates(
         profile,
         vocab_size=special.vocab_size,
         enable_thinking=manifest.source.settings.enable_thinking,
-        thresholds=config.thresholds(),
+        thresholds=config.to_dataclass(),
     )
     completion_batches = iter_parquet_batches(
         data, completions_manifest(data, shard).data_keys, ["event_id", "prompt_ids", "output_ids"]
