@@ -62,7 +62,6 @@ def prepared(tmp_path_factory) -> Iterator[Prepared]:
     root = tmp_path_factory.mktemp("gates")
     with pytest.MonkeyPatch.context() as patch, dg.instance_for_test() as instance:
         patch.setenv("DFLASH_NUM_SHARDS", str(NUM_SHARDS))
-        patch.setenv("DFLASH_WORK_DIR", str(root / "work"))
         store = LocalStore(root / "store")
         result = dg.materialize([raw_prompts, conversations], resources=_resources(store, []), instance=instance)
         assert result.success
@@ -71,7 +70,7 @@ def prepared(tmp_path_factory) -> Iterator[Prepared]:
 
 def _resources(store: LocalStore, endpoints: list[str]) -> dict:
     return {
-        "store": DatasetStore(root=store.uri, s3=S3Resource()),
+        "store": DatasetStore(root=store.uri, work_dir=str(store.root.parent / "work"), s3=S3Resource()),
         "tokenizer": TokenizerResource(),
         "generation": GenerationConfig(),
         "fleet": SGLangFleet(endpoints=endpoints),

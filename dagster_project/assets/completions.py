@@ -1,6 +1,5 @@
 import dagster as dg
 
-from dagster_project import settings
 from dagster_project.generation.heartbeat import ReportIntervals
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.stage import generate_shard
@@ -66,7 +65,7 @@ def completions(
         tokenizer=tokenizer.load(),
         settings=generation.to_dataclass(),
         dispatcher=fleet.dispatcher(),
-        work_dir=settings.work_dir(),
+        work_dir=store.local_dir(),
         intervals=config.to_dataclass(),
         on_progress=on_progress,
         log=context.log.info,

@@ -1,6 +1,5 @@
 import dagster as dg
 
-from dagster_project import settings
 from dagster_project.assets.training_set import training_set
 from dagster_project.partitions import shard_partitions
 from dagster_project.resources import DatasetStore
@@ -21,7 +20,7 @@ from dagster_project.training.export import export_shard
 def specforge_export(context: dg.AssetExecutionContext, store: DatasetStore) -> dg.MaterializeResult:
     shard = layout.shard_index(context.partition_key)
     data = store.open()
-    written = export_shard(data, shard, settings.work_dir() / "staging")
+    written = export_shard(data, shard, store.local_dir() / "staging")
     return dg.MaterializeResult(
         metadata={
             "rows": written.rows,

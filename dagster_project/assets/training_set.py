@@ -3,7 +3,6 @@ from dataclasses import asdict
 
 import dagster as dg
 
-from dagster_project import settings
 from dagster_project.partitions import shard_partitions
 from dagster_project.resources import DatasetStore
 from dagster_project.resources.config_fields import config_fields
@@ -28,7 +27,7 @@ def training_set(
 ) -> dg.MaterializeResult:
     shard = layout.shard_index(context.partition_key)
     data = store.open()
-    manifest = assemble_shard(data, shard, config.to_dataclass(), settings.work_dir() / "staging")
+    manifest = assemble_shard(data, shard, config.to_dataclass(), store.local_dir() / "staging")
     context.log.info(
         f"shard {shard}: {manifest.rows} rows, {manifest.loss_tokens} supervised tokens; "
         f"{manifest.excluded} of {manifest.rows_in} events excluded {manifest.exclusions or ''}"

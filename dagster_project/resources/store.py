@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 from pydantic import Field
@@ -8,9 +10,11 @@ DEFAULT_POLICY = RetryPolicy()
 
 
 class DatasetStore(dg.ConfigurableResource):
-    """The pipeline's root URI: a local directory, or s3://bucket/prefix reached with `s3`'s settings."""
+    """The pipeline's root URI: a local directory, or s3://bucket/prefix reached with `s3`'s settings; and this
+    node's work directory, where journals and files on their way into the store are kept."""
 
     root: str
+    work_dir: str = Field(description="Node-local scratch space: journals, staged uploads (never shared).")
     s3: S3Resource
     attempts: int = Field(default=DEFAULT_POLICY.attempts, description="Tries per S3 call before the run fails.")
     retry_backoff_s: float = Field(default=DEFAULT_POLICY.backoff_s, description="First retry delay; doubles.")
@@ -38,3 +42,9 @@ class DatasetStore(dg.ConfigurableResource):
             )
 
         return open_store(self.root, s3_client, policy)
+
+    def local_dir(self) -> Path:
+        """The work directory, created."""
+        path = Path(self.work_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
