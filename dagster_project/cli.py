@@ -19,7 +19,7 @@ from typing import Any
 
 import dagster as dg
 
-from dagster_project import settings
+from dagster_project.conversations.shards import published_num_shards
 from dagster_project.ops.plan import BRIEF_PLAN, Plan, read_plan, write_plan
 from dagster_project.resources import resources_from_env
 from dagster_project.sglang import launch
@@ -53,12 +53,15 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
 
     store = resources.store.open()
     if args.by_id:
-        write_coverage(store, dataset_coverage(store, settings.num_shards()))
+        num_shards = published_num_shards(store)
+        if num_shards is None:
+            manifest = store.url(layout.stage_manifest_key(layout.CONVERSATIONS))
+            raise SystemExit(f"no {manifest}: materialize conversations before asking for coverage by id")
+        write_coverage(store, dataset_coverage(store, num_shards))
     status = collect_status(
         store,
         resources.fleet.known_endpoints(),
         api_key=resources.fleet.api_key,
-        num_shards=settings.num_shards(),
         materialized=_materialized_shards(),
     )
     print(json.dumps(dataclasses.asdict(status), indent=2, default=str) if args.json else render_text(status))

@@ -11,7 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from dagster_project.cli import main
+from dagster_project.settings import DEMO_DATA_DIR
 from dagster_project.sglang import launch
+from tests.ingest_helpers import run_stages
 
 SECRET = "sk-test-4f1d9a7c"
 
@@ -62,6 +64,20 @@ def test_plan_and_status_on_an_empty_store(env):
     for heading in ("1. Progress", "2. MTP", "3. Concurrency", "4. Storage", "5. Coverage", "6. Multi-turn"):
         assert heading in text
     assert "5.6 req/s" in text
+    by_id = subprocess.run(
+        [sys.executable, "-m", "dagster_project.cli", "status", "--by-id"], env=env, capture_output=True, text=True
+    )
+    assert by_id.returncode != 0 and "materialize conversations" in by_id.stderr
+
+
+def test_status_reports_the_shard_count_of_the_store_it_reads(env, tmp_path):
+    """An operator shell without DFLASH_NUM_SHARDS: status and coverage by id follow the conversations manifest."""
+    run_stages(tmp_path, [str(DEMO_DATA_DIR)], num_shards=7)  # the store and work dir of `env`
+    env = {name: value for name, value in env.items() if name != "DFLASH_NUM_SHARDS"}
+    status = json.loads(dflash(env, "status", "--json", "--by-id"))
+    assert status["storage"]["shards_total"] == 7
+    assert status["coverage"]["by_id"]["shards"] == 7
+    assert "0/7 shards published" in dflash(env, "status")
 
 
 def test_fleet_up_flags_are_the_server_options_and_unset_ones_keep_their_defaults(monkeypatch, tmp_path):

@@ -38,7 +38,6 @@ from tests.dagster_helpers import FAST_ANSWERS, asset_check_keys
 
 pytest_plugins = ["tests.sglang_fixtures"]
 
-NUM_SHARDS = 2
 SHARD_RUN = [
     completions,
     *dg.load_asset_checks_from_modules([completions_checks]),
@@ -58,10 +57,9 @@ class Prepared:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Iterator[Prepared]:
-    """The demo's conversations in two shards, published once for every test of this module."""
+    """The demo's conversations, sharded like the loaded partitions, published once for every test of this module."""
     root = tmp_path_factory.mktemp("gates")
-    with pytest.MonkeyPatch.context() as patch, dg.instance_for_test() as instance:
-        patch.setenv("DFLASH_NUM_SHARDS", str(NUM_SHARDS))
+    with dg.instance_for_test() as instance:
         store = LocalStore(root / "store")
         result = dg.materialize([raw_prompts, conversations], resources=_resources(store, []), instance=instance)
         assert result.success

@@ -3,7 +3,7 @@ import dagster as dg
 from dagster_project.generation.heartbeat import ReportIntervals
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.stage import generate_shard
-from dagster_project.partitions import shard_partitions
+from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
@@ -41,8 +41,7 @@ def completions(
     fleet: SGLangFleet,
     generation: GenerationConfig,
 ) -> dg.MaterializeResult:
-    shard = layout.shard_index(context.partition_key)
-    data = store.open()
+    shard, data = open_shard(context, store)
 
     def on_progress(heartbeat: Heartbeat) -> None:
         context.log.info(_progress_line(heartbeat))

@@ -3,7 +3,7 @@ from dataclasses import asdict
 
 import dagster as dg
 
-from dagster_project.partitions import shard_partitions
+from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
@@ -25,8 +25,7 @@ class TrainingSetConfig(config_fields(AssemblyOptions, dg.Config)):
 def training_set(
     context: dg.AssetExecutionContext, config: TrainingSetConfig, store: DatasetStore
 ) -> dg.MaterializeResult:
-    shard = layout.shard_index(context.partition_key)
-    data = store.open()
+    shard, data = open_shard(context, store)
     manifest = assemble_shard(data, shard, config.to_dataclass(), store.local_dir() / "staging")
     context.log.info(
         f"shard {shard}: {manifest.rows} rows, {manifest.loss_tokens} supervised tokens; "

@@ -8,7 +8,7 @@ from pydantic import Field
 from dagster_project.assets.completions import completions
 from dagster_project.checks.gate_checks import GateConfig, check_result
 from dagster_project.generation.shards import completions_manifest, iter_completion_batches, shard_coverage
-from dagster_project.partitions import shard_partitions
+from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
 from dagster_project.store import layout
 from dagster_project.store.manifest import verify_shard
@@ -62,7 +62,8 @@ def _share_gate(name: str, count: int, total: int, max_share: float, what: str, 
 @dg.asset_check(asset=completions, partitions_def=shard_partitions, blocking=True)
 def completions_exactly_once(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
     """Every planned generation event of the shard has exactly one record: a result or an explicit error."""
-    coverage = shard_coverage(store.open(), layout.shard_index(context.partition_key))
+    shard, data = open_shard(context, store)
+    coverage = shard_coverage(data, shard)
     return dg.AssetCheckResult(
         passed=coverage.exact,
         description=coverage.describe(),
@@ -80,8 +81,8 @@ def completions_exactly_once(context: dg.AssetCheckExecutionContext, store: Data
 @dg.asset_check(asset=completions, partitions_def=shard_partitions, blocking=True)
 def completions_published(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
     """The shard's manifest exists and every object it lists is in the store with its size and checksum."""
-    data = store.open()
-    manifest = completions_manifest(data, layout.shard_index(context.partition_key))
+    shard, data = open_shard(context, store)
+    manifest = completions_manifest(data, shard)
     problems = verify_shard(data, manifest)
     return dg.AssetCheckResult(
         passed=not problems,
@@ -102,10 +103,8 @@ def completions_spec_decoding(context: dg.AssetCheckExecutionContext, store: Dat
     A warning, not a gate: speculation changes speed, not the data.
     """
     tokens = verify = without_stats = 0
-    shard = layout.shard_index(context.partition_key)
-    for batch in iter_completion_batches(
-        store.open(), shard, columns=["status", "completion_tokens", "spec_verify_ct"]
-    ):
+    shard, data = open_shard(context, store)
+    for batch in iter_completion_batches(data, shard, columns=["status", "completion_tokens", "spec_verify_ct"]):
         for status, completion, passes in zip(*(batch.column(i).to_pylist() for i in range(3))):
             if status != "ok":
                 continue
@@ -147,8 +146,7 @@ def completions_quality(
     tokenizer: TokenizerResource,
 ) -> Iterator[dg.AssetCheckResult]:
     """What the model answered, judged before a training row exists: errors, length caps, thinking, degeneracy."""
-    shard = layout.shard_index(context.partition_key)
-    data = store.open()
+    shard, data = open_shard(context, store)
     manifest = completions_manifest(data, shard)
     tok = tokenizer.load()
     special = special_ids(tok)
