@@ -24,7 +24,7 @@ def proxied_store(s3_server, s3_bucket, monkeypatch, tmp_path):
             work_dir=str(tmp_path / "work"),
             s3=S3Resource(),
             attempts=4,
-            retry_backoff_s=0.2,
+            backoff_s=0.2,
         ).open()
         yield store, proxy
 
