@@ -13,7 +13,7 @@ class DatasetStore(config_fields(RetryPolicy, dg.ConfigurableResource)):
     retry policy of this resource's config; and this node's work directory, where journals and files on their
     way into the store are kept."""
 
-    root: str
+    root: str = Field(description="Root of all data: a local directory or s3://bucket/prefix.")
     work_dir: str = Field(description="Node-local scratch space: journals, staged uploads (never shared).")
     s3: S3Resource
 
