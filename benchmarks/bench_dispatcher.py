@@ -32,7 +32,7 @@ import aiohttp
 import orjson
 
 from benchmarks.report import write_section
-from dagster_project.generation.dispatch import Dispatcher, GenRequest, Outcome
+from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, GenRequest, Outcome
 from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
 from dagster_project.sglang.launch import Fleet, launch_simulators, stop_fleet
 from dagster_project.sglang.protocol import sampling_params
@@ -49,7 +49,7 @@ SATURATION_SIM = {
     "max_output_len": 600,
 }
 THROUGHPUT_CAP = 64
-THROUGHPUT_OVERSUBSCRIPTION = 1.25
+THROUGHPUT_OVERSUBSCRIPTION = DispatchOptions().oversubscription
 THROUGHPUT_IN_FLIGHT = math.ceil(THROUGHPUT_CAP * THROUGHPUT_OVERSUBSCRIPTION)
 THROUGHPUT_SERVERS = 2
 THROUGHPUT_SIM = {"max_running_requests": THROUGHPUT_CAP, "output_len": "fixed:2000"}
@@ -110,7 +110,7 @@ async def dispatched(
         if outcome.ok:
             record(outcome.result.completion_tokens)
 
-    await Dispatcher(urls, oversubscription=oversubscription).run(endless_requests(stop), on_outcome)
+    await Dispatcher(urls, DispatchOptions(oversubscription=oversubscription)).run(endless_requests(stop), on_outcome)
 
 
 async def measure_saturation(
@@ -170,11 +170,11 @@ def run_saturation(run_dir: Path, warmup_s: float, window_s: float) -> list[Satu
             asyncio.run(
                 measure_saturation(
                     fleet,
-                    "dispatcher, default window = 1.25 x cap",
+                    f"dispatcher, default window = {DispatchOptions().oversubscription} x cap",
                     dispatched,
                     warmup_s,
                     window_s,
-                    oversubscription=1.25,
+                    oversubscription=DispatchOptions().oversubscription,
                 )
             ),
         ]
@@ -221,7 +221,7 @@ async def dispatcher_loop(urls: list[str], count: int) -> None:
         nonlocal tokens
         tokens += outcome.result.completion_tokens
 
-    await Dispatcher(urls, oversubscription=THROUGHPUT_OVERSUBSCRIPTION).run(requests, on_outcome)
+    await Dispatcher(urls).run(requests, on_outcome)  # the default window: THROUGHPUT_IN_FLIGHT per server
     assert tokens == 2000 * count
 
 

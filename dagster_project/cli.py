@@ -9,17 +9,21 @@ dflash demo                            the whole pipeline on the embedded demo (
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
-from dataclasses import asdict
+import typing
 from pathlib import Path
+from typing import Any
 
-from dagster_project import settings
+import dagster as dg
+
+from dagster_project.conversations.shards import published_num_shards
 from dagster_project.ops.plan import BRIEF_PLAN, Plan, read_plan, write_plan
+from dagster_project.resources import resources_from_env
 from dagster_project.sglang import launch
 from dagster_project.store import layout
-from dagster_project.store.storage import Store, open_store
 
 # What `fleet up --simulate` starts unless told otherwise: thinking-shaped ~300-token answers, MTP on,
 # a server-side cap of 16 running requests with a queue behind it, metrics on.
@@ -32,52 +36,35 @@ DEMO_SIMULATOR = {
 }
 
 
-def _store() -> Store:
-    def s3_client():
-        from dagster_aws.s3 import S3Resource
-
-        return S3Resource().get_client()
-
-    return open_store(settings.store_uri(), s3_client)
-
-
-def _endpoints() -> list[str]:
-    if settings.sglang_router():
-        return [settings.sglang_router()]
-    if settings.sglang_endpoints():
-        return settings.sglang_endpoints()
-    fleet = launch.Fleet.load(settings.fleet_dir())
-    return fleet.urls if fleet else []
-
-
-def _api_key() -> str | None:
-    return os.environ.get("SGLANG_API_KEY") or None
-
-
 def _materialized_shards() -> set[int] | None:
     """Completions shards the Dagster instance recorded as materialized (None without an instance)."""
     home = os.environ.get("DAGSTER_HOME")
     if not home or not Path(home).is_dir():
         return None
-    import dagster as dg
-
     with dg.DagsterInstance.get() as instance:
         return {
             layout.shard_index(key) for key in instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))
         }
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def cmd_status(args: argparse.Namespace, resources: Any) -> int:
     from dagster_project.ops.coverage import dataset_coverage, write_coverage
     from dagster_project.ops.status import collect_status, render_text
 
-    store = _store()
+    store = resources.store.open()
     if args.by_id:
-        write_coverage(store, dataset_coverage(store, settings.num_shards()))
+        num_shards = published_num_shards(store)
+        if num_shards is None:
+            manifest = store.url(layout.stage_manifest_key(layout.CONVERSATIONS))
+            raise SystemExit(f"no {manifest}: materialize conversations before asking for coverage by id")
+        write_coverage(store, dataset_coverage(store, num_shards))
     status = collect_status(
-        store, _endpoints(), api_key=_api_key(), num_shards=settings.num_shards(), materialized=_materialized_shards()
+        store,
+        resources.fleet.known_endpoints(),
+        api_key=resources.fleet.api_key,
+        materialized=_materialized_shards(),
     )
-    print(json.dumps(asdict(status), indent=2, default=str) if args.json else render_text(status))
+    print(json.dumps(dataclasses.asdict(status), indent=2, default=str) if args.json else render_text(status))
     return 0
 
 
@@ -94,76 +81,101 @@ def _parse_sim_options(pairs: list[str]) -> dict:
     return options
 
 
-def cmd_fleet(args: argparse.Namespace) -> int:
-    run_dir = settings.fleet_dir()
+def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
+    fleet = resources.fleet
+    run_dir = Path(fleet.fleet_dir)
     if args.action == "down":
         stopped = launch.stop_fleet(run_dir)
         print(f"stopped {', '.join(stopped) or 'nothing (no fleet recorded)'}")
         return 0
     if args.action == "status":
-        endpoints = _endpoints()
+        endpoints = fleet.known_endpoints()
         if not endpoints:
             print(f"no fleet: nothing recorded in {run_dir} and no endpoints configured")
             return 1
-        for server in launch.fleet_status(endpoints, api_key=_api_key()):
+        for server in launch.fleet_status(endpoints, api_key=fleet.api_key):
             print(json.dumps(server))
         return 0
     if args.simulate:
         options = _parse_sim_options(args.sim_option)
-        if _api_key():  # simulators guard their routes like servers started with --api-key
-            options["api_key"] = _api_key()
-        fleet = launch.launch_simulators(args.simulate, run_dir, options)
+        if fleet.api_key:  # simulators guard their routes like servers started with --api-key
+            options["api_key"] = fleet.api_key
+        up = launch.launch_simulators(args.simulate, run_dir, options)
     else:
         if not args.gpus:
             raise SystemExit("fleet up needs --gpus 0,1,... (real servers) or --simulate N")
         options = launch.ServerOptions(
-            model_path=args.model,
-            context_length=args.context_length,
-            max_running_requests=args.max_running_requests,
-            mem_fraction_static=args.mem_fraction_static,
-            mamba_full_memory_ratio=args.mamba_full_memory_ratio,
-            kv_cache_dtype=args.kv_cache_dtype,
-            disable_radix_cache=args.disable_radix_cache,
-            api_key=_api_key(),
-            extra_args=tuple(args.extra_arg),
+            **_given(args, launch.ServerOptions), api_key=fleet.api_key, extra_args=tuple(args.extra_arg)
         )
         gpus = [int(g) for g in args.gpus.split(",")]
-        fleet = launch.launch_fleet(
-            gpus, run_dir, options, base_port=args.base_port, startup_timeout_s=args.startup_timeout_s
-        )
-    print(f"fleet up ({fleet.kind}): {', '.join(fleet.urls)}; record and logs in {run_dir}")
+        up = launch.launch_fleet(gpus, run_dir, options, **_given(args, LAUNCH_FLAGS))
+    print(f"fleet up ({up.kind}): {', '.join(up.urls)}; record and logs in {run_dir}")
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    store = _store()
+def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
+    store = resources.store.open()
     if args.show:
         recorded = read_plan(store)
-        print(json.dumps(asdict(recorded) if recorded else None, indent=2))
+        print(json.dumps(dataclasses.asdict(recorded) if recorded else None, indent=2))
         return 0
     if args.brief:
         plan = BRIEF_PLAN
     else:
-        if not (args.req_per_s and args.avg_output_tokens and args.output_tok_per_s):
-            raise SystemExit("plan needs --brief, or --req-per-s, --avg-output-tokens and --output-tok-per-s")
-        plan = Plan(
-            source=args.source,
-            req_per_s=args.req_per_s,
-            avg_output_tokens=args.avg_output_tokens,
-            output_tok_per_s=args.output_tok_per_s,
-            gpus=args.gpus,
-            cost_per_hour=args.cost_per_hour,
-            prompts=args.prompts,
-        )
+        given = {"source": "operator estimate", **_given(args, Plan)}
+        missing = [
+            _flag(f.name) for f in dataclasses.fields(Plan) if f.default is dataclasses.MISSING and f.name not in given
+        ]
+        if missing:
+            raise SystemExit(f"plan needs --brief, or {', '.join(missing)}")
+        plan = Plan(**given)
     write_plan(store, plan)
     print(f"plan written to {store.url('plan.json')}: {plan}")
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace, resources: Any) -> int:
     from dagster_project.ops.demo import run_demo
 
     return run_demo(Path.cwd())
+
+
+# `fleet up` flags passed to launch_fleet, when given; its own defaults apply otherwise.
+LAUNCH_FLAGS = {"base_port", "startup_timeout_s"}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_flags(
+    parser: argparse.ArgumentParser,
+    options: type,
+    skip: set[str] = frozenset(),
+    aliases: dict[str, list[str]] | None = None,
+) -> None:
+    """One flag per field of dataclass `options`, typed like it. A flag left out stays out of the parsed
+    arguments, so the dataclass's own default applies (`_given`)."""
+    types = typing.get_type_hints(options)
+    for option in dataclasses.fields(options):
+        if option.name in skip:
+            continue
+        flags = [_flag(option.name), *(aliases or {}).get(option.name, [])]
+        # The flag's type is the field's, without the None of an optional one (`int | None` → int).
+        kind = next(t for t in typing.get_args(types[option.name]) or [types[option.name]] if t is not type(None))
+        if kind is bool:
+            parser.add_argument(*flags, dest=option.name, action="store_true", default=argparse.SUPPRESS)
+        else:
+            shown = option.default is not dataclasses.MISSING and option.default is not None
+            help_ = f"default: {option.default}" if shown else None
+            parser.add_argument(*flags, dest=option.name, type=kind, default=argparse.SUPPRESS, help=help_)
+
+
+def _given(args: argparse.Namespace, names: type | set[str]) -> dict[str, Any]:
+    """The flags given on the command line among `names` (a set, or a dataclass's fields)."""
+    if dataclasses.is_dataclass(names):
+        names = {option.name for option in dataclasses.fields(names)}
+    return {name: value for name, value in vars(args).items() if name in names}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,28 +196,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fleet.add_argument("--sim-option", action="append", default=[], metavar="NAME=VALUE", help="simulator setting")
     fleet.add_argument("--gpus", help="comma-separated GPU indices: one server per GPU")
-    fleet.add_argument("--model", default=launch.DEFAULT_MODEL)
-    fleet.add_argument("--base-port", type=int, default=30000)
-    fleet.add_argument("--context-length", type=int, default=65536)
-    fleet.add_argument("--max-running-requests", type=int)
-    fleet.add_argument("--mem-fraction-static", type=float)
-    fleet.add_argument("--mamba-full-memory-ratio", type=float)
-    fleet.add_argument("--kv-cache-dtype")
-    fleet.add_argument("--disable-radix-cache", action="store_true")
+    _add_flags(fleet, launch.ServerOptions, skip={"api_key", "extra_args"}, aliases={"model_path": ["--model"]})
     fleet.add_argument("--extra-arg", action="append", default=[], help="passed to sglang.launch_server as is")
-    fleet.add_argument("--startup-timeout-s", type=float, default=1800.0)
+    fleet.add_argument("--base-port", type=int, default=argparse.SUPPRESS, help="port of the first GPU's server")
+    fleet.add_argument("--startup-timeout-s", type=float, default=argparse.SUPPRESS, help="wait for readiness")
     fleet.set_defaults(func=cmd_fleet)
 
     plan = commands.add_parser("plan", help="record the estimates the run is compared against")
     plan.add_argument("--brief", action="store_true", help="the brief's planned figures for the 914K run")
     plan.add_argument("--show", action="store_true")
-    plan.add_argument("--req-per-s", type=float)
-    plan.add_argument("--avg-output-tokens", type=float)
-    plan.add_argument("--output-tok-per-s", type=float)
-    plan.add_argument("--gpus", type=int, default=1)
-    plan.add_argument("--cost-per-hour", type=float)
-    plan.add_argument("--prompts", type=int)
-    plan.add_argument("--source", default="operator estimate")
+    _add_flags(plan, Plan)
     plan.set_defaults(func=cmd_plan)
 
     demo = commands.add_parser("demo", help="run the whole pipeline on the embedded demo")
@@ -215,7 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    # The resources the definitions run with, from the same environment, initialized as a run initializes
+    # them: the store with its retry settings, the fleet with `api_key` resolved (it is never printed).
+    with dg.build_resources(resources_from_env()) as resources:
+        return args.func(args, resources)
 
 
 if __name__ == "__main__":

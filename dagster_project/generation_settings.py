@@ -8,7 +8,7 @@ stale and never mixed with new results.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import orjson
 
@@ -19,16 +19,16 @@ from dagster_project.sglang.protocol import sampling_params
 @dataclass(frozen=True)
 class GenerationSettings:
     # Qwen3.6 model card, thinking mode, general tasks.
-    max_new_tokens: int = 32768
+    max_new_tokens: int = field(default=32768, metadata={"help": "Cap on generated tokens per assistant turn."})
     temperature: float = 1.0
     top_p: float = 0.95
     top_k: int = 20
     min_p: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    enable_thinking: bool = True
-    preserve_thinking: bool = False
-    policy: str = "all_turns"
+    enable_thinking: bool = field(default=True, metadata={"help": "Ask for reasoning before the answer."})
+    preserve_thinking: bool = field(default=False, metadata={"help": "Keep earlier turns' reasoning in prompts."})
+    policy: str = field(default="all_turns", metadata={"help": f"Multi-turn policy: {', '.join(POLICIES)}."})
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -1,12 +1,37 @@
-"""Shard partitions: one Dagster partition per shard of conversations (DESIGN §4).
+"""Shard partitions: one Dagster partition per shard of conversations.
 
-The shard count is a setting (`DFLASH_NUM_SHARDS`), fixed when definitions load and recorded in the
-conversations manifest; the completions asset refuses to run against conversations sharded differently.
+Dagster reads a partitions definition when the definitions load, so this one is static: its shard count is
+`DFLASH_NUM_SHARDS` of the process that loads them. The same setting decides how many shards `conversations`
+writes; every later stage takes the count from the conversations manifest (`published_num_shards`), and
+`open_shard` refuses a shard run whose partitions disagree with it.
 """
 
 import dagster as dg
 
 from dagster_project import settings
+from dagster_project.conversations.shards import published_num_shards
+from dagster_project.resources import DatasetStore
 from dagster_project.store import layout
+from dagster_project.store.storage import Store
 
-shard_partitions = dg.StaticPartitionsDefinition(layout.partition_keys(settings.num_shards()))
+NUM_SHARDS = settings.num_shards()
+shard_partitions = dg.StaticPartitionsDefinition(layout.partition_keys(NUM_SHARDS))
+
+
+def open_shard(
+    context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext, store: DatasetStore
+) -> tuple[int, Store]:
+    """The shard of this run's partition, and the opened store.
+
+    Refuses a store whose conversations are sharded otherwise than these partitions: runs over them would
+    leave shards out, or ask for shards that do not exist, without anything saying why.
+    """
+    data = store.open()
+    published = published_num_shards(data)
+    if published is not None and published != NUM_SHARDS:
+        raise dg.Failure(
+            f"the conversations in {data.url(layout.CONVERSATIONS)} have {published} shards, but these definitions "
+            f"were loaded with {NUM_SHARDS} shard partitions: load them with DFLASH_NUM_SHARDS={published}, or "
+            f"re-materialize conversations with DFLASH_NUM_SHARDS={NUM_SHARDS}"
+        )
+    return layout.shard_index(context.partition_key), data

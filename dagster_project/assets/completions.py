@@ -1,18 +1,16 @@
 import dagster as dg
-from pydantic import Field
 
-from dagster_project import settings
+from dagster_project.generation.heartbeat import ReportIntervals
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.stage import generate_shard
-from dagster_project.partitions import shard_partitions
+from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
+from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
 
 
-class CompletionsConfig(dg.Config):
-    heartbeat_interval_s: float = Field(default=5.0, description="Progress snapshot to the store (read by status).")
-    checkpoint_interval_s: float = Field(default=60.0, description="Journal copy to the store (resume on any node).")
-    log_interval_s: float = Field(default=30.0, description="Progress line and observation in Dagster.")
+class CompletionsConfig(config_fields(ReportIntervals, dg.Config)):
+    """How often a running shard reports its progress."""
 
 
 def _progress_line(heartbeat: Heartbeat) -> str:
@@ -43,8 +41,7 @@ def completions(
     fleet: SGLangFleet,
     generation: GenerationConfig,
 ) -> dg.MaterializeResult:
-    shard = layout.shard_index(context.partition_key)
-    data = store.open()
+    shard, data = open_shard(context, store)
 
     def on_progress(heartbeat: Heartbeat) -> None:
         context.log.info(_progress_line(heartbeat))
@@ -65,12 +62,10 @@ def completions(
         data,
         shard,
         tokenizer=tokenizer.load(),
-        settings=generation.settings(),
+        settings=generation.to_dataclass(),
         dispatcher=fleet.dispatcher(),
-        work_dir=settings.work_dir(),
-        heartbeat_interval_s=config.heartbeat_interval_s,
-        checkpoint_interval_s=config.checkpoint_interval_s,
-        log_interval_s=config.log_interval_s,
+        work_dir=store.local_dir(),
+        intervals=config.to_dataclass(),
         on_progress=on_progress,
         log=context.log.info,
     )

@@ -48,12 +48,11 @@ def conversations(
     generation: GenerationConfig,
 ) -> dg.MaterializeResult:
     data = store.open()
-    settings.work_dir().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="conversations-", dir=settings.work_dir()) as work_dir:
+    with tempfile.TemporaryDirectory(prefix="conversations-", dir=store.local_dir()) as work_dir:
         manifest = build_conversations(
             data,
             tokenizer=tokenizer.load(),
-            settings=generation.settings(),
+            settings=generation.to_dataclass(),
             num_shards=settings.num_shards(),
             work_dir=Path(work_dir),
             max_prompt_tokens=config.max_prompt_tokens,

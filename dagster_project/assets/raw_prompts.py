@@ -37,8 +37,7 @@ def raw_prompts(
     context: dg.AssetExecutionContext, config: RawPromptsConfig, store: DatasetStore
 ) -> dg.MaterializeResult:
     data = store.open()
-    settings.work_dir().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="raw_prompts-", dir=settings.work_dir()) as work_dir:
+    with tempfile.TemporaryDirectory(prefix="raw_prompts-", dir=store.local_dir()) as work_dir:
         manifest = ingest_to_store(
             data,
             config.sources,

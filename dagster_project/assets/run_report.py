@@ -2,7 +2,7 @@ from dataclasses import asdict
 
 import dagster as dg
 
-from dagster_project.conversations.shards import read_conversations_manifest
+from dagster_project.conversations.shards import published_num_shards
 from dagster_project.ops.coverage import dataset_coverage, write_coverage
 from dagster_project.ops.status import collect_status, render_text
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet
@@ -32,21 +32,18 @@ def run_report(
     context: dg.AssetExecutionContext, store: DatasetStore, fleet: SGLangFleet, generation: GenerationConfig
 ) -> dg.MaterializeResult:
     data = store.open()
-    conversations = read_conversations_manifest(data)
-    if conversations is None:
+    num_shards = published_num_shards(data)
+    if num_shards is None:
         raise dg.Failure("conversations are not materialized yet: nothing to report on")
-    coverage = dataset_coverage(data, conversations.num_shards)
+    coverage = dataset_coverage(data, num_shards)
     write_coverage(data, coverage)
-    try:
-        endpoints = fleet.resolve_endpoints()
-    except dg.Failure:
-        endpoints = []  # no fleet running: the report still answers from the store
+    endpoints = fleet.known_endpoints()  # none without a running fleet: the report still answers from the store
     materialized = context.instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))
     status = collect_status(
         data,
         endpoints,
         api_key=fleet.api_key,
-        current_fingerprint=generation.settings().fingerprint(),
+        current_fingerprint=generation.to_dataclass().fingerprint(),
         materialized={layout.shard_index(key) for key in materialized},
     )
     text = render_text(status)

@@ -1,10 +1,8 @@
 import dagster as dg
 
-from dagster_project import settings
 from dagster_project.assets.training_set import training_set
-from dagster_project.partitions import shard_partitions
+from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore
-from dagster_project.store import layout
 from dagster_project.training.export import export_shard
 
 
@@ -19,9 +17,8 @@ from dagster_project.training.export import export_shard
     ),
 )
 def specforge_export(context: dg.AssetExecutionContext, store: DatasetStore) -> dg.MaterializeResult:
-    shard = layout.shard_index(context.partition_key)
-    data = store.open()
-    written = export_shard(data, shard, settings.work_dir() / "staging")
+    shard, data = open_shard(context, store)
+    written = export_shard(data, shard, store.local_dir() / "staging")
     return dg.MaterializeResult(
         metadata={
             "rows": written.rows,

@@ -2,37 +2,17 @@
 from dataclasses import asdict
 
 import dagster as dg
-from pydantic import Field
 
-from dagster_project import settings
-from dagster_project.partitions import shard_partitions
+from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore
+from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
-from dagster_project.training.shards import TRUNCATE, AssemblyOptions
+from dagster_project.training.shards import AssemblyOptions
 from dagster_project.training.stage import assemble_shard
 
 
-class TrainingSetConfig(dg.Config):
+class TrainingSetConfig(config_fields(AssemblyOptions, dg.Config)):
     """How completions become training rows (the policy is recorded in each shard's manifest)."""
-
-    max_length: int = Field(
-        default=0,
-        description="Longest row in tokens; 0 keeps rows whole and leaves truncation to the trainer's max_length.",
-    )
-    truncation: str = Field(
-        default=TRUNCATE,
-        description="Rows over max_length: 'truncate' keeps the prompt and the output's head; 'drop' excludes them.",
-    )
-    exclude_length_capped: bool = Field(
-        default=True, description="Exclude generations that hit max_new_tokens (finish_reason 'length')."
-    )
-
-    def options(self) -> AssemblyOptions:
-        return AssemblyOptions(
-            max_length=self.max_length or None,
-            truncation=self.truncation,
-            exclude_length_capped=self.exclude_length_capped,
-        )
 
 
 @dg.asset(
@@ -45,9 +25,8 @@ class TrainingSetConfig(dg.Config):
 def training_set(
     context: dg.AssetExecutionContext, config: TrainingSetConfig, store: DatasetStore
 ) -> dg.MaterializeResult:
-    shard = layout.shard_index(context.partition_key)
-    data = store.open()
-    manifest = assemble_shard(data, shard, config.options(), settings.work_dir() / "staging")
+    shard, data = open_shard(context, store)
+    manifest = assemble_shard(data, shard, config.to_dataclass(), store.local_dir() / "staging")
     context.log.info(
         f"shard {shard}: {manifest.rows} rows, {manifest.loss_tokens} supervised tokens; "
         f"{manifest.excluded} of {manifest.rows_in} events excluded {manifest.exclusions or ''}"

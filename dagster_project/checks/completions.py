@@ -8,7 +8,7 @@ from pydantic import Field
 from dagster_project.assets.completions import completions
 from dagster_project.checks.gate_checks import GateConfig, check_result
 from dagster_project.generation.shards import completions_manifest, iter_completion_batches, shard_coverage
-from dagster_project.partitions import shard_partitions
+from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
 from dagster_project.store import layout
 from dagster_project.store.manifest import verify_shard
@@ -35,7 +35,9 @@ class CompletionsGateConfig(GateConfig):
     """Thresholds of the answer gates (see GateConfig) plus the completions' own."""
 
     max_error_share: float = Field(default=MAX_ERROR_SHARE, description="Largest tolerated share of error events.")
-    max_length_capped_share: float = MAX_LENGTH_CAPPED_SHARE
+    max_length_capped_share: float = Field(
+        default=MAX_LENGTH_CAPPED_SHARE, description="Largest tolerated share of answers that hit max_new_tokens."
+    )
 
 
 def _share_gate(name: str, count: int, total: int, max_share: float, what: str, by_kind: dict) -> gates.GateResult:
@@ -60,7 +62,8 @@ def _share_gate(name: str, count: int, total: int, max_share: float, what: str, 
 @dg.asset_check(asset=completions, partitions_def=shard_partitions, blocking=True)
 def completions_exactly_once(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
     """Every planned generation event of the shard has exactly one record: a result or an explicit error."""
-    coverage = shard_coverage(store.open(), layout.shard_index(context.partition_key))
+    shard, data = open_shard(context, store)
+    coverage = shard_coverage(data, shard)
     return dg.AssetCheckResult(
         passed=coverage.exact,
         description=coverage.describe(),
@@ -78,8 +81,8 @@ def completions_exactly_once(context: dg.AssetCheckExecutionContext, store: Data
 @dg.asset_check(asset=completions, partitions_def=shard_partitions, blocking=True)
 def completions_published(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
     """The shard's manifest exists and every object it lists is in the store with its size and checksum."""
-    data = store.open()
-    manifest = completions_manifest(data, layout.shard_index(context.partition_key))
+    shard, data = open_shard(context, store)
+    manifest = completions_manifest(data, shard)
     problems = verify_shard(data, manifest)
     return dg.AssetCheckResult(
         passed=not problems,
@@ -100,10 +103,8 @@ def completions_spec_decoding(context: dg.AssetCheckExecutionContext, store: Dat
     A warning, not a gate: speculation changes speed, not the data.
     """
     tokens = verify = without_stats = 0
-    shard = layout.shard_index(context.partition_key)
-    for batch in iter_completion_batches(
-        store.open(), shard, columns=["status", "completion_tokens", "spec_verify_ct"]
-    ):
+    shard, data = open_shard(context, store)
+    for batch in iter_completion_batches(data, shard, columns=["status", "completion_tokens", "spec_verify_ct"]):
         for status, completion, passes in zip(*(batch.column(i).to_pylist() for i in range(3))):
             if status != "ok":
                 continue
@@ -145,8 +146,7 @@ def completions_quality(
     tokenizer: TokenizerResource,
 ) -> Iterator[dg.AssetCheckResult]:
     """What the model answered, judged before a training row exists: errors, length caps, thinking, degeneracy."""
-    shard = layout.shard_index(context.partition_key)
-    data = store.open()
+    shard, data = open_shard(context, store)
     manifest = completions_manifest(data, shard)
     tok = tokenizer.load()
     special = special_ids(tok)
@@ -176,7 +176,7 @@ def completions_quality(
         profile,
         vocab_size=special.vocab_size,
         enable_thinking=manifest.settings.enable_thinking,
-        thresholds=config.thresholds(),
+        thresholds=config.to_dataclass(),
     )
     results += [result for result in answer_gates if result.name in ANSWER_GATES]
     for result in results:

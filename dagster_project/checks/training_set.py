@@ -13,7 +13,7 @@ import dagster as dg
 from dagster_project.assets.training_set import training_set
 from dagster_project.checks.gate_checks import GateConfig, check_result
 from dagster_project.generation.shards import completions_manifest
-from dagster_project.partitions import shard_partitions
+from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
 from dagster_project.store import layout
 from dagster_project.store.manifest import iter_parquet_batches
@@ -53,8 +53,7 @@ def training_set_gates(
     store: DatasetStore,
     tokenizer: TokenizerResource,
 ) -> Iterator[dg.AssetCheckResult]:
-    shard = layout.shard_index(context.partition_key)
-    data = store.open()
+    shard, data = open_shard(context, store)
     manifest = training_manifest(data, shard)
     tok = tokenizer.load()
     special = special_ids(tok)
@@ -65,7 +64,7 @@ def training_set_gates(
         profile,
         vocab_size=special.vocab_size,
         enable_thinking=manifest.source.settings.enable_thinking,
-        thresholds=config.thresholds(),
+        thresholds=config.to_dataclass(),
     )
     completion_batches = iter_parquet_batches(
         data, completions_manifest(data, shard).data_keys, ["event_id", "prompt_ids", "output_ids"]
@@ -81,8 +80,7 @@ def training_set_gates(
 @dg.asset_check(asset=training_set, partitions_def=shard_partitions, blocking=True, name="gx_suite")
 def training_set_gx_suite(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
     """Great Expectations 1.x suite on the shard's rows: counts agree with the token lists, ids unique, ranges."""
-    shard = layout.shard_index(context.partition_key)
-    data = store.open()
+    shard, data = open_shard(context, store)
     manifest = training_manifest(data, shard)
     assembly = manifest.assembly
     outcome = validate_training_frame(

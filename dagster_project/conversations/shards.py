@@ -107,6 +107,16 @@ def read_shard_conversations_manifest(store: Store, shard: int) -> Conversations
     return read_shard_manifest(store, layout.CONVERSATIONS, shard, ConversationsShardManifest)
 
 
+def published_num_shards(store: Store) -> int | None:
+    """How many shards the published conversations have (None before `conversations` is materialized).
+
+    Every stage after `conversations`, and `dflash status`, takes the shard count from here: the environment
+    decides it only when the conversations are built.
+    """
+    manifest = read_conversations_manifest(store)
+    return manifest.num_shards if manifest is not None else None
+
+
 class ShardBuffers:
     def __init__(self, directory: Path, num_shards: int, max_buffered_bytes: int = BUFFERED_BYTES):
         directory.mkdir(parents=True, exist_ok=True)

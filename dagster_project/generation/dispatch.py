@@ -1,7 +1,7 @@
 """Asyncio dispatcher over an SGLang fleet: per-server windows, failover, exactly-once outcomes.
 
 Each server gets an in-flight window sized from its own `/server_info`
-(`internal_states[*].effective_max_running_requests_per_dp`) times `oversubscription`.
+(`internal_states[*].effective_max_running_requests_per_dp`) times `DispatchOptions.oversubscription`.
 The default 1.25 keeps a small queue at each server, so a finished request's slot is
 refilled at once instead of after a round trip: in benchmarks/bench_dispatcher.py a window equal to the
 cap leaves each server below its cap ~5% of the time, 1.25x keeps it there 100% of the time.
@@ -171,48 +171,64 @@ def _iterate(
     return requests.__aiter__() if isinstance(requests, AsyncIterable) else iter(requests)
 
 
+@dataclass(frozen=True)
+class DispatchOptions:
+    """How the dispatcher sizes windows, retries requests and watches servers (the `fleet` resource's config)."""
+
+    oversubscription: float = field(
+        default=1.25, metadata={"help": "In-flight window per server = its effective running-request cap x this."}
+    )
+    request_timeout_s: float = field(
+        default=3600.0, metadata={"help": "Seconds one request may take; thinking answers can take many minutes."}
+    )
+    max_attempts: int = field(
+        default=4, metadata={"help": "Attempts per request (refused ones not counted) before it ends as an error."}
+    )
+    default_window: int | None = field(
+        default=None, metadata={"help": "Window of an endpoint whose /server_info reports no cap; none: refuse it."}
+    )
+    probe_interval_s: float = field(default=5.0, metadata={"help": "Health probe period of each server."})
+    watchdog_s: float = field(
+        default=600.0, metadata={"help": "A server that finishes nothing for this long is set aside (a hang)."}
+    )
+    fleet_down_grace_s: float = field(
+        default=300.0, metadata={"help": "With no usable server for this long, the run stops (FleetDownError)."}
+    )
+    probe_timeout_s: float = field(default=30.0, metadata={"help": "Timeout of /health and /server_info."})
+    canary_timeout_s: float = field(
+        default=120.0, metadata={"help": "Timeout of the one-token request a set-aside server must answer to rejoin."}
+    )
+    max_probe_backoff_s: float = field(
+        default=60.0, metadata={"help": "Longest pause between probes of a set-aside server."}
+    )
+    require_reasoning: bool = field(
+        default=True, metadata={"help": "Ask servers to count reasoning tokens (meta_info.reasoning_tokens)."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.oversubscription <= 0 or self.max_attempts < 1:
+            raise ValueError("oversubscription must be > 0 and max_attempts >= 1")
+
+
 class Dispatcher:
     def __init__(
         self,
         endpoints: list[str],
+        options: DispatchOptions = DispatchOptions(),
         *,
         api_key: str | None = None,
-        oversubscription: float = 1.25,
-        request_timeout_s: float = 3600.0,
-        max_attempts: int = 3,
-        probe_interval_s: float = 5.0,
-        watchdog_s: float = 600.0,
-        fleet_down_grace_s: float = 300.0,
         windows: Mapping[str, int] | None = None,
-        default_window: int | None = None,
-        probe_timeout_s: float = 30.0,
-        canary_timeout_s: float = 120.0,
-        max_probe_backoff_s: float = 60.0,
-        require_reasoning: bool = True,
         session: aiohttp.ClientSession | None = None,
     ):
-        """`windows` fixes the window of given endpoints (a router has no scheduler state of its own);
-        `default_window` is used for any endpoint whose `/server_info` does not report its cap."""
+        """`windows` fixes the window of given endpoints (a router has no scheduler state of its own)."""
         if not endpoints:
             raise ValueError("no endpoints")
         if len(set(endpoints)) != len(endpoints):
             raise ValueError(f"duplicate endpoints in {endpoints}")
-        if oversubscription <= 0 or max_attempts < 1:
-            raise ValueError("oversubscription must be > 0 and max_attempts >= 1")
         self.endpoints = [url.rstrip("/") for url in endpoints]
+        self.options = options
         self.api_key = api_key
-        self.oversubscription = oversubscription
-        self.request_timeout_s = request_timeout_s
-        self.max_attempts = max_attempts
-        self.probe_interval_s = probe_interval_s
-        self.watchdog_s = watchdog_s
-        self.fleet_down_grace_s = fleet_down_grace_s
         self.windows = {url.rstrip("/"): n for url, n in (windows or {}).items()}
-        self.default_window = default_window
-        self.probe_timeout_s = probe_timeout_s
-        self.canary_timeout_s = canary_timeout_s
-        self.max_probe_backoff_s = max_probe_backoff_s
-        self.require_reasoning = require_reasoning
         self._session = session
         self._servers = [_Server(url) for url in self.endpoints]
         self._running = False
@@ -234,7 +250,9 @@ class Dispatcher:
         self._reset(requests)
         session = self._session or new_session()
         for server in self._servers:
-            server.client = SGLangClient(server.url, self.api_key, session, probe_timeout_s=self.probe_timeout_s)
+            server.client = SGLangClient(
+                server.url, self.api_key, session, probe_timeout_s=self.options.probe_timeout_s
+            )
         helpers: list[asyncio.Task] = []
         try:
             await asyncio.gather(*(self._first_probe(server) for server in self._servers))
@@ -401,8 +419,8 @@ class Dispatcher:
                 request.input_ids,
                 request.sampling_params,
                 rid=attempt.rid,
-                timeout=self.request_timeout_s,
-                require_reasoning=self.require_reasoning,
+                timeout=self.options.request_timeout_s,
+                require_reasoning=self.options.require_reasoning,
             )
         except SGLangError as error:
             self._settle(attempt, None, error)
@@ -446,7 +464,7 @@ class Dispatcher:
             work.charged -= 1
         if work.live or work.queued:
             return  # another attempt is still running, or one is already queued
-        if work.charged >= self.max_attempts:
+        if work.charged >= self.options.max_attempts:
             self._finish(work, None, error, server, latency)
         else:
             self._requeue(work)
@@ -499,7 +517,7 @@ class Dispatcher:
 
     async def _abort(self, server: _Server, rid: str) -> None:
         try:
-            await server.client.abort(rid, timeout=min(5.0, self.probe_timeout_s))
+            await server.client.abort(rid, timeout=min(5.0, self.options.probe_timeout_s))
         except SGLangError:
             pass  # a dead server has nothing left to abort
 
@@ -524,7 +542,7 @@ class Dispatcher:
             work = attempt.work
             if work.done or work.queued or any(not a.abandoned for a in work.live):
                 continue
-            if work.charged < self.max_attempts:
+            if work.charged < self.options.max_attempts:
                 self.stats.hedges += 1
                 self._requeue(work)
 
@@ -540,12 +558,12 @@ class Dispatcher:
         caps = [state.get("effective_max_running_requests_per_dp") for state in info.get("internal_states") or []]
         if caps and all(isinstance(cap, int) and cap > 0 for cap in caps):
             server.cap = sum(caps)  # one entry per DP rank
-            return max(1, math.ceil(server.cap * self.oversubscription))
-        if self.default_window is not None:
-            return self.default_window
+            return max(1, math.ceil(server.cap * self.options.oversubscription))
+        if self.options.default_window is not None:
+            return self.options.default_window
         raise ValueError(
             f"cannot size the window of {server.url}: it reports no "
-            "internal_states[].effective_max_running_requests_per_dp (a router?); pass windows= or default_window="
+            "internal_states[].effective_max_running_requests_per_dp (a router?); pass windows= or a default_window"
         )
 
     async def _first_probe(self, server: _Server) -> None:
@@ -556,29 +574,38 @@ class Dispatcher:
             server.state, server.reason, server.next_probe = QUARANTINED, error.kind, now
             return
         server.state, server.reason = HEALTHY, None
-        server.next_health = now + self.probe_interval_s
+        server.next_health = now + self.options.probe_interval_s
 
     async def _readmit(self, server: _Server) -> None:
         """Rejoin only when the server answers health, reports its cap, and really generates a token."""
         server.probing = True
         try:
             # /health, not /health_generate: on SGLang both generate a token, but sglang-router has only /health.
-            if not await server.client.health(timeout=self.probe_timeout_s):
+            if not await server.client.health(timeout=self.options.probe_timeout_s):
                 raise SGLangError(SERVER_UNAVAILABLE, "/health failed", url=server.url)
             window = await self._window(server)
-            await server.client.generate([0], _CANARY_PARAMS, timeout=self.canary_timeout_s, require_reasoning=False)
+            await server.client.generate(
+                [0], _CANARY_PARAMS, timeout=self.options.canary_timeout_s, require_reasoning=False
+            )
         except ValueError as exc:  # the server came back unable to report its cap: a configuration error
             self._fatal = exc
         except SGLangError as error:
             server.probe_failures += 1
             server.reason = f"{server.reason.split(' (')[0]} (re-probe: {error.kind})" if server.reason else error.kind
-            backoff = min(self.max_probe_backoff_s, self.probe_interval_s * 2 ** min(server.probe_failures - 1, 10))
+            backoff = min(
+                self.options.max_probe_backoff_s,
+                self.options.probe_interval_s * 2 ** min(server.probe_failures - 1, 10),
+            )
             server.next_probe = time.monotonic() + backoff
         else:
             now = time.monotonic()
             server.state, server.reason, server.window = HEALTHY, None, window
             server.probe_failures = server.consecutive_503 = server.consecutive_5xx = 0
-            server.last_progress, server.next_health, server.cooldown_until = now, now + self.probe_interval_s, 0.0
+            server.last_progress, server.next_health, server.cooldown_until = (
+                now,
+                now + self.options.probe_interval_s,
+                0.0,
+            )
         finally:
             server.probing = False
             self._wake.set()
@@ -586,21 +613,21 @@ class Dispatcher:
     async def _health(self, server: _Server) -> None:
         server.probing = True
         try:
-            if not await server.client.health(timeout=self.probe_timeout_s) and server.state == HEALTHY:
+            if not await server.client.health(timeout=self.options.probe_timeout_s) and server.state == HEALTHY:
                 self._quarantine(server, "health_failed", time.monotonic())
         finally:
             server.probing = False
-            server.next_health = time.monotonic() + self.probe_interval_s
+            server.next_health = time.monotonic() + self.options.probe_interval_s
             self._wake.set()
 
     async def _monitor(self) -> None:
-        tick = min(0.25, self.probe_interval_s / 4, self.watchdog_s / 4)
+        tick = min(0.25, self.options.probe_interval_s / 4, self.options.watchdog_s / 4)
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
             for server in self._servers:
                 stuck = any(not a.abandoned for a in server.in_flight.values())
-                if stuck and now - server.last_progress > self.watchdog_s:
+                if stuck and now - server.last_progress > self.options.watchdog_s:
                     self._quarantine(server, "no_progress", now)
                     self._hedge(server)
                 if server.probing:
@@ -618,7 +645,7 @@ class Dispatcher:
             return
         if self._down_since is None:
             self._down_since = now
-        elif now - self._down_since > self.fleet_down_grace_s and self._fatal is None:
+        elif now - self._down_since > self.options.fleet_down_grace_s and self._fatal is None:
             reasons = ", ".join(f"{s.url}: {s.reason}" for s in self._servers)
             self._fatal = FleetDownError(
                 f"no usable server for {now - self._down_since:.0f}s ({reasons}); "

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,33 +50,33 @@ def restore_journal(store: Store, shard: int, fingerprint: str, local_path: Path
     return True
 
 
+@dataclass(frozen=True)
+class ReportIntervals:
+    """How often a running shard reports (the `completions` op config)."""
+
+    heartbeat_interval_s: float = field(
+        default=5.0, metadata={"help": "Progress snapshot to the store (read by `dflash status`)."}
+    )
+    checkpoint_interval_s: float = field(
+        default=60.0, metadata={"help": "Journal copy to the store: a resume on another node loses at most this."}
+    )
+    log_interval_s: float = field(
+        default=30.0, metadata={"help": "Progress line and observation in Dagster (each one a database write)."}
+    )
+
+
+@dataclass
 class ShardReporter:
-    def __init__(
-        self,
-        store: Store,
-        shard: int,
-        journal: Journal,
-        fingerprint: str,
-        snapshot: Callable[[], Heartbeat],
-        *,
-        heartbeat_interval_s: float = 5.0,
-        checkpoint_interval_s: float = 60.0,
-        log_interval_s: float = 30.0,
-        on_progress: Callable[[Heartbeat], None] | None = None,
-        log: Callable[[str], None] = lambda message: None,
-    ):
-        self.store = store
-        self.shard = shard
-        self.journal = journal
-        self.fingerprint = fingerprint
-        self.snapshot = snapshot
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.checkpoint_interval_s = checkpoint_interval_s
-        self.log_interval_s = log_interval_s
-        self.on_progress = on_progress
-        self.log = log
-        self.upload_failures = 0
-        self._checkpointed_size = -1
+    store: Store
+    shard: int
+    journal: Journal
+    fingerprint: str
+    snapshot: Callable[[], Heartbeat]
+    intervals: ReportIntervals = ReportIntervals()
+    on_progress: Callable[[Heartbeat], None] | None = None
+    log: Callable[[str], None] = lambda message: None
+    upload_failures: int = field(default=0, init=False)
+    _checkpointed_size: int = field(default=-1, init=False)
 
     def report(self) -> Heartbeat:
         return replace(self.snapshot(), upload_failures=self.upload_failures)
@@ -116,10 +116,10 @@ class ShardReporter:
         while True:
             await self.beat()
             now = time.monotonic()
-            if now - last_checkpoint >= self.checkpoint_interval_s:
+            if now - last_checkpoint >= self.intervals.checkpoint_interval_s:
                 await self.checkpoint_journal()
                 last_checkpoint = now
-            if self.on_progress is not None and now - last_log >= self.log_interval_s:
+            if self.on_progress is not None and now - last_log >= self.intervals.log_interval_s:
                 self.on_progress(self.report())
                 last_log = now
-            await asyncio.sleep(self.heartbeat_interval_s)
+            await asyncio.sleep(self.intervals.heartbeat_interval_s)

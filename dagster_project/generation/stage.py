@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from dagster_project.conversations.shards import read_conversations, read_shard_conversations_manifest
 from dagster_project.generation.dispatch import Dispatcher
 from dagster_project.generation.events import ShardGeneration
-from dagster_project.generation.heartbeat import ShardReporter, restore_journal
+from dagster_project.generation.heartbeat import ReportIntervals, ShardReporter, restore_journal
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest, GenerationSummary
@@ -85,9 +85,7 @@ def generate_shard(
     settings: GenerationSettings,
     dispatcher: Dispatcher,
     work_dir: Path,
-    heartbeat_interval_s: float = 5.0,
-    checkpoint_interval_s: float = 60.0,
-    log_interval_s: float = 30.0,
+    intervals: ReportIntervals = ReportIntervals(),
     on_progress: Callable[[Heartbeat], None] | None = None,
     log: Callable[[str], None] = lambda message: None,
 ) -> CompletionsShardManifest:
@@ -117,9 +115,7 @@ def generate_shard(
             journal,
             fingerprint,
             job.snapshot,
-            heartbeat_interval_s=heartbeat_interval_s,
-            checkpoint_interval_s=checkpoint_interval_s,
-            log_interval_s=log_interval_s,
+            intervals,
             on_progress=on_progress,
             log=log,
         )

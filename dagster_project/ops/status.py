@@ -68,11 +68,9 @@ class Readings:
         return [b for b in self.live if b.shard not in self.published]
 
 
-def take_readings(
-    store: Store, endpoints: list[str], *, api_key: str | None, num_shards: int | None, now: float
-) -> Readings:
+def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, now: float) -> Readings:
     conversations = read_conversations_manifest(store)
-    shards = num_shards or (conversations.num_shards if conversations else 0)
+    shards = conversations.num_shards if conversations else 0  # as published: the environment has no say
     manifests = {s: read_completions_manifest(store, s) for s in range(shards)}
     # The stage manifest is written last: while it is missing, the shards published so far tell the plan.
     events_planned = (conversations.turns if conversations else 0) or sum(
@@ -492,7 +490,6 @@ def collect_status(
     endpoints: list[str],
     *,
     api_key: str | None = None,
-    num_shards: int | None = None,
     current_fingerprint: str | None = None,
     materialized: set[int] | None = None,
     now: float | None = None,
@@ -500,7 +497,7 @@ def collect_status(
     """`current_fingerprint`: the generation settings configured now; published shards made otherwise are stale.
     `materialized`: the completions shards Dagster recorded as materialized; each should be published intact."""
     now = time.time() if now is None else now
-    readings = take_readings(store, endpoints, api_key=api_key, num_shards=num_shards, now=now)
+    readings = take_readings(store, endpoints, api_key=api_key, now=now)
     return Status(
         collected_at=now,
         progress=answer_progress(readings),

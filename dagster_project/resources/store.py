@@ -1,31 +1,24 @@
+from pathlib import Path
+
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
+from dagster_project.resources.config_fields import config_fields
 from dagster_project.store.storage import RetryPolicy, Store, bounded_client, open_store
 
-DEFAULT_POLICY = RetryPolicy()
 
+class DatasetStore(config_fields(RetryPolicy, dg.ConfigurableResource)):
+    """The pipeline's root URI: a local directory, or s3://bucket/prefix reached with `s3`'s settings and the
+    retry policy of this resource's config; and this node's work directory, where journals and files on their
+    way into the store are kept."""
 
-class DatasetStore(dg.ConfigurableResource):
-    """The pipeline's root URI: a local directory, or s3://bucket/prefix reached with `s3`'s settings."""
-
-    root: str
+    root: str = Field(description="Root of all data: a local directory or s3://bucket/prefix.")
+    work_dir: str = Field(description="Node-local scratch space: journals, staged uploads (never shared).")
     s3: S3Resource
-    attempts: int = Field(default=DEFAULT_POLICY.attempts, description="Tries per S3 call before the run fails.")
-    retry_backoff_s: float = Field(default=DEFAULT_POLICY.backoff_s, description="First retry delay; doubles.")
-    connect_timeout_s: float = DEFAULT_POLICY.connect_timeout_s
-    read_timeout_s: float = Field(default=DEFAULT_POLICY.read_timeout_s, description="Per socket read.")
-    deadline_s: float = Field(default=DEFAULT_POLICY.deadline_s, description="No S3 retry starts after this long.")
 
     def open(self) -> Store:
-        policy = RetryPolicy(
-            attempts=self.attempts,
-            backoff_s=self.retry_backoff_s,
-            connect_timeout_s=self.connect_timeout_s,
-            read_timeout_s=self.read_timeout_s,
-            deadline_s=self.deadline_s,
-        )
+        policy = self.to_dataclass()
 
         def s3_client():
             return bounded_client(
@@ -38,3 +31,9 @@ class DatasetStore(dg.ConfigurableResource):
             )
 
         return open_store(self.root, s3_client, policy)
+
+    def local_dir(self) -> Path:
+        """The work directory, created."""
+        path = Path(self.work_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path

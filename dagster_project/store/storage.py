@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,11 +51,13 @@ class RetryPolicy:
     credentials) fails at once. botocore's own retries are off so that this is the only policy.
     """
 
-    attempts: int = 5
-    backoff_s: float = 0.5  # first retry delay; doubles on each retry
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 30.0  # per socket read, not per object: a large upload is not cut short
-    deadline_s: float = 60.0  # no new attempt starts after this long
+    attempts: int = field(default=5, metadata={"help": "Tries per S3 call before the run fails."})
+    backoff_s: float = field(default=0.5, metadata={"help": "First retry delay; doubles on each retry."})
+    connect_timeout_s: float = field(default=5.0, metadata={"help": "Seconds to open a connection."})
+    read_timeout_s: float = field(
+        default=30.0, metadata={"help": "Per socket read, not per object: a large upload is not cut short."}
+    )
+    deadline_s: float = field(default=60.0, metadata={"help": "No new attempt starts after this long."})
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or min(self.backoff_s, self.connect_timeout_s, self.read_timeout_s, self.deadline_s) < 0:

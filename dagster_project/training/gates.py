@@ -599,16 +599,36 @@ COMPLETION_GATE_COLUMNS = ["status", "prompt_ids", "output_ids", "finish_reason"
 
 @dataclass(frozen=True)
 class GateThresholds:
-    loss_floor: int = LOSS_FLOOR
-    max_share_below_floor: float = MAX_SHARE_BELOW_FLOOR
-    max_top_loss_sum_share: float = MAX_TOP_LOSS_SUM_SHARE
-    min_repeats: int = MIN_REPEATS
-    min_supervised_pairs: int = MIN_SUPERVISED_PAIRS
-    max_bad_thinking_share: float = MAX_BAD_THINKING_SHARE
-    max_degenerate_share: float = MAX_DEGENERATE_SHARE
-    short_answer_chars: int = SHORT_ANSWER_CHARS
-    max_short_answer_share: float = MAX_SHORT_ANSWER_SHARE
-    max_empty_answer_share: float = MAX_EMPTY_ANSWER_SHARE
+    """Every threshold of `shard_gates`; the defaults and their reasons are in this module's docstring."""
+
+    loss_floor: int = field(default=LOSS_FLOOR, metadata={"help": "Supervised tokens a row should have at least."})
+    max_share_below_floor: float = field(
+        default=MAX_SHARE_BELOW_FLOOR, metadata={"help": "Largest share of rows under the loss floor."}
+    )
+    max_top_loss_sum_share: float = field(
+        default=MAX_TOP_LOSS_SUM_SHARE, metadata={"help": "Largest share of rows on one loss_mask sum."}
+    )
+    min_repeats: int = field(
+        default=MIN_REPEATS, metadata={"help": "A sum or answer must recur this often before its share can block."}
+    )
+    min_supervised_pairs: int = field(
+        default=MIN_SUPERVISED_PAIRS, metadata={"help": "Consecutive supervised token pairs every row needs."}
+    )
+    max_bad_thinking_share: float = field(
+        default=MAX_BAD_THINKING_SHARE, metadata={"help": "Largest share of finished answers with broken thinking."}
+    )
+    max_degenerate_share: float = field(
+        default=MAX_DEGENERATE_SHARE, metadata={"help": "Largest share of distinct prompts given one answer text."}
+    )
+    short_answer_chars: int = field(
+        default=SHORT_ANSWER_CHARS, metadata={"help": "A visible answer shorter than this is short."}
+    )
+    max_short_answer_share: float = field(
+        default=MAX_SHORT_ANSWER_SHARE, metadata={"help": "Largest share of short finished answers."}
+    )
+    max_empty_answer_share: float = field(
+        default=MAX_EMPTY_ANSWER_SHARE, metadata={"help": "Largest share of empty finished answers."}
+    )
 
 
 @dataclass

@@ -51,9 +51,19 @@ class TrainingShardNotPublished(RuntimeError):
 class AssemblyOptions:
     """How completions become rows (see `training.stage`); recorded in each shard's manifest."""
 
-    max_length: int | None = None
-    truncation: str = TRUNCATE
-    exclude_length_capped: bool = True
+    max_length: int | None = field(
+        default=None,
+        metadata={"help": "Longest row in tokens; none keeps rows whole and leaves truncation to the trainer."},
+    )
+    truncation: str = field(
+        default=TRUNCATE,
+        metadata={
+            "help": "Rows over max_length: 'truncate' keeps the prompt and the output's head; 'drop' excludes them."
+        },
+    )
+    exclude_length_capped: bool = field(
+        default=True, metadata={"help": "Exclude generations that hit max_new_tokens (finish_reason 'length')."}
+    )
 
     def __post_init__(self) -> None:
         if self.truncation not in TRUNCATION_POLICIES:

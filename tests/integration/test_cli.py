@@ -1,11 +1,19 @@
-"""The `dflash` command line as an operator types it (each call a fresh process)."""
+"""The `dflash` command line as an operator types it (a fresh process per call), and in process where a test
+looks at what it hands on."""
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+
+from dagster_project.cli import main
+from dagster_project.settings import DEMO_DATA_DIR
+from dagster_project.sglang import launch
+from tests.support.ingest_helpers import run_stages
 
 SECRET = "sk-test-4f1d9a7c"
 
@@ -56,3 +64,36 @@ def test_plan_and_status_on_an_empty_store(env):
     for heading in ("1. Progress", "2. MTP", "3. Concurrency", "4. Storage", "5. Coverage", "6. Multi-turn"):
         assert heading in text
     assert "5.6 req/s" in text
+    by_id = subprocess.run(
+        [sys.executable, "-m", "dagster_project.cli", "status", "--by-id"], env=env, capture_output=True, text=True
+    )
+    assert by_id.returncode != 0 and "materialize conversations" in by_id.stderr
+
+
+def test_status_reports_the_shard_count_of_the_store_it_reads(env, tmp_path):
+    """An operator shell without DFLASH_NUM_SHARDS: status and coverage by id follow the conversations manifest."""
+    run_stages(tmp_path, [str(DEMO_DATA_DIR)], num_shards=7)  # the store and work dir of `env`
+    env = {name: value for name, value in env.items() if name != "DFLASH_NUM_SHARDS"}
+    status = json.loads(dflash(env, "status", "--json", "--by-id"))
+    assert status["storage"]["shards_total"] == 7
+    assert status["coverage"]["by_id"]["shards"] == 7
+    assert "0/7 shards published" in dflash(env, "status")
+
+
+def test_fleet_up_flags_are_the_server_options_and_unset_ones_keep_their_defaults(monkeypatch, tmp_path):
+    monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("SGLANG_API_KEY", SECRET)
+    launched = {}
+
+    def launch_fleet(gpus, run_dir, options, **kwargs):
+        launched.update(gpus=gpus, run_dir=run_dir, options=options, kwargs=kwargs)
+        return SimpleNamespace(kind="sglang", urls=[])
+
+    monkeypatch.setattr(launch, "launch_fleet", launch_fleet)
+    flags = ["--gpus", "0,1", "--model", "/models/q", "--max-running-requests", "96", "--disable-radix-cache"]
+    assert main(["fleet", "up", *flags, "--base-port", "31000"]) == 0
+    assert launched["gpus"] == [0, 1] and launched["run_dir"] == tmp_path / "work" / "fleet"
+    # The key comes from SGLANG_API_KEY, resolved like the fleet resource's; nothing else given keeps its default.
+    expected = launch.ServerOptions(model_path="/models/q", max_running_requests=96, disable_radix_cache=True)
+    assert launched["options"] == dataclasses.replace(expected, api_key=SECRET)
+    assert launched["kwargs"] == {"base_port": 31000}

@@ -36,7 +36,6 @@ from dagster_project.store.storage import LocalStore
 from dagster_project.training.shards import read_training_manifest
 from tests.support.dagster_helpers import FAST_ANSWERS, asset_check_keys, evaluations_by_check
 
-NUM_SHARDS = 2
 SHARD_RUN = [
     completions,
     *dg.load_asset_checks_from_modules([completions_checks]),
@@ -56,11 +55,9 @@ class Prepared:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Iterator[Prepared]:
-    """The demo's conversations in two shards, published once for every test of this module."""
+    """The demo's conversations, sharded like the loaded partitions, published once for every test of this module."""
     root = tmp_path_factory.mktemp("gates")
-    with pytest.MonkeyPatch.context() as patch, dg.instance_for_test() as instance:
-        patch.setenv("DFLASH_NUM_SHARDS", str(NUM_SHARDS))
-        patch.setenv("DFLASH_WORK_DIR", str(root / "work"))
+    with dg.instance_for_test() as instance:
         store = LocalStore(root / "store")
         result = dg.materialize([raw_prompts, conversations], resources=_resources(store, []), instance=instance)
         assert result.success
@@ -69,7 +66,7 @@ def prepared(tmp_path_factory) -> Iterator[Prepared]:
 
 def _resources(store: LocalStore, endpoints: list[str]) -> dict:
     return {
-        "store": DatasetStore(root=store.uri, s3=S3Resource()),
+        "store": DatasetStore(root=store.uri, work_dir=str(store.root.parent / "work"), s3=S3Resource()),
         "tokenizer": TokenizerResource(),
         "generation": GenerationConfig(),
         "fleet": SGLangFleet(endpoints=endpoints),

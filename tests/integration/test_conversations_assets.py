@@ -37,9 +37,8 @@ NUM_SHARDS = 3
 @pytest.fixture
 def resources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     monkeypatch.setenv("DFLASH_NUM_SHARDS", str(NUM_SHARDS))
-    monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
     return {
-        "store": DatasetStore(root=str(tmp_path / "store"), s3=S3Resource()),
+        "store": DatasetStore(root=str(tmp_path / "store"), work_dir=str(tmp_path / "work"), s3=S3Resource()),
         "tokenizer": TokenizerResource(),
         "generation": GenerationConfig(),
     }
@@ -115,13 +114,12 @@ def test_corrupted_shard_fails_the_id_and_gx_checks(resources: dict, tmp_path: P
 def test_sources_and_store_on_s3(s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The S3 path end to end: sources listed and read through the store's S3 resource, shards published to S3."""
     monkeypatch.setenv("DFLASH_NUM_SHARDS", "2")
-    monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
     s3 = S3Resource()
     client = s3.get_client()
     for path in sorted(DEMO_DATA_DIR.iterdir()):
         client.upload_file(str(path), s3_bucket, f"incoming/{path.name}")
     resources = {
-        "store": DatasetStore(root=f"s3://{s3_bucket}/run", s3=s3),
+        "store": DatasetStore(root=f"s3://{s3_bucket}/run", work_dir=str(tmp_path / "work"), s3=s3),
         "tokenizer": TokenizerResource(),
         "generation": GenerationConfig(policy="first_turn"),
     }

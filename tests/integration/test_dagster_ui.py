@@ -104,13 +104,12 @@ FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 def _publish_conversations(home: Path, store: Path, env: dict[str, str]) -> None:
     """OPERATIONS §4 "Once": raw_prompts and conversations, in this process, recorded in the same instance."""
     resources = {
-        "store": DatasetStore(root=str(store), s3=S3Resource()),
+        "store": DatasetStore(root=str(store), work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
         "tokenizer": TokenizerResource(),
         "generation": GenerationConfig(),
     }
     with pytest.MonkeyPatch.context() as patch:
-        for name in ("DFLASH_NUM_SHARDS", "DFLASH_WORK_DIR"):
-            patch.setenv(name, env[name])
+        patch.setenv("DFLASH_NUM_SHARDS", env["DFLASH_NUM_SHARDS"])
         instance = dg.DagsterInstance.from_config(str(home))
         try:
             assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success

@@ -1,5 +1,5 @@
-"""The definitions as processes load them: the shard count of a fresh interpreter, and `dagster definitions
-validate` as CI runs it."""
+"""The definitions as processes load them: the shard count of a fresh interpreter, `dagster definitions
+validate` as CI runs it, and shard runs that refuse a store sharded otherwise."""
 
 from __future__ import annotations
 
@@ -7,6 +7,15 @@ import json
 import subprocess
 import sys
 
+import dagster as dg
+import pytest
+from dagster_aws.s3 import S3Resource
+
+from dagster_project import settings
+from dagster_project.assets.completions import completions
+from dagster_project.assets.training_set import training_set
+from dagster_project.partitions import NUM_SHARDS
+from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from tests.support.dagster_helpers import (
     DAGSTER,
     DEFS_MODULE,
@@ -15,6 +24,7 @@ from tests.support.dagster_helpers import (
     dagster_home,
     pipeline_env,
 )
+from tests.support.ingest_helpers import run_stages
 
 
 def _env(tmp_path, num_shards: int) -> dict[str, str]:
@@ -59,3 +69,24 @@ def test_dagster_definitions_validate_cli(tmp_path):
     bad = subprocess.run(command, env=_env(tmp_path, 0), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0
     assert "DFLASH_NUM_SHARDS must be >= 1" in bad.stdout + bad.stderr
+
+
+@pytest.mark.parametrize("asset", [completions, training_set], ids=lambda asset: asset.key.to_user_string())
+def test_a_shard_run_refuses_conversations_sharded_otherwise_than_its_partitions(tmp_path, asset):
+    """The partitions are fixed when the definitions load; the store's conversations may have been built with
+    another DFLASH_NUM_SHARDS. A shard run then fails saying so, before it generates or assembles anything."""
+    published = NUM_SHARDS + 3
+    store = run_stages(tmp_path, [str(settings.DEMO_DATA_DIR)], num_shards=published).store
+    resources = {
+        "store": DatasetStore(root=store.uri, work_dir=str(tmp_path / "work"), s3=S3Resource()),
+        "tokenizer": TokenizerResource(),
+        "generation": GenerationConfig(),
+        "fleet": SGLangFleet(),
+    }
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [asset], partition_key="shard-00000", resources=resources, instance=instance, raise_on_error=False
+        )
+    assert not result.success
+    message = result.failure_data_for_node(asset.op.name).error.message
+    assert f"have {published} shards" in message and f"DFLASH_NUM_SHARDS={published}" in message

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from dagster_project.generation.dispatch import Dispatcher, FleetDownError, GenRequest, Outcome
+from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, FleetDownError, GenRequest, Outcome
 from dagster_project.sglang import protocol as proto
 
 PARAMS = proto.sampling_params(max_new_tokens=4096)
@@ -59,7 +59,7 @@ def test_every_request_ends_once_and_windows_come_from_server_info(sim_fleet):
     windows = [{"effective_max_running_requests": cap} for cap in (3, 5, 7)]
     fleet = sim_fleet(3, windows, decode_step_s=0.001, output_len="uniform:20:80")
     recorder = Recorder()
-    dispatcher = Dispatcher(fleet.urls, oversubscription=1.0)
+    dispatcher = Dispatcher(fleet.urls, DispatchOptions(oversubscription=1.0))
     stats = dispatch(dispatcher, requests(300), recorder)
     assert len(recorder.outcomes) == 300 and recorder.kinds() == {"ok": 300}
     assert (stats.outcomes, stats.results, stats.attempts, stats.late_results) == (300, 300, 300, 0)
@@ -74,7 +74,7 @@ def test_every_request_ends_once_and_windows_come_from_server_info(sim_fleet):
 
 def test_oversubscription_queues_a_little_behind_each_cap(sim_fleet):
     fleet = sim_fleet(1, effective_max_running_requests=4, decode_step_s=0.002, output_len="fixed:60")
-    dispatcher = Dispatcher(fleet.urls, oversubscription=1.5)
+    dispatcher = Dispatcher(fleet.urls, DispatchOptions(oversubscription=1.5))
     dispatch(dispatcher, requests(60), Recorder())
     assert dispatcher.snapshot()["servers"][fleet.url(0)]["window"] == 6
     assert fleet.state(0)["peaks"] == {"running": 4, "queued": 2}
@@ -184,7 +184,9 @@ def test_snapshot_shows_live_per_server_state(sim_fleet):
 
 def test_a_wrong_api_key_fails_the_run_loudly(sim_fleet):
     fleet = sim_fleet(2, api_key="right-key")
-    dispatcher = Dispatcher(fleet.urls, api_key="wrong-key", fleet_down_grace_s=0.5, probe_interval_s=0.2)
+    dispatcher = Dispatcher(
+        fleet.urls, DispatchOptions(fleet_down_grace_s=0.5, probe_interval_s=0.2), api_key="wrong-key"
+    )
     recorder = Recorder()
     with pytest.raises(FleetDownError, match="unauthorized"):
         dispatch(dispatcher, requests(10), recorder)

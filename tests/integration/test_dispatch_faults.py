@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dagster_project.generation.dispatch import Dispatcher, FleetDownError, GenRequest, Outcome
+from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, FleetDownError, GenRequest, Outcome
 from dagster_project.sglang import protocol as proto
 from tests.support.sglang_fixtures import SimFleet
 
@@ -37,7 +37,7 @@ class Shard:
         self.count = count
         self.inject = inject
         self.trigger_after = trigger_after
-        self.dispatcher = Dispatcher(fleet.urls, **{**FAST_HEALTH, **dispatcher_options})
+        self.dispatcher = Dispatcher(fleet.urls, DispatchOptions(**{**FAST_HEALTH, **dispatcher_options}))
         self.outcomes: dict[str, Outcome] = {}
         self.after_fault: list[Outcome] = []
 

@@ -9,7 +9,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from dagster_project.generation.dispatch import Dispatcher, FleetDownError
+from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, FleetDownError
 from dagster_project.generation.shards import shard_coverage
 from dagster_project.generation.stage import generate_shard, journal_path
 from dagster_project.generation_settings import GenerationSettings
@@ -37,7 +37,7 @@ def write_multi_turn_prompts(path, conversations: int = 4, turns: int = 3) -> No
 
 
 def dispatcher(fleet) -> Dispatcher:
-    return Dispatcher(fleet.urls, fleet_down_grace_s=0.5, probe_interval_s=0.1, max_attempts=2)
+    return Dispatcher(fleet.urls, DispatchOptions(fleet_down_grace_s=0.5, probe_interval_s=0.1, max_attempts=2))
 
 
 def visible_answer(tokenizer, output_ids: list[int]) -> str:

@@ -16,10 +16,16 @@ from tests.support.sglang_fixtures import wait_until
 
 
 @pytest.fixture
-def proxied_store(s3_server, s3_bucket, monkeypatch):
+def proxied_store(s3_server, s3_bucket, monkeypatch, tmp_path):
     with fault_proxy(s3_server.endpoint) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        store = DatasetStore(root=f"s3://{s3_bucket}/runs/r1", s3=S3Resource(), attempts=4, retry_backoff_s=0.2).open()
+        store = DatasetStore(
+            root=f"s3://{s3_bucket}/runs/r1",
+            work_dir=str(tmp_path / "work"),
+            s3=S3Resource(),
+            attempts=4,
+            backoff_s=0.2,
+        ).open()
         yield store, proxy
 
 

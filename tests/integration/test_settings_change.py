@@ -12,12 +12,11 @@ from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFlee
 from dagster_project.store.storage import LocalStore
 
 
-def pipeline_resources(tmp_path, monkeypatch, fleet):
+def pipeline_resources(tmp_path, fleet):
     """A local store and the resources of every stage; `resources(n)` with max_new_tokens=n."""
-    monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
     store = LocalStore(tmp_path / "store")
     base = {
-        "store": DatasetStore(root=store.uri, s3=S3Resource()),
+        "store": DatasetStore(root=store.uri, work_dir=str(tmp_path / "work"), s3=S3Resource()),
         "tokenizer": TokenizerResource(),
         "fleet": SGLangFleet(endpoints=fleet.urls),
     }
@@ -28,9 +27,9 @@ def pipeline_resources(tmp_path, monkeypatch, fleet):
     return store, resources
 
 
-def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim_fleet, monkeypatch):
+def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim_fleet):
     fleet = sim_fleet(2, output_len="fixed:16")
-    store, resources = pipeline_resources(tmp_path, monkeypatch, fleet)
+    store, resources = pipeline_resources(tmp_path, fleet)
 
     def report_metadata(max_new_tokens: int) -> dict:
         result = dg.materialize([run_report], resources=resources(max_new_tokens))
@@ -60,9 +59,9 @@ def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim
         assert report_metadata(512)["stale_shards"].value == [1]
 
 
-def test_the_report_flags_a_materialized_shard_whose_objects_left_the_store(tmp_path, sim_fleet, monkeypatch):
+def test_the_report_flags_a_materialized_shard_whose_objects_left_the_store(tmp_path, sim_fleet):
     fleet = sim_fleet(1, output_len="fixed:16")
-    store, stage_resources = pipeline_resources(tmp_path, monkeypatch, fleet)
+    store, stage_resources = pipeline_resources(tmp_path, fleet)
     resources = stage_resources()
     with dg.instance_for_test() as instance:
         assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success

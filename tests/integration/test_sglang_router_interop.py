@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from dagster_project.generation.dispatch import Dispatcher, GenRequest, Outcome
+from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, GenRequest, Outcome
 from dagster_project.sglang import protocol as proto
 from tests.support.sglang_fixtures import running_router
 
@@ -40,7 +40,7 @@ def test_dispatcher_through_sglang_router_gets_every_answer_once(sim_fleet, tmp_
     with running_router(fleet.urls, tmp_path / "router") as router:
         with pytest.raises(ValueError, match="cannot size the window"):
             collect(Dispatcher([router]), 1)  # a router reports no scheduler cap of its own
-        dispatcher = Dispatcher([router], default_window=3 * CAP)
+        dispatcher = Dispatcher([router], DispatchOptions(default_window=3 * CAP))
         outcomes = collect(dispatcher, 240)
     assert len(outcomes) == 240 and all(o.ok for o in outcomes.values())
     for outcome in outcomes.values():
@@ -58,7 +58,7 @@ def test_dispatcher_through_sglang_router_gets_every_answer_once(sim_fleet, tmp_
 def test_a_worker_dying_behind_the_router_loses_nothing(sim_fleet, tmp_path):
     fleet = sim_fleet(3, max_running_requests=CAP, decode_step_s=0.004, output_len="uniform:50:150")
     with running_router(fleet.urls, tmp_path / "router") as router:
-        dispatcher = Dispatcher([router], default_window=3 * CAP, max_attempts=5)
+        dispatcher = Dispatcher([router], DispatchOptions(default_window=3 * CAP, max_attempts=5))
         outcomes: dict[str, Outcome] = {}
 
         def on_outcome(outcome: Outcome) -> None:

@@ -489,7 +489,7 @@ def test_streaming_errors_arrive_as_a_chunk(fleet):
 
 # ---- capacity: the memory model, KV-budget admission, batch-size effects ----------------------------------------
 
-# A typical H200 launch with --max-running-requests unset (tests/test_capacity.py derives these numbers):
+# A typical H200 launch with --max-running-requests unset (tests/unit/sglang/test_capacity.py derives these numbers):
 # 0.5.23 gives it 22 running requests.
 H200 = {"gpu_memory_gb": 139.4, "weights_gb": 52.31, "mem_fraction_static": 0.824, "max_running_requests": None}
 # A server whose KV pool, 20,320 tokens, binds long before its cap of 16 (radix cache off: 16 state slots).

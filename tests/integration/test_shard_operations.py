@@ -45,10 +45,9 @@ def pipeline(tmp_path, monkeypatch):
     env = pipeline_env(
         home=dagster_home(tmp_path / "dagster_home"), store=store.uri, work_dir=tmp_path / "work", num_shards=NUM_SHARDS
     )
-    for name in ("DFLASH_WORK_DIR", "DFLASH_NUM_SHARDS"):  # what the in-process stages read
-        monkeypatch.setenv(name, env[name])
+    monkeypatch.setenv("DFLASH_NUM_SHARDS", env["DFLASH_NUM_SHARDS"])  # what the in-process conversations read
     resources = {
-        "store": DatasetStore(root=store.uri, s3=S3Resource()),
+        "store": DatasetStore(root=store.uri, work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
         "tokenizer": TokenizerResource(),
         "generation": GenerationConfig(),
     }

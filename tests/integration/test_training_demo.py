@@ -27,12 +27,11 @@ SHARD = 0
 DEMO_OUTPUT_LEN = "lognormal:300:0.6"
 
 
-def test_a_demo_shard_passes_every_training_gate_and_is_exported(sim_fleet, tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
+def test_a_demo_shard_passes_every_training_gate_and_is_exported(sim_fleet, tmp_path):
     fleet = sim_fleet(2, output_len=DEMO_OUTPUT_LEN)
     store = LocalStore(tmp_path / "store")
     resources = {
-        "store": DatasetStore(root=store.uri, s3=S3Resource()),
+        "store": DatasetStore(root=store.uri, work_dir=str(tmp_path / "work"), s3=S3Resource()),
         "tokenizer": TokenizerResource(),
         "generation": GenerationConfig(),
         "fleet": SGLangFleet(endpoints=fleet.urls),

@@ -22,8 +22,7 @@ ASSETS = [training_set, training_set_gates, training_set_gx_suite, specforge_exp
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch) -> LocalStore:
-    monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
+def store(tmp_path) -> LocalStore:
     return LocalStore(tmp_path / "store")
 
 
@@ -33,7 +32,10 @@ def _materialize(store: LocalStore, assets: list = ASSETS, **kwargs) -> dg.Execu
             assets,
             partition_key=PARTITION,
             instance=instance,
-            resources={"store": DatasetStore(root=store.uri, s3=S3Resource()), "tokenizer": TokenizerResource()},
+            resources={
+                "store": DatasetStore(root=store.uri, work_dir=str(store.root.parent / "work"), s3=S3Resource()),
+                "tokenizer": TokenizerResource(),
+            },
             **kwargs,
         )
 

@@ -13,7 +13,7 @@ def store(request, tmp_path):
         return LocalStore(tmp_path / "store")
     bucket = request.getfixturevalue("s3_bucket")
     # Through dagster-aws S3Resource, as the pipeline does; endpoint and credentials from the environment.
-    return DatasetStore(root=f"s3://{bucket}/runs/demo", s3=S3Resource()).open()
+    return DatasetStore(root=f"s3://{bucket}/runs/demo", work_dir=str(tmp_path / "work"), s3=S3Resource()).open()
 
 
 def test_round_trip_list_and_delete(store, tmp_path):

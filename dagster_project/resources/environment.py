@@ -1,0 +1,32 @@
+"""The pipeline's resources, configured from the environment once: the definitions run with them, and
+`dflash` reads the store and reaches the fleet through the same objects."""
+
+import os
+
+import dagster as dg
+from dagster_aws.s3 import S3Resource
+
+from dagster_project import settings
+from dagster_project.resources.fleet import SGLangFleet
+from dagster_project.resources.generation import GenerationConfig
+from dagster_project.resources.store import DatasetStore
+from dagster_project.resources.tokenizer import TokenizerResource
+
+
+def resources_from_env() -> dict[str, dg.ConfigurableResource]:
+    # Credentials, endpoint, region and profile reach boto3 through its own environment chain
+    # (AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_ENDPOINT_URL, ...): nothing secret is set here.
+    s3 = S3Resource()
+    return {
+        "s3": s3,
+        "store": DatasetStore(root=settings.store_uri(), work_dir=str(settings.work_dir()), s3=s3),
+        "tokenizer": TokenizerResource(name_or_path=settings.tokenizer_name()),
+        "generation": GenerationConfig(),
+        "fleet": SGLangFleet(
+            endpoints=settings.sglang_endpoints(),
+            router_url=settings.sglang_router(),
+            fleet_dir=str(settings.fleet_dir()),
+            # An EnvVar is resolved when the resource is initialized: the key never enters run config or the UI.
+            api_key=dg.EnvVar("SGLANG_API_KEY") if os.environ.get("SGLANG_API_KEY") else None,
+        ),
+    }
