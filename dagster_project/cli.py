@@ -24,6 +24,7 @@ from dagster_project.ops.plan import BRIEF_PLAN, Plan, read_plan, write_plan
 from dagster_project.resources import resources_from_env
 from dagster_project.sglang import launch
 from dagster_project.store import layout
+from dagster_project.store.storage import StoreError
 
 # What `fleet up --simulate` starts unless told otherwise: thinking-shaped ~300-token answers, MTP on,
 # a server-side cap of 16 running requests with a queue behind it, metrics on.
@@ -47,24 +48,51 @@ def _materialized_shards() -> set[int] | None:
         }
 
 
+def _fail_dead_runs(dead_runs: list[Any]) -> list[str]:
+    """Mark failed the Dagster runs still STARTED whose worker this host saw gone (killed: nothing else would
+    ever end them); return their ids. Runs on other hosts are left to their own run monitoring."""
+    home = os.environ.get("DAGSTER_HOME")
+    candidates = [dead for dead in dead_runs if dead.process_checked and dead.run_id]
+    if not candidates or not home or not Path(home).is_dir():
+        return []
+    marked = []
+    with dg.DagsterInstance.get() as instance:
+        for dead in candidates:
+            run = instance.get_run_by_id(dead.run_id)
+            if run is not None and run.status in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
+                instance.report_run_failed(
+                    run,
+                    f"the run's process (pid {dead.pid} on {dead.host}) is gone: it was killed while it generated "
+                    f"shard {dead.shard} (seen by dflash status). Materialize the shard again: it resumes from its "
+                    "journal.",
+                )
+                marked.append(dead.run_id)
+    return marked
+
+
 def cmd_status(args: argparse.Namespace, resources: Any) -> int:
     from dagster_project.ops.coverage import dataset_coverage, write_coverage
     from dagster_project.ops.status import collect_status, render_text
 
     store = resources.store.open()
-    if args.by_id:
-        num_shards = published_num_shards(store)
-        if num_shards is None:
-            manifest = store.url(layout.stage_manifest_key(layout.CONVERSATIONS))
-            raise SystemExit(f"no {manifest}: materialize conversations before asking for coverage by id")
-        write_coverage(store, dataset_coverage(store, num_shards))
-    status = collect_status(
-        store,
-        resources.fleet.known_endpoints(),
-        api_key=resources.fleet.api_key,
-        materialized=_materialized_shards(),
-    )
+    try:
+        if args.by_id:
+            num_shards = published_num_shards(store)
+            if num_shards is None:
+                manifest = store.url(layout.stage_manifest_key(layout.CONVERSATIONS))
+                raise SystemExit(f"no {manifest}: materialize conversations before asking for coverage by id")
+            write_coverage(store, dataset_coverage(store, num_shards))
+        status = collect_status(
+            store,
+            resources.fleet.known_endpoints(),
+            api_key=resources.fleet.api_key,
+            materialized=_materialized_shards(),
+        )
+    except StoreError as exc:  # it names the object (a damaged manifest, a truncated shard) or the store
+        raise SystemExit(f"dflash status: {exc}") from exc
     print(json.dumps(dataclasses.asdict(status), indent=2, default=str) if args.json else render_text(status))
+    for run_id in _fail_dead_runs(status.progress.dead_runs):
+        print(f"marked Dagster run {run_id} failed: its process is gone", file=sys.stderr)
     return 0
 
 

@@ -7,10 +7,11 @@ from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
+from dagster_project.store.lease import LeaseOptions
 
 
-class CompletionsConfig(config_fields(ReportIntervals, dg.Config)):
-    """How often a running shard reports its progress."""
+class CompletionsConfig(config_fields(ReportIntervals, config_fields(LeaseOptions, dg.Config))):
+    """How often a running shard reports its progress, and how it holds its shard (one run at a time)."""
 
 
 def _progress_line(heartbeat: Heartbeat) -> str:
@@ -68,6 +69,8 @@ def completions(
         intervals=config.to_dataclass(),
         on_progress=on_progress,
         log=context.log.info,
+        run_id=context.run_id,
+        lease=config.to_dataclass(LeaseOptions),
     )
     run = manifest.generation
     return dg.MaterializeResult(

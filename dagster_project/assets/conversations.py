@@ -28,6 +28,12 @@ class ConversationsConfig(dg.Config):
         default=DEFAULT_QUARANTINE_RATE_MAX,
         description="The quarantine-rate check fails above this fraction of input rows.",
     )
+    supersede_shards: bool = Field(
+        default=False,
+        description="Rebuild with another shard count (DFLASH_NUM_SHARDS) although completions or training shards "
+        "made from the old one are published: their manifests are withdrawn and the exports deleted (refused "
+        "otherwise). Or build into a new store prefix instead.",
+    )
 
 
 @dg.asset(
@@ -57,6 +63,7 @@ def conversations(
             work_dir=Path(work_dir),
             max_prompt_tokens=config.max_prompt_tokens,
             quarantine_rate_max=config.quarantine_rate_max,
+            supersede_shards=config.supersede_shards,
             log=context.log.info,
         )
     return dg.MaterializeResult(
@@ -73,6 +80,7 @@ def conversations(
             "multi_turn": manifest.multi_turn,
             "turns": manifest.turns,
             "num_shards": manifest.num_shards,
+            "superseded": dg.MetadataValue.json(manifest.superseded),
             "prompts_tokenized": manifest.prompts_tokenized,
             "ids_digest": manifest.ids_digest,
             "rows_per_s": manifest.input_rows / manifest.seconds if manifest.seconds else 0.0,

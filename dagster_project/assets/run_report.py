@@ -66,12 +66,15 @@ def run_report(
                 # Missing events are expected while shards remain unpublished; duplicates never are.
                 passed=coverage.exactly_once
                 if coverage.complete
-                else not coverage.shards_damaged and coverage.events_duplicated + coverage.events_unexpected == 0,
+                else not coverage.shards_damaged
+                and not coverage.disagreements
+                and coverage.events_duplicated + coverage.events_unexpected == 0,
                 description=(
                     f"{coverage.events_recorded:,} records for {coverage.events_planned:,} planned events in "
                     f"{coverage.shards_published}/{coverage.shards} published shards: "
                     f"{coverage.events_missing:,} missing, {coverage.events_duplicated:,} duplicated, "
                     f"{coverage.events_unexpected:,} unexpected; damaged shards {coverage.shards_damaged or 'none'}"
+                    + "".join(f"; {problem}" for problem in coverage.disagreements)
                 ),
                 # Lists (the id samples, the damaged shards) as JSON, counts as numbers.
                 metadata={

@@ -2,17 +2,25 @@
 from dataclasses import asdict
 
 import dagster as dg
+from pydantic import Field
 
 from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
+from dagster_project.store.lease import LeaseOptions
 from dagster_project.training.shards import AssemblyOptions
 from dagster_project.training.stage import assemble_shard
 
 
-class TrainingSetConfig(config_fields(AssemblyOptions, dg.Config)):
+class TrainingSetConfig(config_fields(AssemblyOptions, config_fields(LeaseOptions, dg.Config))):
     """How completions become training rows (the policy is recorded in each shard's manifest)."""
+
+    override_failed_gates: bool = Field(
+        default=False,
+        description="Assemble a completions shard that failed blocking gates in an earlier run (refused otherwise); "
+        "the overridden gates are recorded in the training manifest.",
+    )
 
 
 @dg.asset(
@@ -26,7 +34,17 @@ def training_set(
     context: dg.AssetExecutionContext, config: TrainingSetConfig, store: DatasetStore
 ) -> dg.MaterializeResult:
     shard, data = open_shard(context, store)
-    manifest = assemble_shard(data, shard, config.to_dataclass(), store.local_dir() / "staging")
+    manifest = assemble_shard(
+        data,
+        shard,
+        config.to_dataclass(),
+        store.local_dir() / "staging",
+        override_failed_gates=config.override_failed_gates,
+        run_id=context.run_id,
+        lease=config.to_dataclass(LeaseOptions),
+    )
+    for gate, message in manifest.source.gates_overridden.items():
+        context.log.warning(f"shard {shard}: failed completions gate {gate} overridden by config: {message}")
     context.log.info(
         f"shard {shard}: {manifest.rows} rows, {manifest.loss_tokens} supervised tokens; "
         f"{manifest.excluded} of {manifest.rows_in} events excluded {manifest.exclusions or ''}"
@@ -47,6 +65,7 @@ def training_set(
             "assembly": dg.MetadataValue.json(asdict(manifest.assembly)),
             "settings_fingerprint": manifest.source.settings_fingerprint,
             "ids_digest": manifest.ids_digest,
+            "gates_overridden": dg.MetadataValue.json(manifest.source.gates_overridden),
             "uri": dg.MetadataValue.path(data.url(layout.shard_prefix(layout.TRAINING_SET, shard))),
         }
     )

@@ -1,4 +1,7 @@
-"""Per-shard gates on completions. Blocking ones stop `training_set` of that shard in the same run."""
+"""Per-shard gates on completions. Blocking ones stop `training_set` of that shard in the same run, and each
+records its verdict next to the shard (`store.verdicts`), so `training_set` refuses a failed shard in any later
+run too (unless its config overrides the failed gates).
+"""
 
 from collections.abc import Iterator
 
@@ -12,6 +15,7 @@ from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
 from dagster_project.store import layout
 from dagster_project.store.manifest import verify_shard
+from dagster_project.store.verdicts import record_verdict
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gates
 
@@ -63,7 +67,9 @@ def _share_gate(name: str, count: int, total: int, max_share: float, what: str, 
 def completions_exactly_once(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
     """Every planned generation event of the shard has exactly one record: a result or an explicit error."""
     shard, data = open_shard(context, store)
+    manifest = completions_manifest(data, shard)
     coverage = shard_coverage(data, shard)
+    record_verdict(data, manifest, "exactly_once", {} if coverage.exact else {"exactly_once": coverage.describe()})
     return dg.AssetCheckResult(
         passed=coverage.exact,
         description=coverage.describe(),
@@ -84,6 +90,7 @@ def completions_published(context: dg.AssetCheckExecutionContext, store: Dataset
     shard, data = open_shard(context, store)
     manifest = completions_manifest(data, shard)
     problems = verify_shard(data, manifest)
+    record_verdict(data, manifest, "published", {"published": "; ".join(problems)} if problems else {})
     return dg.AssetCheckResult(
         passed=not problems,
         description="; ".join(problems) or "manifest and objects agree",
@@ -179,6 +186,7 @@ def completions_quality(
         thresholds=config.to_dataclass(),
     )
     results += [result for result in answer_gates if result.name in ANSWER_GATES]
+    record_verdict(data, manifest, "quality", {r.name: r.message for r in results if not r.passed})
     for result in results:
         if not result.passed:
             context.log.error(f"{context.partition_key} {result.name}: {result.message}")

@@ -26,7 +26,7 @@ from dagster_project.store.manifest import (
     read_shard_manifest,
     read_stage_manifest,
 )
-from dagster_project.store.storage import Store
+from dagster_project.store.storage import CorruptObject, Store
 
 SHARD_FILE = "conversations.jsonl"
 BUFFERED_BYTES = 32 << 20
@@ -95,6 +95,8 @@ class ConversationsManifest(StageManifest):
     enable_thinking: bool = True
     preserve_thinking: bool = False
     stale_shards_removed: int = 0
+    # Shards made from conversations of another shard count, withdrawn by this build (`supersede_shards`).
+    superseded: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     quarantine_object: StoredObject | None = None
 
@@ -149,9 +151,16 @@ class ShardBuffers:
 def conversations_in(store: Store, manifest: ShardManifest) -> Iterator[Conversation]:
     """The conversations of the shard that `manifest` describes."""
     for key in manifest.data_keys:
-        for line in store.get_bytes(key).splitlines():
+        for number, line in enumerate(store.get_bytes(key).splitlines(), 1):
             if line.strip():
-                yield Conversation.from_json(line)
+                try:
+                    conversation = Conversation.from_json(line)
+                except (ValueError, TypeError, KeyError) as exc:
+                    raise CorruptObject(
+                        f"{store.url(key)} is damaged: line {number} is not a conversation ({exc}); "
+                        "re-materialize conversations"
+                    ) from exc
+                yield conversation
 
 
 def read_conversations(store: Store, shard: int) -> Iterator[Conversation]:

@@ -15,6 +15,12 @@ For each snapshot row, in input order:
 5. **shard** = `sharding.shard_of(id, num_shards)`; rows are buffered per shard on local disk, then every
    shard is published (data, then its manifest), then the stage manifest.
 
+**The shard count belongs to the conversations**: every later stage takes it from their manifest, and the
+shards of completions and training sets are made from these shards. Rebuilding with another count while any
+of those are published is refused (`ShardCountChanged`) unless the operator supersedes them
+(`supersede_shards`): their manifests are then withdrawn and the exports deleted before the new shards are
+published, so nothing downstream pairs an old shard with new conversations.
+
 Store layout: `conversations/shard=NNNNN/{conversations.jsonl,_manifest.json}`,
 `conversations/quarantine.jsonl.zst` (this stage's rejected rows) and `conversations/_manifest.json`,
 which carries the accounting of both stages: input_rows = rows + quarantined.
@@ -41,6 +47,8 @@ from dagster_project.conversations.shards import (
     ShardBuffers,
     SourceTotals,
     publish_shards,
+    read_conversations_manifest,
+    read_shard_conversations_manifest,
     remove_stale_shards,
 )
 from dagster_project.conversations.turns import POLICY_HISTORY, apply_policy, request_key, turn_ends
@@ -56,13 +64,63 @@ from dagster_project.ingest.shards import (
 from dagster_project.records import Conversation
 from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
-from dagster_project.store.manifest import put_object, write_stage_manifest
+from dagster_project.store.manifest import published_shards, put_object, withdraw_shards, write_stage_manifest
 from dagster_project.store.storage import Store
 
 STAGE = "conversations"
 QUARANTINE_KEY = f"{layout.CONVERSATIONS}/quarantine.jsonl.zst"
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # with 32K new tokens, multi-turn history still fits a 64K context
 DEFAULT_QUARANTINE_RATE_MAX = 0.10
+# What is built from the conversations shards, shard for shard.
+DOWNSTREAM_STAGES = (layout.COMPLETIONS, layout.TRAINING_SET)
+
+
+class ShardCountChanged(RuntimeError):
+    """The conversations would be rebuilt with another shard count while shards made from them are published."""
+
+
+def published_shard_count(store: Store) -> int | None:
+    """The shard count of the conversations in the store: the stage manifest's, or (when a rebuild stopped
+    before writing it) that of a published shard; None when there are none."""
+    manifest = read_conversations_manifest(store)
+    if manifest is not None:
+        return manifest.num_shards
+    shards = published_shards(store, layout.CONVERSATIONS)
+    shard_manifest = read_shard_conversations_manifest(store, shards[0]) if shards else None
+    return shard_manifest.num_shards if shard_manifest is not None else None
+
+
+def supersede_downstream(
+    store: Store, num_shards: int, *, supersede: bool, log: Callable[[str], None] = lambda _: None
+) -> dict[str, int]:
+    """Before conversations are built with `num_shards` shards: refuse (`ShardCountChanged`) when shards made
+    from conversations of another count are published, or, with `supersede`, withdraw them all (and delete the
+    exports made from them). Returns the shards withdrawn per stage."""
+    previous = published_shard_count(store)
+    downstream = {stage: published_shards(store, stage) for stage in DOWNSTREAM_STAGES}
+    exports = [info.key for info in store.list(f"{layout.EXPORTS}/")]
+    other_count = previous is not None and previous != num_shards
+    beyond = any(shard >= num_shards for shards in downstream.values() for shard in shards)
+    if not (other_count or beyond) or not (any(downstream.values()) or exports):
+        return {}
+    made = ", ".join(f"{len(shards)} {stage} shards" for stage, shards in downstream.items())
+    if not supersede:
+        was = f"{previous} shards" if previous is not None else "another shard count"
+        raise ShardCountChanged(
+            f"the conversations in {store.url(layout.CONVERSATIONS)} have {was}, and {made} and {len(exports)} "
+            f"exports were made from them. Rebuilding them with {num_shards} shards would move conversations to "
+            "other shards: the published shards would no longer match their conversations, and an event could end "
+            "up in two training shards. Either keep the shard count"
+            + (f" (DFLASH_NUM_SHARDS={previous})" if previous is not None else "")
+            + "; or build into a new store prefix (DFLASH_STORE); or supersede the old shards: materialize "
+            "conversations with config supersede_shards: true, which withdraws their manifests and deletes the "
+            "exports, so every shard is made again from the new conversations"
+        )
+    withdrawn = {stage: len(withdraw_shards(store, stage)) for stage in DOWNSTREAM_STAGES}
+    for key in exports:
+        store.delete(key)
+    log(f"superseded the shards made from {previous} conversations shards: withdrew {made}, {len(exports)} exports")
+    return {**withdrawn, layout.EXPORTS: len(exports)}
 
 
 def content_id(messages: list[dict[str, Any]]) -> str:
@@ -145,14 +203,19 @@ def build_conversations(
     work_dir: Path,
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     quarantine_rate_max: float = DEFAULT_QUARANTINE_RATE_MAX,
+    supersede_shards: bool = False,
     log: Callable[[str], None] = lambda _: None,
 ) -> ConversationsManifest:
-    """Build and publish every conversations shard from the ingest snapshot; return the stage manifest."""
+    """Build and publish every conversations shard from the ingest snapshot; return the stage manifest.
+
+    `supersede_shards`: when shards made from conversations of another shard count are published, withdraw
+    them (refused otherwise; see `supersede_downstream`)."""
     raw = read_raw_prompts_manifest(store)
     if raw is None:
         raise LookupError(
             f"no {store.url(layout.stage_manifest_key(layout.RAW_PROMPTS))}: materialize raw_prompts first"
         )
+    superseded = supersede_downstream(store, num_shards, supersede=supersede_shards, log=log)
     started = time.perf_counter()
     build_id = uuid.uuid4().hex
     workspace = work_dir / layout.CONVERSATIONS / build_id
@@ -215,6 +278,7 @@ def build_conversations(
             enable_thinking=settings.enable_thinking,
             preserve_thinking=settings.preserve_thinking,
             stale_shards_removed=stale,
+            superseded=superseded,
             seconds=time.perf_counter() - started,
             quarantine_object=quarantine_object,
         ),

@@ -218,14 +218,25 @@ class ShardGeneration:
     # ---- driving ----------------------------------------------------------------------------------
 
     async def run(self, dispatcher: Dispatcher, reporter: ShardReporter | None = None) -> Heartbeat:
-        """Dispatch until every planned event has a record; the reporter beats alongside."""
+        """Dispatch until every planned event has a record; the reporter beats alongside.
+
+        The reporter ends only by failing (its lease was lost: another run took the shard over); generation
+        then stops at once and its error is raised.
+        """
         self.dispatcher = dispatcher
+        generating = asyncio.ensure_future(dispatcher.run(self.initial_requests(), self.on_outcome))
         reporting = asyncio.create_task(reporter.run()) if reporter else None
         try:
-            await dispatcher.run(self.initial_requests(), self.on_outcome)
+            if reporting is not None:
+                await asyncio.wait({generating, reporting}, return_when=asyncio.FIRST_COMPLETED)
+                if reporting.done() and not generating.done():
+                    reporting.result()  # raises why it stopped
+            await generating
             self.progress.state = "generated"
         except BaseException:
             self.progress.state = "failed"
+            generating.cancel()
+            await asyncio.gather(generating, return_exceptions=True)
             raise
         finally:
             self.journal.sync()

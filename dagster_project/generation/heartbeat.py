@@ -5,13 +5,20 @@
   node loses at most that minute of work;
 * at a slower pace, a progress line for Dagster's logs (each one is a database write).
 
-A store hiccup never stops generation: it is counted (`upload_failures`) and shown by `status`.
+It also renews the shard's lease (every checkpoint, or a quarter of the lease's time to live if that is
+sooner). A store hiccup never stops generation: it is counted (`upload_failures`) and shown by `status`. A
+lost lease does: another run has taken the shard over, so this one stops writing anything for it and its
+`run` raises `LeaseLost`.
+
+Each heartbeat names its process (host, pid, start time), its Dagster run and its interval, so `status` sees a
+killed run as dead at once on its own host (the pid is gone) and after two missed beats elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,11 +28,18 @@ from typing import Any
 
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.progress import Heartbeat
-from dagster_project.store.dataclass_json import from_json, to_json
+from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import PROGRESS, SHARD_DIGITS, progress_key
+from dagster_project.store.lease import Lease, LeaseLost, process_exists, this_process
 from dagster_project.store.storage import Store, StoreError
 
 HEARTBEATS_PREFIX = PROGRESS + "/shard="
+# States of a run at work: generating, or generated and publishing. ("failed" and "published" are final.)
+ACTIVE_STATES = ("running", "generated")
+# Heartbeats that do not say how often they beat (written before they did): silent this long means gone.
+LEGACY_STALE_S = 60.0
+# A run elsewhere is taken for dead after this many heartbeat intervals without one.
+MISSED_BEATS = 2
 
 
 def journal_checkpoint_key(shard: int, fingerprint: str) -> str:
@@ -34,11 +48,24 @@ def journal_checkpoint_key(shard: int, fingerprint: str) -> str:
 
 def read_heartbeats(store: Store) -> list[Heartbeat]:
     """The last heartbeat of every shard run that reported, running or not."""
-    return [
-        from_json(Heartbeat, store.get_bytes(info.key))
-        for info in store.list(HEARTBEATS_PREFIX)
-        if info.key.endswith(".json")
-    ]
+    keys = [info.key for info in store.list(HEARTBEATS_PREFIX) if info.key.endswith(".json")]
+    beats = (read_record(store, key, Heartbeat) for key in keys)
+    return [beat for beat in beats if beat is not None]
+
+
+def run_is_alive(heartbeat: Heartbeat, now: float, host: str | None = None) -> bool:
+    """Whether the run that wrote this heartbeat is at work and still lives.
+
+    On the host that runs it: its process exists. Elsewhere: it beat within `MISSED_BEATS` of its intervals.
+    """
+    if heartbeat.state not in ACTIVE_STATES:
+        return False
+    if heartbeat.pid and heartbeat.host == (host or socket.gethostname()):
+        return process_exists(heartbeat.pid, heartbeat.process_started_at)
+    silent_for = now - heartbeat.updated_at
+    if heartbeat.heartbeat_interval_s:
+        return silent_for <= MISSED_BEATS * heartbeat.heartbeat_interval_s
+    return silent_for < LEGACY_STALE_S
 
 
 def restore_journal(store: Store, shard: int, fingerprint: str, local_path: Path) -> bool:
@@ -75,11 +102,25 @@ class ShardReporter:
     intervals: ReportIntervals = ReportIntervals()
     on_progress: Callable[[Heartbeat], None] | None = None
     log: Callable[[str], None] = lambda message: None
+    # The shard's lease, renewed as the run goes; None: the caller holds no lease (tests, tools).
+    lease: Lease | None = None
+    run_id: str | None = None
     upload_failures: int = field(default=0, init=False)
+    # Set when the lease is lost: another run owns the shard now, and this one writes nothing more for it.
+    fenced: bool = field(default=False, init=False)
     _checkpointed_size: int = field(default=-1, init=False)
 
     def report(self) -> Heartbeat:
-        return replace(self.snapshot(), upload_failures=self.upload_failures)
+        host, pid, started_at = this_process()
+        return replace(
+            self.snapshot(),
+            upload_failures=self.upload_failures,
+            host=host,
+            pid=pid,
+            process_started_at=started_at,
+            run_id=self.run_id,
+            heartbeat_interval_s=self.intervals.heartbeat_interval_s,
+        )
 
     def _put_heartbeat(self, heartbeat: Heartbeat) -> None:
         self.store.put_bytes(progress_key(self.shard), to_json(heartbeat))
@@ -95,7 +136,22 @@ class ShardReporter:
             self.upload_failures += 1
             self.log(f"{what} of shard {self.shard} failed (generation goes on): {exc}")
 
+    async def renew_lease(self) -> None:
+        """Extend the lease; `LeaseLost` (and nothing more written) if another run took the shard over."""
+        if self.lease is None or self.fenced:
+            return
+        try:
+            await asyncio.to_thread(self.lease.renew)
+        except LeaseLost:
+            self.fenced = True
+            raise
+        except (StoreError, OSError) as exc:  # the next renewal may succeed: the lease has time left
+            self.upload_failures += 1
+            self.log(f"lease renewal of shard {self.shard} failed (generation goes on): {exc}")
+
     async def checkpoint_journal(self) -> None:
+        if self.fenced:
+            return
         self.journal.sync()
         size = self.journal.path.stat().st_size
         if size == self._checkpointed_size:
@@ -108,14 +164,20 @@ class ShardReporter:
         self._checkpointed_size = size
 
     async def beat(self) -> None:
-        await self._guarded("heartbeat", self._put_heartbeat, self.report())
+        if not self.fenced:
+            await self._guarded("heartbeat", self._put_heartbeat, self.report())
 
     async def run(self) -> None:
-        """Until cancelled: heartbeats, journal checkpoints and progress logs, each at its own pace."""
-        last_checkpoint = last_log = time.monotonic()
+        """Until cancelled: heartbeats, journal checkpoints, lease renewals and progress logs, each at its own
+        pace. Returns only by raising `LeaseLost`."""
+        last_checkpoint = last_log = last_renewal = time.monotonic()
+        renew_every = min(self.intervals.checkpoint_interval_s, self.lease.renew_every_s) if self.lease else 0.0
         while True:
             await self.beat()
             now = time.monotonic()
+            if self.lease is not None and now - last_renewal >= renew_every:
+                await self.renew_lease()
+                last_renewal = now
             if now - last_checkpoint >= self.intervals.checkpoint_interval_s:
                 await self.checkpoint_journal()
                 last_checkpoint = now

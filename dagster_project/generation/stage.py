@@ -2,13 +2,19 @@
 
 Publishing writes the shard's Parquet (one row per event: a result or an explicit error) and then its
 manifest, only once the journal holds exactly one record per planned event.
+
+One writer per shard: the run holds the shard's lease in the store (`store.lease`) from before it opens the
+journal until it has published, renews it as it goes, and once more just before publishing; a second run of
+the shard, here or on another node, refuses naming the holder, and a run whose lease was taken over stops
+without publishing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +31,8 @@ from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest, GenerationSummary
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import COMPLETION_SCHEMA, STATUS_OK
-from dagster_project.store.layout import COMPLETIONS, shard_prefix
+from dagster_project.store.layout import COMPLETIONS, lease_key, shard_prefix
+from dagster_project.store.lease import LeaseOptions, take_lease
 from dagster_project.store.manifest import ids_digest, publish_shard
 from dagster_project.store.storage import Store
 
@@ -50,8 +57,10 @@ class WrittenCompletions:
     event_ids: list[str] = field(default_factory=list)
 
 
-def write_completions_parquet(journal: Journal, path: Path) -> WrittenCompletions:
-    """Stream the journal's final records into one Parquet file; return counts for the manifest."""
+def write_completions_parquet(journal: Journal, path: Path, planned: set[str] | None = None) -> WrittenCompletions:
+    """Stream the journal's final records (of the `planned` events, when given) into one Parquet file; return
+    counts for the manifest. A journal may hold events the shard no longer plans: its conversations were
+    rebuilt (another shard count, other sources) since it was written."""
     columns = COMPLETION_SCHEMA.names
     written = WrittenCompletions()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,6 +69,8 @@ def write_completions_parquet(journal: Journal, path: Path) -> WrittenCompletion
     ) as writer:
         batch: list[dict[str, Any]] = []
         for record in journal.final_records():
+            if planned is not None and record["event_id"] not in planned:
+                continue
             batch.append({name: record.get(name) for name in columns})
             written.event_ids.append(record["event_id"])
             written.rows += 1
@@ -88,8 +99,11 @@ def generate_shard(
     intervals: ReportIntervals = ReportIntervals(),
     on_progress: Callable[[Heartbeat], None] | None = None,
     log: Callable[[str], None] = lambda message: None,
+    run_id: str | None = None,
+    lease: LeaseOptions = LeaseOptions(),
 ) -> CompletionsShardManifest:
-    """Generate and publish `completions/shard=NNNNN/`; return its manifest."""
+    """Generate and publish `completions/shard=NNNNN/`; return its manifest. `run_id`: the Dagster run, named
+    in the shard's lease and heartbeats."""
     conversations_manifest = read_shard_conversations_manifest(store, shard)
     if conversations_manifest is None:
         raise RuntimeError(f"conversations shard {shard} is not published: materialize `conversations` first")
@@ -102,10 +116,10 @@ def generate_shard(
             f"configured with {settings.policy!r}: re-materialize `conversations` with the same policy"
         )
 
-    local_journal = journal_path(work_dir, shard, fingerprint)
-    if restore_journal(store, shard, fingerprint, local_journal):
-        log(f"journal restored from the store's checkpoint (a resume on a new node): {local_journal}")
-    with Journal(local_journal) as journal:
+    with (
+        take_lease(store, lease_key(COMPLETIONS, shard), run_id=run_id, options=lease) as held,
+        _open_journal(store, shard, fingerprint, work_dir, log) as journal,
+    ):
         if journal.torn_bytes_dropped:
             log(f"journal: dropped a torn last line ({journal.torn_bytes_dropped} bytes) left by a killed run")
         job = ShardGeneration(shard, conversations, tokenizer, settings, journal)
@@ -118,6 +132,8 @@ def generate_shard(
             intervals,
             on_progress=on_progress,
             log=log,
+            lease=held,
+            run_id=run_id,
         )
         log(
             f"shard {shard}: {job.progress.total_events} events in {len(conversations)} conversations, "
@@ -129,8 +145,8 @@ def generate_shard(
             raise RuntimeError(f"shard {shard}: {len(missing)} events did not end, e.g. {missing[:3]}")
         with tempfile.TemporaryDirectory(dir=work_dir) as staging:
             parquet = Path(staging) / PARQUET_NAME
-            written = write_completions_parquet(journal, parquet)
             expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
+            written = write_completions_parquet(journal, parquet, expected)
             if len(written.event_ids) != len(expected) or set(written.event_ids) != expected:
                 raise RuntimeError(f"shard {shard}: the journal does not hold exactly one record per planned event")
             manifest = CompletionsShardManifest(
@@ -147,7 +163,20 @@ def generate_shard(
                 settings=settings,
                 generation=GenerationSummary.of(last_heartbeat),
             )
+            held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
             published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
     job.progress.state = "published"
     asyncio.run(reporter.beat())
     return published
+
+
+@contextmanager
+def _open_journal(
+    store: Store, shard: int, fingerprint: str, work_dir: Path, log: Callable[[str], None]
+) -> Iterator[Journal]:
+    """The shard's local journal, seeded from the store's checkpoint when this node has none."""
+    local_journal = journal_path(work_dir, shard, fingerprint)
+    if restore_journal(store, shard, fingerprint, local_journal):
+        log(f"journal restored from the store's checkpoint (a resume on a new node): {local_journal}")
+    with Journal(local_journal) as journal:
+        yield journal

@@ -4,6 +4,10 @@ The planned generation events (from the conversations shards) and the recorded o
 completions shards) are loaded shard by shard into DuckDB, which joins them with bounded memory (it
 spills to disk past its limit), so the answer never depends on counts that could hide a gap and a
 duplicate cancelling out.
+
+A store whose completions and conversations disagree is reported, not a crash: a conversations shard that
+is not published (its events are unknown), a completions shard made from other conversations than those
+published now, and completions shards beyond the conversations' shard count.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from dataclasses import dataclass, field, replace
 import duckdb
 import pyarrow as pa
 
-from dagster_project.conversations.shards import read_conversations
+from dagster_project.conversations.shards import conversations_in, read_shard_conversations_manifest
 from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest
-from dagster_project.store.dataclass_json import from_json, to_json
-from dagster_project.store.manifest import verify_shard
+from dagster_project.store.dataclass_json import read_record, to_json
+from dagster_project.store.layout import COMPLETIONS
+from dagster_project.store.manifest import published_shards, verify_shard
 from dagster_project.store.storage import Store
 
 COVERAGE_KEY = "reports/coverage.json"
@@ -47,6 +52,31 @@ class DatasetCoverage:
     duplicated_sample: list[str] = field(default_factory=list)
     unexpected_sample: list[str] = field(default_factory=list)
     shards_damaged: list[int] = field(default_factory=list)
+    # Where the completions and the conversations disagree (the store is not consistent).
+    conversations_shards_missing: list[int] = field(default_factory=list)
+    completions_from_other_conversations: list[int] = field(default_factory=list)
+    completions_beyond_shard_count: list[int] = field(default_factory=list)
+
+    @property
+    def disagreements(self) -> list[str]:
+        """What makes the completions disagree with the conversations, in words (empty when they agree)."""
+        found = []
+        if self.conversations_shards_missing:
+            found.append(
+                f"conversations shards not published: {self.conversations_shards_missing} (their planned events are "
+                "unknown; re-materialize conversations)"
+            )
+        if self.completions_from_other_conversations:
+            found.append(
+                f"completions shards made from other conversations than those published now: "
+                f"{self.completions_from_other_conversations} (re-materialize them)"
+            )
+        if self.completions_beyond_shard_count:
+            found.append(
+                f"completions shards beyond the conversations' {self.shards} shards: "
+                f"{self.completions_beyond_shard_count} (left by another shard count; their events are not counted)"
+            )
+        return found
 
     @property
     def complete(self) -> bool:
@@ -58,6 +88,7 @@ class DatasetCoverage:
         """Every planned event has exactly one record and nothing else was recorded."""
         return (
             not self.shards_damaged
+            and not self.disagreements
             and self.events_missing == 0
             and self.events_duplicated == 0
             and self.events_unexpected == 0
@@ -70,10 +101,15 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
         con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill})
         con.execute("CREATE TABLE planned (event_id VARCHAR, conversation_id VARCHAR, shard INTEGER)")
         con.execute("CREATE TABLE recorded (event_id VARCHAR, status VARCHAR, shard INTEGER)")
-        published, damaged = 0, []
+        published, damaged, unplanned, other = 0, [], [], []
         for shard in range(num_shards):
+            shard_conversations = read_shard_conversations_manifest(store, shard)
+            if shard_conversations is None:
+                unplanned.append(shard)
             planned = [
-                (c.event_id(t), c.id, shard) for c in read_conversations(store, shard) for t in range(c.num_turns)
+                (c.event_id(t), c.id, shard)
+                for c in (conversations_in(store, shard_conversations) if shard_conversations else ())
+                for t in range(c.num_turns)
             ]
             if planned:
                 columns = dict(zip(("event_id", "conversation_id", "shard"), zip(*planned)))
@@ -85,11 +121,20 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
             if verify_shard(store, manifest):  # its events count as missing, and the shard is named
                 damaged.append(shard)
                 continue
+            made_from = manifest.conversations_ids_digest
+            if shard_conversations is not None and made_from and made_from != shard_conversations.ids_digest:
+                other.append(shard)
             published += 1
             for batch in iter_completion_batches(store, shard, ["event_id", "status"]):
                 con.register("recorded_batch", pa.Table.from_batches([batch]))
                 con.execute("INSERT INTO recorded SELECT event_id, status, ? FROM recorded_batch", [shard])
-        return replace(_summarize(con, num_shards, published), shards_damaged=damaged)
+        return replace(
+            _summarize(con, num_shards, published),
+            shards_damaged=damaged,
+            conversations_shards_missing=unplanned,
+            completions_from_other_conversations=other,
+            completions_beyond_shard_count=[s for s in published_shards(store, COMPLETIONS) if s >= num_shards],
+        )
 
 
 def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
@@ -142,4 +187,4 @@ def write_coverage(store: Store, coverage: DatasetCoverage) -> None:
 
 
 def read_coverage(store: Store) -> DatasetCoverage | None:
-    return from_json(DatasetCoverage, store.get_bytes(COVERAGE_KEY)) if store.exists(COVERAGE_KEY) else None
+    return read_record(store, COVERAGE_KEY, DatasetCoverage)

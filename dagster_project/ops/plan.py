@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dagster_project.store.dataclass_json import from_json, to_json
+from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.storage import Store
 
 PLAN_KEY = "plan.json"
@@ -44,4 +44,4 @@ def write_plan(store: Store, plan: Plan) -> None:
 
 
 def read_plan(store: Store) -> Plan | None:
-    return from_json(Plan, store.get_bytes(PLAN_KEY)) if store.exists(PLAN_KEY) else None
+    return read_record(store, PLAN_KEY, Plan)

@@ -11,6 +11,7 @@ metadata. Both come from the same answers, so the UI and the terminal agree.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -22,7 +23,7 @@ from dagster_project.conversations.shards import (
     read_conversations_manifest,
     read_shard_conversations_manifest,
 )
-from dagster_project.generation.heartbeat import read_heartbeats
+from dagster_project.generation.heartbeat import ACTIVE_STATES, read_heartbeats, run_is_alive
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest, read_completions_manifest
 from dagster_project.ingest.shards import RawPromptsManifest, read_raw_prompts_manifest
@@ -32,8 +33,6 @@ from dagster_project.sglang.launch import fleet_status
 from dagster_project.store.manifest import verify_shard
 from dagster_project.store.storage import Store
 
-# A heartbeat older than this means its shard run is not running any more (killed or finished).
-STALE_HEARTBEAT_S = 60.0
 ACCEPT_LENGTH_ALERT_FLOOR = 2.0
 
 
@@ -60,7 +59,12 @@ class Readings:
     @property
     def live(self) -> list[Heartbeat]:
         """The heartbeats of shard runs running now."""
-        return [b for b in self.heartbeats if b.state == "running" and self.now - b.updated_at < STALE_HEARTBEAT_S]
+        return [b for b in self.heartbeats if run_is_alive(b, self.now)]
+
+    @property
+    def dead(self) -> list[Heartbeat]:
+        """Shard runs that say `running` but whose process is gone (killed): they will never finish."""
+        return [b for b in self.heartbeats if b.state in ACTIVE_STATES and not run_is_alive(b, self.now)]
 
     @property
     def live_unpublished(self) -> list[Heartbeat]:
@@ -94,12 +98,27 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
 
 
 @dataclass(frozen=True)
+class DeadRun:
+    """A shard run that stopped without saying so (killed): its heartbeat says running, its process is gone."""
+
+    shard: int
+    run_id: str | None
+    host: str
+    pid: int
+    last_heartbeat_at: float
+    # True: its process was looked for on this host and is gone; False: judged by missed heartbeats.
+    process_checked: bool
+
+
+@dataclass(frozen=True)
 class ProgressAnswer:
     events_planned: int
     events_done: int
     events_remaining: int
     fraction_done: float
     shards_running: list[int]
+    shards_dead: list[int]
+    dead_runs: list[DeadRun]
     window_req_per_s: float
     window_output_tok_per_s: float
     lifetime_req_per_s: float
@@ -141,6 +160,11 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
         events_remaining=remaining,
         fraction_done=done / readings.events_planned if readings.events_planned else 0.0,
         shards_running=sorted(b.shard for b in readings.live),
+        shards_dead=sorted(b.shard for b in readings.dead),
+        dead_runs=[
+            DeadRun(b.shard, b.run_id, b.host, b.pid, b.updated_at, bool(b.pid) and b.host == socket.gethostname())
+            for b in sorted(readings.dead, key=lambda b: b.shard)
+        ],
         window_req_per_s=sum(b.window.req_per_s for b in readings.live),
         window_output_tok_per_s=window_tok_s,
         lifetime_req_per_s=sum(b.done_events - b.resumed_events for b in beats) / span if span else 0.0,
@@ -153,7 +177,7 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
     )
 
 
-def render_progress(progress: ProgressAnswer) -> list[str]:
+def render_progress(progress: ProgressAnswer, now: float) -> list[str]:
     p = progress
     lines = [
         "1. Progress vs estimates",
@@ -169,6 +193,13 @@ def render_progress(progress: ProgressAnswer) -> list[str]:
         f"over {_fmt(p.lifetime_span_hours * 60, 1)} min of generation",
         f"   avg output tokens {_fmt(p.avg_output_tokens)}; ETA {_fmt(p.eta_hours, 2)} h",
     ]
+    for dead in p.dead_runs:
+        how = "its process is gone" if dead.process_checked else "no heartbeat for"
+        lines.append(
+            f"   DEAD: shard {dead.shard} (run {dead.run_id or '—'}, {dead.host} pid {dead.pid}): {how}"
+            + ("" if dead.process_checked else f" {now - dead.last_heartbeat_at:,.0f} s")
+            + " — it will not finish; materialize the shard again (it resumes from its journal)"
+        )
     if p.plan:
         lines.append(
             f"   plan ({p.plan.source}): {p.plan.req_per_s} req/s, {p.plan.avg_output_tokens} avg out tokens, "
@@ -414,15 +445,17 @@ def answer_coverage(readings: Readings) -> CoverageAnswer:
     )
 
 
-def _by_id_line(by_id: DatasetCoverage | None, now: float) -> str:
+def _by_id_lines(by_id: DatasetCoverage | None, now: float) -> list[str]:
     if not by_id:
-        return "   by id: not computed yet (materialize run_report, or dflash status --by-id)"
-    return (
+        return ["   by id: not computed yet (materialize run_report, or dflash status --by-id)"]
+    return [
         f"   by id ({_ago(by_id.computed_at, now)}): conversations {_fmt(by_id.conversations)} = done "
         f"{_fmt(by_id.conversations_done)} + partial {_fmt(by_id.conversations_partial)} + missing "
         f"{_fmt(by_id.conversations_missing)}; events missing {_fmt(by_id.events_missing)}, duplicated "
-        f"{_fmt(by_id.events_duplicated)}, unexpected {_fmt(by_id.events_unexpected)}"
-    )
+        f"{_fmt(by_id.events_duplicated)}, unexpected {_fmt(by_id.events_unexpected)}",
+        *(f"   ALERT: {problem}" for problem in by_id.disagreements),
+        *([f"   ALERT: damaged completions shards: {by_id.shards_damaged}"] if by_id.shards_damaged else []),
+    ]
 
 
 def render_coverage(coverage: CoverageAnswer, now: float) -> list[str]:
@@ -434,7 +467,7 @@ def render_coverage(coverage: CoverageAnswer, now: float) -> list[str]:
         f"{c.quarantined_by_reason or ''}",
         f"   conversations {_fmt(c.conversations)} by source {by_source}; events planned {_fmt(c.events_planned)}, "
         f"in published shards {_fmt(c.events_in_published_shards)} (errors {_fmt(c.errors_in_published_shards)})",
-        _by_id_line(c.by_id, now),
+        *_by_id_lines(c.by_id, now),
     ]
 
 
@@ -512,7 +545,7 @@ def collect_status(
 def render_text(status: Status) -> str:
     return "\n".join(
         [
-            *render_progress(status.progress),
+            *render_progress(status.progress, status.collected_at),
             *render_mtp(status.mtp),
             *render_concurrency(status.concurrency),
             *render_storage(status.storage, status.collected_at),

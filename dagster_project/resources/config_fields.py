@@ -9,7 +9,13 @@ their fields from them instead of copying each one:
     thresholds = config.to_dataclass()   # a GateThresholds with the run's values
 
 Each field keeps its name, type and default, and its `metadata["help"]` becomes the description the
-launchpad shows. Every field of such a dataclass has a default.
+launchpad shows. Every field of such a dataclass has a default. A config may take the fields of two
+dataclasses by nesting the calls; `to_dataclass(kind)` then builds the inner one:
+
+    class CompletionsConfig(config_fields(ReportIntervals, config_fields(LeaseOptions, dg.Config))):
+        ...
+
+    config.to_dataclass(), config.to_dataclass(LeaseOptions)
 """
 
 # No `from __future__ import annotations`: Dagster 1.13 cannot resolve string annotations of a Config.
@@ -30,7 +36,9 @@ def config_fields(source: type, base: type[pydantic.BaseModel]) -> type:
     }
 
     class Fields(pydantic.create_model(f"{source.__name__}Fields", __base__=base, **fields)):
-        def to_dataclass(self):
-            return source(**{name: getattr(self, name) for name in fields})
+        def to_dataclass(self, kind: type | None = None):
+            """A `source` with the configured values; or a `kind`, when `base` took its fields from it too."""
+            kind = kind or source
+            return kind(**{f.name: getattr(self, f.name) for f in dataclasses.fields(kind)})
 
     return Fields

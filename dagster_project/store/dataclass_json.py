@@ -4,6 +4,9 @@ Writing is `dataclasses.asdict`, so the JSON keys are the field names. Reading t
 directions, so stores written by other versions still read: keys a newer writer added are ignored, and
 fields an older writer did not know take their defaults. Nested dataclasses (also inside lists, tuples,
 dict values and `X | None`) are rebuilt from the field annotations.
+
+`read_record` reads one from the store; an object that is not a valid record (truncated, hand-edited, another
+kind) raises `CorruptObject` naming the object, never a bare JSON error.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from dataclasses import asdict, fields, is_dataclass
 from typing import Any, TypeVar
 
 import orjson
+
+from dagster_project.store.storage import CorruptObject, Store
 
 T = TypeVar("T")
 
@@ -63,3 +68,21 @@ def _build(hint: Any, value: Any) -> Any:
     if origin is dict and len(args) == 2:
         return {key: _build(args[1], item) for key, item in value.items()}
     return value
+
+
+def read_record(store: Store, key: str, kind: type[T]) -> T | None:
+    """The record stored at `key` as `kind`, or None when there is no such object."""
+    if not store.exists(key):
+        return None
+    return parse_record(store, key, kind, store.get_bytes(key))
+
+
+def parse_record(store: Store, key: str, kind: type[T], raw: bytes) -> T:
+    """`raw`, the bytes of object `key`, as a `kind`; `CorruptObject` naming the object when they are not one."""
+    try:
+        return from_json(kind, raw)
+    except (ValueError, TypeError, AttributeError) as exc:  # orjson.JSONDecodeError is a ValueError
+        raise CorruptObject(
+            f"{store.url(key)} is damaged: it is not a valid {kind.__name__} ({type(exc).__name__}: {exc}). "
+            "Re-materialize the asset that wrote it (or delete the object if it should not be there)"
+        ) from exc

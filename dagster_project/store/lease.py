@@ -2,25 +2,30 @@
 
 A shard run holds `leases/<stage>/shard=NNNNN.json` while it works. Another run, on this host or any other,
 that finds the lease alive refuses at once naming the holder (or waits for it, if asked to); an expired
-lease is taken over. Each take increments a fencing token, and every renewal is conditional on the object
-being exactly as this holder last wrote it: a writer paused past its expiry (a stopped process, a long GC,
-a partitioned node) finds on its next renewal that someone else took over, and stops before it publishes.
+lease is taken over, and so is one whose holder ran on this host and whose process is gone (a killed run:
+its rerun here need not wait for the lease to expire). Each take increments a fencing token, and every
+renewal is conditional on the object being exactly as this holder last wrote it: a writer paused past its
+expiry (a stopped process, a long GC, a partitioned node) finds on its next renewal that someone else took
+over, and stops before it publishes.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Self
 
 import orjson
+import psutil
 
 from dagster_project.store.storage import PreconditionFailed, Store, StoreError
 
 DEFAULT_TTL_S = 300.0
+DEFAULT_POLL_S = 5.0
 
 
 class LeaseHeld(StoreError):
@@ -31,22 +36,75 @@ class LeaseLost(StoreError):
     """This run's lease expired and another run took the shard: it must not publish."""
 
 
+@functools.cache
+def this_process() -> tuple[str, int, float]:
+    """(host, pid, start time) of this process: the start time tells it from a later process given the same pid."""
+    return socket.gethostname(), os.getpid(), psutil.Process().create_time()
+
+
+def process_exists(pid: int, started_at: float | None) -> bool:
+    """Whether the process `pid` of this host, started at `started_at`, still runs (a zombie does not)."""
+    try:
+        process = psutil.Process(pid)
+        if started_at is not None and abs(process.create_time() - started_at) > 1.0:
+            return False  # the pid was given to a later process
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # no such process, or it ended while we looked
+        return False
+
+
 @dataclass(frozen=True)
 class LeaseRecord:
     holder: str
     token: int  # fencing token: grows by one with every take-over
     acquired_at: float
     expires_at: float
+    # The holder's process; records written without it are judged by their expiry alone.
+    host: str = ""
+    pid: int = 0
+    process_started_at: float | None = None
 
     def describe(self) -> str:
         expires = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.expires_at))
         return f"{self.holder} (lease #{self.token}, expires {expires} unless renewed)"
+
+    def holder_died_here(self) -> bool:
+        """The holder ran on this host and its process is gone: it was killed without releasing the lease."""
+        return (
+            bool(self.pid)
+            and self.host == socket.gethostname()
+            and not process_exists(self.pid, self.process_started_at)
+        )
 
 
 def default_holder(run_id: str | None = None) -> str:
     """Who holds a lease: host and process, and the Dagster run when there is one."""
     holder = f"{socket.gethostname()} pid {os.getpid()}"
     return f"{holder} run {run_id}" if run_id else holder
+
+
+@dataclass(frozen=True)
+class LeaseOptions:
+    """How a shard run holds its shard's lease (the config of the assets that take one)."""
+
+    lease_wait_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "When another live run holds the shard: 0 refuses at once naming it; more waits up to this "
+            "many seconds for it to finish or die."
+        },
+    )
+    lease_ttl_s: float = field(
+        default=DEFAULT_TTL_S,
+        metadata={
+            "help": "A run that stops renewing its lease (killed, paused, cut off) loses the shard after this "
+            "long; another run may then take it over."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.lease_wait_s < 0 or self.lease_ttl_s <= 0:
+            raise ValueError(f"invalid lease options {self}")
 
 
 class Lease:
@@ -65,7 +123,7 @@ class Lease:
         self.record: LeaseRecord | None = None
         self._version: str | None = None
 
-    def acquire(self, wait_s: float = 0.0, poll_s: float = 5.0) -> Self:
+    def acquire(self, wait_s: float = 0.0, poll_s: float = DEFAULT_POLL_S) -> Self:
         """Take the lease, or raise `LeaseHeld` naming the holder (after waiting up to `wait_s` for it)."""
         deadline = time.monotonic() + wait_s
         while True:
@@ -82,10 +140,14 @@ class Lease:
         token = 1
         if current is not None:
             held = LeaseRecord(**orjson.loads(current[0]))
-            if held.expires_at > now and held.holder != self.holder:
-                raise LeaseHeld(f"{self.store.url(self.key)} is held by {held.describe()}")
+            if held.expires_at > now and held.holder != self.holder and not held.holder_died_here():
+                raise LeaseHeld(
+                    f"{self.store.url(self.key)} is held by {held.describe()}: another run is working on this "
+                    "shard. Let it finish (or ask to wait for it: lease_wait_s); a run that died without releasing "
+                    "it loses it when it expires"
+                )
             token = held.token + 1
-        record = LeaseRecord(self.holder, token, now, now + self.ttl_s)
+        record = LeaseRecord(self.holder, token, now, now + self.ttl_s, *this_process())
         try:
             self._version = self.store.put_if(self.key, orjson.dumps(asdict(record)), current[1] if current else None)
         except PreconditionFailed:
@@ -98,7 +160,7 @@ class Lease:
         if self.record is None:
             raise LeaseLost(f"{self.store.url(self.key)}: not acquired")
         now = self.clock()
-        record = LeaseRecord(self.holder, self.record.token, self.record.acquired_at, now + self.ttl_s)
+        record = replace(self.record, expires_at=now + self.ttl_s)
         try:
             self._version = self.store.put_if(self.key, orjson.dumps(asdict(record)), self._version)
         except PreconditionFailed as exc:
@@ -114,15 +176,27 @@ class Lease:
         """Give the lease up (expire it now) if it is still ours; a lost lease is left to its new holder."""
         if self.record is None:
             return
-        record = LeaseRecord(self.holder, self.record.token, self.record.acquired_at, self.clock())
+        record = replace(self.record, expires_at=self.clock())
         try:
             self.store.put_if(self.key, orjson.dumps(asdict(record)), self._version)
         except PreconditionFailed:
             pass
         self.record = None
 
+    @property
+    def renew_every_s(self) -> float:
+        """How often a holder renews: four chances before the lease would expire."""
+        return self.ttl_s / 4
+
     def __enter__(self) -> Self:
         return self.acquire() if self.record is None else self
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+def take_lease(store: Store, key: str, *, run_id: str | None = None, options: LeaseOptions = LeaseOptions()) -> Lease:
+    """The lease on `key` for this process (and Dagster run), acquired: `LeaseHeld` naming the holder when
+    another live run has it and `options.lease_wait_s` ran out. Release it (or use it as a context manager)."""
+    lease = Lease(store, key, default_holder(run_id), ttl_s=options.lease_ttl_s)
+    return lease.acquire(options.lease_wait_s, min(DEFAULT_POLL_S, max(options.lease_wait_s / 10, 0.05)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -19,9 +20,9 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dagster_project.store.dataclass_json import from_json, to_json
+from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import MANIFEST_NAME, shard_manifest_key, shard_prefix, stage_manifest_key
-from dagster_project.store.storage import ObjectInfo, Store, local_copy
+from dagster_project.store.storage import CorruptObject, ObjectInfo, Store, local_copy
 
 
 @dataclass(frozen=True)
@@ -101,10 +102,28 @@ def _remove_unlisted(store: Store, prefix: str, keep: set[str]) -> None:
             store.delete(info.key)
 
 
+def published_shards(store: Store, stage: str) -> list[int]:
+    """The shards of `stage` that have a manifest, found by listing (whatever the shard count says)."""
+    shards = []
+    for info in store.list(f"{stage}/shard="):
+        number, _, name = info.key[len(stage) + len("/shard=") :].partition("/")
+        if name == MANIFEST_NAME and number.isdigit():
+            shards.append(int(number))
+    return sorted(shards)
+
+
+def withdraw_shards(store: Store, stage: str) -> list[int]:
+    """Unpublish every shard of `stage`: its manifest goes, so no reader uses it; the objects stay until the
+    shard is published again (which removes what the new manifest does not list). Returns the shards."""
+    shards = published_shards(store, stage)
+    for shard in shards:
+        store.delete(shard_manifest_key(stage, shard))
+    return shards
+
+
 def read_shard_manifest(store: Store, stage: str, shard: int, kind: type[ShardManifestT]) -> ShardManifestT | None:
     """The shard's manifest as `kind` (any `ShardManifest` reads any stage's), or None when it is not published."""
-    key = shard_manifest_key(stage, shard)
-    return from_json(kind, store.get_bytes(key)) if store.exists(key) else None
+    return read_record(store, shard_manifest_key(stage, shard), kind)
 
 
 def write_stage_manifest(store: Store, manifest: StageManifestT) -> StageManifestT:
@@ -114,8 +133,7 @@ def write_stage_manifest(store: Store, manifest: StageManifestT) -> StageManifes
 
 
 def read_stage_manifest(store: Store, stage: str, kind: type[StageManifestT]) -> StageManifestT | None:
-    key = stage_manifest_key(stage)
-    return from_json(kind, store.get_bytes(key)) if store.exists(key) else None
+    return read_record(store, stage_manifest_key(stage), kind)
 
 
 def verify_shard(store: Store, manifest: ShardManifest) -> list[str]:
@@ -133,9 +151,25 @@ def verify_shard(store: Store, manifest: ShardManifest) -> list[str]:
 
 
 def iter_parquet_batches(store: Store, keys: list[str], columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-    """Stream the objects' rows one Parquet row group at a time (memory bounded by a row group)."""
+    """Stream the objects' rows one Parquet row group at a time (memory bounded by a row group).
+
+    An object that is not readable Parquet (truncated, overwritten) raises `CorruptObject` naming it.
+    """
     for key in keys:
         with local_copy(store, key) as path:
-            parquet = pq.ParquetFile(path)
+            with _parquet_errors(store, key):
+                parquet = pq.ParquetFile(path)
             for group in range(parquet.num_row_groups):
-                yield from parquet.read_row_group(group, columns=columns).to_batches()
+                with _parquet_errors(store, key):
+                    table = parquet.read_row_group(group, columns=columns)
+                yield from table.to_batches()
+
+
+@contextmanager
+def _parquet_errors(store: Store, key: str) -> Iterator[None]:
+    try:
+        yield
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptObject(
+            f"{store.url(key)} is damaged: not readable as Parquet ({exc}). Re-materialize the shard it belongs to"
+        ) from exc

@@ -38,6 +38,10 @@ class StoreError(RuntimeError):
     """An object could not be written, read or verified."""
 
 
+class CorruptObject(StoreError):
+    """An object is in the store but cannot be read as what it should be (truncated, overwritten, not JSON)."""
+
+
 class PreconditionFailed(StoreError):
     """A conditional write lost: the object was not in the state the writer expected."""
 

@@ -20,8 +20,10 @@ training Parquet (`datasets.Dataset.from_parquet(files).select_columns(["input_i
 **Only cleared shards are exported.** Blocking checks stop the export in the run that fails them, but not
 a later run that selects the export alone (Dagster does not carry blocking across runs). So each training
 check records its verdict next to the shard (`training_set/shard=NNNNN/_verdicts/<check>.json`, tied to
-that publication: re-assembling the shard removes it), and the export refuses a shard without a passing
-verdict from every check in `REQUIRED_VERDICTS`.
+that publication: re-assembling the shard removes it; see `store.verdicts`), and the export refuses a shard
+without a passing verdict from every check in `REQUIRED_VERDICTS`, naming each failed gate. An operator who
+has looked at the failures may export such a shard anyway (`override_failed_gates`); a check that has not
+run on the shard is never overridden.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from dagster_project.store.dataclass_json import from_json, to_json
-from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET, shard_prefix
+from dagster_project.store import verdicts
+from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET
 from dagster_project.store.storage import Store
+from dagster_project.store.verdicts import read_verdict
 from dagster_project.training.gates import list_buffers
 from dagster_project.training.shards import TrainingShardManifest, iter_training_batches, training_manifest
 
@@ -51,20 +54,6 @@ class ShardNotCleared(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """A check's outcome on one publication of a training shard (`published_at` and `ids_digest` tell which)."""
-
-    check: str
-    passed: bool
-    failures: dict[str, str] = field(default_factory=dict)  # gate → its message
-    published_at: float = 0.0
-    ids_digest: str = ""
-
-    def judges(self, manifest: TrainingShardManifest) -> bool:
-        return (self.published_at, self.ids_digest) == (manifest.published_at, manifest.ids_digest)
-
-
-@dataclass(frozen=True)
 class ExportedShard:
     """What `export_shard` wrote: one JSON Lines object, and what it holds."""
 
@@ -75,6 +64,8 @@ class ExportedShard:
     tokens: int
     loss_tokens: int
     training_ids_digest: str
+    # Failed gates exported anyway (`override_failed_gates`), as `check/gate` → message.
+    overridden: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -85,24 +76,23 @@ class JsonlCounts:
 
 
 def verdict_key(shard: int, check: str) -> str:
-    return f"{shard_prefix(TRAINING_SET, shard)}_verdicts/{check}.json"
+    return verdicts.verdict_key(TRAINING_SET, shard, check)
 
 
 def record_verdict(store: Store, manifest: TrainingShardManifest, check: str, failures: dict[str, str]) -> None:
     """Record a check's outcome on this publication of the shard; `failures` maps a gate to its message."""
-    verdict = Verdict(check, not failures, failures, manifest.published_at, manifest.ids_digest)
-    store.put_bytes(verdict_key(manifest.shard, check), to_json(verdict))
+    verdicts.record_verdict(store, manifest, check, failures)
 
 
-def uncleared(store: Store, manifest: TrainingShardManifest) -> list[str]:
-    """Why the shard may not be exported yet (empty when every required check passed on this publication)."""
+def uncleared(store: Store, manifest: TrainingShardManifest, *, override_failed_gates: bool = False) -> list[str]:
+    """Why the shard may not be exported yet (empty when every required check passed on this publication, or
+    failed but `override_failed_gates`)."""
     reasons = []
     for check in REQUIRED_VERDICTS:
-        key = verdict_key(manifest.shard, check)
-        verdict = from_json(Verdict, store.get_bytes(key)) if store.exists(key) else None
-        if verdict is None or not verdict.judges(manifest):
+        verdict = read_verdict(store, manifest, check)
+        if verdict is None:
             reasons.append(f"{check} has not run on this publication of the shard")
-        elif not verdict.passed:
+        elif not verdict.passed and not override_failed_gates:
             reasons.extend(f"{check}/{gate}: {message}" for gate, message in verdict.failures.items())
     return reasons
 
@@ -133,12 +123,23 @@ def write_specforge_jsonl(batches: Iterable[pa.RecordBatch], path: Path) -> Json
     return counts
 
 
-def export_shard(store: Store, shard: int, staging_dir: Path) -> ExportedShard:
-    """Write `exports/specforge/shard=NNNNN.jsonl` from the published training shard; return what was written."""
+def export_shard(store: Store, shard: int, staging_dir: Path, *, override_failed_gates: bool = False) -> ExportedShard:
+    """Write `exports/specforge/shard=NNNNN.jsonl` from the published training shard; return what was written.
+
+    `override_failed_gates`: export a shard that failed training gates anyway (they are in `overridden`)."""
     manifest = training_manifest(store, shard)
-    reasons = uncleared(store, manifest)
+    reasons = uncleared(store, manifest, override_failed_gates=override_failed_gates)
     if reasons:
-        raise ShardNotCleared(f"training_set shard {shard} is not cleared for export: " + "; ".join(reasons))
+        fix = (
+            "run the training_set checks on it"
+            if all("has not run" in reason for reason in reasons)
+            else "fix the cause and re-materialize training_set (or, having looked, set override_failed_gates: "
+            "true in specforge_export's config)"
+        )
+        raise ShardNotCleared(
+            f"training_set shard {shard} is not cleared for export: " + "; ".join(reasons) + f". To export it: {fix}"
+        )
+    overridden = verdicts.failed_gates(store, manifest)
     staging_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=staging_dir) as staging:
         path = Path(staging) / "specforge.jsonl"
@@ -157,4 +158,5 @@ def export_shard(store: Store, shard: int, staging_dir: Path) -> ExportedShard:
         tokens=counts.tokens,
         loss_tokens=counts.loss_tokens,
         training_ids_digest=manifest.ids_digest,
+        overridden=overridden,
     )

@@ -83,6 +83,8 @@ class TrainingSource:
     settings_fingerprint: str = ""
     # A completions manifest that did not record its settings was made with the defaults.
     settings: GenerationSettings = field(default_factory=GenerationSettings)
+    # Blocking gates the completions shard failed and the operator overrode (`check/gate` → message).
+    gates_overridden: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,10 +35,12 @@ import pyarrow.compute as pc
 
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.records import STATUS_OK, TRAINING_SCHEMA
-from dagster_project.store.dataclass_json import from_json
-from dagster_project.store.layout import COMPLETIONS, shard_manifest_key
+from dagster_project.store.dataclass_json import parse_record
+from dagster_project.store.layout import COMPLETIONS, TRAINING_SET, lease_key, shard_manifest_key
+from dagster_project.store.lease import Lease, LeaseOptions, take_lease
 from dagster_project.store.manifest import ids_digest, iter_parquet_batches, publish_shard
 from dagster_project.store.storage import Store, sha256_bytes
+from dagster_project.store.verdicts import describe_failures, failed_gates
 from dagster_project.training.gates import GateResult, list_buffers
 from dagster_project.training.shards import (
     DROP,
@@ -72,6 +74,10 @@ COMPLETION_COLUMNS = [
 
 class CompletionsNotPublished(RuntimeError):
     pass
+
+
+class CompletionsGated(RuntimeError):
+    """The completions shard failed a blocking gate: it is not assembled unless the operator overrides it."""
 
 
 @dataclass
@@ -200,12 +206,47 @@ def _completions_source(store: Store, shard: int) -> tuple[CompletionsShardManif
     if not store.exists(key):
         raise CompletionsNotPublished(f"completions shard {shard} has no manifest: materialize `completions` first")
     raw = store.get_bytes(key)
-    return from_json(CompletionsShardManifest, raw), sha256_bytes(raw)
+    return parse_record(store, key, CompletionsShardManifest, raw), sha256_bytes(raw)
 
 
-def assemble_shard(store: Store, shard: int, options: AssemblyOptions, staging_dir: Path) -> TrainingShardManifest:
-    """Build and publish `training_set/shard=NNNNN/` from the published completions shard; return its manifest."""
+def assemble_shard(
+    store: Store,
+    shard: int,
+    options: AssemblyOptions,
+    staging_dir: Path,
+    *,
+    override_failed_gates: bool = False,
+    run_id: str | None = None,
+    lease: LeaseOptions = LeaseOptions(),
+) -> TrainingShardManifest:
+    """Build and publish `training_set/shard=NNNNN/` from the published completions shard; return its manifest.
+
+    Refuses a completions shard that failed a blocking gate (its checks' verdicts on this publication), naming
+    the gate, unless `override_failed_gates` (the overridden gates are then recorded in the manifest). One run
+    at a time: the shard's lease is held while it is assembled and published (`run_id` names the holder).
+    """
     source, source_sha256 = _completions_source(store, shard)
+    gated = failed_gates(store, source)  # what the completions checks recorded on this publication
+    if gated and not override_failed_gates:
+        raise CompletionsGated(
+            f"completions shard {shard} ({store.url(shard_manifest_key(COMPLETIONS, shard))}) failed blocking "
+            f"gates: {describe_failures(gated)}. Fix the cause and re-materialize completions of this shard; or, "
+            "having looked at them, set override_failed_gates: true in training_set's config to assemble it anyway"
+        )
+    with take_lease(store, lease_key(TRAINING_SET, shard), run_id=run_id, options=lease) as held:
+        return _assemble(store, shard, options, staging_dir, source, source_sha256, gated, held)
+
+
+def _assemble(
+    store: Store,
+    shard: int,
+    options: AssemblyOptions,
+    staging_dir: Path,
+    source: CompletionsShardManifest,
+    source_sha256: str,
+    overridden: dict[str, str],
+    held: Lease,
+) -> TrainingShardManifest:
     counts = AssemblyCounts()
     kept_ids: list[str] = []
     source_ids: list[str] = []
@@ -245,8 +286,10 @@ def assemble_shard(store: Store, shard: int, options: AssemblyOptions, staging_d
                 completions_ids_digest=source.ids_digest,
                 settings_fingerprint=source.settings_fingerprint,
                 settings=source.settings,
+                gates_overridden=overridden,
             ),
         )
+        held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
         return publish_shard(store, manifest, [(TRAINING_FILE, path)])
 
 

@@ -4,8 +4,9 @@ One shard run (completions, its checks, training_set with its checks, specforge_
 a backfill run) through `dg.materialize` with the real resources, against simulator processes. With every
 server answering with the EOS token alone (the simulator's "empty" fault), `completions` is still materialized
 (its events are results, not errors), the answer gates fail with a message that says what is wrong, and
-neither `training_set` nor the export runs. With a healthy fleet every completions check passes and the
-shard goes through.
+neither `training_set` nor the export runs; nor does it in a later run that selects `training_set` alone (the
+checks recorded their verdicts next to the shard), unless its config overrides the failed gates. With a
+healthy fleet every completions check passes and the shard goes through.
 """
 
 from __future__ import annotations
@@ -83,6 +84,17 @@ def _run_shard(prepared: Prepared, shard: int, endpoints: list[str]) -> dg.Execu
     )
 
 
+def _run_training_set(prepared: Prepared, shard: int, **config) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [training_set],
+        partition_key=layout.partition_key(shard),
+        resources=_resources(prepared.store, []),
+        instance=prepared.instance,
+        run_config={"ops": {"training_set": {"config": config}}},
+        raise_on_error=False,
+    )
+
+
 def _steps_started(result: dg.ExecuteInProcessResult) -> set[str]:
     return {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_START}
 
@@ -127,6 +139,21 @@ def test_empty_answers_fail_the_blocking_gates_and_stop_training_set_in_the_same
     assert {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()} == {"completions"}
     assert partition not in prepared.instance.get_materialized_partitions(dg.AssetKey("training_set"))
     assert read_training_manifest(prepared.store, shard) is None
+
+    # A later run of training_set alone refuses the gated shard, naming the gates and the way out ...
+    later = _run_training_set(prepared, shard)
+    assert not later.success
+    [failure] = [e for e in later.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    message = failure.event_specific_data.error.to_string()  # with its cause
+    assert "CompletionsGated" in message and "override_failed_gates" in message, message
+    assert all(f"quality/{name}: BLOCKED" in message for name in EMPTY_ANSWER_GATES), message
+    assert read_training_manifest(prepared.store, shard) is None
+    # ... and goes on when the operator overrides them, recording which.
+    overridden = _run_training_set(prepared, shard, override_failed_gates=True)
+    assert overridden.success
+    assert {f"quality/{name}" for name in EMPTY_ANSWER_GATES} <= set(
+        read_training_manifest(prepared.store, shard).source.gates_overridden
+    )
 
 
 def test_a_healthy_fleet_passes_every_completions_check_and_the_shard_goes_through(prepared, sim_fleet):

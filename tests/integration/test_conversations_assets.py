@@ -22,6 +22,7 @@ from dagster_project.ingest.quarantine import REASONS
 from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
 from dagster_project.settings import DEMO_DATA_DIR
 from dagster_project.store import layout
+from dagster_project.store.manifest import ShardManifest, publish_shard, published_shards
 from tests.support.dagster_helpers import evaluations_by_check
 
 ASSETS = [raw_prompts, conversations]
@@ -130,3 +131,28 @@ def test_sources_and_store_on_s3(s3_bucket: str, tmp_path: Path, monkeypatch: py
     stage = json.loads(store.get_bytes(layout.stage_manifest_key(layout.CONVERSATIONS)))
     assert list(stage["by_source"]) == ["demo"] and stage["by_policy"]["first_turn"]["turns"] == stage["rows"] >= 200
     assert {c.policy for shard in range(2) for c in read_conversations(store, shard)} == {"first_turn"}
+
+
+def test_another_shard_count_is_refused_while_completions_exist_unless_superseded(
+    resources: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert dg.materialize(ASSETS, resources=resources).success
+    store = resources["store"].open()
+    data = tmp_path / "completions.parquet"
+    data.write_bytes(b"rows")
+    for shard in range(NUM_SHARDS):
+        publish_shard(store, ShardManifest(stage=layout.COMPLETIONS, shard=shard, rows=1), [("c.parquet", data)])
+
+    monkeypatch.setenv("DFLASH_NUM_SHARDS", "5")  # the operator changed the shell, not the conversations
+    refused = dg.materialize([conversations], resources=resources, raise_on_error=False)
+    assert not refused.success
+    [failure] = [e for e in refused.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    message = failure.event_specific_data.error.to_string()  # with its cause
+    assert f"have {NUM_SHARDS} shards" in message and "supersede_shards: true" in message, message
+    assert published_shards(store, layout.COMPLETIONS) == list(range(NUM_SHARDS))
+
+    config = {"ops": {"conversations": {"config": {"supersede_shards": True}}}}
+    superseded = dg.materialize([conversations], resources=resources, run_config=config)
+    metadata = superseded.asset_materializations_for_node("conversations")[0].metadata
+    assert metadata["num_shards"].value == 5 and metadata["superseded"].value[layout.COMPLETIONS] == NUM_SHARDS
+    assert published_shards(store, layout.COMPLETIONS) == []

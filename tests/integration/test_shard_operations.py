@@ -1,8 +1,11 @@
 """Shard runs as an operator runs them: `dagster asset materialize` processes against a simulator fleet.
 
-* SIGKILL of the run mid-shard, then a rerun: every event exactly once, nothing journaled sent again;
+* SIGKILL of the run mid-shard: `dflash status` shows the shard dead at once and marks the Dagster run failed;
+  then a rerun: every event exactly once, nothing journaled sent again;
 * `dflash status` read while a shard runs answers all six questions with plausible values;
-* two shard runs sharing one fleet at the same time.
+* two shard runs sharing one fleet at the same time;
+* the same shard started twice at once (a backfill and a manual run): one run refuses naming the other, no
+  request is sent twice, and the shard is published once, exactly.
 """
 
 import json
@@ -109,6 +112,13 @@ def test_sigkill_mid_shard_then_rerun_gives_every_event_exactly_once(pipeline, s
     wait_until(
         lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family), what="the run to die"
     )
+    # Status sees the killed run's process gone: the shard is dead, not running, and its Dagster run is failed.
+    killed = heartbeat(store, 1)
+    assert killed["state"] == "running" and killed["pid"] == run.pid and killed["run_id"]
+    status = dflash_status(env, fleet.urls)
+    assert status["progress"]["shards_running"] == [] and status["progress"]["shards_dead"] == [1]
+    with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        assert instance.get_run_by_id(killed["run_id"]).status == dg.DagsterRunStatus.FAILURE
     for index in range(2):
         fleet.clear_faults(index)
 
@@ -220,3 +230,27 @@ def test_two_shard_runs_share_one_fleet(pipeline, sim_fleet):
             for ids in batch.column("prompt_ids").to_pylist()
         }
         assert prompts <= served  # both shards' requests went to the shared fleet
+
+
+def test_the_same_shard_started_twice_at_once_runs_once(pipeline, sim_fleet):
+    store, env = pipeline
+    fleet = sim_fleet(2, **SLOW_FLEET)
+    runs = [materialize_shard(env, 2, fleet.urls) for _ in range(2)]
+    wait_until(lambda: any(run.poll() is not None for run in runs), timeout_s=120, interval_s=0.1, what="a refusal")
+    refused = next(run for run in runs if run.poll() is not None)
+    working = next(run for run in runs if run is not refused)
+    assert working.poll() is None, "the refusal came only after the other run had finished"
+    refusal, _ = refused.communicate(timeout=60)
+    assert refused.returncode != 0
+    holder = heartbeat(store, 2)["run_id"]
+    assert "LeaseHeld" in refusal and f"run {holder}" in refusal and "is held by" in refusal, refusal[-3000:]
+    finished(working)
+
+    planned = sum(c.num_turns for c in read_conversations(store, 2))
+    sent = [entry["input_hash"] for entry in all_requests(fleet)]
+    assert len(sent) == len(set(sent)) == planned  # every prompt generated once
+    coverage = shard_coverage(store, 2)
+    assert coverage.exact and coverage.expected == planned
+    with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        materialized = instance.fetch_materializations(dg.AssetKey("completions"), limit=10).records
+        assert [record.partition_key for record in materialized] == ["shard-00002"]  # published once

@@ -1,11 +1,18 @@
 """One writer per shard: leases taken, refused, expired, fenced and raced, on a local store and on S3."""
 
+import socket
+import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 
+import orjson
+import psutil
 import pytest
 
-from dagster_project.store.lease import Lease, LeaseHeld, LeaseLost
+from dagster_project.store.lease import Lease, LeaseHeld, LeaseLost, LeaseRecord
 from dagster_project.store.storage import LocalStore, RetryPolicy, S3Store, bounded_client
 
 KEY = "leases/completions/shard=00003.json"
@@ -74,3 +81,20 @@ def test_a_waiting_writer_takes_the_lease_when_the_holder_releases_it(store):
         waiting = pool.submit(Lease(store, KEY, "node-b").acquire, 30.0, 0.05)
         holder.release()
         assert waiting.result(timeout=30).record.holder == "node-b"
+
+
+def test_a_lease_whose_holder_died_on_this_host_is_taken_over_at_once(store):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(child.pid).create_time()
+    child.wait()  # killed, say: it never released its lease
+
+    def held_by(host: str) -> None:
+        now = time.time()
+        record = LeaseRecord(f"{host} pid {child.pid}", 4, now, now + 300, host, child.pid, started)
+        store.put_bytes(KEY, orjson.dumps(asdict(record)))
+
+    held_by("another-node")  # its process cannot be looked for from here: the lease stands until it expires
+    with pytest.raises(LeaseHeld, match="held by another-node"):
+        Lease(store, KEY, "node-b pid 2").acquire()
+    held_by(socket.gethostname())
+    assert Lease(store, KEY, "node-b pid 2").acquire().record.token == 5

@@ -59,3 +59,14 @@ def test_unsupported_uris_are_refused():
         open_store("gs://bucket/x")
     with pytest.raises(ValueError, match="no S3 client"):
         open_store("s3://bucket/x")
+
+
+def test_verification_reports_an_object_of_the_right_size_with_other_bytes(store, tmp_path):
+    data = tmp_path / "part-0.parquet"
+    data.write_bytes(b"the bytes that were published")
+    manifest = publish_shard(store, ShardManifest(stage="completions", shard=1, rows=1), [("part-0.parquet", data)])
+    store.put_bytes("completions/shard=00001/part-0.parquet", b"the bytes that were overwritten"[:29])
+    assert store.head("completions/shard=00001/part-0.parquet").size == manifest.objects[0].size
+    assert verify_shard(store, manifest) == [
+        "completions/shard=00001/part-0.parquet: checksum differs from the manifest"
+    ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -142,6 +144,22 @@ def test_republished_completions_make_the_training_shard_stale(tmp_path):
         stale.message
         == "BLOCKED: completions were republished after this training shard was assembled — re-materialize training_set"
     )
+
+
+def test_a_training_manifest_that_does_not_account_for_every_completions_row_is_blocked(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    rows = healthy_rows(6)
+    rows[2] = error_row(rows[2]["event_id"], rows[2]["prompt_ids"])
+    publish_completions(store, 0, rows)
+    manifest = assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")
+    assert (manifest.rows, manifest.exclusions) == (5, {assemble.ERROR: 1})
+    assert source_is_current(store, manifest).passed
+
+    # The same completions publication, but one row neither kept nor excluded: 5 rows + 0 excluded ≠ 6.
+    unbalanced = source_is_current(store, replace(manifest, exclusions={}))
+    assert not unbalanced.passed
+    assert unbalanced.message == "BLOCKED: 5 rows + 0 excluded ≠ 6 completions rows"
+    assert not source_is_current(store, replace(manifest, rows=6)).passed  # 6 + 1 ≠ 6
 
 
 def test_an_unpublished_completions_shard_is_refused(tmp_path):

@@ -99,3 +99,18 @@ def test_a_shard_that_failed_or_skipped_its_checks_is_not_exported(store, tmp_pa
     with pytest.raises(ShardNotCleared, match="gates has not run on this publication"):
         export_shard(store, 0, tmp_path / "staging")
     assert not store.exists(specforge_key(0))
+
+
+def test_an_operator_may_export_a_shard_that_failed_a_gate_but_not_one_never_checked(store, tmp_path):
+    failure = {"loss_sum_concentration": "BLOCKED: 87% of rows (87/100) have loss_mask sum exactly 6"}
+    record_verdict(store, training_manifest(store, 0), "gates", failure)
+    with pytest.raises(ShardNotCleared, match="set override_failed_gates: true in specforge_export's config"):
+        export_shard(store, 0, tmp_path / "staging")
+    written = export_shard(store, 0, tmp_path / "staging", override_failed_gates=True)
+    assert written.rows == 12 and written.overridden == {
+        "gates/loss_sum_concentration": failure["loss_sum_concentration"]
+    }
+
+    assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")  # a new publication: no verdict yet
+    with pytest.raises(ShardNotCleared, match="gates has not run .*To export it: run the training_set checks"):
+        export_shard(store, 0, tmp_path / "staging", override_failed_gates=True)
