@@ -222,7 +222,7 @@ class ShardGeneration:
         self.dispatcher = dispatcher
         reporting = asyncio.create_task(reporter.run()) if reporter else None
         try:
-            await dispatcher.run(self.initial_requests(), self.on_outcome)
+            await dispatcher.run(self.initial_requests(), self.on_outcome, remaining=self.progress.remaining_events)
             self.progress.state = "generated"
         except BaseException:
             self.progress.state = "failed"
