@@ -206,8 +206,6 @@ def server_fault(
         onset.append(time.time())
 
     soak.run_until_published(result, shard, servers, during=inject)
-    if soak.fleet.alive(faulty):
-        soak.fleet.clear_faults(faulty)
     result.detect_s = first_resend_after(soak, shard, faulty, onset[0])
 
 
@@ -222,10 +220,17 @@ def first_resend_after(soak: Soak, shard: int, faulty: int, onset: float) -> flo
 
 
 def fault_garbage(soak: Soak, result: FaultResult) -> None:
-    server_fault(soak, result, {"garbage": True}, at_share=0.0)
+    # A counted fault, so the simulator tells how many garbage answers it gave: they never reach its request
+    # log, and each one is a request re-sent elsewhere.
+    budget = 1_000_000
+    server_fault(soak, result, {"garbage": budget}, at_share=0.0)
+    result.resent = budget - soak.fleet.state(FAULTY)["faults"]["garbage"]
     served = collections.Counter(row["server"] for row in soak.rows(result.shards[0]))
     healthy = served.pop(soak.fleet.url(HEALTHY), 0)
-    result.note = f"{healthy} events answered by the healthy server, {sum(served.values())} by the garbage one"
+    result.note = (
+        f"{result.resent} garbage answers; {healthy} events answered by the healthy server, "
+        f"{sum(served.values())} by the garbage one"
+    )
 
 
 def fault_hang(soak: Soak, result: FaultResult) -> None:
@@ -425,6 +430,9 @@ def timed(soak: Soak, result: FaultResult, scenario: Callable[[FaultResult], Non
     print(f"-- {result.fault} (shards {result.shards})", flush=True)
     scenario(result)
     result.finish_s = time.monotonic() - started
+    for server in (HEALTHY, FAULTY, SPARE):  # the next fault starts on a clean fleet
+        if soak.fleet.alive(server):
+            soak.fleet.clear_faults(server)
     verify(soak, result)
     print(f"   {result}", flush=True)
 
