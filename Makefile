@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # The instance `make dev` shows and the demo's CLI runs write to (the tests make their own).
 DEV_HOME := $(CURDIR)/.dagster_home
 
-.PHONY: venv demo test test-fast lint dev benchmarks clean
+.PHONY: venv demo test test-fast lint dev benchmarks soak clean
 
 venv: $(VENV)/.installed
 
@@ -43,6 +43,10 @@ benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_dispatcher
 	$(BIN)/python -m benchmarks.bench_ingest
 	$(BIN)/python -m benchmarks.bench_training_set
+
+# The fault-matrix soak (20-40 min; not part of `make test`): writes its table into RELIABILITY.md.
+soak: venv
+	$(BIN)/python -m benchmarks.soak_faults --write
 
 clean:
 	-$(BIN)/dflash fleet down

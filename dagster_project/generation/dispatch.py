@@ -9,20 +9,30 @@ Requests are pulled from the caller lazily, only when some window has room, so m
 however long the input is. Every request key ends exactly once, through one `on_outcome` call: with the
 first result that arrives, or with an error that says why.
 
+With a `FleetLedger`, every run on the node shares one in-flight budget per server (the window) and one
+verdict per server: N concurrent runs keep about one window in flight at each server, the run nearest its
+end gets freed slots first, and a server one run sets aside is set aside for all of them.
+
 Failures, and what happens to the requests caught in them:
 
 * a dropped connection or a refused one: the server is quarantined; its requests fail on their own and
   are retried on other servers;
-* a hang (`/health` answers, nothing finishes for `watchdog_s`): the server is quarantined and its
-  requests are sent again elsewhere while the originals keep their chance; the first answer wins and the
-  other attempts are cancelled and aborted on their servers;
+* a server that keeps failing requests (garbage bodies, 5xx answers, aborts, "NaN happened"): quarantined
+  after a few in a row; a failed request is retried on a server it has not failed on whenever there is one;
+* no progress: `/health` on SGLang runs a one-token generation and answers 503 when the scheduler produces
+  nothing for 20 s; a failed or timed-out health check quarantines the server, and a passing one counts as
+  progress, so a server busy with long answers is never written off; `watchdog_s` without any sign of
+  progress is the backstop;
+* whenever a server is quarantined, its in-flight requests are sent again elsewhere at once while the
+  originals keep their chance; the first answer wins and the other attempts are cancelled and aborted;
 * 503 queue full: the server cools down (no new work) for a growing pause, and is quarantined if it
   keeps refusing;
-* request errors (context overflow, bad request) end the request at once as an error outcome.
+* request errors (context overflow, bad request) end the request at once as an error outcome;
+* a refused API key (401) stops the run at once: no server will take the work.
 
-Quarantined servers are re-probed with `/health`, `/server_info` and a one-token canary request
-(a hung server still answers `/health`), and rejoin when all three pass. If no server is usable for
-`fleet_down_grace_s`, `run` raises `FleetDownError` instead of turning the remaining work into errors.
+Quarantined servers are re-probed with `/health`, `/server_info` and a one-token canary request, and rejoin
+when all three pass. If no server is usable for `fleet_down_grace_s`, `run` raises `FleetDownError`
+instead of turning the remaining work into errors.
 """
 
 from __future__ import annotations
@@ -47,10 +57,14 @@ from typing import Any
 
 import aiohttp
 
+from dagster_project.generation.ledger import FleetLedger
 from dagster_project.sglang.client import (
+    ABORTED,
+    BAD_RESPONSE,
     CONNECTION_DROPPED,
     NOT_FOUND,
     QUEUE_FULL,
+    SAMPLING_FAILED,
     SERVER_ERROR,
     SERVER_UNAVAILABLE,
     TIMEOUT,
@@ -72,7 +86,9 @@ _SERVER_DOWN_KINDS = frozenset({CONNECTION_DROPPED, SERVER_UNAVAILABLE}) | _MISC
 # The request never ran (refused, rejected before admission): the attempt is not charged to it.
 _UNCHARGED_KINDS = frozenset({SERVER_UNAVAILABLE, QUEUE_FULL}) | _MISCONFIGURED_KINDS
 _QUEUE_FULL_QUARANTINE = 8  # consecutive 503s (about 30 s of cooling down) before a server is set aside
-_SERVER_ERROR_QUARANTINE = 5  # consecutive 5xx answers before a server is set aside
+# Answers that show the server, not the request, is at fault; this many in a row set the server aside.
+_SERVER_FAULT_KINDS = frozenset({SERVER_ERROR, SERVER_UNAVAILABLE, BAD_RESPONSE, SAMPLING_FAILED, ABORTED})
+_SERVER_FAULT_QUARANTINE = 5
 _CANARY_PARAMS = {"max_new_tokens": 1, "temperature": 0.0}
 
 
@@ -121,6 +137,10 @@ class FleetDownError(RuntimeError):
     """No server was usable for longer than the grace period; the run stops instead of failing its work."""
 
 
+class FleetRefusesKey(RuntimeError):
+    """A server answered 401: the run's API key is not the fleet's."""
+
+
 @dataclass(eq=False)
 class _Work:
     request: GenRequest
@@ -157,7 +177,8 @@ class _Server:
     last_progress: float = 0.0
     cooldown_until: float = 0.0
     consecutive_503: int = 0
-    consecutive_5xx: int = 0
+    consecutive_faults: int = 0
+    budget: int = 0  # slots granted by the ledger for this fill and not used yet
     next_health: float = 0.0
     next_probe: float = 0.0
     probe_failures: int = 0
@@ -189,7 +210,8 @@ class DispatchOptions:
     )
     probe_interval_s: float = field(default=5.0, metadata={"help": "Health probe period of each server."})
     watchdog_s: float = field(
-        default=600.0, metadata={"help": "A server that finishes nothing for this long is set aside (a hang)."}
+        default=120.0,
+        metadata={"help": "A busy server with no sign of progress (finished request, passing health) is set aside."},
     )
     fleet_down_grace_s: float = field(
         default=300.0, metadata={"help": "With no usable server for this long, the run stops (FleetDownError)."}
@@ -219,8 +241,10 @@ class Dispatcher:
         api_key: str | None = None,
         windows: Mapping[str, int] | None = None,
         session: aiohttp.ClientSession | None = None,
+        ledger: FleetLedger | None = None,
     ):
-        """`windows` fixes the window of given endpoints (a router has no scheduler state of its own)."""
+        """`windows` fixes the window of given endpoints (a router has no scheduler state of its own);
+        `ledger` shares windows and server verdicts with the other runs on this node."""
         if not endpoints:
             raise ValueError("no endpoints")
         if len(set(endpoints)) != len(endpoints):
@@ -230,6 +254,7 @@ class Dispatcher:
         self.api_key = api_key
         self.windows = {url.rstrip("/"): n for url, n in (windows or {}).items()}
         self._session = session
+        self.ledger = ledger
         self._servers = [_Server(url) for url in self.endpoints]
         self._running = False
         self.stats = DispatchStats()
@@ -242,12 +267,17 @@ class Dispatcher:
         self,
         requests: Iterable[GenRequest] | AsyncIterable[GenRequest],
         on_outcome: Callable[[Outcome], Iterable[GenRequest] | None | Awaitable[Iterable[GenRequest] | None]],
+        remaining: Callable[[], int] | None = None,
     ) -> DispatchStats:
-        """Dispatch every request (and the follow-ups `on_outcome` returns) until each has ended once."""
+        """Dispatch every request (and the follow-ups `on_outcome` returns) until each has ended once.
+
+        `remaining` says how many requests the caller still has to finish; with a ledger, the run with the
+        fewest gets freed slots first (without it, only the requests in flight are known)."""
         if self._running:
             raise RuntimeError("Dispatcher.run is already running")
         self._running = True
         self._reset(requests)
+        self._remaining = remaining or (lambda: len(self._live))
         session = self._session or new_session()
         for server in self._servers:
             server.client = SGLangClient(
@@ -333,18 +363,52 @@ class Dispatcher:
 
     def _fill(self) -> None:
         now = time.monotonic()
-        while self._undelivered < self._backlog_limit():
-            if not any(self._has_room(s, now) for s in self._servers):
-                return
-            work = self._next_work()
-            if work is None:
-                return
-            server = self._pick(work, now)
-            if server is None:  # cannot happen after _has_room, but never lose work
-                self._retries.appendleft(work)
+        self._reserve(now)
+        waiting: list[_Work] = []  # retries that wait for a server they have not failed on
+        try:
+            while self._undelivered < self._backlog_limit():
+                if not any(self._has_room(s, now) for s in self._servers):
+                    return
+                work = self._next_work()
+                if work is None:
+                    return
+                server = self._pick(work, now)
+                if server is None:
+                    waiting.append(work)
+                    continue
+                self._launch(work, server, now)
+        finally:
+            for work in reversed(waiting):
                 work.queued = True
-                return
-            self._launch(work, server, now)
+                self._retries.appendleft(work)
+            self._return_unused()
+
+    def _has_work(self) -> bool:
+        return bool(self._retries or self._followups) or not self._source_done
+
+    def _reserve(self, now: float) -> None:
+        """Slots each server may take in this fill: its window less what is in flight, and with a ledger,
+        no more than the node's shared budget for that server grants."""
+        for server in self._servers:
+            room = server.window - len(server.in_flight)
+            if server.state != HEALTHY or now < server.cooldown_until or room <= 0 or not self._has_work():
+                server.budget = 0
+            elif self.ledger is None:
+                server.budget = room
+            else:
+                self.ledger.remaining = self._remaining()
+                server.budget = self.ledger.acquire(server.url, room, limit=server.window)
+
+    def _return_unused(self) -> None:
+        for server in self._servers:
+            if server.budget and self.ledger is not None:
+                self.ledger.release(server.url, server.budget)
+            server.budget = 0
+
+    def _forget(self, attempt: _Attempt) -> None:
+        """The attempt no longer occupies a slot on its server (and in the node's budget)."""
+        if attempt.server.in_flight.pop(attempt.rid, None) is not None and self.ledger is not None:
+            self.ledger.release(attempt.server.url)
 
     def _next_work(self) -> _Work | None:
         for queue in (self._retries, self._followups):
@@ -386,16 +450,19 @@ class Dispatcher:
         return work
 
     def _has_room(self, server: _Server, now: float) -> bool:
-        return server.state == HEALTHY and len(server.in_flight) < server.window and now >= server.cooldown_until
+        return server.state == HEALTHY and server.budget > 0 and now >= server.cooldown_until
 
     def _pick(self, work: _Work, now: float) -> _Server | None:
-        """The least loaded server with room, preferring servers this request has not failed on."""
+        """The least loaded server with room that this request has not failed on. A request goes back to a
+        server it failed on only when every healthy server has failed it: otherwise it waits for another."""
+        untried_healthy = any(s.state == HEALTHY and s.url not in work.tried for s in self._servers)
         best, best_score = None, None
         for server in self._servers:
-            if self._has_room(server, now):
-                score = (server.url in work.tried, len(server.in_flight) / server.window)
-                if best_score is None or score < best_score:
-                    best, best_score = server, score
+            if not self._has_room(server, now) or (untried_healthy and server.url in work.tried):
+                continue
+            score = len(server.in_flight) / server.window
+            if best_score is None or score < best_score:
+                best, best_score = server, score
         return best
 
     def _launch(self, work: _Work, server: _Server, now: float) -> None:
@@ -406,6 +473,7 @@ class Dispatcher:
         if work.attempts > 1:
             self.stats.retries += 1
         attempt = _Attempt(work, server, uuid.uuid4().hex, now)
+        server.budget -= 1
         if not server.in_flight:
             server.last_progress = now  # the watchdog measures silence while busy, not idle time
         server.in_flight[attempt.rid] = attempt
@@ -435,7 +503,7 @@ class Dispatcher:
     def _settle(self, attempt: _Attempt, result: GenerateResult | None, error: SGLangError | None) -> None:
         now = time.monotonic()
         server, work = attempt.server, attempt.work
-        server.in_flight.pop(attempt.rid, None)
+        self._forget(attempt)
         if attempt in work.live:
             work.live.remove(attempt)
         latency = now - attempt.started
@@ -443,7 +511,7 @@ class Dispatcher:
         if result is not None:
             server.last_progress = now
             server.done += 1
-            server.consecutive_503 = server.consecutive_5xx = 0
+            server.consecutive_503 = server.consecutive_faults = 0
             server.prompt_tokens += result.prompt_tokens
             server.completion_tokens += result.completion_tokens
             if work.done:
@@ -452,6 +520,11 @@ class Dispatcher:
                 self._finish(work, result, None, server, latency)
             return
         server.errors[error.kind] += 1
+        if error.kind == UNAUTHORIZED and self._fatal is None:
+            self._fatal = FleetRefusesKey(
+                f"{server.url} refused the API key (HTTP 401): set SGLANG_API_KEY to the key the servers were "
+                "started with (--api-key)"
+            )
         self._server_failed(server, error, now)
         if work.done:
             return
@@ -479,9 +552,9 @@ class Dispatcher:
             server.cooldown_until = now + min(30.0, 0.25 * 2 ** (server.consecutive_503 - 1))
             if server.consecutive_503 >= _QUEUE_FULL_QUARANTINE:
                 self._quarantine(server, QUEUE_FULL, now)
-        elif error.kind in (SERVER_ERROR, SERVER_UNAVAILABLE):
-            server.consecutive_5xx += 1
-            if server.consecutive_5xx >= _SERVER_ERROR_QUARANTINE:
+        elif error.kind in _SERVER_FAULT_KINDS:
+            server.consecutive_faults += 1
+            if server.consecutive_faults >= _SERVER_FAULT_QUARANTINE:
                 self._quarantine(server, error.kind, now)
         elif error.kind != TIMEOUT:
             server.last_progress = now  # it answered (a request error, an abort): alive
@@ -497,7 +570,7 @@ class Dispatcher:
         del self._live[work.request.key]
         for loser in work.live:  # hedges that lost: free their slots
             loser.task.cancel()
-            loser.server.in_flight.pop(loser.rid, None)
+            self._forget(loser)
             self._abort_later(loser.server, loser.rid)
         work.live.clear()
         self.stats.outcomes += 1
@@ -529,11 +602,16 @@ class Dispatcher:
 
     # ---- health ----------------------------------------------------------------------------------------------
 
-    def _quarantine(self, server: _Server, reason: str, now: float) -> None:
+    def _quarantine(self, server: _Server, reason: str, now: float, *, share: bool = True) -> None:
+        """Set the server aside (for every run on the node, unless the verdict came from one of them) and send
+        its in-flight requests elsewhere at once."""
         if server.state == QUARANTINED:
             return
         server.state, server.reason = QUARANTINED, reason
         server.next_probe = now  # first re-probe right away; later ones back off
+        if share and self.ledger is not None:
+            self.ledger.set_aside(server.url, reason)
+        self._hedge(server)
 
     def _hedge(self, server: _Server) -> None:
         """Send the requests stuck on a silent server elsewhere; the originals keep running."""
@@ -571,7 +649,20 @@ class Dispatcher:
         try:
             server.window = await self._window(server)
         except SGLangError as error:
+            if error.kind == UNAUTHORIZED:
+                self._fatal = FleetRefusesKey(
+                    f"{server.url} refused the API key (HTTP 401): set SGLANG_API_KEY to the key the servers were "
+                    "started with (--api-key)"
+                )
             server.state, server.reason, server.next_probe = QUARANTINED, error.kind, now
+            return
+        verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
+        if verdict is not None:  # another run set it aside: it rejoins only through a passing re-probe
+            server.state, server.reason, server.next_probe = (
+                QUARANTINED,
+                f"{verdict.reason} (set aside by {verdict.by})",
+                now,
+            )
             return
         server.state, server.reason = HEALTHY, None
         server.next_health = now + self.options.probe_interval_s
@@ -600,7 +691,9 @@ class Dispatcher:
         else:
             now = time.monotonic()
             server.state, server.reason, server.window = HEALTHY, None, window
-            server.probe_failures = server.consecutive_503 = server.consecutive_5xx = 0
+            server.probe_failures = server.consecutive_503 = server.consecutive_faults = 0
+            if self.ledger is not None:
+                self.ledger.clear(server.url)
             server.last_progress, server.next_health, server.cooldown_until = (
                 now,
                 now + self.options.probe_interval_s,
@@ -611,10 +704,20 @@ class Dispatcher:
             self._wake.set()
 
     async def _health(self, server: _Server) -> None:
+        """Follow the node's verdict on the server, then check it: on SGLang a passing health check means the
+        scheduler generated a token within the last seconds, which is progress even if nothing finished."""
         server.probing = True
         try:
-            if not await server.client.health(timeout=self.options.probe_timeout_s) and server.state == HEALTHY:
+            verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
+            if verdict is not None and server.state == HEALTHY:
+                reason = f"{verdict.reason} (set aside by {verdict.by})"
+                self._quarantine(server, reason, time.monotonic(), share=False)
+                return
+            healthy = await server.client.health(timeout=self.options.probe_timeout_s)
+            if not healthy and server.state == HEALTHY:
                 self._quarantine(server, "health_failed", time.monotonic())
+            elif healthy and server.in_flight:
+                server.last_progress = time.monotonic()
         finally:
             server.probing = False
             server.next_health = time.monotonic() + self.options.probe_interval_s
@@ -698,5 +801,7 @@ class Dispatcher:
         for server in self._servers:
             server.in_flight.clear()
             server.probing = False
+        if self.ledger is not None:
+            self.ledger.leave(self.endpoints)
         if self._session is None:
             await session.close()

@@ -224,7 +224,9 @@ class ShardGeneration:
         then stops at once and its error is raised.
         """
         self.dispatcher = dispatcher
-        generating = asyncio.ensure_future(dispatcher.run(self.initial_requests(), self.on_outcome))
+        generating = asyncio.ensure_future(
+            dispatcher.run(self.initial_requests(), self.on_outcome, remaining=self.progress.remaining_events)
+        )
         reporting = asyncio.create_task(reporter.run()) if reporter else None
         try:
             if reporting is not None:

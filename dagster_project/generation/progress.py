@@ -115,6 +115,9 @@ class ShardProgress:
         self._recent.append(_Finished(now, output, verify))
         self._trim(now)
 
+    def remaining_events(self) -> int:
+        return max(self.total_events - self.resumed_events - self.done_events, 0)
+
     def _trim(self, now: float) -> None:
         while self._recent and self._recent[0].at < now - self.window_s:
             self._recent.popleft()
@@ -129,7 +132,7 @@ class ShardProgress:
         window_spec_tokens = sum(f.output_tokens for f in window if f.verify_passes)
         window_verify = sum(f.verify_passes for f in window)
         generated_here = self.done_events
-        remaining = max(self.total_events - self.resumed_events - generated_here, 0)
+        remaining = self.remaining_events()
         avg_output = self.output_tokens / self.ok_events if self.ok_events else None
         window_tok_s = window_tokens / window_span if window else 0.0
         eta_s = remaining * avg_output / window_tok_s if avg_output and window_tok_s else None

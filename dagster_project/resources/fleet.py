@@ -4,6 +4,7 @@ import dagster as dg
 from pydantic import Field
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
+from dagster_project.generation.ledger import FleetLedger
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.sglang.launch import Fleet
 
@@ -42,9 +43,11 @@ class SGLangFleet(config_fields(DispatchOptions, dg.ConfigurableResource)):
         return endpoints
 
     def dispatcher(self) -> Dispatcher:
+        """A dispatcher for one shard run; every run with the same fleet directory shares its ledger."""
         return Dispatcher(
             self.resolve_endpoints(),
             self.to_dataclass(),
             api_key=self.api_key,
             windows={self.router_url: self.router_window} if self.router_url else None,
+            ledger=FleetLedger(Path(self.fleet_dir) / "ledger") if self.fleet_dir else None,
         )

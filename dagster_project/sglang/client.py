@@ -247,7 +247,9 @@ def _redact(value: Any, secret: str) -> Any:
 
 def new_session() -> aiohttp.ClientSession:
     """A session without aiohttp's default cap of 100 connections: the dispatcher bounds concurrency."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60))
+    # Idle connections are dropped before the server drops them (uvicorn closes them after 5 s): a POST sent on a
+    # connection the server just closed fails for nothing.
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4))
 
 
 class SGLangClient:

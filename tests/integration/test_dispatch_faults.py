@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, FleetDownError, GenRequest, Outcome
+from dagster_project.generation.ledger import FleetLedger
 from dagster_project.sglang import protocol as proto
 from tests.support.sglang_fixtures import SimFleet
 
@@ -180,3 +181,105 @@ def test_a_dead_fleet_fails_the_run_instead_of_filling_it_with_errors(sim_fleet)
     with pytest.raises(FleetDownError, match="no usable server"):
         shard.run()
     assert len(shard.outcomes) < 300 and all(o.ok for o in shard.outcomes.values())
+
+
+def test_a_server_answering_garbage_is_set_aside_and_its_work_finishes_elsewhere(sim_fleet):
+    fleet = slow_fleet(sim_fleet, 2)
+    shard = Shard(fleet, 150, lambda: fleet.set_faults(1, garbage=True), 20)
+    shard.run()
+    assert all(o.ok for o in shard.outcomes.values())  # no request ended as an error
+    bad = shard.server(1)
+    assert bad["state"] == "quarantined" and bad["reason"].startswith("bad_response")
+    # Set aside after a few in a row (answers it had already started still finish there and may interleave),
+    # not after every request was tried on it up to four times.
+    assert 5 <= bad["errors"]["bad_response"] <= 2 * bad["window"]
+    # A request that got garbage went to the healthy server next, never back to the bad one.
+    assert max(o.attempts for o in shard.outcomes.values()) == 2
+
+
+def test_a_hung_server_is_found_by_its_health_check_and_its_work_moves_at_once(sim_fleet):
+    fleet = slow_fleet(sim_fleet, 2, health_check_timeout_s=0.5)
+    # The watchdog is a minute away: only the health check can find the hang within this test.
+    shard = Shard(fleet, 150, lambda: fleet.set_faults(1, hang=True), 30, watchdog_s=60)
+    stats = shard.run()
+    assert all(o.ok for o in shard.outcomes.values()) and stats.hedges > 0
+    assert shard.server(1)["state"] == "quarantined" and shard.server(1)["reason"].startswith("health_failed")
+
+
+def test_a_server_busy_with_long_answers_is_not_written_off(sim_fleet):
+    # Every answer takes seconds, far longer than the watchdog; the server keeps generating, so its health
+    # checks pass and count as progress.
+    fleet = sim_fleet(1, max_running_requests=4, decode_step_s=0.01, output_len="fixed:900")
+    shard = Shard(fleet, 8, lambda: None, 0, watchdog_s=0.5)
+    stats = shard.run()
+    assert all(o.ok for o in shard.outcomes.values())
+    assert min(o.latency_s for o in shard.outcomes.values()) > 1.0  # longer than the watchdog, twice over
+    assert stats.hedges == 0 and shard.server(0)["state"] == "healthy"
+
+
+def run_together(*runs: tuple[Dispatcher, list[GenRequest], Callable[[Outcome], None]]) -> None:
+    async def all_runs() -> None:
+        await asyncio.gather(*(dispatcher.run(batch, on_outcome) for dispatcher, batch, on_outcome in runs))
+
+    asyncio.run(all_runs())
+
+
+def test_a_server_set_aside_by_one_run_is_set_aside_for_the_next(sim_fleet, tmp_path):
+    fleet = slow_fleet(sim_fleet, 2)
+    first = Shard(fleet, 60, lambda: fleet.set_faults(1, garbage=True), 10)
+    first.dispatcher.ledger = FleetLedger(tmp_path)
+    first.run()
+    assert first.server(1)["state"] == "quarantined"
+    second = Dispatcher(fleet.urls, DispatchOptions(**FAST_HEALTH), ledger=FleetLedger(tmp_path))
+    ended: list[Outcome] = []
+    asyncio.run(second.run(requests(40), ended.append))
+    assert len(ended) == 40 and all(o.ok and o.server == fleet.url(0) for o in ended)
+    view = second.snapshot()["servers"][fleet.url(1)]
+    # It never sent that server a request: the verdict came from the first run (its canaries still fail).
+    assert view["state"] == "quarantined" and view["reason"].startswith("bad_response") and not view["errors"]
+
+
+def test_runs_sharing_a_ledger_keep_one_window_at_the_server(sim_fleet, tmp_path):
+    fleet = sim_fleet(1, max_running_requests=4, decode_step_s=0.002, output_len="uniform:20:80")
+    options = DispatchOptions(**FAST_HEALTH, oversubscription=1.0)
+    ended: list[Outcome] = []
+    runs = [Dispatcher(fleet.urls, options, ledger=FleetLedger(tmp_path)) for _ in range(3)]
+    fleet.reset_occupancy(0)
+    batches = [[GenRequest(f"run{r}-{r_.key}", r_.input_ids, PARAMS) for r_ in requests(40)] for r in range(3)]
+    run_together(*((dispatcher, batch, ended.append) for dispatcher, batch in zip(runs, batches)))
+    assert len(ended) == 120 and all(o.ok for o in ended)
+    # Three runs, each sized for the whole server: together they never queued anything behind its cap.
+    assert fleet.state(0)["peaks"] == {"running": 4, "queued": 0}
+
+
+def test_the_run_nearest_its_end_takes_the_freed_slots_first(sim_fleet, tmp_path):
+    fleet = sim_fleet(1, max_running_requests=4, decode_step_s=0.002, output_len="uniform:20:80")
+    options = DispatchOptions(**FAST_HEALTH, oversubscription=1.0)
+    long_run = Dispatcher(fleet.urls, options, ledger=FleetLedger(tmp_path))
+    short_run = Dispatcher(fleet.urls, options, ledger=FleetLedger(tmp_path))
+    long_ended: list[Outcome] = []
+    short_ended: list[Outcome] = []
+    marks: dict[str, int] = {}
+    short_batch = [GenRequest(f"short-{r.key}", r.input_ids, PARAMS) for r in requests(24)]
+
+    def on_short(outcome: Outcome) -> None:
+        short_ended.append(outcome)
+        if len(short_ended) == len(short_batch):
+            marks["long_done_when_short_finished"] = len(long_ended)
+
+    async def scenario() -> None:
+        long_task = asyncio.create_task(
+            long_run.run(requests(120), long_ended.append, remaining=lambda: 120 - len(long_ended))
+        )
+        while len(long_ended) < 10:
+            await asyncio.sleep(0.01)  # polling a count in the same loop, not timing anything
+        marks["long_done_when_short_started"] = len(long_ended)
+        await short_run.run(short_batch, on_short, remaining=lambda: 24 - len(short_ended))
+        await long_task
+
+    asyncio.run(scenario())
+    assert len(long_ended) == 120 and len(short_ended) == 24
+    # Once the short run asks, every freed slot is its: the long run only finishes what it had in flight (one
+    # window of 4, and what it refilled while the short run was probing the server) until the short run is
+    # done. Sharing slots evenly, it would finish about as many as the short run: 24.
+    assert marks["long_done_when_short_finished"] - marks["long_done_when_short_started"] <= 8

@@ -31,6 +31,7 @@ class Faults:
     truncate: int | bool = 0  # the answer is cut early with finish_reason length (a clipped request)
     mtp_off: bool = False  # no draft is accepted: spec_verify_ct equals the completion tokens
     nan: int | bool = 0  # the sampler drew an out-of-vocabulary id: stop "NaN happened", last id overwritten
+    garbage: int | bool = 0  # 200 with an HTML error page for a body (a broken proxy in front of the server)
     _503_until: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:

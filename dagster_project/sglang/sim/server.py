@@ -11,7 +11,8 @@ rest lives in:
   the finish reason and spec-decoding stats; a deterministic function of `--seed` and the prompt.
 * `sim.scheduler` — running cap, KV-budget admission and retraction, FIFO queue (503 when bounded and
   full), latency model (decode steps slow with the batch), aborts.
-* `sim.faults` — injected failures: crash, drop, hang, slow, 503 bursts, empty/truncated/NaN answers, MTP off.
+* `sim.faults` — injected failures: crash, drop, hang, slow, 503 bursts, empty/truncated/NaN answers, garbage
+  bodies, MTP off.
 * `sim.ops` — the bodies of /server_info, /model_info, /v1/models and /metrics, and their counters.
 
 Streaming (`"stream": true`) sends cumulative chunks after prefill and at each quarter of the decode,
@@ -54,6 +55,7 @@ from dagster_project.sglang.sim.requests import (
 from dagster_project.sglang.sim.scheduler import Job, QueueFull, Scheduler
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_PROXY_ERROR_PAGE = "<html><head><title>502 Bad Gateway</title></head><body>upstream error</body></html>"
 _HEALTH_POLL_S = 0.1  # how often a health check looks for progress (the real server: once a second)
 
 # A request log entry is a list (a million of them must stay small); its outcome changes as it runs.
@@ -87,6 +89,8 @@ class Simulator:
         except RequestError as error:
             return _json(error.body, error.status)
         self.faults.count_arrival()
+        if self.faults.take("garbage"):
+            return web.Response(text=_PROXY_ERROR_PAGE, content_type="text/html")
         if body.get("stream"):
             if len(batch) > 1 or int(batch[0].params.get("n") or 1) > 1:
                 return _json(proto.e3_body("the simulator streams single requests only (no batch, n=1)"), 400)
