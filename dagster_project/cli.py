@@ -66,6 +66,8 @@ def _fail_dead_runs(dead_runs: list[Any]) -> list[str]:
                     f"shard {dead.shard} (seen by dflash status). Materialize the shard again: it resumes from its "
                     "journal.",
                 )
+                # A killed run never gives back its pool slot: without this, shard runs queue behind dead ones.
+                instance.event_log_storage.free_concurrency_slots_for_run(dead.run_id)
                 marked.append(dead.run_id)
     return marked
 

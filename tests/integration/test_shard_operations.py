@@ -119,6 +119,8 @@ def test_sigkill_mid_shard_then_rerun_gives_every_event_exactly_once(pipeline, s
     assert status["progress"]["shards_running"] == [] and status["progress"]["shards_dead"] == [1]
     with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
         assert instance.get_run_by_id(killed["run_id"]).status == dg.DagsterRunStatus.FAILURE
+        # ... and its slot of the fleet's pool is free again: later shard runs do not queue behind a dead one.
+        assert killed["run_id"] not in instance.event_log_storage.get_concurrency_run_ids()
     for index in range(2):
         fleet.clear_faults(index)
 
