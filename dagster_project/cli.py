@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # The resources the definitions run with, from the same environment, initialized as a run initializes
     # them: the store with its retry settings, the fleet with `api_key` resolved (it is never printed).
-    with dg.build_resources(resources_from_env()) as resources:
+    # The tokenizer is left out: no command needs it, and it loads when initialized (seconds).
+    needed = {name: resource for name, resource in resources_from_env().items() if name != "tokenizer"}
+    with dg.build_resources(needed) as resources:
         return args.func(args, resources)
 
 
