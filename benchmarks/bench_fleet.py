@@ -119,6 +119,7 @@ def dagster_home(path: Path) -> Path:
 
 @dataclass
 class Sample:
+    at: float  # monotonic seconds
     running: list[int]
     queued: list[int]
     generating: int  # runs with requests in flight
@@ -152,7 +153,8 @@ class Sampler:
         while not self._stop.wait(SAMPLE_S):
             states = [http_json(url + "/_sim/state") for url in self.urls]
             generating = self.generating if self.generating is not None else self._generating_runs()
-            self.samples.append(Sample([s["running"] for s in states], [s["queued"] for s in states], generating))
+            running, queued = [s["running"] for s in states], [s["queued"] for s in states]
+            self.samples.append(Sample(time.monotonic(), running, queued, generating))
 
     def _generating_runs(self) -> int:
         members: set[str] = set()
@@ -173,16 +175,24 @@ class Row:
     samples: list[Sample]
     peaks: list[dict]
 
-    def busy(self, min_runs: int) -> list[Sample]:
-        return [s for s in self.samples if s.generating >= min_runs]
+    def busy(self, min_runs: int) -> list[tuple[Sample, float]]:
+        """Samples taken while at least `min_runs` runs were generating, each with the time until the next one
+        (a loaded machine stretches the sampling period: shares are weighted by time, not counted)."""
+        spans = zip(self.samples, self.samples[1:])
+        return [(s, after.at - s.at) for s, after in spans if s.generating >= min_runs]
 
     def at_cap(self, server: int, min_runs: int) -> float | None:
         busy = self.busy(min_runs)
-        return sum(s.running[server] >= CAP for s in busy) / len(busy) if busy else None
+        total = sum(dt for _, dt in busy)
+        return sum(dt for s, dt in busy if s.running[server] >= CAP) / total if total else None
+
+    def mean_running(self, min_runs: int) -> float:
+        busy = self.busy(min_runs)
+        total = sum(dt for _, dt in busy)
+        return sum(statistics.mean(s.running) * dt for s, dt in busy) / total if total else 0.0
 
     def generation_s(self) -> float:
-        busy = self.busy(1)
-        return len(busy) * SAMPLE_S
+        return sum(dt for _, dt in self.busy(1))
 
     def peak_in_flight(self, server: int) -> int:
         return max((s.running[server] + s.queued[server] for s in self.samples), default=0)
@@ -256,20 +266,21 @@ def render(rows: list[Row], shard_sizes: list[int]) -> str:
             "each simulator's running and queued requests and of the runs holding requests in flight (their ledgers)."
         ),
         "",
-        "| client | wall (s) | speed vs ideal | generating (s) | at cap while ≥ 2 runs generate, per server "
-        "| mean running / cap | peak in flight per server (running + queued) |",
-        "|---|---:|---:|---:|---|---:|---|",
+        "| client | wall (s) | speed vs ideal | generating (s) | generating speed vs ideal "
+        "| at cap while ≥ 2 runs generate, per server | mean running / cap "
+        "| peak in flight per server (running + queued) |",
+        "|---|---:|---:|---:|---:|---|---:|---|",
     ]
     for row in rows:
-        busy = row.busy(2)
         at_cap = " / ".join("—" if row.at_cap(i, 2) is None else f"{row.at_cap(i, 2):.1%}" for i in range(SERVERS))
-        running = statistics.mean(statistics.mean(s.running) for s in busy) / CAP if busy else 0.0
+        running = row.mean_running(2) / CAP
         peaks = " / ".join(
             f"{row.peak_in_flight(i)} (server's own peaks: {p['running']} + {p['queued']})"
             for i, p in enumerate(row.peaks)
         )
         lines.append(
             f"| {row.name} | {row.wall_s:.1f} | **{best.wall_s / row.wall_s:.2f}x** | {row.generation_s():.1f} | "
+            f"{best.generation_s() / row.generation_s():.2f}x | "
             f"**{at_cap}** | {running:.1%} | {peaks} |"
         )
     lines += [
