@@ -56,26 +56,27 @@ def timed_run(env: dict[str, str], home: Path, shard: int) -> dict[str, float]:
     with dg.DagsterInstance.from_config(str(home)) as instance:
         (run,) = instance.get_runs(limit=1)
         events = instance.all_logs(run.run_id)
+    kinds = dg.DagsterEventType
     first: dict[str, float] = {}
     steps: dict[str, list[float]] = defaultdict(list)
     for event in events:
-        kind = event.dagster_event.event_type_value if event.dagster_event else "LOG"
+        kind = event.dagster_event.event_type if event.dagster_event else "LOG"
         first.setdefault(kind, event.timestamp)
-        if kind in ("STEP_START", "STEP_SUCCESS") or (kind == "LOG" and event.step_key):
+        if kind in (kinds.STEP_START, kinds.STEP_SUCCESS) or (kind == "LOG" and event.step_key):
             steps[event.step_key].append(event.timestamp)
     phases = {
-        "process start, definitions load": first["RUN_START"] - started,
-        "run setup, resources": first["STEP_START"] - first["RUN_START"],
+        "process start, definitions load": first[kinds.RUN_START] - started,
+        "run setup, resources": first[kinds.STEP_START] - first[kinds.RUN_START],
     }
     for step, times in steps.items():
         name = step.replace("__", " ")
         if step == "completions":
-            log_lines = [t for t in times[1:-1]]
-            phases["completions step: until its first log line (tokenizer, shard read)"] = log_lines[0] - times[0]
-            phases["completions step: the rest (generate, publish)"] = times[-1] - log_lines[0]
+            first_log = times[1]  # times: the step's start, its log lines, its success
+            phases["completions step: until its first log line (tokenizer, shard read)"] = first_log - times[0]
+            phases["completions step: the rest (generate, publish)"] = times[-1] - first_log
         else:
             phases[f"step {name}"] = times[-1] - times[0]
-    phases["teardown (RUN_SUCCESS to exit)"] = ended - first["RUN_SUCCESS"]
+    phases["teardown (RUN_SUCCESS to exit)"] = ended - first[kinds.RUN_SUCCESS]
     phases["whole run"] = ended - started
     return phases
 
