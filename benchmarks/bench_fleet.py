@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fcntl
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,9 +46,9 @@ from dagster_project.sglang.launch import launch_simulators, stop_fleet
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import load_tokenizer
+from tests.support.dagster_helpers import materialize, pipeline_env
 
 ROOT = Path(__file__).resolve().parents[1]
-DAGSTER = str(Path(sys.executable).parent / "dagster")
 SERVERS, CAP = 2, 16
 TIME_SCALE = 0.2  # every duration of the model x this: 5x faster, the same shape
 SIM = {
@@ -81,28 +79,6 @@ def write_prompts(path: Path, count: int) -> Path:
             question = f"Question {i}: explain, step by step, why {i} is {'even' if i % 2 == 0 else 'odd'}."
             out.write(orjson.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": question}]}) + b"\n")
     return path
-
-
-def pipeline_env(home: Path, store: Path, work: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DFLASH_", "DAGSTER_", "SGLANG_"))}
-    env.update(
-        DAGSTER_HOME=str(home),
-        DFLASH_STORE=str(store),
-        DFLASH_WORK_DIR=str(work),
-        DFLASH_NUM_SHARDS=str(SHARDS),
-        PYTHONUNBUFFERED="1",
-        **(extra or {}),
-    )
-    return env
-
-
-def materialize(env: dict[str, str], select: str, partition: str | None = None) -> None:
-    command = [DAGSTER, "asset", "materialize", "-m", "dagster_project.definitions", "--select", select]
-    if partition is not None:
-        command += ["--partition", partition]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
 def dagster_home(path: Path) -> Path:
@@ -231,13 +207,19 @@ def shard_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, shar
     store, work = run_dir / "store", run_dir / "work"
     shutil.copytree(seed_store, store)
     home = dagster_home(run_dir / "home")
-    endpoints = {"DFLASH_SGLANG_ENDPOINTS": ",".join(urls)}
 
     def run(shard: int) -> None:
         # Shared: one fleet directory, hence one ledger. Own: a fleet directory (and ledger) per run.
         fleet = work / "fleet" if shared else work / f"fleet-{shard}"
-        env = pipeline_env(home, store, work, {**endpoints, "DFLASH_FLEET_DIR": str(fleet)})
-        materialize(env, "completions", layout.partition_key(shard))
+        env = pipeline_env(
+            home=home,
+            store=store,
+            work_dir=work,
+            num_shards=SHARDS,
+            endpoints=urls,
+            extra={"DFLASH_FLEET_DIR": str(fleet)},
+        )
+        materialize(env, ROOT, "completions", layout.partition_key(shard), timeout_s=1800)
 
     with Sampler(urls, work) as sampler:
         started = time.monotonic()
@@ -305,8 +287,15 @@ def main() -> None:
         scratch = Path(tmp)
         seed_store = scratch / "seed-store"
         source = write_prompts(scratch / "prompts.jsonl", prompts)
-        env = pipeline_env(dagster_home(scratch / "seed-home"), seed_store, scratch / "seed-work")
-        materialize({**env, "DFLASH_SOURCES": str(source)}, "raw_prompts,conversations")
+        home = dagster_home(scratch / "seed-home")
+        env = pipeline_env(
+            home=home,
+            store=seed_store,
+            work_dir=scratch / "seed-work",
+            num_shards=SHARDS,
+            extra={"DFLASH_SOURCES": str(source)},
+        )
+        materialize(env, ROOT, "raw_prompts,conversations")
         print(f"{time.strftime('%X')} input ready", file=sys.stderr, flush=True)
         store = LocalStore(seed_store)
         shard_sizes = [sum(c.num_turns for c in read_conversations(store, shard)) for shard in range(SHARDS)]

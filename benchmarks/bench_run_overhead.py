@@ -24,10 +24,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from benchmarks.bench_fleet import ROOT, dagster_home, materialize, pipeline_env, write_prompts
+from benchmarks.bench_fleet import ROOT, dagster_home, write_prompts
 from benchmarks.report import write_section
 from dagster_project.sglang.launch import launch_simulators, stop_fleet
 from dagster_project.store import layout
+from tests.support.dagster_helpers import materialize, pipeline_env
 
 SHARDS = 8
 PROMPTS = 3 * SHARDS
@@ -51,7 +52,7 @@ def fresh_process_s(code: str) -> float:
 def timed_run(env: dict[str, str], home: Path, shard: int) -> dict[str, float]:
     """One shard run's wall time split into phases by its event log."""
     started = time.time()
-    materialize(env, "completions", layout.partition_key(shard))
+    materialize(env, ROOT, "completions", layout.partition_key(shard))
     ended = time.time()
     with dg.DagsterInstance.from_config(str(home)) as instance:
         (run,) = instance.get_runs(limit=1)
@@ -118,14 +119,16 @@ def main() -> None:
         home = dagster_home(scratch / "home")
         fleet = launch_simulators(1, scratch / "fleet", SIM)
         try:
-            env = pipeline_env(
-                home,
-                scratch / "store",
-                scratch / "work",
-                {"DFLASH_SGLANG_ENDPOINTS": fleet.urls[0], "DFLASH_FLEET_DIR": str(scratch / "work" / "fleet")},
-            )
             source = write_prompts(scratch / "prompts.jsonl", PROMPTS)
-            materialize({**env, "DFLASH_SOURCES": str(source)}, "raw_prompts,conversations")
+            env = pipeline_env(
+                home=home,
+                store=scratch / "store",
+                work_dir=scratch / "work",
+                num_shards=SHARDS,
+                endpoints=fleet.urls,
+                extra={"DFLASH_SOURCES": str(source), "DFLASH_FLEET_DIR": str(scratch / "work" / "fleet")},
+            )
+            materialize(env, ROOT, "raw_prompts,conversations")
             runs = [timed_run(env, home, shard) for shard in range(min(args.runs, SHARDS))]
         finally:
             stop_fleet(scratch / "fleet")
