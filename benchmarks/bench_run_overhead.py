@@ -125,7 +125,8 @@ def main() -> None:
     args = parser.parse_args()
     codes = {"this checkout": ROOT}
     if args.before:
-        codes = {f"before ({args.before.name})": args.before.resolve(), **codes}
+        revision = subprocess.run(["git", "-C", str(args.before), "rev-parse", "--short", "HEAD"], capture_output=True)
+        codes = {f"before ({revision.stdout.decode().strip() or args.before.name})": args.before.resolve(), **codes}
     if args.runs * len(codes) > SHARDS:
         raise SystemExit(f"at most {SHARDS // len(codes)} runs per code tree")
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in codes}
