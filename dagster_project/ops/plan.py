@@ -71,8 +71,10 @@ class ShardSizing:
         default=BRIEF_PLAN.gpus * SPEC_DEFAULT_MAX_RUNNING_REQUESTS / BRIEF_PLAN.req_per_s,
         metadata={"help": "Mean latency of one request at cap (fleet cap / fleet requests per second)."},
     )
+    # The whole run process on 2 cores (BENCHMARKS.md): what the fleet loses per run when runs are not started
+    # ahead of free pool slots; with them started ahead, only the ~0.2 s inside the slot.
     run_overhead_s: float = field(
-        default=4.0, metadata={"help": "Fixed seconds of one shard run (benchmarks/bench_run_overhead.py)."}
+        default=8.0, metadata={"help": "Fixed seconds of one shard run (benchmarks/bench_run_overhead.py)."}
     )
     runs_at_once: int = field(default=4, metadata={"help": "The sglang_fleet pool's limit."})
     max_overhead_share: float = field(
