@@ -41,6 +41,8 @@ dev: venv
 
 benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_dispatcher
+	$(BIN)/python -m benchmarks.bench_fleet
+	$(BIN)/python -m benchmarks.bench_run_overhead
 	$(BIN)/python -m benchmarks.bench_ingest
 	$(BIN)/python -m benchmarks.bench_training_set
 

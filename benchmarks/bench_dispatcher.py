@@ -4,12 +4,17 @@
 
 (a) Saturation. Four simulated servers with a running cap of 16 and a latency model (prefill, decode
     steps, long-tailed output lengths). Measured on each server, over a steady-state window: the share of
-    time it runs exactly `cap` requests. Baseline in the same run: a naive client with a fixed global
-    concurrency equal to the fleet's total cap, spreading requests round robin.
+    time it runs exactly `cap` requests. Baseline in the same run: the best simple client, workers pinned
+    per server at the dispatcher's window (each loops: take a request, send it to its server, record).
 (b) Throughput. Zero-latency simulators answering 2,000-token responses, pinned to the last core; the
     dispatcher pinned to the first core. Baseline in the same run: a minimal raw aiohttp loop (fixed
     concurrency, POST, parse, nothing else) against the same servers. The dispatcher's own CPU time per
     request gives its single-core capacity even where the simulators, sharing one core, are the limit.
+(c) Faults. Two servers; a fixed batch of requests; a few seconds in, one server hangs (no progress, /health
+    failing) or answers garbage (HTML bodies). The pinned simple client next to the dispatcher: who finishes
+    every request, and when.
+(d) Runs sharing a fleet. Four clients at once against two servers, each sized on its own (pinned workers at
+    the full window) next to four dispatchers sharing one ledger: peak in flight per server and time at cap.
 
 Results go to the `dispatcher` section of BENCHMARKS.md.
 """
@@ -24,6 +29,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +39,7 @@ import orjson
 
 from benchmarks.report import write_section
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, GenRequest, Outcome
+from dagster_project.generation.ledger import FleetLedger
 from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
 from dagster_project.sglang.launch import Fleet, launch_simulators, stop_fleet
 from dagster_project.sglang.protocol import sampling_params
@@ -66,10 +73,12 @@ def endless_requests(stop: asyncio.Event) -> Iterator[GenRequest]:
         yield GenRequest(f"req{i}", prompt(i), PARAMS)
 
 
-def http_json(method: str, url: str) -> dict:
+def http_json(method: str, url: str, body: dict | None = None) -> dict:
     import urllib.request
 
-    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as response:
+    data = orjson.dumps(body) if body is not None else None
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    with urllib.request.urlopen(urllib.request.Request(url, data, headers, method=method), timeout=10) as response:
         return orjson.loads(response.read())
 
 
@@ -85,22 +94,35 @@ class Saturation:
     tokens_per_s: float
 
 
-async def naive_round_robin(urls: list[str], stop: asyncio.Event, record: Callable[[int], None]) -> None:
-    """Baseline: a fixed number of workers (the fleet's total cap), each sending to the next server in turn."""
-    servers = itertools.cycle(urls)
-    requests = endless_requests(stop)
-    async with new_session() as session:
-        clients = {url: SGLangClient(url, session=session) for url in urls}
+WINDOW = math.ceil(SATURATION_CAP * DispatchOptions().oversubscription)
 
-        async def worker() -> None:
+
+async def pinned_workers(
+    urls: list[str],
+    requests: Iterator[GenRequest],
+    record: Callable[[int], None],
+    lost: Callable[[], None] = lambda: None,
+    window: int = WINDOW,
+) -> None:
+    """Baseline: the best simple client: `window` workers pinned to each server, each looping (take a request,
+    send it to its server, record). An error is recorded as a lost request; nothing is retried."""
+    async with new_session() as session:
+
+        async def worker(client: SGLangClient) -> None:
             for request in requests:
                 try:
-                    result = await clients[next(servers)].generate(request.input_ids, request.sampling_params)
+                    result = await client.generate(request.input_ids, request.sampling_params)
                 except SGLangError:
+                    lost()
                     continue
                 record(result.completion_tokens)
 
-        await asyncio.gather(*(worker() for _ in range(len(urls) * SATURATION_CAP)))
+        clients = [SGLangClient(url, session=session) for url in urls]
+        await asyncio.gather(*(worker(client) for client in clients for _ in range(window)))
+
+
+async def simple_client(urls: list[str], stop: asyncio.Event, record: Callable[[int], None]) -> None:
+    await pinned_workers(urls, endless_requests(stop), record)
 
 
 async def dispatched(
@@ -151,8 +173,8 @@ def run_saturation(run_dir: Path, warmup_s: float, window_s: float) -> list[Satu
             asyncio.run(
                 measure_saturation(
                     fleet,
-                    "baseline: fixed concurrency (= total cap), round robin",
-                    naive_round_robin,
+                    f"baseline: simple client, {WINDOW} workers pinned per server",
+                    simple_client,
                     warmup_s,
                     window_s,
                 )
@@ -258,6 +280,128 @@ def run_throughput(run_dir: Path, count: int, repeats: int) -> tuple[list[Throug
     return results, placement
 
 
+# ---- (c) faults ------------------------------------------------------------------------------------------
+
+FAULT_SERVERS = 2
+FAULT_SIM = {**SATURATION_SIM, "health_check_timeout_s": 3.0}  # SGLang's is 20 s; shorter keeps the run short
+FAULT_REQUESTS = 800
+FAULT_AT_S = 3.0
+FAULT_DEADLINE_S = 90.0
+FAULT_OPTIONS = DispatchOptions(probe_interval_s=1.0)
+FAULTS = {"hang": "hangs (nothing progresses, /health fails)", "garbage": "answers HTML error pages"}
+
+
+@dataclass
+class FaultRun:
+    fault: str
+    client: str
+    ok: int
+    lost: int  # ended without an answer
+    unfinished: int  # still waiting at the deadline
+    wall_s: float | None  # None: not done by the deadline
+
+
+async def fault_run(urls: list[str], fault: str, client: str) -> FaultRun:
+    requests = [GenRequest(f"req{i}", prompt(i), PARAMS) for i in range(FAULT_REQUESTS)]
+    counts = Counter()
+
+    def on_outcome(outcome: Outcome) -> None:
+        counts["ok" if outcome.ok else "lost"] += 1
+
+    async def inject() -> None:
+        await asyncio.sleep(FAULT_AT_S)
+        await asyncio.to_thread(http_json, "POST", urls[-1] + "/_sim/faults", {fault: True})
+
+    if client == "simple":
+        work = pinned_workers(urls, iter(requests), lambda _: counts.update(["ok"]), lambda: counts.update(["lost"]))
+    else:
+        work = Dispatcher(urls, FAULT_OPTIONS).run(requests, on_outcome)
+    started, wall = time.monotonic(), None
+    try:
+        await asyncio.wait_for(asyncio.gather(work, inject()), FAULT_DEADLINE_S)
+        wall = time.monotonic() - started
+    except TimeoutError:
+        pass
+    finally:
+        await asyncio.to_thread(http_json, "DELETE", urls[-1] + "/_sim/faults")
+    unfinished = FAULT_REQUESTS - counts["ok"] - counts["lost"]
+    return FaultRun(fault, client, counts["ok"], counts["lost"], unfinished, wall)
+
+
+def run_faults(run_dir: Path) -> list[FaultRun]:
+    fleet = launch_simulators(FAULT_SERVERS, run_dir, FAULT_SIM)
+    try:
+        return [
+            asyncio.run(fault_run(fleet.urls, fault, client)) for fault in FAULTS for client in ("simple", "dispatcher")
+        ]
+    finally:
+        stop_fleet(run_dir)
+
+
+# ---- (d) runs sharing a fleet -------------------------------------------------------------------------------
+
+SHARING_RUNS = 4
+SHARING_REQUESTS = 300  # per run
+
+
+@dataclass
+class Sharing:
+    name: str
+    wall_s: float
+    finished_s: list[float]  # when each run ended, from the start
+    peak_in_flight: list[int]  # per server: running + queued peaks
+    at_cap: list[float]
+
+
+async def sharing_run(urls: list[str], shared: Path | None) -> Sharing:
+    for url in urls:
+        await asyncio.to_thread(http_json, "POST", url + "/_sim/state?reset_occupancy=1")
+    started = time.monotonic()
+    finished: list[float] = []
+
+    async def one_run(index: int) -> None:
+        requests = [
+            GenRequest(f"run{index}-req{i}", prompt(index * SHARING_REQUESTS + i), PARAMS)
+            for i in range(SHARING_REQUESTS)
+        ]
+        if shared is None:
+            await pinned_workers(urls, iter(requests), lambda _: None)
+        else:
+            ended = 0
+
+            def on_outcome(outcome: Outcome) -> None:
+                nonlocal ended
+                ended += 1
+
+            dispatcher = Dispatcher(urls, ledger=FleetLedger(shared))
+            await dispatcher.run(requests, on_outcome, remaining=lambda: SHARING_REQUESTS - ended)
+        finished.append(time.monotonic() - started)
+
+    await asyncio.gather(*(one_run(index) for index in range(SHARING_RUNS)))
+    wall = time.monotonic() - started
+    states = [await asyncio.to_thread(http_json, "GET", url + "/_sim/state") for url in urls]
+    name = (
+        f"baseline: {SHARING_RUNS} simple clients, each {WINDOW} workers pinned per server"
+        if shared is None
+        else f"{SHARING_RUNS} dispatchers sharing one ledger"
+    )
+    return Sharing(
+        name,
+        wall,
+        sorted(finished),
+        [s["peaks"]["running"] + s["peaks"]["queued"] for s in states],
+        [s["occupancy"]["at_cap_fraction"] for s in states],
+    )
+
+
+def run_sharing(run_dir: Path) -> list[Sharing]:
+    fleet = launch_simulators(FAULT_SERVERS, run_dir, SATURATION_SIM)
+    try:
+        return [asyncio.run(sharing_run(fleet.urls, None)), asyncio.run(sharing_run(fleet.urls, run_dir / "ledger"))]
+    finally:
+        stop_fleet(run_dir)
+
+
 # ---- report ---------------------------------------------------------------------------------------------
 
 
@@ -268,6 +412,8 @@ def render(
     placement: str,
     count: int,
     repeats: int,
+    faults: list[FaultRun],
+    sharing: list[Sharing],
 ) -> str:
     lines = [
         "## Dispatcher (`python -m benchmarks.bench_dispatcher`)",
@@ -317,6 +463,34 @@ def render(
             f"{dispatcher.cpu_per_request_us - baseline.cpu_per_request_us:+.0f} us "
             "of CPU per request (typed errors, windows, failover bookkeeping, exactly-once delivery)."
         ),
+        "",
+        (
+            f"**(c) A server fails mid-run.** {FAULT_SERVERS} servers as in (a) (health check timeout 3 s instead of "
+            f"SGLang's 20 s), {FAULT_REQUESTS:,} requests; {FAULT_AT_S:.0f} s in, the second server's fault is set. "
+            f"Deadline {FAULT_DEADLINE_S:.0f} s."
+        ),
+        "",
+        "| the second server | client | answered | lost (error) | still waiting at the deadline | wall (s) |",
+        "|---|---|---:|---:|---:|---:|",
+        *(
+            f"| {FAULTS[run.fault]} | {'simple client (pinned workers)' if run.client == 'simple' else 'dispatcher'} "
+            f"| {run.ok} | {run.lost} | {run.unfinished} | {'—' if run.wall_s is None else f'{run.wall_s:.1f}'} |"
+            for run in faults
+        ),
+        "",
+        (
+            f"**(d) Runs sharing a fleet.** {SHARING_RUNS} clients at once, {SHARING_REQUESTS} requests each, against "
+            f"{FAULT_SERVERS} servers as in (a) (window {WINDOW} = cap x {DispatchOptions().oversubscription}). "
+            "Peak in flight = the server's peak running + peak queued; at cap over the whole run, tails included."
+        ),
+        "",
+        "| clients | wall (s) | runs ended at (s) | peak in flight per server | at cap per server |",
+        "|---|---:|---|---|---|",
+        *(
+            f"| {run.name} | {run.wall_s:.1f} | {' / '.join(f'{t:.1f}' for t in run.finished_s)} | "
+            f"{' / '.join(map(str, run.peak_in_flight))} | {' / '.join(f'{a:.1%}' for a in run.at_cap)} |"
+            for run in sharing
+        ),
     ]
     return "\n".join(lines)
 
@@ -330,7 +504,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-dispatcher-") as scratch:
         saturation = run_saturation(Path(scratch) / "a", warmup_s, window_s)
         throughput, placement = run_throughput(Path(scratch) / "b", count, repeats)
-    markdown = render(saturation, window_s, throughput, placement, count, repeats)
+        faults = run_faults(Path(scratch) / "c")
+        sharing = run_sharing(Path(scratch) / "d")
+    markdown = render(saturation, window_s, throughput, placement, count, repeats, faults, sharing)
     print(markdown)
     if not args.quick:
         print(f"\nwritten to {write_section('dispatcher', markdown)}")

@@ -3,6 +3,7 @@
 dflash status [--json] [--by-id]       the six answers: progress, MTP, concurrency, storage, coverage, multi-turn
 dflash fleet up|down|status            the SGLang fleet (real servers per GPU, or simulators)
 dflash plan --brief | --req-per-s ...  the estimates `status` compares against
+dflash plan --shards [--fleet-cap ...]  how many shards keep each run's fixed cost and tail small
 dflash demo                            the whole pipeline on the embedded demo (`make demo`)
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 import dagster as dg
 
 from dagster_project.conversations.shards import published_num_shards
-from dagster_project.ops.plan import BRIEF_PLAN, Plan, read_plan, write_plan
+from dagster_project.ops.plan import BRIEF_PLAN, Plan, ShardSizing, advise_shards, read_plan, write_plan
 from dagster_project.resources import resources_from_env
 from dagster_project.sglang import launch
 from dagster_project.store import layout
@@ -144,6 +145,9 @@ def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
+    if args.shards:
+        print(advise_shards(ShardSizing(**_given(args, ShardSizing))))
+        return 0
     store = resources.store.open()
     if args.show:
         recorded = read_plan(store)
@@ -236,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--brief", action="store_true", help="the brief's planned figures for the 914K run")
     plan.add_argument("--show", action="store_true")
     _add_flags(plan, Plan)
+    plan.add_argument("--shards", action="store_true", help="how many shards to use (the flags below; nothing written)")
+    _add_flags(plan, ShardSizing)
     plan.set_defaults(func=cmd_plan)
 
     demo = commands.add_parser("demo", help="run the whole pipeline on the embedded demo")
@@ -247,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # The resources the definitions run with, from the same environment, initialized as a run initializes
     # them: the store with its retry settings, the fleet with `api_key` resolved (it is never printed).
-    with dg.build_resources(resources_from_env()) as resources:
+    # The tokenizer is left out: no command needs it, and it loads when initialized (seconds).
+    needed = {name: resource for name, resource in resources_from_env().items() if name != "tokenizer"}
+    with dg.build_resources(needed) as resources:
         return args.func(args, resources)
 
 

@@ -4,7 +4,7 @@ Each server gets an in-flight window sized from its own `/server_info`
 (`internal_states[*].effective_max_running_requests_per_dp`) times `DispatchOptions.oversubscription`.
 The default 1.25 keeps a small queue at each server, so a finished request's slot is
 refilled at once instead of after a round trip: in benchmarks/bench_dispatcher.py a window equal to the
-cap leaves each server below its cap ~5% of the time, 1.25x keeps it there 100% of the time.
+cap leaves each server below its cap 5–10% of the time, 1.25x keeps it there 100% of the time.
 Requests are pulled from the caller lazily, only when some window has room, so memory stays bounded
 however long the input is. Every request key ends exactly once, through one `on_outcome` call: with the
 first result that arrives, or with an error that says why.

@@ -70,6 +70,15 @@ def test_plan_and_status_on_an_empty_store(env):
     assert by_id.returncode != 0 and "materialize conversations" in by_id.stderr
 
 
+def test_plan_shards_follows_the_fleet_and_the_cost_of_a_run_and_writes_nothing(env, tmp_path):
+    common = ("plan", "--shards", "--events", "900000", "--fleet-cap", "672", "--seconds-per-event", "50")
+    cheap = dflash(env, *common, "--run-overhead-s", "4")
+    costly = dflash(env, *common, "--run-overhead-s", "60")
+    assert "tail per run" in cheap and "fixed cost per run" in costly
+    assert int(costly.split()[0]) < int(cheap.split()[0])
+    assert not (tmp_path / "store" / "plan.json").exists()
+
+
 def test_status_reports_the_shard_count_of_the_store_it_reads(env, tmp_path):
     """An operator shell without DFLASH_NUM_SHARDS: status and coverage by id follow the conversations manifest."""
     run_stages(tmp_path, [str(DEMO_DATA_DIR)], num_shards=7)  # the store and work dir of `env`

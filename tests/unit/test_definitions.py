@@ -74,6 +74,10 @@ def test_project_dagster_yaml_loads_as_an_instance(tmp_path):
     try:
         pools = instance.get_concurrency_config().pool_config
         assert pools.default_pool_limit == 4 and pools.pool_granularity.value == "op"
+        # The queue launches runs ahead of free pool slots, so a run's process start and tokenizer load overlap
+        # the generation of the runs holding the slots.
+        runs = instance.get_concurrency_config().run_queue_config
+        assert runs.max_concurrent_runs > pools.default_pool_limit
         assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
         assert instance.run_monitoring_enabled
     finally:

@@ -1,0 +1,341 @@
+"""Fleet benchmark: K shard runs at a time through Dagster, sharing two simulated servers, next to the ideal.
+
+    python -m benchmarks.bench_fleet [--quick]
+
+Two simulators with the issue's latency model (running cap 16, time to first token 0.05 s, 0.05 s per decode
+step, MTP on, lognormal outputs with median 300 tokens), with every duration scaled by `TIME_SCALE` so the
+whole benchmark fits in ~15 min on 2 cores. Synthetic single-turn prompts go through the real `raw_prompts`
+and `conversations` assets into `SHARDS` shards; then each shard is one `dagster asset materialize` process
+(`completions`, the project's dagster.yaml, the `sglang_fleet` pool), `RUNS_AT_ONCE` at a time, a new one as
+soon as one ends, like an operator's backfill. Rows, in the same run against the same servers:
+
+* ideal: one long-lived dispatcher in this process over every shard's events (the same prompt ids);
+* shared ledger: the runs share the fleet directory, so one in-flight budget per server (this branch);
+* own windows: every run gets its own fleet directory, so each sizes its window alone (before this branch).
+
+A sampler polls each simulator's `/_sim/state` (running, queued) and the runs' ledgers (which runs hold
+requests in flight) every `SAMPLE_S`. Results go to the `fleet` section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dagster as dg
+import orjson
+
+from benchmarks.report import write_section
+from dagster_project.conversations.shards import read_conversations
+from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
+from dagster_project.generation.events import ShardGeneration
+from dagster_project.generation.journal import Journal
+from dagster_project.generation_settings import GenerationSettings
+from dagster_project.sglang.launch import launch_simulators, stop_fleet
+from dagster_project.store import layout
+from dagster_project.store.storage import LocalStore
+from dagster_project.tokenizer import load_tokenizer
+from tests.support.dagster_helpers import materialize, pipeline_env
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVERS, CAP = 2, 16
+TIME_SCALE = 0.2  # every duration of the issue's model x this: 5x faster, the same shape
+SIM = {
+    "enable_metrics": True,
+    "max_running_requests": CAP,
+    "ttft_s": 0.05 * TIME_SCALE,
+    "decode_step_s": 0.05 * TIME_SCALE,
+    "output_len": "lognormal:300:0.6",
+}
+SHARDS, RUNS_AT_ONCE = 8, 4
+PROMPTS_PER_SHARD = 550  # conversation ids hash to shards: ~550 each gives every shard >= 500 events
+SAMPLE_S = 0.05
+PEAK_SLACK = 2  # the "small constant" over the window: slots granted in one fill before a release is seen
+OVERSUBSCRIPTION = DispatchOptions().oversubscription
+
+
+def http_json(url: str, method: str = "GET") -> dict:
+    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as response:
+        return orjson.loads(response.read())
+
+
+# ---- input -------------------------------------------------------------------------------------------------
+
+
+def write_prompts(path: Path, count: int) -> Path:
+    """Distinct single-turn prompts (OpenAI messages, one per line): one generation event each."""
+    with path.open("wb") as out:
+        for i in range(count):
+            question = f"Question {i}: explain, step by step, why {i} is {'even' if i % 2 == 0 else 'odd'}."
+            out.write(orjson.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": question}]}) + b"\n")
+    return path
+
+
+def dagster_home(path: Path) -> Path:
+    """An instance with the project's dagster.yaml, its storage created here: runs starting at once on a new
+    SQLite instance race to create its tables."""
+    path.mkdir(parents=True)
+    shutil.copyfile(ROOT / "dagster.yaml", path / "dagster.yaml")
+    dg.DagsterInstance.from_config(str(path)).dispose()
+    return path
+
+
+# ---- sampling ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    at: float  # monotonic seconds
+    running: list[int]
+    queued: list[int]
+    generating: int  # runs with requests in flight
+
+
+@dataclass
+class Sampler:
+    """Polls the simulators and the ledgers under `ledger_root` until stopped (a thread)."""
+
+    urls: list[str]
+    ledger_root: Path | None
+    generating: int | None = None  # fixed count (the ideal) instead of reading ledgers
+    samples: list[Sample] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        for url in self.urls:
+            http_json(url + "/_sim/state?reset_occupancy=1", "POST")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peaks = [http_json(url + "/_sim/state")["peaks"] for url in self.urls]
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            states = [http_json(url + "/_sim/state") for url in self.urls]
+            generating = self.generating if self.generating is not None else self._generating_runs()
+            running, queued = [s["running"] for s in states], [s["queued"] for s in states]
+            self.samples.append(Sample(time.monotonic(), running, queued, generating))
+
+    def _generating_runs(self) -> int:
+        members: set[str] = set()
+        for path in self.ledger_root.glob("**/ledger/*.json"):
+            with path.open("rb") as handle:
+                fcntl.flock(handle, fcntl.LOCK_SH)  # the ledger rewrites the file under an exclusive lock
+                raw = handle.read()
+            if raw:
+                members |= {name for name, m in orjson.loads(raw)["members"].items() if m["in_flight"] > 0}
+        return len(members)
+
+
+@dataclass
+class Row:
+    name: str
+    events: int
+    wall_s: float
+    samples: list[Sample]
+    peaks: list[dict]
+
+    def busy(self, min_runs: int) -> list[tuple[Sample, float]]:
+        """Samples taken while at least `min_runs` runs were generating, each with the time until the next one
+        (a loaded machine stretches the sampling period: shares are weighted by time, not counted)."""
+        spans = zip(self.samples, self.samples[1:])
+        return [(s, after.at - s.at) for s, after in spans if s.generating >= min_runs]
+
+    def at_cap(self, server: int, min_runs: int) -> float | None:
+        busy = self.busy(min_runs)
+        total = sum(dt for _, dt in busy)
+        return sum(dt for s, dt in busy if s.running[server] >= CAP) / total if total else None
+
+    def mean_running(self, min_runs: int) -> float:
+        busy = self.busy(min_runs)
+        total = sum(dt for _, dt in busy)
+        return sum(statistics.mean(s.running) * dt for s, dt in busy) / total if total else 0.0
+
+    def generation_s(self) -> float:
+        return sum(dt for _, dt in self.busy(1))
+
+    def peak_in_flight(self, server: int) -> int:
+        return max((s.running[server] + s.queued[server] for s in self.samples), default=0)
+
+
+# ---- the three rows ----------------------------------------------------------------------------------------
+
+
+def ideal(urls: list[str], store: Path, scratch: Path) -> Row:
+    """One dispatcher over every shard's events, the prompts built exactly as a shard run builds them."""
+    tokenizer, settings = load_tokenizer(), GenerationSettings()
+    requests = []
+    for shard in range(SHARDS):
+        with Journal(scratch / f"ideal-{shard}.jsonl") as journal:
+            job = ShardGeneration(
+                shard, list(read_conversations(LocalStore(store), shard)), tokenizer, settings, journal
+            )
+            requests += list(job.initial_requests())
+    ended = 0
+
+    def on_outcome(outcome) -> None:
+        nonlocal ended
+        ended += outcome.ok
+
+    with Sampler(urls, None, generating=SHARDS) as sampler:
+        started = time.monotonic()
+        asyncio.run(Dispatcher(urls).run(requests, on_outcome))
+        wall = time.monotonic() - started
+    if ended != len(requests):
+        raise RuntimeError(f"ideal: {len(requests) - ended} of {len(requests)} requests failed")
+    return Row("ideal: one long-lived dispatcher, every event", len(requests), wall, sampler.samples, sampler.peaks)
+
+
+def shard_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, shared: bool, events: int) -> Row:
+    """Every shard as its own `dagster asset materialize`, RUNS_AT_ONCE at a time, on a copy of the input."""
+    store, work = run_dir / "store", run_dir / "work"
+    shutil.copytree(seed_store, store)
+    home = dagster_home(run_dir / "home")
+
+    def run(shard: int) -> None:
+        # Shared: one fleet directory, hence one ledger. Own: a fleet directory (and ledger) per run.
+        fleet = work / "fleet" if shared else work / f"fleet-{shard}"
+        env = pipeline_env(
+            home=home,
+            store=store,
+            work_dir=work,
+            num_shards=SHARDS,
+            endpoints=urls,
+            extra={"DFLASH_FLEET_DIR": str(fleet)},
+        )
+        materialize(env, ROOT, "completions", layout.partition_key(shard), timeout_s=1800)
+
+    with Sampler(urls, work) as sampler:
+        started = time.monotonic()
+        with ThreadPoolExecutor(RUNS_AT_ONCE) as pool:
+            list(pool.map(run, range(SHARDS)))
+        wall = time.monotonic() - started
+    return Row(name, events, wall, sampler.samples, sampler.peaks)
+
+
+# ---- report ------------------------------------------------------------------------------------------------
+
+
+def render(rows: list[Row], shard_sizes: list[int]) -> str:
+    best = rows[0]
+    lines = [
+        "## Fleet: shard runs sharing the fleet (`python -m benchmarks.bench_fleet`)",
+        "",
+        (
+            f"{SERVERS} simulated servers, running cap {CAP}, the issue's latency model with every duration x "
+            f"{TIME_SCALE} (time to first token {SIM['ttft_s'] * 1000:.0f} ms, {SIM['decode_step_s'] * 1000:.0f} ms "
+            "per decode step, MTP ~2.8 tokens per step, outputs lognormal with median 300 tokens). "
+            f"{SHARDS} shards of {min(shard_sizes)}–{max(shard_sizes)} single-turn events "
+            f"({sum(shard_sizes):,} in all) built by the `raw_prompts` and `conversations` assets; each shard is one "
+            f"`dagster asset materialize --select completions` process, {RUNS_AT_ONCE} at a time. Window per server "
+            f"= cap x {OVERSUBSCRIPTION} = {int(CAP * OVERSUBSCRIPTION)}. Samples every {SAMPLE_S * 1000:.0f} ms of "
+            "each simulator's running and queued requests and of the runs holding requests in flight (their ledgers)."
+        ),
+        "",
+        "| client | wall (s) | speed vs ideal | generating (s) | generating speed vs ideal "
+        "| at cap while ≥ 2 runs generate, per server | mean running / cap "
+        "| peak in flight per server (running + queued) |",
+        "|---|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for row in rows:
+        at_cap = " / ".join("—" if row.at_cap(i, 2) is None else f"{row.at_cap(i, 2):.1%}" for i in range(SERVERS))
+        running = row.mean_running(2) / CAP
+        peaks = " / ".join(
+            f"{row.peak_in_flight(i)} (server's own peaks: {p['running']} + {p['queued']})"
+            for i, p in enumerate(row.peaks)
+        )
+        lines.append(
+            f"| {row.name} | {row.wall_s:.1f} | **{best.wall_s / row.wall_s:.2f}x** | {row.generation_s():.1f} | "
+            f"{best.generation_s() / row.generation_s():.2f}x | "
+            f"**{at_cap}** | {running:.1%} | {peaks} |"
+        )
+    shared = rows[1]
+    window = int(CAP * OVERSUBSCRIPTION)
+    verdicts = {
+        "wall time >= 0.95x the ideal's speed": best.wall_s / shared.wall_s >= 0.95,
+        "generating time >= 0.95x the ideal's speed": best.generation_s() / shared.generation_s() >= 0.95,
+        "each server at cap >= 95% while >= 2 runs generate": all(
+            (shared.at_cap(i, 2) or 0.0) >= 0.95 for i in range(SERVERS)
+        ),
+        f"peak in flight per server <= {window} + {PEAK_SLACK}": all(
+            shared.peak_in_flight(i) <= window + PEAK_SLACK for i in range(SERVERS)
+        ),
+    }
+    lines += [
+        "",
+        "Shared ledger against the targets: "
+        + "; ".join(f"{name}: **{'met' if met else 'not met'}**" for name, met in verdicts.items())
+        + ".",
+    ]
+    lines += [
+        "",
+        (
+            "Targets: speed >= 0.95x the ideal's; each server at its cap >= 95% of the time while at least two runs "
+            f"generate; peak in flight per server <= cap x oversubscription ({int(CAP * OVERSUBSCRIPTION)}) + a "
+            "small constant, whatever the number of runs. The wall time of a shard-run row counts from the first "
+            "process start to the last exit, so it includes each run's fixed cost (process start, definitions, "
+            "tokenizer, publishing); `generating` is the time any run held requests in flight."
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer prompts, nothing written")
+    args = parser.parse_args()
+    prompts = (60 if args.quick else PROMPTS_PER_SHARD) * SHARDS
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        scratch = Path(tmp)
+        seed_store = scratch / "seed-store"
+        source = write_prompts(scratch / "prompts.jsonl", prompts)
+        home = dagster_home(scratch / "seed-home")
+        env = pipeline_env(
+            home=home,
+            store=seed_store,
+            work_dir=scratch / "seed-work",
+            num_shards=SHARDS,
+            extra={"DFLASH_SOURCES": str(source)},
+        )
+        materialize(env, ROOT, "raw_prompts,conversations")
+        print(f"{time.strftime('%X')} input ready", file=sys.stderr, flush=True)
+        store = LocalStore(seed_store)
+        shard_sizes = [sum(c.num_turns for c in read_conversations(store, shard)) for shard in range(SHARDS)]
+        fleet = launch_simulators(SERVERS, scratch / "fleet", SIM)
+        try:
+            rows = [ideal(fleet.urls, seed_store, scratch)]
+            print(f"{time.strftime('%X')} ideal: {rows[0].wall_s:.1f} s", file=sys.stderr, flush=True)
+            events = rows[0].events
+            for name, shared in (
+                ("shard runs, shared ledger (one budget per server)", True),
+                ("shard runs, own windows (no ledger: before this branch)", False),
+            ):
+                rows.append(shard_runs(name, fleet.urls, seed_store, scratch / str(shared), shared, events))
+                print(f"{time.strftime('%X')} {name}: {rows[-1].wall_s:.1f} s", file=sys.stderr, flush=True)
+        finally:
+            stop_fleet(scratch / "fleet")
+    markdown = render(rows, shard_sizes)
+    print(markdown)
+    if not args.quick:
+        print(f"\nwritten to {write_section('fleet', markdown)}")
+
+
+if __name__ == "__main__":
+    main()
