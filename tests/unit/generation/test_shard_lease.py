@@ -38,7 +38,7 @@ class InstantDispatcher:
     def __init__(self, then=lambda: None, hang: bool = False):
         self.then, self.hang, self.requests = then, hang, 0
 
-    async def run(self, requests, on_outcome) -> None:
+    async def run(self, requests, on_outcome, remaining=None) -> None:
         pending = list(requests)
         while pending:
             request = pending.pop()
