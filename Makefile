@@ -43,6 +43,7 @@ benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_dispatcher
 	$(BIN)/python -m benchmarks.bench_ingest
 	$(BIN)/python -m benchmarks.bench_training_set
+	$(BIN)/python -m benchmarks.bench_tune
 
 clean:
 	-$(BIN)/dflash fleet down
