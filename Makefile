@@ -45,6 +45,7 @@ benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_run_overhead
 	$(BIN)/python -m benchmarks.bench_ingest
 	$(BIN)/python -m benchmarks.bench_training_set
+	$(BIN)/python -m benchmarks.bench_tune
 
 # The fault-matrix soak (20-40 min; not part of `make test`): writes its table into RELIABILITY.md.
 soak: venv

@@ -4,6 +4,7 @@ dflash status [--json] [--by-id]       the six answers: progress, MTP, concurren
 dflash fleet up|down|status            the SGLang fleet (real servers per GPU, or simulators)
 dflash plan --brief | --req-per-s ...  the estimates `status` compares against
 dflash plan --shards [--fleet-cap ...]  how many shards keep each run's fixed cost and tail small
+dflash tune [--simulate N | --gpus ...]  sweep concurrency (and server settings), find the knee, recommend flags
 dflash demo                            the whole pipeline on the embedded demo (`make demo`)
 """
 
@@ -99,8 +100,8 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
     return 0
 
 
-def _parse_sim_options(pairs: list[str]) -> dict:
-    options = dict(DEMO_SIMULATOR)
+def _parse_sim_options(pairs: list[str], defaults: dict | None = None) -> dict:
+    options = dict(DEMO_SIMULATOR if defaults is None else defaults)
     for pair in pairs:
         name, _, value = pair.partition("=")
         if not value:
@@ -127,10 +128,16 @@ def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
         for server in launch.fleet_status(endpoints, api_key=fleet.api_key):
             print(json.dumps(server))
         return 0
+    target = launch.CapacityTarget(**_given(args, launch.CapacityTarget))
     if args.simulate:
+        given = _parse_sim_options(args.sim_option, defaults={})
         options = _parse_sim_options(args.sim_option)
+        if "gpu_memory_gb" in given and not set(given) & set(launch.SIM_CAPACITY_OPTIONS):
+            options.pop("max_running_requests", None)  # a memory model and no cap given: the plan sets it
         if fleet.api_key:  # simulators guard their routes like servers started with --api-key
             options["api_key"] = fleet.api_key
+        options, plan = launch.plan_simulators(options, target)
+        print(launch.describe_plan(plan), flush=True)
         up = launch.launch_simulators(args.simulate, run_dir, options)
     else:
         if not args.gpus:
@@ -139,9 +146,136 @@ def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
             **_given(args, launch.ServerOptions), api_key=fleet.api_key, extra_args=tuple(args.extra_arg)
         )
         gpus = [int(g) for g in args.gpus.split(",")]
+        try:
+            options, plan = launch.plan_capacity(options, target, launch.fleet_gpu(gpus, target))
+        except launch.FleetError as exc:
+            raise SystemExit(str(exc)) from None
+        print(launch.describe_plan(plan), flush=True)
         up = launch.launch_fleet(gpus, run_dir, options, **_given(args, LAUNCH_FLAGS))
     print(f"fleet up ({up.kind}): {', '.join(up.urls)}; record and logs in {run_dir}")
+    # The cap each server computed, next to the plan's: a server that found other memory says so here.
+    for line in launch.capacity_report(up.urls, plan, target, api_key=fleet.api_key):
+        print(f"  {line}")
     return 0
+
+
+def _sweeps(pairs: list[str], allowed: set[str] | None) -> dict[str, list[Any]]:
+    """`--sweep NAME=V1,V2`: the values each swept option takes (JSON where it parses: numbers, true/false)."""
+    sweeps: dict[str, list[Any]] = {}
+    for pair in pairs:
+        name, _, values = pair.partition("=")
+        name = name.replace("-", "_")
+        if not values or (allowed is not None and name not in allowed):
+            raise SystemExit(f"--sweep wants NAME=V1,V2,... with NAME one of {sorted(allowed or [])}, got {pair!r}")
+        sweeps[name] = [_json_or_text(value) for value in values.split(",")]
+    return sweeps
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def _launch_flag(name: str, value: Any) -> list[str]:
+    if isinstance(value, bool):
+        return [_flag(name)] if value else []
+    return [_flag(name), str(value)]
+
+
+def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
+    from dagster_project.ops import tune
+
+    options = tune.TuneOptions(**_given(args, tune.TuneOptions))
+    store = resources.store.open()
+    settings = resources.generation.to_dataclass()
+    if options.synthetic_prompt_tokens:
+        prompts = tune.synthetic_prompts(options.sample, options.synthetic_prompt_tokens, options.seed)
+        source = f"synthetic, {options.synthetic_prompt_tokens} tokens each"
+    else:
+        prompts = tune.conversation_prompts(store, resources.tokenizer.load(), settings, options.sample, options.seed)
+        source = "published conversations, first turns rendered as generation renders them"
+    params = tune.request_params(settings, options)
+    target = launch.CapacityTarget(**_given(args, launch.CapacityTarget))
+    fleet = resources.fleet
+    endpoints: list[str] = []
+    launcher = None
+    if args.simulate:
+        given = _parse_sim_options(args.sim_option, defaults={})
+        base = _parse_sim_options(args.sim_option)
+        if "gpu_memory_gb" in given and not set(given) & set(launch.SIM_CAPACITY_OPTIONS):
+            base.pop("max_running_requests", None)
+        settings_grid = tune.launch_settings_grid(_sweeps(args.sweep, None), _launch_flag)
+        launcher = _simulator_launcher(args.simulate, Path(fleet.fleet_dir).with_name("tune-fleet"), base, target)
+    elif args.gpus:
+        base_options = launch.ServerOptions(
+            **_given(args, launch.ServerOptions), api_key=fleet.api_key, extra_args=tuple(args.extra_arg)
+        )
+        allowed = {f.name for f in dataclasses.fields(launch.ServerOptions)} - {"api_key", "extra_args"}
+        settings_grid = tune.launch_settings_grid(_sweeps(args.sweep, allowed), _launch_flag)
+        gpus = [int(g) for g in args.gpus.split(",")]
+        launcher = _gpu_launcher(gpus, Path(fleet.fleet_dir), base_options, target)
+    else:
+        if args.sweep:
+            raise SystemExit("--sweep restarts servers: give --simulate N or --gpus to tune in launch mode")
+        endpoints = launch.connect(args.endpoints) if args.endpoints else fleet.known_endpoints()
+        if not endpoints:
+            raise SystemExit("nothing to tune: no --endpoints, no fleet recorded; or launch with --simulate/--gpus")
+        settings_grid = []
+    report = tune.sweep(
+        settings_grid,
+        prompts,
+        params,
+        options,
+        endpoints=endpoints,
+        launcher=launcher,
+        api_key=fleet.api_key,
+        prompts_source=source,
+    )
+    out = Path(args.out) if args.out else Path(resources.store.local_dir()) / "tune"
+    written = tune.write_local(report, out)
+    tune.write_report(store, report)
+    print(report.recommendation)
+    if report.recommended_flags:
+        print(f"recommended flags: {' '.join(report.recommended_flags)}")
+    print(f"report: {written} (chart beside it); in the store: {store.url(tune.REPORT_KEY)}")
+    return 0
+
+
+def _simulator_launcher(count: int, run_dir: Path, base: dict, target: Any) -> Any:
+    import contextlib
+
+    @contextlib.contextmanager
+    def serve(setting: Any) -> Any:
+        options, plan = launch.plan_simulators({**base, **setting.options}, target)
+        print(f"tune [{setting.label}]: {launch.describe_plan(plan)}", flush=True)
+        fleet = launch.launch_simulators(count, run_dir, options)
+        try:
+            yield fleet.urls
+        finally:
+            launch.stop_fleet(run_dir)
+
+    return serve
+
+
+def _gpu_launcher(gpus: list[int], run_dir: Path, base: Any, target: Any) -> Any:
+    import contextlib
+
+    @contextlib.contextmanager
+    def serve(setting: Any) -> Any:
+        # The fleet's own run directory: a fleet already running on these GPUs is refused, not doubled.
+        options, plan = launch.plan_capacity(
+            dataclasses.replace(base, **setting.options), target, launch.fleet_gpu(gpus, target)
+        )
+        print(f"tune [{setting.label}]: {launch.describe_plan(plan)}", flush=True)
+        fleet = launch.launch_fleet(gpus, run_dir, options)
+        try:
+            yield fleet.urls
+        finally:
+            launch.stop_fleet(run_dir)
+
+    return serve
 
 
 def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
@@ -195,14 +329,30 @@ def _add_flags(
         if option.name in skip:
             continue
         flags = [_flag(option.name), *(aliases or {}).get(option.name, [])]
-        # The flag's type is the field's, without the None of an optional one (`int | None` → int).
-        kind = next(t for t in typing.get_args(types[option.name]) or [types[option.name]] if t is not type(None))
+        # The flag's type is the field's, without the None of an optional one (`int | None` → int); a list
+        # of ints is given comma-separated.
+        hint = types[option.name]
+        kind = (
+            _comma_ints
+            if typing.get_origin(hint) is list
+            else next(t for t in typing.get_args(hint) or [hint] if t is not type(None))
+        )
         if kind is bool:
-            parser.add_argument(*flags, dest=option.name, action="store_true", default=argparse.SUPPRESS)
+            parser.add_argument(
+                *flags,
+                dest=option.name,
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help=option.metadata.get("help"),
+            )
         else:
             shown = option.default is not dataclasses.MISSING and option.default is not None
-            help_ = f"default: {option.default}" if shown else None
+            help_ = option.metadata.get("help") or (f"default: {option.default}" if shown else None)
             parser.add_argument(*flags, dest=option.name, type=kind, default=argparse.SUPPRESS, help=help_)
+
+
+def _comma_ints(text: str) -> list[int]:
+    return [int(item) for item in text.split(",") if item.strip()]
 
 
 def _given(args: argparse.Namespace, names: type | set[str]) -> dict[str, Any]:
@@ -231,10 +381,38 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--sim-option", action="append", default=[], metavar="NAME=VALUE", help="simulator setting")
     fleet.add_argument("--gpus", help="comma-separated GPU indices: one server per GPU")
     _add_flags(fleet, launch.ServerOptions, skip={"api_key", "extra_args"}, aliases={"model_path": ["--model"]})
+    _add_flags(fleet, launch.CapacityTarget)
     fleet.add_argument("--extra-arg", action="append", default=[], help="passed to sglang.launch_server as is")
     fleet.add_argument("--base-port", type=int, default=argparse.SUPPRESS, help="port of the first GPU's server")
     fleet.add_argument("--startup-timeout-s", type=float, default=argparse.SUPPRESS, help="wait for readiness")
     fleet.set_defaults(func=cmd_fleet)
+
+    from dagster_project.ops.tune import TuneOptions
+
+    tune = commands.add_parser(
+        "tune",
+        help="sweep client concurrency (and, launching servers, their settings); find the knee",
+        description="Measure output tok/s, accept length, TTFT and latency per client concurrency on a sample "
+        "of the real prompts, find the knee (the least concurrency within --knee-fraction of the best) and "
+        "recommend launch flags. Without --simulate/--gpus it tunes the running fleet as it is.",
+    )
+    tune.add_argument("--endpoints", help="servers to tune (default: the recorded fleet or DFLASH_SGLANG_ENDPOINTS)")
+    tune.add_argument("--simulate", type=int, metavar="N", help="launch N simulators per server setting")
+    tune.add_argument("--sim-option", action="append", default=[], metavar="NAME=VALUE", help="simulator setting")
+    tune.add_argument("--gpus", help="launch one SGLang server per GPU per server setting (stop the fleet first)")
+    tune.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="a server option to sweep in launch mode (several: every combination), e.g. max_running_requests=48,69",
+    )
+    _add_flags(tune, TuneOptions)
+    _add_flags(tune, launch.ServerOptions, skip={"api_key", "extra_args"}, aliases={"model_path": ["--model"]})
+    _add_flags(tune, launch.CapacityTarget)
+    tune.add_argument("--extra-arg", action="append", default=[], help="passed to sglang.launch_server as is")
+    tune.add_argument("--out", help="directory for report.json, report.md and throughput.svg (default: work dir)")
+    tune.set_defaults(func=cmd_tune)
 
     plan = commands.add_parser("plan", help="record the estimates the run is compared against")
     plan.add_argument("--brief", action="store_true", help="the brief's planned figures for the 914K run")

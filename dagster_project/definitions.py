@@ -14,6 +14,7 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning)
 from dagster_project.assets import (  # noqa: E402
     completions,
     conversations,
+    fleet_tuning,
     raw_prompts,
     run_report,
     specforge_export,
@@ -25,7 +26,7 @@ from dagster_project.checks import training_set as training_set_checks  # noqa: 
 from dagster_project.partitions import shard_partitions  # noqa: E402
 from dagster_project.resources import resources_from_env  # noqa: E402
 
-STAGES = [raw_prompts, conversations, completions, training_set, specforge_export, run_report]
+STAGES = [raw_prompts, conversations, completions, training_set, specforge_export, run_report, fleet_tuning]
 CHECKS = [conversations_checks, completions_checks, training_set_checks]
 
 shard_job = dg.define_asset_job(

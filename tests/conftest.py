@@ -26,8 +26,11 @@ INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
 PROCESS_FIXTURES = {"s3_server", "sim_fleet"}
 
 # Hermetic tests: a production store, fleet or Dagster instance configured in the shell must never be touched.
+# Kept: the tokenizer cache (safe to share, slow to rebuild) and the two variables that point the tests meant
+# for a GPU node at its sglang (scripts/gpu_check.sh): its python, a model directory, one server started for them.
+KEPT_VARIABLES = {"DFLASH_CACHE_DIR", "SGLANG_PYTHON", "SGLANG_TEST_MODEL", "SGLANG_TEST_SERVER_URL"}
 for _name in [n for n in os.environ if n.startswith(("DFLASH_", "SGLANG_")) or n == "DAGSTER_HOME"]:
-    if _name != "DFLASH_CACHE_DIR":  # the tokenizer cache is safe to share, and slow to rebuild
+    if _name not in KEPT_VARIABLES:
         del os.environ[_name]
 
 

@@ -57,6 +57,13 @@ def run_report(
             "events_done": status.progress.events_done,
             "shards_published": storage.shards_published,
             "mtp_on": status.mtp.mtp_on,
+            # Question 3 per server: cap, what binds it, the headroom, the flags and the expected gain.
+            "capacity": dg.MetadataValue.json(
+                {url: asdict(row.capacity) for url, row in status.concurrency.servers.items() if row.capacity}
+            ),
+            "capacity_headroom": max(
+                (row.capacity.headroom for row in status.concurrency.servers.values() if row.capacity), default=1.0
+            ),
             "stale_shards": dg.MetadataValue.json(storage.stale_shards),
             "materialized_not_in_store": dg.MetadataValue.json(storage.materialized_not_in_store),
         },

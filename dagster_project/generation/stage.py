@@ -27,6 +27,7 @@ from dagster_project.generation.dispatch import Dispatcher
 from dagster_project.generation.events import ShardGeneration
 from dagster_project.generation.heartbeat import ReportIntervals, ShardReporter, restore_journal
 from dagster_project.generation.journal import Journal
+from dagster_project.generation.preflight import check_before_dispatch
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest, GenerationSummary
 from dagster_project.generation_settings import GenerationSettings
@@ -115,6 +116,7 @@ def generate_shard(
             f"conversations of shard {shard} were planned with policy {sorted(policies)} but generation is "
             f"configured with {settings.policy!r}: re-materialize `conversations` with the same policy"
         )
+    check_before_dispatch(store, settings, dispatcher, log)  # every server holds the longest request, or stop
 
     with (
         take_lease(store, lease_key(COMPLETIONS, shard), run_id=run_id, options=lease) as held,

@@ -32,6 +32,9 @@ RADIX_BASE_STATE_SLOTS = 3
 # Multimodal memory reserved out of the pool budget: SGLANG_VLM_CACHE_SIZE_MB = 100 (environ.py:1598,
 # mem_cache/kv_cache_configurator.py:202-219); Qwen3.6 is a vision-language model.
 MULTIMODAL_RESERVE_GIB = 100 / 1024
+# The request a launch is sized for when nothing was observed yet: a prompt and a thinking answer, ~2.6K tokens.
+EXPECTED_PROMPT_TOKENS = 600.0
+EXPECTED_OUTPUT_TOKENS = 2000.0
 # Decode CUDA-graph batch sizes captured by default on a 90-160 GiB GPU at tp 1 (arg_groups/memory_hook.py:146-159).
 DEFAULT_CUDA_GRAPH_MAX_BS = 256
 
@@ -61,6 +64,9 @@ class HybridModel:
     kv_heads: int
     head_dim: int
     draft_layers: int  # MTP layers: their KV shares the target's token slots
+    weights_gib: float = 0.0  # GPU memory the loaded weights take (the boot log's "mem usage" after loading)
+    vit_layers: int = 0  # the vision encoder, which lowers the automatic --mem-fraction-static of a VLM
+    vit_hidden_size: int = 0
 
     def state_bytes_per_slot(self, ssm_dtype: str = "float32") -> int:
         """`mamba_cache_per_req`: conv + SSM state over every linear layer (configs/mamba_utils.py:116-125,
@@ -93,6 +99,9 @@ QWEN3_6_27B = HybridModel(
     kv_heads=4,
     head_dim=256,
     draft_layers=1,
+    weights_gib=52.31,  # a typical boot log: bf16 language model, MTP layer and ViT
+    vit_layers=27,
+    vit_hidden_size=1152,
 )
 
 
@@ -277,10 +286,16 @@ class LaunchPlan:
     pools: Pools
     tokens_per_request: float
     note: str = ""  # what else the flags change, if anything
+    mem_fraction_static: float | None = None  # the fraction planned with (`plan_for_gpu`), automatic or given
 
     @property
     def concurrency(self) -> int:
         return self.pools.concurrency(self.tokens_per_request)
+
+    @property
+    def cap(self) -> int:
+        """The running-request cap the server will compute under these flags."""
+        return self.pools.max_running_requests
 
     def describe(self) -> str:
         pools = self.pools
@@ -331,6 +346,90 @@ def plan_launch(
         if pools.concurrency(tokens_per_request) >= running:
             return LaunchPlan(candidate, flags + _dtype_flags(candidate), pools, tokens_per_request)
     raise ValueError(f"{budget_bytes / GIB:.2f} GiB holds no request of {tokens_per_request:.0f} tokens")
+
+
+# ---- planning for a GPU ------------------------------------------------------------------------------
+
+# GPU memory a process's CUDA context takes before the weights load: `nvidia-smi`'s free memory less this is
+# what the server reports as "avail mem" before loading (an H200 shows 140.4 GiB total, ~139.4 GiB then).
+CUDA_CONTEXT_GIB = 1.0
+# Prefill CUDA-graph token buckets up to --chunked-prefill-size 8192 (arg_groups/cuda_graph_hook.py:480-497).
+PREFILL_GRAPH_BUCKETS = 58
+CHUNKED_PREFILL_SIZE = 8192  # on a 90-160 GiB GPU (arg_groups/memory_hook.py:146-160)
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU as `nvidia-smi` sees it before the server starts."""
+
+    total_gib: float
+    free_gib: float
+
+    @property
+    def free_before_load_gib(self) -> float:
+        return self.free_gib - CUDA_CONTEXT_GIB
+
+
+def auto_mem_fraction_static(total_gib: float, decode_max_bs: int, model: HybridModel = QWEN3_6_27B) -> float:
+    """The `--mem-fraction-static` 0.5.23 picks when the flag is unset (arg_groups/memory_hook.py:281-342):
+    `round((gpu − reserved) / gpu, 3)` with `reserved = 512 + 1.5 × chunked prefill + 128 + graphs` MiB (at least
+    10 GiB above 60 GiB), graphs = 2 MiB per decode batch size up to the largest + 8 MiB per prefill bucket
+    (memory_hook.py:357-399); a VLM's is then scaled by `0.95 × (1 − 0.1 × (ViT size / ViT-L − 1))`, clamped
+    to [0.8, 1.05] (memory_hook.py:417-462)."""
+    gpu_mib = total_gib * 1024
+    reserved = 512 + CHUNKED_PREFILL_SIZE * 1.5 + 1024 / 8 + decode_max_bs * 2 + PREFILL_GRAPH_BUCKETS * 8
+    if gpu_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    fraction = round((gpu_mib - reserved) / gpu_mib, 3)
+    if model.vit_layers:
+        complexity = model.vit_layers * model.vit_hidden_size**2 / (24 * 1024**2)
+        fraction *= 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (complexity - 1.0)))
+    return fraction
+
+
+def gpu_budget_bytes(
+    gpu: GpuMemory,
+    settings: LaunchSettings,
+    *,
+    mem_fraction_static: float | None = None,
+    model: HybridModel = QWEN3_6_27B,
+) -> tuple[int, float]:
+    """The pool budget a server launched with `settings` finds on `gpu`, and the memory fraction it uses:
+    the given one, or 0.5.23's automatic one for the decode CUDA-graph batch size `settings` imply."""
+    if mem_fraction_static is None:
+        configured = settings.configured_max_running_requests
+        max_bs = settings.cuda_graph_max_bs or min(DEFAULT_CUDA_GRAPH_MAX_BS, configured or DEFAULT_CUDA_GRAPH_MAX_BS)
+        mem_fraction_static = auto_mem_fraction_static(gpu.total_gib, max_bs, model)
+    budget = pool_budget_bytes(gpu.free_before_load_gib, model.weights_gib, mem_fraction_static)
+    return budget, mem_fraction_static
+
+
+def plan_for_gpu(
+    gpu: GpuMemory,
+    tokens_per_request: float,
+    base: LaunchSettings = LaunchSettings(),
+    *,
+    mem_fraction_static: float | None = None,
+    radix_cache: bool = False,
+    margin: float = 0.0,
+    model: HybridModel = QWEN3_6_27B,
+) -> LaunchPlan:
+    """`plan_launch` on the budget a server finds on `gpu`. With the fraction left automatic it depends on the
+    cap planned (the decode CUDA graphs' reserve), so plan and fraction are solved together. `margin` plans
+    with that share of the budget left unused, for GPUs whose free memory is only estimated."""
+    settings = base
+    plan: LaunchPlan | None = None
+    for _ in range(8):  # a larger cap lowers the automatic fraction, which lowers the cap: a few rounds settle
+        budget, fraction = gpu_budget_bytes(gpu, settings, mem_fraction_static=mem_fraction_static, model=model)
+        planned = plan_launch(
+            int(budget * (1 - margin)), tokens_per_request, base, radix_cache=radix_cache, model=model
+        )
+        planned = replace(planned, mem_fraction_static=fraction)
+        if plan is not None and planned.settings == plan.settings:
+            return planned
+        plan, settings = planned, planned.settings
+    assert plan is not None
+    return plan
 
 
 def _dtype_flags(settings: LaunchSettings) -> tuple[str, ...]:
@@ -401,6 +500,10 @@ class ServerState:
         return state_pool_bytes(settings, self.max_mamba_cache_size, model) + self.max_total_num_tokens * cell
 
 
+# Headroom below this is not worth a relaunch: `explain` names no flags for it.
+MEANINGFUL_HEADROOM = 1.05
+
+
 @dataclass(frozen=True)
 class CapacityReport:
     """What binds a server's concurrency at the observed request lengths, and what would raise it."""
@@ -437,8 +540,9 @@ class CapacityReport:
         best = self.best
         return best.concurrency / self.concurrency if best is not None else 1.0
 
-    def explain(self) -> str:
-        """One line, e.g. "cap 21 per server, bound by mamba state slots (5 per request, radix cache on); ..."."""
+    def explain(self, lengths: str = "observed") -> str:
+        """One line, e.g. "cap 21 per server, bound by mamba state slots (5 per request, radix cache on); ...";
+        `lengths` says where the request length comes from ("observed", "expected")."""
         cache = "radix cache on" if self.radix_cache else "radix cache off"
         bound = self.bound
         detail = f" ({self.slots_per_request} per request, {cache})" if bound is Resource.MAMBA_SLOTS else ""
@@ -448,10 +552,10 @@ class CapacityReport:
         if bound is not Resource.KV_AT_LENGTHS:
             text += (
                 f"; KV pool allows {self.limits[Resource.KV_AT_LENGTHS]} "
-                f"at the observed {_tokens(self.tokens_per_request)} tokens/request"
+                f"at the {lengths} {_tokens(self.tokens_per_request)} tokens/request"
             )
         best = self.best
-        if best is not None and best.concurrency > self.concurrency:
+        if best is not None and self.headroom >= MEANINGFUL_HEADROOM:
             text += f"; `{' '.join(best.flags)}` → est. ×{self.headroom:.1f}"
         return text
 
@@ -522,6 +626,38 @@ def alternatives(
         bf16 = plan_launch(budget_bytes, tokens_per_request, replace(settings, mamba_ssm_dtype="bfloat16"), model=model)
         plans.append(replace(bf16, note="a bf16 SSM state changes the numerics: check output quality first"))
     return tuple(sorted(plans, key=lambda plan: -plan.concurrency))
+
+
+# The /server_info fields the capacity model reads: top level, and of `internal_states[0]`.
+SERVER_INFO_FIELDS = (
+    "context_length", "max_running_requests", "mamba_full_memory_ratio", "max_mamba_cache_size",
+    "disable_radix_cache", "mamba_radix_cache_strategy", "disable_overlap_schedule", "speculative_algorithm",
+    "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "mamba_ssm_dtype",
+    "kv_cache_dtype", "page_size", "mem_fraction_static", "max_total_num_tokens", "max_req_input_len",
+)  # fmt: skip
+INTERNAL_STATE_FIELDS = (
+    "max_mamba_cache_size", "effective_max_running_requests_per_dp", "memory_usage", "decode_cuda_graph_bs",
+)  # fmt: skip
+# Speculative algorithms that reserve draft-token slots in every request's length checks.
+EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN"})
+
+
+def capacity_fields(server_info: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a `/server_info` body `analyze` and `reserved_tokens` need, small enough to keep per probe."""
+    states = server_info.get("internal_states") or [{}]
+    fields = {name: server_info.get(name) for name in SERVER_INFO_FIELDS if name in server_info}
+    fields["internal_states"] = [{name: states[0].get(name) for name in INTERNAL_STATE_FIELDS if name in states[0]}]
+    return fields
+
+
+def reserved_tokens(server_info: Mapping[str, Any]) -> int:
+    """Tokens a server adds to every prompt's length checks: `max(topk × steps, draft tokens)` under EAGLE
+    (managers/utils.py:484-500, applied at managers/tokenizer_manager.py:1333-1335), else none."""
+    if server_info.get("speculative_algorithm") not in EAGLE_ALGORITHMS:
+        return 0
+    topk = server_info.get("speculative_eagle_topk") or 1
+    steps = server_info.get("speculative_num_steps") or 0
+    return max(topk * steps, server_info.get("speculative_num_draft_tokens") or 0)
 
 
 def reserved_prompt_tokens(settings: LaunchSettings) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -20,13 +21,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 import psutil
 
+from dagster_project.sglang import capacity
 from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
 from dagster_project.sglang.protocol import parse_metrics
 
@@ -56,27 +58,87 @@ class FleetError(RuntimeError):
     """The fleet could not be started, found, or stopped as asked."""
 
 
+# Flags that size the pools: with any of them given, the operator sizes the server and nothing is planned.
+CAPACITY_FLAGS = ("max_running_requests", "mamba_full_memory_ratio", "max_mamba_cache_size")
+# Share of the pool budget a GPU launch plan leaves unused: free memory before start is an estimate of what
+# the server will find ("avail mem" in its log).
+PLAN_MARGIN = 0.02
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     """Knobs of one `sglang.launch_server`.
 
-    The mamba state pool, more than `max_running_requests`, caps concurrency: `mamba_full_memory_ratio`,
-    `disable_radix_cache`, a bf16 `mamba_ssm_dtype` and an fp8 `kv_cache_dtype` are what raise it.
+    The mamba state pool, more than `max_running_requests`, caps a hybrid model's concurrency. By default a
+    launch runs at the ceiling: the radix cache off (one state slot per request instead of five) and
+    `--max-running-requests` planned from the GPU's memory and the expected request length
+    (`plan_capacity`), so that neither the state pool nor the KV pool is left idle. Giving
+    `max_running_requests`, `mamba_full_memory_ratio` or `max_mamba_cache_size` sizes the server by hand;
+    SGLang's own sizing is `radix_cache=True, max_running_requests=48`.
     """
 
     model_path: str = DEFAULT_MODEL
     host: str = "0.0.0.0"
     context_length: int = 65536
-    max_running_requests: int | None = None
-    mem_fraction_static: float | None = None
+    max_running_requests: int | None = field(
+        default=None, metadata={"help": "default: planned from GPU memory and the expected request length"}
+    )
+    mem_fraction_static: float | None = field(default=None, metadata={"help": "default: SGLang's automatic one"})
     mamba_full_memory_ratio: float | None = None
-    mamba_ssm_dtype: str | None = None
+    max_mamba_cache_size: int | None = field(default=None, metadata={"help": "mamba state slots, fixed"})
+    mamba_ssm_dtype: str | None = field(
+        default=None, metadata={"help": "bfloat16 halves the state (about 1.7x the requests) but changes numerics"}
+    )
     kv_cache_dtype: str | None = None
-    disable_radix_cache: bool = False
+    radix_cache: bool = field(
+        default=False,
+        metadata={"help": "keep SGLang's radix cache (prefix reuse; 5 state slots per running request instead of 1)"},
+    )
+    load_format: str | None = field(default=None, metadata={"help": "dummy: random weights (memory and speed only)"})
     served_model_name: str | None = None
     random_seed: int | None = 0
     api_key: str | None = field(default=None, repr=False)
     extra_args: tuple[str, ...] = ()
+
+    @property
+    def sized_by_hand(self) -> bool:
+        return any(getattr(self, name) is not None for name in CAPACITY_FLAGS)
+
+    def launch_settings(self) -> capacity.LaunchSettings:
+        """The capacity model's view of these flags (the model card's NEXTN 3/1/4 under speculative decoding)."""
+        return capacity.LaunchSettings(
+            max_running_requests=self.max_running_requests,
+            mamba_full_memory_ratio=self.mamba_full_memory_ratio or capacity.LaunchSettings.mamba_full_memory_ratio,
+            max_mamba_cache_size=self.max_mamba_cache_size,
+            disable_radix_cache=not self.radix_cache,
+            mamba_ssm_dtype=self.mamba_ssm_dtype or "float32",
+            kv_cache_dtype=self.kv_cache_dtype or "auto",
+            context_length=self.context_length,
+        )
+
+
+@dataclass(frozen=True)
+class CapacityTarget:
+    """What a GPU launch is sized for: the request it expects and the memory it finds."""
+
+    expected_prompt_tokens: float = field(
+        default=capacity.EXPECTED_PROMPT_TOKENS,
+        metadata={
+            "help": f"mean prompt tokens the servers are sized for (default {capacity.EXPECTED_PROMPT_TOKENS:.0f})"
+        },
+    )
+    expected_output_tokens: float = field(
+        default=capacity.EXPECTED_OUTPUT_TOKENS,
+        metadata={
+            "help": f"mean output tokens the servers are sized for (default {capacity.EXPECTED_OUTPUT_TOKENS:.0f})"
+        },
+    )
+    gpu_memory_gib: float | None = field(
+        default=None, metadata={"help": "GiB free on each GPU before start; default: nvidia-smi"}
+    )
+
+    def tokens_per_request(self, settings: capacity.LaunchSettings) -> float:
+        return self.expected_prompt_tokens + self.expected_output_tokens + capacity.reserved_prompt_tokens(settings)
 
 
 def server_command(options: ServerOptions, port: int, *, python: str = sys.executable) -> list[str]:
@@ -101,8 +163,10 @@ def server_command(options: ServerOptions, port: int, *, python: str = sys.execu
         "--max-running-requests": options.max_running_requests,
         "--mem-fraction-static": options.mem_fraction_static,
         "--mamba-full-memory-ratio": options.mamba_full_memory_ratio,
+        "--max-mamba-cache-size": options.max_mamba_cache_size,
         "--mamba-ssm-dtype": options.mamba_ssm_dtype,
         "--kv-cache-dtype": options.kv_cache_dtype,
+        "--load-format": options.load_format,
         "--served-model-name": options.served_model_name,
         "--random-seed": options.random_seed,
         "--api-key": options.api_key,
@@ -110,9 +174,174 @@ def server_command(options: ServerOptions, port: int, *, python: str = sys.execu
     for flag, value in valued.items():
         if value is not None:
             command += [flag, str(value)]
-    if options.disable_radix_cache:
+    if not options.radix_cache:
         command.append("--disable-radix-cache")
     return command + list(options.extra_args)
+
+
+# ---- capacity: the plan a launch is made with, and what the servers computed ----------------------------------
+
+
+def parse_nvidia_smi(text: str) -> dict[int, capacity.GpuMemory]:
+    """`nvidia-smi --query-gpu=index,memory.total,memory.free --format=csv,noheader,nounits` (MiB) by GPU index."""
+    memory = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) == 3 and all(cell.isdigit() for cell in cells):
+            index, total, free = map(int, cells)
+            memory[index] = capacity.GpuMemory(total / 1024, free / 1024)
+    return memory
+
+
+def gpu_memory(gpus: Sequence[int]) -> dict[int, capacity.GpuMemory]:
+    """Total and free memory of each of `gpus` now, from `nvidia-smi`; empty where it cannot tell."""
+    query = ["nvidia-smi", "--query-gpu=index,memory.total,memory.free", "--format=csv,noheader,nounits"]
+    try:
+        result = subprocess.run(query, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    memory = parse_nvidia_smi(result.stdout) if result.returncode == 0 else {}
+    return {gpu: memory[gpu] for gpu in gpus if gpu in memory}
+
+
+def fleet_gpu(gpus: Sequence[int], target: CapacityTarget) -> capacity.GpuMemory | None:
+    """The memory every server of the fleet can count on: the GPU with the least free memory, or the operator's
+    figure (then the total is taken as measured, or as the figure plus a CUDA context)."""
+    measured = gpu_memory(gpus)
+    tightest = min(measured.values(), key=lambda gpu: gpu.free_gib) if len(measured) == len(gpus) else None
+    if target.gpu_memory_gib is None:
+        return tightest
+    total = tightest.total_gib if tightest else target.gpu_memory_gib + capacity.CUDA_CONTEXT_GIB
+    return capacity.GpuMemory(total, target.gpu_memory_gib)
+
+
+def plan_capacity(
+    options: ServerOptions, target: CapacityTarget, gpu: capacity.GpuMemory | None
+) -> tuple[ServerOptions, capacity.LaunchPlan | None]:
+    """The options to launch with and the plan they come from.
+
+    Unless the operator sized the servers (`ServerOptions.sized_by_hand`), the cap is planned for the GPU's
+    memory and the expected request length (`capacity.plan_for_gpu`): radix cache off, `--max-running-requests`
+    at the balance of the two pools; with the radix cache kept, a `--mamba-full-memory-ratio` with it. A
+    server sized by hand gets the plan of what it will compute, when the GPU's memory is known.
+    """
+    settings = options.launch_settings()
+    tokens = target.tokens_per_request(settings)
+    if options.sized_by_hand:
+        if gpu is None:
+            return options, None
+        budget, fraction = capacity.gpu_budget_bytes(gpu, settings, mem_fraction_static=options.mem_fraction_static)
+        try:
+            pools = capacity.size_pools(budget, settings)
+        except ValueError as exc:
+            raise FleetError(f"these flags would not start on a GPU with {gpu.free_gib:.1f} GiB free: {exc}") from None
+        return options, capacity.LaunchPlan(settings, (), pools, tokens, mem_fraction_static=fraction)
+    if gpu is None:
+        raise FleetError(
+            "cannot plan --max-running-requests: nvidia-smi does not report the GPUs' memory. Pass "
+            "--gpu-memory-gib (GiB free per GPU), or size the servers with --max-running-requests"
+        )
+    plan = capacity.plan_for_gpu(
+        gpu,
+        tokens,
+        settings,
+        mem_fraction_static=options.mem_fraction_static,
+        radix_cache=options.radix_cache,
+        margin=PLAN_MARGIN,
+    )
+    planned = replace(options, max_running_requests=plan.settings.max_running_requests)
+    if options.radix_cache:
+        planned = replace(planned, mamba_full_memory_ratio=plan.settings.mamba_full_memory_ratio)
+    return planned, plan
+
+
+# What a simulator's memory model is sized by; with none of them given, `plan_simulators` plans the cap.
+SIM_CAPACITY_OPTIONS = (
+    "max_running_requests",
+    "effective_max_running_requests",
+    "mamba_full_memory_ratio",
+    "max_mamba_cache_size",
+)
+
+
+def plan_simulators(
+    options: Mapping[str, Any], target: CapacityTarget
+) -> tuple[dict[str, Any], capacity.LaunchPlan | None]:
+    """Simulators with a memory model (`gpu_memory_gb`) are planned like GPUs: with no capacity option of their
+    own they launch at the ceiling (radix cache off, the planned `max_running_requests`), as `fleet up` launches
+    real servers; otherwise the plan says what they will compute. Without a memory model there is nothing to
+    plan."""
+    from dagster_project.sglang.sim.config import SimConfig
+
+    options = dict(options)
+    if options.get("gpu_memory_gb") is None:
+        return options, None
+    known = {f.name for f in dataclasses.fields(SimConfig)}
+    config = SimConfig(**{name: value for name, value in options.items() if name in known})
+    budget = capacity.pool_budget_bytes(config.gpu_memory_gb, config.weights_gb, config.mem_fraction_static)
+    settings = config.launch_settings
+    tokens = target.tokens_per_request(settings)
+    if any(options.get(name) is not None for name in SIM_CAPACITY_OPTIONS):
+        pools = capacity.size_pools(budget, settings)
+        return options, capacity.LaunchPlan(settings, (), pools, tokens, mem_fraction_static=config.mem_fraction_static)
+    plan = capacity.plan_launch(budget, tokens, settings, radix_cache=False)
+    plan = replace(plan, mem_fraction_static=config.mem_fraction_static)
+    options.update(disable_radix_cache=True, max_running_requests=plan.settings.max_running_requests)
+    return options, plan
+
+
+def describe_plan(plan: capacity.LaunchPlan | None) -> str:
+    """One line: the cap a launch is planned for and why."""
+    if plan is None:
+        return "plan: none (no GPU memory model: the servers size themselves)"
+    pools = plan.pools
+    flags = f"`{' '.join(plan.flags)}`" if plan.flags else "the flags given"
+    fraction = f", mem fraction {plan.mem_fraction_static:.3f}" if plan.mem_fraction_static else ""
+    return (
+        f"plan: cap {plan.cap} per server with {flags}{fraction}; state pool {pools.state_bytes / capacity.GIB:.1f} "
+        f"GiB, KV pool {pools.max_total_num_tokens:,} tokens; {plan.concurrency} run at once at "
+        f"{plan.tokens_per_request:,.0f} tokens/request"
+    )
+
+
+def capacity_report(
+    urls: Sequence[str],
+    plan: capacity.LaunchPlan | None,
+    target: CapacityTarget,
+    api_key: str | None = None,
+) -> list[str]:
+    """Per server, the cap it computed (`capacity.analyze` of its `/server_info`) next to the plan's."""
+    infos = asyncio.run(_server_infos(urls, api_key))
+    lines = []
+    for url, info in zip(urls, infos):
+        if isinstance(info, SGLangError):
+            lines.append(f"{url}: no /server_info ({info})")
+            continue
+        try:
+            report = capacity.analyze(info, target.expected_prompt_tokens, target.expected_output_tokens)
+        except (KeyError, TypeError, ValueError) as exc:
+            lines.append(f"{url}: /server_info lacks the capacity fields ({exc!r})")
+            continue
+        line = f"{url}: {report.explain('expected')}"
+        if plan is not None and report.cap != plan.cap:
+            line += (
+                f"  [differs from the plan's cap {plan.cap}: the server found other memory than planned; "
+                "its log's 'avail mem' and 'max_total_num_tokens' lines say how much]"
+            )
+        lines.append(line)
+    return lines
+
+
+async def _server_infos(urls: Sequence[str], api_key: str | None) -> list[dict | SGLangError]:
+    async with new_session() as session:
+
+        async def one(url: str) -> dict | SGLangError:
+            try:
+                return await SGLangClient(url, api_key=api_key, session=session).server_info()
+            except SGLangError as error:
+                return error
+
+        return list(await asyncio.gather(*(one(url) for url in urls)))
 
 
 def simulator_command(
@@ -518,6 +747,8 @@ async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeo
                 status["max_running_requests"] = states[0].get("effective_max_running_requests_per_dp")
                 status["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
                 status["last_gen_throughput"] = states[0].get("last_gen_throughput")
+                # What `capacity.analyze` needs to say what binds the cap and what would raise it.
+                status["server_info"] = capacity.capacity_fields(info)
             except SGLangError as error:
                 status["error"] = str(error)
             with contextlib.suppress(SGLangError):

@@ -99,10 +99,51 @@ def test_fleet_up_flags_are_the_server_options_and_unset_ones_keep_their_default
         return SimpleNamespace(kind="sglang", urls=[])
 
     monkeypatch.setattr(launch, "launch_fleet", launch_fleet)
-    flags = ["--gpus", "0,1", "--model", "/models/q", "--max-running-requests", "96", "--disable-radix-cache"]
-    assert main(["fleet", "up", *flags, "--base-port", "31000"]) == 0
+    flags = ["--gpus", "0,1", "--model", "/models/q", "--max-running-requests", "96", "--radix-cache"]
+    assert main(["fleet", "up", *flags, "--base-port", "31000", "--load-format", "dummy"]) == 0
     assert launched["gpus"] == [0, 1] and launched["run_dir"] == tmp_path / "work" / "fleet"
     # The key comes from SGLANG_API_KEY, resolved like the fleet resource's; nothing else given keeps its default.
-    expected = launch.ServerOptions(model_path="/models/q", max_running_requests=96, disable_radix_cache=True)
+    expected = launch.ServerOptions(
+        model_path="/models/q", max_running_requests=96, radix_cache=True, load_format="dummy"
+    )
     assert launched["options"] == dataclasses.replace(expected, api_key=SECRET)
     assert launched["kwargs"] == {"base_port": 31000}
+
+
+def test_fleet_up_plans_the_cap_from_gpu_memory_and_the_expected_lengths(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
+    launched = {}
+
+    def launch_fleet(gpus, run_dir, options, **kwargs):
+        launched.update(options=options)
+        return SimpleNamespace(kind="sglang", urls=[])
+
+    monkeypatch.setattr(launch, "launch_fleet", launch_fleet)
+    monkeypatch.setattr(launch, "gpu_memory", lambda gpus: launch.parse_nvidia_smi("0, 143771, 143771\n"))
+    assert main(["fleet", "up", "--gpus", "0"]) == 0
+    # An H200 at 600 + 2,000 tokens per request: the radix cache off and 68 running (69 less the plan's margin).
+    assert launched["options"].max_running_requests == 68 and not launched["options"].radix_cache
+    assert "plan: cap 68 per server with `--disable-radix-cache --max-running-requests 68`" in capsys.readouterr().out
+    assert main(["fleet", "up", "--gpus", "0", "--expected-output-tokens", "8000"]) == 0
+    assert launched["options"].max_running_requests == 47
+    # Without nvidia-smi and without a figure, the plan cannot be made: the operator is told what to pass.
+    monkeypatch.setattr(launch, "gpu_memory", lambda gpus: {})
+    with pytest.raises(SystemExit, match="--gpu-memory-gib"):
+        main(["fleet", "up", "--gpus", "0"])
+
+
+def test_every_launch_logs_the_servers_cap_next_to_the_plans(env):
+    h200 = ["--sim-option", "gpu_memory_gb=139.4", "--sim-option", "mem_fraction_static=0.824"]
+    try:
+        out = dflash(env, "fleet", "up", "--simulate", "1", *h200)
+        assert "plan: cap 69 per server with `--disable-radix-cache --max-running-requests 69`" in out
+        assert "cap 69 per server, bound by the configured maximum; KV pool allows 72 at the expected 2.6K" in out
+    finally:
+        dflash(env, "fleet", "down")
+    try:  # SGLang's own sizing, asked for: 22, and what would raise it
+        out = dflash(env, "fleet", "up", "--simulate", "1", *h200, "--sim-option", "max_running_requests=48")
+        assert "plan: cap 22 per server with the flags given" in out
+        assert "cap 22 per server, bound by mamba state slots (5 per request, radix cache on)" in out
+        assert "`--disable-radix-cache --max-running-requests 69` → est. ×3.1" in out
+    finally:
+        dflash(env, "fleet", "down")

@@ -68,6 +68,7 @@ EXPECTED_ASSETS = {
     "training_set": ("training", True, {"completions"}),
     "specforge_export": ("exports", True, {"training_set"}),
     "run_report": ("report", False, {"completions"}),
+    "fleet_tuning": ("report", False, {"conversations"}),
 }
 
 # asset -> {check name: blocking}. Besides the report's, only the two "how did it go" checks are warnings:

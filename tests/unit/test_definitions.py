@@ -43,9 +43,13 @@ def test_assets_groups_dependencies_and_shard_partitions():
             assert node.backfill_policy is None, name
         else:
             assert node.partitions_def is None, name
-    # The pool that caps how many shards use the fleet at once (OPERATIONS §4.3) is on completions alone.
+    # The pool that caps how many runs use the fleet at once (OPERATIONS §4.3): the shards' completions, and the
+    # tuning sweep, which would disturb them.
     pools = {name: graph.get(dg.AssetKey(name)).pools for name in EXPECTED_ASSETS}
-    assert {name: pool for name, pool in pools.items() if pool} == {"completions": {"sglang_fleet"}}
+    assert {name: pool for name, pool in pools.items() if pool} == {
+        "completions": {"sglang_fleet"},
+        "fleet_tuning": {"sglang_fleet"},
+    }
 
 
 def test_checks_per_asset_and_blocking_ones_block():

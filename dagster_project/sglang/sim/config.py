@@ -45,7 +45,7 @@ class SimConfig:
     # are sized from memory as SGLang 0.5.23 sizes them, under these launch flags (`capacity.size_pools`);
     # running requests are then admitted against the KV pool.
     gpu_memory_gb: float | None = None
-    weights_gb: float = 52.31
+    weights_gb: float = capacity.QWEN3_6_27B.weights_gib
     mem_fraction_static: float = 0.88
     mamba_full_memory_ratio: float = 0.9
     max_mamba_cache_size: int | None = None

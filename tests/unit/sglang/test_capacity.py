@@ -30,7 +30,6 @@ import pytest
 
 from dagster_project.sglang import capacity
 from dagster_project.sglang.capacity import (
-    GIB,
     QWEN3_6_27B,
     LaunchSettings,
     Resource,
@@ -40,6 +39,7 @@ from dagster_project.sglang.capacity import (
     pool_budget_bytes,
     size_pools,
 )
+from tests.support.server_info import server_info_for
 
 # One state slot of Qwen3.6-27B (configs/mamba_utils.py:116-125 `mamba_cache_per_req`, shapes from
 # configs/qwen3_next.py:287-313 and configs/mamba_utils.py:195-243): per GDN layer a bf16 conv state of
@@ -141,33 +141,7 @@ def test_decode_cuda_graph_batch_sizes():
 
 
 def server_info(settings: LaunchSettings, budget: int = BUDGET) -> dict:
-    """A /server_info body of 0.5.23 (entrypoints/http_server.py:853-893, internal_state.py:45-130) for a
-    server launched with `settings` on `budget`, with the fields the capacity model reads."""
-    pools = size_pools(budget, settings)
-    return {
-        "context_length": settings.context_length,
-        "max_running_requests": settings.configured_max_running_requests,
-        "mamba_full_memory_ratio": settings.mamba_full_memory_ratio,
-        "max_mamba_cache_size": settings.max_mamba_cache_size,
-        "disable_radix_cache": settings.disable_radix_cache,
-        "mamba_radix_cache_strategy": settings.mamba_radix_cache_strategy,
-        "disable_overlap_schedule": False,
-        "speculative_algorithm": "EAGLE" if settings.speculative else None,
-        "speculative_num_draft_tokens": settings.speculative_draft_tokens or None,
-        "mamba_ssm_dtype": None,
-        "kv_cache_dtype": "auto",
-        "page_size": 1,
-        "max_total_num_tokens": pools.max_total_num_tokens,
-        "max_req_input_len": min(settings.context_length - 1, pools.max_total_num_tokens - 1) - 5,
-        "internal_states": [
-            {
-                "max_mamba_cache_size": pools.max_mamba_cache_size,
-                "effective_max_running_requests_per_dp": pools.max_running_requests,
-                "memory_usage": {"weight": WEIGHTS_GIB, "kvcache": round(pools.kv_bytes / GIB, 3)},
-                "decode_cuda_graph_bs": decode_cuda_graph_bs(settings, pools.max_running_requests),
-            }
-        ],
-    }
+    return server_info_for(settings, budget)
 
 
 def test_analyze_names_the_binding_resource_and_the_headroom():
@@ -227,3 +201,39 @@ def test_plan_launch_balances_the_pools():
     bf16 = plan_launch(BUDGET, 8192, LaunchSettings(mamba_ssm_dtype="bfloat16"))
     assert long.concurrency < running and bf16.concurrency > long.concurrency
     assert bf16.flags[-2:] == ("--mamba-ssm-dtype", "bfloat16")
+
+
+def test_the_automatic_memory_fraction_is_0_5_23s():
+    # The H200 figure of this module's header: 0.906 × 0.9097 for the default decode graphs (max bs 48).
+    assert capacity.auto_mem_fraction_static(143_771 / 1024, 48) == pytest.approx(0.906 * 0.90974, abs=1e-4)
+    # Larger decode graphs reserve 2 MiB per batch size; below the 10 GiB floor nothing changes.
+    assert capacity.auto_mem_fraction_static(143_771 / 1024, 256) < capacity.auto_mem_fraction_static(140.4, 48)
+    # A text-only model is not scaled for a vision encoder.
+    text_only = replace(QWEN3_6_27B, vit_layers=0)
+    assert capacity.auto_mem_fraction_static(143_771 / 1024, 48, text_only) == 0.906
+
+
+def test_planning_for_a_gpu_finds_the_cap_where_both_pools_are_used():
+    h200 = capacity.GpuMemory(143_771 / 1024, 143_771 / 1024)  # free before start: the CUDA context is 1 GiB
+    plan = capacity.plan_for_gpu(h200, 2604)
+    assert plan.flags == ("--disable-radix-cache", "--max-running-requests", "69") and plan.concurrency == 69
+    assert plan.mem_fraction_static == pytest.approx(0.824, abs=5e-4)
+    # The ~116 with a bf16 state, and the radix-cache plan's ratio and cap.
+    assert capacity.plan_for_gpu(h200, 2604, LaunchSettings(mamba_ssm_dtype="bfloat16")).cap == 116
+    radix = capacity.plan_for_gpu(h200, 2604, radix_cache=True)
+    assert radix.flags[0] == "--mamba-full-memory-ratio" and radix.cap == 42
+    # The defaults on the same GPU: SGLang's 22 (`gpu_budget_bytes` with the automatic fraction).
+    budget, fraction = capacity.gpu_budget_bytes(h200, LaunchSettings())
+    assert size_pools(budget, LaunchSettings()).max_running_requests == 22
+
+
+def test_the_reserved_tokens_and_the_fields_kept_of_server_info():
+    info = server_info(LaunchSettings())
+    info.update(speculative_num_steps=3, speculative_eagle_topk=1, api_key="x", launch_command="python ...")
+    assert capacity.reserved_tokens(info) == 4  # max(1 × 3, 4) (managers/utils.py:484-500)
+    assert capacity.reserved_tokens({**info, "speculative_eagle_topk": 2}) == 6  # max(2 × 3, 4)
+    assert capacity.reserved_tokens({**info, "speculative_algorithm": None}) == 0
+    kept = capacity.capacity_fields(info)
+    assert "api_key" not in kept and "launch_command" not in kept
+    assert analyze(kept, 600, 2000) == analyze(info, 600, 2000)
+    assert "at the expected 2.6K tokens/request" in analyze(kept, 600, 2000).explain("expected")

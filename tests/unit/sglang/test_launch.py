@@ -4,14 +4,29 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from dagster_project.sglang.launch import ServerOptions, connect, redact, server_command
+from dagster_project.sglang import capacity
+from dagster_project.sglang.launch import (
+    CapacityTarget,
+    FleetError,
+    ServerOptions,
+    connect,
+    describe_plan,
+    fleet_gpu,
+    parse_nvidia_smi,
+    plan_capacity,
+    plan_simulators,
+    redact,
+    server_command,
+)
 
 # Every flag `server_command` may emit, each checked to exist in the sglang 0.5.23 wheel
-# (sglang/srt/arg_groups/fields/*.py; --reasoning-parser is added in sglang/srt/server_args.py:369).
+# (sglang/srt/arg_groups/fields/*.py; --reasoning-parser is added in sglang/srt/server_args.py:369;
+# --max-mamba-cache-size at fields/schedule.py:216, --load-format at fields/model.py:58).
 SGLANG_0_5_23_FLAGS = frozenset(
     (
         "--model-path", "--host", "--port", "--tp-size", "--context-length", "--reasoning-parser",
@@ -19,7 +34,7 @@ SGLANG_0_5_23_FLAGS = frozenset(
         "--speculative-num-draft-tokens", "--enable-metrics", "--max-running-requests", "--mem-fraction-static",
         "--mamba-full-memory-ratio", "--mamba-ssm-dtype", "--kv-cache-dtype", "--served-model-name",
         "--random-seed", "--api-key", "--disable-radix-cache", "--cuda-graph-max-bs-decode",
-        "--mamba-radix-cache-strategy",
+        "--mamba-radix-cache-strategy", "--max-mamba-cache-size", "--load-format",
     )
 )  # fmt: skip
 # Gone, deprecated or refused for Qwen3.6 in 0.5.23 (reference TL;DR 7); `--cuda-graph-max-bs` makes argparse exit 2.
@@ -35,9 +50,11 @@ FULL = ServerOptions(
     max_running_requests=96,
     mem_fraction_static=0.88,
     mamba_full_memory_ratio=2.4,
+    max_mamba_cache_size=200,
     mamba_ssm_dtype="bfloat16",
     kv_cache_dtype="fp8_e4m3",
-    disable_radix_cache=True,
+    radix_cache=True,
+    load_format="dummy",
     served_model_name="qwen",
     api_key="sk-launch-secret",
     extra_args=("--cuda-graph-max-bs-decode", "96", "--mamba-radix-cache-strategy=extra_buffer_lazy"),
@@ -60,18 +77,17 @@ def test_server_command_uses_only_sglang_0_5_23_flags_with_mtp_for_qwen3_6():
     )
     for expected in ("--reasoning-parser qwen3", "--enable-metrics", "--port 30001", "--tp-size 1",
                      "--model-path Qwen/Qwen3.6-27B", "--mamba-full-memory-ratio 2.4", "--max-running-requests 96",
-                     "--kv-cache-dtype fp8_e4m3"):  # fmt: skip
+                     "--kv-cache-dtype fp8_e4m3", "--max-mamba-cache-size 200", "--load-format dummy"):  # fmt: skip
         assert expected in text
+    assert "--disable-radix-cache" not in command  # radix_cache=True keeps SGLang's default
     assert len(flags(command)) == len(set(flags(command)))
 
 
-def test_minimal_command_omits_unset_knobs():
+def test_minimal_command_omits_unset_knobs_and_turns_the_radix_cache_off():
     command = server_command(ServerOptions(), 30000)
-    assert (
-        "--max-running-requests" not in command
-        and "--api-key" not in command
-        and "--disable-radix-cache" not in command
-    )
+    assert "--max-running-requests" not in command and "--api-key" not in command and "--load-format" not in command
+    # Unique prompts gain nothing from prefix reuse, and the radix cache costs 5 state slots per request.
+    assert "--disable-radix-cache" in command
 
 
 @pytest.mark.parametrize("flag", REMOVED_FLAGS)
@@ -92,7 +108,9 @@ def test_the_api_key_is_redacted_from_recorded_commands():
 )
 def test_real_sglang_parses_the_command():
     python = os.environ["SGLANG_PYTHON"]
-    command = server_command(FULL, 30000, python=python)
+    # A local model directory where the node has one (gpu_check.sh's random-weights one): GPU nodes are often offline.
+    options = replace(FULL, model_path=os.environ.get("SGLANG_TEST_MODEL") or FULL.model_path)
+    command = server_command(options, 30000, python=python)
     check = "from sglang.srt.server_args import prepare_server_args; import sys; prepare_server_args(sys.argv[1:])"
     subprocess.run([python, "-c", check, *command[3:]], check=True, timeout=300)
 
@@ -128,3 +146,63 @@ def test_every_simulator_option_survives_the_command_line():
     assert set(options) | {"host", "port", "vocab_file"} == {f.name for f in fields(SimConfig)}
     command = simulator_command(4321, options, vocab_file=Path("/v.json"), host="127.0.0.1")
     assert parse_args(command[3:]) == SimConfig(host="127.0.0.1", port=4321, vocab_file="/v.json", **options)
+
+
+# ---- launching at the ceiling -----------------------------------------------------------------------------------
+
+# nvidia-smi on one H200 (143,771 MiB) and a busier second GPU, as `--format=csv,noheader,nounits` prints them.
+NVIDIA_SMI = "0, 143771, 143771\n1, 143771, 120000\n"
+H200 = capacity.GpuMemory(143771 / 1024, 143771 / 1024)
+
+
+def test_nvidia_smi_output_gives_each_gpus_memory():
+    memory = parse_nvidia_smi(NVIDIA_SMI + "garbage\n")
+    assert set(memory) == {0, 1} and memory[1].free_gib == pytest.approx(120000 / 1024)
+    assert memory[0].free_before_load_gib == pytest.approx(143771 / 1024 - capacity.CUDA_CONTEXT_GIB)
+
+
+def test_a_launch_left_to_the_plan_runs_at_the_ceiling():
+    options, plan = plan_capacity(ServerOptions(), CapacityTarget(), H200)
+    # 600 + 2,000 tokens per request (+4 drafts): the state pool and the KV pool balance at 68 requests on an
+    # H200 (69 without the plan's 2% margin: tests/unit/sglang/test_capacity.py).
+    assert options.max_running_requests == plan.cap == plan.concurrency == 68
+    assert plan.flags == ("--disable-radix-cache", "--max-running-requests", "68")
+    assert "--disable-radix-cache" in server_command(options, 30000)
+    assert plan.mem_fraction_static == pytest.approx(0.824, abs=5e-4)  # SGLang's own, for this cap
+    # A bf16 state halves the slots' memory: more requests fit (a numerics change, so never the default).
+    bf16, _ = plan_capacity(ServerOptions(mamba_ssm_dtype="bfloat16"), CapacityTarget(), H200)
+    assert bf16.max_running_requests > 100
+    # Longer requests need more KV per request: fewer run at once.
+    long, _ = plan_capacity(ServerOptions(), CapacityTarget(expected_output_tokens=8000), H200)
+    assert long.max_running_requests == 47
+    # Keeping the radix cache: the plan sets the state pool's share and the cap that fits.
+    radix, radix_plan = plan_capacity(ServerOptions(radix_cache=True), CapacityTarget(), H200)
+    assert radix.mamba_full_memory_ratio is not None and radix.max_running_requests == radix_plan.cap < 68
+
+
+def test_servers_sized_by_hand_are_launched_as_asked_with_the_cap_they_will_compute():
+    defaults = ServerOptions(radix_cache=True, max_running_requests=48)  # SGLang's own sizing
+    options, plan = plan_capacity(defaults, CapacityTarget(), H200)
+    assert options == defaults and plan is not None and plan.cap == 22 and plan.flags == ()
+    assert plan_capacity(defaults, CapacityTarget(), None) == (defaults, None)
+    with pytest.raises(FleetError, match="would not start"):
+        plan_capacity(ServerOptions(max_running_requests=200), CapacityTarget(), H200)
+
+
+def test_a_plan_needs_the_gpus_memory():
+    with pytest.raises(FleetError, match="--gpu-memory-gib"):
+        plan_capacity(ServerOptions(), CapacityTarget(), None)
+    # The operator's figure stands in for nvidia-smi (the total then is the figure plus a CUDA context).
+    gpu = fleet_gpu([0], CapacityTarget(gpu_memory_gib=139.4))
+    assert gpu is not None and gpu.free_gib == 139.4
+
+
+def test_simulators_with_a_memory_model_are_planned_like_gpus():
+    h200 = {"gpu_memory_gb": 139.4, "mem_fraction_static": 0.824, "output_len": "fixed:8"}
+    options, plan = plan_simulators(h200, CapacityTarget())
+    assert options["disable_radix_cache"] and options["max_running_requests"] == plan.cap == 69
+    assert "cap 69 per server with `--disable-radix-cache --max-running-requests 69`" in describe_plan(plan)
+    given, expected = plan_simulators({**h200, "max_running_requests": 48}, CapacityTarget())
+    assert given["max_running_requests"] == 48 and "disable_radix_cache" not in given and expected.cap == 22
+    assert plan_simulators({"output_len": "fixed:8"}, CapacityTarget()) == ({"output_len": "fixed:8"}, None)
+    assert describe_plan(None).startswith("plan: none")

@@ -1,0 +1,97 @@
+"""`dflash tune` and the `fleet_tuning` asset against simulator processes: connect mode on the published prompts,
+launch mode restarting simulators between server settings, and the report status then quotes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import dagster as dg
+import pytest
+from dagster_aws.s3 import S3Resource
+
+from dagster_project.assets.fleet_tuning import fleet_tuning
+from dagster_project.ops import tune
+from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
+from dagster_project.settings import DEMO_DATA_DIR
+from dagster_project.store.storage import LocalStore
+from tests.support.ingest_helpers import run_stages
+
+# Short answers and quick steps that slow with the batch: a sweep takes seconds.
+FAST = {"output_len": "uniform:20:40", "decode_step_s": 0.001, "decode_step_growth": 0.05, "enable_metrics": True}
+SWEEP = ["--concurrencies", "1,4,8", "--refine", "1", "--rounds", "3", "--max-new-tokens", "64", "--sample", "16"]
+
+
+def dflash(env: dict, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "dagster_project.cli", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {**os.environ, "DFLASH_STORE": str(tmp_path / "store"), "DFLASH_WORK_DIR": str(tmp_path / "work")}
+
+
+def test_tune_sweeps_the_running_fleet_on_the_published_prompts(env, tmp_path, sim_fleet):
+    run_stages(tmp_path, [str(DEMO_DATA_DIR)], num_shards=2)  # the store of `env`
+    fleet = sim_fleet(2, max_running_requests=8, **FAST)
+    out = dflash(env, "tune", "--endpoints", ",".join(fleet.urls), *SWEEP, "--out", str(tmp_path / "report"))
+    assert "knee at" in out and "recommended flags: --disable-radix-cache --max-running-requests" in out
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["prompts_source"].startswith("published conversations") and report["prompts"] == 16
+    assert {1, 4, 8} <= {p["concurrency"] for p in report["points"]}  # and one point bisecting towards the knee
+    assert all(p["errors"] == 0 and p["output_tok_per_s"] > 0 and p["accept_length"] for p in report["points"])
+    assert all(p["servers"] == 2 and p["cap"] == 8 for p in report["points"])
+    assert (tmp_path / "report" / "throughput.svg").read_text().startswith("<svg")
+    # Every request the sweep sent was one of the sampled prompts, spread over both servers.
+    assert len(fleet.requests(0)) == len(fleet.requests(1)) == sum(p["requests"] for p in report["points"]) // 2
+    stored = tune.read_report(LocalStore(env["DFLASH_STORE"]))
+    assert stored is not None and stored.knee is not None and stored.recommended_flags
+
+
+def test_tune_in_launch_mode_restarts_simulators_per_server_setting(env, tmp_path):
+    options = [f"--sim-option={name}={json.dumps(value)}" for name, value in FAST.items()]
+    out = dflash(
+        env, "tune", "--simulate", "1", *options, "--sweep", "max_running_requests=2,8",
+        "--synthetic-prompt-tokens", "100", *SWEEP, "--out", str(tmp_path / "report"),
+    )  # fmt: skip
+    report = tune.read_report(LocalStore(env["DFLASH_STORE"]))
+    assert {p.server_setting for p in report.points} == {"max_running_requests=2", "max_running_requests=8"}
+    assert {p.cap for p in report.points if p.server_setting.endswith("=2")} == {2}
+    # Two running at once cannot beat eight: the knee is under the larger cap, and its flags say so.
+    assert report.knee.server_setting == "max_running_requests=8"
+    assert report.recommended_flags[-2:] == ["--max-running-requests", str(min(report.knee.concurrency, 8))]
+    assert "tune [max_running_requests=2]" in out and not (tmp_path / "work" / "tune-fleet" / "fleet.json").exists()
+
+
+def test_the_fleet_tuning_asset_records_the_sweep(tmp_path, sim_fleet):
+    store = run_stages(tmp_path, [str(DEMO_DATA_DIR)], num_shards=2).store
+    fleet = sim_fleet(1, max_running_requests=8, **FAST)
+    resources = {
+        "store": DatasetStore(root=store.uri, work_dir=str(tmp_path / "work"), s3=S3Resource()),
+        "tokenizer": TokenizerResource(),
+        "fleet": SGLangFleet(endpoints=fleet.urls),
+        "generation": GenerationConfig(max_new_tokens=64),
+    }
+    config = {"concurrencies": [1, 4, 8], "refine": 1, "rounds": 3, "sample": 16}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [fleet_tuning],
+            resources=resources,
+            instance=instance,
+            run_config={"ops": {"fleet_tuning": {"config": config}}},
+        )
+        assert result.success
+        metadata = result.asset_materializations_for_node("fleet_tuning")[0].metadata
+        observations = result.asset_observations_for_node("fleet_tuning")
+    report = tune.read_report(store)
+    assert metadata["knee_concurrency"].value == report.knee.concurrency
+    assert metadata["recommended_flags"].value == " ".join(report.recommended_flags)
+    assert len(metadata["points"].value.records) == len(report.points) == len(observations) >= 3
+    assert [o.metadata["concurrency"].value for o in observations] == sorted(p.concurrency for p in report.points)
+    assert store.exists(tune.CHART_KEY) and store.exists(tune.MARKDOWN_KEY)
