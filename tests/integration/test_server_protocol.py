@@ -13,11 +13,7 @@ import asyncio
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
-from typing import Any
 
-import orjson
 import pytest
 
 from dagster_project.generation.preflight import RequestBudget, ServerLimits, budget_problems
@@ -25,7 +21,7 @@ from dagster_project.sglang import capacity
 from dagster_project.sglang import client as sgl
 from dagster_project.sglang import protocol as proto
 from dagster_project.tokenizer import render_prompt_ids, special_ids
-from tests.support.sglang_fixtures import SimFleet
+from tests.support.sglang_fixtures import SimFleet, call
 
 REAL = os.environ.get("SGLANG_TEST_SERVER_URL")
 PARAMS = proto.sampling_params(max_new_tokens=32)
@@ -49,20 +45,6 @@ def info(server) -> dict:
 @pytest.fixture(scope="module")
 def prompt(tokenizer) -> list[int]:
     return render_prompt_ids(tokenizer, [{"role": "user", "content": "What is 2 + 2? Answer briefly."}])
-
-
-def call(url: str, body: Any = None, timeout: float = 120) -> tuple[int, Any]:
-    data = None if body is None else orjson.dumps(body)
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as error:
-        status, raw = error.code, error.read()
-    try:
-        return status, orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return status, raw.decode()
 
 
 def test_health_and_ops_routes(server):

@@ -14,7 +14,7 @@ import pytest
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.launch import SIM_VOCAB_FILE, free_ports, simulator_command
 from dagster_project.tokenizer import special_ids
-from tests.support.sglang_fixtures import SimFleet, wait_until
+from tests.support.sglang_fixtures import SimFleet, call, wait_until
 
 THINKING_PROMPT = [248045, 846, 198, 3838, 374, 220, 17, 10, 17, 30, 248046, 198, 248045, 74455, 198, 248068, 198]
 NO_THINKING_PROMPT = [248045, 846, 198, 9419, 248046, 198, 248045, 74455, 198, 248068, 271, 248069, 271]
@@ -41,22 +41,6 @@ ROLES = [
 def fleet(tmp_path_factory):
     with SimFleet.start(len(ROLES), tmp_path_factory.mktemp("sims"), ROLES) as running:
         yield running
-
-
-def call(
-    url: str, body: Any = None, method: str | None = None, headers: dict | None = None, timeout: float = 30
-) -> tuple[int, Any]:
-    data = body if isinstance(body, bytes) or body is None else orjson.dumps(body)
-    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as error:
-        status, raw = error.code, error.read()
-    try:
-        return status, orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return status, raw.decode()
 
 
 def generate(fleet: SimFleet, server: int, input_ids=THINKING_PROMPT, params=PARAMS, **extra: Any) -> tuple[int, Any]:

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -70,6 +71,25 @@ def _call(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> A
     request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return orjson.loads(response.read())
+
+
+def call(
+    url: str, body: Any = None, method: str | None = None, headers: dict | None = None, timeout: float = 120
+) -> tuple[int, Any]:
+    """One HTTP call as a client sends it: (status, parsed JSON body or text), error statuses included."""
+    data = body if isinstance(body, bytes) or body is None else orjson.dumps(body)
+    if headers is None:
+        headers = {} if data is None or isinstance(body, bytes) else {"Content-Type": "application/json"}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read()
+    try:
+        return status, orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return status, raw.decode()
 
 
 class SimFleet:
