@@ -427,12 +427,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+COMMANDS_NEEDING_TOKENIZER = {cmd_tune}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # The resources the definitions run with, from the same environment, initialized as a run initializes
     # them: the store with its retry settings, the fleet with `api_key` resolved (it is never printed).
-    # The tokenizer is left out: no command needs it, and it loads when initialized (seconds).
-    needed = {name: resource for name, resource in resources_from_env().items() if name != "tokenizer"}
+    # The tokenizer loads when initialized (seconds): only the commands that render prompts get it.
+    needed = {
+        name: resource
+        for name, resource in resources_from_env().items()
+        if name != "tokenizer" or args.func in COMMANDS_NEEDING_TOKENIZER
+    }
     with dg.build_resources(needed) as resources:
         return args.func(args, resources)
 

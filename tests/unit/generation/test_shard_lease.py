@@ -35,6 +35,9 @@ KEY = lease_key(COMPLETIONS, 0)
 class InstantDispatcher:
     """Ends every request at once with an error; `then` runs when all have ended, `hang` keeps it running."""
 
+    endpoints: list[str] = []  # no server to check before dispatching
+    api_key = None
+
     def __init__(self, then=lambda: None, hang: bool = False):
         self.then, self.hang, self.requests = then, hang, 0
 
