@@ -11,6 +11,7 @@ dflash demo                            the whole pipeline on the embedded demo (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -243,39 +244,39 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
     return 0
 
 
-def _simulator_launcher(count: int, run_dir: Path, base: dict, target: Any) -> Any:
-    import contextlib
+def _launcher(run_dir: Path, plan: Any, start: Any) -> Any:
+    """A context manager per sweep setting: plan the servers for it, start them, yield their URLs, stop them."""
 
     @contextlib.contextmanager
     def serve(setting: Any) -> Any:
-        options, plan = launch.plan_simulators({**base, **setting.options}, target)
-        print(f"tune [{setting.label}]: {launch.describe_plan(plan)}", flush=True)
-        fleet = launch.launch_simulators(count, run_dir, options)
+        options, launch_plan = plan(setting)
+        print(f"tune [{setting.label}]: {launch.describe_plan(launch_plan)}", flush=True)
+        fleet = start(options)
         try:
             yield fleet.urls
         finally:
             launch.stop_fleet(run_dir)
 
     return serve
+
+
+def _simulator_launcher(count: int, run_dir: Path, base: dict, target: Any) -> Any:
+    return _launcher(
+        run_dir,
+        lambda setting: launch.plan_simulators({**base, **setting.options}, target),
+        lambda options: launch.launch_simulators(count, run_dir, options),
+    )
 
 
 def _gpu_launcher(gpus: list[int], run_dir: Path, base: Any, target: Any) -> Any:
-    import contextlib
-
-    @contextlib.contextmanager
-    def serve(setting: Any) -> Any:
-        # The fleet's own run directory: a fleet already running on these GPUs is refused, not doubled.
-        options, plan = launch.plan_capacity(
+    # The fleet's own run directory: a fleet already running on these GPUs is refused, not doubled.
+    return _launcher(
+        run_dir,
+        lambda setting: launch.plan_capacity(
             dataclasses.replace(base, **setting.options), target, launch.fleet_gpu(gpus, target)
-        )
-        print(f"tune [{setting.label}]: {launch.describe_plan(plan)}", flush=True)
-        fleet = launch.launch_fleet(gpus, run_dir, options)
-        try:
-            yield fleet.urls
-        finally:
-            launch.stop_fleet(run_dir)
-
-    return serve
+        ),
+        lambda options: launch.launch_fleet(gpus, run_dir, options),
+    )
 
 
 def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
