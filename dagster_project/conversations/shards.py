@@ -88,6 +88,10 @@ class ConversationsManifest(StageManifest):
     multi_turn: int
     turns: int
     by_policy: dict[str, PolicyCounts] = field(default_factory=dict)
+    # Conversations that call tools (always history `source`), and rows kept under their hash id because
+    # their own id was taken by an earlier row (`extra.renamed_from` holds the source's id).
+    tool_calling: int = 0
+    renamed_ids: int = 0
     ids_digest: str
     quarantine_rate_max: float
     max_prompt_tokens: int
