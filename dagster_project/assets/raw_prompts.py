@@ -20,10 +20,13 @@ from dagster_project.store import layout
 class RawPromptsConfig(dg.Config):
     sources: list[str] = Field(
         default=settings.prompt_sources(),
-        description="Source specs: a path, directory, glob or s3:// URI, optionally named as NAME=URI.",
+        description="Source specs: a path, directory, glob or s3:// URI, optionally named as NAME=URI, with its "
+        "own format and main field as NAME@FORMAT[:FIELD]=URI (e.g. c4@prompt:text=data/c4.jsonl).",
     )
     format: str = Field(
-        default=AUTO, description=f"Row format: {AUTO} (detected per file) or one of {', '.join(FORMATS)}."
+        default=AUTO,
+        description=f"Row format of the files whose source sets none: {AUTO} (detected per file) or one of "
+        f"{', '.join(FORMATS)}.",
     )
 
 

@@ -54,6 +54,8 @@ class SourceTotals:
     input_rows: int
     conversations: int
     quarantined: int
+    # Both stages' reasons, so a source whose rows are set aside (images, tool errors) is visible as such.
+    quarantined_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

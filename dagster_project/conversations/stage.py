@@ -337,6 +337,9 @@ def _by_source(ingested: dict[str, SourceCounts], built: dict[str, SourceCounts]
     for name in sorted(set(ingested) | set(built)):
         read, kept = ingested.get(name, SourceCounts()), built.get(name, SourceCounts())
         totals[name] = SourceTotals(
-            input_rows=read.rows, conversations=kept.kept, quarantined=read.quarantined + kept.quarantined
+            input_rows=read.rows,
+            conversations=kept.kept,
+            quarantined=read.quarantined + kept.quarantined,
+            quarantined_by_reason=dict(sorted((Counter(read.by_reason) + Counter(kept.by_reason)).items())),
         )
     return totals

@@ -83,6 +83,7 @@ class SourceCounts:
     rows: int = 0
     kept: int = 0
     quarantined: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,7 +104,9 @@ class Accounting:
         self.kept += 1
 
     def reject(self, source: str, reason: str) -> None:
-        self._count_row(source).quarantined += 1
+        counts = self._count_row(source)
+        counts.quarantined += 1
+        counts.by_reason[reason] = counts.by_reason.get(reason, 0) + 1
         self.by_reason[reason] += 1
 
     def _count_row(self, source: str) -> SourceCounts:

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -100,18 +100,27 @@ class _FileIngest:
         self.prompts, self.quarantine, self.accounting = prompts, quarantine, accounting
         self.format = "unknown"
         self.note = ""
+        self.rows_read = 0
 
     def run(self, path: Path) -> None:
-        rows_read = 0
+        rows = iter_rows(path, self.file.uri)
+        head: list[RawRow] = []
+        broken = None
         try:
-            rows = iter_rows(path, self.file.uri)
-            head = list(islice(rows, DETECTION_ROWS))
-            undetectable = self._decide_format(head)
-            for raw in chain(head, rows):
-                self._row(raw, undetectable)
-                rows_read += 1
-        except FileFormatError as broken:
-            self.note = f"unreadable after {rows_read} rows: {broken}"
+            head.extend(islice(rows, DETECTION_ROWS))
+        except FileFormatError as error:  # a short file that breaks: its rows before the break still count
+            broken = error
+        undetectable = self._decide_format(head)
+        for raw in head:
+            self._row(raw, undetectable)
+        if broken is None:
+            try:
+                for raw in rows:
+                    self._row(raw, undetectable)
+            except FileFormatError as error:
+                broken = error
+        if broken is not None:
+            self.note = f"unreadable after {self.rows_read} rows: {broken}"
             self._quarantine("unreadable_file", str(broken), {"source_row": -1, "id": None, "raw": None})
 
     def _decide_format(self, head: list[RawRow]) -> str:
@@ -136,6 +145,7 @@ class _FileIngest:
         )
 
     def _row(self, raw: RawRow, undetectable: str) -> None:
+        self.rows_read += 1
         try:
             if raw.reason is not None:
                 raise Rejected(raw.reason, raw.detail)

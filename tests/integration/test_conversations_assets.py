@@ -56,15 +56,21 @@ def test_demo_data_materializes_and_every_check_passes(resources: dict, tmp_path
     assert metadata["input_rows"].value == metadata["rows"].value + metadata["quarantined"].value
     assert metadata["num_shards"].value == NUM_SHARDS and metadata["policy"].value == "all_turns"
     assert 0.1 <= metadata["multi_turn"].value / metadata["rows"].value <= 0.2, "the demo is 10-20% multi-turn"
-    assert "| tool_use |" in metadata["quarantined_by_reason"].value
+    assert "| control_tokens |" in metadata["quarantined_by_reason"].value
     gx = checks["conversations_gx_suite"].metadata
     assert gx["failed_expectations"].value == 0 and "expect_column_values_to_be_unique" in gx["summary"].value
 
     stage = json.loads((tmp_path / "store" / layout.stage_manifest_key(layout.CONVERSATIONS)).read_text())
     assert set(stage["by_source"]) == {"alpaca_tasks", "openai_messages", "sharegpt_chats"}
     assert stage["rows"] >= 200
-    # Each malformed demo row exercises its own rule; only the two needing special data are absent.
-    assert set(stage["quarantined_by_reason"]) == set(REASONS) - {"too_long", "duplicate_id", "unrecognized_format"}
+    # Each malformed demo row exercises its own rule; only those needing special data or files are absent.
+    assert set(stage["quarantined_by_reason"]) == set(REASONS) - {
+        "too_long",
+        "duplicate_id",
+        "unrecognized_format",
+        "not_a_conversation",
+        "unreadable_file",
+    }
 
 
 def test_quarantine_rate_above_the_limit_fails_the_blocking_check(resources: dict) -> None:

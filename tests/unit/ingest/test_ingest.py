@@ -158,7 +158,9 @@ def test_adversarial_file_accounting_by_id(adversarial) -> None:
     )
     manifest = outcome.manifest
     assert manifest.input_rows == len(rows) - 1 == manifest.rows + manifest.quarantined
-    assert manifest.by_source == {"evil": SourceTotals(input_rows=19, conversations=5, quarantined=14)}
+    evil = manifest.by_source["evil"]
+    assert (evil.input_rows, evil.conversations, evil.quarantined) == (19, 5, 14)
+    assert evil.quarantined_by_reason == manifest.quarantined_by_reason
     assert manifest.quarantined_by_reason["bad_tool_call"] == 1 and manifest.quarantined_by_stage == {
         "ingest": 11,
         "conversations": 3,
