@@ -27,6 +27,7 @@ from dagster_project.store.manifest import (
     read_stage_manifest,
 )
 from dagster_project.store.storage import CorruptObject, Store
+from dagster_project.store.verdicts import record_verdict
 
 SHARD_FILE = "conversations.jsonl"
 BUFFERED_BYTES = 32 << 20
@@ -270,3 +271,17 @@ def scan_shards(store: Store, stage_manifest: ConversationsManifest, examples: i
                 scan.misplaced_ids.append(conversation.id)
             scan.by_policy.setdefault(conversation.policy, PolicyCounts()).add(conversation)
     return scan
+
+
+def record_stage_verdict(
+    store: Store, stage_manifest: ConversationsManifest, check: str, failures: dict[str, str]
+) -> int:
+    """Record a check on the whole stage as its verdict on every shard of this build, so that completions refuses
+    a shard of gated conversations in any later run (`store.verdicts`). Returns the shards judged."""
+    judged = 0
+    for shard in range(stage_manifest.num_shards):
+        manifest = read_shard_conversations_manifest(store, shard)
+        if manifest is not None and manifest.build_id == stage_manifest.build_id:
+            record_verdict(store, manifest, check, failures)
+            judged += 1
+    return judged

@@ -15,6 +15,7 @@ from dagster_project.checks.conversations import (
     conversations_gx_suite,
     conversations_multi_turn_counts,
     conversations_quarantine_rate,
+    conversations_turn_markers,
     conversations_unique_ids,
 )
 from dagster_project.conversations.shards import read_conversations
@@ -29,6 +30,7 @@ ASSETS = [raw_prompts, conversations]
 CHECKS = [
     conversations_quarantine_rate,
     conversations_unique_ids,
+    conversations_turn_markers,
     conversations_multi_turn_counts,
     conversations_gx_suite,
 ]
@@ -87,7 +89,7 @@ def test_corrupted_shard_fails_the_id_and_gx_checks(resources: dict, tmp_path: P
     shard_file = tmp_path / "store" / layout.shard_prefix(layout.CONVERSATIONS, 0) / "conversations.jsonl"
     lines = shard_file.read_bytes().splitlines()
     bad = json.loads(lines[0])
-    bad["messages"] = [{"role": "tool", "content": " "}] + bad["messages"]
+    bad["messages"] = [{"role": "narrator", "content": " "}] + bad["messages"]
     bad["generate_after"] = [0]
     shard_file.write_bytes(b"\n".join([*lines, lines[0], json.dumps(bad).encode()]) + b"\n")
 
