@@ -268,6 +268,8 @@ def _message_list(items: Any) -> list[dict[str, Any]]:
         if only_calls and previous is not None and previous["role"] == "assistant":
             # A reply then its call, or parallel calls written one per message, are one assistant turn.
             previous["tool_calls"] = previous.get("tool_calls", []) + message["tool_calls"]
+            if message.get("reasoning_content") and not previous.get("reasoning_content"):
+                previous["reasoning_content"] = message["reasoning_content"]
         else:
             messages.append(message)
     return messages
@@ -279,8 +281,11 @@ def _message(item: dict[str, Any], index: int) -> dict[str, Any]:
     content = item["content"] if "content" in item else item.get("value")
     where = f"message {index} ({role_name})"
     if role_name in _CALL_ROLES:
-        calls = _parsed_json(content, f"{where} call", "bad_tool_call")
-        return {"role": "assistant", "content": "", "tool_calls": _tool_calls(calls, where)}
+        # Reasoning datasets write the thought before the call's JSON: `<think>...</think>{"name": ...}`.
+        inline = _LEADING_THINK.match(content) if isinstance(content, str) else None
+        calls = _parsed_json(content[inline.end() :] if inline else content, f"{where} call", "bad_tool_call")
+        call_message = {"role": "assistant", "content": "", "tool_calls": _tool_calls(calls, where)}
+        return call_message | ({"reasoning_content": inline.group(1).strip()} if inline else {})
     role = _ROLE_ALIASES.get(role_name or "")
     if role is None:
         raise Rejected("unknown_role", f"message {index} has role {raw_role!r}")

@@ -86,6 +86,29 @@ def test_openai_parallel_calls_reasoning_and_a_reply_before_its_call_are_one_tur
     assert messages[-1] == {"role": "assistant", "content": "Done.", "reasoning_content": "Both fine."}
 
 
+def test_reasoning_before_a_sharegpt_call_is_kept_as_the_calls_reasoning() -> None:
+    row = {
+        "conversations": [
+            {"from": "human", "value": "Weather in Paris?"},
+            {
+                "from": "function_call",
+                "value": '<think>\nI need the tool.\n</think>\n\n{"name": "get_weather", "arguments": {}}',
+            },
+            {"from": "observation", "value": "sunny"},
+            {"from": "gpt", "value": "<think>\nIt says sunny.\n</think>\n\nSunny."},
+        ],
+        "tools": [WEATHER],
+    }
+    messages = parse_row(row, "sharegpt").messages
+    assert messages[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [call("get_weather")],
+        "reasoning_content": "I need the tool.",
+    }
+    assert messages[3] == {"role": "assistant", "content": "Sunny.", "reasoning_content": "It says sunny."}
+
+
 def test_tools_defined_but_empty_or_unused_leave_an_ordinary_chat() -> None:
     empty = parse_row({"conversations": [{"from": "human", "value": "Hi"}], "tools": "[]"}, "sharegpt")
     assert empty.tools is None and empty.messages == [{"role": "user", "content": "Hi"}]
