@@ -57,6 +57,9 @@ def raw_prompts(
             "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
             "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),
             "files": dg.MetadataValue.json([asdict(file) for file in manifest.files]),
+            "file_notes": dg.MetadataValue.md(
+                "\n".join(f"- {file.uri}: {file.note}" for file in manifest.files if file.note) or "none"
+            ),
             "rows_per_s": manifest.input_rows / manifest.seconds if manifest.seconds else 0.0,
             "uri": dg.MetadataValue.path(data.url(layout.RAW_PROMPTS)),
         }
