@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 POLICIES = ("all_turns", "last_turn", "first_turn", "user_only")
 HISTORY_GENERATED = "generated"
 HISTORY_SOURCE = "source"
@@ -26,7 +26,7 @@ STATUS_ERROR = "error"
 class Conversation:
     id: str
     messages: list[dict[str, Any]]
-    # Indices into `messages` of the user messages whose reply is generated, in order.
+    # Indices into `messages` of the user (or tool-result) messages whose reply is generated, in order.
     generate_after: list[int]
     policy: str = "all_turns"
     # "generated": earlier assistant turns in a prompt are the model's own regenerated answers;
@@ -37,6 +37,8 @@ class Conversation:
     source_row: int = -1
     shard: int = -1
     extra: dict[str, Any] = field(default_factory=dict)
+    # Tool definitions the prompts render (OpenAI's form); None when the conversation has none.
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def num_turns(self) -> int:

@@ -46,6 +46,13 @@ _NON_SPECIAL_ADDED_TOKENS = frozenset(
     {"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"}
 )
 _EOS_TOKEN = "<|im_end|>"
+# The special added tokens (turn markers, vision markers, ...): text holding one of these tokenizes to the
+# control token itself, so it must never come from a dataset's content.
+CONTROL_TOKENS = tuple(
+    text
+    for token_id, text in sorted(QWEN3_5_SPECIAL_TOKENS)
+    if token_id < _FIRST_ID_ABSENT_FROM_QWEN3_6 and text not in _NON_SPECIAL_ADDED_TOKENS
+)
 _PAD_TOKEN = "<|endoftext|>"
 _MODEL_MAX_LENGTH = 262144
 
@@ -91,10 +98,12 @@ def render_prompt_ids(
     *,
     enable_thinking: bool = True,
     preserve_thinking: bool = False,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """Token ids of the prompt that asks the model for the next assistant turn."""
+    """Token ids of the prompt that asks the model for the next assistant turn (`tools` rendered when given)."""
     encoded = tokenizer.apply_chat_template(
         messages,
+        tools=tools,
         add_generation_prompt=True,
         tokenize=True,
         enable_thinking=enable_thinking,

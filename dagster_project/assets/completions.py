@@ -1,4 +1,5 @@
 import dagster as dg
+from pydantic import Field
 
 from dagster_project.generation.heartbeat import ReportIntervals
 from dagster_project.generation.progress import Heartbeat
@@ -12,6 +13,12 @@ from dagster_project.store.lease import LeaseOptions
 
 class CompletionsConfig(config_fields(ReportIntervals, config_fields(LeaseOptions, dg.Config))):
     """How often a running shard reports its progress, and how it holds its shard (one run at a time)."""
+
+    override_failed_gates: bool = Field(
+        default=False,
+        description="Generate from a conversations shard that failed blocking conversations checks in an earlier "
+        "run (refused otherwise).",
+    )
 
 
 def _progress_line(heartbeat: Heartbeat) -> str:
@@ -71,6 +78,7 @@ def completions(
         log=context.log.info,
         run_id=context.run_id,
         lease=config.to_dataclass(LeaseOptions),
+        override_failed_gates=config.override_failed_gates,
     )
     run = manifest.generation
     return dg.MaterializeResult(

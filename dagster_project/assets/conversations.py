@@ -79,6 +79,8 @@ def conversations(
             "history": manifest.history,
             "multi_turn": manifest.multi_turn,
             "turns": manifest.turns,
+            "tool_calling": manifest.tool_calling,
+            "renamed_ids": manifest.renamed_ids,
             "num_shards": manifest.num_shards,
             "superseded": dg.MetadataValue.json(manifest.superseded),
             "prompts_tokenized": manifest.prompts_tokenized,

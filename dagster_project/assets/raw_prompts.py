@@ -20,10 +20,13 @@ from dagster_project.store import layout
 class RawPromptsConfig(dg.Config):
     sources: list[str] = Field(
         default=settings.prompt_sources(),
-        description="Source specs: a path, directory, glob or s3:// URI, optionally named as NAME=URI.",
+        description="Source specs: a path, directory, glob or s3:// URI, optionally named as NAME=URI, with its "
+        "own format and main field as NAME@FORMAT[:FIELD]=URI (e.g. c4@prompt:text=data/c4.jsonl).",
     )
     format: str = Field(
-        default=AUTO, description=f"Row format: {AUTO} (detected per file) or one of {', '.join(FORMATS)}."
+        default=AUTO,
+        description=f"Row format of the files whose source sets none: {AUTO} (detected per file) or one of "
+        f"{', '.join(FORMATS)}.",
     )
 
 
@@ -54,6 +57,9 @@ def raw_prompts(
             "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
             "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),
             "files": dg.MetadataValue.json([asdict(file) for file in manifest.files]),
+            "file_notes": dg.MetadataValue.md(
+                "\n".join(f"- {file.uri}: {file.note}" for file in manifest.files if file.note) or "none"
+            ),
             "rows_per_s": manifest.input_rows / manifest.seconds if manifest.seconds else 0.0,
             "uri": dg.MetadataValue.path(data.url(layout.RAW_PROMPTS)),
         }

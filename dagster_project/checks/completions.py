@@ -9,7 +9,7 @@ import dagster as dg
 from pydantic import Field
 
 from dagster_project.assets.completions import completions
-from dagster_project.checks.gate_checks import GateConfig, check_result
+from dagster_project.checks.gate_checks import GateConfig, check_result, reported
 from dagster_project.generation.shards import completions_manifest, iter_completion_batches, shard_coverage
 from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
@@ -70,7 +70,7 @@ def completions_exactly_once(context: dg.AssetCheckExecutionContext, store: Data
     manifest = completions_manifest(data, shard)
     coverage = shard_coverage(data, shard)
     record_verdict(data, manifest, "exactly_once", {} if coverage.exact else {"exactly_once": coverage.describe()})
-    return dg.AssetCheckResult(
+    result = dg.AssetCheckResult(
         passed=coverage.exact,
         description=coverage.describe(),
         metadata={
@@ -82,6 +82,7 @@ def completions_exactly_once(context: dg.AssetCheckExecutionContext, store: Data
             "missing_sample": dg.MetadataValue.json(coverage.missing[:20]),
         },
     )
+    return reported(context, "completions_exactly_once", result)
 
 
 @dg.asset_check(asset=completions, partitions_def=shard_partitions, blocking=True)
@@ -91,7 +92,7 @@ def completions_published(context: dg.AssetCheckExecutionContext, store: Dataset
     manifest = completions_manifest(data, shard)
     problems = verify_shard(data, manifest)
     record_verdict(data, manifest, "published", {"published": "; ".join(problems)} if problems else {})
-    return dg.AssetCheckResult(
+    result = dg.AssetCheckResult(
         passed=not problems,
         description="; ".join(problems) or "manifest and objects agree",
         metadata={
@@ -101,6 +102,7 @@ def completions_published(context: dg.AssetCheckExecutionContext, store: Dataset
             "uri": dg.MetadataValue.path(data.url(layout.shard_manifest_key(layout.COMPLETIONS, manifest.shard))),
         },
     )
+    return reported(context, "completions_published", result)
 
 
 @dg.asset_check(asset=completions, partitions_def=shard_partitions)

@@ -1,20 +1,29 @@
-"""Checks on the `conversations` asset: quarantine rate, duplicate ids, multi-turn counts, the GX suite.
+"""Checks on the `conversations` asset: quarantine rate, duplicate ids, turn markers, multi-turn counts, the GX suite.
 
-Each reads what is published in the store (manifests and shards), not what the asset meant to write.
+Each reads what is published in the store (manifests and shards), not what the asset meant to write. Each
+blocking check records its verdict on every conversations shard of the build it judged (`store.verdicts`), so a
+`completions` run started later refuses a shard of gated conversations unless `override_failed_gates` is set;
+a failure is also logged as an error, so the terminal says why.
 """
 
 # No `from __future__ import annotations`: Dagster 1.13 resolves resource parameters from real annotations.
+from collections import Counter
+
 import dagster as dg
 
 from dagster_project.assets.conversations import conversations
 from dagster_project.assets.tables import counts_table
+from dagster_project.checks.gate_checks import reported
+from dagster_project.conversations.markers import marker_mismatch
 from dagster_project.conversations.shards import (
     ConversationsManifest,
     PolicyCounts,
+    read_conversations,
     read_conversations_manifest,
+    record_stage_verdict,
     scan_shards,
 )
-from dagster_project.resources import DatasetStore
+from dagster_project.resources import DatasetStore, TokenizerResource
 from dagster_project.store import layout
 from dagster_project.store.storage import Store
 
@@ -28,20 +37,31 @@ def _stage_manifest(store: Store) -> ConversationsManifest:
     return manifest
 
 
+def _judged(
+    context: dg.AssetCheckExecutionContext, store: Store, manifest: ConversationsManifest, check: str, result
+) -> dg.AssetCheckResult:
+    """Record the blocking check's verdict on the build's shards, log a failure, return the result."""
+    record_stage_verdict(store, manifest, check, {} if result.passed else {check: result.description})
+    return reported(context, f"conversations_{check}", result)
+
+
 @dg.asset_check(
     asset=conversations,
     blocking=True,
     description="Quarantined rows (both stages) stay below the run's quarantine_rate_max, "
     "and every input row is accounted for.",
 )
-def conversations_quarantine_rate(store: DatasetStore) -> dg.AssetCheckResult:
-    manifest = _stage_manifest(store.open())
+def conversations_quarantine_rate(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
+    data = store.open()
+    manifest = _stage_manifest(data)
     rate, limit = manifest.quarantine_rate, manifest.quarantine_rate_max
     accounted = manifest.input_rows == manifest.rows + manifest.quarantined
-    return dg.AssetCheckResult(
+    top = ", ".join(f"{reason} {count}" for reason, count in Counter(manifest.quarantined_by_reason).most_common(5))
+    result = dg.AssetCheckResult(
         passed=accounted and rate <= limit,
         description=(
-            f"{manifest.quarantined} of {manifest.input_rows} rows quarantined ({rate:.2%}, limit {limit:.2%})"
+            f"{manifest.quarantined} of {manifest.input_rows} rows quarantined ({rate:.2%}, limit {limit:.2%}, "
+            f"config key quarantine_rate_max of conversations); most: {top or 'none'}"
             + ("" if accounted else "; input rows != conversations + quarantined")
         ),
         metadata={
@@ -53,8 +73,10 @@ def conversations_quarantine_rate(store: DatasetStore) -> dg.AssetCheckResult:
             "by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
             "by_stage": dg.MetadataValue.json(manifest.quarantined_by_stage),
             "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),
+            "renamed_ids": manifest.renamed_ids,
         },
     )
+    return _judged(context, data, manifest, "quarantine_rate", result)
 
 
 @dg.asset_check(
@@ -63,7 +85,7 @@ def conversations_quarantine_rate(store: DatasetStore) -> dg.AssetCheckResult:
     description="Every published conversation id is unique, in the shard its id hashes to, "
     "and every shard matches its manifest.",
 )
-def conversations_unique_ids(store: DatasetStore) -> dg.AssetCheckResult:
+def conversations_unique_ids(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
     data = store.open()
     manifest = _stage_manifest(data)
     scan = scan_shards(data, manifest)
@@ -77,16 +99,51 @@ def conversations_unique_ids(store: DatasetStore) -> dg.AssetCheckResult:
     found = {name: values for name, values in problems.items() if values}
     if scan.rows != manifest.rows:
         found["row_count"] = [f"{scan.rows} in shards, {manifest.rows} in the manifest"]
-    return dg.AssetCheckResult(
+    result = dg.AssetCheckResult(
         passed=not found,
         description="; ".join(f"{name}: {values[:5]}" for name, values in found.items()) or f"{scan.rows} unique ids",
         metadata={
             "conversations": scan.rows,
             "num_shards": manifest.num_shards,
+            "renamed_ids": manifest.renamed_ids,
             **{name: len(values) for name, values in problems.items()},
             "examples": dg.MetadataValue.json({name: values[:20] for name, values in found.items()}),
         },
     )
+    return _judged(context, data, manifest, "unique_ids", result)
+
+
+@dg.asset_check(
+    asset=conversations,
+    blocking=True,
+    description="Every conversation's last prompt, rendered by the chat template, holds exactly one <|im_start|> "
+    "per turn its messages make and no other control token: no text forges a turn.",
+)
+def conversations_turn_markers(
+    context: dg.AssetCheckExecutionContext, store: DatasetStore, tokenizer: TokenizerResource
+) -> dg.AssetCheckResult:
+    data = store.open()
+    manifest = _stage_manifest(data)
+    flags = {"enable_thinking": manifest.enable_thinking, "preserve_thinking": manifest.preserve_thinking}
+    loaded = tokenizer.load()
+    checked, mismatches = 0, {}
+    for shard in range(manifest.num_shards):
+        for conversation in read_conversations(data, shard):
+            checked += 1
+            problem = marker_mismatch(loaded, conversation, **flags)
+            if problem is not None:
+                mismatches[conversation.id] = problem
+    examples = dict(list(mismatches.items())[:5])
+    result = dg.AssetCheckResult(
+        passed=not mismatches,
+        description=(
+            f"{len(mismatches)} of {checked} prompts have other control tokens than their turns: {examples}"
+            if mismatches
+            else f"{checked} prompts, each with exactly its turns' markers"
+        ),
+        metadata={"prompts": checked, "mismatches": len(mismatches), "examples": dg.MetadataValue.json(examples)},
+    )
+    return _judged(context, data, manifest, "turn_markers", result)
 
 
 @dg.asset_check(
@@ -134,14 +191,14 @@ def conversations_multi_turn_counts(store: DatasetStore) -> dg.AssetCheckResult:
     description="Great Expectations 1.x suites on the published conversations: roles, non-empty content, "
     "unique ids, turn structure.",
 )
-def conversations_gx_suite(store: DatasetStore) -> dg.AssetCheckResult:
+def conversations_gx_suite(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
     from dagster_project.conversations.suite import ConversationSuites, shard_chunks
 
     data = store.open()
     manifest = _stage_manifest(data)
     summary = ConversationSuites().validate(shard_chunks(data, manifest.num_shards), manifest.num_shards)
     failed = summary.failed()
-    return dg.AssetCheckResult(
+    result = dg.AssetCheckResult(
         passed=summary.success,
         description=(
             f"{len(summary.outcomes)} expectations passed"
@@ -156,3 +213,4 @@ def conversations_gx_suite(store: DatasetStore) -> dg.AssetCheckResult:
             "summary": dg.MetadataValue.md(summary.markdown()),
         },
     )
+    return _judged(context, data, manifest, "gx_suite", result)

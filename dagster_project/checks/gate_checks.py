@@ -18,3 +18,12 @@ def check_result(asset_key: dg.AssetKey, result: gates.GateResult) -> dg.AssetCh
         description=result.message,
         metadata={"message": result.message, **result.metadata},
     )
+
+
+def reported(context: dg.AssetCheckExecutionContext, check: str, result: dg.AssetCheckResult) -> dg.AssetCheckResult:
+    """The result, its failure also logged as an error: the terminal of `dagster asset materialize` shows the
+    reason, not only that a blocking check failed."""
+    if not result.passed:
+        where = f"{context.partition_key} " if context.has_partition_key else ""
+        context.log.error(f"{where}{check} failed: {result.description}")
+    return result

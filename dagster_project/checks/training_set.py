@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import dagster as dg
 
 from dagster_project.assets.training_set import training_set
-from dagster_project.checks.gate_checks import GateConfig, check_result
+from dagster_project.checks.gate_checks import GateConfig, check_result, reported
 from dagster_project.generation.shards import completions_manifest
 from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
@@ -91,7 +91,7 @@ def training_set_gx_suite(context: dg.AssetCheckExecutionContext, store: Dataset
         finish_reasons=["stop"] if assembly.exclude_length_capped else ["stop", "length"],
     )
     record_verdict(data, manifest, "gx_suite", {} if outcome.success else {"gx_suite": outcome.message})
-    return dg.AssetCheckResult(
+    result = dg.AssetCheckResult(
         passed=outcome.success,
         description=outcome.message,
         metadata={
@@ -102,3 +102,4 @@ def training_set_gx_suite(context: dg.AssetCheckExecutionContext, store: Dataset
             "results": dg.MetadataValue.json(outcome.results),
         },
     )
+    return reported(context, "gx_suite", result)

@@ -28,13 +28,18 @@ class PromptBudget:
         self.exact_counts = 0  # prompts that needed the tokenizer
         self._scaffold_bytes = functools.lru_cache(maxsize=_ROLE_SEQUENCES_CACHED)(self._render_scaffold)
 
-    def tokens_over(self, messages: list[dict[str, Any]]) -> int | None:
-        """The prompt's token count when it exceeds the budget, else None."""
-        contents = sum(len(unicodedata.normalize("NFC", m["content"]).encode("utf-8")) for m in messages)
-        if contents + self._scaffold_bytes(tuple(m["role"] for m in messages)) <= self.max_tokens:
-            return None
+    def tokens_over(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int | None:
+        """The prompt's token count when it exceeds the budget, else None.
+
+        Tools, tool calls and reasoning are laid out by the template in ways a byte bound does not follow
+        cheaply, so prompts holding any of them are always rendered."""
+        structured = tools or any(m.get("tool_calls") or m.get("reasoning_content") for m in messages)
+        if not structured:
+            contents = sum(len(unicodedata.normalize("NFC", m["content"]).encode("utf-8")) for m in messages)
+            if contents + self._scaffold_bytes(tuple(m["role"] for m in messages)) <= self.max_tokens:
+                return None
         self.exact_counts += 1
-        tokens = len(render_prompt_ids(self.tokenizer, messages, **self.flags))
+        tokens = len(render_prompt_ids(self.tokenizer, messages, tools=tools, **self.flags))
         return tokens if tokens > self.max_tokens else None
 
     def _render_scaffold(self, roles: tuple[str, ...]) -> int:

@@ -27,6 +27,7 @@ from dagster_project.store.manifest import (
     read_stage_manifest,
 )
 from dagster_project.store.storage import CorruptObject, Store
+from dagster_project.store.verdicts import record_verdict
 
 SHARD_FILE = "conversations.jsonl"
 BUFFERED_BYTES = 32 << 20
@@ -54,6 +55,8 @@ class SourceTotals:
     input_rows: int
     conversations: int
     quarantined: int
+    # Both stages' reasons, so a source whose rows are set aside (images, tool errors) is visible as such.
+    quarantined_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +91,10 @@ class ConversationsManifest(StageManifest):
     multi_turn: int
     turns: int
     by_policy: dict[str, PolicyCounts] = field(default_factory=dict)
+    # Conversations that call tools (always history `source`), and rows kept under their hash id because
+    # their own id was taken by an earlier row (`extra.renamed_from` holds the source's id).
+    tool_calling: int = 0
+    renamed_ids: int = 0
     ids_digest: str
     quarantine_rate_max: float
     max_prompt_tokens: int
@@ -264,3 +271,17 @@ def scan_shards(store: Store, stage_manifest: ConversationsManifest, examples: i
                 scan.misplaced_ids.append(conversation.id)
             scan.by_policy.setdefault(conversation.policy, PolicyCounts()).add(conversation)
     return scan
+
+
+def record_stage_verdict(
+    store: Store, stage_manifest: ConversationsManifest, check: str, failures: dict[str, str]
+) -> int:
+    """Record a check on the whole stage as its verdict on every shard of this build, so that completions refuses
+    a shard of gated conversations in any later run (`store.verdicts`). Returns the shards judged."""
+    judged = 0
+    for shard in range(stage_manifest.num_shards):
+        manifest = read_shard_conversations_manifest(store, shard)
+        if manifest is not None and manifest.build_id == stage_manifest.build_id:
+            record_verdict(store, manifest, check, failures)
+            judged += 1
+    return judged

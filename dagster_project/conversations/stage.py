@@ -10,9 +10,14 @@ For each snapshot row, in input order:
 3. **token budget** (`too_long`): the prompt of the last generated turn, rendered with the chat
    template (the source's own answers standing in for the earlier generated ones), must fit in
    `max_prompt_tokens`, counted with the real tokenizer (`budget.PromptBudget`);
-4. **id**: the source's id when present and not taken yet, else `h-` + a hash of the normalized
-   messages; if that is taken too the row is quarantined (`duplicate_id`) rather than merged;
-5. **shard** = `sharding.shard_of(id, num_shards)`; rows are buffered per shard on local disk, then every
+4. **empty answers shown** (`empty_content`): with history `source` a prompt shows the source's
+   assistant messages, so one that is empty (no text, no tool call) before a generated turn rejects the
+   row; with history `generated` (`all_turns`) the source's answers are never shown and may be empty;
+5. **id**: the source's id when present and not taken yet, else `h-` + a hash of the normalized
+   messages; if that is taken too the row is quarantined (`duplicate_id`) rather than merged. A row
+   whose own id was taken is kept under its hash id, counted (`renamed_ids` in the manifest) and marked
+   (`extra.renamed_from`);
+6. **shard** = `sharding.shard_of(id, num_shards)`; rows are buffered per shard on local disk, then every
    shard is published (data, then its manifest), then the stage manifest.
 
 **The shard count belongs to the conversations**: every later stage takes it from their manifest, and the
@@ -51,7 +56,7 @@ from dagster_project.conversations.shards import (
     read_shard_conversations_manifest,
     remove_stale_shards,
 )
-from dagster_project.conversations.turns import POLICY_HISTORY, apply_policy, request_key, turn_ends
+from dagster_project.conversations.turns import POLICY_HISTORY, apply_policy, calls_tools, request_key, turn_ends
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ingest.quarantine import Accounting, SourceCounts, quarantine_record
 from dagster_project.ingest.shards import (
@@ -61,7 +66,7 @@ from dagster_project.ingest.shards import (
     read_prompt_rows,
     read_raw_prompts_manifest,
 )
-from dagster_project.records import Conversation
+from dagster_project.records import HISTORY_SOURCE, Conversation
 from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
 from dagster_project.store.manifest import published_shards, put_object, withdraw_shards, write_stage_manifest
@@ -123,8 +128,10 @@ def supersede_downstream(
     return {**withdrawn, layout.EXPORTS: len(exports)}
 
 
-def content_id(messages: list[dict[str, Any]]) -> str:
-    return "h-" + hashlib.blake2b(orjson.dumps(messages), digest_size=8).hexdigest()
+def content_id(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    """`h-` + a hash of the normalized row (its tools too, when it has any: they are part of every prompt)."""
+    hashed = orjson.dumps(messages if tools is None else [tools, messages])
+    return "h-" + hashlib.blake2b(hashed, digest_size=8).hexdigest()
 
 
 class ConversationBuilder:
@@ -137,11 +144,13 @@ class ConversationBuilder:
         self.num_shards = num_shards
         self.accounting = Accounting()
         self.counts = PolicyCounts()
+        self.renamed_ids = 0  # rows kept under their hash id because their own id was taken
+        self.tool_calling = 0
 
     def build(self, row: PromptRow) -> Conversation | dict[str, Any]:
         """The conversation of a snapshot row, or its quarantine record."""
         messages, generate_after, history = apply_policy(row.messages, self.settings.policy)
-        hashed_id = content_id(row.messages)
+        hashed_id = content_id(row.messages, row.tools)
         provisional_id = row.source_id or hashed_id
         conversation = Conversation(
             id=provisional_id,
@@ -156,14 +165,22 @@ class ConversationBuilder:
                 **row.extra,  # the source's own annotations first: the pipeline's keys win a clash
                 "format": row.format,
                 "source_id": row.source_id,
-                "source_user_turns": len(turn_ends(row.messages)),
+                "source_user_turns": sum(row.messages[i]["role"] == "user" for i in turn_ends(row.messages)),
             },
+            tools=row.tools,
         )
         digest = digest64(request_key(conversation))
         first = self.seen.first_with_content(digest)
         if first is not None:
             return self._reject(conversation, "duplicate", f"same generation requests as {first}", duplicate_of=first)
-        tokens = self.budget.tokens_over(messages[: generate_after[-1] + 1])
+        shown_empty = _empty_shown_answer(conversation)
+        if shown_empty is not None:
+            return self._reject(
+                conversation,
+                "empty_content",
+                f"assistant message {shown_empty} is empty and history {history} shows it in a prompt",
+            )
+        tokens = self.budget.tokens_over(messages[: generate_after[-1] + 1], row.tools)
         if tokens is not None:
             return self._reject(
                 conversation, "too_long", f"prompt of {tokens} tokens > budget {self.budget.max_tokens}"
@@ -174,10 +191,14 @@ class ConversationBuilder:
                 conversation, "duplicate_id", f"ids {row.source_id!r} and {hashed_id!r} are taken by earlier rows"
             )
         conversation.id = claimed
+        if row.source_id is not None and claimed != row.source_id:
+            conversation.extra["renamed_from"] = row.source_id
+            self.renamed_ids += 1
         self.seen.add_content(digest, conversation.id)
         conversation.shard = shard_of(conversation.id, self.num_shards)
         self.accounting.keep(conversation.source)
         self.counts.add(conversation)
+        self.tool_calling += calls_tools(messages)
         return conversation
 
     def _reject(self, conversation: Conversation, reason: str, detail: str, **extra: Any) -> dict[str, Any]:
@@ -192,6 +213,16 @@ class ConversationBuilder:
             source_row=conversation.source_row,
             **extra,
         )
+
+
+def _empty_shown_answer(conversation: Conversation) -> int | None:
+    """The index of an empty source answer that a prompt of the conversation shows, if any."""
+    if conversation.history != HISTORY_SOURCE:
+        return None
+    for index, message in enumerate(conversation.messages[: conversation.generate_after[-1]]):
+        if message["role"] == "assistant" and not message["content"].strip() and not message.get("tool_calls"):
+            return index
+    return None
 
 
 def build_conversations(
@@ -242,7 +273,10 @@ def build_conversations(
     buffers.flush()
     snapshot.unlink()
     built_s = time.perf_counter() - started
-    log(f"{builder.accounting.kept} conversations, {builder.accounting.quarantined} quarantined in {built_s:.1f}s")
+    log(
+        f"{builder.accounting.kept} conversations, {builder.accounting.quarantined} quarantined, "
+        f"{builder.renamed_ids} kept under a hash id because their own id was taken, in {built_s:.1f}s"
+    )
 
     shard_manifests = publish_shards(store, buffers, policy=settings.policy, build_id=build_id, log=log)
     stale = remove_stale_shards(store, num_shards)
@@ -269,6 +303,8 @@ def build_conversations(
             by_source=_by_source(raw.by_source, accounting.by_source),
             history=POLICY_HISTORY[settings.policy],
             multi_turn=builder.counts.multi_turn,
+            renamed_ids=builder.renamed_ids,
+            tool_calling=builder.tool_calling,
             turns=builder.counts.turns,
             by_policy={settings.policy: builder.counts},
             ids_digest=hashlib.sha256("".join(m.ids_digest for m in shard_manifests).encode()).hexdigest(),
@@ -301,6 +337,9 @@ def _by_source(ingested: dict[str, SourceCounts], built: dict[str, SourceCounts]
     for name in sorted(set(ingested) | set(built)):
         read, kept = ingested.get(name, SourceCounts()), built.get(name, SourceCounts())
         totals[name] = SourceTotals(
-            input_rows=read.rows, conversations=kept.kept, quarantined=read.quarantined + kept.quarantined
+            input_rows=read.rows,
+            conversations=kept.kept,
+            quarantined=read.quarantined + kept.quarantined,
+            quarantined_by_reason=dict(sorted((Counter(read.by_reason) + Counter(kept.by_reason)).items())),
         )
     return totals

@@ -4,10 +4,12 @@ Conversations are nested, so they are validated as three flat tables:
 
 * `conversations` (one row per conversation): id present and unique, known policy and history,
   at least one generated turn, stored in the shard its id hashes to;
-* `messages` (one row per message): role in system/user/assistant, non-blank content, and a legal
-  predecessor for each role (system only first, the first turn a user message, no orphan answers);
-* `turns` (one row per generated turn): it follows a user message that ends a user run (the next
-  message is an assistant answer or the end), and turns are in increasing message order.
+* `messages` (one row per message): role in system/user/assistant/tool, non-blank content wherever a
+  prompt shows it (an assistant message counts its tool calls; the source's answers that history
+  `generated` never shows are not checked), and a legal predecessor for each role (system only first, the
+  first turn a user message, a tool result after a call or another result);
+* `turns` (one row per generated turn): it follows a user or tool-result message that ends its run (the
+  next message is an assistant answer or the end), and turns are in increasing message order.
 
 The tables are built a chunk of whole shards at a time, so memory is bounded by the chunk. Ids hash to
 one shard each, so a duplicate id always sits inside one chunk and per-chunk uniqueness is global.
@@ -35,6 +37,10 @@ ALLOWED_ROLE_PAIRS = [
     ("assistant", "user"),
     ("user", "assistant"),
     ("assistant", "assistant"),
+    ("assistant", "tool"),
+    ("tool", "tool"),
+    ("tool", "assistant"),
+    ("tool", "user"),
 ]
 _EXAMPLES = 5
 CHUNK_ROWS = 100_000
@@ -62,11 +68,21 @@ def _suite_specs(gxe: Any) -> dict[str, list[Any]]:
             gxe.ExpectCompoundColumnsToBeUnique(column_list=["conversation_id", "index"]),
         ],
         "turns": [
-            gxe.ExpectColumnValuesToBeInSet(column="role", value_set=["user"]),
+            gxe.ExpectColumnValuesToBeInSet(column="role", value_set=["user", "tool"]),
             gxe.ExpectColumnValuesToBeInSet(column="next_role", value_set=["assistant", END]),
             gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="message_index", column_B="previous_message_index"),
         ],
     }
+
+
+def _visible_chars(message: dict[str, Any], history: str) -> int | None:
+    """What a prompt shows of the message; None (not checked) for a source answer no prompt shows."""
+    if message.get("role") == "assistant" and history == HISTORY_GENERATED:
+        return None
+    content = message.get("content")
+    if not isinstance(content, str):
+        return -1
+    return len(content.strip()) + len(message.get("tool_calls") or ())
 
 
 def frames(conversations: Iterable[Conversation], num_shards: int) -> dict[str, Any]:
@@ -88,14 +104,13 @@ def frames(conversations: Iterable[Conversation], num_shards: int) -> dict[str, 
         )
         roles = [m.get("role") for m in c.messages]
         for index, message in enumerate(c.messages):
-            content = message.get("content")
             rows["messages"].append(
                 {
                     "conversation_id": c.id,
                     "index": index,
                     "role": roles[index],
                     "previous_role": roles[index - 1] if index else START,
-                    "visible_chars": len(content.strip()) if isinstance(content, str) else -1,
+                    "visible_chars": _visible_chars(message, c.history),
                 }
             )
         previous = -1

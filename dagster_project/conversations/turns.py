@@ -1,16 +1,30 @@
 """Multi-turn policies: which assistant turns are generated, and on which history.
 
-A turn is a reply to a user message; a run of consecutive user messages gets one reply, after its
-last message. `generate_after` lists the indices of those user messages, in order.
+A turn is a reply to a user message or to tool results; a run of consecutive user (or tool-result)
+messages gets one reply, after its last message. `generate_after` lists the indices of those messages,
+in order.
 
 * `all_turns` (default): every turn is generated, in order, on the model's own earlier answers
   (history `generated`). The source's assistant messages stay in `messages` as a reference, but a
-  prompt never shows them: each is replaced by the generated answer of the turn it belongs to.
+  prompt never shows them: each is replaced by the generated answer of the turn it belongs to (so an
+  empty source answer is no obstacle).
 * `last_turn`: only the last user message's reply, with the source's assistant messages as context
   (history `source`).
 * `first_turn`: only the reply to the first user turn (system prompt + first user message(s)).
-* `user_only` (how the first dataset was built): assistant messages are removed from `messages`;
-  system + user messages are kept and one reply is generated after the last user message.
+* `user_only` (how the first dataset was built): assistant messages (and tool results) are removed from
+  `messages`; system + user messages are kept and one reply is generated after the last user message.
+
+**Tool-calling conversations** (an assistant tool call or a tool result anywhere) always use history
+`source`: a recorded tool result answers the recorded call, so every prompt shows the recorded calls and
+results before it, and every assistant turn (a call, or the answer to a result) is regenerated on that
+recorded context. The model's own output, whether it calls a tool or answers, is what the training row
+stores, token for token. Tool definitions are rendered by the chat template in every prompt.
+
+**Reasoning in the source** (`reasoning_content`, split from a leading `<think>` block at ingest) is
+passed with the source's assistant messages wherever history `source` shows them, and the chat template
+decides what is rendered: nothing for answers before the last user message, the reasoning for a tool-loop
+step after it, everything with `preserve_thinking`. With history `generated` the model's own reasoning
+takes its place.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ POLICY_HISTORY = {
     "first_turn": HISTORY_GENERATED,
     "user_only": HISTORY_GENERATED,
 }
+_ASKING_ROLES = ("user", "tool")
 
 
 def apply_policy(messages: list[dict[str, Any]], policy: str) -> tuple[list[dict[str, Any]], list[int], str]:
@@ -35,37 +50,55 @@ def apply_policy(messages: list[dict[str, Any]], policy: str) -> tuple[list[dict
     if policy not in POLICIES:
         raise ValueError(f"unknown multi-turn policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if policy == "user_only":
-        messages = [m for m in messages if m["role"] != "assistant"]
+        messages = [m for m in messages if m["role"] in ("system", "user")]
     ends = turn_ends(messages)
     if not ends:
         raise ValueError("a conversation needs a user message")
     generate_after = ends if policy == "all_turns" else ends[:1] if policy == "first_turn" else ends[-1:]
-    return messages, generate_after, POLICY_HISTORY[policy]
+    history = HISTORY_SOURCE if calls_tools(messages) else POLICY_HISTORY[policy]
+    return messages, generate_after, history
+
+
+def calls_tools(messages: list[dict[str, Any]]) -> bool:
+    """Whether the conversation calls a tool (defining tools alone does not count)."""
+    return any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
 
 
 def turn_ends(messages: list[dict[str, Any]]) -> list[int]:
-    """Indices of user messages that end a run of user messages: one per user turn."""
+    """Indices of user or tool-result messages that end their run: one per assistant turn."""
     return [
         index
         for index, message in enumerate(messages)
-        if message["role"] == "user" and (index + 1 == len(messages) or messages[index + 1]["role"] != "user")
+        if message["role"] in _ASKING_ROLES
+        and (index + 1 == len(messages) or messages[index + 1]["role"] == "assistant")
     ]
 
 
 def request_key(conversation: Conversation) -> bytes:
     """What the conversation's generation requests depend on: equal keys, identical requests.
 
-    The messages up to the last generated turn; with history `generated` the source's assistant
-    contents are never shown to the model, so only their position counts.
+    The tools and the messages up to the last generated turn; with history `generated` the source's
+    assistant contents are never shown to the model, so only their position counts.
     """
     upto = conversation.generate_after[-1] + 1
-    hide_answers = conversation.history == HISTORY_GENERATED
-    return orjson.dumps(
-        [
-            [m["role"], "" if hide_answers and m["role"] == "assistant" else m["content"]]
-            for m in conversation.messages[:upto]
-        ]
-    )
+    if conversation.history == HISTORY_GENERATED:
+        shown = [[m["role"], "" if m["role"] == "assistant" else m["content"]] for m in conversation.messages[:upto]]
+    else:
+        shown = [_source_message(m) for m in conversation.messages[:upto]]
+    return orjson.dumps([conversation.tools, shown])
+
+
+def source_messages(conversation: Conversation, upto: int) -> list[dict[str, Any]]:
+    """The recorded messages before index `upto`, as a prompt with history `source` shows them."""
+    return [_source_message(m) for m in conversation.messages[:upto]]
+
+
+def _source_message(message: dict[str, Any]) -> dict[str, Any]:
+    shown = {"role": message["role"], "content": message["content"]}
+    for key in ("tool_calls", "reasoning_content"):
+        if message.get(key) is not None:
+            shown[key] = message[key]
+    return shown
 
 
 def prompt_messages(conversation: Conversation, turn: int, generated: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -74,14 +107,14 @@ def prompt_messages(conversation: Conversation, turn: int, generated: list[dict[
     `generated[k]` is `{"content": visible answer, "reasoning_content": reasoning}` of turn k. With
     history `generated`, every run of source assistant messages after turn k's user message is replaced
     by `generated[k]`; `reasoning_content` is passed on so `preserve_thinking=True` renders it (the
-    template drops it otherwise).
+    template drops it otherwise). With history `source`, `generated` is not used.
     """
     if not 0 <= turn < conversation.num_turns:
         raise ValueError(f"{conversation.id}: turn {turn} out of range (it has {conversation.num_turns})")
     upto = conversation.generate_after[turn]
-    context = conversation.messages[: upto + 1]
     if conversation.history == HISTORY_SOURCE:
-        return [{"role": m["role"], "content": m["content"]} for m in context]
+        return source_messages(conversation, upto + 1)
+    context = conversation.messages[: upto + 1]
     if len(generated) < turn:
         raise ValueError(
             f"{conversation.id}: turn {turn} needs the {turn} earlier generated answers, got {len(generated)}"

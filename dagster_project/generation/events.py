@@ -20,11 +20,17 @@ from dagster_project.generation.heartbeat import ShardReporter
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.progress import Heartbeat, ShardProgress
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.records import STATUS_ERROR, STATUS_OK, Conversation, empty_completion_row
+from dagster_project.records import HISTORY_GENERATED, STATUS_ERROR, STATUS_OK, Conversation, empty_completion_row
 from dagster_project.tokenizer import SpecialIds, render_prompt_ids, special_ids
 
 PREVIOUS_TURN_FAILED = "previous_turn_failed"
 PREVIOUS_TURN_INCOMPLETE = "previous_turn_incomplete"
+
+
+def _needs_own_history(conversation: Conversation) -> bool:
+    """Whether a turn's prompt holds the model's earlier answers (history `generated`), so a turn can only be
+    asked once the one before it finished; with history `source` every prompt is the recorded context."""
+    return conversation.history == HISTORY_GENERATED
 
 
 @dataclass
@@ -72,7 +78,7 @@ class ShardGeneration:
             entry = self.journal.entries.get(conversation.event_id(turn))
             if entry is None or not entry.final:
                 return self._request(conversation, turn)
-            if entry.status != STATUS_OK or entry.history_message is None:
+            if _needs_own_history(conversation) and (entry.status != STATUS_OK or entry.history_message is None):
                 self._end_remaining(conversation, turn, entry.status, entry.finish_reason, entry.retryable)
                 return None
         return None
@@ -84,6 +90,7 @@ class ShardGeneration:
             messages,
             enable_thinking=self.settings.enable_thinking,
             preserve_thinking=self.settings.preserve_thinking,
+            tools=conversation.tools,
         )
         return GenRequest(
             key=conversation.event_id(turn),
@@ -175,7 +182,7 @@ class ShardGeneration:
             spec_num_proposed_drafts=meta.get("spec_num_proposed_drafts"),
             e2e_latency_s=meta.get("e2e_latency"),
         )
-        if pending.turn + 1 < pending.conversation.num_turns:
+        if pending.turn + 1 < pending.conversation.num_turns and _needs_own_history(pending.conversation):
             row["history_message"] = self._history_message(result.output_ids, row["finish_reason"])
         return row
 
@@ -210,7 +217,7 @@ class ShardGeneration:
         conversation, next_turn = pending.conversation, pending.turn + 1
         if next_turn >= conversation.num_turns:
             return []
-        if row["status"] != STATUS_OK or row["history_message"] is None:
+        if _needs_own_history(conversation) and (row["status"] != STATUS_OK or row["history_message"] is None):
             self._end_remaining(conversation, pending.turn, row["status"], row["finish_reason"], row["retryable"])
             return []
         return [self._request(conversation, next_turn)]

@@ -36,6 +36,7 @@ from dagster_project.store.layout import COMPLETIONS, lease_key, shard_prefix
 from dagster_project.store.lease import LeaseOptions, take_lease
 from dagster_project.store.manifest import ids_digest, publish_shard
 from dagster_project.store.storage import Store
+from dagster_project.store.verdicts import describe_failures, failed_gates
 
 ROWS_PER_GROUP = 256
 PARQUET_NAME = "completions.parquet"
@@ -89,6 +90,10 @@ def write_completions_parquet(journal: Journal, path: Path, planned: set[str] | 
     return written
 
 
+class ConversationsGated(RuntimeError):
+    """The conversations shard failed a blocking gate: no generation from it unless the operator overrides it."""
+
+
 def generate_shard(
     store: Store,
     shard: int,
@@ -102,12 +107,25 @@ def generate_shard(
     log: Callable[[str], None] = lambda message: None,
     run_id: str | None = None,
     lease: LeaseOptions = LeaseOptions(),
+    override_failed_gates: bool = False,
 ) -> CompletionsShardManifest:
     """Generate and publish `completions/shard=NNNNN/`; return its manifest. `run_id`: the Dagster run, named
-    in the shard's lease and heartbeats."""
+    in the shard's lease and heartbeats.
+
+    Refuses a conversations shard that failed a blocking conversations check (their verdicts on this build),
+    naming the gate, unless `override_failed_gates`."""
     conversations_manifest = read_shard_conversations_manifest(store, shard)
     if conversations_manifest is None:
         raise RuntimeError(f"conversations shard {shard} is not published: materialize `conversations` first")
+    gated = failed_gates(store, conversations_manifest)  # what the conversations checks recorded on this build
+    if gated and not override_failed_gates:
+        raise ConversationsGated(
+            f"conversations shard {shard} failed blocking gates: {describe_failures(gated)}. Fix the cause and "
+            "re-materialize conversations; or, having looked at them, set override_failed_gates: true in "
+            "completions' config to generate from them anyway"
+        )
+    if gated:
+        log(f"generating from gated conversations (override_failed_gates): {describe_failures(gated)}")
     conversations = list(read_conversations(store, shard))
     fingerprint = settings.fingerprint()
     policies = {c.policy for c in conversations}

@@ -1,48 +1,79 @@
-"""Row formats of prompt datasets, and their normalization to `[{role, content}]` messages.
+"""Row formats of prompt datasets, and their normalization to chat messages.
 
-Formats (detected per file from its first rows, or forced with an override):
+Formats (detected per file from its first rows, or set per source or for the whole run):
 
 * `sharegpt`: `conversations: [{from, value}]`; roles human/gpt/system and the odd ones
-  (chatgpt, bing, bard, model, prompter); an optional top-level `system`.
+  (chatgpt, bing, bard, model, prompter), LLaMA-Factory's `function_call` (an assistant tool call, its
+  value the JSON of `{name, arguments}` or a list of them) and `observation` (a tool result); an optional
+  top-level `system` and `tools`.
 * `openai`: `messages: [{role, content}]` (also lmsys' `conversation`); content a string or a list of
-  parts (`{"type": "text", "text": ...}`); `developer` is a system role.
+  parts; `developer` is a system role; assistant `tool_calls` (or the legacy `function_call`),
+  `tool`/`function` results, an optional top-level `tools` (or `functions`).
 * `alpaca`: `instruction`, `input`, `output`, and LLaMA-Factory's optional `system` and
   `history: [[query, answer], ...]`. The user message is `instruction`, plus `"\n\n" + input` only when
   input is non-empty (SpecForge's convention).
 * `prompt`: a plain `prompt` (or `question`, `query`) column; a list there is read as messages
   (TRL's conversational prompts).
+* `text`: rows of plain text (`{"text": ...}`, a pre-training corpus): not conversations, every row is
+  quarantined (`not_a_conversation`) unless the source maps the text field as the prompt
+  (`NAME@prompt:text=URI`, see `sources`).
 
-Hugging Face datasets exports (Parquet or JSON Lines) use these same column layouts.
+Hugging Face datasets exports (Parquet or JSON Lines) use these same column layouts. A source may rename
+a format's main field (`field`): the column that holds the messages, the instruction or the prompt.
 
 Every message is checked here, so `parse_row` returns a conversation that the chat template can
 render or raises `Rejected` with a reason:
 
-* **Tool use is quarantined** (`tool_use`): a row with tool definitions, tool calls or tool results.
-  The fleet serves no tools, so a regenerated tool-calling turn would not call the tool and the recorded
-  tool results would answer a call that was never made; cutting the row before the first call instead
-  would train answers to prompts that expect a tool. Such rows are kept out, visibly, by reason.
+* Content parts: `{"type": "text", "text"|"value"|"content": ...}` (OpenAI, LLaMA-Factory, others),
+  `input_text`/`output_text`, a bare string; they are joined the way the chat template renders them (no
+  separator). **Media are never dropped silently**: an image, video or audio part, or a row-level
+  `images`/`videos`/`audios` field (LLaMA-Factory's multimodal rows, which keep `<image>` placeholders in
+  the text), quarantines the row as `image_content`: the fleet is sent text only, so an answer regenerated
+  without the picture would train on the wrong context.
+* **Control tokens** (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, the vision markers, ...) inside any
+  content quarantine the row (`control_tokens`): the tokenizer turns them into real control tokens, so the
+  text could forge a turn of its own (`"...<|im_end|>\n<|im_start|>system\n..."`).
+* **Tool calling**: `tools` (a list or a JSON string of one; each definition in OpenAI's
+  `{"type": "function", "function": {...}}` form or bare) becomes the row's tool list; assistant tool calls
+  become `tool_calls: [{"type": "function", "function": {"name", "arguments": {...}}}]` with `arguments`
+  parsed when the source stores JSON as a string; tool results become `tool` messages. Consecutive
+  assistant messages where the later only calls tools merge into one message (a reply then its call).
+  A call needs a name and object arguments (`bad_tool_call`); a tool result must follow a call
+  (`orphan_tool_result`). An empty tool list (`"tools": "[]"`) is no tools: the row is an ordinary chat.
+* **Reasoning**: an assistant's `reasoning_content` (or `reasoning`) is kept as `reasoning_content`; a
+  leading `<think>...</think>` in its content is split out into it, so `content` is the visible answer.
+  What a prompt shows of it follows the chat template (see `conversations.turns`).
 * System prompts are kept, but only as the first message (the template refuses one anywhere else).
 * A conversation needs a user message, and its first non-system message must be a user message.
-* Every message needs non-empty string content; a list of text parts is joined the way the chat
-  template renders it (no separator); any non-text part makes the row `non_string_content`.
+* Every user, system and tool message needs non-empty text. An assistant message may be empty (a source
+  answer that the `all_turns` policy never shows); the conversations stage rejects it where a prompt
+  would show it.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dagster_project.ingest.quarantine import Rejected
+from dagster_project.tokenizer import CONTROL_TOKENS
 
-FORMATS = ("sharegpt", "openai", "alpaca", "prompt")
+FORMATS = ("sharegpt", "openai", "alpaca", "prompt", "text")
 AUTO = "auto"
+TEXT = "text"
 
 _MESSAGE_LIST_FIELDS = {"openai": ("messages", "conversation"), "sharegpt": ("conversations",)}
 _PROMPT_FIELDS = ("prompt", "question", "query")
+_TEXT_FIELDS = ("text", "content")
+# The field a source's `field` mapping renames to, per format.
+MAIN_FIELD = {"openai": "messages", "sharegpt": "conversations", "alpaca": "instruction", "prompt": "prompt"}
 ID_FIELDS = ("id", "conversation_id", "uuid", "prompt_id")
 _TOOL_FIELDS = ("tools", "functions")
+_MEDIA_FIELDS = ("images", "image", "videos", "video", "audios", "audio")
 _ROLE_ALIASES = {
     "system": "system",
     "developer": "system",
@@ -55,11 +86,20 @@ _ROLE_ALIASES = {
     "bing": "assistant",
     "bard": "assistant",
     "model": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+    "ipython": "tool",
+    "tool_response": "tool",
+    "function_response": "tool",
 }
-_TOOL_ROLES = frozenset(
-    {"tool", "function", "function_call", "function_response", "ipython", "observation", "tool_call", "tool_response"}
-)
+# Roles whose message *is* a tool call (LLaMA-Factory's ShareGPT), its content the call's JSON.
+_CALL_ROLES = frozenset({"function_call", "tool_call"})
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+_TEXT_PART_KEYS = ("text", "value", "content")
+_MEDIA_PART_KEYS = ("image", "image_url", "input_image", "video", "video_url", "audio", "input_audio", "audio_url")
+_CONTROL_TOKEN = re.compile("|".join(re.escape(token) for token in CONTROL_TOKENS))
+_LEADING_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
 _EXTRA_MAX_FIELDS = 16
 _EXTRA_MAX_CHARS = 256
 _INT64 = (-(2**63), 2**63 - 1)
@@ -67,10 +107,12 @@ _INT64 = (-(2**63), 2**63 - 1)
 
 @dataclass
 class ParsedRow:
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     source_id: str | None = None
     # Small scalar fields of the row worth keeping for analysis (category, label, ...).
     extra: dict[str, Any] = field(default_factory=dict)
+    # Tool definitions in OpenAI's form; None when the row defines none.
+    tools: list[dict[str, Any]] | None = None
 
 
 def format_of(value: Any) -> str | None:
@@ -84,6 +126,8 @@ def format_of(value: Any) -> str | None:
         return "alpaca"
     if any(value.get(key) is not None for key in _PROMPT_FIELDS):
         return "prompt"
+    if any(isinstance(value.get(key), str) for key in _TEXT_FIELDS):
+        return TEXT
     return None
 
 
@@ -93,13 +137,25 @@ def detect_format(sample: Iterable[Any]) -> str | None:
     return counts.most_common(1)[0][0] if counts else None
 
 
-def parse_row(value: Any, fmt: str) -> ParsedRow:
-    """Normalize one row of format `fmt`; raises `Rejected` when a rule is broken."""
+def parse_row(value: Any, fmt: str, field_name: str | None = None) -> ParsedRow:
+    """Normalize one row of format `fmt`; raises `Rejected` when a rule is broken.
+
+    `field_name`: the source's own name for the format's main field (`MAIN_FIELD`)."""
     if not isinstance(value, dict):
         raise Rejected("unrecognized_format", f"expected a JSON object, got {type(value).__name__}")
+    if field_name and fmt in MAIN_FIELD:
+        if value.get(field_name) is None:
+            raise Rejected("unrecognized_format", f"no {field_name!r} field (mapped as {fmt}'s {MAIN_FIELD[fmt]!r})")
+        value = {key: item for key, item in value.items() if key != field_name} | {MAIN_FIELD[fmt]: value[field_name]}
+    if fmt == TEXT:
+        raise Rejected(
+            "not_a_conversation",
+            "a plain-text row, not a conversation; to generate from it, map its field as the prompt "
+            "(source spec NAME@prompt:FIELD=URI)",
+        )
     if not _has_fields_of(value, fmt):
         raise Rejected("unrecognized_format", f"no {fmt} field ({_expected_fields(fmt)}); keys: {sorted(value)[:12]}")
-    _reject_tool_use(value, fmt)
+    _reject_media_fields(value)
     if fmt == "alpaca":
         messages = _alpaca_messages(value)
     elif fmt == "prompt":
@@ -107,10 +163,15 @@ def parse_row(value: Any, fmt: str) -> ParsedRow:
     else:
         messages = _system_field(value) + _message_list(_first_present(value, _MESSAGE_LIST_FIELDS[fmt]))
     check_structure(messages)
-    return ParsedRow(messages, source_id(value), _extra_fields(value, fmt))
+    _reject_control_tokens(messages)
+    tools = _tools(value)
+    found = _CONTROL_TOKEN.search(json.dumps(tools, ensure_ascii=False)) if tools else None
+    if found:
+        raise Rejected("control_tokens", f"a tool definition holds the control token {found.group()!r}")
+    return ParsedRow(messages, source_id(value), _extra_fields(value, fmt), tools)
 
 
-def check_structure(messages: list[dict[str, str]]) -> None:
+def check_structure(messages: list[dict[str, Any]]) -> None:
     """Turn-order rules on canonical messages."""
     roles = [m["role"] for m in messages]
     if "user" not in roles:
@@ -118,8 +179,14 @@ def check_structure(messages: list[dict[str, str]]) -> None:
     if "system" in roles[1:]:
         raise Rejected("misplaced_system", f"system message at index {roles.index('system', 1)}")
     first_turn = roles[1] if roles[0] == "system" else roles[0]
-    if first_turn == "assistant":
-        raise Rejected("starts_with_assistant", "the first message after the system prompt is an assistant message")
+    if first_turn != "user":
+        raise Rejected("starts_with_assistant", f"the first message after the system prompt is a {first_turn} message")
+    for index, message in enumerate(messages):
+        if message["role"] != "tool":
+            continue
+        before = messages[index - 1] if index else {"role": None}
+        if before["role"] != "tool" and not before.get("tool_calls"):
+            raise Rejected("orphan_tool_result", f"message {index} is a tool result that follows no tool call")
 
 
 def _has_fields_of(value: dict[str, Any], fmt: str) -> bool:
@@ -138,55 +205,138 @@ def _first_present(value: dict[str, Any], keys: tuple[str, ...]) -> Any:
     return next(value[key] for key in keys if value.get(key) is not None)
 
 
-def _reject_tool_use(value: dict[str, Any], fmt: str) -> None:
-    for key in _TOOL_FIELDS:
+def _reject_media_fields(value: dict[str, Any]) -> None:
+    for key in _MEDIA_FIELDS:
         if value.get(key):
-            raise Rejected("tool_use", f"the row defines tools ({key!r})")
-    for index, item in enumerate(_message_items(value, fmt)):
-        if not isinstance(item, dict):
-            continue
-        role = item.get("role", item.get("from"))
-        if isinstance(role, str) and role.strip().lower() in _TOOL_ROLES:
-            raise Rejected("tool_use", f"message {index} has tool role {role!r}")
-        if item.get("tool_calls") or item.get("function_call"):
-            raise Rejected("tool_use", f"message {index} calls a tool")
+            raise Rejected("image_content", f"the row carries media ({key!r}); only text is sent to the fleet")
 
 
-def _message_items(value: dict[str, Any], fmt: str) -> list[Any]:
-    keys = _MESSAGE_LIST_FIELDS.get(fmt) or (_PROMPT_FIELDS if fmt == "prompt" else ())
-    found = next((value[key] for key in keys if value.get(key) is not None), None)
-    return found if isinstance(found, list) else []
+def _reject_control_tokens(messages: list[dict[str, Any]]) -> None:
+    for index, message in enumerate(messages):
+        for key in ("content", "reasoning_content"):
+            found = _CONTROL_TOKEN.search(message.get(key) or "")
+            if found:
+                raise Rejected(
+                    "control_tokens",
+                    f"message {index} ({message['role']}) {key} holds the control token {found.group()!r}, "
+                    "which would render as a real turn marker",
+                )
+        for call in message.get("tool_calls") or ():
+            found = _CONTROL_TOKEN.search(json.dumps(call["function"], ensure_ascii=False))
+            if found:
+                raise Rejected("control_tokens", f"message {index} has a tool call holding {found.group()!r}")
 
 
-def _message_list(items: Any) -> list[dict[str, str]]:
+def _parsed_json(value: Any, what: str, reason: str) -> Any:
+    """`value`, or what it encodes when the source stores JSON as a string."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise Rejected(reason, f"{what} is a string that is not valid JSON ({exc})") from exc
+
+
+def _tools(value: dict[str, Any]) -> list[dict[str, Any]] | None:
+    key = next((key for key in _TOOL_FIELDS if value.get(key) is not None), None)
+    if key is None:
+        return None
+    tools = _parsed_json(value[key], f"{key!r}", "bad_tool_definition")
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise Rejected("bad_tool_definition", f"{key!r} is not a list of tool objects")
+    wrapped = [tool if tool.get("type") == "function" and "function" in tool else _wrap(tool) for tool in tools]
+    for index, tool in enumerate(wrapped):
+        if not isinstance(tool["function"], dict) or not isinstance(tool["function"].get("name"), str):
+            raise Rejected("bad_tool_definition", f"tool {index} of {key!r} has no name")
+    return wrapped or None
+
+
+def _wrap(tool: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": tool}
+
+
+def _message_list(items: Any) -> list[dict[str, Any]]:
     if not isinstance(items, list):
         raise Rejected("unrecognized_format", f"expected a list of messages, got {type(items).__name__}")
-    messages = []
+    messages: list[dict[str, Any]] = []
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise Rejected("unrecognized_format", f"message {index} is a {type(item).__name__}, not an object")
-        role = _canonical_role(item.get("role", item.get("from")), index)
-        content = item["content"] if "content" in item else item.get("value")
-        messages.append({"role": role, "content": flatten_content(content, f"message {index} ({role})")})
+        message = _message(item, index)
+        previous = messages[-1] if messages else None
+        only_calls = message.get("tool_calls") and not message["content"].strip()
+        if only_calls and previous is not None and previous["role"] == "assistant":
+            # A reply then its call, or parallel calls written one per message, are one assistant turn.
+            previous["tool_calls"] = previous.get("tool_calls", []) + message["tool_calls"]
+            if message.get("reasoning_content") and not previous.get("reasoning_content"):
+                previous["reasoning_content"] = message["reasoning_content"]
+        else:
+            messages.append(message)
     return messages
 
 
-def _canonical_role(role: Any, index: int) -> str:
-    canonical = _ROLE_ALIASES.get(role.strip().lower()) if isinstance(role, str) else None
-    if canonical is None:
-        raise Rejected("unknown_role", f"message {index} has role {role!r}")
-    return canonical
+def _message(item: dict[str, Any], index: int) -> dict[str, Any]:
+    raw_role = item.get("role", item.get("from"))
+    role_name = raw_role.strip().lower() if isinstance(raw_role, str) else None
+    content = item["content"] if "content" in item else item.get("value")
+    where = f"message {index} ({role_name})"
+    if role_name in _CALL_ROLES:
+        # Reasoning datasets write the thought before the call's JSON: `<think>...</think>{"name": ...}`.
+        inline = _LEADING_THINK.match(content) if isinstance(content, str) else None
+        calls = _parsed_json(content[inline.end() :] if inline else content, f"{where} call", "bad_tool_call")
+        call_message = {"role": "assistant", "content": "", "tool_calls": _tool_calls(calls, where)}
+        return call_message | ({"reasoning_content": inline.group(1).strip()} if inline else {})
+    role = _ROLE_ALIASES.get(role_name or "")
+    if role is None:
+        raise Rejected("unknown_role", f"message {index} has role {raw_role!r}")
+    if role != "assistant":
+        return {"role": role, "content": flatten_content(content, where)}
+    message: dict[str, Any] = {"role": "assistant", "content": flatten_content(content, where, allow_empty=True)}
+    reasoning = item.get("reasoning_content", item.get("reasoning"))
+    inline = _LEADING_THINK.match(message["content"])
+    if inline:
+        reasoning = inline.group(1) if reasoning is None else reasoning
+        message["content"] = message["content"][inline.end() :]
+    if reasoning is not None:
+        if not isinstance(reasoning, str):
+            raise Rejected("non_string_content", f"{where} has {type(reasoning).__name__} reasoning")
+        message["reasoning_content"] = reasoning.strip()
+    calls = item.get("tool_calls") or ([item["function_call"]] if item.get("function_call") else None)
+    if calls:
+        message["tool_calls"] = _tool_calls(calls, where)
+    return message
 
 
-def flatten_content(content: Any, where: str) -> str:
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """Calls in the chat template's form: `{"type": "function", "function": {"name", "arguments": {...}}}`."""
+    calls = calls if isinstance(calls, list) else [calls]
+    normalized = []
+    for number, call in enumerate(calls):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise Rejected("bad_tool_call", f"{where} call {number} has no function name")
+        arguments = _parsed_json(function.get("arguments", {}), f"{where} call {number} arguments", "bad_tool_call")
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            raise Rejected("bad_tool_call", f"{where} call {number} arguments are a {type(arguments).__name__}")
+        normalized.append({"type": "function", "function": {"name": function["name"], "arguments": arguments}})
+    if not normalized:
+        raise Rejected("bad_tool_call", f"{where} has an empty list of calls")
+    return normalized
+
+
+def flatten_content(content: Any, where: str, *, allow_empty: bool = False) -> str:
     """Message content as text: a string, or a list of text parts joined as the chat template does."""
     if isinstance(content, list):
         content = "".join(_text_of_part(part, where) for part in content)
+    if content is None and allow_empty:
+        return ""
     if content is None:
         raise Rejected("empty_content", f"{where} has no content")
     if not isinstance(content, str):
         raise Rejected("non_string_content", f"{where} has {type(content).__name__} content")
-    if not content.strip():
+    if not content.strip() and not allow_empty:
         raise Rejected("empty_content", f"{where} is empty or whitespace only")
     return content
 
@@ -194,20 +344,26 @@ def flatten_content(content: Any, where: str) -> str:
 def _text_of_part(part: Any, where: str) -> str:
     if isinstance(part, str):
         return part
-    if isinstance(part, dict) and part.get("type", "text") in _TEXT_PART_TYPES and isinstance(part.get("text"), str):
-        return part["text"]
-    kind = part.get("type", sorted(part)) if isinstance(part, dict) else type(part).__name__
-    raise Rejected("non_string_content", f"{where} has a non-text part ({kind})")
+    if not isinstance(part, dict):
+        raise Rejected("non_string_content", f"{where} has a {type(part).__name__} part")
+    kind = part.get("type")
+    if kind in _MEDIA_PART_KEYS or (kind is None and any(key in part for key in _MEDIA_PART_KEYS)):
+        raise Rejected("image_content", f"{where} has a {kind or 'media'} part; only text is sent to the fleet")
+    if kind is None or kind in _TEXT_PART_TYPES:
+        text = next((part[key] for key in _TEXT_PART_KEYS if isinstance(part.get(key), str)), None)
+        if text is not None:
+            return text
+    raise Rejected("non_string_content", f"{where} has a part that is not text (type {kind!r}, keys {sorted(part)})")
 
 
-def _system_field(value: dict[str, Any]) -> list[dict[str, str]]:
+def _system_field(value: dict[str, Any]) -> list[dict[str, Any]]:
     system = value.get("system")
     if system is None or (isinstance(system, str) and not system.strip()):
         return []
     return [{"role": "system", "content": flatten_content(system, "system field")}]
 
 
-def _alpaca_messages(value: dict[str, Any]) -> list[dict[str, str]]:
+def _alpaca_messages(value: dict[str, Any]) -> list[dict[str, Any]]:
     messages = _system_field(value)
     history = value.get("history") or []
     if not isinstance(history, list):
@@ -216,7 +372,8 @@ def _alpaca_messages(value: dict[str, Any]) -> list[dict[str, str]]:
         if not isinstance(pair, list) or len(pair) != 2:
             raise Rejected("unrecognized_format", f"history[{index}] is not a [query, answer] pair")
         messages.append({"role": "user", "content": flatten_content(pair[0], f"history[{index}] query")})
-        messages.append({"role": "assistant", "content": flatten_content(pair[1], f"history[{index}] answer")})
+        answer = flatten_content(pair[1], f"history[{index}] answer", allow_empty=True)
+        messages.append({"role": "assistant", "content": answer})
     instruction = flatten_content(value.get("instruction"), "instruction")
     extra_input = value.get("input")
     if extra_input is not None and not isinstance(extra_input, str):
@@ -230,7 +387,7 @@ def _alpaca_messages(value: dict[str, Any]) -> list[dict[str, str]]:
     return messages
 
 
-def _prompt_messages(value: dict[str, Any]) -> list[dict[str, str]]:
+def _prompt_messages(value: dict[str, Any]) -> list[dict[str, Any]]:
     prompt = _first_present(value, _PROMPT_FIELDS)
     if isinstance(prompt, list) and all(isinstance(item, dict) for item in prompt):
         return _system_field(value) + _message_list(prompt)

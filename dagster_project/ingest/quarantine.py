@@ -16,13 +16,19 @@ from typing import Any
 REASONS: dict[str, str] = {
     "invalid_utf8": "the row is not valid UTF-8 (or holds unpaired surrogates that cannot be encoded)",
     "invalid_json": "a JSON Lines row that does not parse",
+    "unreadable_file": "a whole file that cannot be split into rows (one record per file; the other files go on)",
     "unrecognized_format": "the row lacks the fields of its file's format (or is not a JSON object)",
-    "empty_content": "a message whose content is missing, empty or whitespace only",
-    "non_string_content": "message content that cannot be flattened to text (images, audio, numbers, ...)",
-    "unknown_role": "a message role that is not system/user/assistant or a known alias",
-    "tool_use": "tool definitions, tool calls or tool results (see the policy in ingest.py)",
+    "not_a_conversation": "a plain-text row (a pre-training corpus); map its field as the prompt to use it",
+    "empty_content": "a message whose content is missing, empty or whitespace only (where a prompt shows it)",
+    "non_string_content": "message content that cannot be flattened to text (numbers, objects, unknown parts)",
+    "image_content": "images, video or audio in the row: the fleet is sent text only, never the media",
+    "control_tokens": "chat control tokens (<|im_start|>, <|im_end|>, ...) in the text: they would forge turns",
+    "unknown_role": "a message role that is not system/user/assistant/tool or a known alias",
+    "bad_tool_definition": "a `tools` field that is not a list of named tool definitions (or bad JSON)",
+    "bad_tool_call": "an assistant tool call without a function name or with arguments that are not an object",
+    "orphan_tool_result": "a tool result that follows no tool call",
     "no_user_turn": "no user message at all",
-    "starts_with_assistant": "the first message after the system prompt is an assistant message",
+    "starts_with_assistant": "the first message after the system prompt is not a user message",
     "misplaced_system": "a system message after the first message (the chat template refuses it)",
     "too_long": "the prompt of the last generated turn is longer than the token budget",
     "duplicate": "the same generation requests as an earlier row (first kept)",
@@ -77,6 +83,7 @@ class SourceCounts:
     rows: int = 0
     kept: int = 0
     quarantined: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,7 +104,9 @@ class Accounting:
         self.kept += 1
 
     def reject(self, source: str, reason: str) -> None:
-        self._count_row(source).quarantined += 1
+        counts = self._count_row(source)
+        counts.quarantined += 1
+        counts.by_reason[reason] = counts.by_reason.get(reason, 0) + 1
         self.by_reason[reason] += 1
 
     def _count_row(self, source: str) -> SourceCounts:

@@ -34,6 +34,7 @@ class PromptRow:
     source_id: str | None
     messages: list[dict[str, Any]]
     extra: dict[str, Any] = field(default_factory=dict)  # the source's own fields the format does not use
+    tools: list[dict[str, Any]] | None = None  # the row's tool definitions, in OpenAI's form
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class IngestedFile:
     rows: int
     kept: int
     quarantined: int
+    note: str = ""  # why it was skipped, stopped early, or had every row quarantined
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,11 +1,20 @@
 """Source specs → the prompt files they name, local or on S3.
 
-A source spec is `URI` or `NAME=URI`. The URI is a local file, a directory (every supported file under
-it), a glob (`data/**/*.parquet`), or the same on S3 (`s3://bucket/prefix/`, `s3://bucket/dir/*.jsonl`).
-Every row records its source name, so counts per source are visible: NAME when given, else the file's
-name without its extensions (`dummy_conversation.json` → `dummy_conversation`). Name the source when
-one dataset spans many files (`nemotron_chat=s3://bucket/nemotron/chat/`). A local path with `=` before
-its first `/` must be written `./...` or absolute, so that it is not read as a name.
+A source spec is `URI`, `NAME=URI` or `NAME@FORMAT[:FIELD]=URI`. The URI is a local file, a directory
+(every supported file under it), a glob (`data/**/*.parquet`), or the same on S3 (`s3://bucket/prefix/`,
+`s3://bucket/dir/*.jsonl`). Every row records its source name, so counts per source are visible: NAME when
+given, else the file's name without its extensions (`dummy_conversation.json` → `dummy_conversation`). Name
+the source when one dataset spans many files (`nemotron_chat=s3://bucket/nemotron/chat/`). A local path
+with `=` before its first `/` must be written `./...` or absolute, so that it is not read as a name.
+
+`@FORMAT` sets the row format of this source's files (`sharegpt`, `openai`, `alpaca`, `prompt`, `text`),
+where detection guesses wrong or cannot tell; `:FIELD` names the source's own column for the format's main
+field (the messages, the instruction or the prompt), e.g. `c4@prompt:text=data/c4.jsonl` generates from a
+plain-text corpus by reading its `text` column as the prompt. Without `@`, each file's format is detected
+from its first rows (or set for the whole run by the ingest's `format` config).
+
+Files that are not data — `dataset_info.json` and the other metadata files of Hugging Face and
+LLaMA-Factory dataset folders, READMEs — are skipped with a notice (`SourceFile.skip`), never read as rows.
 
 S3 files are downloaded to the work directory one at a time (Parquet needs random access) and deleted
 after reading, so local disk holds one source file at most.
@@ -24,10 +33,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from dagster_project.ingest.formats import FORMATS
 from dagster_project.ingest.readers import COMPRESSIONS, is_supported
 
-_NAMED_SPEC = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
+_NAMED_SPEC = re.compile(r"^([A-Za-z0-9_.-]*)(?:@([A-Za-z]+)(?::([^=/]+))?)?=(.+)$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
+# Metadata that dataset folders keep beside their data (Hugging Face `datasets`, LLaMA-Factory).
+_NOT_DATA_NAMES = frozenset(
+    {"dataset_info.json", "dataset_infos.json", "dataset_dict.json", "state.json", "dataset_info.jsonl"}
+)
 
 
 class SourceError(ValueError):
@@ -35,15 +49,31 @@ class SourceError(ValueError):
 
 
 @dataclass(frozen=True)
+class SourceSpec:
+    name: str | None
+    uri: str
+    format: str | None = None  # None: detected per file
+    field: str | None = None  # the source's name for the format's main field
+
+
+@dataclass(frozen=True)
 class SourceFile:
     source: str
     uri: str  # absolute local path or s3://bucket/key
+    format: str | None = None
+    field: str | None = None
+    skip: str | None = None  # why the file is not read as data (metadata, a README)
 
 
-def parse_spec(spec: str) -> tuple[str | None, str]:
-    """(name or None, uri) of a source spec."""
+def parse_spec(spec: str) -> SourceSpec:
+    """The parts of a source spec (`URI`, `NAME=URI`, `NAME@FORMAT[:FIELD]=URI`)."""
     match = _NAMED_SPEC.match(spec.strip())
-    return (match.group(1), match.group(2)) if match else (None, spec.strip())
+    if not match or not (match.group(1) or match.group(2)):
+        return SourceSpec(None, spec.strip())
+    name, fmt, field_name, uri = match.groups()
+    if fmt is not None and fmt not in FORMATS:
+        raise SourceError(f"source {spec!r}: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    return SourceSpec(name or None, uri, fmt, field_name.strip() if field_name else None)
 
 
 def default_source_name(uri: str) -> str:
@@ -53,17 +83,34 @@ def default_source_name(uri: str) -> str:
     return Path(name).stem
 
 
+def not_data(uri: str) -> str | None:
+    """Why the file at `uri` is not a data file, or None when it is one."""
+    name = Path(urlparse(uri).path).name.lower()
+    if name in _NOT_DATA_NAMES:
+        return f"{name} is dataset metadata, not rows"
+    if name.startswith("readme"):
+        return "a README, not rows"
+    return None
+
+
 def resolve_sources(specs: list[str], s3_client: Callable[[], Any] | None = None) -> list[SourceFile]:
-    """The files of every spec, in spec order and sorted within a spec; raises SourceError if one matches nothing."""
+    """The files of every spec, in spec order and sorted within a spec; raises SourceError if one matches nothing.
+
+    Metadata files come back too, marked `skip`, so the ingest can say what it left out."""
     if not specs:
         raise SourceError("no prompt sources given")
     files = []
     for spec in specs:
-        name, uri = parse_spec(spec)
-        uris = _s3_files(uri, s3_client) if uri.startswith("s3://") else _local_files(uri)
+        parsed = parse_spec(spec)
+        uris = _s3_files(parsed.uri, s3_client) if parsed.uri.startswith("s3://") else _local_files(parsed.uri)
         if not uris:
             raise SourceError(f"source {spec!r} matched no .json/.jsonl/.parquet file")
-        files.extend(SourceFile(name or default_source_name(found), found) for found in uris)
+        files.extend(
+            SourceFile(
+                parsed.name or default_source_name(found), found, parsed.format, parsed.field, skip=not_data(found)
+            )
+            for found in uris
+        )
     return files
 
 

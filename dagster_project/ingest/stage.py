@@ -1,11 +1,17 @@
 """Stage 1 (`raw_prompts`): read every source row, normalize it to messages, or quarantine it.
 
-Rows are streamed from each file (see `readers`), the file's format is detected from its first rows
-(or forced), and each row becomes either a snapshot record (normalized messages + provenance) or a
-quarantine record with a reason code (`quarantine.REASONS`). The rules of this stage depend on the row
-alone (`formats.parse_row`); those that depend on the multi-turn policy or on other rows (token
-budget, duplicates, ids) belong to stage 2 (`prepare`), which reads this snapshot, so changing the
-policy never re-reads the sources.
+Rows are streamed from each file (see `readers`). **The format is decided per file**: the source's own
+(`NAME@FORMAT=URI`), else the run's `format` config when it is not `auto`, else detected from the file's
+first rows, so one folder may mix ShareGPT, OpenAI and Alpaca files. Each row becomes either a snapshot
+record (normalized messages + provenance) or a quarantine record with a reason code
+(`quarantine.REASONS`). The rules of this stage depend on the row alone (`formats.parse_row`); those that
+depend on the multi-turn policy or on other rows (token budget, duplicates, ids) belong to stage 2
+(`prepare`), which reads this snapshot, so changing the policy never re-reads the sources.
+
+No file stops the others: a metadata file (`dataset_info.json`, a README) is skipped with a notice and
+listed in the manifest; a file whose format cannot be told has each row quarantined (`unrecognized_format`,
+saying how to set it); a file that cannot be split into rows (a JSON array that does not close, a corrupt
+Parquet footer) keeps the rows read before the break and adds one `unreadable_file` record for the rest.
 
 What it publishes, and the manifest that accounts for every row, are described in `ingest.shards`.
 """
@@ -17,7 +23,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -59,54 +65,122 @@ def ingest_files(
     started = time.perf_counter()
     result = IngestResult(Accounting())
     for file in files:
+        if file.skip is not None:
+            result.files.append(IngestedFile(file.uri, file.source, "skipped", 0, 0, 0, note=file.skip))
+            log(f"{file.uri}: skipped ({file.skip})")
+            continue
         before = (result.accounting.rows, result.accounting.kept)
+        file_reader = _FileIngest(file, file.format or fmt, prompts, quarantine, result.accounting)
         with local_copy(file, work_dir, s3_client) as path:
-            file_format = _ingest_file(file, path, fmt, prompts, quarantine, result.accounting)
+            file_reader.run(path)
         rows, kept = result.accounting.rows - before[0], result.accounting.kept - before[1]
-        ingested = IngestedFile(file.uri, file.source, file_format, rows=rows, kept=kept, quarantined=rows - kept)
+        ingested = IngestedFile(
+            file.uri,
+            file.source,
+            file_reader.format,
+            rows=rows,
+            kept=kept,
+            quarantined=rows - kept,
+            note=file_reader.note,
+        )
         result.files.append(ingested)
-        log(f"{file.uri}: {file_format}, {ingested.rows} rows, {ingested.quarantined} quarantined")
+        note = f" ({ingested.note})" if ingested.note else ""
+        log(f"{file.uri}: {ingested.format}, {ingested.rows} rows, {ingested.quarantined} quarantined{note}")
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _ingest_file(
-    file: SourceFile, path: Path, fmt: str, prompts: JsonlZstWriter, quarantine: JsonlZstWriter, accounting: Accounting
-) -> str:
-    rows = iter_rows(path, file.uri)
-    head = list(islice(rows, DETECTION_ROWS))
-    parsed = [raw.value for raw in head if raw.reason is None]
-    file_format = fmt if fmt != AUTO else detect_format(parsed)
-    # Undecodable rows say nothing about the format; a file that starts with many of them still
-    # needs its readable rows quarantined with a reason rather than guessed at.
-    undetectable = f"the file's first {len(head)} rows hold no readable row to detect its format from"
-    if file_format is None and parsed:
+class _FileIngest:
+    """One file's rows into the snapshot or the quarantine; `format` and `note` say what was decided."""
+
+    def __init__(
+        self, file: SourceFile, fmt: str, prompts: JsonlZstWriter, quarantine: JsonlZstWriter, accounting: Accounting
+    ):
+        self.file, self.requested = file, fmt
+        self.prompts, self.quarantine, self.accounting = prompts, quarantine, accounting
+        self.format = "unknown"
+        self.note = ""
+        self.rows_read = 0
+
+    def run(self, path: Path) -> None:
+        rows = iter_rows(path, self.file.uri)
+        head: list[RawRow] = []
+        broken = None
+        try:
+            head.extend(islice(rows, DETECTION_ROWS))
+        except FileFormatError as error:  # a short file that breaks: its rows before the break still count
+            broken = error
+        undetectable = self._decide_format(head)
+        for raw in head:
+            self._row(raw, undetectable)
+        if broken is None:
+            try:
+                for raw in rows:
+                    self._row(raw, undetectable)
+            except FileFormatError as error:
+                broken = error
+        if broken is not None:
+            self.note = f"unreadable after {self.rows_read} rows: {broken}"
+            self._quarantine("unreadable_file", str(broken), {"source_row": -1, "id": None, "raw": None})
+
+    def _decide_format(self, head: list[RawRow]) -> str:
+        """Set `format` from the request or the first rows; the reason rows cannot be parsed, if so."""
+        parsed = [raw.value for raw in head if raw.reason is None]
+        if self.requested != AUTO:
+            self.format = self.requested
+            return ""
+        detected = detect_format(parsed)
+        if detected is not None:
+            self.format = detected
+            return ""
+        if not parsed:
+            # Undecodable rows say nothing about the format; they are quarantined with their own reasons.
+            return f"the file's first {len(head)} rows hold no readable row to detect its format from"
         keys = sorted({key for value in parsed if isinstance(value, dict) for key in value})[:20]
-        raise FileFormatError(
-            f"{file.uri}: cannot tell the format from its first {len(head)} rows (keys {keys}); "
-            f"set the format to one of {', '.join(FORMATS)}"
+        self.note = "format unknown: every row quarantined"
+        return (
+            f"cannot tell the file's format from its first {len(head)} rows (keys {keys}); set it for this source "
+            f"with NAME@FORMAT=URI (or NAME@FORMAT:FIELD=URI to name the main field), FORMAT one of "
+            + ", ".join(FORMATS)
         )
-    for raw in chain(head, rows):
-        where = {"source": file.source, "source_file": file.uri, "source_row": raw.row}
+
+    def _row(self, raw: RawRow, undetectable: str) -> None:
+        self.rows_read += 1
         try:
             if raw.reason is not None:
                 raise Rejected(raw.reason, raw.detail)
-            if file_format is None:
+            if undetectable:
                 raise Rejected("unrecognized_format", undetectable)
-            row = parse_row(raw.value, file_format)
+            row = parse_row(raw.value, self.format, self.file.field)
         except Rejected as rejected:
-            accounting.reject(file.source, rejected.reason)
-            quarantine.write(
-                quarantine_record(
-                    stage=STAGE, reason=rejected.reason, detail=rejected.detail, **where, **_evidence(raw)
-                )
+            self._quarantine(rejected.reason, rejected.detail, {"source_row": raw.row, **_evidence(raw)})
+            return
+        self.accounting.keep(self.file.source)
+        self.prompts.write(
+            PromptRow(
+                source=self.file.source,
+                source_file=self.file.uri,
+                source_row=raw.row,
+                format=self.format,
+                source_id=row.source_id,
+                messages=row.messages,
+                extra=row.extra,
+                tools=row.tools,
             )
-            continue
-        accounting.keep(file.source)
-        prompts.write(
-            PromptRow(**where, format=file_format, source_id=row.source_id, messages=row.messages, extra=row.extra)
         )
-    return file_format or "unknown"
+
+    def _quarantine(self, reason: str, detail: str, evidence: dict[str, Any]) -> None:
+        self.accounting.reject(self.file.source, reason)
+        self.quarantine.write(
+            quarantine_record(
+                stage=STAGE,
+                reason=reason,
+                detail=detail,
+                source=self.file.source,
+                source_file=self.file.uri,
+                **evidence,
+            )
+        )
 
 
 def _evidence(raw: RawRow) -> dict[str, Any]:

@@ -530,6 +530,9 @@ class CoverageAnswer:
     quarantined_by_reason: dict[str, int] | None
     conversations: int | None
     by_source: dict[str, SourceTotals] | None
+    # Rows kept under their hash id because their own id was taken, and conversations that call tools.
+    renamed_ids: int | None
+    tool_calling: int | None
     events_planned: int
     events_in_published_shards: int
     errors_in_published_shards: int
@@ -549,6 +552,8 @@ def answer_coverage(readings: Readings) -> CoverageAnswer:
         quarantined_by_reason=rows.quarantined_by_reason if rows else None,
         conversations=conversations.rows if conversations else None,
         by_source=conversations.by_source if conversations else None,
+        renamed_ids=conversations.renamed_ids if conversations else None,
+        tool_calling=conversations.tool_calling if conversations else None,
         events_planned=readings.events_planned,
         events_in_published_shards=sum(m.rows for m in readings.published.values()),
         errors_in_published_shards=sum(m.errors for m in readings.published.values()),
@@ -578,6 +583,8 @@ def render_coverage(coverage: CoverageAnswer, now: float) -> list[str]:
         f"{c.quarantined_by_reason or ''}",
         f"   conversations {_fmt(c.conversations)} by source {by_source}; events planned {_fmt(c.events_planned)}, "
         f"in published shards {_fmt(c.events_in_published_shards)} (errors {_fmt(c.errors_in_published_shards)})",
+        f"   tool-calling conversations {_fmt(c.tool_calling)}; ids renamed (own id taken, kept under a hash id) "
+        f"{_fmt(c.renamed_ids)}",
         *_by_id_lines(c.by_id, now),
     ]
 

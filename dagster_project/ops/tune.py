@@ -108,6 +108,7 @@ def conversation_prompts(
                     messages,
                     enable_thinking=settings.enable_thinking,
                     preserve_thinking=settings.preserve_thinking,
+                    tools=conversation.tools,
                 )
             )
         if len(prompts) >= count:

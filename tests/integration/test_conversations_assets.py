@@ -15,6 +15,7 @@ from dagster_project.checks.conversations import (
     conversations_gx_suite,
     conversations_multi_turn_counts,
     conversations_quarantine_rate,
+    conversations_turn_markers,
     conversations_unique_ids,
 )
 from dagster_project.conversations.shards import read_conversations
@@ -29,6 +30,7 @@ ASSETS = [raw_prompts, conversations]
 CHECKS = [
     conversations_quarantine_rate,
     conversations_unique_ids,
+    conversations_turn_markers,
     conversations_multi_turn_counts,
     conversations_gx_suite,
 ]
@@ -56,15 +58,21 @@ def test_demo_data_materializes_and_every_check_passes(resources: dict, tmp_path
     assert metadata["input_rows"].value == metadata["rows"].value + metadata["quarantined"].value
     assert metadata["num_shards"].value == NUM_SHARDS and metadata["policy"].value == "all_turns"
     assert 0.1 <= metadata["multi_turn"].value / metadata["rows"].value <= 0.2, "the demo is 10-20% multi-turn"
-    assert "| tool_use |" in metadata["quarantined_by_reason"].value
+    assert "| control_tokens |" in metadata["quarantined_by_reason"].value
     gx = checks["conversations_gx_suite"].metadata
     assert gx["failed_expectations"].value == 0 and "expect_column_values_to_be_unique" in gx["summary"].value
 
     stage = json.loads((tmp_path / "store" / layout.stage_manifest_key(layout.CONVERSATIONS)).read_text())
     assert set(stage["by_source"]) == {"alpaca_tasks", "openai_messages", "sharegpt_chats"}
     assert stage["rows"] >= 200
-    # Each malformed demo row exercises its own rule; only the two needing special data are absent.
-    assert set(stage["quarantined_by_reason"]) == set(REASONS) - {"too_long", "duplicate_id", "unrecognized_format"}
+    # Each malformed demo row exercises its own rule; only those needing special data or files are absent.
+    assert set(stage["quarantined_by_reason"]) == set(REASONS) - {
+        "too_long",
+        "duplicate_id",
+        "unrecognized_format",
+        "not_a_conversation",
+        "unreadable_file",
+    }
 
 
 def test_quarantine_rate_above_the_limit_fails_the_blocking_check(resources: dict) -> None:
@@ -81,7 +89,7 @@ def test_corrupted_shard_fails_the_id_and_gx_checks(resources: dict, tmp_path: P
     shard_file = tmp_path / "store" / layout.shard_prefix(layout.CONVERSATIONS, 0) / "conversations.jsonl"
     lines = shard_file.read_bytes().splitlines()
     bad = json.loads(lines[0])
-    bad["messages"] = [{"role": "tool", "content": " "}] + bad["messages"]
+    bad["messages"] = [{"role": "narrator", "content": " "}] + bad["messages"]
     bad["generate_after"] = [0]
     shard_file.write_bytes(b"\n".join([*lines, lines[0], json.dumps(bad).encode()]) + b"\n")
 

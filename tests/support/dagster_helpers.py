@@ -77,6 +77,7 @@ EXPECTED_CHECKS = {
     "conversations": {
         "conversations_quarantine_rate": True,
         "conversations_unique_ids": True,
+        "conversations_turn_markers": True,
         "conversations_gx_suite": True,
         "conversations_multi_turn_counts": False,
     },

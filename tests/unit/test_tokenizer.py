@@ -241,6 +241,60 @@ EDGE_CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
         ],
         {"add_generation_prompt": True, "tools": WEATHER_TOOLS},
     ),
+    # The shapes ingest produces from tool-calling datasets (OpenAI form, arguments parsed to objects).
+    "parallel_calls_after_reasoning_then_results_loop_continues": (
+        [
+            {"role": "system", "content": "Use the tools."},
+            {"role": "user", "content": "Weather in Paris and Lyon?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "Two cities: call the tool twice.",
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
+                    },
+                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Lyon", "days": 1}}},
+                ],
+            },
+            {"role": "tool", "content": '{"temp": 21}'},
+            {"role": "tool", "content": '{"temp": 19}'},
+        ],
+        {"add_generation_prompt": True, "tools": WEATHER_TOOLS},
+    ),
+    "recorded_tool_loop_before_a_later_question": (
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "I will look it up.",
+                "reasoning_content": "Need the tool.",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+                ],
+            },
+            {"role": "tool", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny.", "reasoning_content": "Report it."},
+            {"role": "user", "content": "Thanks! And tomorrow?"},
+        ],
+        {"add_generation_prompt": True, "tools": WEATHER_TOOLS},
+    ),
+    "recorded_tool_loop_preserve_thinking": (
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "Need the tool.",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+                ],
+            },
+            {"role": "tool", "content": "sunny"},
+        ],
+        {"add_generation_prompt": True, "tools": WEATHER_TOOLS, "preserve_thinking": True, "enable_thinking": False},
+    ),
     "tools_without_system_message": (
         [{"role": "user", "content": "q"}],
         {"add_generation_prompt": True, "tools": WEATHER_TOOLS},

@@ -61,3 +61,34 @@ def test_a_journaled_failed_or_unfinished_turn_ends_its_conversation_on_resume(t
     assert records["failed#turn1"]["error_kind"] == PREVIOUS_TURN_FAILED
     assert records["unfinished#turn1"]["error_kind"] == PREVIOUS_TURN_INCOMPLETE
     assert "not generated: turn 0 of this conversation" in records["unfinished#turn1"]["error_message"]
+
+
+def test_a_tool_conversation_turn_goes_on_after_an_unfinished_turn_on_its_recorded_context(tmp_path, tokenizer):
+    """With history `source` a prompt is the recorded calls and results, never the model's answer: a turn that
+    did not finish does not hold the next one back, and the next prompt renders the tools and the recorded loop."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Lisbon"}}}
+    conversation = Conversation(
+        id="tool",
+        messages=[
+            {"role": "user", "content": "Weather in Lisbon?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": '{"temp_c": 21}'},
+            {"role": "assistant", "content": "21 degrees."},
+        ],
+        generate_after=[0, 2],
+        history="source",
+        tools=tools,
+    )
+    with Journal(tmp_path / "journal.jsonl") as journal:
+        journal.append(journaled("tool#turn0", STATUS_OK, finish_reason="length"))
+    with Journal(tmp_path / "journal.jsonl") as journal:
+        requests = list(ShardGeneration(0, [conversation], tokenizer, SETTINGS, journal).initial_requests())
+    assert [request.key for request in requests] == ["tool#turn1"]
+    prompt = tokenizer.decode(requests[0].input_ids)
+    assert '"name": "get_weather"' in prompt.split("</tools>")[0]
+    assert prompt.endswith(
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nLisbon\n</parameter>\n</function>\n</tool_call>"
+        '<|im_end|>\n<|im_start|>user\n<tool_response>\n{"temp_c": 21}\n</tool_response><|im_end|>\n'
+        "<|im_start|>assistant\n<think>\n"
+    )

@@ -12,7 +12,6 @@ from moto import mock_aws
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.conversations.shards import SHARD_FILE, ShardBuffers, SourceTotals
 from dagster_project.conversations.stage import content_id
-from dagster_project.ingest.readers import FileFormatError
 from dagster_project.ingest.sources import SourceError, resolve_sources
 from dagster_project.store import layout
 from tests.support.ingest_helpers import run_stages
@@ -60,7 +59,7 @@ def adversarial_rows() -> list[tuple[bytes, str | None, str]]:
         (
             line({"id": "non_string", "messages": [user([{"type": "image_url", "image_url": {"url": "x"}}])]}),
             "non_string",
-            "non_string_content",
+            "image_content",
         ),
         (
             line({"id": "unknown_role", "messages": [{"role": "narrator", "content": "x"}, user("y")]}),
@@ -85,7 +84,7 @@ def adversarial_rows() -> list[tuple[bytes, str | None, str]]:
         (
             line({"id": "tool_result", "messages": [user("2+2?"), {"role": "tool", "content": "4"}]}),
             "tool_result",
-            "tool_use",
+            "orphan_tool_result",
         ),
         (
             line(
@@ -93,12 +92,12 @@ def adversarial_rows() -> list[tuple[bytes, str | None, str]]:
                     "id": "tool_call",
                     "messages": [
                         user("2+2?"),
-                        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add"}}]},
+                        {"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": "{}"}}]},
                     ],
                 }
             ),
             "tool_call",
-            "tool_use",
+            "bad_tool_call",
         ),
         (line({"id": "too_long", "messages": [user("word " * 2000)]}), "too_long", "too_long"),
         (b'{"id": "bad_utf8", "messages": [{"role": "user", "content": "caf\xe9"}]}', "bad_utf8", "invalid_utf8"),
@@ -159,8 +158,10 @@ def test_adversarial_file_accounting_by_id(adversarial) -> None:
     )
     manifest = outcome.manifest
     assert manifest.input_rows == len(rows) - 1 == manifest.rows + manifest.quarantined
-    assert manifest.by_source == {"evil": SourceTotals(input_rows=19, conversations=5, quarantined=14)}
-    assert manifest.quarantined_by_reason["tool_use"] == 2 and manifest.quarantined_by_stage == {
+    evil = manifest.by_source["evil"]
+    assert (evil.input_rows, evil.conversations, evil.quarantined) == (19, 5, 14)
+    assert evil.quarantined_by_reason == manifest.quarantined_by_reason
+    assert manifest.quarantined_by_reason["bad_tool_call"] == 1 and manifest.quarantined_by_stage == {
         "ingest": 11,
         "conversations": 3,
     }
@@ -216,11 +217,18 @@ def test_fewer_shards_on_a_rebuild_removes_the_stale_ones(tmp_path: Path) -> Non
     assert len(outcome.conversations) == 20
 
 
-def test_unreadable_format_fails_with_the_file_named(tmp_path: Path) -> None:
-    path = tmp_path / "mystery.jsonl"
-    path.write_text(json.dumps({"foo": 1}) + "\n")
-    with pytest.raises(FileFormatError, match="mystery.jsonl: cannot tell the format"):
-        run_stages(tmp_path, [str(path)])
+def test_a_file_of_unknown_format_has_its_rows_quarantined_saying_how_to_set_it(tmp_path: Path) -> None:
+    mystery, chat = tmp_path / "mystery.jsonl", tmp_path / "chat.jsonl"
+    mystery.write_text(json.dumps({"foo": 1}) + "\n" + json.dumps({"foo": 2}) + "\n")
+    chat.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    outcome = run_stages(tmp_path, [str(mystery), str(chat)])
+    assert sorted(outcome.by_row().values()) == ["kept", "unrecognized_format", "unrecognized_format"]
+    detail = next(q["detail"] for q in outcome.quarantined)
+    assert "cannot tell the file's format" in detail and "NAME@FORMAT=URI" in detail
+    assert [(f.format, f.note) for f in outcome.raw_manifest.files] == [
+        ("unknown", "format unknown: every row quarantined"),
+        ("prompt", ""),
+    ]
 
 
 def test_format_override_quarantines_rows_without_its_fields(tmp_path: Path) -> None:

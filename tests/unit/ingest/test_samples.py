@@ -82,7 +82,10 @@ def test_sharegpt_duplicates_are_the_repeated_question_sequences(all_turns) -> N
     kept_ids = {c.id for c in all_turns.conversations if c.source == "dummy_conversation"}
     assert kept_ids == {f"identity_{row}" for row in kept}, "ShareGPT ids are the source's own"
     assert all_turns.manifest.by_source["dummy_conversation"] == SourceTotals(
-        input_rows=500, conversations=len(kept), quarantined=500 - len(kept)
+        input_rows=500,
+        conversations=len(kept),
+        quarantined=500 - len(kept),
+        quarantined_by_reason={"duplicate": 500 - len(kept)},
     )
 
 

@@ -1,0 +1,101 @@
+"""Tool calling end to end on the simulator: LLaMA-Factory's glaive_toolcall_en_demo.json → conversations →
+completions → training set, every turn's prompt the official render of its recorded context with the tools."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+from dagster_aws.s3 import S3Resource
+
+from dagster_project.assets.completions import completions
+from dagster_project.assets.conversations import conversations
+from dagster_project.assets.raw_prompts import RawPromptsConfig, raw_prompts
+from dagster_project.assets.training_set import training_set
+from dagster_project.conversations.shards import read_conversations
+from dagster_project.conversations.stage import QUARANTINE_KEY
+from dagster_project.conversations.turns import prompt_messages
+from dagster_project.generation.shards import iter_completion_batches
+from dagster_project.ingest.shards import QUARANTINE_KEY as INGEST_QUARANTINE_KEY
+from dagster_project.partitions import NUM_SHARDS
+from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
+from dagster_project.store import layout
+from dagster_project.store.jsonl import read_jsonl_zst
+from dagster_project.store.storage import LocalStore
+from dagster_project.tokenizer import render_prompt_ids
+from dagster_project.training.shards import iter_training_batches
+from tests.support.paths import SHARED_DATA, require_shared
+from tests.support.training_shards import tokenizer
+
+
+@pytest.fixture
+def glaive() -> str:
+    require_shared("data", "LLaMA-Factory", "glaive_toolcall_en_demo.json")
+    return str(SHARED_DATA / "LLaMA-Factory" / "glaive_toolcall_en_demo.json")
+
+
+def test_glaive_tool_calls_reach_the_training_set_token_exact(sim_fleet, tmp_path, glaive) -> None:
+    fleet = sim_fleet(2, output_len="uniform:16:96")
+    store = LocalStore(tmp_path / "store")
+    resources = {
+        "store": DatasetStore(root=store.uri, work_dir=str(tmp_path / "work"), s3=S3Resource()),
+        "tokenizer": TokenizerResource(),
+        "generation": GenerationConfig(max_new_tokens=256),
+        "fleet": SGLangFleet(endpoints=fleet.urls),
+    }
+    config = dg.RunConfig(ops={"raw_prompts": RawPromptsConfig(sources=[glaive])})
+    with dg.instance_for_test() as instance:
+        prepared = dg.materialize(
+            [raw_prompts, conversations], resources=resources, instance=instance, run_config=config
+        )
+        assert prepared.success
+        for partition in layout.partition_keys(NUM_SHARDS):
+            for asset in (completions, training_set):
+                assert dg.materialize([asset], partition_key=partition, resources=resources, instance=instance).success
+
+    rows = json.loads(open(glaive).read())
+    quarantined = [
+        record
+        for key in (INGEST_QUARANTINE_KEY, QUARANTINE_KEY)
+        for record in read_jsonl_zst(store.download(key, tmp_path / "q" / key))
+    ]
+    # The only rows set aside repeat an earlier row's requests (35 of the 300 are exact copies), each naming it.
+    assert {q["reason"] for q in quarantined} == {"duplicate"}
+
+    tok = tokenizer()
+    shards = range(NUM_SHARDS)
+    held = [conversation for shard in shards for conversation in read_conversations(store, shard)]
+    sent = {
+        row["event_id"]: (row["prompt_ids"], row["output_ids"])
+        for shard in shards
+        for batch in iter_completion_batches(store, shard)
+        for row in batch.to_pylist()
+    }
+    trained = {
+        row["event_id"]: row
+        for shard in shards
+        for batch in iter_training_batches(store, shard)
+        for row in batch.to_pylist()
+    }
+    complete: set[str] = set()
+    tool_turns = 0
+    for conversation in held:
+        events = [conversation.event_id(turn) for turn in range(conversation.num_turns)]
+        if all(event in trained for event in events):
+            complete.add(conversation.id)
+        for turn, event in enumerate(events):
+            if event not in trained:
+                continue
+            prompt_ids, output_ids = sent[event]
+            assert trained[event]["input_ids"] == prompt_ids + output_ids
+            if conversation.history == "source":
+                # The recorded context, calls and results included, rendered with the tools by the template.
+                recorded = prompt_messages(conversation, turn, [])
+                assert prompt_ids == render_prompt_ids(tok, recorded, tools=conversation.tools)
+                tool_turns += "<tool_response>" in tok.decode(prompt_ids)
+    assert len(held) + len(quarantined) == len(rows)
+    reached = len(complete) + sum(q["duplicate_of"] in complete for q in quarantined)
+    assert reached / len(rows) >= 0.95, f"{reached} of {len(rows)} rows in the training set (or their first copy)"
+    assert len(complete) / len(held) >= 0.95
+    assert tool_turns > 100, "the answers to recorded tool results were generated"
