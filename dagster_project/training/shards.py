@@ -28,6 +28,7 @@ from dagster_project.records import TRAINING_SCHEMA
 from dagster_project.store.layout import TRAINING_SET
 from dagster_project.store.manifest import ShardManifest, iter_parquet_batches, read_shard_manifest
 from dagster_project.store.storage import Store
+from dagster_project.training.lengths import KEEP, LENGTH_POLICIES, MIN_OUTPUT_TOKENS, LengthFigures
 
 TRAINING_FILE = "training.parquet"
 ROWS_PER_GROUP = 1024
@@ -36,11 +37,7 @@ COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 1
 DICTIONARY_COLUMNS = ["finish_reason"]
 
-TRUNCATE = "truncate"
-DROP = "drop"
-TRUNCATION_POLICIES = (TRUNCATE, DROP)
-# DFlash needs two consecutive supervised tokens for an anchor.
-MIN_OUTPUT_TOKENS = 2
+DEFAULT_MAX_LENGTH = 4096  # the sequence length drafter trainers train at
 
 
 class TrainingShardNotPublished(RuntimeError):
@@ -52,13 +49,18 @@ class AssemblyOptions:
     """How completions become rows (see `training.stage`); recorded in each shard's manifest."""
 
     max_length: int | None = field(
-        default=None,
-        metadata={"help": "Longest row in tokens; none keeps rows whole and leaves truncation to the trainer."},
-    )
-    truncation: str = field(
-        default=TRUNCATE,
+        default=DEFAULT_MAX_LENGTH,
         metadata={
-            "help": "Rows over max_length: 'truncate' keeps the prompt and the output's head; 'drop' excludes them."
+            "help": "The trainer's sequence length in tokens (SpecForge, Model-Optimizer DFlash and DeepSpec train at "
+            "4,096): rows and supervised tokens beyond it are counted in every manifest; none: no limit."
+        },
+    )
+    length_policy: str = field(
+        default=KEEP,
+        metadata={
+            "help": "Rows over max_length: 'keep' stores them whole and only records what a trainer cutting at "
+            "max_length loses; 'truncate' cuts them at max_length (the loss mask follows, the row is marked "
+            "truncated); 'drop' excludes them (over_max_length)."
         },
     )
     exclude_length_capped: bool = field(
@@ -66,8 +68,8 @@ class AssemblyOptions:
     )
 
     def __post_init__(self) -> None:
-        if self.truncation not in TRUNCATION_POLICIES:
-            raise ValueError(f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
+        if self.length_policy not in LENGTH_POLICIES:
+            raise ValueError(f"length_policy must be one of {LENGTH_POLICIES}, got {self.length_policy!r}")
         if self.max_length is not None and self.max_length < MIN_OUTPUT_TOKENS + 1:
             raise ValueError(
                 f"max_length must leave room for a prompt and {MIN_OUTPUT_TOKENS} output tokens, got {self.max_length}"
@@ -102,6 +104,8 @@ class TrainingShardManifest(ShardManifest):
     exclusions: dict[str, int] = field(default_factory=dict)
     finish_reasons: dict[str, int] = field(default_factory=dict)
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
+    # Rows against max_length: how many are longer, the supervised tokens lost past it, a length histogram.
+    lengths: LengthFigures = field(default_factory=LengthFigures)
     source: TrainingSource = field(default_factory=TrainingSource)
 
     @property

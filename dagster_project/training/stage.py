@@ -12,13 +12,15 @@ never generated and never in a row.
 `max_new_tokens`, usually inside its reasoning), `empty_output`, `duplicate_event` (an event recorded
 twice; the first is kept), and the two `max_length` reasons below.
 
-**`max_length`** (off by default: rows are stored whole, and the trainer's own `max_length` decides).
-When set, a row longer than `max_length`:
-* `truncate` (default): keeps its first `max_length` tokens — the whole prompt and the head of the output,
-  exactly what SpecForge does to a longer row — and is marked `truncated`. A row whose prompt leaves fewer
-  than 2 output tokens (no DFlash anchor) is excluded as `prompt_fills_max_length`.
+**`max_length`** (default 4,096, the length drafter trainers train at) and `length_policy` for a longer row:
+* `keep` (default): stored whole; the manifest records what a trainer cutting at `max_length` loses.
+* `truncate`: keeps its first `max_length` tokens — the whole prompt and the head of the output, exactly what
+  SpecForge does to a longer row — and is marked `truncated`; its mask follows.
 * `drop`: is excluded as `over_max_length`.
-The prompt is never cut: a row without its context would teach the drafter the wrong distribution.
+Under `keep` and `truncate`, a row whose prompt leaves fewer than 2 output tokens inside `max_length` (no
+DFlash anchor at the trainer's length) is excluded as `prompt_fills_max_length`. The prompt is never cut: a
+row without its context would teach the drafter the wrong distribution. Every manifest carries the
+`training.lengths.LengthFigures` of its shard: rows over `max_length`, supervised tokens lost, a histogram.
 """
 
 from __future__ import annotations
@@ -42,9 +44,8 @@ from dagster_project.store.manifest import ids_digest, iter_parquet_batches, pub
 from dagster_project.store.storage import Store, sha256_bytes
 from dagster_project.store.verdicts import describe_failures, failed_gates
 from dagster_project.training.gates import GateResult, list_buffers
+from dagster_project.training.lengths import DROP, KEEP, MIN_OUTPUT_TOKENS, LengthFigures, kept_output
 from dagster_project.training.shards import (
-    DROP,
-    MIN_OUTPUT_TOKENS,
     TRAINING_FILE,
     AssemblyOptions,
     TrainingShardManifest,
@@ -91,6 +92,7 @@ class AssemblyCounts:
     max_row_tokens: int = 0
     exclusions: Counter = field(default_factory=Counter)
     finish_reasons: Counter = field(default_factory=Counter)
+    lengths: LengthFigures = field(default_factory=LengthFigures)
 
     def add(self, batch: pa.RecordBatch) -> None:
         self.rows += batch.num_rows
@@ -102,8 +104,11 @@ class AssemblyCounts:
         self.finish_reasons.update(batch.column("finish_reason").to_pylist())
 
 
-def _exclusion_reasons(batch: pa.RecordBatch, options: AssemblyOptions, seen: set[str]) -> np.ndarray:
-    """The exclusion reason of each row (None = kept); `seen` carries event ids across batches."""
+def _exclusion_reasons(
+    batch: pa.RecordBatch, options: AssemblyOptions, seen: set[str], lengths: LengthFigures
+) -> np.ndarray:
+    """The exclusion reason of each row (None = kept); `seen` carries event ids across batches. The rows no other
+    reason excluded are judged against `max_length` and added to `lengths`."""
     rows = batch.num_rows
     reasons = np.full(rows, None, dtype=object)
     status = np.asarray(batch.column("status").to_pylist(), dtype=object)
@@ -125,10 +130,11 @@ def _exclusion_reasons(batch: pa.RecordBatch, options: AssemblyOptions, seen: se
             if event in seen:
                 reasons[row] = DUPLICATE_EVENT
             seen.add(event)
+    judged = reasons == None  # noqa: E711
+    lengths.add(prompt_len[judged], output_len[judged])
     if options.max_length is not None:
-        too_long = prompt_len + output_len > options.max_length
-        if options.truncation == DROP:
-            exclude(too_long, OVER_MAX_LENGTH)
+        if options.length_policy == DROP:
+            exclude(prompt_len + output_len > options.max_length, OVER_MAX_LENGTH)
         else:
             exclude(prompt_len > options.max_length - MIN_OUTPUT_TOKENS, PROMPT_FILLS_MAX_LENGTH)
     return reasons
@@ -160,14 +166,19 @@ def _join(prompts: pa.Array, outputs: pa.Array, output_keep: np.ndarray) -> tupl
 
 
 def assemble_batch(
-    batch: pa.RecordBatch, shard: int, options: AssemblyOptions, seen: set[str]
+    batch: pa.RecordBatch, shard: int, options: AssemblyOptions, seen: set[str], lengths: LengthFigures | None = None
 ) -> tuple[pa.RecordBatch, Counter]:
-    """Training rows (TRAINING_SCHEMA) for one batch of completions, and the excluded rows counted by reason."""
-    reasons = _exclusion_reasons(batch, options, seen)
+    """Training rows (TRAINING_SCHEMA) for one batch of completions, and the excluded rows counted by reason;
+    the rows' figures against `max_length` are added to `lengths`."""
+    lengths = lengths if lengths is not None else LengthFigures(options.max_length, options.length_policy)
+    reasons = _exclusion_reasons(batch, options, seen, lengths)
     kept = batch.filter(pa.array(reasons == None))  # noqa: E711
     prompt_len = pc.list_value_length(kept.column("prompt_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
     output_len = pc.list_value_length(kept.column("output_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
-    output_keep = output_len if options.max_length is None else np.minimum(output_len, options.max_length - prompt_len)
+    if options.length_policy == KEEP:
+        output_keep = output_len
+    else:
+        output_keep = kept_output(prompt_len, output_len, options.max_length)
     input_ids, loss_mask = _join(kept.column("prompt_ids"), kept.column("output_ids"), output_keep)
     rows = kept.num_rows
     training = pa.RecordBatch.from_arrays(
@@ -191,12 +202,12 @@ def assemble_batch(
 
 
 def assemble_batches(
-    batches: Iterable[pa.RecordBatch], shard: int, options: AssemblyOptions
+    batches: Iterable[pa.RecordBatch], shard: int, options: AssemblyOptions, lengths: LengthFigures
 ) -> Iterator[tuple[pa.RecordBatch, Counter, list[str]]]:
     """Stream `assemble_batch` over a shard; also yields each input batch's event ids (for the source digest)."""
     seen: set[str] = set()
     for batch in batches:
-        training, excluded = assemble_batch(batch, shard, options, seen)
+        training, excluded = assemble_batch(batch, shard, options, seen, lengths)
         yield training, excluded, batch.column("event_id").to_pylist()
 
 
@@ -247,7 +258,7 @@ def _assemble(
     overridden: dict[str, str],
     held: Lease,
 ) -> TrainingShardManifest:
-    counts = AssemblyCounts()
+    counts = AssemblyCounts(lengths=LengthFigures(options.max_length, options.length_policy))
     kept_ids: list[str] = []
     source_ids: list[str] = []
     staging_dir.mkdir(parents=True, exist_ok=True)
@@ -255,7 +266,7 @@ def _assemble(
         path = Path(staging) / TRAINING_FILE
         with TrainingShardWriter(path) as writer:
             batches = iter_parquet_batches(store, source.data_keys, COMPLETION_COLUMNS)
-            for training, excluded, events in assemble_batches(batches, shard, options):
+            for training, excluded, events in assemble_batches(batches, shard, options, counts.lengths):
                 writer.write(training)
                 counts.add(training)
                 counts.exclusions.update(excluded)
@@ -281,6 +292,7 @@ def _assemble(
             exclusions=dict(sorted(counts.exclusions.items())),
             finish_reasons=dict(sorted(counts.finish_reasons.items())),
             assembly=options,
+            lengths=counts.lengths,
             source=TrainingSource(
                 completions_manifest_sha256=source_sha256,
                 completions_ids_digest=source.ids_digest,

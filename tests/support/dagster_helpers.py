@@ -102,6 +102,7 @@ EXPECTED_CHECKS = {
             "degenerate_answers",
             "short_answers",
             "ids_match_completions",
+            "length_loss",
             "source_is_current",
             "gx_suite",
         )
