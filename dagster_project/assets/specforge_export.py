@@ -5,10 +5,11 @@ from pydantic import Field
 from dagster_project.assets.training_set import training_set
 from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore
-from dagster_project.training.export import export_shard
+from dagster_project.resources.config_fields import config_fields
+from dagster_project.training.export import ExportOptions, export_shard
 
 
-class SpecforgeExportConfig(dg.Config):
+class SpecforgeExportConfig(config_fields(ExportOptions, dg.Config)):
     override_failed_gates: bool = Field(
         default=False,
         description="Export a training shard that failed blocking gates (refused otherwise); a check that has not "
@@ -31,7 +32,11 @@ def specforge_export(
 ) -> dg.MaterializeResult:
     shard, data = open_shard(context, store)
     written = export_shard(
-        data, shard, store.local_dir() / "staging", override_failed_gates=config.override_failed_gates
+        data,
+        shard,
+        store.local_dir() / "staging",
+        override_failed_gates=config.override_failed_gates,
+        options=config.to_dataclass(),
     )
     for gate, message in written.overridden.items():
         context.log.warning(f"shard {shard}: failed training gate {gate} overridden by config: {message}")

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.export import (
     REQUIRED_VERDICTS,
+    ExportOptions,
+    LossMaskTooSmall,
     ShardNotCleared,
     export_shard,
     record_verdict,
@@ -114,3 +118,35 @@ def test_an_operator_may_export_a_shard_that_failed_a_gate_but_not_one_never_che
     assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")  # a new publication: no verdict yet
     with pytest.raises(ShardNotCleared, match="gates has not run .*To export it: run the training_set checks"):
         export_shard(store, 0, tmp_path / "staging", override_failed_gates=True)
+
+
+def _zero_the_mask_of(store: LocalStore, shard: int, row: int) -> str:
+    """Overwrite one row's loss mask with zeros in the published file (what a bug upstream would leave)."""
+    key = training_manifest(store, shard).data_keys[0]
+    table = pq.read_table(store.root / key)
+    masks = table.column("loss_mask").to_pylist()
+    masks[row] = [0] * len(masks[row])
+    column = table.schema.get_field_index("loss_mask")
+    pq.write_table(table.set_column(column, "loss_mask", pa.array(masks, pa.list_(pa.int8()))), store.root / key)
+    return table.column("event_id")[row].as_py()
+
+
+def test_a_row_with_an_all_zero_loss_mask_is_never_exported_even_with_gates_overridden(store, tmp_path):
+    event = _zero_the_mask_of(store, 0, 4)
+    record_verdict(store, training_manifest(store, 0), "gates", {"consecutive_supervised": "BLOCKED: 1/12 rows"})
+    with pytest.raises(
+        LossMaskTooSmall,
+        match=rf"holds 1 rows whose loss mask sums to less than 2 \(1 all zero\), "
+        rf"e.g. \['{event}'\]",
+    ):
+        export_shard(store, 0, tmp_path / "staging", override_failed_gates=True)
+    assert not store.exists(specforge_key(0))
+
+
+def test_the_loss_token_minimum_is_configurable(store, tmp_path):
+    smallest = min(sum(row["loss_mask"]) for batch in iter_training_batches(store, 2) for row in batch.to_pylist())
+    assert export_shard(store, 2, tmp_path / "staging", options=ExportOptions(min_loss_tokens=smallest)).rows == 12
+    with pytest.raises(LossMaskTooSmall, match=rf"holds 1 rows whose loss mask sums to less than {smallest + 1} "):
+        export_shard(store, 2, tmp_path / "staging", options=ExportOptions(min_loss_tokens=smallest + 1))
+    with pytest.raises(ValueError, match="an all-zero mask is never exported"):
+        ExportOptions(min_loss_tokens=0)
