@@ -4,8 +4,8 @@ Layout:
 * `input_ids` as `list<int32>`, `loss_mask` as `list<int8>` (same file size as `list<bool>`, and it reads
   straight into the 0/1 integers trainers expect);
 * zstd level 1: level 3 saves under 1% on token ids and writes ~1.7x slower here;
-* dictionary encoding only on the low-cardinality `finish_reason`: on token columns it slows writes ~40%
-  for ~1.5% size;
+* dictionary encoding only on the low-cardinality strings (`finish_reason`, the provenance names): on token
+  columns it slows writes ~40% for ~1.5% size;
 * row groups of at most 1,024 rows or 4M tokens (~16 MB of ids), so a reader holds one group at a time
   and can seek to a row without decoding the file.
 
@@ -35,7 +35,7 @@ ROWS_PER_GROUP = 1024
 TOKENS_PER_GROUP = 4 * 1024 * 1024
 COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 1
-DICTIONARY_COLUMNS = ["finish_reason"]
+DICTIONARY_COLUMNS = ["finish_reason", "source", "server", "weight_version", "settings_fingerprint"]
 
 DEFAULT_MAX_LENGTH = 4096  # the sequence length drafter trainers train at
 

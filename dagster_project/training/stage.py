@@ -1,8 +1,10 @@
 """Completions → token-exact DFlash training rows.
 
 For every usable generation event: `input_ids = prompt_ids + output_ids` and `loss_mask` = 0 over the
-prompt, 1 over the output — the ids exactly as sent to and returned by SGLang, never re-tokenized (the
-prompt/output boundary comes from the engine, so no template mismatch can creep in). The output ends with
+prompt, 1 over the output, with the event's provenance (`records.PROVENANCE_FIELDS`: source, server,
+`weight_version`, settings fingerprint, spec-decoding stats) — the ids exactly as sent to and returned by
+SGLang, never re-tokenized (the prompt/output boundary comes from the engine, so no template mismatch can
+creep in). The output ends with
 the EOS `<|im_end|>` the model emitted, so the drafter learns to stop; the template's "\\n" after it is
 never generated and never in a row.
 
@@ -36,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dagster_project.generation.shards import CompletionsShardManifest
-from dagster_project.records import STATUS_OK, TRAINING_SCHEMA
+from dagster_project.records import PROVENANCE_FIELDS, STATUS_OK, TRAINING_SCHEMA
 from dagster_project.store.dataclass_json import parse_record
 from dagster_project.store.layout import COMPLETIONS, TRAINING_SET, lease_key, shard_manifest_key
 from dagster_project.store.lease import Lease, LeaseOptions, take_lease
@@ -70,6 +72,7 @@ COMPLETION_COLUMNS = [
     "prompt_ids",
     "output_ids",
     "finish_reason",
+    *(name for name, _ in PROVENANCE_FIELDS),
 ]
 
 
@@ -165,6 +168,13 @@ def _join(prompts: pa.Array, outputs: pa.Array, output_keep: np.ndarray) -> tupl
     )
 
 
+def _column_or_nulls(batch: pa.RecordBatch, name: str, kind: pa.DataType) -> pa.Array:
+    """A provenance column as `kind`; nulls where the completions were written before it was recorded."""
+    if name not in batch.schema.names:
+        return pa.nulls(batch.num_rows, kind)
+    return batch.column(name).cast(kind)
+
+
 def assemble_batch(
     batch: pa.RecordBatch, shard: int, options: AssemblyOptions, seen: set[str], lengths: LengthFigures | None = None
 ) -> tuple[pa.RecordBatch, Counter]:
@@ -195,6 +205,7 @@ def assemble_batch(
             pa.array(output_len.astype(np.int32)),
             kept.column("finish_reason"),
             pa.array(output_keep < output_len),
+            *(_column_or_nulls(kept, name, kind) for name, kind in PROVENANCE_FIELDS),
         ],
         schema=TRAINING_SCHEMA,
     )

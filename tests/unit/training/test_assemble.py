@@ -44,8 +44,23 @@ def test_a_row_is_prompt_ids_then_output_ids_with_the_mask_on_the_output():
             "completion_tokens": 3,
             "finish_reason": "stop",
             "truncated": False,
+            "source": "demo",
+            "server": "http://127.0.0.1:30000",
+            "weight_version": "default",
+            "settings_fingerprint": GenerationSettings().fingerprint(),
+            "spec_verify_ct": 1,
+            "spec_accept_length": 3.0,
+            "spec_accept_rate": 0.5,
         }
     ]
+
+
+def test_rows_of_completions_written_before_provenance_was_recorded_carry_nulls():
+    row = completion_row("c#turn0", [11, 12], [21, 22])
+    old = pa.RecordBatch.from_pylist([row], schema=COMPLETION_SCHEMA).drop_columns(["source", "weight_version"])
+    batch, _ = assemble_batch(old, 0, AssemblyOptions(), set())
+    assert batch.schema == TRAINING_SCHEMA
+    assert batch.to_pylist()[0]["source"] is None and batch.to_pylist()[0]["server"] == row["server"]
 
 
 def test_every_excluded_event_is_counted_under_its_reason():
