@@ -15,6 +15,7 @@ from dagster_project.assets import (  # noqa: E402
     completions,
     conversations,
     fleet_tuning,
+    hf_export,
     raw_prompts,
     run_report,
     specforge_export,
@@ -26,12 +27,21 @@ from dagster_project.checks import training_set as training_set_checks  # noqa: 
 from dagster_project.partitions import shard_partitions  # noqa: E402
 from dagster_project.resources import resources_from_env  # noqa: E402
 
-STAGES = [raw_prompts, conversations, completions, training_set, specforge_export, run_report, fleet_tuning]
+STAGES = [
+    raw_prompts,
+    conversations,
+    completions,
+    training_set,
+    specforge_export,
+    hf_export,
+    run_report,
+    fleet_tuning,
+]
 CHECKS = [conversations_checks, completions_checks, training_set_checks]
 
 shard_job = dg.define_asset_job(
     "shard_job",
-    selection=dg.AssetSelection.assets("completions", "training_set", "specforge_export"),
+    selection=dg.AssetSelection.assets("completions", "training_set", "specforge_export", "hf_export"),
     partitions_def=shard_partitions,
     description="Generate, assemble and export one shard; backfill it over all shards.",
 )

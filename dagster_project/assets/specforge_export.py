@@ -9,7 +9,9 @@ from dagster_project.resources.config_fields import config_fields
 from dagster_project.training.export import ExportOptions, export_shard
 
 
-class SpecforgeExportConfig(config_fields(ExportOptions, dg.Config)):
+class ExportConfig(config_fields(ExportOptions, dg.Config)):
+    """What every export of a training shard takes: the loss-token minimum and the gate override."""
+
     override_failed_gates: bool = Field(
         default=False,
         description="Export a training shard that failed blocking gates (refused otherwise); a check that has not "
@@ -28,7 +30,7 @@ class SpecforgeExportConfig(config_fields(ExportOptions, dg.Config)):
     ),
 )
 def specforge_export(
-    context: dg.AssetExecutionContext, config: SpecforgeExportConfig, store: DatasetStore
+    context: dg.AssetExecutionContext, config: ExportConfig, store: DatasetStore
 ) -> dg.MaterializeResult:
     shard, data = open_shard(context, store)
     written = export_shard(

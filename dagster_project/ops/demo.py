@@ -23,7 +23,7 @@ from dagster_project.store.storage import LocalStore
 DEMO_SHARDS = 4
 DEMO_SERVERS = 2
 CONCURRENT_SHARD_RUNS = 2
-SHARD_ASSETS = "completions,training_set,specforge_export"
+SHARD_ASSETS = "completions,training_set,specforge_export,hf_export"
 
 
 def demo_environment(root: Path) -> dict[str, str]:

@@ -179,6 +179,26 @@ def write_specforge_jsonl(batches: Iterable[pa.RecordBatch], path: Path, thin: T
     return counts
 
 
+def cleared_manifest(
+    store: Store, shard: int, *, override_failed_gates: bool = False, asset: str = "specforge_export"
+) -> tuple[TrainingShardManifest, dict[str, str]]:
+    """The training shard's manifest and the failed gates overridden; `ShardNotCleared` if `asset` may not export
+    it."""
+    manifest = training_manifest(store, shard)
+    reasons = uncleared(store, manifest, override_failed_gates=override_failed_gates)
+    if reasons:
+        fix = (
+            "run the training_set checks on it"
+            if all("has not run" in reason for reason in reasons)
+            else "fix the cause and re-materialize training_set (or, having looked, set override_failed_gates: "
+            f"true in {asset}'s config)"
+        )
+        raise ShardNotCleared(
+            f"training_set shard {shard} is not cleared for export: " + "; ".join(reasons) + f". To export it: {fix}"
+        )
+    return manifest, verdicts.failed_gates(store, manifest)
+
+
 def export_shard(
     store: Store,
     shard: int,
@@ -191,19 +211,7 @@ def export_shard(
 
     `override_failed_gates`: export a shard that failed training gates anyway (they are in `overridden`). A row
     under `options.min_loss_tokens` refuses the shard (`LossMaskTooSmall`) whatever the gates said."""
-    manifest = training_manifest(store, shard)
-    reasons = uncleared(store, manifest, override_failed_gates=override_failed_gates)
-    if reasons:
-        fix = (
-            "run the training_set checks on it"
-            if all("has not run" in reason for reason in reasons)
-            else "fix the cause and re-materialize training_set (or, having looked, set override_failed_gates: "
-            "true in specforge_export's config)"
-        )
-        raise ShardNotCleared(
-            f"training_set shard {shard} is not cleared for export: " + "; ".join(reasons) + f". To export it: {fix}"
-        )
-    overridden = verdicts.failed_gates(store, manifest)
+    manifest, overridden = cleared_manifest(store, shard, override_failed_gates=override_failed_gates)
     staging_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=staging_dir) as staging:
         path = Path(staging) / "specforge.jsonl"

@@ -48,7 +48,7 @@ DAGSTER = str(BIN_DIR / "dagster")
 DEFS_MODULE = "dagster_project.definitions"
 # The code location `make dev` loads; absolute, since the tests run Dagster from a temp directory.
 WORKSPACE = PROJECT_ROOT / "workspace.yaml"
-SHARD_ASSETS = ("completions", "training_set", "specforge_export")
+SHARD_ASSETS = ("completions", "training_set", "specforge_export", "hf_export")
 
 # Settings the pipeline reads from the environment; a test states every one it relies on.
 _PIPELINE_PREFIXES = ("DFLASH_", "DAGSTER_", "SGLANG_")
@@ -67,6 +67,7 @@ EXPECTED_ASSETS = {
     "completions": ("generation", True, {"conversations"}),
     "training_set": ("training", True, {"completions"}),
     "specforge_export": ("exports", True, {"training_set"}),
+    "hf_export": ("exports", True, {"training_set"}),
     "run_report": ("report", False, {"completions"}),
     "fleet_tuning": ("report", False, {"conversations"}),
 }
