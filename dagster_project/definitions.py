@@ -22,6 +22,7 @@ from dagster_project.assets import (  # noqa: E402
     training_set,
 )
 from dagster_project.checks import completions as completions_checks  # noqa: E402
+from dagster_project.checks import contamination as contamination_checks  # noqa: E402
 from dagster_project.checks import conversations as conversations_checks  # noqa: E402
 from dagster_project.checks import training_set as training_set_checks  # noqa: E402
 from dagster_project.partitions import shard_partitions  # noqa: E402
@@ -37,7 +38,7 @@ STAGES = [
     run_report,
     fleet_tuning,
 ]
-CHECKS = [conversations_checks, completions_checks, training_set_checks]
+CHECKS = [conversations_checks, contamination_checks, completions_checks, training_set_checks]
 
 shard_job = dg.define_asset_job(
     "shard_job",

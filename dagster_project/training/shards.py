@@ -106,6 +106,8 @@ class TrainingShardManifest(ShardManifest):
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
     # Rows against max_length: how many are longer, the supervised tokens lost past it, a length histogram.
     lengths: LengthFigures = field(default_factory=LengthFigures)
+    # When the contamination report applied was computed (0: there was none, so nothing was checked).
+    contamination_report_at: float = 0.0
     source: TrainingSource = field(default_factory=TrainingSource)
 
     @property

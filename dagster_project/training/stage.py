@@ -8,11 +8,13 @@ creep in). The output ends with
 the EOS `<|im_end|>` the model emitted, so the drafter learns to stop; the template's "\\n" after it is
 never generated and never in a row.
 
-**Exclusions**, each counted under its reason (first matching reason wins):
-`error` (the request failed: no answer), `aborted` (finish_reason abort), `unknown_finish_reason`,
-`length_capped` (finish_reason length, when `exclude_length_capped`, the default: the answer was cut by
-`max_new_tokens`, usually inside its reasoning), `empty_output`, `duplicate_event` (an event recorded
-twice; the first is kept), and the two `max_length` reasons below.
+**Exclusions**, each counted under its reason (first matching reason wins): `eval_contamination` (the
+conversation shares an n-gram with an evaluation set, in the contamination report of the conversations
+check, when its action is `quarantine`; `conversations.contamination`), `error` (the request failed: no
+answer), `aborted` (finish_reason abort), `unknown_finish_reason`, `length_capped` (finish_reason length,
+when `exclude_length_capped`, the default: the answer was cut by `max_new_tokens`, usually inside its
+reasoning), `empty_output`, `duplicate_event` (an event recorded twice; the first is kept), and the two
+`max_length` reasons below.
 
 **`max_length`** (default 4,096, the length drafter trainers train at) and `length_policy` for a longer row:
 * `keep` (default): stored whole; the manifest records what a trainer cutting at `max_length` loses.
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dagster_project.conversations.contamination import EVAL_CONTAMINATION, quarantined_ids
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.records import PROVENANCE_FIELDS, STATUS_OK, TRAINING_SCHEMA
 from dagster_project.store.dataclass_json import parse_record
@@ -108,7 +111,11 @@ class AssemblyCounts:
 
 
 def _exclusion_reasons(
-    batch: pa.RecordBatch, options: AssemblyOptions, seen: set[str], lengths: LengthFigures
+    batch: pa.RecordBatch,
+    options: AssemblyOptions,
+    seen: set[str],
+    lengths: LengthFigures,
+    contaminated: Set[str] = frozenset(),
 ) -> np.ndarray:
     """The exclusion reason of each row (None = kept); `seen` carries event ids across batches. The rows no other
     reason excluded are judged against `max_length` and added to `lengths`."""
@@ -122,6 +129,9 @@ def _exclusion_reasons(
     def exclude(condition: np.ndarray, reason: str) -> None:
         reasons[(reasons == None) & condition] = reason  # noqa: E711 (elementwise over an object array)
 
+    if contaminated:
+        conversations = batch.column("conversation_id").to_pylist()
+        exclude(np.array([c in contaminated for c in conversations], dtype=bool), EVAL_CONTAMINATION)
     exclude(status != STATUS_OK, ERROR)
     exclude(finish == "abort", ABORTED)
     exclude(np.array([reason not in ("stop", "length") for reason in finish], dtype=bool), UNKNOWN_FINISH_REASON)
@@ -176,12 +186,18 @@ def _column_or_nulls(batch: pa.RecordBatch, name: str, kind: pa.DataType) -> pa.
 
 
 def assemble_batch(
-    batch: pa.RecordBatch, shard: int, options: AssemblyOptions, seen: set[str], lengths: LengthFigures | None = None
+    batch: pa.RecordBatch,
+    shard: int,
+    options: AssemblyOptions,
+    seen: set[str],
+    lengths: LengthFigures | None = None,
+    contaminated: Set[str] = frozenset(),
 ) -> tuple[pa.RecordBatch, Counter]:
     """Training rows (TRAINING_SCHEMA) for one batch of completions, and the excluded rows counted by reason;
-    the rows' figures against `max_length` are added to `lengths`."""
+    the rows' figures against `max_length` are added to `lengths`; rows of `contaminated` conversations are
+    excluded as `eval_contamination`."""
     lengths = lengths if lengths is not None else LengthFigures(options.max_length, options.length_policy)
-    reasons = _exclusion_reasons(batch, options, seen, lengths)
+    reasons = _exclusion_reasons(batch, options, seen, lengths, contaminated)
     kept = batch.filter(pa.array(reasons == None))  # noqa: E711
     prompt_len = pc.list_value_length(kept.column("prompt_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
     output_len = pc.list_value_length(kept.column("output_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -213,12 +229,16 @@ def assemble_batch(
 
 
 def assemble_batches(
-    batches: Iterable[pa.RecordBatch], shard: int, options: AssemblyOptions, lengths: LengthFigures
+    batches: Iterable[pa.RecordBatch],
+    shard: int,
+    options: AssemblyOptions,
+    lengths: LengthFigures,
+    contaminated: Set[str] = frozenset(),
 ) -> Iterator[tuple[pa.RecordBatch, Counter, list[str]]]:
     """Stream `assemble_batch` over a shard; also yields each input batch's event ids (for the source digest)."""
     seen: set[str] = set()
     for batch in batches:
-        training, excluded = assemble_batch(batch, shard, options, seen, lengths)
+        training, excluded = assemble_batch(batch, shard, options, seen, lengths, contaminated)
         yield training, excluded, batch.column("event_id").to_pylist()
 
 
@@ -255,8 +275,20 @@ def assemble_shard(
             f"gates: {describe_failures(gated)}. Fix the cause and re-materialize completions of this shard; or, "
             "having looked at them, set override_failed_gates: true in training_set's config to assemble it anyway"
         )
+    contaminated, report = quarantined_ids(store, shard)
     with take_lease(store, lease_key(TRAINING_SET, shard), run_id=run_id, options=lease) as held:
-        return _assemble(store, shard, options, staging_dir, source, source_sha256, gated, held)
+        return _assemble(
+            store,
+            shard,
+            options,
+            staging_dir,
+            source,
+            source_sha256,
+            gated,
+            held,
+            contaminated,
+            report.computed_at if report is not None else 0.0,
+        )
 
 
 def _assemble(
@@ -268,6 +300,8 @@ def _assemble(
     source_sha256: str,
     overridden: dict[str, str],
     held: Lease,
+    contaminated: Set[str],
+    contamination_report_at: float,
 ) -> TrainingShardManifest:
     counts = AssemblyCounts(lengths=LengthFigures(options.max_length, options.length_policy))
     kept_ids: list[str] = []
@@ -277,7 +311,7 @@ def _assemble(
         path = Path(staging) / TRAINING_FILE
         with TrainingShardWriter(path) as writer:
             batches = iter_parquet_batches(store, source.data_keys, COMPLETION_COLUMNS)
-            for training, excluded, events in assemble_batches(batches, shard, options, counts.lengths):
+            for training, excluded, events in assemble_batches(batches, shard, options, counts.lengths, contaminated):
                 writer.write(training)
                 counts.add(training)
                 counts.exclusions.update(excluded)
@@ -304,6 +338,7 @@ def _assemble(
             finish_reasons=dict(sorted(counts.finish_reasons.items())),
             assembly=options,
             lengths=counts.lengths,
+            contamination_report_at=contamination_report_at,
             source=TrainingSource(
                 completions_manifest_sha256=source_sha256,
                 completions_ids_digest=source.ids_digest,

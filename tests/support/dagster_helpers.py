@@ -80,6 +80,7 @@ EXPECTED_CHECKS = {
         "conversations_unique_ids": True,
         "conversations_gx_suite": True,
         "conversations_multi_turn_counts": False,
+        "eval_contamination": False,
     },
     "completions": {
         "completions_exactly_once": True,
