@@ -12,11 +12,12 @@ still matches. A message matches when it shares one run of `ngram` consecutive w
 evaluation text; an evaluation text shorter than that (MT-Bench's "What about …?" follow-ups) matches a
 message made of exactly its words.
 
-**Speed.** Whole batches of messages are normalized and split by Arrow's compute kernels, each word is
-mapped to its index in the evaluation vocabulary (a word no evaluation text has can be in no shared
-n-gram), and every window's 64-bit polynomial hash is compared with the sorted hashes of the evaluation
-n-grams by numpy — no Python loop per word. `benchmarks/bench_contamination.py` measures it against the
-plain Python scan (`python_scan`: a set of word tuples) on 1M prompts.
+**Speed.** Whole batches of messages are split into words at once — ASCII messages by a byte table in
+numpy, the others by Arrow's Unicode kernels — each word is mapped to its index in the evaluation
+vocabulary (a word no evaluation text has can be in no shared n-gram), and every window's 64-bit
+polynomial hash goes through a bitmap of hash suffixes, then the sorted evaluation hashes — no Python loop
+per word. `benchmarks/bench_contamination.py` measures it against the
+plain Python scan (`python_scan`: a dict of word tuples) on 1M prompts.
 
 What happens to a match is `action`: `quarantine` (the default: the training set excludes the
 conversation's rows as `eval_contamination`) or `report` (listed only).
@@ -146,7 +147,13 @@ def normalized_words(texts: pa.Array | Sequence[str]) -> pa.ListArray:
     """Each text as its list of words: NFKC, lower case, split at anything that is neither letter nor digit."""
     texts = pa.array(texts, pa.string()) if not isinstance(texts, pa.Array) else texts
     spaced = pc.replace_substring_regex(pc.utf8_lower(pc.utf8_normalize(texts, "NFKC")), _SEPARATORS, " ")
-    return pc.utf8_split_whitespace(pc.utf8_trim_whitespace(spaced))
+    split = pc.utf8_split_whitespace(pc.utf8_trim_whitespace(spaced))
+    # A blank text splits into one empty string, which is no word.
+    flat, lengths = pc.list_flatten(split), pc.list_value_length(split).to_numpy(zero_copy_only=False)
+    nonempty = pc.greater(pc.binary_length(flat), 0).to_numpy(zero_copy_only=False)
+    kept = np.bincount(np.repeat(np.arange(lengths.size), lengths)[nonempty], minlength=lengths.size)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(kept)]).astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, flat.filter(pa.array(nonempty)))
 
 
 def python_words(text: str) -> list[str]:
@@ -154,43 +161,72 @@ def python_words(text: str) -> list[str]:
     return _PY_SEPARATORS.sub(" ", unicodedata.normalize("NFKC", text).lower()).split()
 
 
-def _window_hashes(ids: np.ndarray, offsets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def ascii_words(texts: pa.StringArray) -> tuple[pa.StringArray, np.ndarray]:
+    """`normalized_words` of ASCII-only texts, as (every word in order, words per text), in numpy over the bytes
+    (ASCII needs neither NFKC nor Unicode classes, and the general path's regular expression is most of its
+    cost): letters are lower-cased, and words are the runs of letters and digits inside one text."""
+    _, offsets_buffer, data_buffer = texts.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int32)[texts.offset : texts.offset + len(texts) + 1].astype(np.int64)
+    data = np.frombuffer(data_buffer, np.uint8)[offsets[0] : offsets[-1]] if data_buffer else np.zeros(0, np.uint8)
+    offsets -= offsets[0]
+    lowered = data | np.uint8(32)  # ASCII letters differ from their lower case in bit 5 alone
+    upper = (data - np.uint8(ord("A"))) < 26
+    in_word = ((lowered - np.uint8(ord("a"))) < 26) | ((data - np.uint8(ord("0"))) < 10)
+    text_starts = offsets[:-1][offsets[:-1] < data.size]
+    text_ends = offsets[1:][offsets[1:] > 0] - 1
+    before = np.concatenate([[False], in_word[:-1]])
+    before[text_starts] = False  # a word never runs on from the previous text, nor into the next
+    after = np.concatenate([in_word[1:], [False]])
+    after[text_ends] = False
+    word_starts = np.flatnonzero(in_word & ~before)
+    word_lengths = np.flatnonzero(in_word & ~after) - word_starts + 1
+    words_per_text = np.diff(np.searchsorted(word_starts, offsets))
+    letters = np.where(upper, lowered, data).take(np.flatnonzero(in_word))
+    word_offsets = np.concatenate([[0], np.cumsum(word_lengths)]).astype(np.int32)
+    words = pa.StringArray.from_buffers(
+        int(word_starts.size), pa.py_buffer(word_offsets.tobytes()), pa.py_buffer(letters.tobytes())
+    )
+    return words, words_per_text
+
+
+def _window_hashes(ids: np.ndarray, lengths: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Hash of every n-word window inside one text, and the text it belongs to. A window holding a word outside
     the evaluation vocabulary (id -1) is left out: it cannot be shared."""
     total = ids.size - n + 1
     if total <= 0:
         return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    unknown_before = np.concatenate([[0], np.cumsum(ids < 0)])
+    text = np.repeat(np.arange(lengths.size), lengths)[:total]
+    text_end = np.cumsum(lengths)
+    keep = (unknown_before[n:] == unknown_before[:-n]) & (np.arange(total) + n <= text_end[text])
     codes = (ids + 1).astype(np.uint64)
     hashes = np.zeros(total, np.uint64)
-    unknown = np.zeros(total, bool)
     with np.errstate(over="ignore"):
         for k in range(n):
             hashes = hashes * _MULTIPLIER + codes[k : k + total]
-            unknown |= ids[k : k + total] < 0
-    starts = np.arange(total)
-    text = np.searchsorted(offsets, starts, side="right") - 1
-    inside = starts + n <= offsets[text + 1]
-    keep = inside & ~unknown
     return hashes[keep], text[keep]
 
 
-def _whole_hashes(ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def _whole_hashes(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Hash of each text's whole word sequence (the same hash as a window of its length); 0 where it holds an
     unknown word or no word."""
-    rows = lengths.size
-    result = np.zeros(rows, np.uint64)
+    result = np.zeros(lengths.size, np.uint64)
     nonempty = np.flatnonzero(lengths > 0)
     if not nonempty.size:
         return result
-    position_from_end = np.repeat(offsets[1:], lengths) - 1 - np.arange(ids.size)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    position_from_end = np.repeat(starts[1:], lengths) - 1 - np.arange(ids.size)
     powers = np.ones(int(lengths.max()), np.uint64)
     with np.errstate(over="ignore"):
         powers[1:] = np.cumprod(np.full(powers.size - 1, _MULTIPLIER, np.uint64))
         terms = (ids + 1).astype(np.uint64) * powers[position_from_end]
-        sums = np.add.reduceat(terms, offsets[nonempty])
-    bad = np.add.reduceat((ids < 0).astype(np.int64), offsets[nonempty]) > 0
+        sums = np.add.reduceat(terms, starts[nonempty])
+    bad = np.add.reduceat((ids < 0).astype(np.int64), starts[nonempty]) > 0
     result[nonempty] = np.where(bad, 0, sums)
     return result
+
+
+_FILTER_BITS = 24  # a 16 MiB bitmap of hash suffixes turns away nearly every window before the sorted lookup
 
 
 class EvalIndex:
@@ -201,51 +237,69 @@ class EvalIndex:
         self.ngram = ngram
         words = normalized_words([t.text for t in self.texts])
         self.vocabulary = pc.unique(pc.list_flatten(words))
-        ids, offsets, lengths = self._ids(words)
-        grams, owner = _window_hashes(ids, offsets, ngram)
+        lengths = pc.list_value_length(words).to_numpy(zero_copy_only=False).astype(np.int64)
+        ids = self._ids(pc.list_flatten(words))
+        grams, owner = _window_hashes(ids, lengths, ngram)
         short = np.flatnonzero((lengths > 0) & (lengths < ngram))
-        wholes = _whole_hashes(ids, offsets, lengths)[short]
-        keys = np.concatenate([grams, wholes])
+        keys = np.concatenate([grams, _whole_hashes(ids, lengths)[short]])
         owners = np.concatenate([owner, short])
         order = np.argsort(keys, kind="stable")
         self._keys, self._owners = keys[order], owners[order]
+        self._filter = np.zeros(1 << _FILTER_BITS, bool)
+        self._filter[self._suffix(self._keys)] = True
         self.short_texts = int(short.size)
 
-    def _ids(self, words: pa.ListArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        offsets = words.offsets.to_numpy().astype(np.int64)
-        flat = words.values.slice(offsets[0], offsets[-1] - offsets[0])
-        ids = pc.index_in(flat, value_set=self.vocabulary).fill_null(-1).to_numpy(zero_copy_only=False)
-        return ids.astype(np.int64), offsets - offsets[0], np.diff(offsets)
+    @staticmethod
+    def _suffix(hashes: np.ndarray) -> np.ndarray:
+        return (hashes & np.uint64((1 << _FILTER_BITS) - 1)).astype(np.int64)
+
+    def _ids(self, words: pa.Array) -> np.ndarray:
+        return pc.index_in(words, value_set=self.vocabulary).fill_null(-1).to_numpy(zero_copy_only=False)
 
     @property
     def grams(self) -> int:
         return int(self._keys.size)
 
     def _lookup(self, hashes: np.ndarray) -> np.ndarray:
-        at = np.searchsorted(self._keys, hashes)
-        found = at < self._keys.size
-        found[found] = self._keys[at[found]] == hashes[found]
-        return np.where(found, self._owners[np.minimum(at, self._keys.size - 1)], NO_MATCH)
+        result = np.full(hashes.size, NO_MATCH, np.int64)
+        candidates = np.flatnonzero(self._filter[self._suffix(hashes)])
+        at = np.minimum(np.searchsorted(self._keys, hashes[candidates]), self._keys.size - 1)
+        found = self._keys[at] == hashes[candidates]
+        result[candidates[found]] = self._owners[at[found]]
+        return result
+
+    def _match_words(self, words: pa.Array, lengths: np.ndarray) -> np.ndarray:
+        ids = self._ids(words).astype(np.int64)
+        result = np.full(lengths.size, NO_MATCH, np.int64)
+        hashes, text = _window_hashes(ids, lengths, self.ngram)
+        hit = self._lookup(hashes)
+        matched = hit != NO_MATCH
+        result[text[matched][::-1]] = hit[matched][::-1]  # the first matching window of each text
+        short = np.flatnonzero((lengths > 0) & (lengths < self.ngram) & (result == NO_MATCH))
+        if short.size:
+            result[short] = self._lookup(_whole_hashes(ids, lengths)[short])
+        return result
 
     def match(self, prompts: pa.Array | Sequence[str]) -> np.ndarray:
         """Per prompt, the index in `texts` of an evaluation text it shares an n-gram with, or -1."""
-        words = normalized_words(prompts)
-        ids, offsets, lengths = self._ids(words)
-        result = np.full(lengths.size, NO_MATCH, np.int64)
-        if not self._keys.size:
+        prompts = pa.array(prompts, pa.string()) if not isinstance(prompts, pa.Array) else prompts
+        result = np.full(len(prompts), NO_MATCH, np.int64)
+        if not self._keys.size or not len(prompts):
             return result
-        hashes, prompt = _window_hashes(ids, offsets, self.ngram)
-        hit = self._lookup(hashes)
-        matched = hit != NO_MATCH
-        result[prompt[matched][::-1]] = hit[matched][::-1]  # the first matching window of each prompt
-        short = np.flatnonzero((lengths > 0) & (lengths < self.ngram) & (result == NO_MATCH))
-        if short.size:
-            result[short] = self._lookup(_whole_hashes(ids, offsets, lengths)[short])
+        is_ascii = pc.string_is_ascii(prompts).fill_null(True).to_numpy(zero_copy_only=False)
+        plain = np.flatnonzero(is_ascii)
+        if plain.size:
+            result[plain] = self._match_words(*ascii_words(prompts.filter(pa.array(is_ascii))))
+        other = np.flatnonzero(~is_ascii)
+        if other.size:
+            words = normalized_words(prompts.filter(pa.array(~is_ascii)))
+            lengths = pc.list_value_length(words).to_numpy(zero_copy_only=False).astype(np.int64)
+            result[other] = self._match_words(pc.list_flatten(words), lengths)
         return result
 
 
-def python_scan(eval_texts: Sequence[EvalText], prompts: Iterable[str], ngram: int = DEFAULT_NGRAM) -> list[int]:
-    """The plain Python reference: a set of word n-gram tuples (and whole short texts), probed prompt by prompt."""
+def python_grams(eval_texts: Sequence[EvalText], ngram: int = DEFAULT_NGRAM) -> dict[tuple[str, ...], int]:
+    """The plain Python reference's index: every n-word tuple of the evaluation texts (a shorter text whole)."""
     grams: dict[tuple[str, ...], int] = {}
     for index, text in enumerate(eval_texts):
         words = python_words(text.text)
@@ -253,6 +307,11 @@ def python_scan(eval_texts: Sequence[EvalText], prompts: Iterable[str], ngram: i
             grams.setdefault(tuple(words), index)
         for start in range(len(words) - ngram + 1):
             grams.setdefault(tuple(words[start : start + ngram]), index)
+    return grams
+
+
+def python_scan(grams: dict[tuple[str, ...], int], prompts: Iterable[str], ngram: int = DEFAULT_NGRAM) -> list[int]:
+    """The plain Python reference scan: each prompt's n-word tuples probed in `python_grams`, prompt by prompt."""
     found = []
     for prompt in prompts:
         words = python_words(prompt)

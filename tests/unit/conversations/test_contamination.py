@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from dagster_project.conversations.contamination import (
@@ -12,8 +14,10 @@ from dagster_project.conversations.contamination import (
     ContaminationOptions,
     EvalIndex,
     EvalText,
+    ascii_words,
     load_eval_texts,
     normalized_words,
+    python_grams,
     python_scan,
     python_words,
 )
@@ -80,7 +84,9 @@ def test_the_vectorized_scan_answers_what_the_plain_python_scan_answers(eval_tex
     ]
     index = EvalIndex(eval_texts)
     vectorized = index.match(prompts).tolist()
-    assert [hit != NO_MATCH for hit in vectorized] == [hit != NO_MATCH for hit in python_scan(eval_texts, prompts)]
+    assert [hit != NO_MATCH for hit in vectorized] == [
+        hit != NO_MATCH for hit in python_scan(python_grams(eval_texts), prompts)
+    ]
     assert sum(hit != NO_MATCH for hit in vectorized) >= len(eval_texts[::7])
 
 
@@ -88,6 +94,14 @@ def test_normalization_splits_at_anything_but_letters_and_digits():
     texts = ["Hello,   WORLD!\tIt's 42°C", "ﬁne Ｔｅｘｔ", "ÜBER straße"]
     assert normalized_words(texts).to_pylist() == [python_words(text) for text in texts]
     assert python_words(texts[0]) == ["hello", "world", "it", "s", "42", "c"]
+
+
+def test_the_ascii_fast_path_splits_as_the_general_path():
+    texts = ["", "Hello,   WORLD!", "it's_42nd-street", "   ", "x", "trailing words ", "A1b2 C3", "end."]
+    words, per_text = ascii_words(pa.array(texts).slice(1))  # a sliced array too
+    expected = normalized_words(texts[1:])
+    assert per_text.tolist() == [len(w) for w in expected.to_pylist()]
+    assert words.to_pylist() == pc.list_flatten(expected).to_pylist()
 
 
 def test_options_refuse_what_they_cannot_do(tmp_path):
