@@ -16,6 +16,7 @@ from dagster_project.assets import (  # noqa: E402
     conversations,
     fleet_tuning,
     hf_export,
+    mixture_report,
     raw_prompts,
     run_report,
     specforge_export,
@@ -35,6 +36,7 @@ STAGES = [
     training_set,
     specforge_export,
     hf_export,
+    mixture_report,
     run_report,
     fleet_tuning,
 ]

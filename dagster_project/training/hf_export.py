@@ -34,6 +34,7 @@ from dagster_project.store.verdicts import read_verdict
 from dagster_project.training.export import REQUIRED_VERDICTS, ExportOptions, ThinMasks, cleared_manifest
 from dagster_project.training.lengths import LengthFigures
 from dagster_project.training.shards import AssemblyOptions, TrainingShardWriter, iter_training_batches
+from dagster_project.training.stage import UNKNOWN_SOURCE
 
 HF_PREFIX = f"{EXPORTS}/hf/"
 CARD_KEY = f"{HF_PREFIX}README.md"
@@ -91,7 +92,7 @@ def export_hf_shard(
         with TrainingShardWriter(path) as writer:
             for batch in iter_training_batches(store, shard):
                 thin.check(batch)
-                sources.update(batch.column("source").fill_null("unknown").to_pylist())
+                sources.update(batch.column("source").fill_null(UNKNOWN_SOURCE).to_pylist())
                 writer.write(batch)
         thin.refuse(shard)
         if writer.rows != manifest.rows:

@@ -89,6 +89,16 @@ class TrainingSource:
     gates_overridden: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class GroupExclusions:
+    """Completions rows of one source and turn excluded for one reason (what the mixture report reads)."""
+
+    source: str
+    turn_index: int
+    reason: str
+    rows: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingShardManifest(ShardManifest):
     """rows_in completions rows = rows kept + the rows excluded, by reason. `ids_digest` is over kept event ids."""
@@ -102,6 +112,7 @@ class TrainingShardManifest(ShardManifest):
     max_row_tokens: int = 0
     row_groups: int = 0
     exclusions: dict[str, int] = field(default_factory=dict)
+    exclusions_by_group: list[GroupExclusions] = field(default_factory=list)
     finish_reasons: dict[str, int] = field(default_factory=dict)
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
     # Rows against max_length: how many are longer, the supervised tokens lost past it, a length histogram.

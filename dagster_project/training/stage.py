@@ -53,6 +53,7 @@ from dagster_project.training.lengths import DROP, KEEP, MIN_OUTPUT_TOKENS, Leng
 from dagster_project.training.shards import (
     TRAINING_FILE,
     AssemblyOptions,
+    GroupExclusions,
     TrainingShardManifest,
     TrainingShardWriter,
     TrainingSource,
@@ -66,6 +67,7 @@ EMPTY_OUTPUT = "empty_output"
 DUPLICATE_EVENT = "duplicate_event"
 OVER_MAX_LENGTH = "over_max_length"
 PROMPT_FILLS_MAX_LENGTH = "prompt_fills_max_length"
+UNKNOWN_SOURCE = "unknown"  # completions written before the source was recorded
 
 COMPLETION_COLUMNS = [
     "event_id",
@@ -99,6 +101,7 @@ class AssemblyCounts:
     exclusions: Counter = field(default_factory=Counter)
     finish_reasons: Counter = field(default_factory=Counter)
     lengths: LengthFigures = field(default_factory=LengthFigures)
+    groups: Counter = field(default_factory=Counter)  # excluded rows by (source, turn index, reason)
 
     def add(self, batch: pa.RecordBatch) -> None:
         self.rows += batch.num_rows
@@ -192,12 +195,17 @@ def assemble_batch(
     seen: set[str],
     lengths: LengthFigures | None = None,
     contaminated: Set[str] = frozenset(),
+    groups: Counter | None = None,
 ) -> tuple[pa.RecordBatch, Counter]:
     """Training rows (TRAINING_SCHEMA) for one batch of completions, and the excluded rows counted by reason;
     the rows' figures against `max_length` are added to `lengths`; rows of `contaminated` conversations are
-    excluded as `eval_contamination`."""
+    excluded as `eval_contamination`; `groups` counts the excluded rows by (source, turn index, reason)."""
     lengths = lengths if lengths is not None else LengthFigures(options.max_length, options.length_policy)
     reasons = _exclusion_reasons(batch, options, seen, lengths, contaminated)
+    if groups is not None:
+        sources = _column_or_nulls(batch, "source", pa.string()).fill_null(UNKNOWN_SOURCE).to_pylist()
+        turns = batch.column("turn_index").to_pylist()
+        groups.update((sources[i], turns[i], reason) for i, reason in enumerate(reasons) if reason is not None)
     kept = batch.filter(pa.array(reasons == None))  # noqa: E711
     prompt_len = pc.list_value_length(kept.column("prompt_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
     output_len = pc.list_value_length(kept.column("output_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -234,11 +242,12 @@ def assemble_batches(
     options: AssemblyOptions,
     lengths: LengthFigures,
     contaminated: Set[str] = frozenset(),
+    groups: Counter | None = None,
 ) -> Iterator[tuple[pa.RecordBatch, Counter, list[str]]]:
     """Stream `assemble_batch` over a shard; also yields each input batch's event ids (for the source digest)."""
     seen: set[str] = set()
     for batch in batches:
-        training, excluded = assemble_batch(batch, shard, options, seen, lengths, contaminated)
+        training, excluded = assemble_batch(batch, shard, options, seen, lengths, contaminated, groups)
         yield training, excluded, batch.column("event_id").to_pylist()
 
 
@@ -311,7 +320,9 @@ def _assemble(
         path = Path(staging) / TRAINING_FILE
         with TrainingShardWriter(path) as writer:
             batches = iter_parquet_batches(store, source.data_keys, COMPLETION_COLUMNS)
-            for training, excluded, events in assemble_batches(batches, shard, options, counts.lengths, contaminated):
+            for training, excluded, events in assemble_batches(
+                batches, shard, options, counts.lengths, contaminated, counts.groups
+            ):
                 writer.write(training)
                 counts.add(training)
                 counts.exclusions.update(excluded)
@@ -335,6 +346,7 @@ def _assemble(
             max_row_tokens=counts.max_row_tokens,
             row_groups=writer.row_groups,
             exclusions=dict(sorted(counts.exclusions.items())),
+            exclusions_by_group=[GroupExclusions(*key, rows) for key, rows in sorted(counts.groups.items())],
             finish_reasons=dict(sorted(counts.finish_reasons.items())),
             assembly=options,
             lengths=counts.lengths,

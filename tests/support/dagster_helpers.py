@@ -69,6 +69,7 @@ EXPECTED_ASSETS = {
     "specforge_export": ("exports", True, {"training_set"}),
     "hf_export": ("exports", True, {"training_set"}),
     "run_report": ("report", False, {"completions"}),
+    "mixture_report": ("report", False, {"training_set", "conversations"}),
     "fleet_tuning": ("report", False, {"conversations"}),
 }
 
