@@ -36,7 +36,8 @@ COMMON = (
 ).split()
 
 
-def batches(prompts: int, eval_texts: list) -> Iterator[list[str]]:
+def batches(prompts: int, eval_texts: list, planted: list[str] | None = None) -> Iterator[list[str]]:
+    """The prompts, a batch at a time; the evaluation texts planted in them are appended to `planted`."""
     from dagster_project.conversations.contamination import python_words
 
     vocabulary = sorted({word for text in eval_texts for word in python_words(text.text)}) + COMMON
@@ -46,6 +47,8 @@ def batches(prompts: int, eval_texts: list) -> Iterator[list[str]]:
         for index in range(first, min(first + BATCH, prompts)):
             if index % 1000 == 999:
                 text = eval_texts[rng.randrange(len(eval_texts))].text
+                if planted is not None:
+                    planted.append(text)
                 batch.append("Please answer:  " + "  ".join(w.upper() for w in text.split()) + "\nThanks.")
             else:
                 batch.append(" ".join(rng.choices(vocabulary, k=rng.randint(8, 80))))
@@ -57,7 +60,14 @@ def _peak_rss_mib() -> float:
 
 
 def child(kind: str, prompts: int, eval_files: list[str]) -> dict:
-    from dagster_project.conversations.contamination import EvalIndex, load_eval_texts, python_grams, python_scan
+    from dagster_project.conversations.contamination import (
+        DEFAULT_NGRAM,
+        EvalIndex,
+        load_eval_texts,
+        python_grams,
+        python_scan,
+        python_words,
+    )
 
     texts = load_eval_texts(eval_files)
     started = time.perf_counter()
@@ -69,8 +79,8 @@ def child(kind: str, prompts: int, eval_files: list[str]) -> dict:
         grams = python_grams(texts)
         scan = lambda batch: python_scan(grams, batch)  # noqa: E731
     index_s = time.perf_counter() - started
-    scanned_s, made, flagged = 0.0, 0, []
-    for batch in batches(prompts, texts):
+    scanned_s, made, flagged, planted = 0.0, 0, [], []
+    for batch in batches(prompts, texts, planted):
         if scan is not None:
             started = time.perf_counter()
             hits = scan(batch)
@@ -83,6 +93,9 @@ def child(kind: str, prompts: int, eval_files: list[str]) -> dict:
         "index_s": index_s,
         "scan_s": scanned_s,
         "flagged": len(flagged),
+        "planted": len(planted),
+        # An evaluation text shorter than the n-gram matches only a message made of exactly its words.
+        "planted_short": sum(1 for text in planted if len(python_words(text)) < DEFAULT_NGRAM),
         "flagged_digest": hashlib.sha256(json.dumps(flagged).encode()).hexdigest()[:16],
         "peak_rss_mib": _peak_rss_mib(),
     }
@@ -106,6 +119,7 @@ def main() -> None:
         return
     floor = run_child("prompts_only", args.prompts, args.eval_files)
     ours = run_child("vectorized", args.prompts, args.eval_files)
+    ours_tenth = run_child("vectorized", args.prompts // 10, args.eval_files)
     baseline = run_child("python", args.prompts, args.eval_files)
     if (ours["flagged"], ours["flagged_digest"]) != (baseline["flagged"], baseline["flagged_digest"]):
         raise SystemExit(f"the scans disagree: vectorized {ours['flagged']}, python {baseline['flagged']}")
@@ -127,18 +141,24 @@ def main() -> None:
             f"Evaluation sets: MT-Bench questions, HumanEval prompts, GSM8K test ({ours['eval_texts']:,} texts), "
             "8-word runs after normalization. Prompts: 8 to 80 words from the evaluation vocabulary and common "
             "words (most windows reach the hash lookup), one in 1,000 an evaluation text reworded in case and "
-            "whitespace, made in batches of 16,384 in each child process. Both scans flag the same prompts "
-            f"({ours['flagged']:,}).",
+            "whitespace, made in batches of 16,384 in each child process. Both scans flag the same prompts: "
+            f"{ours['flagged']:,} of the {floor['planted']:,} planted ({floor['planted_short']:,} planted texts are "
+            "under 8 words, which match only a message made of exactly their words, not one that adds a line "
+            "around them).",
             "",
             "| scan | prompts | index (s) | scan (s) | prompts/s | flagged | peak RSS (MiB) | vs prompts only (MiB) |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",
             row("plain Python: dict of word n-gram tuples, prompt by prompt", baseline),
             row("**project: Arrow normalization + numpy n-gram hashes**", ours),
+            row("project, a tenth of the prompts", ours_tenth),
             f"| making the prompts only | {floor['prompts']:,} | | | | | {floor['peak_rss_mib']:.0f} | |",
             "",
-            f"The project's scan is {speedup:.1f}x the plain Python scan on the same prompts. Memory is bounded by "
-            "one batch of messages (the scan holds no prompt after its batch) plus the evaluation index; "
-            "the last column is what each scanner adds over making the prompts alone.",
+            f"The project's scan is {speedup:.1f}x the plain Python scan on the same prompts. The last column is what "
+            "each scanner adds over making the prompts alone. The project's peak is "
+            f"{ours_tenth['peak_rss_mib']:.0f} MiB at a tenth of the prompts and {ours['peak_rss_mib']:.0f} MiB at "
+            "all of them: its extra memory is mostly fixed — Arrow's Unicode kernels (NFKC and regular-expression "
+            "tables, about 55 MiB once loaded), the 16 MiB bitmap of hash suffixes, and the buffers of one "
+            "batch of 16,384 messages; the scan holds no prompt after its batch.",
         ]
     )
     print(body)
