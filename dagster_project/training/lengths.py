@@ -63,10 +63,13 @@ class LengthFigures:
         lengths = prompt_len + output_len
         kept = kept_output(prompt_len, output_len, self.max_length)
         over = lengths > self.max_length if self.max_length is not None else np.zeros(lengths.size, bool)
-        if self.policy == DROP:
+        if self.max_length is None:
+            lost = np.zeros(lengths.size, np.int64)
+        elif self.policy == DROP:
             lost = np.where(over, output_len, 0)
-        else:
-            lost = np.where(kept < MIN_OUTPUT_TOKENS, output_len, output_len - kept)
+        else:  # the rows `prompt_fills_max_length` excludes lose all of their output
+            prompt_fills = prompt_len > self.max_length - MIN_OUTPUT_TOKENS
+            lost = np.where(prompt_fills, output_len, output_len - kept)
         self.rows += int(lengths.size)
         self.rows_over += int(over.sum())
         self.supervised_tokens += int(output_len.sum())

@@ -154,6 +154,12 @@ def test_length_figures_add_up_across_shards():
     assert (first.rows, first.rows_over, first.supervised_tokens, first.supervised_tokens_beyond) == (3, 2, 18, 9)
     assert first.histogram["<=256"] == 3 and first.lost_share == 9 / 18
 
+    short_answers = LengthFigures(10, KEEP)
+    short_answers.add([2, 3], [1, 1])  # one-token answers that fit lose nothing
+    unlimited = LengthFigures(None, KEEP)
+    unlimited.add([50_000], [9])
+    assert short_answers.supervised_tokens_beyond == 0 and unlimited.supervised_tokens_beyond == 0
+
 
 def test_options_refuse_a_policy_they_do_not_know():
     with pytest.raises(ValueError, match="length_policy must be one of"):
