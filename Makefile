@@ -15,8 +15,15 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $@
 
+# The evaluation sets the demo checks prompts against, when the shared fixtures sit beside the checkout
+# (override with your own files: make demo EVAL_SETS=a.jsonl,b.jsonl).
+comma := ,
+empty :=
+space := $(empty) $(empty)
+EVAL_SETS ?= $(subst $(space),$(comma),$(wildcard ../shared/data/eval_sets/*/*))
+
 demo: venv
-	$(BIN)/python -m dagster_project.cli demo
+	DFLASH_EVAL_SETS="$(EVAL_SETS)" $(BIN)/python -m dagster_project.cli demo
 
 # Every test: tests/unit/ and tests/integration/.
 test: lint

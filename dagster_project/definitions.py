@@ -15,23 +15,36 @@ from dagster_project.assets import (  # noqa: E402
     completions,
     conversations,
     fleet_tuning,
+    hf_export,
+    mixture_report,
     raw_prompts,
     run_report,
     specforge_export,
     training_set,
 )
 from dagster_project.checks import completions as completions_checks  # noqa: E402
+from dagster_project.checks import contamination as contamination_checks  # noqa: E402
 from dagster_project.checks import conversations as conversations_checks  # noqa: E402
 from dagster_project.checks import training_set as training_set_checks  # noqa: E402
 from dagster_project.partitions import shard_partitions  # noqa: E402
 from dagster_project.resources import resources_from_env  # noqa: E402
 
-STAGES = [raw_prompts, conversations, completions, training_set, specforge_export, run_report, fleet_tuning]
-CHECKS = [conversations_checks, completions_checks, training_set_checks]
+STAGES = [
+    raw_prompts,
+    conversations,
+    completions,
+    training_set,
+    specforge_export,
+    hf_export,
+    mixture_report,
+    run_report,
+    fleet_tuning,
+]
+CHECKS = [conversations_checks, contamination_checks, completions_checks, training_set_checks]
 
 shard_job = dg.define_asset_job(
     "shard_job",
-    selection=dg.AssetSelection.assets("completions", "training_set", "specforge_export"),
+    selection=dg.AssetSelection.assets("completions", "training_set", "specforge_export", "hf_export"),
     partitions_def=shard_partitions,
     description="Generate, assemble and export one shard; backfill it over all shards.",
 )

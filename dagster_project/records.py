@@ -93,8 +93,22 @@ COMPLETION_SCHEMA = pa.schema(
         ("attempts", pa.int32()),
         ("finished_at", pa.float64()),
         ("settings_fingerprint", pa.string()),
+        ("source", pa.string()),  # the conversation's source (the prompt file's name)
+        ("weight_version", pa.string()),  # meta_info.weight_version: the model revision that answered
     ]
 )
+
+# What a training row carries of its generation event, so a bad server or a settings change can be traced and
+# excluded (null in rows assembled from completions written before a field was recorded).
+PROVENANCE_FIELDS = [
+    ("source", pa.string()),
+    ("server", pa.string()),
+    ("weight_version", pa.string()),
+    ("settings_fingerprint", pa.string()),
+    ("spec_verify_ct", pa.int32()),
+    ("spec_accept_length", pa.float64()),
+    ("spec_accept_rate", pa.float64()),
+]
 
 TRAINING_SCHEMA = pa.schema(
     [
@@ -110,6 +124,7 @@ TRAINING_SCHEMA = pa.schema(
         ("completion_tokens", pa.int32()),
         ("finish_reason", pa.string()),
         ("truncated", pa.bool_()),
+        *PROVENANCE_FIELDS,
     ]
 )
 

@@ -5,10 +5,13 @@ from pydantic import Field
 from dagster_project.assets.training_set import training_set
 from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore
-from dagster_project.training.export import export_shard
+from dagster_project.resources.config_fields import config_fields
+from dagster_project.training.export import ExportOptions, export_shard
 
 
-class SpecforgeExportConfig(dg.Config):
+class ExportConfig(config_fields(ExportOptions, dg.Config)):
+    """What every export of a training shard takes: the loss-token minimum and the gate override."""
+
     override_failed_gates: bool = Field(
         default=False,
         description="Export a training shard that failed blocking gates (refused otherwise); a check that has not "
@@ -27,11 +30,15 @@ class SpecforgeExportConfig(dg.Config):
     ),
 )
 def specforge_export(
-    context: dg.AssetExecutionContext, config: SpecforgeExportConfig, store: DatasetStore
+    context: dg.AssetExecutionContext, config: ExportConfig, store: DatasetStore
 ) -> dg.MaterializeResult:
     shard, data = open_shard(context, store)
     written = export_shard(
-        data, shard, store.local_dir() / "staging", override_failed_gates=config.override_failed_gates
+        data,
+        shard,
+        store.local_dir() / "staging",
+        override_failed_gates=config.override_failed_gates,
+        options=config.to_dataclass(),
     )
     for gate, message in written.overridden.items():
         context.log.warning(f"shard {shard}: failed training gate {gate} overridden by config: {message}")

@@ -15,11 +15,13 @@ from dagster_project.checks.gate_checks import GateConfig, check_result, reporte
 from dagster_project.generation.shards import completions_manifest
 from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
+from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
 from dagster_project.store.manifest import iter_parquet_batches
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gates
 from dagster_project.training.export import record_verdict
+from dagster_project.training.lengths import KEEP, LengthGateOptions
 from dagster_project.training.shards import iter_training_batches, training_manifest
 from dagster_project.training.stage import source_is_current
 from dagster_project.training.suite import FRAME_COLUMNS, training_frame, validate_training_frame
@@ -33,12 +35,13 @@ GATE_DESCRIPTIONS = {
     "degenerate_answers": "No answer text repeated across many distinct prompts.",
     "short_answers": "Few empty or very short visible answers.",
     "ids_match_completions": "Rows are exactly the completions' prompt_ids + output_ids, mask 1 on the output.",
+    "length_loss": "Few supervised tokens lost to max_length (cut, dropped, or cut by the trainer under 'keep').",
     "source_is_current": "Built from the completions shard now published; every event kept or excluded with a reason.",
 }
 
 
-class TrainingGateConfig(GateConfig):
-    """Thresholds of the training-set gates (see GateConfig)."""
+class TrainingGateConfig(config_fields(LengthGateOptions, GateConfig)):
+    """Thresholds of the training-set gates (see GateConfig), and of the length_loss gate."""
 
 
 @dg.multi_asset_check(
@@ -64,12 +67,18 @@ def training_set_gates(
         profile,
         vocab_size=special.vocab_size,
         enable_thinking=manifest.source.settings.enable_thinking,
-        thresholds=config.to_dataclass(),
+        thresholds=config.to_dataclass(gates.GateThresholds),
     )
     completion_batches = iter_parquet_batches(
         data, completions_manifest(data, shard).data_keys, ["event_id", "prompt_ids", "output_ids"]
     )
-    results += [gates.ids_match_completions(profile.digests, completion_batches), source_is_current(data, manifest)]
+    results += [
+        gates.ids_match_completions(profile.digests, completion_batches),
+        gates.length_loss(
+            manifest.lengths, max_lost_share=config.to_dataclass(LengthGateOptions).max_lost_supervised_share
+        ),
+        source_is_current(data, manifest),
+    ]
     record_verdict(data, manifest, "gates", {r.name: r.message for r in results if not r.passed})
     for result in results:
         if not result.passed:
@@ -87,7 +96,7 @@ def training_set_gx_suite(context: dg.AssetCheckExecutionContext, store: Dataset
         training_frame(iter_training_batches(data, shard, FRAME_COLUMNS)),
         shard=shard,
         rows=manifest.rows,
-        max_length=assembly.max_length,
+        max_length=None if assembly.length_policy == KEEP else assembly.max_length,
         finish_reasons=["stop"] if assembly.exclude_length_capped else ["stop", "length"],
     )
     record_verdict(data, manifest, "gx_suite", {} if outcome.success else {"gx_suite": outcome.message})

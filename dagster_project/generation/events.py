@@ -137,6 +137,7 @@ class ShardGeneration:
             turn_index=turn,
             num_turns=conversation.num_turns,
             policy=conversation.policy,
+            source=conversation.source,
             shard=self.shard,
             settings_fingerprint=self.fingerprint,
             finished_at=time.time(),
@@ -181,6 +182,7 @@ class ShardGeneration:
             spec_num_correct_drafts=meta.get("spec_num_correct_drafts"),
             spec_num_proposed_drafts=meta.get("spec_num_proposed_drafts"),
             e2e_latency_s=meta.get("e2e_latency"),
+            weight_version=meta.get("weight_version"),
         )
         if pending.turn + 1 < pending.conversation.num_turns and _needs_own_history(pending.conversation):
             row["history_message"] = self._history_message(result.output_ids, row["finish_reason"])

@@ -23,15 +23,17 @@ from dagster_project.store.storage import LocalStore
 DEMO_SHARDS = 4
 DEMO_SERVERS = 2
 CONCURRENT_SHARD_RUNS = 2
-SHARD_ASSETS = "completions,training_set,specforge_export"
+SHARD_ASSETS = "completions,training_set,specforge_export,hf_export"
 
 
 def demo_environment(root: Path) -> dict[str, str]:
-    """The demo's own settings; none of the shell's pipeline settings (a production store, say) leak in."""
+    """The demo's own settings; none of the shell's pipeline settings (a production store, say) leak in, except
+    the evaluation sets prompts are checked against (read only)."""
     demo = root / ".demo"
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(("DFLASH_", "SGLANG_", "DAGSTER_"))}
     return {
         **inherited,
+        "DFLASH_EVAL_SETS": os.environ.get("DFLASH_EVAL_SETS", ""),
         "DFLASH_STORE": str(demo / "store"),
         "DFLASH_WORK_DIR": str(demo / "work"),
         "DFLASH_NUM_SHARDS": str(DEMO_SHARDS),
@@ -79,11 +81,14 @@ def run_demo(root: Path) -> int:
         _materialize(env, "raw_prompts,conversations")
         with ThreadPoolExecutor(CONCURRENT_SHARD_RUNS) as pool:  # shard runs share the fleet, as in production
             list(pool.map(lambda key: _materialize(env, SHARD_ASSETS, key), layout.partition_keys(DEMO_SHARDS)))
-        _materialize(env, "run_report")
+        _materialize(env, "run_report,mixture_report")
         endpoints = _fleet_endpoints(env)
         print("\n" + "=" * 100 + "\nThe six operator questions (`dflash status`):\n")
         print(render_text(collect_status(store, endpoints)))
-        print(f"\nTraining set: {store.url(layout.TRAINING_SET)}   SpecForge JSONL: {store.url(layout.EXPORTS)}")
+        print(
+            f"\nTraining set: {store.url(layout.TRAINING_SET)}   exports (SpecForge JSONL, HF Parquet + card): "
+            f"{store.url(layout.EXPORTS)}   mixture: the mixture_report asset, {store.url('reports/mixture.json')}"
+        )
         print("Browse the runs, checks and partitions: make dev  (http://127.0.0.1:3000)")
     finally:
         _dflash(env, "fleet", "down")

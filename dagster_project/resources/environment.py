@@ -7,6 +7,7 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 
 from dagster_project import settings
+from dagster_project.resources.eval_sets import EvalSets
 from dagster_project.resources.fleet import SGLangFleet
 from dagster_project.resources.generation import GenerationConfig
 from dagster_project.resources.store import DatasetStore
@@ -22,6 +23,7 @@ def resources_from_env() -> dict[str, dg.ConfigurableResource]:
         "store": DatasetStore(root=settings.store_uri(), work_dir=str(settings.work_dir()), s3=s3),
         "tokenizer": TokenizerResource(name_or_path=settings.tokenizer_name()),
         "generation": GenerationConfig(),
+        "eval_sets": EvalSets(eval_files=settings.env_list("DFLASH_EVAL_SETS", [])),
         "fleet": SGLangFleet(
             endpoints=settings.sglang_endpoints(),
             router_url=settings.sglang_router(),

@@ -24,6 +24,10 @@ that publication: re-assembling the shard removes it; see `store.verdicts`), and
 without a passing verdict from every check in `REQUIRED_VERDICTS`, naming each failed gate. An operator who
 has looked at the failures may export such a shard anyway (`override_failed_gates`); a check that has not
 run on the shard is never overridden.
+
+**Never a row a trainer cannot learn from.** Whatever the gates said or an operator overrode, the export
+refuses a shard holding a row whose loss mask sums to less than `min_loss_tokens` (default 2, one DFlash
+anchor; ModelOpt refuses an all-zero mask outright), naming the rows, and writes nothing.
 """
 
 from __future__ import annotations
@@ -41,16 +45,66 @@ from dagster_project.store import verdicts
 from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET
 from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import read_verdict
-from dagster_project.training.gates import list_buffers
+from dagster_project.training.gates import list_buffers, row_sums
+from dagster_project.training.lengths import MIN_OUTPUT_TOKENS
 from dagster_project.training.shards import TrainingShardManifest, iter_training_batches, training_manifest
 
 SPECFORGE_PREFIX = f"{EXPORTS}/specforge/"
-EXPORT_COLUMNS = ["input_ids", "loss_mask"]
+EXPORT_COLUMNS = ["event_id", "input_ids", "loss_mask"]
 REQUIRED_VERDICTS = ("gates", "gx_suite")
+_SAMPLE = 5
 
 
 class ShardNotCleared(RuntimeError):
     """The training shard has not passed its checks (since it was last published)."""
+
+
+class LossMaskTooSmall(RuntimeError):
+    """The training shard holds rows with (almost) nothing to train on; nothing of it is exported."""
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    min_loss_tokens: int = field(
+        default=MIN_OUTPUT_TOKENS,
+        metadata={
+            "help": "A row whose loss mask sums to less than this stops the export of its shard, gates overridden "
+            "or not (2: one DFlash anchor; an all-zero mask is always refused)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.min_loss_tokens < 1:
+            raise ValueError(
+                f"min_loss_tokens must be at least 1 (an all-zero mask is never exported), got {self.min_loss_tokens}"
+            )
+
+
+@dataclass
+class ThinMasks:
+    """Rows under `min_loss_tokens`, gathered over a shard so the refusal names how many and which."""
+
+    min_loss_tokens: int
+    rows: int = 0
+    all_zero: int = 0
+    sample: list[str] = field(default_factory=list)
+
+    def check(self, batch: pa.RecordBatch) -> None:
+        sums = row_sums(batch.column("loss_mask"))
+        thin = np.flatnonzero(sums < self.min_loss_tokens)
+        self.rows += int(thin.size)
+        self.all_zero += int((sums == 0).sum())
+        events = batch.column("event_id")
+        self.sample.extend(events[int(i)].as_py() for i in thin[: _SAMPLE - len(self.sample)])
+
+    def refuse(self, shard: int) -> None:
+        if self.rows:
+            raise LossMaskTooSmall(
+                f"training_set shard {shard} holds {self.rows} rows whose loss mask sums to less than "
+                f"{self.min_loss_tokens} ({self.all_zero} all zero), e.g. {self.sample}: a trainer learns nothing "
+                "from them (ModelOpt refuses an all-zero mask, DFlash needs two consecutive supervised tokens), so "
+                "nothing of the shard was exported. Re-assemble it with training_set (its gates name the cause)"
+            )
 
 
 @dataclass(frozen=True)
@@ -101,11 +155,13 @@ def specforge_key(shard: int) -> str:
     return f"{SPECFORGE_PREFIX}shard={shard:0{SHARD_DIGITS}d}.jsonl"
 
 
-def write_specforge_jsonl(batches: Iterable[pa.RecordBatch], path: Path) -> JsonlCounts:
-    """Write the rows' `input_ids` and `loss_mask` as JSON Lines; return row and token counts."""
+def write_specforge_jsonl(batches: Iterable[pa.RecordBatch], path: Path, thin: ThinMasks) -> JsonlCounts:
+    """Write the rows' `input_ids` and `loss_mask` as JSON Lines; return row and token counts. Rows under the
+    loss-token minimum are counted in `thin` (the caller refuses the file then)."""
     counts = JsonlCounts()
     with open(path, "wb") as out:
         for batch in batches:
+            thin.check(batch)
             offsets, ids = list_buffers(batch.column("input_ids"))
             mask_offsets, mask = list_buffers(batch.column("loss_mask"))
             if not np.array_equal(offsets, mask_offsets):
@@ -123,10 +179,11 @@ def write_specforge_jsonl(batches: Iterable[pa.RecordBatch], path: Path) -> Json
     return counts
 
 
-def export_shard(store: Store, shard: int, staging_dir: Path, *, override_failed_gates: bool = False) -> ExportedShard:
-    """Write `exports/specforge/shard=NNNNN.jsonl` from the published training shard; return what was written.
-
-    `override_failed_gates`: export a shard that failed training gates anyway (they are in `overridden`)."""
+def cleared_manifest(
+    store: Store, shard: int, *, override_failed_gates: bool = False, asset: str = "specforge_export"
+) -> tuple[TrainingShardManifest, dict[str, str]]:
+    """The training shard's manifest and the failed gates overridden; `ShardNotCleared` if `asset` may not export
+    it."""
     manifest = training_manifest(store, shard)
     reasons = uncleared(store, manifest, override_failed_gates=override_failed_gates)
     if reasons:
@@ -134,16 +191,33 @@ def export_shard(store: Store, shard: int, staging_dir: Path, *, override_failed
             "run the training_set checks on it"
             if all("has not run" in reason for reason in reasons)
             else "fix the cause and re-materialize training_set (or, having looked, set override_failed_gates: "
-            "true in specforge_export's config)"
+            f"true in {asset}'s config)"
         )
         raise ShardNotCleared(
             f"training_set shard {shard} is not cleared for export: " + "; ".join(reasons) + f". To export it: {fix}"
         )
-    overridden = verdicts.failed_gates(store, manifest)
+    return manifest, verdicts.failed_gates(store, manifest)
+
+
+def export_shard(
+    store: Store,
+    shard: int,
+    staging_dir: Path,
+    *,
+    override_failed_gates: bool = False,
+    options: ExportOptions = ExportOptions(),
+) -> ExportedShard:
+    """Write `exports/specforge/shard=NNNNN.jsonl` from the published training shard; return what was written.
+
+    `override_failed_gates`: export a shard that failed training gates anyway (they are in `overridden`). A row
+    under `options.min_loss_tokens` refuses the shard (`LossMaskTooSmall`) whatever the gates said."""
+    manifest, overridden = cleared_manifest(store, shard, override_failed_gates=override_failed_gates)
     staging_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=staging_dir) as staging:
         path = Path(staging) / "specforge.jsonl"
-        counts = write_specforge_jsonl(iter_training_batches(store, shard, EXPORT_COLUMNS), path)
+        thin = ThinMasks(options.min_loss_tokens)
+        counts = write_specforge_jsonl(iter_training_batches(store, shard, EXPORT_COLUMNS), path, thin)
+        thin.refuse(shard)
         if counts.rows != manifest.rows or counts.loss_tokens != manifest.loss_tokens:
             raise RuntimeError(
                 f"training shard {shard} changed while it was exported ({counts.rows} rows written, "

@@ -9,7 +9,8 @@ Two layers, both plain numpy over Arrow list columns, one chunk at a time:
 * **per-row figures** — `list_lengths`, `row_sums`, `supervised_pairs`, `id_bounds`, `profile_outputs` (thinking
   structure and answer text of generated outputs), `row_digests`, `split_by_mask`, `list_buffers`;
 * **gates over those figures** — `loss_sum_floor`, `loss_sum_concentration`, `consecutive_supervised`,
-  `ids_in_vocabulary`, `thinking_structure`, `degenerate_answers`, `short_answers`, `ids_match_completions`.
+  `ids_in_vocabulary`, `thinking_structure`, `degenerate_answers`, `short_answers`, `ids_match_completions`,
+  `length_loss`.
 
 They serve completions (`output_ids` is the would-be supervised part) and training rows (the part under
 `loss_mask == 1`) alike; end to end, per shard:
@@ -45,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+
+from dagster_project.training.lengths import LengthFigures
 
 if TYPE_CHECKING:
     from dagster_project.tokenizer import SpecialIds
@@ -520,6 +523,29 @@ def short_answers(
         )
     passed = empty_ok and short_ok
     return GateResult("short_answers", passed, _verdict(passed, text), metadata)
+
+
+def length_loss(figures: LengthFigures, *, max_lost_share: float) -> GateResult:
+    """Few supervised tokens may be lost to the trainer's sequence length (`training.lengths`)."""
+    lost, total = figures.supervised_tokens_beyond, figures.supervised_tokens
+    metadata = {
+        "max_length": figures.max_length,
+        "length_policy": figures.policy,
+        "rows": figures.rows,
+        "rows_over_max_length": figures.rows_over,
+        "supervised_tokens": total,
+        "supervised_tokens_lost": lost,
+        "lost_share": figures.lost_share,
+        "max_lost_share": max_lost_share,
+        "length_histogram": figures.histogram,
+    }
+    passed = figures.lost_share <= max_lost_share
+    how = {"keep": "would be cut by a trainer at", "truncate": "were cut at", "drop": "were dropped over"}
+    text = (
+        f"{figures.lost_share:.1%} of supervised tokens ({lost}/{total}) {how[figures.policy]} max_length "
+        f"{figures.max_length} ({figures.rows_over}/{figures.rows} rows longer); limit {max_lost_share:.0%}"
+    )
+    return GateResult("length_loss", passed, _verdict(passed, text), metadata)
 
 
 # ---- identity with the completions ----------------------------------------------------------------

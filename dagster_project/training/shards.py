@@ -4,8 +4,8 @@ Layout:
 * `input_ids` as `list<int32>`, `loss_mask` as `list<int8>` (same file size as `list<bool>`, and it reads
   straight into the 0/1 integers trainers expect);
 * zstd level 1: level 3 saves under 1% on token ids and writes ~1.7x slower here;
-* dictionary encoding only on the low-cardinality `finish_reason`: on token columns it slows writes ~40%
-  for ~1.5% size;
+* dictionary encoding only on the low-cardinality strings (`finish_reason`, the provenance names): on token
+  columns it slows writes ~40% for ~1.5% size;
 * row groups of at most 1,024 rows or 4M tokens (~16 MB of ids), so a reader holds one group at a time
   and can seek to a row without decoding the file.
 
@@ -28,19 +28,16 @@ from dagster_project.records import TRAINING_SCHEMA
 from dagster_project.store.layout import TRAINING_SET
 from dagster_project.store.manifest import ShardManifest, iter_parquet_batches, read_shard_manifest
 from dagster_project.store.storage import Store
+from dagster_project.training.lengths import KEEP, LENGTH_POLICIES, MIN_OUTPUT_TOKENS, LengthFigures
 
 TRAINING_FILE = "training.parquet"
 ROWS_PER_GROUP = 1024
 TOKENS_PER_GROUP = 4 * 1024 * 1024
 COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 1
-DICTIONARY_COLUMNS = ["finish_reason"]
+DICTIONARY_COLUMNS = ["finish_reason", "source", "server", "weight_version", "settings_fingerprint"]
 
-TRUNCATE = "truncate"
-DROP = "drop"
-TRUNCATION_POLICIES = (TRUNCATE, DROP)
-# DFlash needs two consecutive supervised tokens for an anchor.
-MIN_OUTPUT_TOKENS = 2
+DEFAULT_MAX_LENGTH = 4096  # the sequence length drafter trainers train at
 
 
 class TrainingShardNotPublished(RuntimeError):
@@ -52,13 +49,18 @@ class AssemblyOptions:
     """How completions become rows (see `training.stage`); recorded in each shard's manifest."""
 
     max_length: int | None = field(
-        default=None,
-        metadata={"help": "Longest row in tokens; none keeps rows whole and leaves truncation to the trainer."},
-    )
-    truncation: str = field(
-        default=TRUNCATE,
+        default=DEFAULT_MAX_LENGTH,
         metadata={
-            "help": "Rows over max_length: 'truncate' keeps the prompt and the output's head; 'drop' excludes them."
+            "help": "The trainer's sequence length in tokens (SpecForge, Model-Optimizer DFlash and DeepSpec train at "
+            "4,096): rows and supervised tokens beyond it are counted in every manifest; none: no limit."
+        },
+    )
+    length_policy: str = field(
+        default=KEEP,
+        metadata={
+            "help": "Rows over max_length: 'keep' stores them whole and only records what a trainer cutting at "
+            "max_length loses; 'truncate' cuts them at max_length (the loss mask follows, the row is marked "
+            "truncated); 'drop' excludes them (over_max_length)."
         },
     )
     exclude_length_capped: bool = field(
@@ -66,8 +68,8 @@ class AssemblyOptions:
     )
 
     def __post_init__(self) -> None:
-        if self.truncation not in TRUNCATION_POLICIES:
-            raise ValueError(f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
+        if self.length_policy not in LENGTH_POLICIES:
+            raise ValueError(f"length_policy must be one of {LENGTH_POLICIES}, got {self.length_policy!r}")
         if self.max_length is not None and self.max_length < MIN_OUTPUT_TOKENS + 1:
             raise ValueError(
                 f"max_length must leave room for a prompt and {MIN_OUTPUT_TOKENS} output tokens, got {self.max_length}"
@@ -87,6 +89,16 @@ class TrainingSource:
     gates_overridden: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class GroupExclusions:
+    """Completions rows of one source and turn excluded for one reason (what the mixture report reads)."""
+
+    source: str
+    turn_index: int
+    reason: str
+    rows: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingShardManifest(ShardManifest):
     """rows_in completions rows = rows kept + the rows excluded, by reason. `ids_digest` is over kept event ids."""
@@ -100,8 +112,13 @@ class TrainingShardManifest(ShardManifest):
     max_row_tokens: int = 0
     row_groups: int = 0
     exclusions: dict[str, int] = field(default_factory=dict)
+    exclusions_by_group: list[GroupExclusions] = field(default_factory=list)
     finish_reasons: dict[str, int] = field(default_factory=dict)
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
+    # Rows against max_length: how many are longer, the supervised tokens lost past it, a length histogram.
+    lengths: LengthFigures = field(default_factory=LengthFigures)
+    # When the contamination report applied was computed (0: there was none, so nothing was checked).
+    contamination_report_at: float = 0.0
     source: TrainingSource = field(default_factory=TrainingSource)
 
     @property

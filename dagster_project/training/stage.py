@@ -1,31 +1,37 @@
 """Completions → token-exact DFlash training rows.
 
 For every usable generation event: `input_ids = prompt_ids + output_ids` and `loss_mask` = 0 over the
-prompt, 1 over the output — the ids exactly as sent to and returned by SGLang, never re-tokenized (the
-prompt/output boundary comes from the engine, so no template mismatch can creep in). The output ends with
+prompt, 1 over the output, with the event's provenance (`records.PROVENANCE_FIELDS`: source, server,
+`weight_version`, settings fingerprint, spec-decoding stats) — the ids exactly as sent to and returned by
+SGLang, never re-tokenized (the prompt/output boundary comes from the engine, so no template mismatch can
+creep in). The output ends with
 the EOS `<|im_end|>` the model emitted, so the drafter learns to stop; the template's "\\n" after it is
 never generated and never in a row.
 
-**Exclusions**, each counted under its reason (first matching reason wins):
-`error` (the request failed: no answer), `aborted` (finish_reason abort), `unknown_finish_reason`,
-`length_capped` (finish_reason length, when `exclude_length_capped`, the default: the answer was cut by
-`max_new_tokens`, usually inside its reasoning), `empty_output`, `duplicate_event` (an event recorded
-twice; the first is kept), and the two `max_length` reasons below.
+**Exclusions**, each counted under its reason (first matching reason wins): `eval_contamination` (the
+conversation shares an n-gram with an evaluation set, in the contamination report of the conversations
+check, when its action is `quarantine`; `conversations.contamination`), `error` (the request failed: no
+answer), `aborted` (finish_reason abort), `unknown_finish_reason`, `length_capped` (finish_reason length,
+when `exclude_length_capped`, the default: the answer was cut by `max_new_tokens`, usually inside its
+reasoning), `empty_output`, `duplicate_event` (an event recorded twice; the first is kept), and the two
+`max_length` reasons below.
 
-**`max_length`** (off by default: rows are stored whole, and the trainer's own `max_length` decides).
-When set, a row longer than `max_length`:
-* `truncate` (default): keeps its first `max_length` tokens — the whole prompt and the head of the output,
-  exactly what SpecForge does to a longer row — and is marked `truncated`. A row whose prompt leaves fewer
-  than 2 output tokens (no DFlash anchor) is excluded as `prompt_fills_max_length`.
+**`max_length`** (default 4,096, the length drafter trainers train at) and `length_policy` for a longer row:
+* `keep` (default): stored whole; the manifest records what a trainer cutting at `max_length` loses.
+* `truncate`: keeps its first `max_length` tokens — the whole prompt and the head of the output, exactly what
+  SpecForge does to a longer row — and is marked `truncated`; its mask follows.
 * `drop`: is excluded as `over_max_length`.
-The prompt is never cut: a row without its context would teach the drafter the wrong distribution.
+Under `keep` and `truncate`, a row whose prompt leaves fewer than 2 output tokens inside `max_length` (no
+DFlash anchor at the trainer's length) is excluded as `prompt_fills_max_length`. The prompt is never cut: a
+row without its context would teach the drafter the wrong distribution. Every manifest carries the
+`training.lengths.LengthFigures` of its shard: rows over `max_length`, supervised tokens lost, a histogram.
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,8 +39,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dagster_project.conversations.contamination import EVAL_CONTAMINATION, quarantined_ids
 from dagster_project.generation.shards import CompletionsShardManifest
-from dagster_project.records import STATUS_OK, TRAINING_SCHEMA
+from dagster_project.records import PROVENANCE_FIELDS, STATUS_OK, TRAINING_SCHEMA
 from dagster_project.store.dataclass_json import parse_record
 from dagster_project.store.layout import COMPLETIONS, TRAINING_SET, lease_key, shard_manifest_key
 from dagster_project.store.lease import Lease, LeaseOptions, take_lease
@@ -42,11 +49,11 @@ from dagster_project.store.manifest import ids_digest, iter_parquet_batches, pub
 from dagster_project.store.storage import Store, sha256_bytes
 from dagster_project.store.verdicts import describe_failures, failed_gates
 from dagster_project.training.gates import GateResult, list_buffers
+from dagster_project.training.lengths import DROP, KEEP, MIN_OUTPUT_TOKENS, LengthFigures, kept_output
 from dagster_project.training.shards import (
-    DROP,
-    MIN_OUTPUT_TOKENS,
     TRAINING_FILE,
     AssemblyOptions,
+    GroupExclusions,
     TrainingShardManifest,
     TrainingShardWriter,
     TrainingSource,
@@ -60,6 +67,7 @@ EMPTY_OUTPUT = "empty_output"
 DUPLICATE_EVENT = "duplicate_event"
 OVER_MAX_LENGTH = "over_max_length"
 PROMPT_FILLS_MAX_LENGTH = "prompt_fills_max_length"
+UNKNOWN_SOURCE = "unknown"  # completions written before the source was recorded
 
 COMPLETION_COLUMNS = [
     "event_id",
@@ -69,6 +77,7 @@ COMPLETION_COLUMNS = [
     "prompt_ids",
     "output_ids",
     "finish_reason",
+    *(name for name, _ in PROVENANCE_FIELDS),
 ]
 
 
@@ -91,6 +100,8 @@ class AssemblyCounts:
     max_row_tokens: int = 0
     exclusions: Counter = field(default_factory=Counter)
     finish_reasons: Counter = field(default_factory=Counter)
+    lengths: LengthFigures = field(default_factory=LengthFigures)
+    groups: Counter = field(default_factory=Counter)  # excluded rows by (source, turn index, reason)
 
     def add(self, batch: pa.RecordBatch) -> None:
         self.rows += batch.num_rows
@@ -102,8 +113,15 @@ class AssemblyCounts:
         self.finish_reasons.update(batch.column("finish_reason").to_pylist())
 
 
-def _exclusion_reasons(batch: pa.RecordBatch, options: AssemblyOptions, seen: set[str]) -> np.ndarray:
-    """The exclusion reason of each row (None = kept); `seen` carries event ids across batches."""
+def _exclusion_reasons(
+    batch: pa.RecordBatch,
+    options: AssemblyOptions,
+    seen: set[str],
+    lengths: LengthFigures,
+    contaminated: Set[str] = frozenset(),
+) -> np.ndarray:
+    """The exclusion reason of each row (None = kept); `seen` carries event ids across batches. The rows no other
+    reason excluded are judged against `max_length` and added to `lengths`."""
     rows = batch.num_rows
     reasons = np.full(rows, None, dtype=object)
     status = np.asarray(batch.column("status").to_pylist(), dtype=object)
@@ -114,6 +132,9 @@ def _exclusion_reasons(batch: pa.RecordBatch, options: AssemblyOptions, seen: se
     def exclude(condition: np.ndarray, reason: str) -> None:
         reasons[(reasons == None) & condition] = reason  # noqa: E711 (elementwise over an object array)
 
+    if contaminated:
+        conversations = batch.column("conversation_id").to_pylist()
+        exclude(np.array([c in contaminated for c in conversations], dtype=bool), EVAL_CONTAMINATION)
     exclude(status != STATUS_OK, ERROR)
     exclude(finish == "abort", ABORTED)
     exclude(np.array([reason not in ("stop", "length") for reason in finish], dtype=bool), UNKNOWN_FINISH_REASON)
@@ -125,10 +146,11 @@ def _exclusion_reasons(batch: pa.RecordBatch, options: AssemblyOptions, seen: se
             if event in seen:
                 reasons[row] = DUPLICATE_EVENT
             seen.add(event)
+    judged = reasons == None  # noqa: E711
+    lengths.add(prompt_len[judged], output_len[judged])
     if options.max_length is not None:
-        too_long = prompt_len + output_len > options.max_length
-        if options.truncation == DROP:
-            exclude(too_long, OVER_MAX_LENGTH)
+        if options.length_policy == DROP:
+            exclude(prompt_len + output_len > options.max_length, OVER_MAX_LENGTH)
         else:
             exclude(prompt_len > options.max_length - MIN_OUTPUT_TOKENS, PROMPT_FILLS_MAX_LENGTH)
     return reasons
@@ -159,15 +181,38 @@ def _join(prompts: pa.Array, outputs: pa.Array, output_keep: np.ndarray) -> tupl
     )
 
 
+def _column_or_nulls(batch: pa.RecordBatch, name: str, kind: pa.DataType) -> pa.Array:
+    """A provenance column as `kind`; nulls where the completions were written before it was recorded."""
+    if name not in batch.schema.names:
+        return pa.nulls(batch.num_rows, kind)
+    return batch.column(name).cast(kind)
+
+
 def assemble_batch(
-    batch: pa.RecordBatch, shard: int, options: AssemblyOptions, seen: set[str]
+    batch: pa.RecordBatch,
+    shard: int,
+    options: AssemblyOptions,
+    seen: set[str],
+    lengths: LengthFigures | None = None,
+    contaminated: Set[str] = frozenset(),
+    groups: Counter | None = None,
 ) -> tuple[pa.RecordBatch, Counter]:
-    """Training rows (TRAINING_SCHEMA) for one batch of completions, and the excluded rows counted by reason."""
-    reasons = _exclusion_reasons(batch, options, seen)
+    """Training rows (TRAINING_SCHEMA) for one batch of completions, and the excluded rows counted by reason;
+    the rows' figures against `max_length` are added to `lengths`; rows of `contaminated` conversations are
+    excluded as `eval_contamination`; `groups` counts the excluded rows by (source, turn index, reason)."""
+    lengths = lengths if lengths is not None else LengthFigures(options.max_length, options.length_policy)
+    reasons = _exclusion_reasons(batch, options, seen, lengths, contaminated)
+    if groups is not None:
+        sources = _column_or_nulls(batch, "source", pa.string()).fill_null(UNKNOWN_SOURCE).to_pylist()
+        turns = batch.column("turn_index").to_pylist()
+        groups.update((sources[i], turns[i], reason) for i, reason in enumerate(reasons) if reason is not None)
     kept = batch.filter(pa.array(reasons == None))  # noqa: E711
     prompt_len = pc.list_value_length(kept.column("prompt_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
     output_len = pc.list_value_length(kept.column("output_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
-    output_keep = output_len if options.max_length is None else np.minimum(output_len, options.max_length - prompt_len)
+    if options.length_policy == KEEP:
+        output_keep = output_len
+    else:
+        output_keep = kept_output(prompt_len, output_len, options.max_length)
     input_ids, loss_mask = _join(kept.column("prompt_ids"), kept.column("output_ids"), output_keep)
     rows = kept.num_rows
     training = pa.RecordBatch.from_arrays(
@@ -184,6 +229,7 @@ def assemble_batch(
             pa.array(output_len.astype(np.int32)),
             kept.column("finish_reason"),
             pa.array(output_keep < output_len),
+            *(_column_or_nulls(kept, name, kind) for name, kind in PROVENANCE_FIELDS),
         ],
         schema=TRAINING_SCHEMA,
     )
@@ -191,12 +237,17 @@ def assemble_batch(
 
 
 def assemble_batches(
-    batches: Iterable[pa.RecordBatch], shard: int, options: AssemblyOptions
+    batches: Iterable[pa.RecordBatch],
+    shard: int,
+    options: AssemblyOptions,
+    lengths: LengthFigures,
+    contaminated: Set[str] = frozenset(),
+    groups: Counter | None = None,
 ) -> Iterator[tuple[pa.RecordBatch, Counter, list[str]]]:
     """Stream `assemble_batch` over a shard; also yields each input batch's event ids (for the source digest)."""
     seen: set[str] = set()
     for batch in batches:
-        training, excluded = assemble_batch(batch, shard, options, seen)
+        training, excluded = assemble_batch(batch, shard, options, seen, lengths, contaminated, groups)
         yield training, excluded, batch.column("event_id").to_pylist()
 
 
@@ -233,8 +284,20 @@ def assemble_shard(
             f"gates: {describe_failures(gated)}. Fix the cause and re-materialize completions of this shard; or, "
             "having looked at them, set override_failed_gates: true in training_set's config to assemble it anyway"
         )
+    contaminated, report = quarantined_ids(store, shard)
     with take_lease(store, lease_key(TRAINING_SET, shard), run_id=run_id, options=lease) as held:
-        return _assemble(store, shard, options, staging_dir, source, source_sha256, gated, held)
+        return _assemble(
+            store,
+            shard,
+            options,
+            staging_dir,
+            source,
+            source_sha256,
+            gated,
+            held,
+            contaminated,
+            report.computed_at if report is not None else 0.0,
+        )
 
 
 def _assemble(
@@ -246,8 +309,10 @@ def _assemble(
     source_sha256: str,
     overridden: dict[str, str],
     held: Lease,
+    contaminated: Set[str],
+    contamination_report_at: float,
 ) -> TrainingShardManifest:
-    counts = AssemblyCounts()
+    counts = AssemblyCounts(lengths=LengthFigures(options.max_length, options.length_policy))
     kept_ids: list[str] = []
     source_ids: list[str] = []
     staging_dir.mkdir(parents=True, exist_ok=True)
@@ -255,7 +320,9 @@ def _assemble(
         path = Path(staging) / TRAINING_FILE
         with TrainingShardWriter(path) as writer:
             batches = iter_parquet_batches(store, source.data_keys, COMPLETION_COLUMNS)
-            for training, excluded, events in assemble_batches(batches, shard, options):
+            for training, excluded, events in assemble_batches(
+                batches, shard, options, counts.lengths, contaminated, counts.groups
+            ):
                 writer.write(training)
                 counts.add(training)
                 counts.exclusions.update(excluded)
@@ -279,8 +346,11 @@ def _assemble(
             max_row_tokens=counts.max_row_tokens,
             row_groups=writer.row_groups,
             exclusions=dict(sorted(counts.exclusions.items())),
+            exclusions_by_group=[GroupExclusions(*key, rows) for key, rows in sorted(counts.groups.items())],
             finish_reasons=dict(sorted(counts.finish_reasons.items())),
             assembly=options,
+            lengths=counts.lengths,
+            contamination_report_at=contamination_report_at,
             source=TrainingSource(
                 completions_manifest_sha256=source_sha256,
                 completions_ids_digest=source.ids_digest,

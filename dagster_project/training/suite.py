@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from dagster_project.records import TRAINING_SCHEMA
 from dagster_project.training.gates import id_bounds, list_lengths, row_sums
-from dagster_project.training.stage import MIN_OUTPUT_TOKENS
+from dagster_project.training.lengths import MIN_OUTPUT_TOKENS
 
 SCALAR_COLUMNS = [
     "event_id",

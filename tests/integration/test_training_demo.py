@@ -62,5 +62,11 @@ def test_a_demo_shard_passes_every_training_gate_and_is_exported(sim_fleet, tmp_
     for row in training:
         prompt_ids, output_ids = sent[row["event_id"]]
         assert tok.decode(row["input_ids"]) == tok.decode(prompt_ids) + tok.decode(output_ids)
+    # Provenance, as the simulator's responses gave it: the server that answered, its weight_version, MTP's stats.
+    assert {row["server"] for row in training} <= set(fleet.urls) and {row["weight_version"] for row in training} == {
+        "default"
+    }
+    assert all(row["spec_verify_ct"] > 0 and row["spec_accept_length"] >= 1 for row in training)
+    assert {row["source"] for row in training} <= {"alpaca_tasks", "openai_messages", "sharegpt_chats"}
     exported = [json.loads(line) for line in store.get_bytes(specforge_key(SHARD)).splitlines()]
     assert [record["input_ids"] for record in exported] == [row["input_ids"] for row in training]

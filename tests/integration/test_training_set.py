@@ -104,9 +104,10 @@ def test_thresholds_are_run_config(store):
 
 def test_max_length_is_asset_config_and_recorded(store):
     publish_completions(store, SHARD, healthy_rows(30, shard=SHARD))
-    run_config = {"ops": {"training_set": {"config": {"max_length": 200, "truncation": "drop"}}}}
+    run_config = {"ops": {"training_set": {"config": {"max_length": 200, "length_policy": "drop"}}}}
     result = _materialize(store, run_config=run_config, raise_on_error=False)
     metadata = result.get_asset_materialization_events()[0].materialization.metadata
-    assert metadata["assembly"].value == {"max_length": 200, "truncation": "drop", "exclude_length_capped": True}
+    assert metadata["assembly"].value == {"max_length": 200, "length_policy": "drop", "exclude_length_capped": True}
     assert metadata["exclusions"].value["over_max_length"] + metadata["rows"].value == 30
     assert metadata["max_row_tokens"].value <= 200
+    assert metadata["rows_over_max_length"].value == metadata["exclusions"].value["over_max_length"]

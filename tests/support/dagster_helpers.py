@@ -48,7 +48,7 @@ DAGSTER = str(BIN_DIR / "dagster")
 DEFS_MODULE = "dagster_project.definitions"
 # The code location `make dev` loads; absolute, since the tests run Dagster from a temp directory.
 WORKSPACE = PROJECT_ROOT / "workspace.yaml"
-SHARD_ASSETS = ("completions", "training_set", "specforge_export")
+SHARD_ASSETS = ("completions", "training_set", "specforge_export", "hf_export")
 
 # Settings the pipeline reads from the environment; a test states every one it relies on.
 _PIPELINE_PREFIXES = ("DFLASH_", "DAGSTER_", "SGLANG_")
@@ -67,7 +67,9 @@ EXPECTED_ASSETS = {
     "completions": ("generation", True, {"conversations"}),
     "training_set": ("training", True, {"completions"}),
     "specforge_export": ("exports", True, {"training_set"}),
+    "hf_export": ("exports", True, {"training_set"}),
     "run_report": ("report", False, {"completions"}),
+    "mixture_report": ("report", False, {"training_set", "conversations"}),
     "fleet_tuning": ("report", False, {"conversations"}),
 }
 
@@ -80,6 +82,7 @@ EXPECTED_CHECKS = {
         "conversations_turn_markers": True,
         "conversations_gx_suite": True,
         "conversations_multi_turn_counts": False,
+        "eval_contamination": False,
     },
     "completions": {
         "completions_exactly_once": True,
@@ -103,6 +106,7 @@ EXPECTED_CHECKS = {
             "degenerate_answers",
             "short_answers",
             "ids_match_completions",
+            "length_loss",
             "source_is_current",
             "gx_suite",
         )

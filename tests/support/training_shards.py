@@ -56,6 +56,8 @@ def completion_row(
     shard: int = 0,
     finish_reason: str | None = "stop",
     status: str = STATUS_OK,
+    source: str = "demo",
+    server: str = "http://127.0.0.1:30000",
 ) -> dict[str, Any]:
     conversation_id, _, turn = event_id.rpartition("#turn")
     row = empty_completion_row()
@@ -73,7 +75,15 @@ def completion_row(
         error_kind=None if status == STATUS_OK else "timeout",
         prompt_tokens=len(prompt_ids or []),
         completion_tokens=len(output or []) if status == STATUS_OK else None,
+        source=source,
+        server=server,
+        weight_version="default" if status == STATUS_OK else None,
+        settings_fingerprint=GenerationSettings().fingerprint(),
     )
+    if status == STATUS_OK and output:
+        # MTP's own figures, as SGLang reports them: accept length = completion tokens / verify steps.
+        verify = max(len(output) // 3, 1)
+        row.update(spec_verify_ct=verify, spec_accept_length=len(output) / verify, spec_accept_rate=0.5)
     return row
 
 

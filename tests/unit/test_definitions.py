@@ -24,7 +24,7 @@ def test_definitions_load_and_validate():
     dg.Definitions.validate_loadable(defs)
     assert {key.to_user_string() for key in defs.resolve_all_asset_keys()} == set(EXPECTED_ASSETS)
     assert defs.resolve_implicit_global_asset_job_def() is not None
-    assert set(defs.resources) == {"s3", "store", "tokenizer", "generation", "fleet"}
+    assert set(defs.resources) == {"s3", "store", "tokenizer", "generation", "fleet", "eval_sets"}
 
 
 def test_assets_groups_dependencies_and_shard_partitions():

@@ -14,6 +14,8 @@ from dagster_project.store.layout import TRAINING_SET, shard_prefix
 from dagster_project.store.manifest import ids_digest
 from dagster_project.store.storage import LocalStore
 from dagster_project.training import stage as assemble
+from dagster_project.training.gates import length_loss
+from dagster_project.training.lengths import DROP, KEEP, TRUNCATE, LengthFigures
 from dagster_project.training.shards import TRAINING_FILE, iter_training_batches, read_training_manifest
 from dagster_project.training.stage import AssemblyOptions, assemble_batch, assemble_shard, source_is_current
 from tests.support.training_shards import completion_row, error_row, healthy_rows, publish_completions
@@ -42,8 +44,23 @@ def test_a_row_is_prompt_ids_then_output_ids_with_the_mask_on_the_output():
             "completion_tokens": 3,
             "finish_reason": "stop",
             "truncated": False,
+            "source": "demo",
+            "server": "http://127.0.0.1:30000",
+            "weight_version": "default",
+            "settings_fingerprint": GenerationSettings().fingerprint(),
+            "spec_verify_ct": 1,
+            "spec_accept_length": 3.0,
+            "spec_accept_rate": 0.5,
         }
     ]
+
+
+def test_rows_of_completions_written_before_provenance_was_recorded_carry_nulls():
+    row = completion_row("c#turn0", [11, 12], [21, 22])
+    old = pa.RecordBatch.from_pylist([row], schema=COMPLETION_SCHEMA).drop_columns(["source", "weight_version"])
+    batch, _ = assemble_batch(old, 0, AssemblyOptions(), set())
+    assert batch.schema == TRAINING_SCHEMA
+    assert batch.to_pylist()[0]["source"] is None and batch.to_pylist()[0]["server"] == row["server"]
 
 
 def test_every_excluded_event_is_counted_under_its_reason():
@@ -83,21 +100,70 @@ def test_truncation_keeps_the_prompt_and_the_head_of_the_output():
         completion_row("long#turn0", [1, 2, 3], [4, 5, 6, 7, 8]),
         completion_row("no-room#turn0", [1, 2, 3, 4, 5], [6, 7]),
     ]
-    rows, excluded = _assemble(source, AssemblyOptions(max_length=6))
+    rows, excluded = _assemble(source, AssemblyOptions(max_length=6, length_policy=TRUNCATE))
     assert excluded == {assemble.PROMPT_FILLS_MAX_LENGTH: 1}
     fits, long = rows
     assert (fits["input_ids"], fits["truncated"]) == ([1, 2, 3, 4, 5], False)
     assert long["input_ids"] == [1, 2, 3, 4, 5, 6] and long["loss_mask"] == [0, 0, 0, 1, 1, 1]
     assert (long["truncated"], long["num_loss_tokens"], long["completion_tokens"]) == (True, 3, 5)
 
-    rows, excluded = _assemble(source, AssemblyOptions(max_length=6, truncation=assemble.DROP))
+    rows, excluded = _assemble(source, AssemblyOptions(max_length=6, length_policy=DROP))
     assert [row["event_id"] for row in rows] == ["fits#turn0"]
     assert excluded == {assemble.OVER_MAX_LENGTH: 2}
 
 
+@pytest.mark.parametrize("policy", [KEEP, TRUNCATE, DROP])
+def test_a_10k_token_answer_under_each_length_policy(policy, tmp_path):
+    prompt, answer = list(range(100, 150)), [7 + i % 900 for i in range(10_000)]
+    store = LocalStore(tmp_path / "store")
+    publish_completions(store, 0, [completion_row("long#turn0", prompt, answer), *healthy_rows(3)])
+    manifest = assemble_shard(store, 0, AssemblyOptions(length_policy=policy), tmp_path / "staging")
+    rows = {row["event_id"]: row for batch in iter_training_batches(store, 0) for row in batch.to_pylist()}
+
+    lengths = manifest.lengths
+    assert (lengths.max_length, lengths.policy, lengths.rows, lengths.rows_over) == (4096, policy, 4, 1)
+    assert lengths.histogram["<=16384"] == 1 and sum(lengths.histogram.values()) == 4
+    short_supervised = sum(len(row["output_ids"]) for row in healthy_rows(3))
+    assert lengths.supervised_tokens == 10_000 + short_supervised
+    if policy == KEEP:
+        long = rows["long#turn0"]
+        assert (long["num_tokens"], sum(long["loss_mask"]), long["truncated"]) == (10_050, 10_000, False)
+        assert lengths.supervised_tokens_beyond == 10_050 - 4096  # what a trainer at 4,096 cuts
+    elif policy == TRUNCATE:
+        long = rows["long#turn0"]
+        assert long["input_ids"] == prompt + answer[: 4096 - 50]
+        assert long["loss_mask"] == [0] * 50 + [1] * (4096 - 50)
+        assert (long["num_tokens"], long["num_loss_tokens"], long["truncated"]) == (4096, 4046, True)
+        assert manifest.truncated_rows == 1 and lengths.supervised_tokens_beyond == 10_050 - 4096
+    else:
+        assert "long#turn0" not in rows and manifest.exclusions == {assemble.OVER_MAX_LENGTH: 1}
+        assert lengths.supervised_tokens_beyond == 10_000
+    assert len(rows) + manifest.excluded == 4
+
+    gate = length_loss(lengths, max_lost_share=0.10)
+    assert not gate.passed and gate.message.startswith("BLOCKED: ")
+    assert f"({lengths.supervised_tokens_beyond}/{lengths.supervised_tokens})" in gate.message
+    assert length_loss(lengths, max_lost_share=1.0).passed
+
+
+def test_length_figures_add_up_across_shards():
+    first, second = LengthFigures(10, TRUNCATE), LengthFigures(10, TRUNCATE)
+    first.add([4, 2], [10, 3])  # 14 tokens: 6 output tokens fit, 4 lost; 5 tokens: fits
+    second.add([9], [5])  # the prompt leaves 1 output token: no anchor, all 5 lost
+    first.merge(second)
+    assert (first.rows, first.rows_over, first.supervised_tokens, first.supervised_tokens_beyond) == (3, 2, 18, 9)
+    assert first.histogram["<=256"] == 3 and first.lost_share == 9 / 18
+
+    short_answers = LengthFigures(10, KEEP)
+    short_answers.add([2, 3], [1, 1])  # one-token answers that fit lose nothing
+    unlimited = LengthFigures(None, KEEP)
+    unlimited.add([50_000], [9])
+    assert short_answers.supervised_tokens_beyond == 0 and unlimited.supervised_tokens_beyond == 0
+
+
 def test_options_refuse_a_policy_they_do_not_know():
-    with pytest.raises(ValueError, match="truncation must be one of"):
-        AssemblyOptions(max_length=100, truncation="middle")
+    with pytest.raises(ValueError, match="length_policy must be one of"):
+        AssemblyOptions(max_length=100, length_policy="middle")
     with pytest.raises(ValueError, match="max_length must leave room"):
         AssemblyOptions(max_length=2)
 
@@ -118,7 +184,7 @@ def test_a_shard_is_assembled_streamed_and_published_with_its_manifest(tmp_path)
     assert manifest.ids_digest == ids_digest(row["event_id"] for row in kept)
     assert manifest.loss_tokens == sum(len(row["output_ids"]) for row in kept)
     assert manifest.tokens == sum(len(row["prompt_ids"]) + len(row["output_ids"]) for row in kept)
-    assert manifest.assembly == AssemblyOptions(max_length=None, truncation="truncate", exclude_length_capped=True)
+    assert manifest.assembly == AssemblyOptions(max_length=4096, length_policy="keep", exclude_length_capped=True)
     assert manifest.source.settings.max_new_tokens == 4096
     assert manifest.source.settings_fingerprint == source.settings_fingerprint
     assert manifest.data_keys == [shard_prefix(TRAINING_SET, 3) + TRAINING_FILE]

@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.export import (
     REQUIRED_VERDICTS,
+    ExportOptions,
+    LossMaskTooSmall,
     ShardNotCleared,
     export_shard,
     record_verdict,
     specforge_key,
 )
+from dagster_project.training.hf_export import CARD_KEY, DATA_PATTERN, data_key, export_hf_shard
 from dagster_project.training.shards import TrainingShardNotPublished, iter_training_batches, training_manifest
 from dagster_project.training.stage import AssemblyOptions, assemble_shard
 from tests.support.training_shards import healthy_rows, publish_completions
@@ -114,3 +119,70 @@ def test_an_operator_may_export_a_shard_that_failed_a_gate_but_not_one_never_che
     assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")  # a new publication: no verdict yet
     with pytest.raises(ShardNotCleared, match="gates has not run .*To export it: run the training_set checks"):
         export_shard(store, 0, tmp_path / "staging", override_failed_gates=True)
+
+
+def _zero_the_mask_of(store: LocalStore, shard: int, row: int) -> str:
+    """Overwrite one row's loss mask with zeros in the published file (what a bug upstream would leave)."""
+    key = training_manifest(store, shard).data_keys[0]
+    table = pq.read_table(store.root / key)
+    masks = table.column("loss_mask").to_pylist()
+    masks[row] = [0] * len(masks[row])
+    column = table.schema.get_field_index("loss_mask")
+    pq.write_table(table.set_column(column, "loss_mask", pa.array(masks, pa.list_(pa.int8()))), store.root / key)
+    return table.column("event_id")[row].as_py()
+
+
+def test_a_row_with_an_all_zero_loss_mask_is_never_exported_even_with_gates_overridden(store, tmp_path):
+    event = _zero_the_mask_of(store, 0, 4)
+    record_verdict(store, training_manifest(store, 0), "gates", {"consecutive_supervised": "BLOCKED: 1/12 rows"})
+    with pytest.raises(
+        LossMaskTooSmall,
+        match=rf"holds 1 rows whose loss mask sums to less than 2 \(1 all zero\), "
+        rf"e.g. \['{event}'\]",
+    ):
+        export_shard(store, 0, tmp_path / "staging", override_failed_gates=True)
+    assert not store.exists(specforge_key(0))
+
+
+def test_the_loss_token_minimum_is_configurable(store, tmp_path):
+    smallest = min(sum(row["loss_mask"]) for batch in iter_training_batches(store, 2) for row in batch.to_pylist())
+    assert export_shard(store, 2, tmp_path / "staging", options=ExportOptions(min_loss_tokens=smallest)).rows == 12
+    with pytest.raises(LossMaskTooSmall, match=rf"holds 1 rows whose loss mask sums to less than {smallest + 1} "):
+        export_shard(store, 2, tmp_path / "staging", options=ExportOptions(min_loss_tokens=smallest + 1))
+    with pytest.raises(ValueError, match="an all-zero mask is never exported"):
+        ExportOptions(min_loss_tokens=0)
+
+
+def test_the_parquet_export_loads_with_datasets_and_its_card_describes_it(store, tmp_path):
+    datasets = pytest.importorskip("datasets")  # a [dev] dependency
+    for shard in (0, 2):
+        export_hf_shard(store, shard, tmp_path / "staging")
+    root = store.root / "exports" / "hf"
+    training = [row for shard in (0, 2) for batch in iter_training_batches(store, shard) for row in batch.to_pylist()]
+
+    loaded = datasets.load_dataset(
+        "parquet", data_files=str(root / DATA_PATTERN), split="train", cache_dir=str(tmp_path / "hf-cache")
+    )
+    assert loaded.num_rows == 24 and loaded.to_list() == training
+    assert {"input_ids", "loss_mask", "server", "weight_version", "spec_accept_length"} <= set(loaded.column_names)
+    # A copy of the prefix loads by its card alone: the YAML header names the files and the split.
+    by_card = datasets.load_dataset(str(root), split="train", cache_dir=str(tmp_path / "hf-cache"))
+    assert by_card["event_id"] == [row["event_id"] for row in training]
+
+    card = store.get_bytes(CARD_KEY).decode()
+    assert card.startswith("---\nconfigs:\n- config_name: default\n")
+    assert "| 2 | 24 |" in card  # shards, rows
+    assert "| demo | 24 | 100.0% |" in card  # sources
+    assert "2 of 2 shards passed every check (gates, gx_suite" in card
+    assert "| 4096 | keep | 2 |" in card
+    assert data_key(2) == "exports/hf/data/train-00002.parquet"
+
+
+def test_the_parquet_export_refuses_what_the_jsonl_export_refuses(store, tmp_path):
+    _zero_the_mask_of(store, 2, 0)
+    with pytest.raises(LossMaskTooSmall, match="training_set shard 2 holds 1 rows"):
+        export_hf_shard(store, 2, tmp_path / "staging")
+    record_verdict(store, training_manifest(store, 0), "gates", {"short_answers": "BLOCKED: 30% short"})
+    with pytest.raises(ShardNotCleared, match="set override_failed_gates: true in hf_export's config"):
+        export_hf_shard(store, 0, tmp_path / "staging")
+    assert not store.exists(data_key(2)) and not store.exists(data_key(0)) and not store.exists(CARD_KEY)

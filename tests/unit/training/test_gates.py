@@ -9,6 +9,7 @@ import pytest
 from dagster_project.records import COMPLETION_SCHEMA
 from dagster_project.tokenizer import render_prompt_ids, special_ids
 from dagster_project.training import gates
+from dagster_project.training.lengths import TRUNCATE
 from dagster_project.training.stage import AssemblyOptions, assemble_batch
 from tests.support.training_shards import (
     disaster_rows,
@@ -196,7 +197,7 @@ def _completions(rows: list[dict]) -> list[pa.RecordBatch]:
 def test_training_rows_equal_the_completions_ids():
     rows = healthy_rows(8)
     assert gates.ids_match_completions(_profile(rows).digests, _completions(rows)).passed
-    truncated = _profile(rows, AssemblyOptions(max_length=60))
+    truncated = _profile(rows, AssemblyOptions(max_length=60, length_policy=TRUNCATE))
     assert gates.ids_match_completions(truncated.digests, _completions(rows)).passed  # a prefix of the output
 
 

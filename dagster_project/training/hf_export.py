@@ -1,0 +1,219 @@
+"""The training set as a Hugging Face `datasets` Parquet layout, with its dataset card.
+
+    exports/hf/README.md                the dataset card: a YAML header naming the files (config `default`,
+                                        split `train`), then sources, counts, settings and the checks passed
+    exports/hf/data/train-00042.parquet one file per training shard, every training column (ids, mask,
+                                        counts, provenance), row groups as the training shard's
+    exports/hf/_shards/shard=00042.json what that file holds (`HfShardExport`); the card is rebuilt from these
+
+A trainer loads it without glue: `datasets.load_dataset("parquet", data_files="<prefix>/data/*.parquet",
+split="train")`, or `load_dataset("<local copy of the prefix>")`, which reads the card's header. The same
+shards are refused as for SpecForge (`export.cleared_manifest`, `export.ThinMasks`): one not cleared by its
+checks, and one holding a row under the loss-token minimum.
+
+Each shard's export rewrites the card from every shard record present, so the card lists what the prefix
+holds once the last shard is exported (two exports finishing together may leave a card missing the other;
+re-materializing any shard rewrites it).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import orjson
+
+from dagster_project.generation_settings import GenerationSettings
+from dagster_project.store.dataclass_json import read_record, to_json
+from dagster_project.store.layout import EXPORTS, SHARD_DIGITS
+from dagster_project.store.storage import Store
+from dagster_project.store.verdicts import read_verdict
+from dagster_project.training.export import REQUIRED_VERDICTS, ExportOptions, ThinMasks, cleared_manifest
+from dagster_project.training.lengths import LengthFigures
+from dagster_project.training.shards import AssemblyOptions, TrainingShardWriter, iter_training_batches
+from dagster_project.training.stage import UNKNOWN_SOURCE
+
+HF_PREFIX = f"{EXPORTS}/hf/"
+CARD_KEY = f"{HF_PREFIX}README.md"
+DATA_PATTERN = "data/train-*.parquet"
+_RECORDS = f"{HF_PREFIX}_shards/"
+
+
+@dataclass(frozen=True)
+class HfShardExport:
+    """What one shard's Parquet file in the export holds, and what cleared it."""
+
+    shard: int
+    key: str
+    size: int = 0
+    sha256: str | None = None
+    rows: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    rows_by_source: dict[str, int] = field(default_factory=dict)
+    training_ids_digest: str = ""
+    settings_fingerprint: str = ""
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
+    assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
+    lengths: LengthFigures = field(default_factory=LengthFigures)
+    checks_passed: list[str] = field(default_factory=list)
+    overridden: dict[str, str] = field(default_factory=dict)  # failed gates exported anyway: `check/gate` → message
+    exported_at: float = 0.0
+
+
+def data_key(shard: int) -> str:
+    return f"{HF_PREFIX}data/train-{shard:0{SHARD_DIGITS}d}.parquet"
+
+
+def record_key(shard: int) -> str:
+    return f"{_RECORDS}shard={shard:0{SHARD_DIGITS}d}.json"
+
+
+def export_hf_shard(
+    store: Store,
+    shard: int,
+    staging_dir: Path,
+    *,
+    override_failed_gates: bool = False,
+    options: ExportOptions | None = None,
+) -> HfShardExport:
+    """Write the shard's Parquet file and record, then rewrite the dataset card; return the record."""
+    manifest, overridden = cleared_manifest(
+        store, shard, override_failed_gates=override_failed_gates, asset="hf_export"
+    )
+    thin = ThinMasks((options or ExportOptions()).min_loss_tokens)
+    sources: Counter = Counter()
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=staging_dir) as staging:
+        path = Path(staging) / "train.parquet"
+        with TrainingShardWriter(path) as writer:
+            for batch in iter_training_batches(store, shard):
+                thin.check(batch)
+                sources.update(batch.column("source").fill_null(UNKNOWN_SOURCE).to_pylist())
+                writer.write(batch)
+        thin.refuse(shard)
+        if writer.rows != manifest.rows:
+            raise RuntimeError(
+                f"training shard {shard} changed while it was exported ({writer.rows} rows written, "
+                f"manifest says {manifest.rows}): re-run `hf_export`"
+            )
+        info = store.put_file(data_key(shard), path)
+    record = HfShardExport(
+        shard=shard,
+        key=info.key,
+        size=info.size,
+        sha256=info.sha256,
+        rows=manifest.rows,
+        tokens=manifest.tokens,
+        loss_tokens=manifest.loss_tokens,
+        rows_by_source=dict(sorted(sources.items())),
+        training_ids_digest=manifest.ids_digest,
+        settings_fingerprint=manifest.source.settings_fingerprint,
+        settings=manifest.source.settings,
+        assembly=manifest.assembly,
+        lengths=manifest.lengths,
+        checks_passed=[
+            check for check in REQUIRED_VERDICTS if (verdict := read_verdict(store, manifest, check)) and verdict.passed
+        ],
+        overridden=overridden,
+        exported_at=time.time(),
+    )
+    store.put_bytes(record_key(shard), to_json(record))
+    store.put_bytes(CARD_KEY, dataset_card(exported_records(store)).encode())
+    return record
+
+
+def exported_records(store: Store) -> list[HfShardExport]:
+    """The record of every shard in the export, by shard."""
+    keys = sorted(info.key for info in store.list(_RECORDS) if info.key.endswith(".json"))
+    return [record for key in keys if (record := read_record(store, key, HfShardExport)) is not None]
+
+
+def _table(header: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def dataset_card(records: list[HfShardExport]) -> str:
+    """The README.md of the export: the `datasets` header, then what the rows are and what made them."""
+    rows = sum(r.rows for r in records)
+    tokens, loss_tokens = sum(r.tokens for r in records), sum(r.loss_tokens for r in records)
+    sources: Counter = Counter()
+    settings: dict[str, GenerationSettings] = {}
+    shards_per_settings: Counter = Counter()
+    assembly: Counter = Counter()
+    lengths = LengthFigures()
+    for record in records:
+        sources.update(record.rows_by_source)
+        settings[record.settings_fingerprint] = record.settings
+        shards_per_settings[record.settings_fingerprint] += 1
+        assembly[(record.assembly.max_length, record.assembly.length_policy)] += 1
+        lengths.merge(record.lengths)
+    cleared = [r.shard for r in records if set(r.checks_passed) == set(REQUIRED_VERDICTS)]
+    overridden = [f"shard {r.shard}: {gate}: {message}" for r in records for gate, message in r.overridden.items()]
+    header = "\n".join(
+        [
+            "---",
+            "configs:",
+            "- config_name: default",
+            "  data_files:",
+            "  - split: train",
+            f"    path: {DATA_PATTERN}",
+            "tags:",
+            "- speculative-decoding",
+            "- dflash",
+            "- self-distillation",
+            "---",
+        ]
+    )
+    sections = [
+        header,
+        "# DFlash drafter training set (self-distilled)",
+        "Token-exact rows for a speculative-decoding drafter: `input_ids` is a prompt as the target model was sent "
+        "it followed by the target model's own answer, exactly as the engine returned it; `loss_mask` is 0 over "
+        "the prompt and 1 over the answer. Each row also names its source, the server, the model revision "
+        "(`weight_version`), the settings fingerprint, the finish reason and MTP's accept length.",
+        "## Counts",
+        _table(
+            ["shards", "rows", "tokens", "supervised tokens"],
+            [[len(records), f"{rows:,}", f"{tokens:,}", f"{loss_tokens:,}"]],
+        ),
+        "## Sources",
+        _table(
+            ["source", "rows", "share"],
+            [[source, f"{n:,}", f"{n / rows:.1%}" if rows else "—"] for source, n in sorted(sources.items())],
+        ),
+        "## Generation settings",
+        _table(
+            ["fingerprint", "shards", "settings"],
+            [
+                [fingerprint, shards_per_settings[fingerprint], "`" + orjson.dumps(asdict(kind)).decode() + "`"]
+                for fingerprint, kind in sorted(settings.items())
+            ],
+        ),
+        "## Length",
+        _table(
+            ["max_length", "length_policy", "shards"],
+            [[length, policy, n] for (length, policy), n in sorted(assembly.items(), key=str)],
+        )
+        + f"\n\n{lengths.rows_over:,} of {lengths.rows:,} rows were longer than max_length; "
+        f"{lengths.supervised_tokens_beyond:,} of {lengths.supervised_tokens:,} supervised tokens "
+        f"({lengths.lost_share:.1%}) lie beyond it (cut, dropped, or left for the trainer to cut under `keep`).\n\n"
+        + _table(["row length (tokens)", "rows"], [[label, n] for label, n in lengths.histogram.items()]),
+        "## Checks",
+        f"{len(cleared)} of {len(records)} shards passed every check ({', '.join(REQUIRED_VERDICTS)}: the "
+        "row-level gates — loss-mask floor and concentration, DFlash anchors, vocabulary, thinking structure, "
+        "degenerate and short answers, ids equal to the completions, length loss — and the Great Expectations "
+        "suite). No row has a loss mask under the export's minimum."
+        + ("\n\nFailed gates exported anyway by an operator:\n" + "\n".join(f"- {line}" for line in overridden))
+        * bool(overridden),
+        "## Loading",
+        "```python\nfrom datasets import load_dataset\n\n"
+        f'rows = load_dataset("parquet", data_files="{DATA_PATTERN}", split="train")\n'
+        'rows = rows.select_columns(["input_ids", "loss_mask"])\n```',
+    ]
+    return "\n\n".join(sections) + "\n"
