@@ -25,10 +25,15 @@ def _progress_line(heartbeat: Heartbeat) -> str:
     )
 
 
+def _known(**figures: float | int | None) -> dict[str, float | int]:
+    """The figures that are known (not None): Dagster plots an unknown figure as a gap, not as a dip to 0."""
+    return {name: value for name, value in figures.items() if value is not None}
+
+
 @dg.asset(
     partitions_def=shard_partitions,
     deps=[layout.CONVERSATIONS],
-    group_name="generation",
+    group_name="shards",
     kinds={"sglang", "parquet"},
     pool="sglang_fleet",
     description="One generation event per assistant turn of the shard's conversations, from the SGLang fleet. "
@@ -50,12 +55,12 @@ def completions(
             dg.AssetObservation(
                 asset_key=context.asset_key,
                 partition=context.partition_key,
-                metadata={
-                    "done_events": heartbeat.done_events,
-                    "req_per_s": heartbeat.window.req_per_s,
-                    "output_tok_per_s": heartbeat.window.output_tok_per_s,
-                    "accept_length": heartbeat.spec.accept_length_window or 0.0,
-                },
+                metadata=_known(
+                    done_events=heartbeat.done_events,
+                    req_per_s=heartbeat.window.req_per_s,
+                    output_tok_per_s=heartbeat.window.output_tok_per_s,
+                    accept_length=heartbeat.spec.accept_length_window or None,  # 0: no spec stats yet
+                ),
             )
         )
 
@@ -83,7 +88,7 @@ def completions(
             "output_tokens": manifest.output_tokens,
             "avg_output_tokens": manifest.avg_output_tokens,
             "output_tok_per_s": run.lifetime.output_tok_per_s,
-            "spec_accept_length": run.spec.accept_length_lifetime or 0.0,
+            **_known(spec_accept_length=run.spec.accept_length_lifetime or None),
             "settings_fingerprint": manifest.settings_fingerprint,
             "uri": dg.MetadataValue.path(data.url(layout.shard_prefix(layout.COMPLETIONS, shard))),
         },
