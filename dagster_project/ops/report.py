@@ -109,7 +109,9 @@ def render_markdown(status: Status) -> str:
         + (f"; dead: {', '.join(map(str, p.shards_dead))}" if p.shards_dead else "")
         + (f"; failed: {', '.join(map(str, p.shards_failed))}" if p.shards_failed else ""),
         "",
-        f"ETA at the measured rate: **{_num(p.eta_hours, 2)} h**; at the plan's rate: "
+        f"ETA at the measured rate: **{_num(p.eta_hours, 2)} h**"
+        + ("" if p.shards_running else " (no shard running now)")
+        + "; at the plan's rate: "
         f"**{_num(p.plan_eta_hours, 2)} h**; lifetime {_num(p.lifetime_req_per_s, 2)} req/s, "
         f"{_num(p.lifetime_output_tok_per_s)} output tok/s over {_num(p.lifetime_span_hours * 60, 1)} min of "
         "generation",
@@ -192,7 +194,7 @@ def render_markdown(status: Status) -> str:
             ],
         )
     out.append(
-        f"Events planned {_num(cov.events_planned)}, in published shards {_num(cov.events_in_published_shards)} "
+        f"\nEvents planned {_num(cov.events_planned)}, in published shards {_num(cov.events_in_published_shards)} "
         f"(errors {_num(cov.errors_in_published_shards)})."
     )
     if cov.by_id:

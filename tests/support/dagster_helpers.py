@@ -30,6 +30,7 @@ from typing import Any
 
 import dagster as dg
 import psutil
+import pytest
 import yaml
 from dagster._core.storage.asset_check_execution_record import (
     AssetCheckExecutionRecordStatus,
@@ -196,6 +197,28 @@ def materialize(
     if run_config is not None:
         command += ["--config-json", json.dumps(run_config)]
     return run_cli(command, env=env, cwd=cwd, timeout_s=timeout_s)
+
+
+def publish_conversations(home: Path, store: Path, env: Mapping[str, str]) -> None:
+    """OPERATIONS §4 "Once": raw_prompts and conversations, in this process, recorded in the instance at `home`."""
+    from dagster_aws.s3 import S3Resource
+
+    from dagster_project.assets.conversations import conversations
+    from dagster_project.assets.raw_prompts import raw_prompts
+    from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
+
+    resources = {
+        "store": DatasetStore(root=str(store), work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
+        "tokenizer": TokenizerResource(),
+        "generation": GenerationConfig(),
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DFLASH_NUM_SHARDS", env["DFLASH_NUM_SHARDS"])
+        instance = dg.DagsterInstance.from_config(str(home))
+        try:
+            assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success
+        finally:
+            instance.dispose()
 
 
 # ---- process groups --------------------------------------------------------------------------------------------
