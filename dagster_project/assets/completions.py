@@ -93,5 +93,5 @@ def completions(
             "uri": dg.MetadataValue.path(data.url(layout.shard_prefix(layout.COMPLETIONS, shard))),
         },
         # Downstream shards go stale in the UI when this shard's content or settings change.
-        data_version=dg.DataVersion(f"{manifest.settings_fingerprint}-{manifest.ids_digest[:16]}"),
+        data_version=dg.DataVersion(manifest.data_version),
     )

@@ -22,7 +22,7 @@ class FleetCost:
         default=None, metadata={"help": "US$ per GPU-hour of the fleet (e.g. 3.50 for an H200); unset: no cost figures"}
     )
     gpus: int | None = field(
-        default=None, metadata={"help": "GPUs the fleet holds; unset: one per server reached (tensor parallel 1)"}
+        default=None, metadata={"help": "GPUs the fleet holds; unset: one per server known (tensor parallel 1)"}
     )
 
     def per_hour(self, servers: int) -> tuple[float, int] | None:

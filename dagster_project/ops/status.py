@@ -664,7 +664,7 @@ def collect_status(
         storage=storage,
         coverage=answer_coverage(readings),
         multi_turn=answer_multi_turn(readings),
-        cost=answer_cost(cost, progress, servers=sum(1 for s in readings.fleet.values() if s.get("healthy"))),
+        cost=answer_cost(cost, progress, servers=len(readings.fleet)),
         alerts=raise_alerts(
             progress, mtp, concurrency, storage, endpoints_known=bool(endpoints), thresholds=thresholds
         ),
