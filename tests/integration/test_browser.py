@@ -30,9 +30,9 @@ from tests.support.dagster_helpers import (
 )
 from tests.support.paths import PROJECT_ROOT
 
-CHROMIUM = Path(os.environ.get("DFLASH_CHROMIUM", "/usr/bin/chromium"))
-CHROMEDRIVER = Path(os.environ.get("DFLASH_CHROMEDRIVER", "/usr/bin/chromedriver"))
-ARTIFACTS = Path(os.environ.get("DFLASH_TEST_ARTIFACTS", PROJECT_ROOT / "test-artifacts")) / "browser"
+CHROMIUM = Path(os.environ.get("CHROMIUM_BIN", "/usr/bin/chromium"))
+CHROMEDRIVER = Path(os.environ.get("CHROMEDRIVER_BIN", "/usr/bin/chromedriver"))
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", PROJECT_ROOT / "test-artifacts")) / "browser"
 SIX_ANSWERS = (
     "1. Progress vs plan",
     "2. MTP (speculative decoding)",
@@ -160,5 +160,5 @@ def test_the_operator_page_renders_the_six_answers_and_the_per_server_table(sim_
         finally:
             partition = _save(browser, "completions_shard-00000")
         assert "shard-00000" in partition and "spec_accept_length" in partition
-    if os.environ.get("DFLASH_README_SCREENSHOT"):  # refresh the README's picture: DFLASH_README_SCREENSHOT=1
+    if os.environ.get("UPDATE_README_SCREENSHOT"):  # refresh the README's picture: UPDATE_README_SCREENSHOT=1
         shutil.copyfile(ARTIFACTS / "operator_page.png", PROJECT_ROOT / "docs" / "images" / "operator_page.png")
