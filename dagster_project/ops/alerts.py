@@ -70,8 +70,8 @@ def render_cost(cost: CostAnswer | None) -> list[str]:
         return ["7. Cost: no price configured (the fleet resource's cost_per_gpu_hour, or DFLASH_COST_PER_GPU_HOUR)"]
     return [
         f"7. Cost at ${cost.cost_per_hour:,.2f}/hour ({cost.gpus} GPUs)",
-        f"   spent ${cost.spent:,.2f}; to finish {_dollars(cost.to_finish)} (plan {_dollars(cost.to_finish_plan)}); "
-        f"{_dollars(cost.per_million_output_tokens)} per 1M output tokens; "
+        f"   spent ${cost.spent:,.2f}; to finish {dollars(cost.to_finish)} (plan {dollars(cost.to_finish_plan)}); "
+        f"{dollars(cost.per_million_output_tokens)} per 1M output tokens; "
         f"{_number(cost.gpu_hours_per_1k_rows, 3)} GPU-hours per 1K kept rows",
     ]
 
@@ -206,7 +206,8 @@ def render_alerts(alerts: list[Alert]) -> list[str]:
     return [f"Alerts ({len(alerts)}):", *(f"   ALERT [{alert.kind}]: {alert.message}" for alert in alerts)]
 
 
-def _dollars(value: float | None) -> str:
+def dollars(value: float | None) -> str:
+    """$1,234.57, or — when unknown."""
     return "—" if value is None else f"${value:,.2f}"
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dagster_project.generation.heartbeat import read_heartbeats, run_is_alive
+from dagster_project.ops.alerts import dollars
 from dagster_project.ops.status import Status
 from dagster_project.store.storage import Store
 
@@ -232,9 +233,9 @@ def render_markdown(status: Status) -> str:
                     f"${cost.cost_per_hour:,.2f}",
                     str(cost.gpus),
                     f"${cost.spent:,.2f}",
-                    _dollars(cost.to_finish),
-                    _dollars(cost.to_finish_plan),
-                    _dollars(cost.per_million_output_tokens),
+                    dollars(cost.to_finish),
+                    dollars(cost.to_finish_plan),
+                    dollars(cost.per_million_output_tokens),
                     _num(cost.gpu_hours_per_1k_rows, 3),
                 ]
             ],
@@ -244,10 +245,6 @@ def render_markdown(status: Status) -> str:
 
 def _percent(fraction: float | None) -> str:
     return "—" if fraction is None else f"{fraction:.0%}"
-
-
-def _dollars(value: float | None) -> str:
-    return "—" if value is None else f"${value:,.2f}"
 
 
 # ---- the figures Dagster plots -----------------------------------------------------------------------------

@@ -244,8 +244,9 @@ def test_mtp_switched_off_mid_shard_raises_the_mtp_alert_within_one_refresh(pipe
             with dg.build_sensor_context(instance=instance, resources=resources) as context:
                 tick = run_report_refresh(context)
             assert len(tick.run_requests) == 1  # a shard runs: the sensor asks for a refresh
+            refresh = tick.run_requests[0]  # the run it asks for: its config and tags
             result = dg.materialize(
-                [run_report], resources=resources, instance=instance, tags=tick.run_requests[0].tags
+                [run_report], resources=resources, instance=instance, run_config=refresh.run_config, tags=refresh.tags
             )
     finally:
         for index in range(2):

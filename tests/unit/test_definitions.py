@@ -141,3 +141,5 @@ def test_the_report_refresh_asks_for_a_run_only_while_shards_run(tmp_path):
         with dg.build_sensor_context(instance=instance, resources=resources) as context:
             busy = sensor(context)
         assert len(busy.run_requests) == 1 and busy.run_requests[0].tags["dflash/shards_running"] == "1"
+        # The refreshes leave the recount of coverage by id (every shard's ids) to manual materializations.
+        assert busy.run_requests[0].run_config == {"ops": {"run_report": {"config": {"recompute_coverage": False}}}}
