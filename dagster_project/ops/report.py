@@ -121,7 +121,16 @@ def render_markdown(status: Status) -> str:
     plan_rows = _plan_rows(status)
     if plan_rows:
         out += [f"Plan: {p.plan.source}", ""]
-        out += _table(["figure", "measured", "plan", "measured / plan", "verdict"], plan_rows)
+        out += _table(
+            [
+                "figure",
+                "measured (recent)" if p.shards_running else "measured (lifetime)",
+                "plan",
+                "measured / plan",
+                "verdict",
+            ],
+            plan_rows,
+        )
     else:
         out += ["No plan recorded (`dflash plan`).", ""]
 
