@@ -92,6 +92,7 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
             resources.fleet.known_endpoints(),
             api_key=resources.fleet.api_key,
             materialized=_materialized_shards(),
+            cost=resources.fleet.cost(),
         )
     except StoreError as exc:  # it names the object (a damaged manifest, a truncated shard) or the store
         raise SystemExit(f"dflash status: {exc}") from exc
@@ -300,6 +301,7 @@ def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
         plan = Plan(**given)
     write_plan(store, plan)
     print(f"plan written to {store.url('plan.json')}: {plan}")
+    print(plan.cost_summary())
     return 0
 
 
@@ -441,8 +443,14 @@ def main(argv: list[str] | None = None) -> int:
         for name, resource in resources_from_env().items()
         if name != "tokenizer" or args.func in COMMANDS_NEEDING_TOKENIZER
     }
-    with dg.build_resources(needed) as resources:
-        return args.func(args, resources)
+    try:
+        with dg.build_resources(needed) as resources:
+            return args.func(args, resources)
+    except BrokenPipeError:
+        # The reader went away (`dflash status | head`): what it read is all it wanted. Point stdout at
+        # /dev/null so the interpreter's final flush does not fail on the closed pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -42,17 +42,31 @@ STAGES = [
 ]
 CHECKS = [conversations_checks, contamination_checks, completions_checks, training_set_checks]
 
+SHARD_ASSETS = dg.AssetSelection.assets("completions", "training_set", "specforge_export", "hf_export")
+
 shard_job = dg.define_asset_job(
     "shard_job",
-    selection=dg.AssetSelection.assets("completions", "training_set", "specforge_export", "hf_export"),
+    selection=SHARD_ASSETS,
     partitions_def=shard_partitions,
-    description="Generate, assemble and export one shard; backfill it over all shards.",
+    description="Generate, assemble and export one shard, with their gates: pick a shard and launch; backfill it "
+    "over all shards.",
+    tags={"dflash/purpose": "shard"},
+)
+
+# Runs `FOLLOWS_ITS_SHARD`: a shard whose completions were (re)made alone gets assembled and exported.
+shard_followups = dg.AutomationConditionSensorDefinition(
+    "shard_followups",
+    target=SHARD_ASSETS,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    run_tags={"dflash/purpose": "shard follow-up"},
+    description="Assembles and exports a shard whose completions were materialized without them.",
 )
 
 defs = dg.Definitions(
     assets=dg.load_assets_from_modules(STAGES),
     asset_checks=dg.load_asset_checks_from_modules(CHECKS),
-    jobs=[shard_job],
+    jobs=[shard_job, run_report.refresh_run_report],
+    sensors=[shard_followups, run_report.run_report_refresh],
     resources=resources_from_env(),
     # A shard run's steps are sequential (generate, gate, assemble, gate, export). One process per run loads
     # the tokenizer once and spares ~3 s of process start per step: ~45 s per shard, ~14 CPU-hours over

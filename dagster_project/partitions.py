@@ -35,3 +35,9 @@ def open_shard(
             f"re-materialize conversations with DFLASH_NUM_SHARDS={NUM_SHARDS}"
         )
     return layout.shard_index(context.partition_key), data
+
+
+# A shard's later stages follow its completions: when a shard is (re)generated, from a shard run, the UI's
+# Materialize button on `completions` or a backfill, the automation sensor assembles and exports it in a run of
+# its own, once the upstream's blocking gates passed. A shard run that does all three leaves nothing to do.
+FOLLOWS_ITS_SHARD = dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed()

@@ -69,6 +69,17 @@ def sglang_router() -> str | None:
     return os.environ.get("DFLASH_SGLANG_ROUTER", "").strip() or None
 
 
+def cost_per_gpu_hour() -> float | None:
+    """US$ per GPU-hour of the fleet, for the cost figures of `status` and the run report; unset: none."""
+    value = os.environ.get("DFLASH_COST_PER_GPU_HOUR", "").strip()
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise ValueError(f"DFLASH_COST_PER_GPU_HOUR must be a number, got {value!r}") from exc
+
+
 def tokenizer_name() -> str:
     from dagster_project.tokenizer import BUILTIN_TOKENIZER
 

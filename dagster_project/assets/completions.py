@@ -32,10 +32,15 @@ def _progress_line(heartbeat: Heartbeat) -> str:
     )
 
 
+def _known(**figures: float | int | None) -> dict[str, float | int]:
+    """The figures that are known (not None): Dagster plots an unknown figure as a gap, not as a dip to 0."""
+    return {name: value for name, value in figures.items() if value is not None}
+
+
 @dg.asset(
     partitions_def=shard_partitions,
     deps=[layout.CONVERSATIONS],
-    group_name="generation",
+    group_name="shards",
     kinds={"sglang", "parquet"},
     pool="sglang_fleet",
     description="One generation event per assistant turn of the shard's conversations, from the SGLang fleet. "
@@ -57,12 +62,12 @@ def completions(
             dg.AssetObservation(
                 asset_key=context.asset_key,
                 partition=context.partition_key,
-                metadata={
-                    "done_events": heartbeat.done_events,
-                    "req_per_s": heartbeat.window.req_per_s,
-                    "output_tok_per_s": heartbeat.window.output_tok_per_s,
-                    "accept_length": heartbeat.spec.accept_length_window or 0.0,
-                },
+                metadata=_known(
+                    done_events=heartbeat.done_events,
+                    req_per_s=heartbeat.window.req_per_s,
+                    output_tok_per_s=heartbeat.window.output_tok_per_s,
+                    accept_length=heartbeat.spec.accept_length_window or None,  # 0: no spec stats yet
+                ),
             )
         )
 
@@ -89,12 +94,12 @@ def completions(
             "errors_by_kind": dg.MetadataValue.json(run.errors_by_kind),
             "finish_reasons": dg.MetadataValue.json(run.finish_reasons),
             "output_tokens": manifest.output_tokens,
-            "avg_output_tokens": manifest.avg_output_tokens,
-            "output_tok_per_s": run.lifetime.output_tok_per_s,
-            "spec_accept_length": run.spec.accept_length_lifetime or 0.0,
+            "avg_output_tokens": round(manifest.avg_output_tokens, 1),
+            "output_tok_per_s": round(run.lifetime.output_tok_per_s, 1),
+            **_known(spec_accept_length=round(run.spec.accept_length_lifetime or 0, 3) or None),
             "settings_fingerprint": manifest.settings_fingerprint,
             "uri": dg.MetadataValue.path(data.url(layout.shard_prefix(layout.COMPLETIONS, shard))),
         },
         # Downstream shards go stale in the UI when this shard's content or settings change.
-        data_version=dg.DataVersion(f"{manifest.settings_fingerprint}-{manifest.ids_digest[:16]}"),
+        data_version=dg.DataVersion(manifest.data_version),
     )

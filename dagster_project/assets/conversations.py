@@ -39,7 +39,7 @@ class ConversationsConfig(dg.Config):
 @dg.asset(
     name=layout.CONVERSATIONS,
     deps=[raw_prompts],
-    group_name="prepare",
+    group_name="prompts",
     kinds={"json"},
     description=(
         "Normalized conversations under the multi-turn policy, deduplicated, with stable ids, published per "

@@ -45,7 +45,7 @@ def points_table(report: tune.TuneReport) -> dg.TableMetadataValue:
 
 @dg.asset(
     deps=[layout.CONVERSATIONS],
-    group_name="report",
+    group_name="operations",
     kinds={"sglang"},
     pool="sglang_fleet",
     description="`dflash tune` against the running fleet: output tok/s, accept length, TTFT and latency per client "

@@ -11,7 +11,7 @@ from dagster_project.training.hf_export import CARD_KEY, export_hf_shard
 @dg.asset(
     partitions_def=shard_partitions,
     deps=[training_set],
-    group_name="exports",
+    group_name="shards",
     kinds={"parquet"},
     description=(
         "Hugging Face `datasets` Parquet layout of one training shard (exports/hf/data/), and the dataset card "

@@ -17,7 +17,7 @@ class MixtureConfig(config_fields(MixtureOptions, dg.Config)):
 
 @dg.asset(
     deps=[training_set, dg.AssetKey(layout.CONVERSATIONS)],
-    group_name="report",
+    group_name="operations",
     kinds={"duckdb"},
     description="The mixture of the training set per source and per turn position: input rows, quarantined and "
     "excluded by reason, rows and share, error and truncation rates, length, accept length and loss-mask "

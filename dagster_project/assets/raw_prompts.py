@@ -32,7 +32,7 @@ class RawPromptsConfig(dg.Config):
 
 @dg.asset(
     name=layout.RAW_PROMPTS,
-    group_name="ingest",
+    group_name="prompts",
     kinds={"json"},
     description="Every source row, normalized to messages or quarantined with a reason (raw_prompts/ in the store).",
 )

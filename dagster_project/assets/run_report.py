@@ -1,42 +1,95 @@
 from dataclasses import asdict
 
 import dagster as dg
+from pydantic import Field
 
 from dagster_project.conversations.shards import published_num_shards
-from dagster_project.ops.coverage import dataset_coverage, write_coverage
+from dagster_project.ops.alerts import AlertThresholds
+from dagster_project.ops.coverage import dataset_coverage, read_coverage, write_coverage
+from dagster_project.ops.report import (
+    CHART_KEY,
+    ReportPoint,
+    plot_metrics,
+    progress_chart,
+    render_markdown,
+    shards_running,
+)
 from dagster_project.ops.status import collect_status, render_text
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet
+from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
+
+RUN_REPORT = "run_report"
+# The chart draws at most this many earlier reports (one every few minutes: about a day of a running job).
+CHART_POINTS = 500
+REFRESH_INTERVAL_S = 180
+IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+
+
+class RunReportConfig(config_fields(AlertThresholds, dg.Config)):
+    """When the report raises an alert (its `operator_alerts` check warns), and whether it recounts coverage."""
+
+    recompute_coverage: bool = Field(
+        default=True,
+        description="Recount coverage by id across every shard (reads every completions shard's ids); off: "
+        "report the last count (the periodic refreshes, so they stay cheap while shards run).",
+    )
+
+
+def _earlier_points(instance: dg.DagsterInstance) -> list[ReportPoint]:
+    """The figures of earlier reports, from Dagster's own record of them: what the chart draws over time."""
+    records = instance.fetch_materializations(dg.AssetKey(RUN_REPORT), limit=CHART_POINTS).records
+    points = []
+    for record in records:
+        metadata = record.asset_materialization.metadata if record.asset_materialization else {}
+        if "events_done" not in metadata:
+            continue
+        accept = metadata.get("accept_length")
+        points.append(ReportPoint(record.timestamp, int(metadata["events_done"].value), accept and accept.value))
+    return points
 
 
 @dg.asset(
     deps=[layout.COMPLETIONS],
-    group_name="report",
+    group_name="operations",
     kinds={"duckdb"},
     check_specs=[
         dg.AssetCheckSpec(
             "dataset_exactly_once",
-            asset="run_report",
+            asset=RUN_REPORT,
             description="Across all shards, by id: every planned generation event has exactly one record.",
         ),
         dg.AssetCheckSpec(
             "materialized_shards_in_store",
-            asset="run_report",
+            asset=RUN_REPORT,
             description="Every completions shard Dagster recorded as materialized has its manifest and intact objects.",
         ),
+        dg.AssetCheckSpec(
+            "operator_alerts",
+            asset=RUN_REPORT,
+            description="Nothing needs the operator: MTP on and accepting, servers neither swamped nor idle while "
+            "work waits, the ETA within the plan, no shard failed or unpublished, the fleet reachable.",
+        ),
     ],
-    description="The six operator questions (progress, MTP, concurrency, storage, coverage, multi-turn), "
-    "computed like `dflash status` from heartbeats, manifests and the live fleet, with coverage by id.",
+    description="The operator's page: the six answers (progress vs plan, MTP, concurrency per server, storage, "
+    "coverage, multi-turn), cost and alerts, as tables, with each key figure plotted over time and a chart of the "
+    "run. Refreshed every few minutes by the `run_report_refresh` sensor while shards run.",
 )
 def run_report(
-    context: dg.AssetExecutionContext, store: DatasetStore, fleet: SGLangFleet, generation: GenerationConfig
+    context: dg.AssetExecutionContext,
+    config: RunReportConfig,
+    store: DatasetStore,
+    fleet: SGLangFleet,
+    generation: GenerationConfig,
 ) -> dg.MaterializeResult:
     data = store.open()
     num_shards = published_num_shards(data)
     if num_shards is None:
         raise dg.Failure("conversations are not materialized yet: nothing to report on")
-    coverage = dataset_coverage(data, num_shards)
-    write_coverage(data, coverage)
+    coverage = None if config.recompute_coverage else read_coverage(data)
+    if coverage is None:
+        coverage = dataset_coverage(data, num_shards)
+        write_coverage(data, coverage)
     endpoints = fleet.known_endpoints()  # none without a running fleet: the report still answers from the store
     materialized = context.instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))
     status = collect_status(
@@ -45,25 +98,25 @@ def run_report(
         api_key=fleet.api_key,
         current_fingerprint=generation.to_dataclass().fingerprint(),
         materialized={layout.shard_index(key) for key in materialized},
+        cost=fleet.cost(),
+        thresholds=config.to_dataclass(),
     )
-    text = render_text(status)
-    context.log.info("\n" + text)
+    context.log.info("\n" + render_text(status))
+    figures = plot_metrics(status)
+    points = [
+        *_earlier_points(context.instance),
+        ReportPoint(status.collected_at, status.progress.events_done, status.mtp.accept_length_window),
+    ]
+    data.put_bytes(CHART_KEY, progress_chart(points, status))
     storage = status.storage
     return dg.MaterializeResult(
         metadata={
-            "report": dg.MetadataValue.md(f"```\n{text}\n```"),
+            "report": dg.MetadataValue.md(render_markdown(status)),
+            **figures,
+            "chart": dg.MetadataValue.path(data.url(CHART_KEY)),
+            "as_of": dg.MetadataValue.timestamp(status.collected_at),
             "status": dg.MetadataValue.json(asdict(status)),
-            "fraction_done": status.progress.fraction_done,
-            "events_done": status.progress.events_done,
-            "shards_published": storage.shards_published,
             "mtp_on": status.mtp.mtp_on,
-            # Question 3 per server: cap, what binds it, the headroom, the flags and the expected gain.
-            "capacity": dg.MetadataValue.json(
-                {url: asdict(row.capacity) for url, row in status.concurrency.servers.items() if row.capacity}
-            ),
-            "capacity_headroom": max(
-                (row.capacity.headroom for row in status.concurrency.servers.values() if row.capacity), default=1.0
-            ),
             "stale_shards": dg.MetadataValue.json(storage.stale_shards),
             "materialized_not_in_store": dg.MetadataValue.json(storage.materialized_not_in_store),
         },
@@ -98,5 +151,44 @@ def run_report(
                 ),
                 metadata={"materialized": len(materialized), "shards_published": storage.shards_published},
             ),
+            dg.AssetCheckResult(
+                check_name="operator_alerts",
+                passed=not status.alerts,
+                severity=dg.AssetCheckSeverity.WARN,
+                description="; ".join(f"[{alert.kind}] {alert.message}" for alert in status.alerts) or "no alerts",
+                metadata={
+                    "alerts": len(status.alerts),
+                    "kinds": dg.MetadataValue.json(sorted({alert.kind for alert in status.alerts})),
+                },
+            ),
         ],
+    )
+
+
+refresh_run_report = dg.define_asset_job(
+    "refresh_run_report",
+    selection=[RUN_REPORT],
+    description="Recompute the operator's page (the run_report asset) and its alerts.",
+    tags={"dflash/purpose": "operator page"},
+)
+
+
+@dg.sensor(
+    job=refresh_run_report,
+    minimum_interval_seconds=REFRESH_INTERVAL_S,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=f"While shard runs are in progress (live heartbeats), refresh run_report every "
+    f"{REFRESH_INTERVAL_S // 60} minutes, so its page, plots and alerts follow the run.",
+)
+def run_report_refresh(context: dg.SensorEvaluationContext, store: DatasetStore) -> dg.SensorResult:
+    running = shards_running(store.open())
+    if not running:
+        return dg.SensorResult(skip_reason="no shard run is in progress")
+    in_progress = context.instance.get_runs_count(dg.RunsFilter(job_name=refresh_run_report.name, statuses=IN_PROGRESS))
+    if in_progress:
+        return dg.SensorResult(skip_reason="the previous refresh is still running")
+    # The page and the alerts follow the heartbeats; the recount by id waits for a manual materialization.
+    no_recount = {"ops": {RUN_REPORT: {"config": {"recompute_coverage": False}}}}
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(run_config=no_recount, tags={"dflash/shards_running": str(len(running))})],
     )

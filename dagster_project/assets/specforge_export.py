@@ -3,7 +3,7 @@ import dagster as dg
 from pydantic import Field
 
 from dagster_project.assets.training_set import training_set
-from dagster_project.partitions import open_shard, shard_partitions
+from dagster_project.partitions import FOLLOWS_ITS_SHARD, open_shard, shard_partitions
 from dagster_project.resources import DatasetStore
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.training.export import ExportOptions, export_shard
@@ -22,7 +22,8 @@ class ExportConfig(config_fields(ExportOptions, dg.Config)):
 @dg.asset(
     partitions_def=shard_partitions,
     deps=[training_set],
-    group_name="exports",
+    group_name="shards",
+    automation_condition=FOLLOWS_ITS_SHARD,
     kinds={"json"},
     description=(
         "SpecForge pre-tokenized JSONL ({input_ids, loss_mask} per line) of one training shard. "

@@ -4,7 +4,7 @@ from dataclasses import asdict
 import dagster as dg
 from pydantic import Field
 
-from dagster_project.partitions import open_shard, shard_partitions
+from dagster_project.partitions import FOLLOWS_ITS_SHARD, open_shard, shard_partitions
 from dagster_project.resources import DatasetStore
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
@@ -26,7 +26,8 @@ class TrainingSetConfig(config_fields(AssemblyOptions, config_fields(LeaseOption
 @dg.asset(
     partitions_def=shard_partitions,
     deps=[dg.AssetKey(layout.COMPLETIONS)],
-    group_name="training",
+    group_name="shards",
+    automation_condition=FOLLOWS_ITS_SHARD,
     kinds={"parquet"},
     description="Token-exact DFlash rows: input_ids = prompt_ids + output_ids as SGLang saw them; loss on the output.",
 )

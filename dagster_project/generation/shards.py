@@ -3,6 +3,7 @@ conversations."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,6 +55,16 @@ class CompletionsShardManifest(ShardManifest):
     @property
     def avg_output_tokens(self) -> float:
         return self.output_tokens / self.ok if self.ok else 0.0
+
+    @property
+    def data_version(self) -> str:
+        """Changes when the shard's content does (the objects' checksums) or its settings; not when the same rows
+        are published again (a resumed run). What marks the shard's downstream stale in Dagster."""
+        digest = hashlib.sha256(self.settings_fingerprint.encode())
+        for stored in sorted(self.objects, key=lambda o: o.key):
+            if stored.key in self.data_keys:
+                digest.update(f"\n{stored.key}:{stored.sha256 or stored.size}".encode())
+        return f"{self.settings_fingerprint}-{digest.hexdigest()[:16]}"
 
 
 def read_completions_manifest(store: Store, shard: int) -> CompletionsShardManifest | None:

@@ -14,6 +14,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dagster_project.ops.alerts import FleetCost
 from dagster_project.ops.plan import Plan, write_plan
 from dagster_project.ops.status import collect_status, render_text
 from dagster_project.sglang.launch import Fleet, stop_fleet
@@ -24,6 +25,9 @@ DEMO_SHARDS = 4
 DEMO_SERVERS = 2
 CONCURRENT_SHARD_RUNS = 2
 SHARD_ASSETS = "completions,training_set,specforge_export,hf_export"
+# An example price, so the demo shows its cost figures: each simulated server stands for one H200 rented at
+# $3.50 per GPU-hour (the real job: 7 GPUs at ~$27/hour).
+DEMO_GPU_HOUR_PRICE = 3.50
 
 
 def demo_environment(root: Path) -> dict[str, str]:
@@ -38,6 +42,7 @@ def demo_environment(root: Path) -> dict[str, str]:
         "DFLASH_WORK_DIR": str(demo / "work"),
         "DFLASH_NUM_SHARDS": str(DEMO_SHARDS),
         "DAGSTER_HOME": str(root / ".dagster_home"),
+        "DFLASH_COST_PER_GPU_HOUR": str(DEMO_GPU_HOUR_PRICE),
     }
 
 
@@ -74,6 +79,8 @@ def run_demo(root: Path) -> int:
             req_per_s=40.0,
             avg_output_tokens=300,
             output_tok_per_s=12000,
+            gpus=DEMO_SERVERS,
+            cost_per_hour=DEMO_SERVERS * DEMO_GPU_HOUR_PRICE,
         ),
     )
     _dflash(env, "fleet", "up", "--simulate", str(DEMO_SERVERS))
@@ -84,7 +91,7 @@ def run_demo(root: Path) -> int:
         _materialize(env, "run_report,mixture_report")
         endpoints = _fleet_endpoints(env)
         print("\n" + "=" * 100 + "\nThe six operator questions (`dflash status`):\n")
-        print(render_text(collect_status(store, endpoints)))
+        print(render_text(collect_status(store, endpoints, cost=FleetCost(cost_per_gpu_hour=DEMO_GPU_HOUR_PRICE))))
         print(
             f"\nTraining set: {store.url(layout.TRAINING_SET)}   exports (SpecForge JSONL, HF Parquet + card): "
             f"{store.url(layout.EXPORTS)}   mixture: the mixture_report asset, {store.url('reports/mixture.json')}"

@@ -28,6 +28,24 @@ class Plan:
     def eta_hours(self, remaining_requests: int) -> float:
         return remaining_requests / self.req_per_s / 3600 if self.req_per_s else float("inf")
 
+    def cost_summary(self) -> str:
+        """What the plan costs: the whole job, per 1M output tokens, GPU-hours per 1K rows."""
+        if self.cost_per_hour is None:
+            return "cost: no --cost-per-hour in the plan"
+        per_million = self.cost_per_hour / (self.output_tok_per_s * 3600) * 1e6 if self.output_tok_per_s else None
+        gpu_hours_per_1k = self.gpus / (self.req_per_s * 3600) * 1000 if self.req_per_s else None
+        whole = (
+            f"{self.prompts:,} prompts in {self.eta_hours(self.prompts):,.1f} h: "
+            f"${self.cost_per_hour * self.eta_hours(self.prompts):,.0f}; "
+            if self.prompts
+            else ""
+        )
+        return (
+            f"cost at ${self.cost_per_hour:,.2f}/hour ({self.gpus} GPUs): {whole}"
+            + (f"${per_million:,.2f} per 1M output tokens; " if per_million is not None else "")
+            + (f"{gpu_hours_per_1k:,.3f} GPU-hours per 1K rows" if gpu_hours_per_1k is not None else "")
+        )
+
 
 # The real run's planned figures (BRIEF.md): 7 GPUs at ~$27/hour, 913,786 prompts.
 BRIEF_PLAN = Plan(

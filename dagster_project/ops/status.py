@@ -27,6 +27,18 @@ from dagster_project.generation.heartbeat import ACTIVE_STATES, read_heartbeats,
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest, read_completions_manifest
 from dagster_project.ingest.shards import RawPromptsManifest, read_raw_prompts_manifest
+from dagster_project.ops.alerts import (
+    DEFAULT_THRESHOLDS,
+    NO_PRICE,
+    Alert,
+    AlertThresholds,
+    CostAnswer,
+    FleetCost,
+    answer_cost,
+    raise_alerts,
+    render_alerts,
+    render_cost,
+)
 from dagster_project.ops.coverage import DatasetCoverage, read_coverage
 from dagster_project.ops.plan import Plan, read_plan
 from dagster_project.ops.tune import TuneReport, gain, read_report
@@ -34,8 +46,6 @@ from dagster_project.sglang import capacity
 from dagster_project.sglang.launch import fleet_status
 from dagster_project.store.manifest import verify_shard
 from dagster_project.store.storage import Store
-
-ACCEPT_LENGTH_ALERT_FLOOR = 2.0
 
 
 def probe_fleet(endpoints: list[str], api_key: str | None = None) -> dict[str, dict[str, Any]]:
@@ -132,6 +142,9 @@ class ProgressAnswer:
     lifetime_span_hours: float
     plan: Plan | None
     plan_eta_hours: float | None
+    events_ok: int | None = None  # answers generated without error (published, and running shards' so far)
+    # Shards whose last run failed and which are not published: they need another run.
+    shards_failed: list[int] = field(default_factory=list)
 
 
 def _covered_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -178,6 +191,8 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
         lifetime_span_hours=span / 3600,
         plan=plan,
         plan_eta_hours=plan.eta_hours(remaining) if plan else None,
+        events_ok=ok_events,
+        shards_failed=sorted(b.shard for b in beats if b.state == "failed" and b.shard not in readings.published),
     )
 
 
@@ -222,7 +237,6 @@ class MtpAnswer:
     accept_length_window: float | None
     accept_length_published_shards: float | None
     server_avg_spec_accept_length: dict[str, float | None]
-    alert: str | None
 
 
 def answer_mtp(readings: Readings) -> MtpAnswer:
@@ -237,34 +251,24 @@ def answer_mtp(readings: Readings) -> MtpAnswer:
     ]
     published_accept = sum(lifetime_accepts) / len(lifetime_accepts) if lifetime_accepts else None
     algorithms = {url: s.get("speculative_algorithm") for url, s in readings.fleet.items() if s.get("healthy")}
-    mtp_on = bool(algorithms) and all(algorithms.values())
-    accept_seen = window_accept or published_accept
-    if algorithms and not mtp_on:
-        alert = "MTP is off on some servers"
-    elif accept_seen and accept_seen < ACCEPT_LENGTH_ALERT_FLOOR:
-        alert = f"accept length {accept_seen:.2f} is below {ACCEPT_LENGTH_ALERT_FLOOR}"
-    else:
-        alert = None
     return MtpAnswer(
         speculative_algorithm=algorithms,
-        mtp_on=mtp_on,
+        mtp_on=bool(algorithms) and all(algorithms.values()),
         accept_length_window=window_accept,
         accept_length_published_shards=published_accept,
         server_avg_spec_accept_length={url: s.get("avg_spec_accept_length") for url, s in readings.fleet.items()},
-        alert=alert,
     )
 
 
 def render_mtp(mtp: MtpAnswer) -> list[str]:
-    lines = [
+    algorithms = ", ".join(f"{url} {name or 'OFF'}" for url, name in mtp.speculative_algorithm.items())
+    servers = ", ".join(f"{url} {_fmt(accept, 2)}" for url, accept in mtp.server_avg_spec_accept_length.items())
+    return [
         "2. MTP (speculative decoding)",
-        f"   algorithm per server: {mtp.speculative_algorithm or 'no server reachable'}",
+        f"   algorithm per server: {algorithms or 'no server reachable'}",
         f"   accept length: window {_fmt(mtp.accept_length_window, 2)}, published shards "
-        f"{_fmt(mtp.accept_length_published_shards, 2)}, servers' own average {mtp.server_avg_spec_accept_length}",
+        f"{_fmt(mtp.accept_length_published_shards, 2)}, servers' own average: {servers or '—'}",
     ]
-    if mtp.alert:
-        lines.append(f"   ALERT: {mtp.alert}")
-    return lines
 
 
 # 3. concurrency ------------------------------------------------------------------------------------------
@@ -309,6 +313,7 @@ class ConcurrencyAnswer:
 
 
 EXPECTED_LENGTHS = "expected lengths (no completions yet)"
+NO_FLEET = "no server known: start a fleet (`dflash fleet up`) or set DFLASH_SGLANG_ENDPOINTS"
 
 
 def observed_lengths(readings: Readings) -> tuple[float, float, str]:
@@ -447,6 +452,8 @@ def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
 
 def render_concurrency(concurrency: ConcurrencyAnswer) -> list[str]:
     lines = ["3. Concurrency (client window / in flight / server cap / running / queued → what limits it)"]
+    if not concurrency.servers:
+        lines.append(f"   {NO_FLEET}")
     for url, row in concurrency.servers.items():
         lines.append(
             f"   {url}: {_fmt(row.client_window)} / {_fmt(row.in_flight)} / {_fmt(row.effective_cap)} / "
@@ -634,6 +641,8 @@ class Status:
     storage: StorageAnswer
     coverage: CoverageAnswer
     multi_turn: MultiTurnAnswer
+    cost: CostAnswer | None = None  # None: no price configured
+    alerts: list[Alert] = field(default_factory=list)
 
 
 def collect_status(
@@ -644,19 +653,28 @@ def collect_status(
     current_fingerprint: str | None = None,
     materialized: set[int] | None = None,
     now: float | None = None,
+    cost: FleetCost = NO_PRICE,
+    thresholds: AlertThresholds = DEFAULT_THRESHOLDS,
 ) -> Status:
     """`current_fingerprint`: the generation settings configured now; published shards made otherwise are stale.
-    `materialized`: the completions shards Dagster recorded as materialized; each should be published intact."""
+    `materialized`: the completions shards Dagster recorded as materialized; each should be published intact.
+    `cost`: the fleet's price; `thresholds`: when to raise an alert."""
     now = time.time() if now is None else now
     readings = take_readings(store, endpoints, api_key=api_key, now=now)
+    progress, mtp, concurrency = answer_progress(readings), answer_mtp(readings), answer_concurrency(readings)
+    storage = answer_storage(store, readings, current_fingerprint, materialized)
     return Status(
         collected_at=now,
-        progress=answer_progress(readings),
-        mtp=answer_mtp(readings),
-        concurrency=answer_concurrency(readings),
-        storage=answer_storage(store, readings, current_fingerprint, materialized),
+        progress=progress,
+        mtp=mtp,
+        concurrency=concurrency,
+        storage=storage,
         coverage=answer_coverage(readings),
         multi_turn=answer_multi_turn(readings),
+        cost=answer_cost(cost, progress, servers=len(readings.fleet)),
+        alerts=raise_alerts(
+            progress, mtp, concurrency, storage, endpoints_known=bool(endpoints), thresholds=thresholds
+        ),
     )
 
 
@@ -669,6 +687,8 @@ def render_text(status: Status) -> str:
             *render_storage(status.storage, status.collected_at),
             *render_coverage(status.coverage, status.collected_at),
             *render_multi_turn(status.multi_turn),
+            *render_cost(status.cost),
+            *render_alerts(status.alerts),
         ]
     )
 

@@ -5,16 +5,18 @@ from pydantic import Field
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
 from dagster_project.generation.ledger import FleetLedger
+from dagster_project.ops.alerts import FleetCost
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.sglang.launch import Fleet
 
 
-class SGLangFleet(config_fields(DispatchOptions, dg.ConfigurableResource)):
+class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.ConfigurableResource))):
     """Connects to a running SGLang fleet; it never launches servers (the fleet outlives runs).
 
     Endpoints come from `endpoints`, or one `router_url`, or the fleet record written by `dflash fleet up`
     (read at run time, so a restarted fleet is picked up by the next run). The dispatch options (windows,
-    retries, timeouts, probes) are this resource's config too.
+    retries, timeouts, probes) are this resource's config too, and so is the fleet's price (`cost_per_gpu_hour`,
+    `gpus`), which `dflash status` and the run report turn into dollars.
     """
 
     endpoints: list[str] = Field(default_factory=list, description="Server base URLs, e.g. http://gpu-node:30000.")
@@ -22,6 +24,9 @@ class SGLangFleet(config_fields(DispatchOptions, dg.ConfigurableResource)):
     router_window: int = Field(default=64, description="In-flight window for a router (it has no /server_info cap).")
     fleet_dir: str | None = Field(default=None, description="Run directory of `dflash fleet up` (its fleet.json).")
     api_key: str | None = Field(default=None, repr=False, description="Bearer key of servers started with --api-key.")
+
+    def cost(self) -> FleetCost:
+        return self.to_dataclass(FleetCost)
 
     def known_endpoints(self) -> list[str]:
         """The router, else the endpoints, else the servers of the recorded fleet; empty when none is known."""

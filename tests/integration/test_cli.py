@@ -70,6 +70,32 @@ def test_plan_and_status_on_an_empty_store(env):
     assert by_id.returncode != 0 and "materialize conversations" in by_id.stderr
 
 
+def test_plan_says_what_the_job_costs(env):
+    text = dflash(env, "plan", "--brief")
+    assert "cost at $27.00/hour (7 GPUs): 913,786 prompts in 45.3 h: $1,224" in text
+    assert "$0.47 per 1M output tokens" in text and "0.347 GPU-hours per 1K rows" in text
+
+
+def test_status_piped_into_head_ends_quietly(env):
+    """`dflash status | head`: the reader closes the pipe before status prints; no traceback follows."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dagster_project.cli", "status"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    process.stdout.close()  # before the status is computed and printed: the print meets a closed pipe
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0 and b"Traceback" not in stderr, stderr.decode()[-3000:]
+
+
+def test_status_with_the_fleet_down_says_so_per_server_and_alerts(env):
+    (port,) = launch.free_ports(1)
+    down = f"http://127.0.0.1:{port}"
+    text = dflash({**env, "DFLASH_SGLANG_ENDPOINTS": down, "DFLASH_COST_PER_GPU_HOUR": "3.5"}, "status")
+    concurrency = text.split("3. Concurrency")[1].split("4. Storage")[0].strip().splitlines()
+    assert concurrency[1:] == [f"   {down}: — / — / — / — / — → unreachable"]
+    assert f"ALERT [fleet]: the fleet is unreachable: {down}" in text
+    assert "7. Cost at $3.50/hour (1 GPUs)" in text
+
+
 def test_plan_shards_follows_the_fleet_and_the_cost_of_a_run_and_writes_nothing(env, tmp_path):
     common = ("plan", "--shards", "--events", "900000", "--fleet-cap", "672", "--seconds-per-event", "50")
     cheap = dflash(env, *common, "--run-overhead-s", "4")

@@ -17,15 +17,8 @@ Kept lean: two shards, short answers, conversations published in-process beforeh
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dagster as dg
-import pytest
-from dagster_aws.s3 import S3Resource
 
-from dagster_project.assets.conversations import conversations
-from dagster_project.assets.raw_prompts import raw_prompts
-from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
 from tests.support.dagster_helpers import (
     DAGSTER,
     EXPECTED_ASSETS,
@@ -37,6 +30,7 @@ from tests.support.dagster_helpers import (
     dagster_home,
     materialized_partitions,
     pipeline_env,
+    publish_conversations,
     run_cli,
     step_windows,
 )
@@ -101,22 +95,6 @@ query Status($keys: [AssetKeyInput!]) {
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 
 
-def _publish_conversations(home: Path, store: Path, env: dict[str, str]) -> None:
-    """OPERATIONS §4 "Once": raw_prompts and conversations, in this process, recorded in the same instance."""
-    resources = {
-        "store": DatasetStore(root=str(store), work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
-        "tokenizer": TokenizerResource(),
-        "generation": GenerationConfig(),
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DFLASH_NUM_SHARDS", env["DFLASH_NUM_SHARDS"])
-        instance = dg.DagsterInstance.from_config(str(home))
-        try:
-            assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success
-        finally:
-            instance.dispose()
-
-
 def _key(path: list[str]) -> str:
     return "/".join(path)
 
@@ -127,7 +105,7 @@ def test_dagster_dev_shows_the_pipeline_and_a_backfill_runs_every_shard_under_th
     store = tmp_path / "store"
     env = pipeline_env(home=home, store=store, work_dir=tmp_path / "work", num_shards=NUM_SHARDS, endpoints=fleet.urls)
     run_cli([DAGSTER, "instance", "concurrency", "set", POOL, "1"], env=env, cwd=tmp_path)
-    _publish_conversations(home, store, env)
+    publish_conversations(home, store, env)
 
     with DagsterDev.running(env, tmp_path) as dev:
         # What the asset graph and asset pages show: the assets, their groups, checks, pools and shards.

@@ -3,6 +3,7 @@
 * SIGKILL of the run mid-shard: `dflash status` shows the shard dead at once and marks the Dagster run failed;
   then a rerun: every event exactly once, nothing journaled sent again;
 * `dflash status` read while a shard runs answers all six questions with plausible values;
+* MTP switched off mid-shard: the next report refresh the sensor asks for raises the MTP alert;
 * two shard runs sharing one fleet at the same time;
 * the same shard started twice at once (a backfill and a manual run): one run refuses naming the other, no
   request is sent twice, and the shard is published once, exactly.
@@ -23,15 +24,17 @@ from dagster_aws.s3 import S3Resource
 
 from dagster_project.assets.conversations import conversations
 from dagster_project.assets.raw_prompts import raw_prompts
+from dagster_project.assets.run_report import run_report, run_report_refresh
 from dagster_project.conversations.shards import read_conversations
 from dagster_project.generation.shards import iter_completion_batches, shard_coverage
 from dagster_project.generation.stage import journal_path
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops.plan import Plan, write_plan
-from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
+from dagster_project.ops.status import collect_status
+from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.sglang.protocol import input_hash
 from dagster_project.store.storage import LocalStore
-from tests.support.dagster_helpers import DAGSTER, DEFS_MODULE, dagster_home, pipeline_env
+from tests.support.dagster_helpers import DAGSTER, DEFS_MODULE, dagster_home, evaluations_by_check, pipeline_env
 from tests.support.journal_files import journal_records
 from tests.support.sglang_fixtures import wait_until
 
@@ -60,7 +63,7 @@ def pipeline(tmp_path, monkeypatch):
     return store, env
 
 
-def materialize_shard(env: dict, shard: int, fleet_urls: list[str]) -> subprocess.Popen:
+def materialize_shard(env: dict, shard: int, fleet_urls: list[str], config: dict | None = None) -> subprocess.Popen:
     command = [
         DAGSTER,
         "asset",
@@ -72,6 +75,8 @@ def materialize_shard(env: dict, shard: int, fleet_urls: list[str]) -> subproces
         "--partition",
         f"shard-{shard:05d}",
     ]
+    if config:  # the completions op config
+        command += ["--config-json", json.dumps({"ops": {"completions": {"config": config}}})]
     # Its own session: a SIGKILL of the group takes the run worker and everything it started.
     return subprocess.Popen(
         command,
@@ -201,6 +206,58 @@ def test_status_while_a_shard_runs_answers_the_six_questions(pipeline, sim_fleet
     # 6. multi-turn: the policy and what it implies
     assert multi_turn["policy"] == "all_turns" and multi_turn["multi_turn_conversations"] > 0
     assert multi_turn["generated_turns_planned"] > multi_turn["conversations"]
+
+
+def test_mtp_switched_off_mid_shard_raises_the_mtp_alert_within_one_refresh(pipeline, sim_fleet):
+    """The fault an operator must hear about: the servers stop accepting drafts while a shard runs. The next
+    refresh the sensor asks for, the report's `operator_alerts` check warns, naming the accept length."""
+    store, env = pipeline
+    fleet = sim_fleet(2, **{**SLOW_FLEET, "decode_step_s": 0.05})  # ~1 answer/s per running request
+    resources = {
+        "store": DatasetStore(root=store.uri, work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
+        "fleet": SGLangFleet(endpoints=fleet.urls),
+        "generation": GenerationConfig(),
+    }
+    run = materialize_shard(env, 3, fleet.urls, config={"heartbeat_interval_s": 0.5})
+    try:
+        wait_until(
+            lambda: heartbeat(store, 3).get("done_events", 0) >= 2, timeout_s=120, interval_s=0.1, what="2 events done"
+        )
+        before = collect_status(store, fleet.urls)
+        assert before.mtp.accept_length_window > 2.0 and not [a for a in before.alerts if a.kind == "mtp"]
+        at_fault = heartbeat(store, 3)["done_events"]
+        for index in range(2):
+            fleet.set_faults(index, mtp_off=True)
+        # Answers after the fault (accept length 1) at least as many as those before it and in flight (2 per
+        # server) at the fault: the heartbeat's window then averages below 2 for the simulator's ~2.8.
+        enough = 2 * at_fault + 8
+        assert enough < heartbeat(store, 3)["total_events"], "the shard is too small to outweigh the start"
+        wait_until(
+            lambda: heartbeat(store, 3).get("done_events", 0) >= enough,
+            timeout_s=120,
+            interval_s=0.1,
+            what="answers generated with MTP off",
+        )
+        for index in range(2):  # hold the run mid-shard while the report is refreshed, servers healthy
+            fleet.set_faults(index, slow=1e6)
+        with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+            with dg.build_sensor_context(instance=instance, resources=resources) as context:
+                tick = run_report_refresh(context)
+            assert len(tick.run_requests) == 1  # a shard runs: the sensor asks for a refresh
+            refresh = tick.run_requests[0]  # the run it asks for: its config and tags
+            result = dg.materialize(
+                [run_report], resources=resources, instance=instance, run_config=refresh.run_config, tags=refresh.tags
+            )
+    finally:
+        for index in range(2):
+            fleet.clear_faults(index)
+        finished(run)
+    alert = evaluations_by_check(result, "run_report")["operator_alerts"]
+    assert not alert.passed and alert.severity == dg.AssetCheckSeverity.WARN
+    assert "[mtp] accept length" in alert.description and "below 2.0" in alert.description
+    figures = result.asset_materializations_for_node("run_report")[0].metadata
+    assert figures["accept_length"].value < 2.0 and figures["alerts"].value >= 1
+    assert "**mtp**: accept length" in figures["report"].value
 
 
 def test_two_shard_runs_share_one_fleet(pipeline, sim_fleet):

@@ -6,6 +6,8 @@ is renamed, dropped or stops blocking fails this test instead of silently weaken
 
 from __future__ import annotations
 
+import time
+
 import dagster as dg
 
 from dagster_project import settings
@@ -86,3 +88,58 @@ def test_project_dagster_yaml_loads_as_an_instance(tmp_path):
         assert instance.run_monitoring_enabled
     finally:
         instance.dispose()
+
+
+def test_a_shard_regenerated_alone_is_assembled_and_exported_by_the_automation_sensor():
+    graph = defs.resolve_asset_graph()
+    for name in ("training_set", "specforge_export"):
+        condition = graph.get(dg.AssetKey(name)).automation_condition
+        assert condition is not None and "all_deps_blocking_checks_passed" in str(condition), name
+    assert graph.get(dg.AssetKey("completions")).automation_condition is None  # generation costs GPU: never automatic
+    sensor = defs.resolve_sensor_def("shard_followups")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+
+def test_the_report_refresh_asks_for_a_run_only_while_shards_run(tmp_path):
+    from dagster_aws.s3 import S3Resource
+
+    from dagster_project.generation.heartbeat import this_process
+    from dagster_project.generation.progress import Heartbeat
+    from dagster_project.resources import DatasetStore
+    from dagster_project.store.dataclass_json import to_json
+    from dagster_project.store.layout import progress_key
+    from dagster_project.store.storage import LocalStore
+
+    sensor = defs.resolve_sensor_def("run_report_refresh")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING and sensor.job_name == "refresh_run_report"
+    store = LocalStore(tmp_path / "store")
+    resources = {"store": DatasetStore(root=store.uri, work_dir=str(tmp_path / "work"), s3=S3Resource())}
+    with dg.instance_for_test() as instance:
+        with dg.build_sensor_context(instance=instance, resources=resources) as context:
+            idle = sensor(context)
+        assert not idle.run_requests and "no shard run" in idle.skip_reason.skip_message
+
+        host, pid, started = this_process()
+        now = time.time()
+        running = Heartbeat(
+            shard=3,
+            state="running",
+            settings_fingerprint="f",
+            started_at=now - 60,
+            updated_at=now,
+            total_events=10,
+            resumed_events=0,
+            done_events=4,
+            remaining_events=6,
+            ok_events=4,
+            host=host,
+            pid=pid,
+            process_started_at=started,
+            heartbeat_interval_s=5.0,
+        )
+        store.put_bytes(progress_key(3), to_json(running))
+        with dg.build_sensor_context(instance=instance, resources=resources) as context:
+            busy = sensor(context)
+        assert len(busy.run_requests) == 1 and busy.run_requests[0].tags["dflash/shards_running"] == "1"
+        # The refreshes leave the recount of coverage by id (every shard's ids) to manual materializations.
+        assert busy.run_requests[0].run_config == {"ops": {"run_report": {"config": {"recompute_coverage": False}}}}

@@ -1,0 +1,164 @@
+"""The operator's page in a real browser: headless Chromium (Debian's `chromium` and its `chromedriver`, driven by
+Selenium; nothing downloads a browser) opens `dagster dev`, loads the `run_report` asset page and a completions
+partition page, and reads what a person would see there.
+
+One shard is generated, assembled and exported (the `shard_job`), then `run_report` is materialized with a plan
+and a price, all through the Dagster CLI on the instance `dagster dev` serves. The test asserts that the page
+renders the six answers, the per-server table, cost and the figures; screenshots and the pages' text are saved
+under `test-artifacts/browser/` (gitignored; CI keeps them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dagster_project.ops.plan import Plan, write_plan
+from dagster_project.store.storage import LocalStore
+from tests.support.dagster_helpers import (
+    DAGSTER,
+    FAST_ANSWERS,
+    DagsterDev,
+    dagster_home,
+    pipeline_env,
+    publish_conversations,
+    run_cli,
+)
+from tests.support.paths import PROJECT_ROOT
+
+CHROMIUM = Path(os.environ.get("CHROMIUM_BIN", "/usr/bin/chromium"))
+CHROMEDRIVER = Path(os.environ.get("CHROMEDRIVER_BIN", "/usr/bin/chromedriver"))
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", PROJECT_ROOT / "test-artifacts")) / "browser"
+SIX_ANSWERS = (
+    "1. Progress vs plan",
+    "2. MTP (speculative decoding)",
+    "3. Concurrency per server",
+    "4. Storage",
+    "5. Coverage",
+    "6. Multi-turn",
+)
+PAGE_TIMEOUT_S = 60
+
+
+@pytest.fixture
+def browser() -> Iterator:
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        if os.environ.get("REQUIRE_BROWSER"):
+            pytest.fail(f"no {CHROMIUM} or {CHROMEDRIVER}: apt-get install -y chromium chromium-driver")
+        pytest.skip(f"no {CHROMIUM} or {CHROMEDRIVER} (apt-get install -y chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1500,2200"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait_for(driver, expected: str) -> None:
+    """Until `expected` is on the page: the UI fetches its data after the page loads."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5).until(
+        lambda d: expected in d.find_element(By.TAG_NAME, "body").text
+    )
+
+
+def _click(driver, text: str) -> None:
+    """Click the first element whose own text is `text` (a button or link)."""
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.XPATH, f"//*[normalize-space(text())='{text}']").click()
+
+
+def _save(driver, name: str) -> str:
+    """Screenshot and text of the page as test artifacts; returns the text."""
+    from selenium.webdriver.common.by import By
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+    text = driver.find_element(By.TAG_NAME, "body").text
+    (ARTIFACTS / f"{name}.txt").write_text(text)
+    return text
+
+
+def _save_dialog(driver, name: str) -> None:
+    """Screenshot of the open dialog alone (the README's picture of the operator page)."""
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.CSS_SELECTOR, "[role='dialog']").screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def _dismiss_welcome(driver) -> None:
+    """The UI greets a new browser with a newsletter dialog over the page."""
+    from selenium.common.exceptions import NoSuchElementException
+
+    try:
+        _click(driver, "Skip")
+    except NoSuchElementException:
+        pass
+
+
+def test_the_operator_page_renders_the_six_answers_and_the_per_server_table(sim_fleet, browser, tmp_path):
+    fleet = sim_fleet(2, **FAST_ANSWERS, enable_metrics=True)
+    home = dagster_home(tmp_path / "dagster_home")
+    store = tmp_path / "store"
+    env = pipeline_env(
+        home=home,
+        store=store,
+        work_dir=tmp_path / "work",
+        num_shards=2,
+        endpoints=fleet.urls,
+        extra={"DFLASH_COST_PER_GPU_HOUR": "3.50"},
+    )
+    publish_conversations(home, store, env)
+    write_plan(
+        LocalStore(store), Plan(source="browser test", req_per_s=20.0, avg_output_tokens=100, output_tok_per_s=2000)
+    )
+    shard_job = [DAGSTER, "job", "execute", "-m", "dagster_project.definitions", "-j", "shard_job"]
+    run_cli([*shard_job, "--tags", '{"dagster/partition": "shard-00000"}'], env=env, cwd=tmp_path, timeout_s=300)
+    run_cli(
+        [DAGSTER, "asset", "materialize", "-m", "dagster_project.definitions", "--select", "run_report"],
+        env=env,
+        cwd=tmp_path,
+        timeout_s=300,
+    )
+
+    with DagsterDev.running(env, tmp_path) as dev:
+        base = f"http://127.0.0.1:{dev.port}"
+        browser.get(f"{base}/assets/run_report")
+        try:
+            _wait_for(browser, "[Show Markdown]")
+            _dismiss_welcome(browser)
+            _click(browser, "[Show Markdown]")  # the report entry of the latest materialization's metadata
+            _wait_for(browser, SIX_ANSWERS[-1])
+        finally:
+            report = _save(browser, "run_report")
+        _save_dialog(browser, "operator_page")
+        for answer in SIX_ANSWERS:
+            assert answer in report, answer
+        # The per-server table: its header and one row per server of the fleet.
+        assert "client window" in report and "what limits it" in report
+        for url in fleet.urls:
+            assert url in report, url
+        assert "$7.00" in report  # the fleet's $/hour: 2 servers at $3.50 per GPU-hour
+        assert "measured / plan" in report and " UTC" in report and "{" not in report
+
+        browser.get(f"{base}/assets/completions?partition=shard-00000")
+        try:
+            _wait_for(browser, "output_tok_per_s")
+        finally:
+            partition = _save(browser, "completions_shard-00000")
+        assert "shard-00000" in partition and "spec_accept_length" in partition
+    if os.environ.get("UPDATE_README_SCREENSHOT"):  # refresh the README's picture: UPDATE_README_SCREENSHOT=1
+        shutil.copyfile(ARTIFACTS / "operator_page.png", PROJECT_ROOT / "docs" / "images" / "operator_page.png")

@@ -1,0 +1,224 @@
+"""The operator's page, cost and alerts, from made-up readings (heartbeats and server probes; no server runs)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dagster_project.generation.heartbeat import this_process
+from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
+from dagster_project.ops.alerts import (
+    DEFAULT_THRESHOLDS,
+    NO_PRICE,
+    AlertThresholds,
+    FleetCost,
+    answer_cost,
+    raise_alerts,
+)
+from dagster_project.ops.plan import Plan
+from dagster_project.ops.report import (
+    ReportPoint,
+    as_of,
+    plot_metrics,
+    progress_chart,
+    render_markdown,
+    shards_running,
+    verdict,
+)
+from dagster_project.ops.status import (
+    Readings,
+    Status,
+    answer_concurrency,
+    answer_coverage,
+    answer_mtp,
+    answer_multi_turn,
+    answer_progress,
+    answer_storage,
+    collect_status,
+    render_text,
+)
+from dagster_project.store.dataclass_json import to_json
+from dagster_project.store.layout import progress_key
+from dagster_project.store.storage import LocalStore
+
+HOST, PID, STARTED = this_process()
+URLS = ("http://gpu0:30000", "http://gpu1:30000")
+PLAN = Plan(source="test plan", req_per_s=2.0, avg_output_tokens=100, output_tok_per_s=200, gpus=2)
+
+
+def beat(*, accept: float | None = 2.8, req_per_s: float = 2.0, done: int = 40, total: int = 100) -> Heartbeat:
+    """A live shard run (this process) half way through, 100 output tokens per answer."""
+    now = time.time()
+    return Heartbeat(
+        shard=0,
+        state="running",
+        settings_fingerprint="f",
+        started_at=now - 3600,
+        updated_at=now,
+        total_events=total,
+        resumed_events=0,
+        done_events=done,
+        remaining_events=total - done,
+        ok_events=done,
+        output_tokens=100 * done,
+        prompt_tokens=50 * done,
+        window=Rates(120, req_per_s, 100 * req_per_s),
+        spec=SpecDecodingStats(
+            accept_length_window=accept,
+            window_spec_tokens=int(280 * (accept or 0)),
+            window_verify_passes=280 if accept else 0,
+        ),
+        servers={url: {"window": 4, "in_flight": 4} for url in URLS},
+        host=HOST,
+        pid=PID,
+        process_started_at=STARTED,
+        heartbeat_interval_s=5.0,
+    )
+
+
+def probe(*, spec: str | None = "EAGLE", running: float = 8, queued: float = 0, healthy: bool = True) -> dict:
+    return {
+        "healthy": healthy,
+        "speculative_algorithm": spec,
+        "max_running_requests": 8,
+        "running": running,
+        "queued": queued,
+        "avg_spec_accept_length": 2.8,
+        "token_usage": 0.42,
+    }
+
+
+def status_of(
+    beats: list[Heartbeat],
+    fleet: dict[str, dict],
+    *,
+    plan: Plan | None = PLAN,
+    cost: FleetCost = NO_PRICE,
+    thresholds: AlertThresholds = DEFAULT_THRESHOLDS,
+    tmp_path=None,
+) -> Status:
+    now = time.time()
+    readings = Readings(now, 1, None, None, 100, {}, beats, fleet, plan, None)
+    progress, mtp, concurrency = answer_progress(readings), answer_mtp(readings), answer_concurrency(readings)
+    storage = answer_storage(LocalStore(tmp_path), readings, None, None)
+    return Status(
+        collected_at=now,
+        progress=progress,
+        mtp=mtp,
+        concurrency=concurrency,
+        storage=storage,
+        coverage=answer_coverage(readings),
+        multi_turn=answer_multi_turn(readings),
+        cost=answer_cost(cost, progress, servers=len(fleet)),
+        alerts=raise_alerts(progress, mtp, concurrency, storage, endpoints_known=bool(fleet), thresholds=thresholds),
+    )
+
+
+HEALTHY = {url: probe() for url in URLS}
+
+
+def kinds(status: Status) -> list[str]:
+    return [alert.kind for alert in status.alerts]
+
+
+def test_a_healthy_run_on_plan_raises_no_alert_and_its_page_has_the_six_answers_as_tables(tmp_path):
+    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
+    assert status.alerts == []
+    page = render_markdown(status)
+    for heading in (
+        "1. Progress vs plan",
+        "2. MTP",
+        "3. Concurrency per server",
+        "4. Storage",
+        "5. Coverage",
+        "6. Multi-turn",
+        "Cost",
+        "No alerts.",
+    ):
+        assert heading in page, heading
+    assert (
+        "| server | client window | in flight | cap | running | queued | KV use | mamba use | what limits it |" in page
+    )
+    assert f"| {URLS[0]} | 4 | 4 | 8 | 8 | 0 | 42% | — |" in page
+    # Plan vs measured: 2.0 req/s measured against 2.0 planned.
+    assert "| requests / s | 2.00 | 2.00 | 1.00 | on plan |" in page
+    assert f"**As of {as_of(status.collected_at)}**" in page and "UTC" in page
+    assert "{" not in page and "2.7745" not in page  # no Python dicts, no unrounded floats
+
+
+def test_plotted_figures_leave_unknown_values_out_instead_of_writing_zero(tmp_path):
+    known = plot_metrics(status_of([beat()], HEALTHY, tmp_path=tmp_path))
+    assert known["accept_length"] == 2.8 and known["req_per_s"] == 2.0 and known["output_tok_per_s"] == 200.0
+    assert known["percent_of_plan_rate"] == 100.0 and known["eta_hours"] == pytest.approx(60 / 2 / 3600, abs=1e-4)
+    assert known["in_flight_gpu0_30000"] == 4 and known["queued_gpu1_30000"] == 0
+    assert all(isinstance(value, int | float) for value in known.values())
+    unknown = plot_metrics(status_of([beat(accept=None)], {}, plan=None, tmp_path=tmp_path))
+    assert "accept_length" not in unknown and "plan_eta_hours" not in unknown and "cost_spent_usd" not in unknown
+    assert unknown["in_flight_gpu0_30000"] == 4  # the dispatcher knows; the unreached server does not
+    assert not any(name.startswith(("running_", "queued_")) for name in unknown)
+
+
+def test_cost_spent_to_finish_per_million_tokens_and_gpu_hours_per_thousand_rows(tmp_path):
+    status = status_of([beat()], HEALTHY, cost=FleetCost(cost_per_gpu_hour=3.5), tmp_path=tmp_path)
+    cost = status.cost
+    assert cost.cost_per_hour == 7.0 and cost.gpus == 2  # one GPU per server reached
+    assert cost.spent == pytest.approx(7.0, rel=1e-3)  # one hour of generation
+    assert cost.to_finish == pytest.approx(7.0 * 30 / 3600, rel=1e-3)  # 60 events at 2 req/s
+    assert cost.per_million_output_tokens == pytest.approx(7.0 / (200 * 3600) * 1e6)
+    assert cost.gpu_hours_per_1k_rows == pytest.approx(2 * 1.0 / 40 * 1000, rel=1e-3)
+    assert "7. Cost at $7.00/hour (2 GPUs)" in render_text(status)
+    assert "| $7.00 | 2 | $7.00 |" in render_markdown(status)
+    assert status_of([beat()], HEALTHY, tmp_path=tmp_path).cost is None
+    eight = status_of([beat()], HEALTHY, cost=FleetCost(cost_per_gpu_hour=3.5, gpus=8), tmp_path=tmp_path).cost
+    assert eight.cost_per_hour == 28.0
+
+
+def test_alerts_mtp_off_or_accepting_little_a_swamped_or_idle_server_a_slipping_eta_and_a_down_fleet(tmp_path):
+    mtp_off = status_of([beat()], {URLS[0]: probe(spec=None), URLS[1]: probe()}, tmp_path=tmp_path)
+    assert kinds(mtp_off) == ["mtp"] and URLS[0] in mtp_off.alerts[0].message
+    low = status_of([beat(accept=1.2)], HEALTHY, tmp_path=tmp_path)
+    assert kinds(low) == ["mtp"] and "accept length 1.20" in low.alerts[0].message
+    assert kinds(status_of([beat(accept=1.2)], HEALTHY, thresholds=AlertThresholds(1.1), tmp_path=tmp_path)) == []
+    swamped = status_of([beat()], {URLS[0]: probe(queued=9), URLS[1]: probe()}, tmp_path=tmp_path)
+    assert kinds(swamped) == ["server"] and "9 queued" in swamped.alerts[0].message
+    idle = status_of([beat()], {URLS[0]: probe(running=0), URLS[1]: probe()}, tmp_path=tmp_path)
+    assert kinds(idle) == ["server"] and "idle" in idle.alerts[0].message
+    slow = status_of([beat(req_per_s=1.0)], HEALTHY, tmp_path=tmp_path)  # half the plan's rate: ETA doubles
+    assert kinds(slow) == ["eta"] and "100% past the plan" in slow.alerts[0].message
+    down = status_of([beat()], {url: {"healthy": False} for url in URLS}, tmp_path=tmp_path)
+    assert "fleet" in kinds(down) and "the fleet is unreachable" in render_text(down)
+    failed = status_of(
+        [beat(), Heartbeat(**{**beat().__dict__, "shard": 1, "state": "failed"})], HEALTHY, tmp_path=tmp_path
+    )
+    assert kinds(failed) == ["shards"] and "[1]" in failed.alerts[0].message
+    page = render_markdown(low)
+    assert "### Alerts" in page and "**mtp**: accept length 1.20" in page
+
+
+def test_plan_verdicts_read_the_ratio_the_right_way_round():
+    assert verdict(1.05) == "on plan" and verdict(1.5) == "ahead of plan" and verdict(0.5) == "behind plan"
+    assert verdict(1.5, higher_is_better=False) == "behind plan"  # an ETA 1.5x the plan's
+    assert verdict(None) == "—"
+
+
+def test_chart_is_a_png_of_progress_and_accept_length(tmp_path):
+    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
+    now = time.time()
+    points = [ReportPoint(now - 600, 10, 2.9), ReportPoint(now - 300, 25, None), ReportPoint(now, 40, 2.8)]
+    png = progress_chart(points, status)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def test_the_refresh_reads_which_shards_run_from_their_heartbeats(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    assert shards_running(store) == []
+    store.put_bytes(progress_key(0), to_json(beat()))
+    store.put_bytes(progress_key(1), to_json(Heartbeat(**{**beat().__dict__, "shard": 1, "state": "published"})))
+    assert shards_running(store) == [0]
+
+
+def test_status_without_a_fleet_says_so_in_one_line(tmp_path):
+    text = render_text(collect_status(LocalStore(tmp_path / "store"), []))
+    concurrency = text.split("3. Concurrency")[1].split("4. Storage")[0].strip().splitlines()
+    assert len(concurrency) == 2 and "no server known: start a fleet" in concurrency[1]
