@@ -27,10 +27,13 @@ from dagster_project.assets.conversations import conversations
 from dagster_project.assets.raw_prompts import raw_prompts
 from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
 from tests.support.dagster_helpers import (
+    BACKFILL_RUNS,
     DAGSTER,
     EXPECTED_ASSETS,
     EXPECTED_CHECKS,
     FAST_ANSWERS,
+    FINISHED,
+    LAUNCH_BACKFILL,
     SHARD_ASSETS,
     DagsterDev,
     check_evaluations,
@@ -59,28 +62,6 @@ ASSET_NODES = """
 }
 """
 
-LAUNCH_BACKFILL = """
-mutation Launch($params: LaunchBackfillParams!) {
-  launchPartitionBackfill(backfillParams: $params) {
-    __typename
-    ... on LaunchBackfillSuccess { backfillId }
-    ... on PythonError { message stack }
-    ... on UnauthorizedError { message }
-    ... on PartitionSetNotFoundError { message }
-    ... on InvalidSubsetError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-  }
-}
-"""
-
-BACKFILL_RUNS = """
-query Runs($backfill: String!) {
-  runsOrError(filter: {tags: [{key: "dagster/backfill", value: $backfill}]}) {
-    ... on Runs { results { runId status tags { key value } } }
-  }
-}
-"""
-
 SHARD_STATUS = """
 query Status($keys: [AssetKeyInput!]) {
   assetNodes(assetKeys: $keys) {
@@ -97,8 +78,6 @@ query Status($keys: [AssetKeyInput!]) {
   }
 }
 """
-
-FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 
 
 def _publish_conversations(home: Path, store: Path, env: dict[str, str]) -> None:
