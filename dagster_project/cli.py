@@ -122,8 +122,12 @@ def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
     if args.action == "down":
         stopped = launch.stop_fleet(run_dir)
         print(f"stopped {', '.join(stopped) or 'nothing (no fleet recorded)'}")
-        if fleet_registry.deregister_node(resources.store.open(), args.node):
-            print(f"node {args.node} removed from the fleet registry")
+        try:
+            if fleet_registry.deregister_node(resources.store.open(), args.node):
+                print(f"node {args.node} removed from the fleet registry")
+        except StoreError as exc:  # the servers are stopped; the record stays until a `fleet down` reaches the store
+            print(f"node {args.node} could not be removed from the fleet registry: {exc}", file=sys.stderr)
+            return 1
         return 0
     if args.action == "status":
         endpoints = fleet.known_endpoints(resources.store.open())
