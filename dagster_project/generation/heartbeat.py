@@ -3,7 +3,7 @@
 * every few seconds, its `Heartbeat` to `<store>/progress/shard=NNNNN.json` (read by `status`);
 * every minute or so, what its journal gained since the last checkpoint, as one more append-only segment
   under `<store>/progress/journal/shard=NNNNN/<fingerprint>/<writer>/`, so a run resumed on another node
-  loses at most that minute of work and no checkpoint re-uploads what an earlier one stored;
+  loses at most that minute of work and no checkpoint of a run re-uploads what an earlier one stored;
 * at a slower pace, a progress line for Dagster's logs (each one is a database write).
 
 It also renews the shard's lease (every checkpoint, or a quarter of the lease's time to live if that is
@@ -122,7 +122,8 @@ class ShardReporter:
     # The shard's lease, renewed as the run goes; None: the caller holds no lease (tests, tools).
     lease: Lease | None = None
     run_id: str | None = None
-    # Bytes at the head of the local journal the store already holds (what was restored from it).
+    # Bytes at the head of the local journal the store already holds: what was restored from it. A journal kept
+    # on this node by an earlier run (0) goes up whole as this run's first segment.
     checkpointed_bytes: int = 0
     upload_failures: int = field(default=0, init=False)
     # Set when the lease is lost: another run owns the shard now, and this one writes nothing more for it.
