@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import socket
 import sys
 import typing
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import dagster as dg
 
 from dagster_project.conversations.shards import published_num_shards
+from dagster_project.generation import fleet_registry
 from dagster_project.ops.plan import BRIEF_PLAN, Plan, ShardSizing, advise_shards, read_plan, write_plan
 from dagster_project.resources import resources_from_env
 from dagster_project.sglang import launch
@@ -89,7 +91,7 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
             write_coverage(store, dataset_coverage(store, num_shards))
         status = collect_status(
             store,
-            resources.fleet.known_endpoints(),
+            resources.fleet.known_endpoints(store),
             api_key=resources.fleet.api_key,
             materialized=_materialized_shards(),
             cost=resources.fleet.cost(),
@@ -121,11 +123,17 @@ def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
     if args.action == "down":
         stopped = launch.stop_fleet(run_dir)
         print(f"stopped {', '.join(stopped) or 'nothing (no fleet recorded)'}")
+        try:
+            if fleet_registry.deregister_node(resources.store.open(), args.node):
+                print(f"node {args.node} removed from the fleet registry")
+        except StoreError as exc:  # the servers are stopped; the record stays until a `fleet down` reaches the store
+            print(f"node {args.node} could not be removed from the fleet registry: {exc}", file=sys.stderr)
+            return 1
         return 0
     if args.action == "status":
-        endpoints = fleet.known_endpoints()
+        endpoints = fleet.known_endpoints(resources.store.open())
         if not endpoints:
-            print(f"no fleet: nothing recorded in {run_dir} and no endpoints configured")
+            print(f"no fleet: no node registered in the store, nothing recorded in {run_dir}, no endpoints configured")
             return 1
         for server in launch.fleet_status(endpoints, api_key=fleet.api_key):
             print(json.dumps(server))
@@ -140,7 +148,7 @@ def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
             options["api_key"] = fleet.api_key
         options, plan = launch.plan_simulators(options, target)
         print(launch.describe_plan(plan), flush=True)
-        up = launch.launch_simulators(args.simulate, run_dir, options)
+        up = launch.launch_simulators(args.simulate, run_dir, options, **_given(args, {"host"}))
     else:
         if not args.gpus:
             raise SystemExit("fleet up needs --gpus 0,1,... (real servers) or --simulate N")
@@ -158,7 +166,30 @@ def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
     # The cap each server computed, next to the plan's: a server that found other memory says so here.
     for line in launch.capacity_report(up.urls, plan, target, api_key=fleet.api_key):
         print(f"  {line}")
+    _register(args, resources, up)
     return 0
+
+
+def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet) -> None:
+    """Record this node's servers in the store's fleet registry, where shard runs on every host find them."""
+    caps = {
+        s["url"]: s.get("max_running_requests") for s in launch.fleet_status(up.urls, api_key=resources.fleet.api_key)
+    }
+    # Simulators are reached where they listen; real servers listen on every interface, reached by host name.
+    advertise = args.advertise_host or (getattr(args, "host", None) if up.kind == "simulator" else None)
+    servers = fleet_registry.fleet_servers(up, advertise or _default_advertise_host(up), caps)
+    store = resources.store.open()
+    try:
+        record = fleet_registry.register_node(store, args.node, up.kind, servers)
+    except fleet_registry.RegistryError as exc:
+        launch.stop_fleet(Path(resources.fleet.fleet_dir))
+        raise SystemExit(f"fleet up: {exc}; the servers were stopped") from None
+    key = store.url(fleet_registry.node_key(record.node))
+    print(f"registered node {record.node} ({', '.join(record.urls)}) in {key}")
+
+
+def _default_advertise_host(up: launch.Fleet) -> str:
+    return "127.0.0.1" if up.kind == "simulator" else socket.getfqdn()
 
 
 def _sweeps(pairs: list[str], allowed: set[str] | None) -> dict[str, list[Any]]:
@@ -388,6 +419,15 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--extra-arg", action="append", default=[], help="passed to sglang.launch_server as is")
     fleet.add_argument("--base-port", type=int, default=argparse.SUPPRESS, help="port of the first GPU's server")
     fleet.add_argument("--startup-timeout-s", type=float, default=argparse.SUPPRESS, help="wait for readiness")
+    fleet.add_argument(
+        "--node",
+        default=os.environ.get("DFLASH_NODE") or socket.gethostname(),
+        help="this node's name in the store's fleet registry, fleet/<node>.json (default: $DFLASH_NODE or host name)",
+    )
+    fleet.add_argument(
+        "--advertise-host",
+        help="host other nodes reach these servers at (default: the host name; simulators: where they listen)",
+    )
     fleet.set_defaults(func=cmd_fleet)
 
     from dagster_project.ops.tune import TuneOptions

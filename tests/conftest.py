@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.postgres_server import postgres_bin_dir, running_postgres
 from tests.support.s3_server import running_s3_server
 from tests.support.sglang_fixtures import SimFleet
 
 INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
 # Fixtures that start processes: a test that asks for one is an integration test wherever it lives.
-PROCESS_FIXTURES = {"s3_server", "sim_fleet"}
+PROCESS_FIXTURES = {"s3_server", "sim_fleet", "postgres_server"}
 
 # Hermetic tests: a production store, fleet or Dagster instance configured in the shell must never be touched.
 # Kept: the tokenizer cache (safe to share, slow to rebuild) and the two variables that point the tests meant
@@ -38,6 +39,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if INTEGRATION_DIR in item.path.parents or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL server on loopback for the session (the Postgres-backed Dagster instance's tests)."""
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        pytest.skip("no PostgreSQL server binaries (initdb, postgres) on PATH or in /usr/lib/postgresql/*/bin")
+    with running_postgres(bin_dir) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
@@ -66,13 +77,18 @@ def tokenizer():
 
 @pytest.fixture
 def sim_fleet(tmp_path: Path) -> Iterator[Callable[..., SimFleet]]:
-    """Factory: `sim_fleet(count, options=None, **common)` starts a fleet; all are stopped at teardown."""
+    """Factory: `sim_fleet(count, options=None, host="127.0.0.1", **common)` starts a fleet; all are stopped at
+    teardown."""
     fleets: list[SimFleet] = []
 
     def start(
-        count: int, options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None, **common: Any
+        count: int,
+        options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        **common: Any,
     ) -> SimFleet:
-        fleet = SimFleet.start(count, tmp_path / f"fleet{len(fleets)}", options, **common)
+        fleet = SimFleet.start(count, tmp_path / f"fleet{len(fleets)}", options, host=host, **common)
         fleets.append(fleet)
         return fleet
 

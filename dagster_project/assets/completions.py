@@ -76,7 +76,7 @@ def completions(
         shard,
         tokenizer=tokenizer.load(),
         settings=generation.to_dataclass(),
-        dispatcher=fleet.dispatcher(),
+        dispatcher=fleet.dispatcher(registry=data),
         work_dir=store.local_dir(),
         intervals=config.to_dataclass(),
         on_progress=on_progress,

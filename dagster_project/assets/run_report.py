@@ -90,7 +90,7 @@ def run_report(
     if coverage is None:
         coverage = dataset_coverage(data, num_shards)
         write_coverage(data, coverage)
-    endpoints = fleet.known_endpoints()  # none without a running fleet: the report still answers from the store
+    endpoints = fleet.known_endpoints(data)  # none without a fleet: the report still answers from the store
     materialized = context.instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))
     status = collect_status(
         data,

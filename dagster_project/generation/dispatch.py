@@ -226,6 +226,9 @@ class DispatchOptions:
     require_reasoning: bool = field(
         default=True, metadata={"help": "Ask servers to count reasoning tokens (meta_info.reasoning_tokens)."}
     )
+    discovery_interval_s: float = field(
+        default=10.0, metadata={"help": "How often the fleet registry is re-read for servers of nodes that joined."}
+    )
 
     def __post_init__(self) -> None:
         if self.oversubscription <= 0 or self.max_attempts < 1:
@@ -242,9 +245,11 @@ class Dispatcher:
         windows: Mapping[str, int] | None = None,
         session: aiohttp.ClientSession | None = None,
         ledger: FleetLedger | None = None,
+        discover: Callable[[], list[str]] | None = None,
     ):
         """`windows` fixes the window of given endpoints (a router has no scheduler state of its own);
-        `ledger` shares windows and server verdicts with the other runs on this node."""
+        `ledger` shares windows and server verdicts with the other runs on this node; `discover` (the fleet
+        registry) is called every `discovery_interval_s` while running, and servers it names join the run."""
         if not endpoints:
             raise ValueError("no endpoints")
         if len(set(endpoints)) != len(endpoints):
@@ -255,6 +260,7 @@ class Dispatcher:
         self.windows = {url.rstrip("/"): n for url, n in (windows or {}).items()}
         self._session = session
         self.ledger = ledger
+        self._discover = discover
         self._servers = [_Server(url) for url in self.endpoints]
         self._running = False
         self.stats = DispatchStats()
@@ -279,6 +285,7 @@ class Dispatcher:
         self._reset(requests)
         self._remaining = remaining or (lambda: len(self._live))
         session = self._session or new_session()
+        self._run_session, self._next_discovery = session, time.monotonic() + self.options.discovery_interval_s
         for server in self._servers:
             server.client = SGLangClient(
                 server.url, self.api_key, session, probe_timeout_s=self.options.probe_timeout_s
@@ -739,8 +746,26 @@ class Dispatcher:
                     self._spawn(self._health(server))
                 elif server.state != HEALTHY and now >= server.next_probe:
                     self._spawn(self._readmit(server))
+            if self._discover is not None and now >= self._next_discovery:
+                self._next_discovery = now + self.options.discovery_interval_s
+                self._spawn(self._join_discovered())
             self._check_fleet(now)
             self._wake.set()  # cooldowns end and probes finish: let the coordinator look again
+
+    async def _join_discovered(self) -> None:
+        """Servers the registry names that this run does not know yet join it through the first probe."""
+        urls = await asyncio.to_thread(self._discover)
+        joining = [_Server(url) for url in dict.fromkeys(u.rstrip("/") for u in urls) if url not in self.endpoints]
+        if not joining:
+            return
+        for server in joining:
+            server.client = SGLangClient(
+                server.url, self.api_key, self._run_session, probe_timeout_s=self.options.probe_timeout_s
+            )
+            self.endpoints.append(server.url)
+            self._servers.append(server)
+        await asyncio.gather(*(self._first_probe(server) for server in joining))
+        self._wake.set()
 
     def _check_fleet(self, now: float) -> None:
         if any(s.state == HEALTHY for s in self._servers) or self._finished():

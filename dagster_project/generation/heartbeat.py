@@ -1,8 +1,9 @@
 """What a running shard tells the outside world while it generates.
 
 * every few seconds, its `Heartbeat` to `<store>/progress/shard=NNNNN.json` (read by `status`);
-* every minute or so, a copy of its journal to `<store>/progress/journal/...`, so a run resumed on another
-  node loses at most that minute of work;
+* every minute or so, what its journal gained since the last checkpoint, as one more append-only segment
+  under `<store>/progress/journal/shard=NNNNN/<fingerprint>/<writer>/`, so a run resumed on another node
+  loses at most that minute of work and no checkpoint of a run re-uploads what an earlier one stored;
 * at a slower pace, a progress line for Dagster's logs (each one is a database write).
 
 It also renews the shard's lease (every checkpoint, or a quarter of the lease's time to live if that is
@@ -17,9 +18,8 @@ killed run as dead at once on its own host (the pid is gone) and after two misse
 from __future__ import annotations
 
 import asyncio
-import shutil
+import os
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -42,8 +42,11 @@ LEGACY_STALE_S = 60.0
 MISSED_BEATS = 2
 
 
-def journal_checkpoint_key(shard: int, fingerprint: str) -> str:
-    return f"{PROGRESS}/journal/shard={shard:0{SHARD_DIGITS}d}/{fingerprint}.jsonl"
+def journal_segments_prefix(shard: int, fingerprint: str) -> str:
+    """Where a shard's journal checkpoints live: `<writer>/<sequence>.jsonl` segments, each the complete lines
+    one run appended since its previous segment. A writer is one run's reporter, named so that writers sort
+    by the time they started (then host and pid)."""
+    return f"{PROGRESS}/journal/shard={shard:0{SHARD_DIGITS}d}/{fingerprint}/"
 
 
 def read_heartbeats(store: Store) -> list[Heartbeat]:
@@ -68,13 +71,24 @@ def run_is_alive(heartbeat: Heartbeat, now: float, host: str | None = None) -> b
     return silent_for < LEGACY_STALE_S
 
 
-def restore_journal(store: Store, shard: int, fingerprint: str, local_path: Path) -> bool:
-    """Seed a missing local journal from the store's checkpoint (a resume on another node)."""
-    key = journal_checkpoint_key(shard, fingerprint)
-    if local_path.exists() or not store.exists(key):
-        return False
-    store.download(key, local_path)
-    return True
+def restore_journal(store: Store, shard: int, fingerprint: str, local_path: Path) -> int:
+    """Seed a missing local journal from the store's segments (a resume on another node); returns the bytes
+    restored (0: a local journal exists, or nothing was checkpointed).
+
+    The segments of every writer, oldest writer first, concatenated: where two runs both recorded an event,
+    the journal's own rule decides (the first final record stands; a retryable error is superseded)."""
+    if local_path.exists():
+        return 0
+    keys = sorted(info.key for info in store.list(journal_segments_prefix(shard, fingerprint)))
+    if not keys:
+        return 0
+    local_path.parent.mkdir(parents=True, exist_ok=True)
+    staging = local_path.with_name(f".{local_path.name}.restoring")
+    with open(staging, "wb") as out:
+        for key in keys:  # one segment in memory at a time: one checkpoint interval's lines
+            out.write(store.get_bytes(key))
+    os.replace(staging, local_path)
+    return local_path.stat().st_size
 
 
 @dataclass(frozen=True)
@@ -85,7 +99,10 @@ class ReportIntervals:
         default=5.0, metadata={"help": "Progress snapshot to the store (read by `dflash status`)."}
     )
     checkpoint_interval_s: float = field(
-        default=60.0, metadata={"help": "Journal copy to the store: a resume on another node loses at most this."}
+        default=60.0,
+        metadata={
+            "help": "Journal lines new since the last checkpoint to the store: a resume elsewhere loses at most this."
+        },
     )
     log_interval_s: float = field(
         default=30.0, metadata={"help": "Progress line and observation in Dagster (each one a database write)."}
@@ -105,10 +122,16 @@ class ShardReporter:
     # The shard's lease, renewed as the run goes; None: the caller holds no lease (tests, tools).
     lease: Lease | None = None
     run_id: str | None = None
+    # Bytes at the head of the local journal the store already holds: what was restored from it. A journal kept
+    # on this node by an earlier run (0) goes up whole as this run's first segment.
+    checkpointed_bytes: int = 0
     upload_failures: int = field(default=0, init=False)
     # Set when the lease is lost: another run owns the shard now, and this one writes nothing more for it.
     fenced: bool = field(default=False, init=False)
-    _checkpointed_size: int = field(default=-1, init=False)
+    segments_written: int = field(default=0, init=False)
+    _writer: str = field(
+        default_factory=lambda: f"{time.time_ns():020d}-{socket.gethostname()}-{os.getpid()}", init=False
+    )
 
     def report(self) -> Heartbeat:
         host, pid, started_at = this_process()
@@ -125,16 +148,19 @@ class ShardReporter:
     def _put_heartbeat(self, heartbeat: Heartbeat) -> None:
         self.store.put_bytes(progress_key(self.shard), to_json(heartbeat))
 
-    def _checkpoint(self, copy: Path) -> None:
-        self.store.put_file(journal_checkpoint_key(self.shard, self.fingerprint), copy)
+    def _segment_key(self) -> str:
+        prefix = journal_segments_prefix(self.shard, self.fingerprint)
+        return f"{prefix}{self._writer}/{self.segments_written:08d}.jsonl"
 
-    async def _guarded(self, what: str, call: Callable[..., None], *args: Any) -> None:
+    async def _guarded(self, what: str, call: Callable[..., Any], *args: Any) -> bool:
         # Store writes are blocking I/O: keep them off the event loop that feeds the fleet.
         try:
             await asyncio.to_thread(call, *args)
+            return True
         except (StoreError, OSError) as exc:
             self.upload_failures += 1
             self.log(f"{what} of shard {self.shard} failed (generation goes on): {exc}")
+            return False
 
     async def renew_lease(self) -> None:
         """Extend the lease; `LeaseLost` (and nothing more written) if another run took the shard over."""
@@ -150,18 +176,20 @@ class ShardReporter:
             self.log(f"lease renewal of shard {self.shard} failed (generation goes on): {exc}")
 
     async def checkpoint_journal(self) -> None:
+        """Upload the journal's complete lines that the store does not hold yet, as the next segment. A failed
+        upload is retried whole at the next checkpoint (its lines stay pending)."""
         if self.fenced:
             return
         self.journal.sync()
-        size = self.journal.path.stat().st_size
-        if size == self._checkpointed_size:
+        with open(self.journal.path, "rb") as handle:
+            handle.seek(self.checkpointed_bytes)
+            pending = handle.read()
+        complete = pending.rfind(b"\n") + 1  # a line being written now goes with the next segment
+        if not complete:
             return
-        with tempfile.TemporaryDirectory(prefix="dflash-journal-") as tmp:
-            # A frozen copy: the journal keeps growing while the upload runs, and the upload is verified.
-            copy = Path(tmp) / self.journal.path.name
-            shutil.copyfile(self.journal.path, copy)
-            await self._guarded("journal checkpoint", self._checkpoint, copy)
-        self._checkpointed_size = size
+        if await self._guarded("journal checkpoint", self.store.put_bytes, self._segment_key(), pending[:complete]):
+            self.checkpointed_bytes += complete
+            self.segments_written += 1
 
     async def beat(self) -> None:
         if not self.fenced:

@@ -138,7 +138,7 @@ def generate_shard(
 
     with (
         take_lease(store, lease_key(COMPLETIONS, shard), run_id=run_id, options=lease) as held,
-        _open_journal(store, shard, fingerprint, work_dir, log) as journal,
+        _open_journal(store, shard, fingerprint, work_dir, log) as (journal, restored_bytes),
     ):
         if journal.torn_bytes_dropped:
             log(f"journal: dropped a torn last line ({journal.torn_bytes_dropped} bytes) left by a killed run")
@@ -154,6 +154,7 @@ def generate_shard(
             log=log,
             lease=held,
             run_id=run_id,
+            checkpointed_bytes=restored_bytes,
         )
         log(
             f"shard {shard}: {job.progress.total_events} events in {len(conversations)} conversations, "
@@ -193,10 +194,12 @@ def generate_shard(
 @contextmanager
 def _open_journal(
     store: Store, shard: int, fingerprint: str, work_dir: Path, log: Callable[[str], None]
-) -> Iterator[Journal]:
-    """The shard's local journal, seeded from the store's checkpoint when this node has none."""
+) -> Iterator[tuple[Journal, int]]:
+    """The shard's local journal, seeded from the store's checkpoint segments when this node has none, and how
+    many of its bytes came from there (the store holds them already)."""
     local_journal = journal_path(work_dir, shard, fingerprint)
-    if restore_journal(store, shard, fingerprint, local_journal):
-        log(f"journal restored from the store's checkpoint (a resume on a new node): {local_journal}")
+    restored = restore_journal(store, shard, fingerprint, local_journal)
+    if restored:
+        log(f"journal restored from the store's checkpoint (a resume on a new node): {restored} bytes, {local_journal}")
     with Journal(local_journal) as journal:
-        yield journal
+        yield journal, restored

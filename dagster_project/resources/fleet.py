@@ -4,19 +4,22 @@ import dagster as dg
 from pydantic import Field
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
+from dagster_project.generation.fleet_registry import follow_registry, registered_endpoints
 from dagster_project.generation.ledger import FleetLedger
 from dagster_project.ops.alerts import FleetCost
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.sglang.launch import Fleet
+from dagster_project.store.storage import Store
 
 
 class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.ConfigurableResource))):
     """Connects to a running SGLang fleet; it never launches servers (the fleet outlives runs).
 
-    Endpoints come from `endpoints`, or one `router_url`, or the fleet record written by `dflash fleet up`
-    (read at run time, so a restarted fleet is picked up by the next run). The dispatch options (windows,
-    retries, timeouts, probes) are this resource's config too, and so is the fleet's price (`cost_per_gpu_hour`,
-    `gpus`), which `dflash status` and the run report turn into dollars.
+    Endpoints come from `endpoints`, or one `router_url`, or the fleet registry in the store (every node's
+    `dflash fleet up` registers its servers there, and a running shard re-reads it, so nodes may join while
+    it runs), or this node's fleet record. The dispatch options (windows, retries, timeouts, probes) are this
+    resource's config too, and so is the fleet's price
+    (`cost_per_gpu_hour`, `gpus`), which `dflash status` and the run report turn into dollars.
     """
 
     endpoints: list[str] = Field(default_factory=list, description="Server base URLs, e.g. http://gpu-node:30000.")
@@ -28,31 +31,40 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
     def cost(self) -> FleetCost:
         return self.to_dataclass(FleetCost)
 
-    def known_endpoints(self) -> list[str]:
-        """The router, else the endpoints, else the servers of the recorded fleet; empty when none is known."""
-        if self.router_url:
-            return [self.router_url]
-        if self.endpoints:
-            return list(self.endpoints)
+    def _configured(self) -> list[str]:
+        return [self.router_url] if self.router_url else list(self.endpoints)
+
+    def known_endpoints(self, registry: Store | None = None) -> list[str]:
+        """The router, else the endpoints, else every node's servers in `registry`, else this node's recorded
+        fleet; empty when none is known."""
+        if self._configured():
+            return self._configured()
+        registered = registered_endpoints(registry) if registry is not None else []
+        if registered:
+            return registered
         fleet = Fleet.load(Path(self.fleet_dir)) if self.fleet_dir else None
         return fleet.urls if fleet is not None and fleet.members else []
 
-    def resolve_endpoints(self) -> list[str]:
+    def resolve_endpoints(self, registry: Store | None = None) -> list[str]:
         """The endpoints to generate with; a run without any fails saying how to configure them."""
-        endpoints = self.known_endpoints()
+        endpoints = self.known_endpoints(registry)
         if not endpoints:
             raise dg.Failure(
                 "No SGLang endpoints configured: set DFLASH_SGLANG_ENDPOINTS, DFLASH_SGLANG_ROUTER, "
-                f"or start a fleet with `dflash fleet up` (no fleet recorded in {self.fleet_dir})."
+                f"or start a fleet with `dflash fleet up` (no node registered in the store's fleet/, no fleet "
+                f"recorded in {self.fleet_dir})."
             )
         return endpoints
 
-    def dispatcher(self) -> Dispatcher:
-        """A dispatcher for one shard run; every run with the same fleet directory shares its ledger."""
+    def dispatcher(self, registry: Store | None = None) -> Dispatcher:
+        """A dispatcher for one shard run; every run with the same fleet directory shares its ledger. Unless
+        endpoints or a router are configured, it follows `registry` while it runs: new nodes' servers join."""
+        follows_registry = registry is not None and not self._configured()
         return Dispatcher(
-            self.resolve_endpoints(),
+            self.resolve_endpoints(registry),
             self.to_dataclass(),
             api_key=self.api_key,
             windows={self.router_url: self.router_window} if self.router_url else None,
             ledger=FleetLedger(Path(self.fleet_dir) / "ledger") if self.fleet_dir else None,
+            discover=follow_registry(registry) if follows_registry else None,
         )

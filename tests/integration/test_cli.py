@@ -117,12 +117,13 @@ def test_status_reports_the_shard_count_of_the_store_it_reads(env, tmp_path):
 
 def test_fleet_up_flags_are_the_server_options_and_unset_ones_keep_their_defaults(monkeypatch, tmp_path):
     monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("DFLASH_STORE", str(tmp_path / "store"))  # where `fleet up` registers the node
     monkeypatch.setenv("SGLANG_API_KEY", SECRET)
     launched = {}
 
     def launch_fleet(gpus, run_dir, options, **kwargs):
         launched.update(gpus=gpus, run_dir=run_dir, options=options, kwargs=kwargs)
-        return SimpleNamespace(kind="sglang", urls=[])
+        return SimpleNamespace(kind="sglang", urls=[], members=[])
 
     monkeypatch.setattr(launch, "launch_fleet", launch_fleet)
     flags = ["--gpus", "0,1", "--model", "/models/q", "--max-running-requests", "96", "--radix-cache"]
@@ -138,11 +139,12 @@ def test_fleet_up_flags_are_the_server_options_and_unset_ones_keep_their_default
 
 def test_fleet_up_plans_the_cap_from_gpu_memory_and_the_expected_lengths(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("DFLASH_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("DFLASH_STORE", str(tmp_path / "store"))  # where `fleet up` registers the node
     launched = {}
 
     def launch_fleet(gpus, run_dir, options, **kwargs):
         launched.update(options=options)
-        return SimpleNamespace(kind="sglang", urls=[])
+        return SimpleNamespace(kind="sglang", urls=[], members=[])
 
     monkeypatch.setattr(launch, "launch_fleet", launch_fleet)
     monkeypatch.setattr(launch, "gpu_memory", lambda gpus: launch.parse_nvidia_smi("0, 143771, 143771\n"))

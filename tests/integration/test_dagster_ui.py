@@ -20,10 +20,13 @@ from __future__ import annotations
 import dagster as dg
 
 from tests.support.dagster_helpers import (
+    BACKFILL_RUNS,
     DAGSTER,
     EXPECTED_ASSETS,
     EXPECTED_CHECKS,
     FAST_ANSWERS,
+    FINISHED,
+    LAUNCH_BACKFILL,
     SHARD_ASSETS,
     DagsterDev,
     check_evaluations,
@@ -53,28 +56,6 @@ ASSET_NODES = """
 }
 """
 
-LAUNCH_BACKFILL = """
-mutation Launch($params: LaunchBackfillParams!) {
-  launchPartitionBackfill(backfillParams: $params) {
-    __typename
-    ... on LaunchBackfillSuccess { backfillId }
-    ... on PythonError { message stack }
-    ... on UnauthorizedError { message }
-    ... on PartitionSetNotFoundError { message }
-    ... on InvalidSubsetError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-  }
-}
-"""
-
-BACKFILL_RUNS = """
-query Runs($backfill: String!) {
-  runsOrError(filter: {tags: [{key: "dagster/backfill", value: $backfill}]}) {
-    ... on Runs { results { runId status tags { key value } } }
-  }
-}
-"""
-
 SHARD_STATUS = """
 query Status($keys: [AssetKeyInput!]) {
   assetNodes(assetKeys: $keys) {
@@ -91,8 +72,6 @@ query Status($keys: [AssetKeyInput!]) {
   }
 }
 """
-
-FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 
 
 def _key(path: list[str]) -> str:

@@ -260,6 +260,32 @@ def kill_process_group(process: subprocess.Popen, timeout_s: float = 15.0) -> No
 # ---- dagster dev and GraphQL -----------------------------------------------------------------------------------
 
 
+# The Materialize dialog's "launch backfill", and the runs a backfill made.
+LAUNCH_BACKFILL = """
+mutation Launch($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message stack }
+    ... on UnauthorizedError { message }
+    ... on PartitionSetNotFoundError { message }
+    ... on InvalidSubsetError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+  }
+}
+"""
+
+BACKFILL_RUNS = """
+query Runs($backfill: String!) {
+  runsOrError(filter: {tags: [{key: "dagster/backfill", value: $backfill}]}) {
+    ... on Runs { results { runId status tags { key value } } }
+  }
+}
+"""
+
+FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
+
+
 class GraphQLError(AssertionError):
     pass
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -56,9 +57,9 @@ def wait_until(
         time.sleep(interval_s)
 
 
-def _refuses(port: int) -> bool:
+def _refuses(host: str, port: int) -> bool:
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        socket.create_connection((host, port), timeout=1).close()
     except ConnectionRefusedError:
         return True
     except OSError:
@@ -104,14 +105,17 @@ class SimFleet:
         count: int,
         run_dir: Path,
         options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        *,
+        host: str = "127.0.0.1",
         **common: Any,
     ) -> SimFleet:
-        """`count` simulators; `common` options apply to all, `options` may give one mapping per server."""
+        """`count` simulators listening on `host`; `common` options apply to all, `options` may give one mapping
+        per server."""
         if options is None or isinstance(options, Mapping):
             per_server: Any = {**FAST_DEFAULTS, **(options or {}), **common}
         else:
             per_server = [{**FAST_DEFAULTS, **common, **o} for o in options]
-        return cls(launch_simulators(count, run_dir, per_server))
+        return cls(launch_simulators(count, run_dir, per_server, host=host))
 
     def __enter__(self) -> Self:
         return self
@@ -153,7 +157,10 @@ class SimFleet:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(member.pid, signum)
         # A dead leader thread shows as a zombie while the other threads still hold the listening socket.
-        wait_until(lambda: not self.alive(index) and _refuses(member.port), what=f"{member.name} to exit")
+        wait_until(
+            lambda: not self.alive(index) and _refuses(urllib.parse.urlsplit(member.url).hostname, member.port),
+            what=f"{member.name} to exit",
+        )
 
     def stop(self) -> None:
         stop_fleet(self.fleet.run_dir, timeout_s=10)

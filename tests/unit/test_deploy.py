@@ -1,0 +1,185 @@
+"""deploy/: the Helm values for Dagster's chart and the SGLang fleet manifest, validated offline.
+
+No cluster is reachable here (`kubectl apply --dry-run=client` still asks the API server for its schema), so
+the checks are structural: the values use only keys of the chart's values schema (chart 1.13.27) in the
+shapes it requires, carry the instance settings of dagster.yaml, and reference secrets instead of holding
+them; the fleet manifest is exactly what the generator writes (launch flags from `fleet up`'s launcher) and its
+objects fit together (selectors, service names, endpoints).
+"""
+
+import shlex
+import tomllib
+
+import pytest
+import yaml
+
+from dagster_project.sglang import k8s_manifest
+from dagster_project.sglang.launch import ServerOptions, plan_capacity, server_command
+from tests.support.paths import PROJECT_ROOT
+
+DEPLOY = PROJECT_ROOT / "deploy"
+VALUES = yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text())
+INSTANCE = yaml.safe_load((PROJECT_ROOT / "dagster.yaml").read_text())
+PYPROJECT = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())
+MANIFEST_FILE = DEPLOY / "sglang-fleet.yaml"
+
+# The chart's top-level values and the parts of its schema these values use (values.schema.json, 1.13.27).
+CHART_TOP_LEVEL = {
+    "dagsterWebserver", "dagster-user-deployments", "postgresql", "generatePostgresqlPasswordSecret",
+    "generateCeleryConfigSecret", "rabbitmq", "redis", "flower", "ingress", "imagePullSecrets",
+    "computeLogManager", "scheduler", "runLauncher", "pythonLogs", "dagsterDaemon", "busybox", "migrate",
+    "telemetry", "serviceAccount", "global", "retention", "additionalInstanceConfig",
+}  # fmt: skip
+K8S_RUN_LAUNCHER_REQUIRED = {
+    "imagePullPolicy", "loadInclusterConfig", "envConfigMaps", "envSecrets", "envVars", "volumeMounts", "volumes",
+}  # fmt: skip
+K8S_RUN_LAUNCHER_ALLOWED = K8S_RUN_LAUNCHER_REQUIRED | {
+    "image", "jobNamespace", "kubeconfigFile", "labels", "failPodOnRunFailure", "resources", "schedulerName",
+    "securityContext", "runK8sConfig",
+}  # fmt: skip
+RUN_K8S_CONFIG_ALLOWED = {"containerConfig", "podSpecConfig", "podTemplateSpecMetadata", "jobSpecConfig", "jobMetadata"}
+USER_DEPLOYMENT_REQUIRED = {"name", "image", "dagsterApiGrpcArgs", "port"}
+PULL_POLICIES = {"Always", "IfNotPresent", "Never"}
+
+
+def test_the_values_use_only_keys_of_the_charts_schema():
+    assert set(VALUES) <= CHART_TOP_LEVEL, set(VALUES) - CHART_TOP_LEVEL
+    launcher = VALUES["runLauncher"]
+    assert launcher["type"] == "K8sRunLauncher" and set(launcher["config"]) == {"k8sRunLauncher"}
+    k8s = launcher["config"]["k8sRunLauncher"]
+    assert K8S_RUN_LAUNCHER_REQUIRED <= set(k8s) <= K8S_RUN_LAUNCHER_ALLOWED
+    assert k8s["imagePullPolicy"] in PULL_POLICIES and set(k8s["runK8sConfig"]) <= RUN_K8S_CONFIG_ALLOWED
+    coordinator = VALUES["dagsterDaemon"]["runCoordinator"]
+    assert coordinator["enabled"] and coordinator["type"] == "QueuedRunCoordinator"
+    assert set(coordinator["config"]) == {"queuedRunCoordinator"}
+    assert VALUES["dagsterWebserver"]["service"].keys() == {"type", "port"}
+    postgres = VALUES["postgresql"]
+    assert {"enabled", "postgresqlHost", "postgresqlUsername", "postgresqlDatabase", "service"} <= set(postgres)
+
+
+def test_the_code_location_is_this_project_and_its_image_carries_what_run_pods_load():
+    (deployment,) = VALUES["dagster-user-deployments"]["deployments"]
+    assert USER_DEPLOYMENT_REQUIRED <= set(deployment)
+    assert deployment["image"]["pullPolicy"] in PULL_POLICIES and deployment["image"]["repository"]
+    args = deployment["dagsterApiGrpcArgs"]
+    assert args[args.index("--module-name") + 1] == PYPROJECT["tool"]["dagster"]["module_name"]
+    # Run pods and the code server read the fleet's endpoints from the manifest's ConfigMap.
+    for env_sources in (
+        deployment["envConfigMaps"],
+        VALUES["runLauncher"]["config"]["k8sRunLauncher"]["envConfigMaps"],
+    ):
+        assert {"name": k8s_manifest.ENDPOINTS_CONFIGMAP} in env_sources
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    integrations = {dep.split("==")[1] for dep in PYPROJECT["project"]["dependencies"] if dep.startswith("dagster-aws")}
+    assert f'"dagster-k8s=={integrations.pop()}"' in dockerfile  # the launcher's package, paired with Dagster
+
+
+def test_the_instance_settings_are_dagster_yamls():
+    daemon = VALUES["dagsterDaemon"]
+    queued = daemon["runCoordinator"]["config"]["queuedRunCoordinator"]
+    assert queued["maxConcurrentRuns"] == INSTANCE["concurrency"]["runs"]["max_concurrent_runs"]
+    assert VALUES["additionalInstanceConfig"]["concurrency"] == {"pools": INSTANCE["concurrency"]["pools"]}
+    retries = INSTANCE["run_retries"]
+    assert daemon["runRetries"] == {
+        "enabled": retries["enabled"],
+        "maxRetries": retries["max_retries"],
+        "retryOnAssetOrOpFailure": retries["retry_on_asset_or_op_failure"],
+    }
+    monitoring = INSTANCE["run_monitoring"]
+    assert {k: v for k, v in daemon["runMonitoring"].items() if k != "startTimeoutSeconds"} == {
+        "enabled": monitoring["enabled"],
+        "pollIntervalSeconds": monitoring["poll_interval_seconds"],
+        "maxResumeRunAttempts": monitoring["max_resume_run_attempts"],
+        "freeSlotsAfterRunEndSeconds": monitoring["free_slots_after_run_end_seconds"],
+    }
+    assert VALUES["telemetry"] == INSTANCE["telemetry"]
+
+
+def _leaves(value, path=()):
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _leaves(child, (*path, str(key)))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            yield from _leaves(child, (*path, str(index)))
+    else:
+        yield path, value
+
+
+def test_the_values_reference_secrets_and_hold_none():
+    assert VALUES["global"]["postgresqlSecretName"] and VALUES["generatePostgresqlPasswordSecret"] is False
+    for path, value in _leaves(VALUES):
+        if any(word in part.lower() for part in path for word in ("password", "secretkey", "token")):
+            assert path[-1] in {"postgresqlSecretName", "generatePostgresqlPasswordSecret"}, (path, value)
+
+
+def _generated_from_header() -> tuple[str, str]:
+    text = MANIFEST_FILE.read_text()
+    header = text.splitlines()[0]
+    command = header.split("`")[1]
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "dagster_project.sglang.k8s_manifest"], header
+    return text, argv[3:]
+
+
+def test_the_committed_fleet_manifest_is_the_generators_output(capsys):
+    text, argv = _generated_from_header()
+    k8s_manifest.main(argv)
+    assert capsys.readouterr().out == text, "deploy/sglang-fleet.yaml is stale: regenerate it with its header's command"
+
+
+def test_the_fleet_manifest_runs_one_server_per_gpu_with_the_launch_flags_of_fleet_up():
+    _, argv = _generated_from_header()
+    objects = {obj["kind"]: obj for obj in yaml.safe_load_all(MANIFEST_FILE.read_text())}
+    assert set(objects) == {"Service", "StatefulSet", "ConfigMap"}
+    for obj in objects.values():
+        assert obj["apiVersion"] in {"v1", "apps/v1"} and obj["metadata"]["name"] and obj["metadata"]["namespace"]
+    service, statefulset, config = objects["Service"], objects["StatefulSet"], objects["ConfigMap"]
+    spec = statefulset["spec"]
+    pod_labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"] == pod_labels == service["spec"]["selector"]
+    assert spec["serviceName"] == service["metadata"]["name"] and service["spec"]["clusterIP"] == "None"
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    mounts = {m["name"] for m in container["volumeMounts"]}
+    assert mounts <= {v["name"] for v in spec["template"]["spec"]["volumes"]}
+
+    # The command is `fleet up`'s for the GPU the header names: the planned cap, MTP, radix cache off.
+    flags = dict(zip(argv[::2], argv[1::2]))
+    options = ServerOptions(model_path=flags["--model"])
+    target = k8s_manifest.CapacityTarget(gpu_memory_gib=float(flags["--gpu-memory-gib"]))
+    planned = k8s_manifest.FleetManifest(1, "image", options=options, target=target).launch_options()
+    assert (
+        planned
+        == plan_capacity(
+            options,
+            target,
+            k8s_manifest.capacity.GpuMemory(
+                target.gpu_memory_gib + k8s_manifest.capacity.CUDA_CONTEXT_GIB, target.gpu_memory_gib
+            ),
+        )[0]
+    )
+    port = container["ports"][0]["containerPort"]
+    assert container["command"] + container["args"] == server_command(planned, port, python="python3")
+    assert "--max-running-requests" in container["args"] and "--disable-radix-cache" in container["args"]
+    assert container["startupProbe"]["httpGet"]["path"] == "/health_generate"
+
+    endpoints = config["data"]["DFLASH_SGLANG_ENDPOINTS"].split(",")
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    assert endpoints == [f"http://{name}-{i}.{name}.{namespace}.svc:{port}" for i in range(spec["replicas"])]
+    assert spec["replicas"] == int(flags["--servers"])
+
+
+@pytest.mark.parametrize("secret", [None, "sglang-api-key"])
+def test_an_api_key_comes_from_a_secret_and_never_into_the_manifest(secret):
+    manifest = k8s_manifest.FleetManifest(2, "image", api_key_secret=secret)
+    (container,) = [o for o in manifest.objects() if o["kind"] == "StatefulSet"][0]["spec"]["template"]["spec"][
+        "containers"
+    ]
+    if secret is None:
+        assert "--api-key" not in container["args"] and container["env"] == []
+    else:
+        assert container["args"][container["args"].index("--api-key") + 1] == "$(SGLANG_API_KEY)"
+        assert container["env"] == [
+            {"name": "SGLANG_API_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": "api-key"}}}
+        ]
