@@ -4,8 +4,8 @@
 
 Builds a store with the project's own writers (conversations through `ShardBuffers` and `publish_shards`,
 completions Parquet published with `publish_shard`, each shard run's last heartbeat through `write_heartbeat`),
-with one-line answers so it stays small, and caches it under `--work-dir` so reruns skip the build. The S3 copy
-is written the same way to a moto server on loopback (`tests/support/s3_server.py`) in each run. Measured, on each store:
+with one-line answers so it stays small, and caches it under `--work-dir` so reruns skip the build. The S3 store
+is written the same way to a moto server on loopback (`tests/support/s3_server.py`) in each run. Measured on each:
 
 * **status**: `dflash status` in this process (`cli.main(["status"])`, output discarded: imports and interpreter
   start are not counted), without `DAGSTER_HOME` and with one whose instance has every completions shard
@@ -374,7 +374,8 @@ is 913,786 events / 1,830 shards): a store written with the project's writers, {
 answers), every shard published with its run's last heartbeat, and a Dagster instance with every completions
 shard materialized. Seconds, best of 3 for status, one run otherwise.
 
-| store | `dflash status` | with `DAGSTER_HOME` | baseline: one GET per manifest and heartbeat | coverage by id | bare DuckDB, same objects | coverage / DuckDB |
+| store | `dflash status` | with `DAGSTER_HOME` | baseline: one GET per manifest and heartbeat \
+| coverage by id | bare DuckDB, same objects | coverage / DuckDB |
 |---|---:|---:|---:|---:|---:|---:|
 {rows}
 

@@ -58,7 +58,7 @@ class DatasetCoverage:
     conversations_partial: int
     conversations_missing: int
     conversations_with_errors: int
-    conversations_in_several_shards: int
+    conversations_in_several_shards: int  # planned more than once: in two shards, or twice in one
     events_planned: int
     events_recorded: int
     events_missing: int
@@ -158,27 +158,29 @@ def damaged_shards(
 _UNREADABLE = (duckdb.InvalidInputException, duckdb.IOException, duckdb.ConversionException)
 
 # DuckDB turns each conversation's generated turns into event ids exactly as `Conversation.event_id` does.
+_CONVERSATIONS = """
+    CREATE TABLE conversations AS
+    SELECT id, len(generate_after) AS turns
+    FROM read_json(?, format = 'newline_delimited', auto_detect = false,
+                   columns = {'id': 'VARCHAR', 'generate_after': 'INTEGER[]'})
+"""
 _PLANNED_EVENTS = """
     CREATE TABLE planned AS
-    SELECT id || '#turn' || unnest(range(len(generate_after))) AS event_id, id AS conversation_id, shard_files.shard
-    FROM read_json(?, format = 'newline_delimited', filename = true, auto_detect = false,
-                   columns = {'id': 'VARCHAR', 'generate_after': 'INTEGER[]'})
-    JOIN shard_files USING (filename)
+    SELECT id || '#turn' || unnest(range(turns)) AS event_id, id AS conversation_id FROM conversations
 """
 
 
 def _load_planned(
     con: duckdb.DuckDBPyConnection, store: Store, manifests: dict[int, ConversationsShardManifest], spill: Path
 ) -> None:
-    keys = [(shard, key) for shard, m in sorted(manifests.items()) for key in m.data_keys]
-    paths = local_files(store, [key for _, key in keys], spill)
-    con.execute("CREATE TABLE shard_files (filename VARCHAR, shard INTEGER)")
-    con.executemany("INSERT INTO shard_files VALUES (?, ?)", [(str(p), s) for p, (s, _) in zip(paths, keys)])
+    keys = [key for _, m in sorted(manifests.items()) for key in m.data_keys]
+    paths = [str(path) for path in local_files(store, keys, spill)]
     if not paths:
-        con.execute("CREATE TABLE planned (event_id VARCHAR, conversation_id VARCHAR, shard INTEGER)")
+        con.execute("CREATE TABLE conversations (id VARCHAR, turns INTEGER)")
+        con.execute("CREATE TABLE planned (event_id VARCHAR, conversation_id VARCHAR)")
         return
     try:
-        con.execute(_PLANNED_EVENTS, [[str(p) for p in paths]])
+        con.execute(_CONVERSATIONS, [paths])
     except _UNREADABLE as exc:
         for manifest in manifests.values():  # name the damaged object, as reading it line by line does
             for _ in conversations_in(store, manifest):
@@ -186,10 +188,10 @@ def _load_planned(
         raise CorruptObject(
             f"the conversations shards in {store.url(CONVERSATIONS)} are not all readable: {exc}"
         ) from exc
-    if isinstance(store, LocalStore):
-        return
-    for path in paths:  # read: the downloads are done with
-        path.unlink()
+    con.execute(_PLANNED_EVENTS)
+    if not isinstance(store, LocalStore):
+        for path in paths:  # read: the downloads are done with
+            Path(path).unlink()
 
 
 _RECORDED = pa.schema([("event_id", pa.string()), ("status", pa.string())])
@@ -220,49 +222,57 @@ def _load_recorded(
         raise CorruptObject(f"the completions shards in {store.url(COMPLETIONS)} are not all readable: {exc}") from exc
 
 
-def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
-    return int(con.execute(sql).fetchone()[0])
-
-
-def _sample(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
-    return [row[0] for row in con.execute(f"{sql} ORDER BY 1 LIMIT {_SAMPLE}").fetchall()]
-
-
 def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) -> DatasetCoverage:
+    """A few passes over the planned and recorded ids; a sample of ids only where there is something to show."""
     con.execute(
-        """CREATE TABLE counts AS
-           SELECT p.event_id, p.conversation_id, count(r.event_id) AS records,
-                  count(r.event_id) FILTER (WHERE r.status <> 'ok') AS errors
-           FROM planned p LEFT JOIN recorded r USING (event_id) GROUP BY p.event_id, p.conversation_id"""
-    )
-    con.execute(
-        """CREATE TABLE per_conversation AS
+        """CREATE TABLE per_event AS
+           SELECT event_id, count(*) AS records, count(*) FILTER (WHERE status <> 'ok') AS errors
+           FROM recorded GROUP BY event_id;
+           CREATE TABLE counts AS
+           SELECT p.event_id, p.conversation_id, coalesce(e.records, 0) AS records, coalesce(e.errors, 0) AS errors
+           FROM planned p LEFT JOIN per_event e USING (event_id);
+           CREATE TABLE per_conversation AS
            SELECT conversation_id, min(records) AS least, max(records) AS most, sum(errors) AS errors
            FROM counts GROUP BY conversation_id"""
     )
-    missing = "SELECT event_id FROM counts WHERE records = 0"
-    duplicated = "SELECT event_id FROM recorded GROUP BY event_id HAVING count(*) > 1"
-    unexpected = "SELECT event_id FROM recorded ANTI JOIN planned USING (event_id)"
-    split = "SELECT conversation_id FROM planned GROUP BY conversation_id HAVING count(DISTINCT shard) > 1"
+    conversations, done, partial, missing_conversations, with_errors = con.execute(
+        """SELECT count(*), count(*) FILTER (WHERE least >= 1), count(*) FILTER (WHERE least = 0 AND most >= 1),
+                  count(*) FILTER (WHERE most = 0), count(*) FILTER (WHERE errors > 0)
+           FROM per_conversation"""
+    ).fetchone()
+    planned, missing = con.execute("SELECT count(*), count(*) FILTER (WHERE records = 0) FROM counts").fetchone()
+    recorded, duplicated = con.execute(
+        "SELECT sum(records), count(*) FILTER (WHERE records > 1) FROM per_event"
+    ).fetchone()
+    unexpected = "SELECT event_id FROM per_event ANTI JOIN planned USING (event_id)"
+    samples = {
+        "missing": ("SELECT event_id FROM counts WHERE records = 0", missing),
+        "duplicated": ("SELECT event_id FROM per_event WHERE records > 1", duplicated),
+        "unexpected": (unexpected, int(con.execute(f"SELECT count(*) FROM ({unexpected})").fetchone()[0])),
+    }
+    # A conversation planned twice (in two shards, or twice in one) would be generated twice.
+    several = "SELECT id FROM conversations GROUP BY id HAVING count(*) > 1"
     return DatasetCoverage(
         computed_at=time.time(),
         shards=num_shards,
         shards_published=published,
-        conversations=_scalar(con, "SELECT count(*) FROM per_conversation"),
-        conversations_done=_scalar(con, "SELECT count(*) FROM per_conversation WHERE least >= 1"),
-        conversations_partial=_scalar(con, "SELECT count(*) FROM per_conversation WHERE least = 0 AND most >= 1"),
-        conversations_missing=_scalar(con, "SELECT count(*) FROM per_conversation WHERE most = 0"),
-        conversations_with_errors=_scalar(con, "SELECT count(*) FROM per_conversation WHERE errors > 0"),
-        conversations_in_several_shards=_scalar(con, f"SELECT count(*) FROM ({split})"),
-        events_planned=_scalar(con, "SELECT count(*) FROM planned"),
-        events_recorded=_scalar(con, "SELECT count(*) FROM recorded"),
-        events_missing=_scalar(con, f"SELECT count(*) FROM ({missing})"),
-        events_duplicated=_scalar(con, f"SELECT count(*) FROM ({duplicated})"),
-        events_unexpected=_scalar(con, f"SELECT count(*) FROM ({unexpected})"),
-        missing_sample=_sample(con, missing),
-        duplicated_sample=_sample(con, duplicated),
-        unexpected_sample=_sample(con, unexpected),
+        conversations=conversations,
+        conversations_done=done,
+        conversations_partial=partial,
+        conversations_missing=missing_conversations,
+        conversations_with_errors=with_errors,
+        conversations_in_several_shards=int(con.execute(f"SELECT count(*) FROM ({several})").fetchone()[0]),
+        events_planned=planned,
+        events_recorded=int(recorded or 0),
+        events_missing=missing,
+        events_duplicated=duplicated,
+        events_unexpected=samples["unexpected"][1],
+        **{f"{name}_sample": _sample(con, sql) if count else [] for name, (sql, count) in samples.items()},
     )
+
+
+def _sample(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
+    return [row[0] for row in con.execute(f"{sql} ORDER BY 1 LIMIT {_SAMPLE}").fetchall()]
 
 
 def write_coverage(store: Store, coverage: DatasetCoverage) -> None:
