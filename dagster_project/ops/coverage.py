@@ -228,25 +228,23 @@ def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) 
         """CREATE TABLE per_event AS
            SELECT event_id, count(*) AS records, count(*) FILTER (WHERE status <> 'ok') AS errors
            FROM recorded GROUP BY event_id;
-           CREATE TABLE counts AS
-           SELECT p.event_id, p.conversation_id, coalesce(e.records, 0) AS records, coalesce(e.errors, 0) AS errors
-           FROM planned p LEFT JOIN per_event e USING (event_id);
            CREATE TABLE per_conversation AS
-           SELECT conversation_id, min(records) AS least, max(records) AS most, sum(errors) AS errors
-           FROM counts GROUP BY conversation_id"""
+           SELECT p.conversation_id, count(*) AS events, count(*) FILTER (WHERE e.records IS NULL) AS missing,
+                  min(coalesce(e.records, 0)) AS least, max(coalesce(e.records, 0)) AS most,
+                  sum(coalesce(e.errors, 0)) AS errors
+           FROM planned p LEFT JOIN per_event e USING (event_id) GROUP BY p.conversation_id"""
     )
-    conversations, done, partial, missing_conversations, with_errors = con.execute(
+    conversations, done, partial, missing_conversations, with_errors, planned, missing = con.execute(
         """SELECT count(*), count(*) FILTER (WHERE least >= 1), count(*) FILTER (WHERE least = 0 AND most >= 1),
-                  count(*) FILTER (WHERE most = 0), count(*) FILTER (WHERE errors > 0)
+                  count(*) FILTER (WHERE most = 0), count(*) FILTER (WHERE errors > 0), sum(events), sum(missing)
            FROM per_conversation"""
     ).fetchone()
-    planned, missing = con.execute("SELECT count(*), count(*) FILTER (WHERE records = 0) FROM counts").fetchone()
     recorded, duplicated = con.execute(
         "SELECT sum(records), count(*) FILTER (WHERE records > 1) FROM per_event"
     ).fetchone()
     unexpected = "SELECT event_id FROM per_event ANTI JOIN planned USING (event_id)"
     samples = {
-        "missing": ("SELECT event_id FROM counts WHERE records = 0", missing),
+        "missing": ("SELECT event_id FROM planned ANTI JOIN per_event USING (event_id)", missing),
         "duplicated": ("SELECT event_id FROM per_event WHERE records > 1", duplicated),
         "unexpected": (unexpected, int(con.execute(f"SELECT count(*) FROM ({unexpected})").fetchone()[0])),
     }
@@ -262,9 +260,9 @@ def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) 
         conversations_missing=missing_conversations,
         conversations_with_errors=with_errors,
         conversations_in_several_shards=int(con.execute(f"SELECT count(*) FROM ({several})").fetchone()[0]),
-        events_planned=planned,
+        events_planned=int(planned or 0),
         events_recorded=int(recorded or 0),
-        events_missing=missing,
+        events_missing=int(missing or 0),
         events_duplicated=duplicated,
         events_unexpected=samples["unexpected"][1],
         **{f"{name}_sample": _sample(con, sql) if count else [] for name, (sql, count) in samples.items()},
