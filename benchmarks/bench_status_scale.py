@@ -51,6 +51,7 @@ from dagster_project.generation.heartbeat import HEARTBEATS_PREFIX, write_heartb
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.coverage import dataset_coverage
+from dagster_project.ops.status import collect_status
 from dagster_project.records import COMPLETION_SCHEMA, Conversation
 from dagster_project.store import layout, object_index
 from dagster_project.store.manifest import ids_digest, publish_shard, write_stage_manifest
@@ -290,6 +291,9 @@ def bare_duckdb(store: Store) -> tuple[int, int, int]:
 @dataclass
 class Figures:
     where: str
+    events: int
+    shards: int
+    collect_s: float
     status_s: float
     status_with_home_s: float
     per_object_s: float
@@ -298,7 +302,9 @@ class Figures:
 
 
 def measure(where: str, store: Store, env: dict[str, str], home: Path) -> Figures:
-    num_shards = read_conversations_manifest(store).num_shards
+    stage = read_conversations_manifest(store)
+    num_shards = stage.num_shards
+    collect_s, _ = timed(lambda: collect_status(store, [], materialized=set(range(num_shards))))
     status_s, _ = timed(lambda: status_in_process(env))
     with_home_s, _ = timed(lambda: status_in_process({**env, "DAGSTER_HOME": str(home)}))
     per_object_s, _ = timed(lambda: per_object_reads(store), repeats=1)
@@ -307,7 +313,9 @@ def measure(where: str, store: Store, env: dict[str, str], home: Path) -> Figure
     answer = (coverage.events_missing, coverage.events_duplicated, coverage.events_unexpected)
     if not coverage.exactly_once or tuple(bare) != answer:
         raise RuntimeError(f"{where}: coverage {answer} and bare DuckDB {tuple(bare)} disagree, or not exactly once")
-    figures = Figures(where, status_s, with_home_s, per_object_s, coverage_s, bare_s)
+    figures = Figures(
+        where, stage.turns, num_shards, collect_s, status_s, with_home_s, per_object_s, coverage_s, bare_s
+    )
     print(figures)
     return figures
 
@@ -316,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=REAL_EVENTS)
     parser.add_argument("--shards", type=int, default=REAL_SHARDS)
+    parser.add_argument("--s3-events", type=int, help="a smaller S3 store (default: --events)")
+    parser.add_argument("--s3-shards", type=int, help="its shards (default: --shards)")
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "dflash-bench-status-scale")
     parser.add_argument("--no-local", action="store_true", help="skip the local store's measurements")
     parser.add_argument("--no-s3", action="store_true", help="skip the S3 (moto) measurements")
@@ -323,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     local = local_store(args.events, args.shards, args.work_dir)
-    home = dagster_home(args.work_dir, args.shards)
+    home = dagster_home(args.work_dir, args.shards)  # materialized shards beyond a smaller S3 store's are ignored
     base_env = {"DFLASH_WORK_DIR": str(args.work_dir / "work"), "DAGSTER_HOME": ""}
     results = []
     if not args.no_local:
@@ -348,7 +358,7 @@ def measure_s3(args: argparse.Namespace, base_env: dict[str, str], home: Path) -
             store = S3Store(f"s3://{BUCKET}/store", bounded_client(RetryPolicy(), **client_args))
             started = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=args.work_dir) as scratch:
-                build_store(store, args.events, args.shards, Path(scratch))
+                build_store(store, args.s3_events or args.events, args.s3_shards or args.shards, Path(scratch))
             print(f"built the S3 store on moto in {time.perf_counter() - started:.0f} s")
             return measure("S3 (moto on loopback)", store, env, home)
         finally:
@@ -362,26 +372,33 @@ def measure_s3(args: argparse.Namespace, base_env: dict[str, str], home: Path) -
 def report(args: argparse.Namespace, local: LocalStore, results: list[Figures]) -> None:
     sizes = sum(info.size for info in local.list())
     rows = "\n".join(
-        f"| {f.where} | {f.status_s:.2f} | {f.status_with_home_s:.2f} | {f.per_object_s:.2f} | {f.coverage_s:.2f} "
-        f"| {f.bare_duckdb_s:.2f} | {f.coverage_s / f.bare_duckdb_s:.2f}× |"
+        f"| {f.where} | {f.events:,} / {f.shards:,} | {f.collect_s:.2f} | {f.status_s:.2f} "
+        f"| {f.status_with_home_s:.2f} | {f.per_object_s:.2f} | {f.coverage_s:.2f} | {f.bare_duckdb_s:.2f} "
+        f"| {f.coverage_s / f.bare_duckdb_s:.2f}× |"
         for f in results
     )
-    scale = "the real job's scale" if (args.events, args.shards) == (REAL_EVENTS, REAL_SHARDS) else "reduced scale"
+    command = f"python -m benchmarks.bench_status_scale --events {args.events} --shards {args.shards}"
+    if args.s3_events or args.s3_shards:
+        command += f" --s3-events {args.s3_events or args.events} --s3-shards {args.s3_shards or args.shards}"
     body = f"""## Status and coverage by id at scale (`python -m benchmarks.bench_status_scale`)
 
-`python -m benchmarks.bench_status_scale --events {args.events} --shards {args.shards}` ({scale}; the default
-is 913,786 events / 1,830 shards): a store written with the project's writers, {sizes / 2**20:,.0f} MiB (one-line
-answers), every shard published with its run's last heartbeat, and a Dagster instance with every completions
-shard materialized. Seconds, best of 3 for status, one run otherwise.
+`{command}` (the defaults are the real job's 913,786 events / 1,830 shards, on both stores): a store written with
+the project's writers ({sizes / 2**20:,.0f} MiB locally: one-line answers), every shard published with its
+run's last heartbeat, and a Dagster instance with every completions shard materialized. Seconds: best of 3
+for status, one run otherwise.
 
-| store | `dflash status` | with `DAGSTER_HOME` | baseline: one GET per manifest and heartbeat \
-| coverage by id | bare DuckDB, same objects | coverage / DuckDB |
-|---|---:|---:|---:|---:|---:|---:|
+| store | events / shards | `collect_status` | `dflash status` | with `DAGSTER_HOME` \
+| baseline: one GET per manifest and heartbeat | coverage by id | bare DuckDB, same objects | coverage / DuckDB |
+|---|---:|---:|---:|---:|---:|---:|---:|---:|
 {rows}
 
-* `dflash status` runs in-process (`cli.main(["status"])`): the store's index of manifests and finished runs'
-  heartbeats makes it a few requests whatever the shard count; the baseline is the simple alternative of a
-  listing and one GET per object, 16 at a time. Verifying the stored shards is the coverage check's work.
+* `collect_status` is the store reads and the answers; `dflash status` is the command in-process
+  (`cli.main(["status"])`, output discarded): the same plus building its resources (the store's boto3 client,
+  and the S3 resource the store's configuration is nested in) and, with `DAGSTER_HOME`, opening the instance
+  and reading its materialized partitions. Interpreter start and imports are not counted.
+* The store's index of manifests and finished runs' heartbeats makes status a few requests whatever the shard
+  count; the baseline is the simple alternative, a listing and one GET per object, 16 at a time. Verifying
+  the stored shards is the coverage check's work.
 * Coverage by id reads every manifest from its object, verifies every object (a listing; on a local store the
   SHA-256 of each file too), and joins the ids with DuckDB; bare DuckDB computes the same three counts in one
   query from the same objects (checked equal).
