@@ -116,11 +116,17 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
     conversations, _ = read_manifests_from_objects(store, CONVERSATIONS, ConversationsShardManifest)
     completions, listed = read_manifests_from_objects(store, COMPLETIONS, CompletionsShardManifest)
     planned = {s: conversations[s] for s in range(num_shards) if s in conversations}
-    damaged = damaged_shards(store, {s: m for s, m in completions.items() if s < num_shards}, listed)
-    counted = {s: m for s, m in completions.items() if s < num_shards and s not in damaged}
-    with tempfile.TemporaryDirectory(prefix="dflash-coverage-") as spill:
+    in_range = {s: m for s, m in completions.items() if s < num_shards}
+    with (
+        tempfile.TemporaryDirectory(prefix="dflash-coverage-") as spill,
+        ThreadPoolExecutor(max_workers=1) as verifier,
+    ):
+        # The stored shards are verified (checksums hashed) while DuckDB, which releases the GIL, reads the plan.
+        verifying = verifier.submit(damaged_shards, store, in_range, listed)
         con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill})
         _load_planned(con, store, planned, Path(spill))
+        damaged = verifying.result()
+        counted = {s: m for s, m in in_range.items() if s not in damaged}
         _load_recorded(con, store, counted)
         return replace(
             _summarize(con, num_shards, len(counted)),
@@ -166,7 +172,7 @@ _CONVERSATIONS = """
 """
 _PLANNED_EVENTS = """
     CREATE TABLE planned AS
-    SELECT id || '#turn' || unnest(range(turns)) AS event_id, id AS conversation_id FROM conversations
+    SELECT id || '#turn' || unnest(range(turns)) AS event_id, rowid AS conversation FROM conversations
 """
 
 
@@ -177,7 +183,7 @@ def _load_planned(
     paths = [str(path) for path in local_files(store, keys, spill)]
     if not paths:
         con.execute("CREATE TABLE conversations (id VARCHAR, turns INTEGER)")
-        con.execute("CREATE TABLE planned (event_id VARCHAR, conversation_id VARCHAR)")
+        con.execute("CREATE TABLE planned (event_id VARCHAR, conversation BIGINT)")
         return
     try:
         con.execute(_CONVERSATIONS, [paths])
@@ -229,10 +235,10 @@ def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) 
            SELECT event_id, count(*) AS records, count(*) FILTER (WHERE status <> 'ok') AS errors
            FROM recorded GROUP BY event_id;
            CREATE TABLE per_conversation AS
-           SELECT p.conversation_id, count(*) AS events, count(*) FILTER (WHERE e.records IS NULL) AS missing,
+           SELECT p.conversation, count(*) AS events, count(*) FILTER (WHERE e.records IS NULL) AS missing,
                   min(coalesce(e.records, 0)) AS least, max(coalesce(e.records, 0)) AS most,
                   sum(coalesce(e.errors, 0)) AS errors
-           FROM planned p LEFT JOIN per_event e USING (event_id) GROUP BY p.conversation_id"""
+           FROM planned p LEFT JOIN per_event e USING (event_id) GROUP BY p.conversation"""
     )
     conversations, done, partial, missing_conversations, with_errors, planned, missing = con.execute(
         """SELECT count(*), count(*) FILTER (WHERE least >= 1), count(*) FILTER (WHERE least = 0 AND most >= 1),
