@@ -114,23 +114,22 @@ class DatasetCoverage:
 
 def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB") -> DatasetCoverage:
     conversations, _ = read_manifests_from_objects(store, CONVERSATIONS, ConversationsShardManifest)
-    completions, listed = read_manifests_from_objects(store, COMPLETIONS, CompletionsShardManifest)
     planned = {s: conversations[s] for s in range(num_shards) if s in conversations}
-    in_range = {s: m for s, m in completions.items() if s < num_shards}
     with (
         tempfile.TemporaryDirectory(prefix="dflash-coverage-") as spill,
-        ThreadPoolExecutor(max_workers=1) as verifier,
+        ThreadPoolExecutor(max_workers=1) as background,
     ):
-        # The stored shards are verified (checksums hashed) while DuckDB, which releases the GIL, reads the plan.
-        verifying = verifier.submit(damaged_shards, store, in_range, listed)
+        # The completions' manifests are read and their objects verified while DuckDB (which releases the GIL)
+        # reads the conversations.
+        verifying = background.submit(_verified_completions, store)
         con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill})
         _load_planned(con, store, planned, Path(spill))
-        damaged = verifying.result()
-        counted = {s: m for s, m in in_range.items() if s not in damaged}
+        completions, damaged = verifying.result()
+        counted = {s: m for s, m in completions.items() if s < num_shards and s not in damaged}
         _load_recorded(con, store, counted)
         return replace(
             _summarize(con, num_shards, len(counted)),
-            shards_damaged=sorted(damaged),
+            shards_damaged=sorted(s for s in damaged if s < num_shards),
             conversations_shards_missing=[s for s in range(num_shards) if s not in planned],
             completions_from_other_conversations=[
                 s
@@ -139,6 +138,11 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
             ],
             completions_beyond_shard_count=sorted(s for s in completions if s >= num_shards),
         )
+
+
+def _verified_completions(store: Store) -> tuple[dict[int, CompletionsShardManifest], dict[int, list[str]]]:
+    completions, listed = read_manifests_from_objects(store, COMPLETIONS, CompletionsShardManifest)
+    return completions, damaged_shards(store, completions, listed)
 
 
 def damaged_shards(

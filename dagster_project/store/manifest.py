@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,7 +23,15 @@ import pyarrow.parquet as pq
 from dagster_project.store import object_index
 from dagster_project.store.dataclass_json import parse_record, read_record, to_json
 from dagster_project.store.layout import MANIFEST_NAME, shard_manifest_key, shard_prefix, stage_manifest_key
-from dagster_project.store.storage import CorruptObject, ObjectInfo, Store, local_copy
+from dagster_project.store.storage import (
+    CorruptObject,
+    LocalStore,
+    ObjectInfo,
+    Store,
+    StoreError,
+    arrow_filesystem,
+    local_copy,
+)
 
 
 @dataclass(frozen=True)
@@ -198,16 +206,34 @@ def verify_shard(store: Store, manifest: ShardManifest) -> list[str]:
 def iter_parquet_batches(store: Store, keys: list[str], columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Stream the objects' rows one Parquet row group at a time (memory bounded by a row group).
 
-    An object that is not readable Parquet (truncated, overwritten) raises `CorruptObject` naming it.
+    An object that is not readable Parquet (truncated, overwritten) raises `CorruptObject` naming it. Some
+    columns of an S3 object are read by ranged GETs (its footer and those column chunks), not a download.
     """
     for key in keys:
-        with local_copy(store, key) as path:
+        with _parquet_source(store, key, ranged=columns is not None) as source:
             with _parquet_errors(store, key):
-                parquet = pq.ParquetFile(path)
+                parquet = pq.ParquetFile(source)
             for group in range(parquet.num_row_groups):
                 with _parquet_errors(store, key):
                     table = parquet.read_row_group(group, columns=columns)
                 yield from table.to_batches()
+
+
+@contextmanager
+def _parquet_source(store: Store, key: str, *, ranged: bool) -> Iterator[Any]:
+    if not ranged or isinstance(store, LocalStore):
+        with local_copy(store, key) as path:
+            yield path
+        return
+    filesystem, root = arrow_filesystem(store)
+    try:
+        source = filesystem.open_input_file(f"{root}/{key}")
+    except FileNotFoundError as exc:
+        raise StoreError(f"no object {store.url(key)}") from exc
+    except OSError as exc:  # pyarrow's S3 client already retried it
+        raise StoreError(f"reading {store.url(key)} failed: {exc}") from exc
+    with source:
+        yield source
 
 
 @contextmanager

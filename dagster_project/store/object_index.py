@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import orjson
 
 from dagster_project.store.dataclass_json import from_dict, parse_record
-from dagster_project.store.storage import CorruptObject, PreconditionFailed, Store, StoreError
+from dagster_project.store.storage import CorruptObject, LocalStore, PreconditionFailed, Store, StoreError
 
 T = TypeVar("T")
 
@@ -100,8 +100,8 @@ def _read_blocks(store: Store, top: str) -> Entries | None:
 
 
 def fetch_all(store: Store, keys: list[str]) -> list[bytes | None]:
-    """The objects' bytes, fetched concurrently, in `keys` order (None where an object is gone)."""
-    if len(keys) < 2:
+    """The objects' bytes, fetched concurrently from S3, in `keys` order (None where an object is gone)."""
+    if len(keys) < 2 or isinstance(store, LocalStore):  # local reads have no round trip to hide
         return [_fetch(store, key) for key in keys]
     with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
         return list(pool.map(lambda key: _fetch(store, key), keys))

@@ -16,11 +16,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 SHA256_METADATA_KEY = "sha256"
 _CHUNK = 1 << 20
@@ -448,8 +450,6 @@ def local_files(store: Store, keys: list[str], directory: Path, workers: int = 1
     concurrent downloads into `directory` (the caller removes them)."""
     if isinstance(store, LocalStore):
         return [store._path(key) for key in keys]
-    from concurrent.futures import ThreadPoolExecutor
-
     targets = [directory / f"{number:06d}-{Path(key).name}" for number, key in enumerate(keys)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(store.download, keys, targets))
@@ -464,8 +464,6 @@ def arrow_filesystem(store: Store) -> tuple[Any, str]:
     if isinstance(store, LocalStore):
         return fs.LocalFileSystem(), str(store.root)
     assert isinstance(store, S3Store)
-    from urllib.parse import urlsplit
-
     # botocore exposes the credentials it resolved only through its request signer.
     credentials = store.client._request_signer._credentials
     frozen = credentials.get_frozen_credentials() if credentials is not None else None

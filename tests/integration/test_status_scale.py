@@ -8,11 +8,13 @@ import pytest
 from dagster_aws.s3 import S3Resource
 
 from benchmarks import bench_status_scale as bench
-from dagster_project.generation.shards import read_completions_manifest
+from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest
 from dagster_project.ops.coverage import dataset_coverage, write_coverage
 from dagster_project.ops.status import collect_status
 from dagster_project.resources import DatasetStore
 from dagster_project.store.layout import COMPLETIONS
+from dagster_project.store.manifest import iter_parquet_batches
+from dagster_project.store.storage import StoreError
 
 pytestmark = pytest.mark.integration
 
@@ -51,3 +53,13 @@ def test_status_on_s3_answers_from_the_index_and_names_what_the_coverage_check_f
 def test_the_benchmark_runs_end_to_end_at_a_tiny_size(tmp_path):
     assert bench.main(["--events", "200", "--shards", "4", "--work-dir", str(tmp_path), "--no-write"]) == 0
     assert read_completions_manifest(bench.local_store(200, 4, tmp_path), 3).stage == COMPLETIONS
+
+
+def test_some_columns_of_an_s3_shard_are_read_in_place_and_a_missing_object_is_named(s3_store):
+    batches = list(iter_completion_batches(s3_store, 0, ["event_id"]))
+    assert {batch.schema.names[0] for batch in batches} == {"event_id"} and all(b.num_columns == 1 for b in batches)
+    assert sum(batch.num_rows for batch in batches) == read_completions_manifest(s3_store, 0).rows
+    key = read_completions_manifest(s3_store, 0).data_keys[0]
+    s3_store.delete(key)
+    with pytest.raises(StoreError, match=f"no object {s3_store.url(key)}"):
+        list(iter_parquet_batches(s3_store, [key], ["event_id"]))
