@@ -139,23 +139,26 @@ def _from_copy(store: Store, key: str, kind: type[T], body: dict[str, Any]) -> T
         ) from exc
 
 
-def reconcile(store: Store, top: str, truth: dict[str, bytes]) -> int:
-    """Make the final entries under `_index/<top>/` copies of `truth` (key → bytes of every such object, as just
-    read from the store); entries that are not final are left alone. Returns how many entries changed."""
+def reconcile(store: Store, top: str, read: dict[str, bytes]) -> int:
+    """Make the final entries under `_index/<top>/` copies of the objects, given `read` (key → bytes of every such
+    object, as just listed and read). Shard runs may publish meanwhile, so an entry that disagrees with `read` is
+    set from the object as it is now (or dropped if it is gone), not from `read`. Returns how many changed."""
     entries = _read_blocks(store, top) or {}
-    wrong = {key for key, raw in truth.items() if entries.get(key, {}).get("body") != orjson.loads(raw)}
-    gone = {key for key, entry in entries.items() if entry["final"] and key not in truth}
+    differ = {key for key, raw in read.items() if entries.get(key, {}).get("body") != orjson.loads(raw)}
+    differ |= {key for key, entry in entries.items() if entry["final"] and key not in read}
+    keys = sorted(differ)
+    now = dict(zip(keys, fetch_all(store, keys)))
     by_block: dict[str, set[str]] = defaultdict(set)
-    for key in wrong | gone:
+    for key in keys:
         by_block[block_key(key)].add(key)
-    for block, keys in by_block.items():
+    for block, block_keys in by_block.items():
 
-        def repair(entries: Entries, keys: set[str] = keys) -> None:
-            for key in keys:
-                if key in truth:
-                    entries[key] = {"final": True, "body": orjson.loads(truth[key])}
-                else:
+        def repair(entries: Entries, block_keys: set[str] = block_keys) -> None:
+            for key in block_keys:
+                if now[key] is None:
                     entries.pop(key, None)
+                else:
+                    entries[key] = {"final": True, "body": orjson.loads(now[key])}
 
         _update(store, block, repair)
-    return len(wrong | gone)
+    return len(keys)

@@ -148,3 +148,10 @@ def test_the_coverage_checks_reading_of_the_manifests_repairs_an_index_that_drif
     manifests, listed = read_manifests_from_objects(store, COMPLETIONS, ShardManifest)
     assert sorted(manifests) == [0, 2] and lost not in listed
     assert sorted(read_published_manifests(store, COMPLETIONS, ShardManifest)) == [0, 2]
+
+
+def test_reconciling_keeps_a_shard_published_after_the_coverage_check_listed_the_store(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    manifest = publish(store, tmp_path, 4)  # published while the check was reading: not in what it read
+    assert object_index.reconcile(store, COMPLETIONS, {}) == 1
+    assert read_published_manifests(store, COMPLETIONS, CompletionsShardManifest) == {4: manifest}
