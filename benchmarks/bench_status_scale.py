@@ -386,7 +386,8 @@ def report(args: argparse.Namespace, local: LocalStore, results: list[Figures]) 
         command += f" --s3-events {args.s3_events or args.events} --s3-shards {args.s3_shards or args.shards}"
     body = f"""## Status and coverage by id at scale (`python -m benchmarks.bench_status_scale`)
 
-`{command}` (the defaults are the real job's 913,786 events / 1,830 shards, on both stores): a store written with
+`{command}`
+(the defaults are the real job's 913,786 events / 1,830 shards, on both stores): a store written with
 the project's writers ({sizes / 2**20:,.0f} MiB locally: one-line answers), every shard published with its
 run's last heartbeat, and a Dagster instance with every completions shard materialized. Seconds, best of 3
 (coverage and bare DuckDB interleaved). The machine was shared: load average {os.getloadavg()[0]:.1f} on its
