@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.records import Conversation
-from dagster_project.store import layout
+from dagster_project.store import layout, object_index
 from dagster_project.store.manifest import (
     ShardManifest,
     StageManifest,
@@ -231,6 +231,7 @@ def remove_stale_shards(store: Store, num_shards: int) -> int:
     # Manifests first: a shard without a manifest does not exist for readers.
     for key in sorted(stale, key=lambda k: not k.endswith(layout.MANIFEST_NAME)):
         store.delete(key)
+    object_index.forget(store, [key for key in stale if key.endswith(layout.MANIFEST_NAME)])
     return len(stale)
 
 

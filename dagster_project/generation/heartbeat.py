@@ -28,7 +28,8 @@ from typing import Any
 
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.progress import Heartbeat
-from dagster_project.store.dataclass_json import read_record, to_json
+from dagster_project.store import object_index
+from dagster_project.store.dataclass_json import to_json
 from dagster_project.store.layout import PROGRESS, SHARD_DIGITS, progress_key
 from dagster_project.store.lease import Lease, LeaseLost, process_exists, this_process
 from dagster_project.store.storage import Store, StoreError
@@ -50,10 +51,22 @@ def journal_segments_prefix(shard: int, fingerprint: str) -> str:
 
 
 def read_heartbeats(store: Store) -> list[Heartbeat]:
-    """The last heartbeat of every shard run that reported, running or not."""
-    keys = [info.key for info in store.list(HEARTBEATS_PREFIX) if info.key.endswith(".json")]
-    beats = (read_record(store, key, Heartbeat) for key in keys)
-    return [beat for beat in beats if beat is not None]
+    """The last heartbeat of every shard run that reported, running or not: a finished run's from the store's
+    index, a running one's from its own object (see `write_heartbeat`)."""
+    return list(
+        object_index.read_records(store, HEARTBEATS_PREFIX, Heartbeat, lambda key: key.endswith(".json")).values()
+    )
+
+
+def write_heartbeat(store: Store, heartbeat: Heartbeat, *, first: bool) -> None:
+    """Write the shard's heartbeat. The index hears of the run's first one (readers then fetch the object while it
+    runs) and of its last one (readers then take the index's copy): two index updates per run, not one a beat."""
+    key = progress_key(heartbeat.shard)
+    data = to_json(heartbeat)
+    store.put_bytes(key, data)
+    final = heartbeat.state not in ACTIVE_STATES
+    if first or final:
+        object_index.record(store, key, data, final=final)
 
 
 def run_is_alive(heartbeat: Heartbeat, now: float, host: str | None = None) -> bool:
@@ -132,6 +145,7 @@ class ShardReporter:
     _writer: str = field(
         default_factory=lambda: f"{time.time_ns():020d}-{socket.gethostname()}-{os.getpid()}", init=False
     )
+    _beaten: bool = field(default=False, init=False)  # a heartbeat of this run is in the store
 
     def report(self) -> Heartbeat:
         host, pid, started_at = this_process()
@@ -146,7 +160,8 @@ class ShardReporter:
         )
 
     def _put_heartbeat(self, heartbeat: Heartbeat) -> None:
-        self.store.put_bytes(progress_key(self.shard), to_json(heartbeat))
+        write_heartbeat(self.store, heartbeat, first=not self._beaten)
+        self._beaten = True
 
     def _segment_key(self) -> str:
         prefix = journal_segments_prefix(self.shard, self.fingerprint)

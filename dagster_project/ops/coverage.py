@@ -1,9 +1,16 @@
 """Is the entire dataset covered, each prompt exactly once? Answered by id, across every shard.
 
-The planned generation events (from the conversations shards) and the recorded ones (from the published
-completions shards) are loaded shard by shard into DuckDB, which joins them with bounded memory (it
-spills to disk past its limit), so the answer never depends on counts that could hide a gap and a
-duplicate cancelling out.
+DuckDB reads the ids straight from the stored objects: the id and turn list of every conversation from the
+conversations shards (JSON Lines, which have to be read whole), and only the `event_id` and `status` columns of
+the completions shards' Parquet (a local file is read in place; on S3, by ranged GETs of the footer and those
+column chunks, never the whole object). It joins planned against recorded events with bounded memory (it spills
+to disk past its limit), so the answer never depends on counts that could hide a gap and a duplicate cancelling
+out.
+
+This is also where the stored shards are verified: every manifest is read from its own object, every object it
+lists is checked against one listing of the store (present, same size, and on S3 the same ETag) and, for a local
+store, against its checksum. A damaged shard's events count as missing and the shard is named. The index that
+lets `dflash status` answer in a few requests is made to agree with the manifests read here.
 
 A store whose completions and conversations disagree is reported, not a crash: a conversations shard that
 is not published (its events are unknown), a completions shard made from other conversations than those
@@ -14,17 +21,26 @@ from __future__ import annotations
 
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.dataset as ds
 
-from dagster_project.conversations.shards import conversations_in, read_shard_conversations_manifest
-from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest
+from dagster_project.conversations.shards import ConversationsShardManifest, conversations_in
+from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.store.dataclass_json import read_record, to_json
-from dagster_project.store.layout import COMPLETIONS
-from dagster_project.store.manifest import published_shards, verify_shard
-from dagster_project.store.storage import Store
+from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS
+from dagster_project.store.manifest import (
+    ShardManifest,
+    iter_parquet_batches,
+    listing_problems,
+    read_manifests_from_objects,
+    verify_shard,
+)
+from dagster_project.store.storage import CorruptObject, LocalStore, ObjectInfo, Store, arrow_filesystem, local_files
 
 COVERAGE_KEY = "reports/coverage.json"
 _SAMPLE = 20
@@ -42,7 +58,7 @@ class DatasetCoverage:
     conversations_partial: int
     conversations_missing: int
     conversations_with_errors: int
-    conversations_in_several_shards: int
+    conversations_in_several_shards: int  # planned more than once: in two shards, or twice in one
     events_planned: int
     events_recorded: int
     events_missing: int
@@ -97,89 +113,174 @@ class DatasetCoverage:
 
 
 def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB") -> DatasetCoverage:
-    with tempfile.TemporaryDirectory(prefix="dflash-coverage-") as spill:
+    conversations, _ = read_manifests_from_objects(store, CONVERSATIONS, ConversationsShardManifest)
+    planned = {s: conversations[s] for s in range(num_shards) if s in conversations}
+    with (
+        tempfile.TemporaryDirectory(prefix="dflash-coverage-") as spill,
+        ThreadPoolExecutor(max_workers=1) as background,
+    ):
+        # The completions' manifests are read and their objects verified while DuckDB (which releases the GIL)
+        # reads the conversations.
+        verifying = background.submit(_verified_completions, store)
         con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill})
-        con.execute("CREATE TABLE planned (event_id VARCHAR, conversation_id VARCHAR, shard INTEGER)")
-        con.execute("CREATE TABLE recorded (event_id VARCHAR, status VARCHAR, shard INTEGER)")
-        published, damaged, unplanned, other = 0, [], [], []
-        for shard in range(num_shards):
-            shard_conversations = read_shard_conversations_manifest(store, shard)
-            if shard_conversations is None:
-                unplanned.append(shard)
-            planned = [
-                (c.event_id(t), c.id, shard)
-                for c in (conversations_in(store, shard_conversations) if shard_conversations else ())
-                for t in range(c.num_turns)
-            ]
-            if planned:
-                columns = dict(zip(("event_id", "conversation_id", "shard"), zip(*planned)))
-                con.register("planned_batch", pa.table(columns))
-                con.execute("INSERT INTO planned SELECT * FROM planned_batch")
-            manifest = read_completions_manifest(store, shard)
-            if manifest is None:
-                continue
-            if verify_shard(store, manifest):  # its events count as missing, and the shard is named
-                damaged.append(shard)
-                continue
-            made_from = manifest.conversations_ids_digest
-            if shard_conversations is not None and made_from and made_from != shard_conversations.ids_digest:
-                other.append(shard)
-            published += 1
-            for batch in iter_completion_batches(store, shard, ["event_id", "status"]):
-                con.register("recorded_batch", pa.Table.from_batches([batch]))
-                con.execute("INSERT INTO recorded SELECT event_id, status, ? FROM recorded_batch", [shard])
+        _load_planned(con, store, planned, Path(spill))
+        completions, damaged = verifying.result()
+        counted = {s: m for s, m in completions.items() if s < num_shards and s not in damaged}
+        _load_recorded(con, store, counted)
         return replace(
-            _summarize(con, num_shards, published),
-            shards_damaged=damaged,
-            conversations_shards_missing=unplanned,
-            completions_from_other_conversations=other,
-            completions_beyond_shard_count=[s for s in published_shards(store, COMPLETIONS) if s >= num_shards],
+            _summarize(con, num_shards, len(counted)),
+            shards_damaged=sorted(s for s in damaged if s < num_shards),
+            conversations_shards_missing=[s for s in range(num_shards) if s not in planned],
+            completions_from_other_conversations=[
+                s
+                for s, m in sorted(counted.items())
+                if s in planned and m.conversations_ids_digest and m.conversations_ids_digest != planned[s].ids_digest
+            ],
+            completions_beyond_shard_count=sorted(s for s in completions if s >= num_shards),
         )
 
 
-def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
-    return int(con.execute(sql).fetchone()[0])
+def _verified_completions(store: Store) -> tuple[dict[int, CompletionsShardManifest], dict[int, list[str]]]:
+    completions, listed = read_manifests_from_objects(store, COMPLETIONS, CompletionsShardManifest)
+    return completions, damaged_shards(store, completions, listed)
 
 
-def _sample(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
-    return [row[0] for row in con.execute(f"{sql} ORDER BY 1 LIMIT {_SAMPLE}").fetchall()]
+def damaged_shards(
+    store: Store, manifests: dict[int, ShardManifest], listed: dict[str, ObjectInfo], workers: int = 4
+) -> dict[int, list[str]]:
+    """Shard → problems, for the shards whose objects are not as published. The listing settles presence, size
+    and (on S3) the ETag; what it cannot settle (a local file's checksum, an S3 object published without its
+    ETag recorded) is checked object by object, a few at a time."""
+    problems = {s: found for s, m in manifests.items() if (found := listing_problems(m, listed))}
+    unsettled = [
+        m
+        for s, m in manifests.items()
+        if s not in problems and any(not (o.etag and listed[o.key].etag) for o in m.objects)
+    ]
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # hashing releases the GIL
+        for manifest, found in zip(unsettled, pool.map(lambda m: verify_shard(store, m), unsettled)):
+            if found:
+                problems[manifest.shard] = found
+    return problems
+
+
+# What DuckDB raises for an object that is not what it should be (truncated, overwritten, not JSON Lines).
+_UNREADABLE = (duckdb.InvalidInputException, duckdb.IOException, duckdb.ConversionException)
+
+# DuckDB turns each conversation's generated turns into event ids exactly as `Conversation.event_id` does.
+_CONVERSATIONS = """
+    CREATE TABLE conversations AS
+    SELECT id, len(generate_after) AS turns
+    FROM read_json(?, format = 'newline_delimited', auto_detect = false,
+                   columns = {'id': 'VARCHAR', 'generate_after': 'INTEGER[]'})
+"""
+_PLANNED_EVENTS = """
+    CREATE TABLE planned AS
+    SELECT id || '#turn' || unnest(range(turns)) AS event_id, rowid AS conversation FROM conversations
+"""
+
+
+def _load_planned(
+    con: duckdb.DuckDBPyConnection, store: Store, manifests: dict[int, ConversationsShardManifest], spill: Path
+) -> None:
+    keys = [key for _, m in sorted(manifests.items()) for key in m.data_keys]
+    paths = [str(path) for path in local_files(store, keys, spill)]
+    if not paths:
+        con.execute("CREATE TABLE conversations (id VARCHAR, turns INTEGER)")
+        con.execute("CREATE TABLE planned (event_id VARCHAR, conversation BIGINT)")
+        return
+    try:
+        con.execute(_CONVERSATIONS, [paths])
+    except _UNREADABLE as exc:
+        for manifest in manifests.values():  # name the damaged object, as reading it line by line does
+            for _ in conversations_in(store, manifest):
+                pass
+        raise CorruptObject(
+            f"the conversations shards in {store.url(CONVERSATIONS)} are not all readable: {exc}"
+        ) from exc
+    con.execute(_PLANNED_EVENTS)
+    if not isinstance(store, LocalStore):
+        for path in paths:  # read: the downloads are done with
+            Path(path).unlink()
+
+
+_RECORDED = pa.schema([("event_id", pa.string()), ("status", pa.string())])
+
+
+def _load_recorded(
+    con: duckdb.DuckDBPyConnection, store: Store, manifests: dict[int, CompletionsShardManifest]
+) -> None:
+    keys = [key for _, m in sorted(manifests.items()) for key in m.data_keys]
+    if not keys:
+        con.execute("CREATE TABLE recorded (event_id VARCHAR, status VARCHAR)")
+        return
+    try:
+        if isinstance(store, LocalStore):
+            paths = [str(path) for path in local_files(store, keys, Path())]
+            con.execute("CREATE TABLE recorded AS SELECT event_id, status FROM read_parquet(?)", [paths])
+        else:  # DuckDB reads the two columns through pyarrow's S3 file system: ranged GETs, no downloads
+            filesystem, root = arrow_filesystem(store)
+            objects = ds.dataset(
+                [f"{root}/{key}" for key in keys], schema=_RECORDED, format="parquet", filesystem=filesystem
+            )
+            con.register("completion_objects", objects)
+            con.execute("CREATE TABLE recorded AS SELECT event_id, status FROM completion_objects")
+    except (*_UNREADABLE, pa.ArrowException, OSError) as exc:
+        for key in keys:  # name the damaged object
+            for _ in iter_parquet_batches(store, [key], ["event_id"]):
+                pass
+        raise CorruptObject(f"the completions shards in {store.url(COMPLETIONS)} are not all readable: {exc}") from exc
 
 
 def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) -> DatasetCoverage:
+    """A few passes over the planned and recorded ids; a sample of ids only where there is something to show."""
     con.execute(
-        """CREATE TABLE counts AS
-           SELECT p.event_id, p.conversation_id, count(r.event_id) AS records,
-                  count(r.event_id) FILTER (WHERE r.status <> 'ok') AS errors
-           FROM planned p LEFT JOIN recorded r USING (event_id) GROUP BY p.event_id, p.conversation_id"""
+        """CREATE TABLE per_event AS
+           SELECT event_id, count(*) AS records, count(*) FILTER (WHERE status <> 'ok') AS errors
+           FROM recorded GROUP BY event_id;
+           CREATE TABLE per_conversation AS
+           SELECT p.conversation, count(*) AS events, count(*) FILTER (WHERE e.records IS NULL) AS missing,
+                  min(coalesce(e.records, 0)) AS least, max(coalesce(e.records, 0)) AS most,
+                  sum(coalesce(e.errors, 0)) AS errors
+           FROM planned p LEFT JOIN per_event e USING (event_id) GROUP BY p.conversation"""
     )
-    con.execute(
-        """CREATE TABLE per_conversation AS
-           SELECT conversation_id, min(records) AS least, max(records) AS most, sum(errors) AS errors
-           FROM counts GROUP BY conversation_id"""
-    )
-    missing = "SELECT event_id FROM counts WHERE records = 0"
-    duplicated = "SELECT event_id FROM recorded GROUP BY event_id HAVING count(*) > 1"
-    unexpected = "SELECT event_id FROM recorded ANTI JOIN planned USING (event_id)"
-    split = "SELECT conversation_id FROM planned GROUP BY conversation_id HAVING count(DISTINCT shard) > 1"
+    conversations, done, partial, missing_conversations, with_errors, planned, missing = con.execute(
+        """SELECT count(*), count(*) FILTER (WHERE least >= 1), count(*) FILTER (WHERE least = 0 AND most >= 1),
+                  count(*) FILTER (WHERE most = 0), count(*) FILTER (WHERE errors > 0), sum(events), sum(missing)
+           FROM per_conversation"""
+    ).fetchone()
+    recorded, duplicated = con.execute(
+        "SELECT sum(records), count(*) FILTER (WHERE records > 1) FROM per_event"
+    ).fetchone()
+    unexpected = "SELECT event_id FROM per_event ANTI JOIN planned USING (event_id)"
+    samples = {
+        "missing": ("SELECT event_id FROM planned ANTI JOIN per_event USING (event_id)", missing),
+        "duplicated": ("SELECT event_id FROM per_event WHERE records > 1", duplicated),
+        "unexpected": (unexpected, int(con.execute(f"SELECT count(*) FROM ({unexpected})").fetchone()[0])),
+    }
+    # A conversation planned twice (in two shards, or twice in one) would be generated twice.
+    several = "SELECT id FROM conversations GROUP BY id HAVING count(*) > 1"
     return DatasetCoverage(
         computed_at=time.time(),
         shards=num_shards,
         shards_published=published,
-        conversations=_scalar(con, "SELECT count(*) FROM per_conversation"),
-        conversations_done=_scalar(con, "SELECT count(*) FROM per_conversation WHERE least >= 1"),
-        conversations_partial=_scalar(con, "SELECT count(*) FROM per_conversation WHERE least = 0 AND most >= 1"),
-        conversations_missing=_scalar(con, "SELECT count(*) FROM per_conversation WHERE most = 0"),
-        conversations_with_errors=_scalar(con, "SELECT count(*) FROM per_conversation WHERE errors > 0"),
-        conversations_in_several_shards=_scalar(con, f"SELECT count(*) FROM ({split})"),
-        events_planned=_scalar(con, "SELECT count(*) FROM planned"),
-        events_recorded=_scalar(con, "SELECT count(*) FROM recorded"),
-        events_missing=_scalar(con, f"SELECT count(*) FROM ({missing})"),
-        events_duplicated=_scalar(con, f"SELECT count(*) FROM ({duplicated})"),
-        events_unexpected=_scalar(con, f"SELECT count(*) FROM ({unexpected})"),
-        missing_sample=_sample(con, missing),
-        duplicated_sample=_sample(con, duplicated),
-        unexpected_sample=_sample(con, unexpected),
+        conversations=conversations,
+        conversations_done=done,
+        conversations_partial=partial,
+        conversations_missing=missing_conversations,
+        conversations_with_errors=with_errors,
+        conversations_in_several_shards=int(con.execute(f"SELECT count(*) FROM ({several})").fetchone()[0]),
+        events_planned=int(planned or 0),
+        events_recorded=int(recorded or 0),
+        events_missing=int(missing or 0),
+        events_duplicated=duplicated,
+        events_unexpected=samples["unexpected"][1],
+        **{f"{name}_sample": _sample(con, sql) if count else [] for name, (sql, count) in samples.items()},
     )
+
+
+def _sample(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
+    return [row[0] for row in con.execute(f"{sql} ORDER BY 1 LIMIT {_SAMPLE}").fetchall()]
 
 
 def write_coverage(store: Store, coverage: DatasetCoverage) -> None:

@@ -19,13 +19,13 @@ from typing import Any
 
 from dagster_project.conversations.shards import (
     ConversationsManifest,
+    ConversationsShardManifest,
     SourceTotals,
     read_conversations_manifest,
-    read_shard_conversations_manifest,
 )
 from dagster_project.generation.heartbeat import ACTIVE_STATES, read_heartbeats, run_is_alive
 from dagster_project.generation.progress import Heartbeat
-from dagster_project.generation.shards import CompletionsShardManifest, read_completions_manifest
+from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ingest.shards import RawPromptsManifest, read_raw_prompts_manifest
 from dagster_project.ops.alerts import (
     DEFAULT_THRESHOLDS,
@@ -44,7 +44,8 @@ from dagster_project.ops.plan import Plan, read_plan
 from dagster_project.ops.tune import TuneReport, gain, read_report
 from dagster_project.sglang import capacity
 from dagster_project.sglang.launch import fleet_status
-from dagster_project.store.manifest import verify_shard
+from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS
+from dagster_project.store.manifest import read_published_manifests
 from dagster_project.store.storage import Store
 
 
@@ -86,12 +87,17 @@ class Readings:
 
 
 def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, now: float) -> Readings:
+    """A few requests whatever the shard count: the shards' manifests and the finished runs' heartbeats come from
+    the store's index (`store.object_index`), not one object each. Checking the stored shards themselves (listing,
+    checksums) is the coverage check's work (`ops.coverage`), which reads every object anyway."""
     conversations = read_conversations_manifest(store)
     shards = conversations.num_shards if conversations else 0  # as published: the environment has no say
-    manifests = {s: read_completions_manifest(store, s) for s in range(shards)}
+    manifests = read_published_manifests(store, COMPLETIONS, CompletionsShardManifest)
     # The stage manifest is written last: while it is missing, the shards published so far tell the plan.
     events_planned = (conversations.turns if conversations else 0) or sum(
-        m.turns for s in range(shards) if (m := read_shard_conversations_manifest(store, s))
+        m.turns
+        for s, m in read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest).items()
+        if s < shards
     )
     return Readings(
         now=now,
@@ -99,7 +105,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
         raw=read_raw_prompts_manifest(store),
         conversations=conversations,
         events_planned=events_planned,
-        published={s: m for s, m in manifests.items() if m},
+        published={s: m for s, m in manifests.items() if s < shards},
         heartbeats=read_heartbeats(store),
         fleet=probe_fleet(endpoints, api_key),
         plan=read_plan(store),
@@ -482,7 +488,8 @@ class StorageAnswer:
     settings_fingerprints: dict[str, int]
     stale_shards: list[int]
     shards_materialized: int | None
-    # Dagster says materialized, the store disagrees: a manifest or an object is missing or altered.
+    # Dagster says materialized, the store disagrees: no manifest, or the last coverage check found the shard's
+    # objects missing or altered.
     materialized_not_in_store: list[int] | None
 
 
@@ -506,8 +513,20 @@ def answer_storage(
         shards_materialized=len(materialized) if materialized is not None else None,
         materialized_not_in_store=None
         if materialized is None
-        else sorted(s for s in materialized if s not in published or verify_shard(store, published[s])),
+        else sorted(s for s in materialized if s not in published or s in _found_damaged(readings)),
     )
+
+
+def _found_damaged(readings: Readings) -> set[int]:
+    """Shards the last coverage check found damaged, unless published again since."""
+    by_id = readings.coverage_by_id
+    if by_id is None:
+        return set()
+    return {
+        s
+        for s in by_id.shards_damaged
+        if s in readings.published and readings.published[s].published_at <= by_id.computed_at
+    }
 
 
 def render_storage(storage: StorageAnswer, now: float) -> list[str]:

@@ -71,10 +71,9 @@ def _build(hint: Any, value: Any) -> Any:
 
 
 def read_record(store: Store, key: str, kind: type[T]) -> T | None:
-    """The record stored at `key` as `kind`, or None when there is no such object."""
-    if not store.exists(key):
-        return None
-    return parse_record(store, key, kind, store.get_bytes(key))
+    """The record stored at `key` as `kind`, or None when there is no such object (one request, not two)."""
+    found = store.get_versioned(key)
+    return None if found is None else parse_record(store, key, kind, found[0])
 
 
 def parse_record(store: Store, key: str, kind: type[T], raw: bytes) -> T:

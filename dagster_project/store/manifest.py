@@ -15,14 +15,23 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dagster_project.store.dataclass_json import read_record, to_json
+from dagster_project.store import object_index
+from dagster_project.store.dataclass_json import parse_record, read_record, to_json
 from dagster_project.store.layout import MANIFEST_NAME, shard_manifest_key, shard_prefix, stage_manifest_key
-from dagster_project.store.storage import CorruptObject, ObjectInfo, Store, local_copy
+from dagster_project.store.storage import (
+    CorruptObject,
+    LocalStore,
+    ObjectInfo,
+    Store,
+    StoreError,
+    arrow_filesystem,
+    local_copy,
+)
 
 
 @dataclass(frozen=True)
@@ -32,10 +41,11 @@ class StoredObject:
     key: str
     size: int
     sha256: str | None = None
+    etag: str | None = None  # on S3: checked against a listing, so verifying needs no request per object
 
     @classmethod
     def of(cls, info: ObjectInfo) -> StoredObject:
-        return cls(key=info.key, size=info.size, sha256=info.sha256)
+        return cls(key=info.key, size=info.size, sha256=info.sha256, etag=info.etag)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,9 +98,12 @@ def publish_shard(store: Store, manifest: ShardManifestT, files: list[tuple[str,
     prefix = shard_prefix(manifest.stage, manifest.shard)
     manifest_key = shard_manifest_key(manifest.stage, manifest.shard)
     store.delete(manifest_key)
+    object_index.forget(store, [manifest_key])
     objects = tuple(put_object(store, prefix + name, path) for name, path in files)
     published = replace(manifest, objects=objects, published_at=time.time())
-    store.put_bytes(manifest_key, to_json(published))
+    data = to_json(published)
+    store.put_bytes(manifest_key, data)
+    object_index.record(store, manifest_key, data)
     _remove_unlisted(store, prefix, {o.key for o in objects} | {manifest_key})
     return published
 
@@ -116,9 +129,49 @@ def withdraw_shards(store: Store, stage: str) -> list[int]:
     """Unpublish every shard of `stage`: its manifest goes, so no reader uses it; the objects stay until the
     shard is published again (which removes what the new manifest does not list). Returns the shards."""
     shards = published_shards(store, stage)
-    for shard in shards:
-        store.delete(shard_manifest_key(stage, shard))
+    keys = [shard_manifest_key(stage, shard) for shard in shards]
+    for key in keys:
+        store.delete(key)
+    object_index.forget(store, keys)
     return shards
+
+
+def read_published_manifests(store: Store, stage: str, kind: type[ShardManifestT]) -> dict[int, ShardManifestT]:
+    """Shard → manifest of every published shard of `stage`, in a few requests (from the store's index of
+    manifests; see `object_index`)."""
+    found = object_index.read_records(store, f"{stage}/shard=", kind, lambda key: key.endswith(MANIFEST_NAME))
+    return {manifest.shard: manifest for manifest in found.values()}
+
+
+def read_manifests_from_objects(
+    store: Store, stage: str, kind: type[ShardManifestT]
+) -> tuple[dict[int, ShardManifestT], dict[str, ObjectInfo]]:
+    """Every published manifest of `stage` read from its own object (not the index), and every object under the
+    stage's shards as listed; the index is made to agree with what was read."""
+    listed = {info.key: info for info in store.list(f"{stage}/shard=")}
+    keys = [key for key in listed if key.endswith(MANIFEST_NAME)]
+    raws = {key: raw for key, raw in zip(keys, object_index.fetch_all(store, keys)) if raw is not None}
+    manifests = {}
+    for key, raw in raws.items():
+        manifest = parse_record(store, key, kind, raw)
+        manifests[manifest.shard] = manifest
+    object_index.reconcile(store, stage, raws)
+    return manifests, listed
+
+
+def listing_problems(manifest: ShardManifest, listed: dict[str, ObjectInfo]) -> list[str]:
+    """What a listing shows wrong with a published shard's objects: missing, another size, or (on S3, where the
+    manifest recorded the ETag) other bytes. Checksums of local objects are `verify_shard`'s."""
+    problems = []
+    for obj in manifest.objects:
+        info = listed.get(obj.key)
+        if info is None:
+            problems.append(f"missing {obj.key}")
+        elif info.size != obj.size:
+            problems.append(f"{obj.key}: {info.size} bytes in the store, manifest says {obj.size}")
+        elif info.etag and obj.etag and info.etag != obj.etag:
+            problems.append(f"{obj.key}: other bytes than published (its ETag changed)")
+    return problems
 
 
 def read_shard_manifest(store: Store, stage: str, shard: int, kind: type[ShardManifestT]) -> ShardManifestT | None:
@@ -153,16 +206,34 @@ def verify_shard(store: Store, manifest: ShardManifest) -> list[str]:
 def iter_parquet_batches(store: Store, keys: list[str], columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Stream the objects' rows one Parquet row group at a time (memory bounded by a row group).
 
-    An object that is not readable Parquet (truncated, overwritten) raises `CorruptObject` naming it.
+    An object that is not readable Parquet (truncated, overwritten) raises `CorruptObject` naming it. Some
+    columns of an S3 object are read by ranged GETs (its footer and those column chunks), not a download.
     """
     for key in keys:
-        with local_copy(store, key) as path:
+        with _parquet_source(store, key, ranged=columns is not None) as source:
             with _parquet_errors(store, key):
-                parquet = pq.ParquetFile(path)
+                parquet = pq.ParquetFile(source)
             for group in range(parquet.num_row_groups):
                 with _parquet_errors(store, key):
                     table = parquet.read_row_group(group, columns=columns)
                 yield from table.to_batches()
+
+
+@contextmanager
+def _parquet_source(store: Store, key: str, *, ranged: bool) -> Iterator[Any]:
+    if not ranged or isinstance(store, LocalStore):
+        with local_copy(store, key) as path:
+            yield path
+        return
+    filesystem, root = arrow_filesystem(store)
+    try:
+        source = filesystem.open_input_file(f"{root}/{key}")
+    except FileNotFoundError as exc:
+        raise StoreError(f"no object {store.url(key)}") from exc
+    except OSError as exc:  # pyarrow's S3 client already retried it
+        raise StoreError(f"reading {store.url(key)} failed: {exc}") from exc
+    with source:
+        yield source
 
 
 @contextmanager

@@ -16,11 +16,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 SHA256_METADATA_KEY = "sha256"
 _CHUNK = 1 << 20
@@ -32,6 +34,9 @@ class ObjectInfo:
     size: int
     sha256: str | None = None
     modified: float | None = None
+    # S3's ETag (the same in a listing and a HEAD): tells a rewritten object from the one published without
+    # reading it. None for a local store, whose checksum is computed from the file instead.
+    etag: str | None = None
 
 
 class StoreError(RuntimeError):
@@ -119,10 +124,11 @@ class LocalStore:
         self.uri = str(self.root)
 
     def _path(self, key: str) -> Path:
-        path = (self.root / key).resolve()
-        if self.root not in path.parents and path != self.root:
+        # normpath, not resolve(): no file system calls for a key (readers of 1,830 shards ask for many).
+        path = os.path.normpath(os.path.join(self.root, key))
+        if path != self.uri and not path.startswith(self.uri + os.sep):
             raise StoreError(f"key escapes the store root: {key!r}")
-        return path
+        return Path(path)
 
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
         path = self._path(key)
@@ -174,13 +180,16 @@ class LocalStore:
         search_root = base if base.is_dir() else base.parent
         if not search_root.exists():
             return
-        for path in sorted(search_root.rglob("*")):
-            if not path.is_file() or path.name.startswith("."):
-                continue
-            key = path.relative_to(self.root).as_posix()
-            if key.startswith(prefix):
-                stat = path.stat()
-                yield ObjectInfo(key, stat.st_size, None, stat.st_mtime)
+        found = []
+        for directory, _, names in os.walk(search_root):
+            relative = os.path.relpath(directory, self.root).replace(os.sep, "/")
+            for name in names:
+                key = name if relative == "." else f"{relative}/{name}"
+                if name.startswith(".") or not key.startswith(prefix):
+                    continue
+                stat = os.stat(os.path.join(directory, name))
+                found.append(ObjectInfo(key, stat.st_size, None, stat.st_mtime))
+        yield from sorted(found, key=lambda info: info.key)
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -298,6 +307,7 @@ class S3Store:
             int(response["ContentLength"]),
             response.get("Metadata", {}).get(SHA256_METADATA_KEY),
             response["LastModified"].timestamp() if response.get("LastModified") else None,
+            response.get("ETag"),
         )
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
@@ -305,7 +315,13 @@ class S3Store:
         while True:
             page = self._retrying("LIST", prefix, lambda: self.client.list_objects_v2(**page_args))
             for item in page.get("Contents", []):
-                yield ObjectInfo(self._relative(item["Key"]), int(item["Size"]), None, item["LastModified"].timestamp())
+                yield ObjectInfo(
+                    self._relative(item["Key"]),
+                    int(item["Size"]),
+                    None,
+                    item["LastModified"].timestamp(),
+                    item.get("ETag"),
+                )
             if not page.get("IsTruncated"):
                 return
             page_args["ContinuationToken"] = page["NextContinuationToken"]
@@ -427,6 +443,42 @@ def open_store(
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", uri):
         raise ValueError(f"unsupported store URI {uri!r}: use a local path or s3://bucket/prefix")
     return LocalStore(uri)
+
+
+def local_files(store: Store, keys: list[str], directory: Path, workers: int = 16) -> list[Path]:
+    """Local files with the objects' bytes, in `keys` order: the objects themselves for a local store; for S3,
+    concurrent downloads into `directory` (the caller removes them)."""
+    if isinstance(store, LocalStore):
+        return [store._path(key) for key in keys]
+    targets = [directory / f"{number:06d}-{Path(key).name}" for number, key in enumerate(keys)]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(store.download, keys, targets))
+
+
+def arrow_filesystem(store: Store) -> tuple[Any, str]:
+    """(pyarrow file system, root path in it) over the store, for readers that fetch only parts of objects
+    (Parquet footers and column chunks, by ranged GETs on S3). On S3 it signs with the credentials the store's
+    boto3 client resolved (environment, profile or role), which are handed over and never shown."""
+    from pyarrow import fs
+
+    if isinstance(store, LocalStore):
+        return fs.LocalFileSystem(), str(store.root)
+    assert isinstance(store, S3Store)
+    # botocore exposes the credentials it resolved only through its request signer.
+    credentials = store.client._request_signer._credentials
+    frozen = credentials.get_frozen_credentials() if credentials is not None else None
+    endpoint = urlsplit(store.client.meta.endpoint_url)
+    filesystem = fs.S3FileSystem(
+        access_key=frozen.access_key if frozen else None,
+        secret_key=frozen.secret_key if frozen else None,
+        session_token=frozen.token if frozen else None,
+        region=store.client.meta.region_name,
+        endpoint_override=endpoint.netloc,
+        scheme=endpoint.scheme,
+        connect_timeout=store.policy.connect_timeout_s,
+        request_timeout=store.policy.read_timeout_s,
+    )
+    return filesystem, f"{store.bucket}/{store.prefix}".rstrip("/")
 
 
 @contextmanager

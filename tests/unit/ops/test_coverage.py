@@ -2,11 +2,14 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
-from dagster_project.generation.shards import CompletionsShardManifest
+from dagster_project.conversations.shards import read_shard_conversations_manifest
+from dagster_project.generation.shards import CompletionsShardManifest, read_completions_manifest
 from dagster_project.ops.coverage import dataset_coverage
 from dagster_project.records import COMPLETION_SCHEMA, empty_completion_row
 from dagster_project.store.manifest import publish_shard
+from dagster_project.store.storage import CorruptObject
 from tests.support.ingest_helpers import run_stages
 
 
@@ -51,3 +54,41 @@ def test_coverage_by_id_finds_gaps_duplicates_and_strays_that_counts_would_hide(
 
     publish_completions(outcome.store, tmp_path, 1, planned[1])
     assert dataset_coverage(outcome.store, 2).exactly_once
+
+
+def two_shard_store(tmp_path):
+    source = tmp_path / "prompts.jsonl"
+    with open(source, "w") as handle:
+        for i in range(8):
+            handle.write(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"Question {i}?"}]}))
+            handle.write("\n")
+    outcome = run_stages(tmp_path, [str(source)], num_shards=2)
+    for shard in (0, 1):
+        publish_completions(
+            outcome.store, tmp_path, shard, [c.event_id(0) for c in outcome.conversations if c.shard == shard]
+        )
+    assert dataset_coverage(outcome.store, 2).exactly_once
+    return outcome
+
+
+def test_a_damaged_completions_shard_is_named_and_its_events_count_as_missing(tmp_path):
+    outcome = two_shard_store(tmp_path)
+    store = outcome.store
+    truncated = read_completions_manifest(store, 0).data_keys[0]
+    (store.root / truncated).write_bytes((store.root / truncated).read_bytes()[:-100])
+    overwritten = read_completions_manifest(store, 1).data_keys[0]
+    original = (store.root / overwritten).read_bytes()
+    (store.root / overwritten).write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # same size, other bytes
+
+    coverage = dataset_coverage(store, 2)
+    assert coverage.shards_damaged == [0, 1] and coverage.shards_published == 0
+    assert coverage.events_missing == coverage.events_planned == len(outcome.conversations)
+    assert not coverage.exactly_once
+
+
+def test_an_unreadable_conversations_shard_is_named(tmp_path):
+    store = two_shard_store(tmp_path).store
+    key = read_shard_conversations_manifest(store, 1).data_keys[0]
+    (store.root / key).write_bytes(b'{"id": "c1", "messages": [')
+    with pytest.raises(CorruptObject, match=f"{store.url(key)} is damaged: line 1 is not a conversation"):
+        dataset_coverage(store, 2)

@@ -9,7 +9,7 @@ import pytest
 
 from dagster_project import cli
 from dagster_project.generation.shards import read_completions_manifest
-from dagster_project.ops.status import collect_status
+from dagster_project.ops.coverage import dataset_coverage
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, shard_manifest_key, stage_manifest_key
 from dagster_project.store.storage import CorruptObject, LocalStore
 from dagster_project.training.stage import AssemblyOptions, assemble_shard
@@ -36,12 +36,12 @@ def damage_manifest(store: LocalStore, key: str) -> str:
     return store.url(key)
 
 
-def test_a_manifest_that_is_not_json_is_named_by_status_and_training_set(store, tmp_path):
+def test_a_manifest_that_is_not_json_is_named_by_the_coverage_check_and_training_set(store, tmp_path):
     url = damage_manifest(store, shard_manifest_key(COMPLETIONS, 0))
     with pytest.raises(CorruptObject, match=f"{url} is damaged: it is not a valid CompletionsShardManifest"):
         read_completions_manifest(store, 0)
     with pytest.raises(CorruptObject, match=url):
-        collect_status(store, [])
+        dataset_coverage(store, 2)  # the coverage check reads every manifest; status answers from their index
     with pytest.raises(CorruptObject, match=url):
         assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")
 
