@@ -13,6 +13,11 @@ With a `FleetLedger`, every run on the node shares one in-flight budget per serv
 verdict per server: N concurrent runs keep about one window in flight at each server, the run nearest its
 end gets freed slots first, and a server one run sets aside is set aside for all of them.
 
+Runs on other nodes, and other clients, do not write to this node's ledger; the server itself counts them.
+Every `load_read_interval_s` each dispatcher reads the server's `/metrics` and takes what it reports as
+running + queued beyond this node's own requests as *foreign load*; its window then shrinks by that much
+(see `_Server.foreign_load` for the estimate and its error).
+
 Failures, and what happens to the requests caught in them:
 
 * a dropped connection or a refused one: the server is quarantined; its requests fail on their own and
@@ -40,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import random
 import time
 import uuid
 from collections import Counter, deque
@@ -51,6 +57,7 @@ from collections.abc import (
     Iterable,
     Iterator,
     Mapping,
+    Sequence,
 )
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +65,7 @@ from typing import Any
 import aiohttp
 
 from dagster_project.generation.ledger import FleetLedger
+from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.client import (
     ABORTED,
     BAD_RESPONSE,
@@ -179,6 +187,23 @@ class _Server:
     consecutive_503: int = 0
     consecutive_faults: int = 0
     budget: int = 0  # slots granted by the ledger for this fill and not used yet
+    # Requests at the server that are not this node's, as of the last /metrics read. The server reports R =
+    # running + queued, counting every client's requests that have reached it, this node's included; at the
+    # moment of the read this node had N in flight (the ledger's total, or this run's own without a ledger).
+    # foreign = max(0, R - N). Between reads the node's own changes are known exactly (N_now), so the load is
+    # estimated as N_now + foreign: never N_now + R, which would count this node's requests twice. The node
+    # admits while N_now + foreign < window. The estimate is stale by one read interval for the other clients
+    # (their requests that ended since are still counted, which holds back a little too long; those they sent
+    # since are not, which is the "small constant" above the window) and, on SGLang, by the scheduler's own
+    # refresh of these gauges (every 40 decode steps); this node's requests still on the wire at the read
+    # count as foreign until the next one.
+    foreign_load: int = 0
+    previous_foreign: int = 0  # the foreign load the previous read saw
+    load_urls: list = field(default_factory=list)  # whose /metrics report this endpoint's load
+    load_clients: list = field(default_factory=list)
+    load_unreported: str | None = None  # why the server's load is not read (no /metrics): only the node counts
+    next_load_read: float = 0.0
+    reading_load: bool = False
     next_health: float = 0.0
     next_probe: float = 0.0
     probe_failures: int = 0
@@ -226,10 +251,17 @@ class DispatchOptions:
     require_reasoning: bool = field(
         default=True, metadata={"help": "Ask servers to count reasoning tokens (meta_info.reasoning_tokens)."}
     )
+    load_read_interval_s: float = field(
+        default=1.0,
+        metadata={
+            "help": "Period of reading each server's /metrics (running + queued requests), so that runs on other "
+            "nodes and other clients count against its window; 0: only this node's runs count."
+        },
+    )
 
     def __post_init__(self) -> None:
-        if self.oversubscription <= 0 or self.max_attempts < 1:
-            raise ValueError("oversubscription must be > 0 and max_attempts >= 1")
+        if self.oversubscription <= 0 or self.max_attempts < 1 or self.load_read_interval_s < 0:
+            raise ValueError("oversubscription must be > 0, max_attempts >= 1 and load_read_interval_s >= 0")
 
 
 class Dispatcher:
@@ -242,9 +274,12 @@ class Dispatcher:
         windows: Mapping[str, int] | None = None,
         session: aiohttp.ClientSession | None = None,
         ledger: FleetLedger | None = None,
+        load_sources: Mapping[str, Sequence[str]] | None = None,
     ):
         """`windows` fixes the window of given endpoints (a router has no scheduler state of its own);
-        `ledger` shares windows and server verdicts with the other runs on this node."""
+        `ledger` shares windows and server verdicts with the other runs on this node; `load_sources` names, for
+        an endpoint that does not report its own load (sglang-router), the servers whose `/metrics` do (its
+        workers): their running + queued requests add up to the endpoint's load."""
         if not endpoints:
             raise ValueError("no endpoints")
         if len(set(endpoints)) != len(endpoints):
@@ -255,7 +290,8 @@ class Dispatcher:
         self.windows = {url.rstrip("/"): n for url, n in (windows or {}).items()}
         self._session = session
         self.ledger = ledger
-        self._servers = [_Server(url) for url in self.endpoints]
+        sources = {url.rstrip("/"): [u.rstrip("/") for u in urls] for url, urls in (load_sources or {}).items()}
+        self._servers = [_Server(url, load_urls=sources.get(url, [url])) for url in self.endpoints]
         self._running = False
         self.stats = DispatchStats()
         self._started = time.monotonic()
@@ -283,6 +319,12 @@ class Dispatcher:
             server.client = SGLangClient(
                 server.url, self.api_key, session, probe_timeout_s=self.options.probe_timeout_s
             )
+            server.load_clients = [
+                server.client
+                if url == server.url
+                else SGLangClient(url, self.api_key, session, probe_timeout_s=self.options.probe_timeout_s)
+                for url in server.load_urls
+            ]
         helpers: list[asyncio.Task] = []
         try:
             await asyncio.gather(*(self._first_probe(server) for server in self._servers))
@@ -312,6 +354,8 @@ class Dispatcher:
                 "window": s.window,
                 "max_running_requests": s.cap,
                 "in_flight": len(s.in_flight),
+                "foreign_load": s.foreign_load,
+                "load_unreported": s.load_unreported,
                 "done": s.done,
                 "errors": dict(s.errors),
                 "prompt_tokens": s.prompt_tokens,
@@ -387,17 +431,18 @@ class Dispatcher:
         return bool(self._retries or self._followups) or not self._source_done
 
     def _reserve(self, now: float) -> None:
-        """Slots each server may take in this fill: its window less what is in flight, and with a ledger,
-        no more than the node's shared budget for that server grants."""
+        """Slots each server may take in this fill: its window, less the foreign load the server last reported,
+        less what is in flight: this run's alone, or with a ledger, the node's, as the shared budget grants."""
         for server in self._servers:
-            room = server.window - len(server.in_flight)
+            limit = server.window - server.foreign_load
+            room = limit - len(server.in_flight)
             if server.state != HEALTHY or now < server.cooldown_until or room <= 0 or not self._has_work():
                 server.budget = 0
             elif self.ledger is None:
                 server.budget = room
             else:
                 self.ledger.remaining = self._remaining()
-                server.budget = self.ledger.acquire(server.url, room, limit=server.window)
+                server.budget = self.ledger.acquire(server.url, room, limit=limit)
 
     def _return_unused(self) -> None:
         for server in self._servers:
@@ -453,14 +498,15 @@ class Dispatcher:
         return server.state == HEALTHY and server.budget > 0 and now >= server.cooldown_until
 
     def _pick(self, work: _Work, now: float) -> _Server | None:
-        """The least loaded server with room that this request has not failed on. A request goes back to a
-        server it failed on only when every healthy server has failed it: otherwise it waits for another."""
+        """The least loaded server (counting what other nodes hold there) with room that this request has not
+        failed on. A request goes back to a server it failed on only when every healthy server has failed it:
+        otherwise it waits for another."""
         untried_healthy = any(s.state == HEALTHY and s.url not in work.tried for s in self._servers)
         best, best_score = None, None
         for server in self._servers:
             if not self._has_room(server, now) or (untried_healthy and server.url in work.tried):
                 continue
-            score = len(server.in_flight) / server.window
+            score = (len(server.in_flight) + server.foreign_load) / server.window
             if best_score is None or score < best_score:
                 best, best_score = server, score
         return best
@@ -666,6 +712,15 @@ class Dispatcher:
             return
         server.state, server.reason = HEALTHY, None
         server.next_health = now + self.options.probe_interval_s
+        if self.options.load_read_interval_s:
+            await self._read_load(server)  # a run joining a busy fleet must not fill whole windows first
+            if server.load_unreported is None:
+                # Runs starting on several nodes at once would each see an idle server and each fill a whole
+                # window: after a random pause, the run that started first is already seen by the others. The
+                # pause is at least half an interval, so the two reads do not both fall in one refill gap.
+                interval = self.options.load_read_interval_s
+                await asyncio.sleep(random.uniform(interval / 2, interval))
+                await self._read_load(server)
 
     async def _readmit(self, server: _Server) -> None:
         """Rejoin only when the server answers health, reports its cap, and really generates a token."""
@@ -723,6 +778,41 @@ class Dispatcher:
             server.next_health = time.monotonic() + self.options.probe_interval_s
             self._wake.set()
 
+    def _node_in_flight(self, server: _Server) -> int:
+        return self.ledger.in_flight(server.url) if self.ledger is not None else len(server.in_flight)
+
+    async def _read_load(self, server: _Server) -> None:
+        """Re-estimate the server's foreign load from its `/metrics` (or its workers', behind a router)."""
+        server.reading_load = True
+        try:
+            node = self._node_in_flight(server)  # before the read: see `_Server.foreign_load`
+            texts = await asyncio.gather(
+                *(client.metrics(timeout=self.options.probe_timeout_s) for client in server.load_clients)
+            )
+            loads = [proto.reported_load(proto.parse_metrics(text)) for text in texts]
+            if None in loads:
+                raise ValueError("its /metrics has no sglang:num_running_reqs and sglang:num_queue_reqs")
+            # A slot freed elsewhere shows as room for the moment its owner takes to refill it, and every node that
+            # reads then would take it: the estimate rises at once but falls only when two reads in a row agree.
+            foreign = max(0, sum(loads) - node)
+            server.foreign_load, server.previous_foreign = max(foreign, server.previous_foreign), foreign
+        except SGLangError as error:
+            if error.kind == NOT_FOUND:  # launched without --enable-metrics
+                self._unreported(server, "/metrics not found (server without --enable-metrics)")
+            # otherwise the health checks judge the server; the last estimate stands until the next read
+        except ValueError as exc:
+            self._unreported(server, f"/metrics unreadable: {exc}")
+        finally:
+            server.reading_load = False
+            server.next_load_read = time.monotonic() + self.options.load_read_interval_s
+            self._wake.set()
+
+    @staticmethod
+    def _unreported(server: _Server, reason: str) -> None:
+        """Only this node's runs count against the window of a server whose load cannot be read; stop asking."""
+        server.load_unreported, server.next_load_read = reason, math.inf
+        server.foreign_load = server.previous_foreign = 0
+
     async def _monitor(self) -> None:
         tick = min(0.25, self.options.probe_interval_s / 4, self.options.watchdog_s / 4)
         while True:
@@ -733,6 +823,8 @@ class Dispatcher:
                 if stuck and now - server.last_progress > self.options.watchdog_s:
                     self._quarantine(server, "no_progress", now)
                     self._hedge(server)
+                if server.state == HEALTHY and not server.reading_load and now >= server.next_load_read:
+                    self._spawn(self._read_load(server))
                 if server.probing:
                     continue
                 if server.state == HEALTHY and now >= server.next_health:
@@ -800,7 +892,7 @@ class Dispatcher:
         await asyncio.gather(*pending, return_exceptions=True)
         for server in self._servers:
             server.in_flight.clear()
-            server.probing = False
+            server.probing = server.reading_load = False
         if self.ledger is not None:
             self.ledger.leave(self.endpoints)
         if self._session is None:
