@@ -16,7 +16,7 @@ end gets freed slots first, and a server one run sets aside is set aside for all
 Runs on other nodes, and other clients, do not write to this node's ledger; the server itself counts them.
 Every `load_read_interval_s` each dispatcher reads the server's `/metrics` and takes what it reports as
 running + queued beyond this node's own requests as *foreign load*; its window then shrinks by that much
-(see `_Server.foreign_load` for the estimate and its error).
+(see `next_foreign_load` for the estimate and its error).
 
 Failures, and what happens to the requests caught in them:
 
@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import random
 import time
 import uuid
 from collections import Counter, deque
@@ -187,18 +186,8 @@ class _Server:
     consecutive_503: int = 0
     consecutive_faults: int = 0
     budget: int = 0  # slots granted by the ledger for this fill and not used yet
-    # Requests at the server that are not this node's, as of the last /metrics read. The server reports R =
-    # running + queued, counting every client's requests that have reached it, this node's included; at the
-    # moment of the read this node had N in flight (the ledger's total, or this run's own without a ledger).
-    # foreign = max(0, R - N). Between reads the node's own changes are known exactly (N_now), so the load is
-    # estimated as N_now + foreign: never N_now + R, which would count this node's requests twice. The node
-    # admits while N_now + foreign < window. The estimate is stale by one read interval for the other clients
-    # (their requests that ended since are still counted, which holds back a little too long; those they sent
-    # since are not, which is the "small constant" above the window) and, on SGLang, by the scheduler's own
-    # refresh of these gauges (every 40 decode steps); this node's requests still on the wire at the read
-    # count as foreign until the next one.
-    foreign_load: int = 0
-    previous_foreign: int = 0  # the foreign load the previous read saw
+    foreign_load: int = 0  # requests at the server that are not this node's: see `next_foreign_load`
+    previous_foreign: int = 0  # the estimate of the previous read
     load_urls: list = field(default_factory=list)  # whose /metrics report this endpoint's load
     load_clients: list = field(default_factory=list)
     load_unreported: str | None = None  # why the server's load is not read (no /metrics): only the node counts
@@ -209,6 +198,33 @@ class _Server:
     probe_failures: int = 0
     probing: bool = False
     client: SGLangClient | None = None
+
+
+def next_foreign_load(current: int, previous_estimate: int, reported: int, node_in_flight: int) -> tuple[int, int]:
+    """The load at a server that is not this node's, after one read of its `/metrics`: (foreign load, estimate).
+
+    The server reports `reported` = running + queued, counting every client's requests that have reached it,
+    this node's included; at the moment of the read this node had `node_in_flight` (the ledger's total, or the
+    run's own without a ledger). The estimate is their difference. Between reads the node's own changes are
+    known exactly, so its load is taken as its in-flight now + the foreign load: never in-flight + reported,
+    which would count its requests twice. The node admits while that is under the window.
+
+    Room that appears is taken in halves. A slot freed elsewhere shows as room until its owner refills it, and
+    every node reading then would take it: an estimate only counts as low as the previous one (`previous_estimate`:
+    a gap must show in two reads), and the foreign load then falls by half the difference per read. Nodes that
+    start together on an idle server (where `current` starts at the whole window), or see another node's tail
+    at the same read, take half each instead of all each; a node alone reaches the whole window in a few reads.
+    A rise counts at once.
+
+    What stays uncounted is the "small constant" over the window: other clients' requests sent since the
+    read; on SGLang, what changed since the scheduler last refreshed these gauges (every 40 decode steps);
+    and this node's requests still on the wire at the read (in `node_in_flight`, not yet in `reported`).
+    """
+    estimate = max(0, reported - node_in_flight)
+    seen = max(estimate, previous_estimate)
+    if seen < current:
+        seen = current - math.ceil((current - seen) / 2)
+    return seen, estimate
 
 
 def _iterate(
@@ -713,14 +729,11 @@ class Dispatcher:
         server.state, server.reason = HEALTHY, None
         server.next_health = now + self.options.probe_interval_s
         if self.options.load_read_interval_s:
-            await self._read_load(server)  # a run joining a busy fleet must not fill whole windows first
-            if server.load_unreported is None:
-                # Runs starting on several nodes at once would each see an idle server and each fill a whole
-                # window: after a random pause, the run that started first is already seen by the others. The
-                # pause is at least half an interval, so the two reads do not both fall in one refill gap.
-                interval = self.options.load_read_interval_s
-                await asyncio.sleep(random.uniform(interval / 2, interval))
-                await self._read_load(server)
+            # A run joining a busy fleet must not fill a whole window first. On a node with nothing at the server
+            # yet, the load is unknown until read: it starts at the whole window and falls in halves.
+            if self._node_in_flight(server) == 0:
+                server.foreign_load = server.window
+            await self._read_load(server)
 
     async def _readmit(self, server: _Server) -> None:
         """Rejoin only when the server answers health, reports its cap, and really generates a token."""
@@ -785,17 +798,16 @@ class Dispatcher:
         """Re-estimate the server's foreign load from its `/metrics` (or its workers', behind a router)."""
         server.reading_load = True
         try:
-            node = self._node_in_flight(server)  # before the read: see `_Server.foreign_load`
+            node = self._node_in_flight(server)  # before the read
             texts = await asyncio.gather(
                 *(client.metrics(timeout=self.options.probe_timeout_s) for client in server.load_clients)
             )
             loads = [proto.reported_load(proto.parse_metrics(text)) for text in texts]
             if None in loads:
                 raise ValueError("its /metrics has no sglang:num_running_reqs and sglang:num_queue_reqs")
-            # A slot freed elsewhere shows as room for the moment its owner takes to refill it, and every node that
-            # reads then would take it: the estimate rises at once but falls only when two reads in a row agree.
-            foreign = max(0, sum(loads) - node)
-            server.foreign_load, server.previous_foreign = max(foreign, server.previous_foreign), foreign
+            server.foreign_load, server.previous_foreign = next_foreign_load(
+                server.foreign_load, server.previous_foreign, sum(loads), node
+            )
         except SGLangError as error:
             if error.kind == NOT_FOUND:  # launched without --enable-metrics
                 self._unreported(server, "/metrics not found (server without --enable-metrics)")
