@@ -708,9 +708,14 @@ class Dispatcher:
 
     async def _first_probe(self, server: _Server) -> None:
         now = time.monotonic()
+        # A run joining a busy fleet must not fill a whole window first: its load is read before the first fill,
+        # alongside /server_info.
+        reading = asyncio.ensure_future(self._reported_load(server)) if self.options.load_read_interval_s else None
         try:
             server.window = await self._window(server)
         except SGLangError as error:
+            if reading is not None:
+                reading.cancel()
             if error.kind == UNAUTHORIZED:
                 self._fatal = FleetRefusesKey(
                     f"{server.url} refused the API key (HTTP 401): set SGLANG_API_KEY to the key the servers were "
@@ -725,15 +730,17 @@ class Dispatcher:
                 f"{verdict.reason} (set aside by {verdict.by})",
                 now,
             )
+            if reading is not None:
+                reading.cancel()
             return
         server.state, server.reason = HEALTHY, None
         server.next_health = now + self.options.probe_interval_s
-        if self.options.load_read_interval_s:
-            # A run joining a busy fleet must not fill a whole window first. On a node with nothing at the server
-            # yet, the load is unknown until read: it starts at the whole window and falls in halves.
-            if self._node_in_flight(server) == 0:
-                server.foreign_load = server.window
-            await self._read_load(server)
+        if reading is not None and (read := await reading) is not None:
+            reported, node = read
+            # On a node with nothing at the server yet, the foreign load starts as the whole window.
+            start = server.window if node == 0 else 0
+            server.foreign_load, server.previous_foreign = next_foreign_load(start, 0, reported, node)
+            server.next_load_read = time.monotonic() + self.options.load_read_interval_s
 
     async def _readmit(self, server: _Server) -> None:
         """Rejoin only when the server answers health, reports its cap, and really generates a token."""
@@ -795,29 +802,38 @@ class Dispatcher:
         return self.ledger.in_flight(server.url) if self.ledger is not None else len(server.in_flight)
 
     async def _read_load(self, server: _Server) -> None:
-        """Re-estimate the server's foreign load from its `/metrics` (or its workers', behind a router)."""
+        """Re-estimate the server's foreign load."""
         server.reading_load = True
         try:
-            node = self._node_in_flight(server)  # before the read
+            read = await self._reported_load(server)
+            if read is not None:
+                server.foreign_load, server.previous_foreign = next_foreign_load(
+                    server.foreign_load, server.previous_foreign, *read
+                )
+        finally:
+            server.reading_load = False
+            server.next_load_read = time.monotonic() + self.options.load_read_interval_s
+            self._wake.set()
+
+    async def _reported_load(self, server: _Server) -> tuple[int, int] | None:
+        """(running + queued that the server's `/metrics` report, or its workers' behind a router; this node's
+        in-flight there just before the read), or None when there is no reading."""
+        node = self._node_in_flight(server)
+        try:
             texts = await asyncio.gather(
                 *(client.metrics(timeout=self.options.probe_timeout_s) for client in server.load_clients)
             )
             loads = [proto.reported_load(proto.parse_metrics(text)) for text in texts]
             if None in loads:
                 raise ValueError("its /metrics has no sglang:num_running_reqs and sglang:num_queue_reqs")
-            server.foreign_load, server.previous_foreign = next_foreign_load(
-                server.foreign_load, server.previous_foreign, sum(loads), node
-            )
         except SGLangError as error:
             if error.kind == NOT_FOUND:  # launched without --enable-metrics
                 self._unreported(server, "/metrics not found (server without --enable-metrics)")
-            # otherwise the health checks judge the server; the last estimate stands until the next read
+            return None  # otherwise the health checks judge the server; the last estimate stands
         except ValueError as exc:
             self._unreported(server, f"/metrics unreadable: {exc}")
-        finally:
-            server.reading_load = False
-            server.next_load_read = time.monotonic() + self.options.load_read_interval_s
-            self._wake.set()
+            return None
+        return sum(loads), node
 
     @staticmethod
     def _unreported(server: _Server, reason: str) -> None:
