@@ -1,6 +1,6 @@
 """Fleet benchmark: K shard runs at a time through Dagster, sharing two simulated servers, next to the ideal.
 
-    python -m benchmarks.bench_fleet [--quick]
+    python -m benchmarks.bench_fleet [--quick] [--nodes]
 
 Two simulators with the issue's latency model (running cap 16, time to first token 0.05 s, 0.05 s per decode
 step, MTP on, lognormal outputs with median 300 tokens), with every duration scaled by `TIME_SCALE` so the
@@ -15,6 +15,11 @@ soon as one ends, like an operator's backfill. Rows, in the same run against the
 
 A sampler polls each simulator's `/_sim/state` (running, queued) and the runs' ledgers (which runs hold
 requests in flight) every `SAMPLE_S`. Results go to the `fleet` section of BENCHMARKS.md.
+
+`--nodes`: runs on two nodes, i.e. two ledgers that do not see each other, against the same servers (in this
+process: `RUNS_AT_ONCE` dispatchers, half on each ledger, each over one shard's events, the next shard as soon
+as one ends), with the servers' reported load read and without; one node (one ledger) is the reference.
+`NODES_PROMPTS_PER_SHARD` keeps it modest. Results go to the `fleet-nodes` section.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +44,10 @@ import orjson
 
 from benchmarks.report import write_section
 from dagster_project.conversations.shards import read_conversations
-from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
+from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, GenRequest
 from dagster_project.generation.events import ShardGeneration
 from dagster_project.generation.journal import Journal
+from dagster_project.generation.ledger import FleetLedger
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.sglang.launch import launch_simulators, stop_fleet
 from dagster_project.store import layout
@@ -63,6 +70,10 @@ PROMPTS_PER_SHARD = 550  # conversation ids hash to shards: ~550 each gives ever
 SAMPLE_S = 0.05
 PEAK_SLACK = 2  # the "small constant" over the window: slots granted in one fill before a release is seen
 OVERSUBSCRIPTION = DispatchOptions().oversubscription
+NODES = 2
+NODES_PROMPTS_PER_SHARD = 275
+# The default read period of the servers' load, scaled like every other duration.
+LOAD_READ_INTERVAL_S = DispatchOptions().load_read_interval_s * TIME_SCALE
 
 
 def http_json(url: str, method: str = "GET") -> dict:
@@ -178,16 +189,22 @@ class Row:
 # ---- the three rows ----------------------------------------------------------------------------------------
 
 
-def ideal(urls: list[str], store: Path, scratch: Path) -> Row:
-    """One dispatcher over every shard's events, the prompts built exactly as a shard run builds them."""
+def shard_requests(store: Path, scratch: Path) -> list[list[GenRequest]]:
+    """Each shard's first requests, the prompts built exactly as a shard run builds them."""
     tokenizer, settings = load_tokenizer(), GenerationSettings()
-    requests = []
+    shards = []
     for shard in range(SHARDS):
-        with Journal(scratch / f"ideal-{shard}.jsonl") as journal:
+        with Journal(scratch / f"requests-{shard}.jsonl") as journal:
             job = ShardGeneration(
                 shard, list(read_conversations(LocalStore(store), shard)), tokenizer, settings, journal
             )
-            requests += list(job.initial_requests())
+            shards.append(list(job.initial_requests()))
+    return shards
+
+
+def ideal(urls: list[str], store: Path, scratch: Path) -> Row:
+    """One dispatcher over every shard's events."""
+    requests = [request for shard in shard_requests(store, scratch) for request in shard]
     ended = 0
 
     def on_outcome(outcome) -> None:
@@ -228,6 +245,33 @@ def shard_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, shar
             list(pool.map(run, range(SHARDS)))
         wall = time.monotonic() - started
     return Row(name, events, wall, sampler.samples, sampler.peaks)
+
+
+def node_runs(name: str, urls: list[str], shards: list[list[GenRequest]], root: Path, nodes: int, read_s: float) -> Row:
+    """`RUNS_AT_ONCE` dispatchers in this process, spread over `nodes` ledgers, taking shards from one queue."""
+    options = DispatchOptions(load_read_interval_s=read_s)
+    queue = deque(shards)
+
+    async def run_shard(requests: list[GenRequest], ledger_dir: Path) -> None:
+        ended: list = []
+        dispatcher = Dispatcher(urls, options, ledger=FleetLedger(ledger_dir))
+        await dispatcher.run(requests, ended.append, remaining=lambda: len(requests) - len(ended))
+        if not all(outcome.ok for outcome in ended):
+            raise RuntimeError(f"{name}: a request failed")
+
+    async def run_slot(ledger_dir: Path) -> None:
+        while queue:
+            await run_shard(queue.popleft(), ledger_dir)
+
+    async def all_nodes() -> None:
+        slots = [run_slot(root / f"node{slot % nodes}" / "ledger") for slot in range(RUNS_AT_ONCE)]
+        await asyncio.gather(*slots)
+
+    with Sampler(urls, root) as sampler:
+        started = time.monotonic()
+        asyncio.run(all_nodes())
+        wall = time.monotonic() - started
+    return Row(name, sum(map(len, shards)), wall, sampler.samples, sampler.peaks)
 
 
 # ---- report ------------------------------------------------------------------------------------------------
@@ -297,11 +341,66 @@ def render(rows: list[Row], shard_sizes: list[int]) -> str:
     return "\n".join(lines)
 
 
+def render_nodes(rows: list[Row], shard_sizes: list[int]) -> str:
+    window = int(CAP * OVERSUBSCRIPTION)
+    lines = [
+        "## Fleet: runs on two nodes, one set of servers (`python -m benchmarks.bench_fleet --nodes`)",
+        "",
+        (
+            f"The servers and latency model of the section above. {SHARDS} shards of {min(shard_sizes)}–"
+            f"{max(shard_sizes)} single-turn events ({sum(shard_sizes):,} in all), one dispatcher per shard, "
+            f"{RUNS_AT_ONCE} at a time in this process, each starting the next shard when it ends. A node is a "
+            f"ledger: runs on different nodes see each other only through the servers. Server-reported load: every "
+            f"{LOAD_READ_INTERVAL_S * 1000:.0f} ms (the default 1 s x {TIME_SCALE}) each dispatcher reads the "
+            "servers' `/metrics`. Window per server "
+            f"= cap x {OVERSUBSCRIPTION} = {window}. Samples every {SAMPLE_S * 1000:.0f} ms."
+        ),
+        "",
+        "| runs | wall (s) | at cap while ≥ 2 runs generate, per server "
+        "| peak in flight per server, sampled (server's own peaks: running + queued) |",
+        "|---|---:|---|---|",
+    ]
+    for row in rows:
+        at_cap = " / ".join("—" if row.at_cap(i, 2) is None else f"{row.at_cap(i, 2):.1%}" for i in range(SERVERS))
+        peaks = " / ".join(
+            f"**{row.peak_in_flight(i)}** ({p['running']} + {p['queued']})" for i, p in enumerate(row.peaks)
+        )
+        lines.append(f"| {row.name} | {row.wall_s:.1f} | {at_cap} | {peaks} |")
+    excess = [
+        " / ".join(
+            f"{max(row.peak_in_flight(i), p['running'] + p['queued']) - window:+d}" for i, p in enumerate(row.peaks)
+        )
+        for row in rows
+    ]
+    lines += [
+        "",
+        f"Peak in flight per server over the window ({window}), the larger of the sampled and the server's own: "
+        + "; ".join(f"{row.name}: **{over}**" for row, over in zip(rows, excess))
+        + ".",
+    ]
+    return "\n".join(lines)
+
+
+def nodes_rows(urls: list[str], store: Path, scratch: Path) -> list[Row]:
+    shards = shard_requests(store, scratch)
+    rows = []
+    for name, nodes, read_s in (
+        (f"one node, {RUNS_AT_ONCE} runs on one ledger", 1, LOAD_READ_INTERVAL_S),
+        (f"{NODES} nodes x {RUNS_AT_ONCE // NODES} runs, server-reported load", NODES, LOAD_READ_INTERVAL_S),
+        (f"{NODES} nodes x {RUNS_AT_ONCE // NODES} runs, ledgers only (`load_read_interval_s=0`)", NODES, 0.0),
+    ):
+        rows.append(node_runs(name, urls, shards, scratch / f"nodes-{len(rows)}", nodes, read_s))
+        print(f"{time.strftime('%X')} {name}: {rows[-1].wall_s:.1f} s", file=sys.stderr, flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: fewer prompts, nothing written")
+    parser.add_argument("--nodes", action="store_true", help="only the two-node rows (the fleet-nodes section)")
     args = parser.parse_args()
-    prompts = (60 if args.quick else PROMPTS_PER_SHARD) * SHARDS
+    per_shard = NODES_PROMPTS_PER_SHARD if args.nodes else PROMPTS_PER_SHARD
+    prompts = (60 if args.quick else per_shard) * SHARDS
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         scratch = Path(tmp)
         seed_store = scratch / "seed-store"
@@ -319,6 +418,16 @@ def main() -> None:
         store = LocalStore(seed_store)
         shard_sizes = [sum(c.num_turns for c in read_conversations(store, shard)) for shard in range(SHARDS)]
         fleet = launch_simulators(SERVERS, scratch / "fleet", SIM)
+        if args.nodes:
+            try:
+                rows = nodes_rows(fleet.urls, seed_store, scratch)
+            finally:
+                stop_fleet(scratch / "fleet")
+            markdown = render_nodes(rows, shard_sizes)
+            print(markdown)
+            if not args.quick:
+                print(f"\nwritten to {write_section('fleet-nodes', markdown)}")
+            return
         try:
             rows = [ideal(fleet.urls, seed_store, scratch)]
             print(f"{time.strftime('%X')} ideal: {rows[0].wall_s:.1f} s", file=sys.stderr, flush=True)

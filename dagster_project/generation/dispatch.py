@@ -13,6 +13,11 @@ With a `FleetLedger`, every run on the node shares one in-flight budget per serv
 verdict per server: N concurrent runs keep about one window in flight at each server, the run nearest its
 end gets freed slots first, and a server one run sets aside is set aside for all of them.
 
+Runs on other nodes, and other clients, do not write to this node's ledger; the server itself counts them.
+Every `load_read_interval_s` each dispatcher reads the server's `/metrics` and takes what it reports as
+running + queued beyond this node's own requests as *foreign load*; its window then shrinks by that much
+(see `next_foreign_load` for the estimate and its error).
+
 Failures, and what happens to the requests caught in them:
 
 * a dropped connection or a refused one: the server is quarantined; its requests fail on their own and
@@ -51,6 +56,7 @@ from collections.abc import (
     Iterable,
     Iterator,
     Mapping,
+    Sequence,
 )
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +64,7 @@ from typing import Any
 import aiohttp
 
 from dagster_project.generation.ledger import FleetLedger
+from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.client import (
     ABORTED,
     BAD_RESPONSE,
@@ -179,11 +186,45 @@ class _Server:
     consecutive_503: int = 0
     consecutive_faults: int = 0
     budget: int = 0  # slots granted by the ledger for this fill and not used yet
+    foreign_load: int = 0  # requests at the server that are not this node's: see `next_foreign_load`
+    previous_foreign: int = 0  # the estimate of the previous read
+    load_urls: list = field(default_factory=list)  # whose /metrics report this endpoint's load
+    load_clients: list = field(default_factory=list)
+    load_unreported: str | None = None  # why the server's load is not read (no /metrics): only the node counts
+    next_load_read: float = 0.0
+    reading_load: bool = False
     next_health: float = 0.0
     next_probe: float = 0.0
     probe_failures: int = 0
     probing: bool = False
     client: SGLangClient | None = None
+
+
+def next_foreign_load(current: int, previous_estimate: int, reported: int, node_in_flight: int) -> tuple[int, int]:
+    """The load at a server that is not this node's, after one read of its `/metrics`: (foreign load, estimate).
+
+    The server reports `reported` = running + queued, counting every client's requests that have reached it,
+    this node's included; at the moment of the read this node had `node_in_flight` (the ledger's total, or the
+    run's own without a ledger). The estimate is their difference. Between reads the node's own changes are
+    known exactly, so its load is taken as its in-flight now + the foreign load: never in-flight + reported,
+    which would count its requests twice. The node admits while that is under the window.
+
+    Room that appears is taken in halves. A slot freed elsewhere shows as room until its owner refills it, and
+    every node reading then would take it: an estimate only counts as low as the previous one (`previous_estimate`:
+    a gap must show in two reads), and the foreign load then falls by half the difference per read. Nodes that
+    start together on an idle server (where `current` starts at the whole window), or see another node's tail
+    at the same read, take half each instead of all each; a node alone reaches the whole window in a few reads.
+    A rise counts at once.
+
+    What stays uncounted is the "small constant" over the window: other clients' requests sent since the
+    read; on SGLang, what changed since the scheduler last refreshed these gauges (every 40 decode steps);
+    and this node's requests still on the wire at the read (in `node_in_flight`, not yet in `reported`).
+    """
+    estimate = max(0, reported - node_in_flight)
+    seen = max(estimate, previous_estimate)
+    if seen < current:
+        seen = current - math.ceil((current - seen) / 2)
+    return seen, estimate
 
 
 def _iterate(
@@ -229,10 +270,17 @@ class DispatchOptions:
     discovery_interval_s: float = field(
         default=10.0, metadata={"help": "How often the fleet registry is re-read for servers of nodes that joined."}
     )
+    load_read_interval_s: float = field(
+        default=1.0,
+        metadata={
+            "help": "Period of reading each server's /metrics (running + queued requests), so that runs on other "
+            "nodes and other clients count against its window; 0: only this node's runs count."
+        },
+    )
 
     def __post_init__(self) -> None:
-        if self.oversubscription <= 0 or self.max_attempts < 1:
-            raise ValueError("oversubscription must be > 0 and max_attempts >= 1")
+        if self.oversubscription <= 0 or self.max_attempts < 1 or self.load_read_interval_s < 0:
+            raise ValueError("oversubscription must be > 0, max_attempts >= 1 and load_read_interval_s >= 0")
 
 
 class Dispatcher:
@@ -246,10 +294,13 @@ class Dispatcher:
         session: aiohttp.ClientSession | None = None,
         ledger: FleetLedger | None = None,
         discover: Callable[[], list[str]] | None = None,
+        load_sources: Mapping[str, Sequence[str]] | None = None,
     ):
         """`windows` fixes the window of given endpoints (a router has no scheduler state of its own);
         `ledger` shares windows and server verdicts with the other runs on this node; `discover` (the fleet
-        registry) is called every `discovery_interval_s` while running, and servers it names join the run."""
+        registry) is called every `discovery_interval_s` while running, and servers it names join the run;
+        `load_sources` names, for an endpoint that does not report its own load (sglang-router), the servers
+        whose `/metrics` do (its workers): their running + queued requests add up to the endpoint's load."""
         if not endpoints:
             raise ValueError("no endpoints")
         if len(set(endpoints)) != len(endpoints):
@@ -261,7 +312,8 @@ class Dispatcher:
         self._session = session
         self.ledger = ledger
         self._discover = discover
-        self._servers = [_Server(url) for url in self.endpoints]
+        sources = {url.rstrip("/"): [u.rstrip("/") for u in urls] for url, urls in (load_sources or {}).items()}
+        self._servers = [_Server(url, load_urls=sources.get(url, [url])) for url in self.endpoints]
         self._running = False
         self.stats = DispatchStats()
         self._started = time.monotonic()
@@ -290,6 +342,12 @@ class Dispatcher:
             server.client = SGLangClient(
                 server.url, self.api_key, session, probe_timeout_s=self.options.probe_timeout_s
             )
+            server.load_clients = [
+                server.client
+                if url == server.url
+                else SGLangClient(url, self.api_key, session, probe_timeout_s=self.options.probe_timeout_s)
+                for url in server.load_urls
+            ]
         helpers: list[asyncio.Task] = []
         try:
             await asyncio.gather(*(self._first_probe(server) for server in self._servers))
@@ -319,6 +377,8 @@ class Dispatcher:
                 "window": s.window,
                 "max_running_requests": s.cap,
                 "in_flight": len(s.in_flight),
+                "foreign_load": s.foreign_load,
+                "load_unreported": s.load_unreported,
                 "done": s.done,
                 "errors": dict(s.errors),
                 "prompt_tokens": s.prompt_tokens,
@@ -394,17 +454,18 @@ class Dispatcher:
         return bool(self._retries or self._followups) or not self._source_done
 
     def _reserve(self, now: float) -> None:
-        """Slots each server may take in this fill: its window less what is in flight, and with a ledger,
-        no more than the node's shared budget for that server grants."""
+        """Slots each server may take in this fill: its window, less the foreign load the server last reported,
+        less what is in flight: this run's alone, or with a ledger, the node's, as the shared budget grants."""
         for server in self._servers:
-            room = server.window - len(server.in_flight)
+            limit = server.window - server.foreign_load
+            room = limit - len(server.in_flight)
             if server.state != HEALTHY or now < server.cooldown_until or room <= 0 or not self._has_work():
                 server.budget = 0
             elif self.ledger is None:
                 server.budget = room
             else:
                 self.ledger.remaining = self._remaining()
-                server.budget = self.ledger.acquire(server.url, room, limit=server.window)
+                server.budget = self.ledger.acquire(server.url, room, limit=limit)
 
     def _return_unused(self) -> None:
         for server in self._servers:
@@ -460,14 +521,15 @@ class Dispatcher:
         return server.state == HEALTHY and server.budget > 0 and now >= server.cooldown_until
 
     def _pick(self, work: _Work, now: float) -> _Server | None:
-        """The least loaded server with room that this request has not failed on. A request goes back to a
-        server it failed on only when every healthy server has failed it: otherwise it waits for another."""
+        """The least loaded server (counting what other nodes hold there) with room that this request has not
+        failed on. A request goes back to a server it failed on only when every healthy server has failed it:
+        otherwise it waits for another."""
         untried_healthy = any(s.state == HEALTHY and s.url not in work.tried for s in self._servers)
         best, best_score = None, None
         for server in self._servers:
             if not self._has_room(server, now) or (untried_healthy and server.url in work.tried):
                 continue
-            score = len(server.in_flight) / server.window
+            score = (len(server.in_flight) + server.foreign_load) / server.window
             if best_score is None or score < best_score:
                 best, best_score = server, score
         return best
@@ -653,9 +715,14 @@ class Dispatcher:
 
     async def _first_probe(self, server: _Server) -> None:
         now = time.monotonic()
+        # A run joining a busy fleet must not fill a whole window first: its load is read before the first fill,
+        # alongside /server_info.
+        reading = asyncio.ensure_future(self._reported_load(server)) if self.options.load_read_interval_s else None
         try:
             server.window = await self._window(server)
         except SGLangError as error:
+            if reading is not None:
+                reading.cancel()
             if error.kind == UNAUTHORIZED:
                 self._fatal = FleetRefusesKey(
                     f"{server.url} refused the API key (HTTP 401): set SGLANG_API_KEY to the key the servers were "
@@ -670,9 +737,17 @@ class Dispatcher:
                 f"{verdict.reason} (set aside by {verdict.by})",
                 now,
             )
+            if reading is not None:
+                reading.cancel()
             return
         server.state, server.reason = HEALTHY, None
         server.next_health = now + self.options.probe_interval_s
+        if reading is not None and (read := await reading) is not None:
+            reported, node = read
+            # On a node with nothing at the server yet, the foreign load starts as the whole window.
+            start = server.window if node == 0 else 0
+            server.foreign_load, server.previous_foreign = next_foreign_load(start, 0, reported, node)
+            server.next_load_read = time.monotonic() + self.options.load_read_interval_s
 
     async def _readmit(self, server: _Server) -> None:
         """Rejoin only when the server answers health, reports its cap, and really generates a token."""
@@ -730,6 +805,49 @@ class Dispatcher:
             server.next_health = time.monotonic() + self.options.probe_interval_s
             self._wake.set()
 
+    def _node_in_flight(self, server: _Server) -> int:
+        return self.ledger.in_flight(server.url) if self.ledger is not None else len(server.in_flight)
+
+    async def _read_load(self, server: _Server) -> None:
+        """Re-estimate the server's foreign load."""
+        server.reading_load = True
+        try:
+            read = await self._reported_load(server)
+            if read is not None:
+                server.foreign_load, server.previous_foreign = next_foreign_load(
+                    server.foreign_load, server.previous_foreign, *read
+                )
+        finally:
+            server.reading_load = False
+            server.next_load_read = time.monotonic() + self.options.load_read_interval_s
+            self._wake.set()
+
+    async def _reported_load(self, server: _Server) -> tuple[int, int] | None:
+        """(running + queued that the server's `/metrics` report, or its workers' behind a router; this node's
+        in-flight there just before the read), or None when there is no reading."""
+        node = self._node_in_flight(server)
+        try:
+            texts = await asyncio.gather(
+                *(client.metrics(timeout=self.options.probe_timeout_s) for client in server.load_clients)
+            )
+            loads = [proto.reported_load(proto.parse_metrics(text)) for text in texts]
+            if None in loads:
+                raise ValueError("its /metrics has no sglang:num_running_reqs and sglang:num_queue_reqs")
+        except SGLangError as error:
+            if error.kind == NOT_FOUND:  # launched without --enable-metrics
+                self._unreported(server, "/metrics not found (server without --enable-metrics)")
+            return None  # otherwise the health checks judge the server; the last estimate stands
+        except ValueError as exc:
+            self._unreported(server, f"/metrics unreadable: {exc}")
+            return None
+        return sum(loads), node
+
+    @staticmethod
+    def _unreported(server: _Server, reason: str) -> None:
+        """Only this node's runs count against the window of a server whose load cannot be read; stop asking."""
+        server.load_unreported, server.next_load_read = reason, math.inf
+        server.foreign_load = server.previous_foreign = 0
+
     async def _monitor(self) -> None:
         tick = min(0.25, self.options.probe_interval_s / 4, self.options.watchdog_s / 4)
         while True:
@@ -740,6 +858,8 @@ class Dispatcher:
                 if stuck and now - server.last_progress > self.options.watchdog_s:
                     self._quarantine(server, "no_progress", now)
                     self._hedge(server)
+                if server.state == HEALTHY and not server.reading_load and now >= server.next_load_read:
+                    self._spawn(self._read_load(server))
                 if server.probing:
                     continue
                 if server.state == HEALTHY and now >= server.next_health:
@@ -755,7 +875,8 @@ class Dispatcher:
     async def _join_discovered(self) -> None:
         """Servers the registry names that this run does not know yet join it through the first probe."""
         urls = await asyncio.to_thread(self._discover)
-        joining = [_Server(url) for url in dict.fromkeys(u.rstrip("/") for u in urls) if url not in self.endpoints]
+        urls = dict.fromkeys(u.rstrip("/") for u in urls)
+        joining = [_Server(url, load_urls=[url]) for url in urls if url not in self.endpoints]
         if not joining:
             return
         for server in joining:
@@ -825,7 +946,7 @@ class Dispatcher:
         await asyncio.gather(*pending, return_exceptions=True)
         for server in self._servers:
             server.in_flight.clear()
-            server.probing = False
+            server.probing = server.reading_load = False
         if self.ledger is not None:
             self.ledger.leave(self.endpoints)
         if self._session is None:

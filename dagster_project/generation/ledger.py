@@ -4,7 +4,8 @@ Every run on the node keeps its own dispatcher, but they all draw from one budge
 `limit` (the server's running cap x oversubscription) requests in flight across all of them, so N runs hold
 about what one run would, and a run in its tail leaves slots that the others take at once. Among runs that
 want more, the one with the fewest requests left goes first: runs finish one after another instead of all
-reaching their tails together.
+reaching their tails together. Runs on other nodes do not share this file: each dispatcher lowers `limit` by
+the load the server itself reports beyond this node's requests (see `Dispatcher`).
 
 A server that one run sets aside (garbage answers, a hang) is set aside for every run: the verdict, its
 reason and when to look again are in the same file, and the run that re-probes it and sees it healthy

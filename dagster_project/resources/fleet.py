@@ -25,6 +25,10 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
     endpoints: list[str] = Field(default_factory=list, description="Server base URLs, e.g. http://gpu-node:30000.")
     router_url: str | None = Field(default=None, description="One sglang-router URL in front of the servers.")
     router_window: int = Field(default=64, description="In-flight window for a router (it has no /server_info cap).")
+    router_workers: list[str] = Field(
+        default_factory=list,
+        description="The servers behind `router_url` (its GET /workers lists them): their /metrics give its load.",
+    )
     fleet_dir: str | None = Field(default=None, description="Run directory of `dflash fleet up` (its fleet.json).")
     api_key: str | None = Field(default=None, repr=False, description="Bearer key of servers started with --api-key.")
 
@@ -67,4 +71,5 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
             windows={self.router_url: self.router_window} if self.router_url else None,
             ledger=FleetLedger(Path(self.fleet_dir) / "ledger") if self.fleet_dir else None,
             discover=follow_registry(registry) if follows_registry else None,
+            load_sources={self.router_url: self.router_workers} if self.router_url and self.router_workers else None,
         )

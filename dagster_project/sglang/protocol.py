@@ -14,6 +14,8 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 DEFAULT_MAX_NEW_TOKENS = 128  # an absent max_new_tokens means 128 on /generate
 UNCAPPED_MAX_NEW_TOKENS = 1 << 30  # an explicit null means "no cap", clipped to the context
 TOP_K_ALL = 1 << 30
@@ -546,63 +548,26 @@ METRIC_HELP = {
 }
 
 
-def go_float(value: float) -> str:
-    """prometheus_client's float formatting (Go style: 41.0, 1.234567e+07, +Inf)."""
-    value = float(value)
-    if value == math.inf:
-        return "+Inf"
-    if value == -math.inf:
-        return "-Inf"
-    if math.isnan(value):
-        return "NaN"
-    text = repr(value)
-    dot = text.find(".")
-    if value > 0 and dot > 6:
-        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
-        return f"{mantissa}e+0{dot - 1}"
-    return text
-
-
-class Exposition:
-    """Prometheus text as SGLang's multiprocess registry writes it: `sglang:` names, labels sorted, no `_created`."""
-
-    def __init__(self) -> None:
-        self._lines: list[str] = []
-
-    def _metric(self, name: str, kind: str, samples: list[tuple[str, Mapping[str, str], float]]) -> None:
-        self._lines.append(f"# HELP sglang:{name} {METRIC_HELP[name]}")
-        self._lines.append(f"# TYPE sglang:{name} {kind}")
-        for sample, labels, value in samples:
-            rendered = ",".join(f'{key}="{labels[key]}"' for key in sorted(labels))
-            self._lines.append(f"sglang:{sample}{{{rendered}}} {go_float(value)}")
-
-    def gauge(self, name: str, value: float, labels: Mapping[str, str]) -> None:
-        self._metric(name, "gauge", [(name, labels, value)])
-
-    def counter(self, name: str, value: float, labels: Mapping[str, str]) -> None:
-        self._metric(name, "counter", [(name, labels, value)])
-
-    def histogram(
-        self, name: str, buckets: Sequence[tuple[float, int]], total: float, labels: Mapping[str, str]
-    ) -> None:
-        """`buckets`: (upper bound, cumulative count) pairs, the last one +Inf."""
-        samples = [(f"{name}_bucket", {**labels, "le": go_float(bound)}, count) for bound, count in buckets]
-        samples += [(f"{name}_count", labels, buckets[-1][1]), (f"{name}_sum", labels, total)]
-        self._metric(name, "histogram", samples)
-
-    def text(self) -> str:
-        return "\n".join(self._lines) + "\n"
-
-
-_SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+# The server's live load: requests it is running and requests waiting in its queue, whoever sent them.
+RUNNING_REQS = "sglang:num_running_reqs"
+QUEUED_REQS = "sglang:num_queue_reqs"
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus exposition text → {sample name: value summed over its label sets} (e.g. across DP ranks)."""
+    """Prometheus exposition text → {sample name: value summed over its label sets} (e.g. across DP ranks).
+
+    Sample names are the exposed ones (`sglang:generation_tokens_total`, `..._bucket`), not the family names
+    the parser strips suffixes from. Raises `ValueError` on text that is not the Prometheus format.
+    """
     totals: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE_LINE.match(line)
-        if match and not line.startswith("#"):
-            name, _, value = match.groups()
-            totals[name] = totals.get(name, 0.0) + float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     return totals
+
+
+def reported_load(metrics: Mapping[str, float]) -> int | None:
+    """Running + queued requests a parsed `/metrics` reports; None when the server does not export them."""
+    if RUNNING_REQS not in metrics or QUEUED_REQS not in metrics:
+        return None
+    return round(metrics[RUNNING_REQS] + metrics[QUEUED_REQS])

@@ -6,15 +6,18 @@ Faults are set on one server of a running fleet of simulator processes while a s
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, FleetDownError, GenRequest, Outcome
 from dagster_project.generation.ledger import FleetLedger
 from dagster_project.sglang import protocol as proto
-from tests.support.sglang_fixtures import SimFleet
+from tests.support.sglang_fixtures import SimFleet, call, wait_until
 
 EOS = 248046
 PARAMS = proto.sampling_params(max_new_tokens=1024)
@@ -283,3 +286,88 @@ def test_the_run_nearest_its_end_takes_the_freed_slots_first(sim_fleet, tmp_path
     # window of 4, and what it refilled while the short run was probing the server) until the short run is
     # done. Sharing slots evenly, it would finish about as many as the short run: 24.
     assert marks["long_done_when_short_finished"] - marks["long_done_when_short_started"] <= 8
+
+
+# ---- load from other nodes: the servers' own running + queued counts ------------------------------------------
+
+ADMISSION = {"max_running_requests": 4, "decode_step_s": 0.002, "output_len": "uniform:150:450", "enable_metrics": True}
+WINDOW = 5  # cap 4 x oversubscription 1.25
+SLACK = 2  # what another client sends between two reads of the server's load
+# Longer than a refill takes on a loaded test machine (a slot freed and taken again shows as room meanwhile).
+READ_INTERVAL_S = 0.2
+
+
+@contextmanager
+def another_node(url: str, clients: int) -> Iterator[None]:
+    """`clients` plain loops sending requests straight to the server, one at a time each, no ledger, no window."""
+    stop = threading.Event()
+
+    def loop(client: int) -> None:
+        sent = 0
+        while not stop.is_set():
+            body = {
+                "input_ids": [248045, 846, 5000 + client, sent],
+                "sampling_params": PARAMS,
+                "rid": f"other{client}-{sent}",
+            }
+            assert call(url + "/generate", body)[0] == 200
+            sent += 1
+
+    with ThreadPoolExecutor(clients) as pool:
+        loops = [pool.submit(loop, client) for client in range(clients)]
+        try:
+            yield
+        finally:
+            stop.set()
+            for running in loops:
+                running.result()
+
+
+def peak_load(fleet: SimFleet) -> int:
+    peaks = fleet.state(0)["peaks"]
+    return peaks["running"] + peaks["queued"]
+
+
+@pytest.mark.parametrize("read_interval_s", [READ_INTERVAL_S, 0.0])
+def test_load_from_another_node_makes_the_dispatcher_hold_back(sim_fleet, tmp_path, read_interval_s):
+    fleet = sim_fleet(1, **ADMISSION)
+    options = DispatchOptions(**FAST_HEALTH, load_read_interval_s=read_interval_s)
+    ended: list[Outcome] = []
+    with another_node(fleet.url(0), clients=4):
+        wait_until(lambda: fleet.state(0)["running"] == 4, what="the other node's four requests running")
+        fleet.reset_occupancy(0)
+        dispatcher = Dispatcher(fleet.urls, options, ledger=FleetLedger(tmp_path))
+        asyncio.run(dispatcher.run(requests(30), ended.append))
+    assert len(ended) == 30 and all(o.ok for o in ended)
+    if read_interval_s:
+        # Reading what the server runs and queues, the run fills only what the other node leaves of the window.
+        assert peak_load(fleet) <= WINDOW + SLACK
+    else:
+        # Counting only its own node, it opens a whole window on top of the other node's requests.
+        assert peak_load(fleet) >= WINDOW + 4
+
+
+def test_runs_on_two_nodes_keep_about_one_window_at_the_server(sim_fleet, tmp_path):
+    fleet = sim_fleet(1, **ADMISSION)
+    options = DispatchOptions(**FAST_HEALTH, load_read_interval_s=READ_INTERVAL_S)
+    ended: list[Outcome] = []
+    # Two runs on each of two nodes: a ledger per node, so each node sees the other only through the server.
+    nodes = [
+        [Dispatcher(fleet.urls, options, ledger=FleetLedger(tmp_path / f"node{n}")) for _ in range(2)] for n in (0, 1)
+    ]
+    batches = [[GenRequest(f"run{r}-{r_.key}", r_.input_ids, PARAMS) for r_ in requests(20)] for r in range(4)]
+    fleet.reset_occupancy(0)
+
+    async def scenario() -> None:
+        first = [asyncio.create_task(run.run(batch, ended.append)) for run, batch in zip(nodes[0], batches)]
+        while not ended:
+            await asyncio.sleep(0.01)  # polling a count in the same loop, not timing anything
+        # The second node starts while the first one is generating: it sees the first one's load at the server.
+        second = [run.run(batch, ended.append) for run, batch in zip(nodes[1], batches[2:])]
+        await asyncio.gather(*first, *second)
+
+    asyncio.run(scenario())
+    assert len(ended) == 80 and all(o.ok for o in ended)
+    assert peak_load(fleet) <= WINDOW + SLACK
+    # Each node got its turn: the second one did not wait for the first to finish everything.
+    assert {o.request.key.split("-")[0] for o in ended[:60]} >= {"run2", "run3"}

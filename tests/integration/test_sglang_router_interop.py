@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, GenRequest, Outcome
 from dagster_project.sglang import protocol as proto
-from tests.support.sglang_fixtures import running_router
+from tests.support.sglang_fixtures import call, running_router, wait_until
 
 pytest.importorskip("sglang_router")
 
@@ -72,3 +74,51 @@ def test_a_worker_dying_behind_the_router_loses_nothing(sim_fleet, tmp_path):
         o.error.kind for o in outcomes.values() if o.error
     )
     assert stats.retries > 0 and sum(stats.errors.values()) == 0
+
+
+def test_behind_the_router_the_workers_load_from_another_client_counts(sim_fleet, tmp_path):
+    """The router exposes no load of its own worth reading (no /metrics on its port, and its `smg_*` metrics count
+    only what it routed): the dispatcher reads the workers' /metrics, where every client's requests show."""
+    fleet = sim_fleet(
+        2, max_running_requests=CAP, decode_step_s=0.002, output_len="uniform:150:450", enable_metrics=True
+    )
+    window = 2 * CAP + 2  # the two workers' caps x 1.25
+    stop = threading.Event()
+    totals: list[int] = []
+
+    def other_client(worker: int, client: int) -> None:
+        sent = 0
+        while not stop.is_set():
+            body = {
+                "input_ids": [248045, 846, 7000 + client, sent],
+                "sampling_params": PARAMS,
+                "rid": f"o{worker}-{client}-{sent}",
+            }
+            assert call(fleet.url(worker) + "/generate", body)[0] == 200
+            sent += 1
+
+    def sample() -> None:
+        while not stop.is_set():
+            totals.append(sum(fleet.state(i)["running"] + fleet.state(i)["queued"] for i in range(2)))
+
+    with running_router(fleet.urls, tmp_path / "router") as router, ThreadPoolExecutor(5) as pool:
+        others = [pool.submit(other_client, worker, client) for worker in range(2) for client in range(2)]
+        wait_until(lambda: sum(fleet.state(i)["running"] for i in range(2)) == 4, what="the other client's load")
+        sampler = pool.submit(sample)
+        dispatcher = Dispatcher(
+            [router],
+            DispatchOptions(load_read_interval_s=0.2),
+            windows={router: window},
+            load_sources={router: fleet.urls},
+        )
+        try:
+            outcomes = collect(dispatcher, 40)
+        finally:
+            stop.set()
+        for done in (*others, sampler):
+            done.result()
+    assert len(outcomes) == 40 and all(o.ok for o in outcomes.values())
+    view = dispatcher.snapshot()["servers"][router]
+    assert view["load_unreported"] is None
+    # The other client's four requests took four slots of the window: both workers together stayed near it.
+    assert max(totals) <= window + 2

@@ -13,8 +13,14 @@ import math
 import os
 import sys
 from collections import deque
+from collections.abc import Iterator
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from dagster_project.sglang import capacity
 from dagster_project.sglang import protocol as proto
@@ -157,51 +163,95 @@ def server_info(config: SimConfig, scheduler: Scheduler, stats: Stats) -> dict:
     }
 
 
-def exposition(config: SimConfig, scheduler: Scheduler, stats: Stats) -> str:
-    """/metrics text: SGLang's names and labels of the scheduler and tokenizer metrics."""
-    name = config.model_name
-    labels = {"engine_type": "unified", "model_name": name, "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": "0"}
-    tokenizer = {"engine_type": "unified", "model_name": name}
-    streaming = {**tokenizer, "is_streaming": "false"}
-    pools = config.pools
-    used = scheduler.used_tokens()
-    full_usage = used / pools.max_total_num_tokens
-    # Running requests' state slots; the draft snapshots have their own buffer.
-    mamba_usage = scheduler.running * config.launch_settings.state_slots_per_request / pools.max_mamba_cache_size
-    out = proto.Exposition()
-    out.gauge("num_running_reqs", scheduler.running, labels)
-    out.gauge("num_queue_reqs", len(scheduler.waiting), labels)
-    out.gauge("gen_throughput", scheduler.gen_throughput(), labels)
-    out.gauge("cache_hit_rate", 0.0, labels)
-    out.gauge("token_usage", max(full_usage, mamba_usage), labels)
-    out.gauge("full_token_usage", full_usage, labels)
-    out.gauge("mamba_usage", mamba_usage, labels)
-    out.gauge("num_used_tokens", used, labels)
-    if config.speculative:
-        tokens, verify, correct = (
-            (sum(column) for column in zip(*stats.spec_window)) if stats.spec_window else (0, 0, 0)
+class SimMetrics(Collector):
+    """The /metrics families, read from the scheduler and the counters at each scrape, as SGLang 0.5.23 names,
+    labels and documents them (one TP rank, no DP). Rendered by prometheus_client like SGLang's multiprocess
+    registry: counters and histograms carry no `_created` series."""
+
+    def __init__(self, config: SimConfig, scheduler: Scheduler, stats: Stats) -> None:
+        self.config, self.scheduler, self.stats = config, scheduler, stats
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def exposition(self) -> str:
+        return generate_latest(self.registry).decode()
+
+    def collect(self) -> Iterator[Metric]:
+        config, scheduler, stats = self.config, self.scheduler, self.stats
+        scheduler_labels = {
+            "engine_type": "unified",
+            "model_name": config.model_name,
+            "moe_ep_rank": "0",
+            "pp_rank": "0",
+            "tp_rank": "0",
+        }
+        tokenizer = {"engine_type": "unified", "model_name": config.model_name}
+        streaming = {**tokenizer, "is_streaming": "false"}
+        pools = config.pools
+        used = scheduler.used_tokens()
+        full_usage = used / pools.max_total_num_tokens
+        # Running requests' state slots; the draft snapshots have their own buffer.
+        mamba_usage = scheduler.running * config.launch_settings.state_slots_per_request / pools.max_mamba_cache_size
+        gauges = {
+            "num_running_reqs": scheduler.running,
+            "num_queue_reqs": len(scheduler.waiting),
+            "gen_throughput": scheduler.gen_throughput(),
+            "cache_hit_rate": 0.0,
+            "token_usage": max(full_usage, mamba_usage),
+            "full_token_usage": full_usage,
+            "mamba_usage": mamba_usage,
+            "num_used_tokens": used,
+        }
+        if config.speculative:
+            tokens, verify, correct = (
+                (sum(column) for column in zip(*stats.spec_window)) if stats.spec_window else (0, 0, 0)
+            )
+            draft = config.spec_draft_tokens
+            gauges["spec_accept_length"] = tokens / verify if verify else 0.0
+            gauges["spec_accept_rate"] = correct / (verify * (draft - 1)) if verify else 0.0
+            gauges["spec_num_steps"] = draft - 1
+            gauges["spec_num_draft_tokens"] = draft
+        for name, value in gauges.items():
+            yield _gauge(name, value, scheduler_labels)
+        retracted = sum(1 for job in scheduler.waiting if job.retractions)
+        # Retraction mode "all": a series per process.
+        yield _gauge("num_retracted_reqs", retracted, {**scheduler_labels, "pid": str(os.getpid())})
+        yield _counter("num_retracted_requests", scheduler.retracted, scheduler_labels)
+        yield _gauge("new_token_ratio", scheduler.new_token_ratio(), scheduler_labels)
+        yield _gauge("max_total_num_tokens", pools.max_total_num_tokens, scheduler_labels)
+        yield _gauge("context_len", config.context_length, scheduler_labels)
+        counters = stats.counters
+        yield _counter("prompt_tokens", counters["prompt_tokens"], streaming)
+        yield _counter("generation_tokens", counters["generation_tokens"], streaming)
+        yield _counter("num_requests", counters["requests"], streaming)
+        yield _counter("num_aborted_requests", counters["aborted"], tokenizer)
+        if config.speculative:
+            yield _counter("spec_verify_calls", counters["verify_calls"], tokenizer)
+        latency = HistogramMetricFamily(
+            f"sglang:{_E2E_LATENCY}", proto.METRIC_HELP[_E2E_LATENCY], labels=list(streaming)
         )
-        draft = config.spec_draft_tokens
-        out.gauge("spec_accept_length", tokens / verify if verify else 0.0, labels)
-        out.gauge("spec_accept_rate", correct / (verify * (draft - 1)) if verify else 0.0, labels)
-        out.gauge("spec_num_steps", draft - 1, labels)
-        out.gauge("spec_num_draft_tokens", draft, labels)
-    retracted = sum(1 for job in scheduler.waiting if job.retractions)
-    out.gauge("num_retracted_reqs", retracted, {**labels, "pid": str(os.getpid())})  # mode "all": a series per process
-    out.counter("num_retracted_requests_total", scheduler.retracted, labels)
-    out.gauge("new_token_ratio", scheduler.new_token_ratio(), labels)
-    out.gauge("max_total_num_tokens", pools.max_total_num_tokens, labels)
-    out.gauge("context_len", config.context_length, labels)
-    counters = stats.counters
-    out.counter("prompt_tokens_total", counters["prompt_tokens"], streaming)
-    out.counter("generation_tokens_total", counters["generation_tokens"], streaming)
-    out.counter("num_requests_total", counters["requests"], streaming)
-    out.counter("num_aborted_requests_total", counters["aborted"], tokenizer)
-    if config.speculative:
-        out.counter("spec_verify_calls_total", counters["verify_calls"], tokenizer)
-    buckets = list(zip([*_E2E_BUCKETS, math.inf], accumulate(stats.e2e_counts)))
-    out.histogram("e2e_request_latency_seconds", buckets, stats.e2e_sum, streaming)
-    return out.text()
+        buckets = [
+            (floatToGoString(bound), count)
+            for bound, count in zip([*_E2E_BUCKETS, math.inf], accumulate(stats.e2e_counts))
+        ]
+        latency.add_metric(list(streaming.values()), buckets, stats.e2e_sum)
+        yield latency
+
+
+_E2E_LATENCY = "e2e_request_latency_seconds"
+
+
+def _gauge(name: str, value: float, labels: dict[str, str]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(f"sglang:{name}", proto.METRIC_HELP[name], labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family
+
+
+def _counter(name: str, value: float, labels: dict[str, str]) -> CounterMetricFamily:
+    """`name` without `_total`: the exposition adds it, as prometheus_client does for every counter."""
+    family = CounterMetricFamily(f"sglang:{name}", proto.METRIC_HELP[f"{name}_total"], labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family
 
 
 def _redacted_argv() -> list[str]:

@@ -75,6 +75,7 @@ class Simulator:
         self.started_wall = time.time()
         self.scheduler = Scheduler(config, self.faults, self.started_at)
         self.stats = sim_ops.Stats()
+        self.metrics_collector = sim_ops.SimMetrics(config, self.scheduler, self.stats)
         self.request_log: list[list] = []
         self._tokenizer: Any = None
         self.faults.arm_crash_timer(self.loop)
@@ -367,7 +368,7 @@ class Simulator:
     async def metrics(self, request: web.Request) -> web.Response:
         if not self.config.enable_metrics:
             return web.Response(status=404, text="Not Found")
-        text = sim_ops.exposition(self.config, self.scheduler, self.stats)
+        text = self.metrics_collector.exposition()
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     # ---- /_sim admin routes ----

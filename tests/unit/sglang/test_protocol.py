@@ -9,6 +9,7 @@ import pytest
 
 from dagster_project.sglang import client
 from dagster_project.sglang import protocol as proto
+from tests.support.paths import require_shared
 
 # The literal §1.6 example response (output_ids shortened there; here they are as long as claimed).
 REFERENCE_META = {
@@ -132,10 +133,27 @@ def test_metrics_exposition_is_parsed_and_summed_over_label_sets():
         "# TYPE sglang:num_running_reqs gauge\n"
         'sglang:num_running_reqs{engine_type="unified",model_name="m",dp_rank="0"} 41.0\n'
         'sglang:num_running_reqs{engine_type="unified",model_name="m",dp_rank="1"} 1.0\n'
+        "# TYPE sglang:generation_tokens_total counter\n"
         'sglang:generation_tokens_total{engine_type="unified",is_streaming="false",model_name="m"} 1.234567e+07\n'
     )
     metrics = proto.parse_metrics(text)
     assert metrics == {"sglang:num_running_reqs": 42.0, "sglang:generation_tokens_total": 12345670.0}
+    assert proto.reported_load(metrics) is None  # no queue gauge: the load is unknown, not zero
+
+
+def test_a_recorded_sglang_exposition_is_parsed():
+    """The literal /metrics sample of the SGLang reference (scheduler and tokenizer metrics of one TP rank)."""
+    reference = require_shared("reference", "sglang.md").read_text()
+    sample = reference.split("Literal exposition", 1)[1].split("```", 2)[1]
+    metrics = proto.parse_metrics(sample)
+    assert metrics["sglang:num_running_reqs"] == 41 and metrics["sglang:num_queue_reqs"] == 87
+    assert metrics["sglang:generation_tokens_total"] == 12_345_670
+    assert proto.reported_load(metrics) == 128
+
+
+def test_text_that_is_not_an_exposition_is_refused():
+    with pytest.raises(ValueError):
+        proto.parse_metrics("<html>502 Bad Gateway</html>\n")
 
 
 @pytest.mark.parametrize(
