@@ -1,9 +1,9 @@
 # No `from __future__ import annotations` here: Dagster 1.13 cannot resolve a string-annotated Config parameter.
 import dagster as dg
 
-from dagster_project.assets.specforge_export import ExportConfig
+from dagster_project.assets.specforge_export import ExportConfig, export_partition
 from dagster_project.assets.training_set import training_set
-from dagster_project.partitions import open_shard, shard_partitions
+from dagster_project.partitions import FOLLOWS_ITS_SHARD, shard_partitions
 from dagster_project.resources import DatasetStore
 from dagster_project.training.hf_export import CARD_KEY, export_hf_shard
 
@@ -12,6 +12,7 @@ from dagster_project.training.hf_export import CARD_KEY, export_hf_shard
     partitions_def=shard_partitions,
     deps=[training_set],
     group_name="shards",
+    automation_condition=FOLLOWS_ITS_SHARD,
     kinds={"parquet"},
     description=(
         "Hugging Face `datasets` Parquet layout of one training shard (exports/hf/data/), and the dataset card "
@@ -20,16 +21,7 @@ from dagster_project.training.hf_export import CARD_KEY, export_hf_shard
     ),
 )
 def hf_export(context: dg.AssetExecutionContext, config: ExportConfig, store: DatasetStore) -> dg.MaterializeResult:
-    shard, data = open_shard(context, store)
-    written = export_hf_shard(
-        data,
-        shard,
-        store.local_dir() / "staging",
-        override_failed_gates=config.override_failed_gates,
-        options=config.to_dataclass(),
-    )
-    for gate, message in written.overridden.items():
-        context.log.warning(f"shard {shard}: failed training gate {gate} overridden by config: {message}")
+    written, data = export_partition(context, config, store, export_hf_shard)
     return dg.MaterializeResult(
         metadata={
             "rows": written.rows,

@@ -1,4 +1,7 @@
 # No `from __future__ import annotations` here: Dagster 1.13 cannot resolve a string-annotated Config parameter.
+from collections.abc import Callable
+from typing import Any
+
 import dagster as dg
 from pydantic import Field
 
@@ -19,6 +22,24 @@ class ExportConfig(config_fields(ExportOptions, dg.Config)):
     )
 
 
+def export_partition(
+    context: dg.AssetExecutionContext, config: ExportConfig, store: DatasetStore, export: Callable[..., Any]
+) -> tuple[Any, Any]:
+    """Run one exporter on the context's shard, warning about every failed gate the config overrode; return what
+    it wrote and the store it wrote to."""
+    shard, data = open_shard(context, store)
+    written = export(
+        data,
+        shard,
+        store.local_dir() / "staging",
+        override_failed_gates=config.override_failed_gates,
+        options=config.to_dataclass(),
+    )
+    for gate, message in written.overridden.items():
+        context.log.warning(f"shard {shard}: failed training gate {gate} overridden by config: {message}")
+    return written, data
+
+
 @dg.asset(
     partitions_def=shard_partitions,
     deps=[training_set],
@@ -33,16 +54,7 @@ class ExportConfig(config_fields(ExportOptions, dg.Config)):
 def specforge_export(
     context: dg.AssetExecutionContext, config: ExportConfig, store: DatasetStore
 ) -> dg.MaterializeResult:
-    shard, data = open_shard(context, store)
-    written = export_shard(
-        data,
-        shard,
-        store.local_dir() / "staging",
-        override_failed_gates=config.override_failed_gates,
-        options=config.to_dataclass(),
-    )
-    for gate, message in written.overridden.items():
-        context.log.warning(f"shard {shard}: failed training gate {gate} overridden by config: {message}")
+    written, data = export_partition(context, config, store, export_shard)
     return dg.MaterializeResult(
         metadata={
             "rows": written.rows,
