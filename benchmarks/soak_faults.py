@@ -29,6 +29,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -151,6 +152,18 @@ class Soak:
         )
         log.close()
         return process
+
+    def operator_status(self) -> None:
+        """`dflash status`, as the operator runs it after a kill: it fails the dead runs and frees their pool
+        slots (a SIGKILLed CLI run is ended by nothing else without a daemon)."""
+        subprocess.run(
+            [sys.executable, "-m", "dagster_project.cli", "status"],
+            env={**self.env, "DFLASH_SGLANG_ENDPOINTS": self.endpoints(HEALTHY, FAULTY)},
+            cwd=self.root,
+            capture_output=True,
+            check=True,
+            timeout=300,
+        )
 
     def published(self, shard: int) -> bool:
         return self.store.exists(f"completions/shard={shard:05d}/_manifest.json")
@@ -287,8 +300,9 @@ def fault_s3_hung(soak: Soak, result: FaultResult) -> None:
 
 
 def fault_sigkills(soak: Soak, result: FaultResult, kills: int) -> None:
-    """SIGKILL to a run's whole process group at a random moment, over all of this fault's shards at once;
-    a shard whose run publishes before its kill stops taking kills. Every shard is then rerun to the end."""
+    """SIGKILL to a run's whole process group at a random moment, over all of this fault's shards at once,
+    each kill followed by `dflash status`; a shard whose run publishes before its kill stops taking kills.
+    Every shard is then rerun to the end."""
     lock = threading.Lock()
 
     def kill_loop(shard: int) -> None:
@@ -310,6 +324,7 @@ def fault_sigkills(soak: Soak, result: FaultResult, kills: int) -> None:
                 process.wait()
                 with lock:
                     result.kills += 1
+                soak.operator_status()
 
     with ThreadPoolExecutor(len(result.shards)) as pool:
         list(pool.map(kill_loop, result.shards))
@@ -348,6 +363,11 @@ def verify(soak: Soak, result: FaultResult) -> None:
         result.errors += sum(row["status"] != "ok" for row in rows)
         received = collections.Counter(e["input_hash"] for _, e in soak.logs.received(soak.prompt_hashes(shard)))
         result.resent += sum(n - 1 for n in received.values())
+    if result.kills:
+        result.note = (
+            f"{result.resent / result.kills:.1f} re-sent per kill (bound: one window, {WINDOW}); "
+            "`dflash status` after each kill fails the dead run and frees its pool slot"
+        )
 
 
 # ---- the workload ----------------------------------------------------------------------------------------------
