@@ -58,6 +58,9 @@ CAP = 8  # running requests per server
 # ~330 events on two servers of 8 takes about a minute. 48..160 tokens pass the completions gates.
 SIM = {"output_len": "uniform:48:160", "max_running_requests": CAP, "decode_step_s": 0.05, "ttft_s": 0.05}
 WINDOW = 2 * math.ceil(CAP * DispatchOptions().oversubscription)  # in flight per shard run on two servers
+# Share of kills timed from the run's first journaled answer rather than from its process start: on a busy
+# machine a run's start-up alone can outlast any fixed delay, and kills there re-send nothing.
+GENERATION_KILLS = 0.8
 RUN_TIMEOUT_S = 900  # one run of one shard; a run past this is a hang of the product, killed and reported
 HEALTHY, FAULTY, SPARE = 0, 1, 2  # server roles; SPARE replaces FAULTY for the crash (a crashed server stays down)
 
@@ -312,9 +315,23 @@ def fault_sigkills(soak: Soak, result: FaultResult, kills: int) -> None:
                     return
                 result.runs += 1
                 tag = f"kill-{result.runs}"
+            journaled_before = soak.journaled(shard)
             process = soak.start_run(shard, (HEALTHY, FAULTY), tag)
+            with lock:
+                during_generation = soak.rng.random() < GENERATION_KILLS
+                # Short enough that the kill shards (a few hundred events each) take all the kills unpublished.
+                moment_s = soak.rng.uniform(0.0, 8.0 if during_generation else 20.0)
+            if during_generation:  # the clock starts at the run's first journaled answer, however slow its start
+                wait_until(
+                    lambda before=journaled_before, run=process: (
+                        soak.journaled(shard) > before or run.poll() is not None
+                    ),
+                    timeout_s=RUN_TIMEOUT_S,
+                    interval_s=0.1,
+                    what=f"shard {shard}'s run to generate",
+                )
             try:  # a random moment: start-up, generation, checkpoint or publish
-                process.wait(timeout=soak.rng.uniform(2.0, 25.0))
+                process.wait(timeout=moment_s)
                 if process.returncode != 0:
                     with lock:
                         result.failed_runs += 1
