@@ -427,7 +427,7 @@ def run(args: argparse.Namespace) -> list[FaultResult]:
         logs = RequestLogs(fleet.urls)
         soak = Soak(root, env, fleet, proxy, store, logs, rng, args.shards)
         plan(soak)
-        results = inject_all(soak, args.kills)
+        results = inject_all(soak, args.kills, [] if args.kills_only else SCENARIOS)
         logs.close()
         proxy.close()
     return results
@@ -450,12 +450,12 @@ SCENARIOS: list[tuple[str, Callable[[Soak, FaultResult], None]]] = [
 ]
 
 
-def inject_all(soak: Soak, kills: int) -> list[FaultResult]:
+def inject_all(soak: Soak, kills: int, scenarios: Sequence[tuple[str, Callable]]) -> list[FaultResult]:
     results = []
-    for shard, (name, scenario) in enumerate(SCENARIOS):
+    for shard, (name, scenario) in enumerate(scenarios):
         results.append(FaultResult(name, [shard]))
         timed(soak, results[-1], lambda r, s=scenario: s(soak, r))
-    kill_shards = list(range(len(SCENARIOS), soak.num_shards))
+    kill_shards = list(range(len(scenarios), soak.num_shards))
     results.append(FaultResult("SIGKILL of the run at random moments", kill_shards))
     timed(soak, results[-1], lambda r: fault_sigkills(soak, r, kills))
     return results
@@ -494,8 +494,9 @@ def report(results: list[FaultResult], args: argparse.Namespace, elapsed_s: floa
             f"| {seconds(r.finish_s)} | {r.note} |"
         )
     command = f"python -m benchmarks.soak_faults --prompts {args.prompts} --shards {args.shards} --kills {args.kills}"
+    command += " --kills-only" if args.kills_only else ""
     return (
-        f"`{command}` (`make soak`): {args.prompts:,} prompts, {events:,} planned events over {args.shards} shards, "
+        f"`{command}`: {args.prompts:,} prompts, {events:,} planned events over {args.shards} shards, "
         f"simulated servers of {CAP} running requests (in-flight window of a shard run on two servers: {WINDOW}), "
         f"S3 on moto behind a fault proxy. The whole soak took {elapsed_s / 60:.1f} min.\n\n" + "\n".join(lines)
     )
@@ -507,21 +508,24 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=12, help=f"{len(SCENARIOS)} go to faults, the rest to kills")
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--kills-only", action="store_true", help="no other faults: every shard takes kills (a table of its own)"
+    )
     parser.add_argument("--write", action="store_true", help="write the table into RELIABILITY.md")
     args = parser.parse_args()
-    if args.shards <= len(SCENARIOS):
+    if args.shards <= (0 if args.kills_only else len(SCENARIOS)):
         parser.error(f"--shards must leave shards for the kills (> {len(SCENARIOS)})")
     started = time.monotonic()
     results = run(args)
     table = report(results, args, time.monotonic() - started)
     print(table)
     if args.write:
-        write_table(table)
+        write_table(table, "soak:kills" if args.kills_only else "soak:faults")
 
 
-def write_table(table: str) -> None:
-    """Replace the soak's section of RELIABILITY.md (between its markers), leaving the prose around it."""
-    start, end = "<!-- soak:faults -->", "<!-- /soak:faults -->"
+def write_table(table: str, section_name: str) -> None:
+    """Replace a section of RELIABILITY.md (between its markers), leaving the prose around it."""
+    start, end = f"<!-- {section_name} -->", f"<!-- /{section_name} -->"
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     section = f"{start}\n{table}\n\n_Measured {stamp} on {machine()}, shared with other work._\n{end}"
     text = RELIABILITY_MD.read_text()
