@@ -29,6 +29,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -57,6 +58,9 @@ CAP = 8  # running requests per server
 # ~330 events on two servers of 8 takes about a minute. 48..160 tokens pass the completions gates.
 SIM = {"output_len": "uniform:48:160", "max_running_requests": CAP, "decode_step_s": 0.05, "ttft_s": 0.05}
 WINDOW = 2 * math.ceil(CAP * DispatchOptions().oversubscription)  # in flight per shard run on two servers
+# Share of kills timed from the run's first journaled answer rather than from its process start: on a busy
+# machine a run's start-up alone can outlast any fixed delay, and kills there re-send nothing.
+GENERATION_KILLS = 0.8
 RUN_TIMEOUT_S = 900  # one run of one shard; a run past this is a hang of the product, killed and reported
 HEALTHY, FAULTY, SPARE = 0, 1, 2  # server roles; SPARE replaces FAULTY for the crash (a crashed server stays down)
 
@@ -151,6 +155,18 @@ class Soak:
         )
         log.close()
         return process
+
+    def operator_status(self) -> None:
+        """`dflash status`, as the operator runs it after a kill: it fails the dead runs and frees their pool
+        slots (a SIGKILLed CLI run is ended by nothing else without a daemon)."""
+        subprocess.run(
+            [sys.executable, "-m", "dagster_project.cli", "status"],
+            env={**self.env, "DFLASH_SGLANG_ENDPOINTS": self.endpoints(HEALTHY, FAULTY)},
+            cwd=self.root,
+            capture_output=True,
+            check=True,
+            timeout=300,
+        )
 
     def published(self, shard: int) -> bool:
         return self.store.exists(f"completions/shard={shard:05d}/_manifest.json")
@@ -287,8 +303,9 @@ def fault_s3_hung(soak: Soak, result: FaultResult) -> None:
 
 
 def fault_sigkills(soak: Soak, result: FaultResult, kills: int) -> None:
-    """SIGKILL to a run's whole process group at a random moment, over all of this fault's shards at once;
-    a shard whose run publishes before its kill stops taking kills. Every shard is then rerun to the end."""
+    """SIGKILL to a run's whole process group at a random moment, over all of this fault's shards at once,
+    each kill followed by `dflash status`; a shard whose run publishes before its kill stops taking kills.
+    Every shard is then rerun to the end."""
     lock = threading.Lock()
 
     def kill_loop(shard: int) -> None:
@@ -298,9 +315,23 @@ def fault_sigkills(soak: Soak, result: FaultResult, kills: int) -> None:
                     return
                 result.runs += 1
                 tag = f"kill-{result.runs}"
+            journaled_before = soak.journaled(shard)
             process = soak.start_run(shard, (HEALTHY, FAULTY), tag)
+            with lock:
+                during_generation = soak.rng.random() < GENERATION_KILLS
+                # Short enough that the kill shards (a few hundred events each) take all the kills unpublished.
+                moment_s = soak.rng.uniform(0.0, 8.0 if during_generation else 20.0)
+            if during_generation:  # the clock starts at the run's first journaled answer, however slow its start
+                wait_until(
+                    lambda before=journaled_before, run=process: (
+                        soak.journaled(shard) > before or run.poll() is not None
+                    ),
+                    timeout_s=RUN_TIMEOUT_S,
+                    interval_s=0.1,
+                    what=f"shard {shard}'s run to generate",
+                )
             try:  # a random moment: start-up, generation, checkpoint or publish
-                process.wait(timeout=soak.rng.uniform(2.0, 25.0))
+                process.wait(timeout=moment_s)
                 if process.returncode != 0:
                     with lock:
                         result.failed_runs += 1
@@ -310,6 +341,7 @@ def fault_sigkills(soak: Soak, result: FaultResult, kills: int) -> None:
                 process.wait()
                 with lock:
                     result.kills += 1
+                soak.operator_status()
 
     with ThreadPoolExecutor(len(result.shards)) as pool:
         list(pool.map(kill_loop, result.shards))
@@ -348,6 +380,11 @@ def verify(soak: Soak, result: FaultResult) -> None:
         result.errors += sum(row["status"] != "ok" for row in rows)
         received = collections.Counter(e["input_hash"] for _, e in soak.logs.received(soak.prompt_hashes(shard)))
         result.resent += sum(n - 1 for n in received.values())
+    if result.kills:
+        result.note = (
+            f"{result.resent / result.kills:.1f} re-sent per kill (bound: one window, {WINDOW}); "
+            "`dflash status` after each kill fails the dead run and frees its pool slot"
+        )
 
 
 # ---- the workload ----------------------------------------------------------------------------------------------
@@ -390,7 +427,7 @@ def run(args: argparse.Namespace) -> list[FaultResult]:
         logs = RequestLogs(fleet.urls)
         soak = Soak(root, env, fleet, proxy, store, logs, rng, args.shards)
         plan(soak)
-        results = inject_all(soak, args.kills)
+        results = inject_all(soak, args.kills, [] if args.kills_only else SCENARIOS)
         logs.close()
         proxy.close()
     return results
@@ -413,12 +450,12 @@ SCENARIOS: list[tuple[str, Callable[[Soak, FaultResult], None]]] = [
 ]
 
 
-def inject_all(soak: Soak, kills: int) -> list[FaultResult]:
+def inject_all(soak: Soak, kills: int, scenarios: Sequence[tuple[str, Callable]]) -> list[FaultResult]:
     results = []
-    for shard, (name, scenario) in enumerate(SCENARIOS):
+    for shard, (name, scenario) in enumerate(scenarios):
         results.append(FaultResult(name, [shard]))
         timed(soak, results[-1], lambda r, s=scenario: s(soak, r))
-    kill_shards = list(range(len(SCENARIOS), soak.num_shards))
+    kill_shards = list(range(len(scenarios), soak.num_shards))
     results.append(FaultResult("SIGKILL of the run at random moments", kill_shards))
     timed(soak, results[-1], lambda r: fault_sigkills(soak, r, kills))
     return results
@@ -457,8 +494,9 @@ def report(results: list[FaultResult], args: argparse.Namespace, elapsed_s: floa
             f"| {seconds(r.finish_s)} | {r.note} |"
         )
     command = f"python -m benchmarks.soak_faults --prompts {args.prompts} --shards {args.shards} --kills {args.kills}"
+    command += " --kills-only" if args.kills_only else ""
     return (
-        f"`{command}` (`make soak`): {args.prompts:,} prompts, {events:,} planned events over {args.shards} shards, "
+        f"`{command}`: {args.prompts:,} prompts, {events:,} planned events over {args.shards} shards, "
         f"simulated servers of {CAP} running requests (in-flight window of a shard run on two servers: {WINDOW}), "
         f"S3 on moto behind a fault proxy. The whole soak took {elapsed_s / 60:.1f} min.\n\n" + "\n".join(lines)
     )
@@ -470,21 +508,24 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=12, help=f"{len(SCENARIOS)} go to faults, the rest to kills")
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--kills-only", action="store_true", help="no other faults: every shard takes kills (a table of its own)"
+    )
     parser.add_argument("--write", action="store_true", help="write the table into RELIABILITY.md")
     args = parser.parse_args()
-    if args.shards <= len(SCENARIOS):
+    if args.shards <= (0 if args.kills_only else len(SCENARIOS)):
         parser.error(f"--shards must leave shards for the kills (> {len(SCENARIOS)})")
     started = time.monotonic()
     results = run(args)
     table = report(results, args, time.monotonic() - started)
     print(table)
     if args.write:
-        write_table(table)
+        write_table(table, "soak:kills" if args.kills_only else "soak:faults")
 
 
-def write_table(table: str) -> None:
-    """Replace the soak's section of RELIABILITY.md (between its markers), leaving the prose around it."""
-    start, end = "<!-- soak:faults -->", "<!-- /soak:faults -->"
+def write_table(table: str, section_name: str) -> None:
+    """Replace a section of RELIABILITY.md (between its markers), leaving the prose around it."""
+    start, end = f"<!-- {section_name} -->", f"<!-- /{section_name} -->"
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     section = f"{start}\n{table}\n\n_Measured {stamp} on {machine()}, shared with other work._\n{end}"
     text = RELIABILITY_MD.read_text()

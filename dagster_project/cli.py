@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import psutil
 
 from dagster_project.conversations.shards import published_num_shards
 from dagster_project.generation import fleet_registry
@@ -54,27 +55,55 @@ def _materialized_shards() -> set[int] | None:
 
 
 def _fail_dead_runs(dead_runs: list[Any]) -> list[str]:
-    """Mark failed the Dagster runs still STARTED whose worker this host saw gone (killed: nothing else would
-    ever end them); return their ids. Runs on other hosts are left to their own run monitoring."""
+    """Mark failed the Dagster runs still STARTED whose process this host saw gone (killed: nothing else would
+    ever end them), and give back their pool slots; return their ids.
+
+    Two ways to know a run is dead: its shard's heartbeat names a pid on this host that is gone, or (before it
+    wrote any heartbeat: killed while starting, holding a slot of the fleet's pool) every process its events
+    came from is gone. The second is only sound when the instance's storage is this host's SQLite file, so
+    every run process of the instance ran here; runs on other hosts are left to their own run monitoring."""
     home = os.environ.get("DAGSTER_HOME")
-    candidates = [dead for dead in dead_runs if dead.process_checked and dead.run_id]
-    if not candidates or not home or not Path(home).is_dir():
+    if not home or not Path(home).is_dir():
         return []
     marked = []
     with dg.DagsterInstance.get() as instance:
-        for dead in candidates:
-            run = instance.get_run_by_id(dead.run_id)
+        reasons = {
+            dead.run_id: f"the run's process (pid {dead.pid} on {dead.host}) is gone: it was killed while it "
+            f"generated shard {dead.shard} (seen by dflash status)"
+            for dead in dead_runs
+            if dead.process_checked and dead.run_id
+        }
+        if _storage_is_local(instance):
+            for run_id in instance.event_log_storage.get_concurrency_run_ids() - reasons.keys():
+                pids = _run_process_ids(instance, run_id)
+                if pids and not any(psutil.pid_exists(pid) for pid in pids):
+                    reasons[run_id] = (
+                        f"the run's processes (pids {', '.join(map(str, sorted(pids)))}) are gone while it held a "
+                        f"slot of a concurrency pool: it was killed (seen by dflash status)"
+                    )
+        for run_id, reason in reasons.items():
+            run = instance.get_run_by_id(run_id)
             if run is not None and run.status in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
-                instance.report_run_failed(
-                    run,
-                    f"the run's process (pid {dead.pid} on {dead.host}) is gone: it was killed while it generated "
-                    f"shard {dead.shard} (seen by dflash status). Materialize the shard again: it resumes from its "
-                    "journal.",
-                )
+                instance.report_run_failed(run, f"{reason}. Materialize the shard again: it resumes from its journal.")
                 # A killed run never gives back its pool slot: without this, shard runs queue behind dead ones.
-                instance.event_log_storage.free_concurrency_slots_for_run(dead.run_id)
-                marked.append(dead.run_id)
+                instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+                marked.append(run_id)
     return marked
+
+
+def _storage_is_local(instance: dg.DagsterInstance) -> bool:
+    ref = instance.get_ref()
+    storage = ref.storage_data or ref.run_storage_data
+    return storage is not None and "sqlite" in storage.class_name.lower()
+
+
+def _run_process_ids(instance: dg.DagsterInstance, run_id: str) -> set[int]:
+    """The processes a run's events came from: its run process and its step workers."""
+    return {
+        entry.dagster_event.pid
+        for entry in instance.all_logs(run_id)
+        if entry.dagster_event is not None and entry.dagster_event.pid
+    }
 
 
 def cmd_status(args: argparse.Namespace, resources: Any) -> int:

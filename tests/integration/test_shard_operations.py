@@ -12,6 +12,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -146,6 +147,24 @@ def test_sigkill_mid_shard_then_rerun_gives_every_event_exactly_once(pipeline, s
         for event, output in zip(batch.column("event_id").to_pylist(), batch.column("output_ids").to_pylist())
     }
     assert all(published[e] == r["output_ids"] for e, r in before.items())
+
+
+def test_a_run_killed_while_starting_gives_back_its_pool_slot(pipeline, sim_fleet):
+    """Killed before it wrote any heartbeat (here: waiting on a server that accepts and never answers), a run
+    still holds its slot of the fleet's pool; `dflash status` sees its processes gone, fails it, frees the slot."""
+    store, env = pipeline
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        run = materialize_shard(env, 3, [f"http://127.0.0.1:{silent.getsockname()[1]}"])
+        with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+            wait_until(lambda: instance.event_log_storage.get_concurrency_run_ids(), timeout_s=120, what="a pool slot")
+            (run_id,) = instance.event_log_storage.get_concurrency_run_ids()
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    assert heartbeat(store, 3) == {}
+    dflash_status(env, sim_fleet(1).urls)
+    with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.FAILURE
+        assert instance.event_log_storage.get_concurrency_run_ids() == set()
 
 
 def heartbeat(store, shard: int) -> dict:
