@@ -42,13 +42,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def postgres_server():
+def postgres_cluster():
     """A real PostgreSQL server on loopback for the session (the Postgres-backed Dagster instance's tests)."""
     bin_dir = postgres_bin_dir()
     if bin_dir is None:
         pytest.skip("no PostgreSQL server binaries (initdb, postgres) on PATH or in /usr/lib/postgresql/*/bin")
     with running_postgres(bin_dir) as server:
         yield server
+
+
+@pytest.fixture
+def postgres_server(postgres_cluster):
+    """The session's PostgreSQL server with a database of this test's own."""
+    return postgres_cluster.fresh_database(f"test_{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture(scope="session")

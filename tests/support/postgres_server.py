@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dagster_project.sglang.launch import free_ports
@@ -60,6 +60,20 @@ class PostgresServer:
     host: str
     port: int
     data_dir: Path
+    database: str = DATABASE
+
+    def fresh_database(self, name: str) -> PostgresServer:
+        """The same server with a new, empty database `name` (each test's instance starts from nothing: no
+        runs, no pool slots held by another test's killed runs)."""
+        import psycopg2
+
+        connection = psycopg2.connect(self.psql_url("postgres"))
+        try:
+            connection.autocommit = True  # CREATE DATABASE cannot run inside a transaction
+            connection.cursor().execute(f'CREATE DATABASE "{name}" OWNER {USER}')
+        finally:
+            connection.close()
+        return replace(self, database=name)
 
     @property
     def env(self) -> dict[str, str]:
@@ -69,11 +83,11 @@ class PostgresServer:
             "DAGSTER_PG_PORT": str(self.port),
             "DAGSTER_PG_USER": USER,
             "DAGSTER_PG_PASSWORD": "",
-            "DAGSTER_PG_DB": DATABASE,
+            "DAGSTER_PG_DB": self.database,
         }
 
-    def psql_url(self, database: str = DATABASE) -> str:
-        return f"postgresql://{USER}@{self.host}:{self.port}/{database}"
+    def psql_url(self, database: str | None = None) -> str:
+        return f"postgresql://{USER}@{self.host}:{self.port}/{database or self.database}"
 
 
 def _accepts_connections(server: PostgresServer, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
