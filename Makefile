@@ -29,7 +29,7 @@ demo: venv
 test: lint
 	$(BIN)/python -m pytest -q
 
-# The unit tests alone (tests/unit/, ~20 s). Skips everything marked `integration` (all of tests/integration/):
+# The unit tests alone (tests/unit/, ~1.5 min on 2 cores). Skips everything marked `integration` (all of tests/integration/):
 # the tests that drive Dagster (its CLI, `dagster dev`, an instance) or start servers: the moto S3 server,
 # simulator fleets, the real sglang-router, fault injection, the CLI pipeline.
 test-fast: venv

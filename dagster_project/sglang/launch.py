@@ -556,6 +556,10 @@ def _terminate(members: Sequence[Member], timeout_s: float) -> list[str]:
             os.killpg(member.pid, signal.SIGKILL)  # children the server left behind, or a server that ignored SIGTERM
     for member in members:
         _reap(member.pid)
+    # A SIGKILLed process is gone only once the kernel has torn it down: callers may check at once.
+    gone_by = time.monotonic() + 5.0
+    while any(member.process() is not None for member, _ in live) and time.monotonic() < gone_by:
+        time.sleep(0.05)
     return [member.name for member, _ in live]
 
 
