@@ -98,12 +98,11 @@ def _storage_is_local(instance: dg.DagsterInstance) -> bool:
 
 
 def _run_process_ids(instance: dg.DagsterInstance, run_id: str) -> set[int]:
-    """The processes a run's events came from: its run process and its step workers."""
-    return {
-        entry.dagster_event.pid
-        for entry in instance.all_logs(run_id)
-        if entry.dagster_event is not None and entry.dagster_event.pid
-    }
+    """The processes a run's events came from: its run process and its step workers (read from the few events
+    that start them, not the run's whole log of progress observations)."""
+    starts = {dg.DagsterEventType.RUN_START, dg.DagsterEventType.ENGINE_EVENT, dg.DagsterEventType.STEP_WORKER_STARTED}
+    records = instance.get_records_for_run(run_id, of_type=starts).records
+    return {record.event_log_entry.dagster_event.pid for record in records if record.event_log_entry.dagster_event.pid}
 
 
 def cmd_status(args: argparse.Namespace, resources: Any) -> int:

@@ -680,10 +680,32 @@ def collect_status(
     `cost`: the fleet's price; `thresholds`: when to raise an alert."""
     now = time.time() if now is None else now
     readings = take_readings(store, endpoints, api_key=api_key, now=now)
+    return answer_all(
+        store,
+        readings,
+        current_fingerprint=current_fingerprint,
+        materialized=materialized,
+        cost=cost,
+        thresholds=thresholds,
+        endpoints_known=bool(endpoints),
+    )
+
+
+def answer_all(
+    store: Store,
+    readings: Readings,
+    *,
+    current_fingerprint: str | None,
+    materialized: set[int] | None,
+    cost: FleetCost,
+    thresholds: AlertThresholds,
+    endpoints_known: bool,
+) -> Status:
+    """Every answer, the cost and the alerts from one set of readings."""
     progress, mtp, concurrency = answer_progress(readings), answer_mtp(readings), answer_concurrency(readings)
     storage = answer_storage(store, readings, current_fingerprint, materialized)
     return Status(
-        collected_at=now,
+        collected_at=readings.now,
         progress=progress,
         mtp=mtp,
         concurrency=concurrency,
@@ -692,7 +714,7 @@ def collect_status(
         multi_turn=answer_multi_turn(readings),
         cost=answer_cost(cost, progress, servers=len(readings.fleet)),
         alerts=raise_alerts(
-            progress, mtp, concurrency, storage, endpoints_known=bool(endpoints), thresholds=thresholds
+            progress, mtp, concurrency, storage, endpoints_known=endpoints_known, thresholds=thresholds
         ),
     )
 

@@ -6,8 +6,6 @@ is renamed, dropped or stops blocking fails this test instead of silently weaken
 
 from __future__ import annotations
 
-import time
-
 import dagster as dg
 
 from dagster_project import settings
@@ -20,6 +18,7 @@ from tests.support.dagster_helpers import (
     SHARD_ASSETS,
     dagster_home,
 )
+from tests.support.heartbeats import heartbeat
 
 
 def test_definitions_load_and_validate():
@@ -104,7 +103,6 @@ def test_the_report_refresh_asks_for_a_run_only_while_shards_run(tmp_path):
     from dagster_aws.s3 import S3Resource
 
     from dagster_project.generation.heartbeat import this_process
-    from dagster_project.generation.progress import Heartbeat
     from dagster_project.resources import DatasetStore
     from dagster_project.store.dataclass_json import to_json
     from dagster_project.store.layout import progress_key
@@ -120,23 +118,7 @@ def test_the_report_refresh_asks_for_a_run_only_while_shards_run(tmp_path):
         assert not idle.run_requests and "no shard run" in idle.skip_reason.skip_message
 
         host, pid, started = this_process()
-        now = time.time()
-        running = Heartbeat(
-            shard=3,
-            state="running",
-            settings_fingerprint="f",
-            started_at=now - 60,
-            updated_at=now,
-            total_events=10,
-            resumed_events=0,
-            done_events=4,
-            remaining_events=6,
-            ok_events=4,
-            host=host,
-            pid=pid,
-            process_started_at=started,
-            heartbeat_interval_s=5.0,
-        )
+        running = heartbeat(3, host=host, pid=pid, process_started_at=started, heartbeat_interval_s=5.0)
         store.put_bytes(progress_key(3), to_json(running))
         with dg.build_sensor_context(instance=instance, resources=resources) as context:
             busy = sensor(context)

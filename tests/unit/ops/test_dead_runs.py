@@ -13,28 +13,21 @@ import time
 import psutil
 
 from dagster_project.generation.heartbeat import MISSED_BEATS, run_is_alive, this_process
-from dagster_project.generation.progress import Heartbeat
 from dagster_project.ops.status import collect_status, render_text
 from dagster_project.store.dataclass_json import to_json
 from dagster_project.store.layout import progress_key
 from dagster_project.store.storage import LocalStore
+from tests.support.heartbeats import heartbeat as run_heartbeat
 
 HOST, PID, STARTED = this_process()
 INTERVAL_S = 5.0
 
 
 def heartbeat(shard: int, *, host: str, pid: int, started_at: float | None, updated_at: float, state="running"):
-    return Heartbeat(
-        shard=shard,
+    return run_heartbeat(
+        shard,
         state=state,
-        settings_fingerprint="f",
-        started_at=updated_at - 30,
         updated_at=updated_at,
-        total_events=10,
-        resumed_events=0,
-        done_events=4,
-        remaining_events=6,
-        ok_events=4,
         host=host,
         pid=pid,
         process_started_at=started_at,

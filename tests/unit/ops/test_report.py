@@ -13,8 +13,6 @@ from dagster_project.ops.alerts import (
     NO_PRICE,
     AlertThresholds,
     FleetCost,
-    answer_cost,
-    raise_alerts,
 )
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.report import (
@@ -29,12 +27,7 @@ from dagster_project.ops.report import (
 from dagster_project.ops.status import (
     Readings,
     Status,
-    answer_concurrency,
-    answer_coverage,
-    answer_mtp,
-    answer_multi_turn,
-    answer_progress,
-    answer_storage,
+    answer_all,
     collect_status,
     render_text,
 )
@@ -98,20 +91,15 @@ def status_of(
     thresholds: AlertThresholds = DEFAULT_THRESHOLDS,
     tmp_path=None,
 ) -> Status:
-    now = time.time()
-    readings = Readings(now, 1, None, None, 100, {}, beats, fleet, plan, None)
-    progress, mtp, concurrency = answer_progress(readings), answer_mtp(readings), answer_concurrency(readings)
-    storage = answer_storage(LocalStore(tmp_path), readings, None, None)
-    return Status(
-        collected_at=now,
-        progress=progress,
-        mtp=mtp,
-        concurrency=concurrency,
-        storage=storage,
-        coverage=answer_coverage(readings),
-        multi_turn=answer_multi_turn(readings),
-        cost=answer_cost(cost, progress, servers=len(fleet)),
-        alerts=raise_alerts(progress, mtp, concurrency, storage, endpoints_known=bool(fleet), thresholds=thresholds),
+    readings = Readings(time.time(), 1, None, None, 100, {}, beats, fleet, plan, None)
+    return answer_all(
+        LocalStore(tmp_path),
+        readings,
+        current_fingerprint=None,
+        materialized=None,
+        cost=cost,
+        thresholds=thresholds,
+        endpoints_known=bool(fleet),
     )
 
 

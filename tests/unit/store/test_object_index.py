@@ -3,13 +3,11 @@ shard, kept right by its writers, and made to agree with the objects by the cove
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 from dagster_project.generation.heartbeat import read_heartbeats, write_heartbeat
-from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.status import collect_status
 from dagster_project.store import object_index
@@ -23,28 +21,13 @@ from dagster_project.store.manifest import (
     withdraw_shards,
 )
 from dagster_project.store.storage import LocalStore
+from tests.support.heartbeats import heartbeat
 
 
 def publish(store: LocalStore, tmp_path: Path, shard: int, rows: int = 1) -> CompletionsShardManifest:
     data = tmp_path / f"data-{shard}.parquet"
     data.write_bytes(b"rows" * rows)
     return publish_shard(store, CompletionsShardManifest(shard=shard, rows=rows), [("part-0.parquet", data)])
-
-
-def heartbeat(shard: int, state: str, done: int) -> Heartbeat:
-    now = time.time()
-    return Heartbeat(
-        shard=shard,
-        state=state,
-        settings_fingerprint="f",
-        started_at=now - 60,
-        updated_at=now,
-        total_events=10,
-        resumed_events=0,
-        done_events=done,
-        remaining_events=10 - done,
-        ok_events=done,
-    )
 
 
 class CountingStore(LocalStore):
@@ -96,7 +79,7 @@ def test_status_requests_grow_with_index_blocks_not_with_shards(tmp_path):
             data = to_json(replace(CompletionsShardManifest(shard=shard, rows=1), published_at=1.0))
             store.put_bytes(shard_manifest_key(COMPLETIONS, shard), data)
             object_index.record(store, shard_manifest_key(COMPLETIONS, shard), data)
-            write_heartbeat(store, heartbeat(shard, "published", 10), first=False)
+            write_heartbeat(store, heartbeat(shard, state="published", done=10), first=False)
         store.requests = 0
         status = collect_status(store, [])
         assert status.coverage.events_in_published_shards == 0  # no conversations: shards beyond the count
@@ -122,16 +105,16 @@ def test_concurrent_writers_of_one_index_block_lose_no_entry(tmp_path):
 
 def test_a_running_heartbeat_is_read_from_its_object_and_a_finished_one_from_the_index(tmp_path):
     store = CountingStore(tmp_path / "store")
-    write_heartbeat(store, heartbeat(7, "running", 1), first=True)
-    write_heartbeat(store, heartbeat(7, "running", 4), first=False)  # not indexed: readers fetch the object
+    write_heartbeat(store, heartbeat(7, state="running", done=1), first=True)
+    write_heartbeat(store, heartbeat(7, state="running", done=4), first=False)  # not indexed: readers fetch the object
     assert [b.done_events for b in read_heartbeats(store)] == [4]
 
-    write_heartbeat(store, heartbeat(7, "published", 10), first=False)
+    write_heartbeat(store, heartbeat(7, state="published", done=10), first=False)
     store.requests = 0
     assert [(b.state, b.done_events) for b in read_heartbeats(store)] == [("published", 10)]
     assert store.requests == 2  # list the index blocks, read the one: not the heartbeat itself
 
-    write_heartbeat(store, heartbeat(7, "running", 2), first=True)  # the shard runs again
+    write_heartbeat(store, heartbeat(7, state="running", done=2), first=True)  # the shard runs again
     assert [(b.state, b.done_events) for b in read_heartbeats(store)] == [("running", 2)]
 
 
