@@ -117,11 +117,14 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
         tempfile.TemporaryDirectory(prefix="dflash-coverage-") as spill,
         ThreadPoolExecutor(max_workers=1) as background,
     ):
-        # The completions' manifests are read and their objects verified meanwhile: while the conversations'
-        # manifests are read, and then while DuckDB (which releases the GIL) reads the conversations.
-        verifying = background.submit(_verified_completions, store)
+        # The completions' manifests are read and their objects verified in the background: on S3 while the
+        # conversations' manifests are fetched too (both mostly wait on requests); on a local store only once
+        # DuckDB (which releases the GIL) reads the conversations, since sooner it would only slow the reading
+        # of the conversations' manifests (both need the GIL), which DuckDB waits for.
+        verifying = None if isinstance(store, LocalStore) else background.submit(_verified_completions, store)
         conversations, _ = read_manifests_from_objects(store, CONVERSATIONS, ConversationsShardManifest)
         planned = {s: conversations[s] for s in range(num_shards) if s in conversations}
+        verifying = verifying or background.submit(_verified_completions, store)
         # Insertion order is of no use here (rows are told apart by their rowid, samples are sorted): without it
         # DuckDB loads in parallel with less memory.
         con = duckdb.connect(
