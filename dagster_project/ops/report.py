@@ -76,7 +76,8 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
 @dataclass(frozen=True)
 class Section:
     """One answer of the page: a short Markdown text (kept under `INLINE_MARKDOWN_CHARS`, so Dagster shows it
-    in place) and its tables, each under its own label."""
+    in place) under the title, and its tables, each under a label of its own (no two entries of the page share
+    a label)."""
 
     title: str
     text: str = ""
@@ -201,13 +202,13 @@ def _concurrency(status: Status) -> Section:
             for url, row in c.servers.items()
         ],
     )
-    tables = [(title, servers)]
+    tables = [("3. Servers", servers)]
     capacity = [[url, row.capacity.explanation] for url, row in c.servers.items() if row.capacity is not None]
     if capacity:
         tables.append(
             ("3. Capacity per server", _table(["server", "what binds its cap, what would raise it"], capacity))
         )
-    return Section(title, f"Capacity at {c.lengths}.", tuple(tables))
+    return Section(title, f"{len(c.servers)} servers; capacity at {c.lengths}.", tuple(tables))
 
 
 def _storage(status: Status) -> Section:

@@ -225,10 +225,12 @@ def test_every_section_text_stays_short_enough_to_show_in_place_at_the_real_jobs
     ]
     for section in sections:
         assert len(section.text) < INLINE_MARKDOWN_CHARS, (section.title, len(section.text))
+    labels = [label for s in sections for label in ([s.title] if s.text else []) + [t for t, _ in s.tables]]
+    assert len(labels) == len(set(labels))  # one metadata entry each
     progress = sections[1].text
     assert "shards running: 0, 1, 2" in progress and "(+52 more)" in progress and "(+1,818 more)" in progress
     # The tables carry the rows a sentence cannot: one per server, each cell formatted.
-    servers = dict(sections[3].tables)["3. Concurrency per server"]
+    servers = dict(sections[3].tables)["3. Servers"]
     assert [row[0] for row in servers.rows] == list(URLS) and servers.rows[0][1:7] == ("4", "4", "8", "8", "0", "42%")
 
 
