@@ -124,8 +124,10 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
             materialized=_materialized_shards(),
             cost=resources.fleet.cost(),
         )
+        _, stale = fleet_registry.live_nodes(store, resources.fleet.stale_node_after_s)
     except StoreError as exc:  # it names the object (a damaged manifest, a truncated shard) or the store
         raise SystemExit(f"dflash status: {exc}") from exc
+    status = dataclasses.replace(status, stale_nodes=stale)
     print(json.dumps(dataclasses.asdict(status), indent=2, default=str) if args.json else render_text(status))
     for run_id in _fail_dead_runs(status.progress.dead_runs):
         print(f"marked Dagster run {run_id} failed: its process is gone", file=sys.stderr)
@@ -148,6 +150,10 @@ def _parse_sim_options(pairs: list[str], defaults: dict | None = None) -> dict:
 def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
     fleet = resources.fleet
     run_dir = Path(fleet.fleet_dir)
+    if args.action == "forget":
+        removed = fleet_registry.deregister_node(resources.store.open(), args.node)
+        print(f"node {args.node} {'removed from' if removed else 'was not in'} the fleet registry")
+        return 0
     if args.action == "down":
         stopped = launch.stop_fleet(run_dir)
         print(f"stopped {', '.join(stopped) or 'nothing (no fleet recorded)'}")
@@ -435,8 +441,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--by-id", action="store_true", help="recompute coverage by id across every shard first")
     status.set_defaults(func=cmd_status)
 
-    fleet = commands.add_parser("fleet", help="start, stop or inspect the SGLang fleet")
-    fleet.add_argument("action", choices=["up", "down", "status"])
+    fleet = commands.add_parser(
+        "fleet",
+        help="start, stop or inspect the SGLang fleet",
+        description="up/down: start or stop this node's servers and its fleet registry record; status: probe every "
+        "known server; forget: remove the registry record of --node (a node lost without `fleet down`), from any "
+        "host, stopping nothing.",
+    )
+    fleet.add_argument("action", choices=["up", "down", "status", "forget"])
     fleet.add_argument(
         "--simulate", type=int, metavar="N", help="start N SGLang-protocol simulators instead of servers"
     )
