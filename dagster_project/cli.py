@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import socket
 import sys
 import typing
@@ -150,6 +151,8 @@ def _parse_sim_options(pairs: list[str], defaults: dict | None = None) -> dict:
 def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
     fleet = resources.fleet
     run_dir = Path(fleet.fleet_dir)
+    if args.action == "router":
+        return _print_router(args, resources)
     if args.action == "forget":
         removed = fleet_registry.deregister_node(resources.store.open(), args.node)
         print(f"node {args.node} {'removed from' if removed else 'was not in'} the fleet registry")
@@ -201,6 +204,22 @@ def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
     for line in launch.capacity_report(up.urls, plan, target, api_key=fleet.api_key):
         print(f"  {line}")
     _register(args, resources, up)
+    return 0
+
+
+def _print_router(args: argparse.Namespace, resources: Any) -> int:
+    """The sglang-router command for the registry's live servers, and what points the pipeline at it. The router
+    does not follow the registry: print and restart it when nodes join or leave."""
+    workers = fleet_registry.registered_endpoints(resources.store.open(), resources.fleet.stale_node_after_s)
+    if not workers:
+        print("no live node in the fleet registry: run `dflash fleet up` on the GPU nodes first", file=sys.stderr)
+        return 1
+    print(shlex.join(launch.router_command(workers, host="0.0.0.0", port=args.router_port)))
+    print(
+        f"# then, for the pipeline: DFLASH_SGLANG_ROUTER=http://<this host>:{args.router_port}, and the fleet "
+        f"resource's router_workers: {json.dumps(workers)}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -446,9 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="start, stop or inspect the SGLang fleet",
         description="up/down: start or stop this node's servers and its fleet registry record; status: probe every "
         "known server; forget: remove the registry record of --node (a node lost without `fleet down`), from any "
-        "host, stopping nothing.",
+        "host, stopping nothing; router: print the sglang-router command in front of every live registered server.",
     )
-    fleet.add_argument("action", choices=["up", "down", "status", "forget"])
+    fleet.add_argument("action", choices=["up", "down", "status", "forget", "router"])
     fleet.add_argument(
         "--simulate", type=int, metavar="N", help="start N SGLang-protocol simulators instead of servers"
     )
@@ -464,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("DFLASH_NODE") or socket.gethostname(),
         help="this node's name in the store's fleet registry, fleet/<node>.json (default: $DFLASH_NODE or host name)",
     )
+    fleet.add_argument("--router-port", type=int, default=30000, help="port of the router (`fleet router`)")
     fleet.add_argument(
         "--advertise-host",
         help="host other nodes reach these servers at (default: the host name; simulators: where they listen)",

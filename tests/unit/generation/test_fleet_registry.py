@@ -1,11 +1,13 @@
 """The fleet registry in the store: nodes register, list, replace and leave; a name held elsewhere is refused;
 a lost node's record goes stale."""
 
+import shlex
 import socket
 import time
 
 import pytest
 
+from dagster_project import cli
 from dagster_project.generation.fleet_registry import (
     NodeRecord,
     RegisteredServer,
@@ -94,3 +96,16 @@ def test_a_record_unrefreshed_past_the_limit_whose_servers_do_not_answer_is_stal
 
 def test_a_server_nobody_listens_for_does_not_answer_health():
     assert not answers_health(f"http://127.0.0.1:{free_ports(1)[0]}")
+
+
+def test_fleet_router_prints_the_router_command_for_the_live_nodes_servers(store, monkeypatch, capsys):
+    register_node(store, "gpu-a", "sglang", servers("10.0.0.1", 30000, 30001))
+    registered_long_ago(store, "lost", "127.0.0.1", free_ports(1)[0], age_s=900)  # nobody listens there
+    monkeypatch.setenv("DFLASH_STORE", store.uri)
+    monkeypatch.setenv("DFLASH_WORK_DIR", str(store.root.parent / "work"))
+
+    assert cli.main(["fleet", "router", "--router-port", "31000"]) == 0
+    command = shlex.split(capsys.readouterr().out)
+    workers = command[command.index("--worker-urls") + 1 : command.index("--policy")]
+    assert workers == ["http://10.0.0.1:30000", "http://10.0.0.1:30001"]
+    assert command[command.index("--port") + 1] == "31000" and "--disable-retries" in command
