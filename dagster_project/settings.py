@@ -82,7 +82,7 @@ def cost_per_gpu_hour() -> float | None:
 
 
 def fleet_stale_after_s() -> float:
-    """Seconds after its last `fleet up` a registered node whose servers do not answer counts as lost."""
+    """Seconds after its last `fleet up` a registered node whose servers accept no connection counts as lost."""
     value = os.environ.get("DFLASH_FLEET_STALE_AFTER_S", "").strip()
     try:
         return float(value) if value else DEFAULT_FLEET_STALE_AFTER_S

@@ -6,7 +6,7 @@ record, and its dispatcher re-reads them while it runs, so a node that joins mid
 one refresh interval and a node that leaves is dropped like any unreachable server.
 
 A node lost without `fleet down` leaves its record behind. Each record carries when its node last registered
-(`registered_at`, refreshed by every `fleet up`); a record whose servers all fail to answer /health and that was
+(`registered_at`, refreshed by every `fleet up`); a record none of whose servers accepts a connection and that was
 not refreshed for `stale_after_s` is stale: `dflash status` lists it, and no run dispatches to its servers. A
 record just refreshed is never stale, so a node whose servers are still loading is not dropped.
 
@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import socket
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -30,7 +29,7 @@ from dagster_project.store.storage import PreconditionFailed, Store, StoreError
 
 FLEET_PREFIX = "fleet/"
 _MAX_CONFLICTS = 5
-_HEALTH_TIMEOUT_S = 2.0
+_CONNECT_TIMEOUT_S = 2.0
 
 
 class RegistryError(RuntimeError):
@@ -114,24 +113,26 @@ def registered_nodes(store: Store) -> list[NodeRecord]:
     return records
 
 
-def answers_health(url: str) -> bool:
-    """Whether the server at `url` answers GET /health with 200 (a short timeout: a lost node does not answer)."""
+def accepts_connections(url: str) -> bool:
+    """Whether the server at `url` accepts a TCP connection within a short timeout. Not /health: SGLang's runs a
+    generation, which a busy server may answer late, and a busy node is not a lost one."""
+    address = urllib.parse.urlsplit(url)
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=_HEALTH_TIMEOUT_S) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+        with socket.create_connection((address.hostname, address.port or 80), timeout=_CONNECT_TIMEOUT_S):
+            return True
+    except (OSError, ValueError):
         return False
 
 
 def is_stale(
-    record: NodeRecord, *, now: float, stale_after_s: float, reachable: Callable[[str], bool] = answers_health
+    record: NodeRecord, *, now: float, stale_after_s: float, reachable: Callable[[str], bool] = accepts_connections
 ) -> bool:
     """Not refreshed for `stale_after_s` and none of its servers reachable (only then are they probed)."""
     return now - record.registered_at > stale_after_s and not any(reachable(url) for url in record.urls)
 
 
 def live_nodes(
-    store: Store, stale_after_s: float, reachable: Callable[[str], bool] = answers_health
+    store: Store, stale_after_s: float, reachable: Callable[[str], bool] = accepts_connections
 ) -> tuple[list[NodeRecord], list[NodeRecord]]:
     """(live, stale) node records: a stale record's servers are not dispatched to."""
     now = time.time()
@@ -142,7 +143,9 @@ def live_nodes(
 
 
 def registered_endpoints(
-    store: Store, stale_after_s: float = DEFAULT_FLEET_STALE_AFTER_S, reachable: Callable[[str], bool] = answers_health
+    store: Store,
+    stale_after_s: float = DEFAULT_FLEET_STALE_AFTER_S,
+    reachable: Callable[[str], bool] = accepts_connections,
 ) -> list[str]:
     """The URLs of every registered server of a node whose record is not stale, once each, in node order."""
     live, _ = live_nodes(store, stale_after_s, reachable)

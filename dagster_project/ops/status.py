@@ -663,7 +663,7 @@ class Status:
     multi_turn: MultiTurnAnswer
     cost: CostAnswer | None = None  # None: no price configured
     alerts: list[Alert] = field(default_factory=list)
-    # Registered nodes lost without `fleet down`: their servers do not answer and they did not `fleet up` again.
+    # Registered nodes lost without `fleet down`: their servers accept no connection and they did not `fleet up` again.
     stale_nodes: list[NodeRecord] = field(default_factory=list)
 
 
@@ -741,7 +741,7 @@ def render_text(status: Status) -> str:
 def render_stale_nodes(records: list[NodeRecord], now: float) -> list[str]:
     return [
         f"stale node record {record.node} (host {record.host}, last `fleet up` {_ago(record.registered_at, now)}): "
-        f"none of {', '.join(record.urls)} answers; no run dispatches to it. Remove it with "
+        f"none of {', '.join(record.urls)} accepts a connection; no run dispatches to it. Remove it with "
         f"`dflash fleet forget --node {record.node}`"
         for record in records
     ]

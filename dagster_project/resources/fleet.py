@@ -34,8 +34,8 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
     api_key: str | None = Field(default=None, repr=False, description="Bearer key of servers started with --api-key.")
     stale_node_after_s: float = Field(
         default=DEFAULT_FLEET_STALE_AFTER_S,
-        description="A registered node whose servers do not answer and that has not run `fleet up` for this long "
-        "is stale: not dispatched to, listed by `dflash status`.",
+        description="A registered node whose servers accept no connection and that has not run `fleet up` for this "
+        "long is stale: not dispatched to, listed by `dflash status`.",
     )
 
     def cost(self) -> FleetCost:

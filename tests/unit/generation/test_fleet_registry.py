@@ -12,7 +12,7 @@ from dagster_project.generation.fleet_registry import (
     NodeRecord,
     RegisteredServer,
     RegistryError,
-    answers_health,
+    accepts_connections,
     deregister_node,
     live_nodes,
     node_key,
@@ -94,8 +94,8 @@ def test_a_record_unrefreshed_past_the_limit_whose_servers_do_not_answer_is_stal
     assert not live_nodes(store, stale_after_s=300, reachable=answering.__contains__)[1]
 
 
-def test_a_server_nobody_listens_for_does_not_answer_health():
-    assert not answers_health(f"http://127.0.0.1:{free_ports(1)[0]}")
+def test_a_port_nobody_listens_on_does_not_accept_connections():
+    assert not accepts_connections(f"http://127.0.0.1:{free_ports(1)[0]}")
 
 
 def test_fleet_router_prints_the_router_command_for_the_live_nodes_servers(store, monkeypatch, capsys):
