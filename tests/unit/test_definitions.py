@@ -24,9 +24,8 @@ from tests.support.dagster_helpers import (
 )
 from tests.support.heartbeats import heartbeat
 
-# Every run process imports the definitions, so whatever they import is paid by each shard run. These are imported
-# inside the steps that use them (a `completions` shard run needs none of them; the tokenizer's transformers is
-# loaded by the resource, at run setup).
+# Every process that loads the definitions (each run, the daemon, the webserver) pays for what they import. These
+# are imported inside the steps that use them; the tokenizer's transformers by the resource, at run setup.
 NOT_IMPORTED_WITH_THE_DEFINITIONS = (
     "great_expectations",
     "pandas",
