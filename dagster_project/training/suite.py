@@ -5,10 +5,10 @@ lists themselves (list lengths, mask sum, mask range), so a count column that di
 caught. The token-level rules (anchors, vocabulary, thinking structure) live in `gates`, in one numpy
 pass; GX would re-scan the lists once per expectation.
 
-GX and pandas are imported inside the functions that use them: the imports cost seconds, and every run
-process (a `completions` shard run too) loads this module with the definitions. Each validation builds an
-ephemeral context, a registered suite (`context.suites.add`; an unregistered suite fails
-`ValidationDefinition.run`) and fresh expectation objects (one object cannot belong to two suites).
+GX is imported inside `validate_training_shard`: the import costs seconds and code locations load this
+module. Each validation builds an ephemeral context, a registered suite (`context.suites.add`; an
+unregistered suite fails `ValidationDefinition.run`) and fresh expectation objects (one object cannot
+belong to two suites).
 """
 
 from __future__ import annotations
@@ -16,16 +16,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 
 from dagster_project.records import TRAINING_SCHEMA
 from dagster_project.training.gates import id_bounds, list_lengths, row_sums
 from dagster_project.training.lengths import MIN_OUTPUT_TOKENS
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 SCALAR_COLUMNS = [
     "event_id",
@@ -72,8 +70,6 @@ def _frame(batch: pa.RecordBatch) -> pd.DataFrame:
 
 def training_frame(batches: Iterable[pa.RecordBatch]) -> pd.DataFrame:
     """One row per training row: scalar columns and the figures measured from its lists (lists dropped)."""
-    import pandas as pd
-
     # An empty shard still gets every column, so the suite reports failures rather than errors.
     frames = [_frame(batch) for batch in batches] or [_frame(pa.RecordBatch.from_pylist([], schema=TRAINING_SCHEMA))]
     return pd.concat(frames, ignore_index=True)

@@ -25,10 +25,11 @@ from tests.support.dagster_helpers import (
 from tests.support.heartbeats import heartbeat
 
 # Every process that loads the definitions (each run, the daemon, the webserver) pays for what they import. These
-# are imported inside the steps that use them; the tokenizer's transformers by the resource, at run setup.
+# are imported inside the steps that use them; the tokenizer's transformers by the resource, at run setup. (Not
+# pandas: pyarrow imports it when a run builds its first table, so deferring it would only move it into the
+# `completions` step, inside its pool slot.)
 NOT_IMPORTED_WITH_THE_DEFINITIONS = (
     "great_expectations",
-    "pandas",
     "duckdb",
     "pyarrow.dataset",
     "matplotlib",
