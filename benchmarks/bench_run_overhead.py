@@ -7,16 +7,18 @@ cost. Each run is `dagster asset materialize --select completions --partition sh
 checks, as a shard run executes them), timed from process start to exit and split by the run's own event
 log: process start and definitions load (to RUN_START), run setup and resources (to the step's start), each
 step (the completions step split at its first log line, which comes once the tokenizer is loaded and the
-shard read), and teardown (RUN_SUCCESS to exit). Next to them, in fresh processes: importing the definitions,
-loading the tokenizer, importing Great Expectations. With `--before DIR` (a checkout of earlier code, e.g. from
-`git worktree add`), the same runs with that code, taking turns with this checkout's so both see the same
-load. Results go to the `run_overhead` section of BENCHMARKS.md.
+shard read), and teardown (RUN_SUCCESS to exit); with the process's CPU time, which other work on the machine
+disturbs less. Next to them, in fresh processes: importing the definitions, loading the tokenizer, importing
+Great Expectations. With `--before DIR` (a checkout of earlier code, e.g. from `git worktree add`), the same
+runs with that code, taking turns with this checkout's so both see the same load. Results go to the
+`run_overhead` section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -61,9 +63,11 @@ def fresh_process_s(code: Path, line: str) -> float:
 
 def timed_run(env: dict[str, str], code: Path, home: Path, shard: int) -> dict[str, float]:
     """One shard run with the package of checkout `code`, its wall time split into phases by its event log."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.time()
     materialize(with_code(env, code), code, "completions", layout.partition_key(shard))
     ended = time.time()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         (run,) = instance.get_runs(limit=1)
         events = instance.all_logs(run.run_id)
@@ -85,6 +89,8 @@ def timed_run(env: dict[str, str], code: Path, home: Path, shard: int) -> dict[s
         "teardown (RUN_SUCCESS to exit)": ended - first[kinds.RUN_SUCCESS],
         "**whole run**": ended - started,
         "**inside the pool slot**": step[-1] - step[0],
+        "**CPU time of the run process (user + system)**": (after.ru_utime - before.ru_utime)
+        + (after.ru_stime - before.ru_stime),
     }
 
 

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import socket
 import sys
 import types
@@ -131,8 +132,10 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
                 materialized=_materialized_shards(instance),
                 cost=resources.fleet.cost(),
             )
+            _, stale = fleet_registry.live_nodes(store, resources.fleet.stale_node_after_s)
         except StoreError as exc:  # it names the object (a damaged manifest, a truncated shard) or the store
             raise SystemExit(f"dflash status: {exc}") from exc
+        status = dataclasses.replace(status, stale_nodes=stale)
         print(json.dumps(dataclasses.asdict(status), indent=2, default=str) if args.json else render_text(status))
         for run_id in _fail_dead_runs(instance, status.progress.dead_runs):
             print(f"marked Dagster run {run_id} failed: its process is gone", file=sys.stderr)
@@ -155,6 +158,12 @@ def _parse_sim_options(pairs: list[str], defaults: dict | None = None) -> dict:
 def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
     fleet = resources.fleet
     run_dir = Path(fleet.fleet_dir)
+    if args.action == "router":
+        return _print_router(args, resources)
+    if args.action == "forget":
+        removed = fleet_registry.deregister_node(resources.store.open(), args.node)
+        print(f"node {args.node} {'removed from' if removed else 'was not in'} the fleet registry")
+        return 0
     if args.action == "down":
         stopped = launch.stop_fleet(run_dir)
         print(f"stopped {', '.join(stopped) or 'nothing (no fleet recorded)'}")
@@ -202,6 +211,22 @@ def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
     for line in launch.capacity_report(up.urls, plan, target, api_key=fleet.api_key):
         print(f"  {line}")
     _register(args, resources, up)
+    return 0
+
+
+def _print_router(args: argparse.Namespace, resources: Any) -> int:
+    """The sglang-router command for the registry's live servers, and what points the pipeline at it. The router
+    does not follow the registry: print and restart it when nodes join or leave."""
+    workers = fleet_registry.registered_endpoints(resources.store.open(), resources.fleet.stale_node_after_s)
+    if not workers:
+        print("no live node in the fleet registry: run `dflash fleet up` on the GPU nodes first", file=sys.stderr)
+        return 1
+    print(shlex.join(launch.router_command(workers, host="0.0.0.0", port=args.router_port)))
+    print(
+        f"# then, for the pipeline: DFLASH_SGLANG_ROUTER=http://<this host>:{args.router_port}, and the fleet "
+        f"resource's router_workers: {json.dumps(workers)}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -442,8 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--by-id", action="store_true", help="recompute coverage by id across every shard first")
     status.set_defaults(func=cmd_status)
 
-    fleet = commands.add_parser("fleet", help="start, stop or inspect the SGLang fleet")
-    fleet.add_argument("action", choices=["up", "down", "status"])
+    fleet = commands.add_parser(
+        "fleet",
+        help="start, stop or inspect the SGLang fleet",
+        description="up/down: start or stop this node's servers and its fleet registry record; status: probe every "
+        "known server; forget: remove the registry record of --node (a node lost without `fleet down`), from any "
+        "host, stopping nothing; router: print the sglang-router command in front of every live registered server.",
+    )
+    fleet.add_argument("action", choices=["up", "down", "status", "forget", "router"])
     fleet.add_argument(
         "--simulate", type=int, metavar="N", help="start N SGLang-protocol simulators instead of servers"
     )
@@ -459,6 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("DFLASH_NODE") or socket.gethostname(),
         help="this node's name in the store's fleet registry, fleet/<node>.json (default: $DFLASH_NODE or host name)",
     )
+    fleet.add_argument("--router-port", type=int, default=30000, help="port of the router (`fleet router`)")
     fleet.add_argument(
         "--advertise-host",
         help="host other nodes reach these servers at (default: the host name; simulators: where they listen)",

@@ -13,6 +13,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 DEMO_DATA_DIR = PACKAGE_DIR / "demo_data"
 
 DEFAULT_NUM_SHARDS = 4
+DEFAULT_FLEET_STALE_AFTER_S = 300.0
 
 
 def env_str(name: str, default: str) -> str:
@@ -78,6 +79,15 @@ def cost_per_gpu_hour() -> float | None:
         return float(value)
     except ValueError as exc:
         raise ValueError(f"DFLASH_COST_PER_GPU_HOUR must be a number, got {value!r}") from exc
+
+
+def fleet_stale_after_s() -> float:
+    """Seconds after its last `fleet up` a registered node whose servers accept no connection counts as lost."""
+    value = os.environ.get("DFLASH_FLEET_STALE_AFTER_S", "").strip()
+    try:
+        return float(value) if value else DEFAULT_FLEET_STALE_AFTER_S
+    except ValueError as exc:
+        raise ValueError(f"DFLASH_FLEET_STALE_AFTER_S must be a number, got {value!r}") from exc
 
 
 def tokenizer_name() -> str:

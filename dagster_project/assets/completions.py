@@ -1,9 +1,11 @@
 import dagster as dg
 from pydantic import Field
 
+from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.generation.heartbeat import ReportIntervals
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.stage import generate_shard
+from dagster_project.ops.report import shard_progress_figures
 from dagster_project.partitions import open_shard, shard_partitions
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.resources.config_fields import config_fields
@@ -54,6 +56,7 @@ def completions(
     fleet: SGLangFleet,
     generation: GenerationConfig,
 ) -> dg.MaterializeResult:
+    tag_asset_run(context)
     shard, data = open_shard(context, store)
 
     def on_progress(heartbeat: Heartbeat) -> None:
@@ -62,12 +65,7 @@ def completions(
             dg.AssetObservation(
                 asset_key=context.asset_key,
                 partition=context.partition_key,
-                metadata=_known(
-                    done_events=heartbeat.done_events,
-                    req_per_s=heartbeat.window.req_per_s,
-                    output_tok_per_s=heartbeat.window.output_tok_per_s,
-                    accept_length=heartbeat.spec.accept_length_window or None,  # 0: no spec stats yet
-                ),
+                metadata=shard_progress_figures(context.partition_key, heartbeat),
             )
         )
 

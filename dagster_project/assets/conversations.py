@@ -9,6 +9,7 @@ from pydantic import Field
 
 from dagster_project import settings
 from dagster_project.assets.raw_prompts import raw_prompts
+from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.assets.tables import counts_table
 from dagster_project.conversations.stage import (
     DEFAULT_MAX_PROMPT_TOKENS,
@@ -53,6 +54,7 @@ def conversations(
     tokenizer: TokenizerResource,
     generation: GenerationConfig,
 ) -> dg.MaterializeResult:
+    tag_asset_run(context)
     data = store.open()
     with tempfile.TemporaryDirectory(prefix="conversations-", dir=store.local_dir()) as work_dir:
         manifest = build_conversations(

@@ -1,5 +1,6 @@
 import dagster as dg
 
+from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.ops import tune
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.resources.config_fields import config_fields
@@ -60,6 +61,7 @@ def fleet_tuning(
     fleet: SGLangFleet,
     generation: GenerationConfig,
 ) -> dg.MaterializeResult:
+    tag_asset_run(context)
     options = config.to_dataclass()
     data = store.open()
     settings = generation.to_dataclass()

@@ -3,6 +3,7 @@ from dataclasses import asdict
 
 import dagster as dg
 
+from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.assets.training_set import training_set
 from dagster_project.resources import DatasetStore
 from dagster_project.resources.config_fields import config_fields
@@ -26,6 +27,7 @@ class MixtureConfig(config_fields(MixtureOptions, dg.Config)):
 def mixture_report(
     context: dg.AssetExecutionContext, config: MixtureConfig, store: DatasetStore
 ) -> dg.MaterializeResult:
+    tag_asset_run(context)
     data = store.open()
     report = mixture.mixture_report(data, config.to_dataclass())
     mixture.write_report(data, report)

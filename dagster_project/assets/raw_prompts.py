@@ -10,6 +10,7 @@ import dagster as dg
 from pydantic import Field
 
 from dagster_project import settings
+from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.assets.tables import counts_table
 from dagster_project.ingest.formats import AUTO, FORMATS
 from dagster_project.ingest.stage import ingest_to_store
@@ -39,6 +40,7 @@ class RawPromptsConfig(dg.Config):
 def raw_prompts(
     context: dg.AssetExecutionContext, config: RawPromptsConfig, store: DatasetStore
 ) -> dg.MaterializeResult:
+    tag_asset_run(context)
     data = store.open()
     with tempfile.TemporaryDirectory(prefix="raw_prompts-", dir=store.local_dir()) as work_dir:
         manifest = ingest_to_store(

@@ -3,18 +3,22 @@ from dataclasses import asdict
 import dagster as dg
 from pydantic import Field
 
+from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.conversations.shards import published_num_shards
 from dagster_project.ops.alerts import AlertThresholds
 from dagster_project.ops.coverage import dataset_coverage, read_coverage, write_coverage
 from dagster_project.ops.report import (
     CHART_KEY,
     ReportPoint,
+    Table,
+    inline_chart,
     plot_metrics,
     progress_chart,
     render_markdown,
+    report_sections,
     shards_running,
 )
-from dagster_project.ops.status import collect_status, render_text
+from dagster_project.ops.status import Status, collect_status, render_text
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
@@ -34,6 +38,28 @@ class RunReportConfig(config_fields(AlertThresholds, dg.Config)):
         description="Recount coverage by id across every shard (reads every completions shard's ids); off: "
         "report the last count (the periodic refreshes, so they stay cheap while shards run).",
     )
+
+
+def _table_value(table: Table) -> dg.TableMetadataValue:
+    """A table the asset page draws in place (Markdown tables only open in a dialog there)."""
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord(dict(zip(table.columns, row))) for row in table.rows],
+        schema=dg.TableSchema(columns=[dg.TableColumn(name, "string") for name in table.columns]),
+    )
+
+
+def page_metadata(status: Status, points: list[ReportPoint]) -> dict[str, dg.MetadataValue]:
+    """The page as metadata entries in reading order: each section's short text and its tables, which the asset
+    page shows in place, then the inline chart."""
+    entries: dict[str, dg.MetadataValue] = {"as_of": dg.MetadataValue.timestamp(status.collected_at)}
+    for section in report_sections(status):
+        if section.text:
+            entries[section.title] = dg.MetadataValue.md(section.text)
+        entries.update((label, _table_value(table)) for label, table in section.tables)
+    chart = inline_chart(points, status)
+    if chart is not None:
+        entries["run so far"] = dg.MetadataValue.md(chart)
+    return entries
 
 
 def _earlier_points(instance: dg.DagsterInstance) -> list[ReportPoint]:
@@ -82,6 +108,7 @@ def run_report(
     fleet: SGLangFleet,
     generation: GenerationConfig,
 ) -> dg.MaterializeResult:
+    tag_asset_run(context)
     data = store.open()
     num_shards = published_num_shards(data)
     if num_shards is None:
@@ -111,10 +138,10 @@ def run_report(
     storage = status.storage
     return dg.MaterializeResult(
         metadata={
-            "report": dg.MetadataValue.md(render_markdown(status)),
+            **page_metadata(status, points),
             **figures,
             "chart": dg.MetadataValue.path(data.url(CHART_KEY)),
-            "as_of": dg.MetadataValue.timestamp(status.collected_at),
+            "report": dg.MetadataValue.md(render_markdown(status)),  # the whole page in one document, to copy
             "status": dg.MetadataValue.json(asdict(status)),
             "mtp_on": status.mtp.mtp_on,
             "stale_shards": dg.MetadataValue.json(storage.stale_shards),

@@ -5,6 +5,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.assets.training_set import training_set
 from dagster_project.partitions import FOLLOWS_ITS_SHARD, open_shard, shard_partitions
 from dagster_project.resources import DatasetStore
@@ -27,6 +28,7 @@ def export_partition(
 ) -> tuple[Any, Any]:
     """Run one exporter on the context's shard, warning about every failed gate the config overrode; return what
     it wrote and the store it wrote to."""
+    tag_asset_run(context)
     shard, data = open_shard(context, store)
     written = export(
         data,

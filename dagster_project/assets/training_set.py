@@ -4,6 +4,7 @@ from dataclasses import asdict
 import dagster as dg
 from pydantic import Field
 
+from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.partitions import FOLLOWS_ITS_SHARD, open_shard, shard_partitions
 from dagster_project.resources import DatasetStore
 from dagster_project.resources.config_fields import config_fields
@@ -34,6 +35,7 @@ class TrainingSetConfig(config_fields(AssemblyOptions, config_fields(LeaseOption
 def training_set(
     context: dg.AssetExecutionContext, config: TrainingSetConfig, store: DatasetStore
 ) -> dg.MaterializeResult:
+    tag_asset_run(context)
     shard, data = open_shard(context, store)
     manifest = assemble_shard(
         data,

@@ -5,6 +5,11 @@ at, GPU, running cap and launch command); `dflash fleet down` removes it. A shar
 record, and its dispatcher re-reads them while it runs, so a node that joins mid-backfill takes load within
 one refresh interval and a node that leaves is dropped like any unreachable server.
 
+A node lost without `fleet down` leaves its record behind. Each record carries when its node last registered
+(`registered_at`, refreshed by every `fleet up`); a record none of whose servers accepts a connection and that was
+not refreshed for `stale_after_s` is stale: `dflash status` lists it, and no run dispatches to its servers. A
+record just refreshed is never stale, so a node whose servers are still loading is not dropped.
+
 Writes are conditional puts (the store's `put_if`): two processes registering the same node never silently
 overwrite each other, and a node name already held by another host is refused with that host's name.
 """
@@ -13,15 +18,18 @@ from __future__ import annotations
 
 import socket
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from dagster_project.settings import DEFAULT_FLEET_STALE_AFTER_S
 from dagster_project.sglang.launch import Fleet
 from dagster_project.store.dataclass_json import from_json, to_json
 from dagster_project.store.storage import PreconditionFailed, Store, StoreError
 
 FLEET_PREFIX = "fleet/"
 _MAX_CONFLICTS = 5
+_CONNECT_TIMEOUT_S = 2.0
 
 
 class RegistryError(RuntimeError):
@@ -42,7 +50,7 @@ class NodeRecord:
     node: str
     host: str  # the machine that registered it (socket.gethostname())
     kind: str  # "sglang" or "simulator"
-    registered_at: float
+    registered_at: float  # the node's last `fleet up`: every one rewrites the record
     servers: list[RegisteredServer] = field(default_factory=list)
 
     @property
@@ -105,18 +113,52 @@ def registered_nodes(store: Store) -> list[NodeRecord]:
     return records
 
 
-def registered_endpoints(store: Store) -> list[str]:
-    """The URLs of every registered server, once each, in node order."""
-    return list(dict.fromkeys(url for record in registered_nodes(store) for url in record.urls))
+def accepts_connections(url: str) -> bool:
+    """Whether the server at `url` accepts a TCP connection within a short timeout. Not /health: SGLang's runs a
+    generation, which a busy server may answer late, and a busy node is not a lost one."""
+    address = urllib.parse.urlsplit(url)
+    try:
+        with socket.create_connection((address.hostname, address.port or 80), timeout=_CONNECT_TIMEOUT_S):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
-def follow_registry(store: Store) -> Callable[[], list[str]]:
-    """What a running dispatcher calls to find servers of nodes that joined: the registered URLs, or none
-    while the store cannot be read (the servers it already has keep working)."""
+def is_stale(
+    record: NodeRecord, *, now: float, stale_after_s: float, reachable: Callable[[str], bool] = accepts_connections
+) -> bool:
+    """Not refreshed for `stale_after_s` and none of its servers reachable (only then are they probed)."""
+    return now - record.registered_at > stale_after_s and not any(reachable(url) for url in record.urls)
+
+
+def live_nodes(
+    store: Store, stale_after_s: float, reachable: Callable[[str], bool] = accepts_connections
+) -> tuple[list[NodeRecord], list[NodeRecord]]:
+    """(live, stale) node records: a stale record's servers are not dispatched to."""
+    now = time.time()
+    live, stale = [], []
+    for record in registered_nodes(store):
+        (stale if is_stale(record, now=now, stale_after_s=stale_after_s, reachable=reachable) else live).append(record)
+    return live, stale
+
+
+def registered_endpoints(
+    store: Store,
+    stale_after_s: float = DEFAULT_FLEET_STALE_AFTER_S,
+    reachable: Callable[[str], bool] = accepts_connections,
+) -> list[str]:
+    """The URLs of every registered server of a node whose record is not stale, once each, in node order."""
+    live, _ = live_nodes(store, stale_after_s, reachable)
+    return list(dict.fromkeys(url for record in live for url in record.urls))
+
+
+def follow_registry(store: Store, stale_after_s: float = DEFAULT_FLEET_STALE_AFTER_S) -> Callable[[], list[str]]:
+    """What a running dispatcher calls to find servers of nodes that joined: the registered URLs of nodes whose
+    record is not stale, or none while the store cannot be read (the servers it already has keep working)."""
 
     def discover() -> list[str]:
         try:
-            return registered_endpoints(store)
+            return registered_endpoints(store, stale_after_s)
         except StoreError:
             return []
 

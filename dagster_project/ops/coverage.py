@@ -24,10 +24,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from dagster_project.conversations.shards import ConversationsShardManifest, conversations_in
 from dagster_project.generation.shards import CompletionsShardManifest
@@ -41,6 +40,9 @@ from dagster_project.store.manifest import (
     verify_shard,
 )
 from dagster_project.store.storage import CorruptObject, LocalStore, ObjectInfo, Store, arrow_filesystem, local_files
+
+if TYPE_CHECKING:
+    import duckdb
 
 COVERAGE_KEY = "reports/coverage.json"
 _SAMPLE = 20
@@ -125,6 +127,10 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
         conversations, _ = read_manifests_from_objects(store, CONVERSATIONS, ConversationsShardManifest)
         planned = {s: conversations[s] for s in range(num_shards) if s in conversations}
         verifying = verifying or background.submit(_verified_completions, store)
+        # Imported here, as pyarrow.dataset below: every run process loads this module with the definitions,
+        # and only the run report reads the dataset (duckdb and pyarrow.dataset, which imports pandas: ~0.5 s).
+        import duckdb
+
         # Insertion order is of no use here (rows are told apart by their rowid, samples are sorted): without it
         # DuckDB loads in parallel with less memory.
         con = duckdb.connect(
@@ -171,8 +177,12 @@ def damaged_shards(
     return problems
 
 
-# What DuckDB raises for an object that is not what it should be (truncated, overwritten, not JSON Lines).
-_UNREADABLE = (duckdb.InvalidInputException, duckdb.IOException, duckdb.ConversionException)
+def _unreadable() -> tuple[type[Exception], ...]:
+    """What DuckDB raises for an object that is not what it should be (truncated, overwritten, not JSON Lines)."""
+    import duckdb
+
+    return (duckdb.InvalidInputException, duckdb.IOException, duckdb.ConversionException)
+
 
 # DuckDB turns each conversation's generated turns into event ids exactly as `Conversation.event_id` does.
 _CONVERSATIONS = """
@@ -198,7 +208,7 @@ def _load_planned(
         return
     try:
         con.execute(_CONVERSATIONS, [paths])
-    except _UNREADABLE as exc:
+    except _unreadable() as exc:
         for manifest in manifests.values():  # name the damaged object, as reading it line by line does
             for _ in conversations_in(store, manifest):
                 pass
@@ -232,13 +242,15 @@ def _load_recorded(
             paths = [str(path) for path in local_files(store, keys, Path())]
             con.execute(_PER_EVENT.format(source="read_parquet(?)"), [paths])
         else:  # DuckDB reads the two columns through pyarrow's S3 file system: ranged GETs, no downloads
+            import pyarrow.dataset as ds
+
             filesystem, root = arrow_filesystem(store)
             objects = ds.dataset(
                 [f"{root}/{key}" for key in keys], schema=_RECORDED, format="parquet", filesystem=filesystem
             )
             con.register("completion_objects", objects)
             con.execute(_PER_EVENT.format(source="completion_objects"))
-    except (*_UNREADABLE, pa.ArrowException, OSError) as exc:
+    except (*_unreadable(), pa.ArrowException, OSError) as exc:
         for key in keys:  # name the damaged object
             for _ in iter_parquet_batches(store, [key], ["event_id"]):
                 pass

@@ -1,10 +1,13 @@
-"""The operator's page: the six answers (`ops.status`) as Markdown tables, the figures Dagster plots over time,
-and a chart of the run so far.
+"""The operator's page: the six answers (`ops.status`) as sections of short Markdown and tables, the figures
+Dagster plots over time, and charts of the run so far.
 
-`render_markdown` is the `run_report` asset's page; `plot_metrics` its numeric metadata (one series per key
-figure, unknown figures left out rather than written as 0, so a plot never dips to a false zero);
-`progress_chart` a PNG of progress against the plan and of the accept length over the run, drawn from the
-points earlier reports recorded.
+`report_sections` is the `run_report` asset's page, one metadata entry per text and table so that Dagster's
+asset page shows each in place; `render_markdown` the same page as one document. `plot_metrics` is the fleet's
+numeric metadata (one series per key figure), `shard_progress_figures` a running shard's (named after the shard,
+so shards running side by side plot as lines of their own); unknown figures are left out rather than written
+as 0, so a plot never dips to a false zero. `progress_chart` is a PNG of progress against the plan and of the
+accept length over the run, drawn from the points earlier reports recorded; `inline_chart` the same as a small
+SVG inside a Markdown value, drawn on the asset page.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from urllib.parse import quote
 
 from dagster_project.generation.heartbeat import read_heartbeats, run_is_alive
+from dagster_project.generation.progress import Heartbeat
 from dagster_project.ops.alerts import dollars
 from dagster_project.ops.status import Status
 from dagster_project.store.storage import Store
@@ -33,6 +38,11 @@ SERVER_COLUMNS = [
 ]
 # Measured / planned within this band of 1 is "on plan".
 ON_PLAN_BAND = 0.1
+# Dagster 1.13's asset page shows a Markdown metadata value in place only while it is shorter than this; a longer
+# one hides behind a "[Show Markdown]" dialog. Each section's text and the inline chart stay under it.
+INLINE_MARKDOWN_CHARS = 1000
+# Lists in a sentence (shards, settings) show this many items, then a count of the rest.
+SHOWN_IN_LINE = 12
 
 
 def as_of(timestamp: float) -> str:
@@ -45,11 +55,39 @@ def _num(value: float | int | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(str(cell).replace("|", "\\|").replace("\n", " ") for cell in cells) + " |"
+@dataclass(frozen=True)
+class Table:
+    """A table of the page: formatted cells (rounded, "—" when unknown), one row per item."""
 
-    return [line(header), "|" + "---|" * len(header), *(line(row) for row in rows), ""]
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+    def markdown(self) -> list[str]:
+        def line(cells: Sequence[str]) -> str:
+            return "| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in cells) + " |"
+
+        return [line(self.columns), "|" + "---|" * len(self.columns), *(line(row) for row in self.rows), ""]
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    return Table(tuple(columns), tuple(tuple(str(cell) for cell in row) for row in rows))
+
+
+@dataclass(frozen=True)
+class Section:
+    """One answer of the page: a short Markdown text (kept under `INLINE_MARKDOWN_CHARS`, so Dagster shows it
+    in place) under the title, and its tables, each under a label of its own (no two entries of the page share
+    a label)."""
+
+    title: str
+    text: str = ""
+    tables: tuple[tuple[str, Table], ...] = ()
+
+
+def _some(items: Sequence[object], limit: int = SHOWN_IN_LINE) -> str:
+    """A list in a sentence, cut after `limit` items so a text stays short at 1,830 shards."""
+    shown = ", ".join(map(str, items[:limit])) or "none"
+    return shown + (f" … (+{len(items) - limit:,} more)" if len(items) > limit else "")
 
 
 def verdict(ratio: float | None, higher_is_better: bool = True) -> str:
@@ -65,11 +103,11 @@ def _ratio(measured: float | None, planned: float | None) -> float | None:
     return measured / planned if measured is not None and planned else None
 
 
-def _plan_rows(status: Status) -> list[list[str]]:
+def _plan_table(status: Status) -> Table | None:
     p = status.progress
     plan = p.plan
     if plan is None:
-        return []
+        return None
     running = bool(p.shards_running)
     req = p.window_req_per_s if running else p.lifetime_req_per_s or None
     tok = p.window_output_tok_per_s if running else p.lifetime_output_tok_per_s or None
@@ -85,170 +123,203 @@ def _plan_rows(status: Status) -> list[list[str]]:
         rows.append(
             [name, _num(measured, digits), _num(planned, digits), _num(ratio, 2), verdict(ratio, higher_is_better)]
         )
-    return rows
+    measured_header = "measured (recent)" if running else "measured (lifetime)"
+    return _table(["figure", measured_header, "plan", "measured / plan", "verdict"], rows)
 
 
-def render_markdown(status: Status) -> str:
-    p, mtp, c, s, cov, turns = (
-        status.progress,
-        status.mtp,
-        status.concurrency,
-        status.storage,
-        status.coverage,
-        status.multi_turn,
+def _alerts(status: Status) -> Section:
+    if not status.alerts:
+        return Section("Alerts", "No alerts.")
+    return Section(
+        "Alerts",
+        tables=(
+            (
+                "Alerts",
+                _table(["alert", "what needs the operator"], [[alert.kind, alert.message] for alert in status.alerts]),
+            ),
+        ),
     )
-    out = [f"**As of {as_of(status.collected_at)}**", ""]
-    if status.alerts:
-        out += ["### Alerts", *(f"- **{a.kind}**: {a.message}" for a in status.alerts), ""]
-    else:
-        out += ["No alerts.", ""]
 
-    out += [
-        "### 1. Progress vs plan",
+
+def _progress(status: Status) -> Section:
+    p = status.progress
+    text = [
         f"{_num(p.events_done)} of {_num(p.events_planned)} events ({p.fraction_done:.1%}); "
-        f"shards running: {', '.join(map(str, p.shards_running)) or 'none'}"
-        + (f"; dead: {', '.join(map(str, p.shards_dead))}" if p.shards_dead else "")
-        + (f"; failed: {', '.join(map(str, p.shards_failed))}" if p.shards_failed else ""),
+        f"shards running: {_some(p.shards_running)}"
+        + (f"; dead: {_some(p.shards_dead)}" if p.shards_dead else "")
+        + (f"; failed: {_some(p.shards_failed)}" if p.shards_failed else ""),
         "",
         f"ETA at the measured rate: **{_num(p.eta_hours, 2)} h**"
         + ("" if p.shards_running else " (no shard running now)")
-        + "; at the plan's rate: "
-        f"**{_num(p.plan_eta_hours, 2)} h**; lifetime {_num(p.lifetime_req_per_s, 2)} req/s, "
+        + f"; at the plan's rate: **{_num(p.plan_eta_hours, 2)} h**; lifetime {_num(p.lifetime_req_per_s, 2)} req/s, "
         f"{_num(p.lifetime_output_tok_per_s)} output tok/s over {_num(p.lifetime_span_hours * 60, 1)} min of "
         "generation",
         "",
+        f"Plan: {p.plan.source}" if p.plan else "No plan recorded (`dflash plan`).",
     ]
-    plan_rows = _plan_rows(status)
-    if plan_rows:
-        out += [f"Plan: {p.plan.source}", ""]
-        out += _table(
-            [
-                "figure",
-                "measured (recent)" if p.shards_running else "measured (lifetime)",
-                "plan",
-                "measured / plan",
-                "verdict",
-            ],
-            plan_rows,
-        )
-    else:
-        out += ["No plan recorded (`dflash plan`).", ""]
+    plan = _plan_table(status)
+    return Section("1. Progress vs plan", "\n".join(text), (("1. Plan vs measured", plan),) if plan else ())
 
-    out += [
-        "### 2. MTP (speculative decoding)",
+
+def _mtp(status: Status) -> Section:
+    mtp = status.mtp
+    text = (
         f"MTP {'on' if mtp.mtp_on else 'OFF or unknown'}; accept length on our recent requests "
         f"**{_num(mtp.accept_length_window, 2)}**, over the published shards "
-        f"{_num(mtp.accept_length_published_shards, 2)}",
-        "",
-    ]
-    if mtp.speculative_algorithm:
-        out += _table(
-            ["server", "algorithm", "its own average accept length"],
-            [
-                [url, name or "OFF", _num(mtp.server_avg_spec_accept_length.get(url), 2)]
-                for url, name in mtp.speculative_algorithm.items()
-            ],
-        )
+        f"{_num(mtp.accept_length_published_shards, 2)}"
+    )
+    if not mtp.speculative_algorithm:
+        return Section("2. MTP (speculative decoding)", text)
+    servers = _table(
+        ["server", "algorithm", "its own average accept length"],
+        [
+            [url, name or "OFF", _num(mtp.server_avg_spec_accept_length.get(url), 2)]
+            for url, name in mtp.speculative_algorithm.items()
+        ],
+    )
+    return Section("2. MTP (speculative decoding)", text, (("2. MTP per server", servers),))
 
-    out += ["### 3. Concurrency per server", ""]
-    if c.servers:
-        out += _table(
-            SERVER_COLUMNS,
-            [
-                [
-                    url,
-                    _num(row.client_window),
-                    _num(row.in_flight),
-                    _num(row.effective_cap),
-                    _num(row.running),
-                    _num(row.queued),
-                    _percent(row.token_usage),
-                    _percent(row.mamba_usage),
-                    row.limited_by,
-                ]
-                for url, row in c.servers.items()
-            ],
-        )
-        out += [f"- {url}: {row.capacity.explanation}" for url, row in c.servers.items() if row.capacity is not None]
-        out += [f"(capacity at {c.lengths})", ""]
-    else:
-        out += ["No server known: start a fleet (`dflash fleet up`) or set DFLASH_SGLANG_ENDPOINTS.", ""]
 
-    out += [
-        "### 4. Storage",
-        f"`{s.store}`: **{s.shards_published} of {s.shards_total}** shards published "
+def _concurrency(status: Status) -> Section:
+    c = status.concurrency
+    title = "3. Concurrency per server"
+    if not c.servers:
+        return Section(title, "No server known: start a fleet (`dflash fleet up`) or set DFLASH_SGLANG_ENDPOINTS.")
+    servers = _table(
+        SERVER_COLUMNS,
+        [
+            [
+                url,
+                _num(row.client_window),
+                _num(row.in_flight),
+                _num(row.effective_cap),
+                _num(row.running),
+                _num(row.queued),
+                _percent(row.token_usage),
+                _percent(row.mamba_usage),
+                row.limited_by,
+            ]
+            for url, row in c.servers.items()
+        ],
+    )
+    tables = [("3. Servers", servers)]
+    capacity = [[url, row.capacity.explanation] for url, row in c.servers.items() if row.capacity is not None]
+    if capacity:
+        tables.append(
+            ("3. Capacity per server", _table(["server", "what binds its cap, what would raise it"], capacity))
+        )
+    return Section(title, f"{len(c.servers)} servers; capacity at {c.lengths}.", tuple(tables))
+
+
+def _storage(status: Status) -> Section:
+    s = status.storage
+    fingerprints = [f"`{fp}` × {n:,}" for fp, n in s.settings_fingerprints.items()]
+    text = [
+        f"`{s.store}`: **{s.shards_published:,} of {s.shards_total:,}** shards published "
         f"(Dagster: {_num(s.shards_materialized)} materialized), {s.bytes_published / 1e6:,.1f} MB, "
         f"failed uploads {s.failed_uploads}, last publish "
         f"{as_of(s.last_publish_at) if s.last_publish_at else 'never'}",
         "",
-        f"Generation settings of published shards: "
-        f"{', '.join(f'`{fp}` × {n}' for fp, n in s.settings_fingerprints.items()) or '—'}"
-        + (f"; stale (other settings than configured now): {s.stale_shards}" if s.stale_shards else ""),
-        "",
-        "### 5. Coverage",
-        f"Input rows {_num(cov.input_rows)} → normalized {_num(cov.normalized)} + quarantined "
-        f"{_num(cov.quarantined)}"
-        + (
-            " (" + ", ".join(f"{reason} {n:,}" for reason, n in cov.quarantined_by_reason.items()) + ")"
-            if cov.quarantined_by_reason
-            else ""
-        ),
-        "",
+        f"Generation settings of published shards: {_some(fingerprints) if fingerprints else '—'}"
+        + (f"; stale (other settings than configured now): {_some(s.stale_shards)}" if s.stale_shards else ""),
     ]
+    return Section("4. Storage", "\n".join(text))
+
+
+def _coverage(status: Status) -> Section:
+    cov = status.coverage
+    reasons = [f"{reason} {n:,}" for reason, n in (cov.quarantined_by_reason or {}).items()]
+    text = [
+        f"Input rows {_num(cov.input_rows)} → normalized {_num(cov.normalized)} + quarantined "
+        f"{_num(cov.quarantined)}" + (f" ({_some(reasons)})" if reasons else ""),
+        "",
+        f"Events planned {_num(cov.events_planned)}, in published shards {_num(cov.events_in_published_shards)} "
+        f"(errors {_num(cov.errors_in_published_shards)}).",
+    ]
+    if cov.by_id:
+        b = cov.by_id
+        text.append(
+            f"By id (as of {as_of(b.computed_at)}): conversations {_num(b.conversations)} = done "
+            f"{_num(b.conversations_done)} + partial {_num(b.conversations_partial)} + missing "
+            f"{_num(b.conversations_missing)}; events missing {_num(b.events_missing)}, duplicated "
+            f"{_num(b.events_duplicated)}, unexpected {_num(b.events_unexpected)}."
+        )
+    tables = ()
     if cov.by_source:
-        out += _table(
+        sources = _table(
             ["source", "input rows", "conversations", "quarantined"],
             [
                 [name, _num(t.input_rows), _num(t.conversations), _num(t.quarantined)]
                 for name, t in cov.by_source.items()
             ],
         )
-    out.append(
-        f"\nEvents planned {_num(cov.events_planned)}, in published shards {_num(cov.events_in_published_shards)} "
-        f"(errors {_num(cov.errors_in_published_shards)})."
-    )
-    if cov.by_id:
-        b = cov.by_id
-        out.append(
-            f" By id (as of {as_of(b.computed_at)}): conversations {_num(b.conversations)} = done "
-            f"{_num(b.conversations_done)} + partial {_num(b.conversations_partial)} + missing "
-            f"{_num(b.conversations_missing)}; events missing {_num(b.events_missing)}, duplicated "
-            f"{_num(b.events_duplicated)}, unexpected {_num(b.events_unexpected)}."
-        )
-    out += [
-        "",
-        "### 6. Multi-turn",
+        tables = (("5. Coverage by source", sources),)
+    return Section("5. Coverage", "\n".join(text), tables)
+
+
+def _multi_turn(status: Status) -> Section:
+    turns = status.multi_turn
+    return Section(
+        "6. Multi-turn",
         f"Policy `{turns.policy}`: {_num(turns.multi_turn_conversations)} multi-turn of "
         f"{_num(turns.conversations)} conversations; {_num(turns.generated_turns_planned)} assistant turns generated.",
-        "",
-        "### Cost",
-    ]
+    )
+
+
+def _cost(status: Status) -> Section:
     cost = status.cost
     if cost is None:
-        out.append("No price configured (the fleet resource's `cost_per_gpu_hour`, or DFLASH_COST_PER_GPU_HOUR).")
-    else:
-        out += _table(
-            [
-                "fleet $/hour",
-                "GPUs",
-                "spent",
-                "to finish",
-                "to finish (plan)",
-                "$ / 1M output tokens",
-                "GPU-hours / 1K kept rows",
-            ],
-            [
-                [
-                    f"${cost.cost_per_hour:,.2f}",
-                    str(cost.gpus),
-                    f"${cost.spent:,.2f}",
-                    dollars(cost.to_finish),
-                    dollars(cost.to_finish_plan),
-                    dollars(cost.per_million_output_tokens),
-                    _num(cost.gpu_hours_per_1k_rows, 3),
-                ]
-            ],
+        return Section(
+            "Cost", "No price configured (the fleet resource's `cost_per_gpu_hour`, or DFLASH_COST_PER_GPU_HOUR)."
         )
+    figures = _table(
+        [
+            "fleet $/hour",
+            "GPUs",
+            "spent",
+            "to finish",
+            "to finish (plan)",
+            "$ / 1M output tokens",
+            "GPU-hours / 1K kept rows",
+        ],
+        [
+            [
+                f"${cost.cost_per_hour:,.2f}",
+                str(cost.gpus),
+                f"${cost.spent:,.2f}",
+                dollars(cost.to_finish),
+                dollars(cost.to_finish_plan),
+                dollars(cost.per_million_output_tokens),
+                _num(cost.gpu_hours_per_1k_rows, 3),
+            ]
+        ],
+    )
+    return Section("Cost", tables=(("Cost", figures),))
+
+
+def report_sections(status: Status) -> list[Section]:
+    """The page in the order the operator reads it: alerts, the six answers, cost."""
+    return [
+        _alerts(status),
+        _progress(status),
+        _mtp(status),
+        _concurrency(status),
+        _storage(status),
+        _coverage(status),
+        _multi_turn(status),
+        _cost(status),
+    ]
+
+
+def render_markdown(status: Status) -> str:
+    """The whole page as one Markdown document (to copy or print)."""
+    out = [f"**As of {as_of(status.collected_at)}**", ""]
+    for section in report_sections(status):
+        out += [f"### {section.title}", ""]
+        if section.text:
+            out += [section.text, ""]
+        for _, table in section.tables:
+            out += table.markdown()
     return "\n".join(out)
 
 
@@ -304,6 +375,24 @@ def plot_metrics(status: Status) -> dict[str, float | int]:
     }
 
 
+def shard_progress_figures(shard_label: str, heartbeat: Heartbeat) -> dict[str, float | int]:
+    """A running shard's figures for the plots, each named after its shard (`shard-00003/req_per_s`): shards run
+    side by side, and one series per figure across shards would zig-zag between them. The fleet's figures over time
+    are `run_report`'s. Rates are left out until the run has finished a request (before, 0 would be no measurement,
+    not a stall); the accept length until a request reported speculative-decoding stats."""
+    measured = heartbeat.lifetime.req_per_s > 0
+    figures = {
+        "done_events": heartbeat.done_events,
+        "percent_done": round(100 * heartbeat.done_events / heartbeat.total_events, 2)
+        if heartbeat.total_events
+        else None,
+        "req_per_s": round(heartbeat.window.req_per_s, 3) if measured else None,
+        "output_tok_per_s": round(heartbeat.window.output_tok_per_s, 1) if measured else None,
+        "accept_length": round(heartbeat.spec.accept_length_window, 3) if heartbeat.spec.accept_length_window else None,
+    }
+    return {f"{shard_label}/{name}": value for name, value in figures.items() if value is not None}
+
+
 # ---- the chart ---------------------------------------------------------------------------------------------------
 
 
@@ -350,6 +439,91 @@ def progress_chart(points: Sequence[ReportPoint], status: Status) -> bytes:
         return buffer.getvalue()
     finally:
         plt.close(figure)
+
+
+# The inline chart: an SVG small enough to travel as a data: URI inside a Markdown value that the asset page shows
+# in place (under INLINE_MARKDOWN_CHARS). Its axes are in the caption; the PNG in the store has the full chart.
+SPARK_WIDTH, SPARK_HEIGHT, SPARK_GAP = 360, 64, 8
+# Each line through at most this many points, fewer when the chart would not fit in place.
+SPARK_POINTS = (24, 12, 6, 2)
+ACCEPT_LENGTH_SCALE_TOP = 4.0
+# Left as they are in the data: URI (in a <...> Markdown destination spaces may stay); "<", ">" and "#" (a colour,
+# else read as the URI's fragment) are percent-encoded.
+SVG_URI_SAFE = " ,'=/:.-"
+
+
+def _spread(points: Sequence[ReportPoint], most: int) -> list[ReportPoint]:
+    """At most `most` points, evenly spaced over the run, the first and the last kept."""
+    if len(points) <= most:
+        return list(points)
+    step = (len(points) - 1) / (most - 1)
+    return [points[round(i * step)] for i in range(most)]
+
+
+def _polyline(xy: Sequence[tuple[float, float]], colour: str, dashed: bool = False) -> str:
+    coords = ",".join(f"{x:.0f},{y:.0f}" for x, y in xy)
+    dash = " stroke-dasharray='4'" if dashed else ""
+    return f"<polyline points='{coords}' fill='none' stroke='{colour}'{dash}/>"
+
+
+def _sparklines(points: Sequence[ReportPoint], most: int, status: Status) -> tuple[str, str]:
+    """SVG of events done (blue) against the plan (grey, dashed) above the accept length (green), each drawn
+    through at most `most` points; its caption."""
+    t0, t1 = points[0].at, max(points[-1].at, points[0].at + 60)
+    planned = max(status.progress.events_planned, 1)
+
+    def x(at: float) -> float:
+        return (at - t0) / (t1 - t0) * SPARK_WIDTH
+
+    def band(value: float, low: float, high: float, top: float) -> float:
+        return top + SPARK_HEIGHT - (value - low) / ((high - low) or 1) * SPARK_HEIGHT
+
+    done = _spread(points, most)
+    shapes = [_polyline([(x(p.at), band(p.events_done, 0, planned, 0)) for p in done], "#1f77b4")]
+    plan = status.progress.plan
+    if plan and plan.req_per_s:
+        first = points[0].events_done
+        end = min(planned, first + plan.req_per_s * (t1 - t0))
+        plan_end = (x(t0 + (end - first) / plan.req_per_s), band(end, 0, planned, 0))
+        shapes.insert(0, _polyline([(0, band(first, 0, planned, 0)), plan_end], "grey", dashed=True))
+    known = [(p.at, p.accept_length) for p in _spread([p for p in points if p.accept_length is not None], most)]
+    accept = ""
+    if known:
+        low, high = min(a for _, a in known), max(a for _, a in known)
+        top = SPARK_HEIGHT + SPARK_GAP
+        # From 1 (no draft token accepted), so a steady accept length draws flat rather than magnified noise.
+        scale_top = max(high, ACCEPT_LENGTH_SCALE_TOP)
+        shapes.append(_polyline([(x(at), band(a, 1.0, scale_top, top)) for at, a in known], "#2ca02c"))
+        accept = f"; accept length {low:.2f}–{high:.2f} (green, on a scale of 1 to {scale_top:.1f})"
+    height = 2 * SPARK_HEIGHT + SPARK_GAP
+    frames = "".join(
+        f"<rect y='{top}' width='{SPARK_WIDTH}' height='{SPARK_HEIGHT}' fill='none' stroke='#ccc'/>"
+        for top in (0, SPARK_HEIGHT + SPARK_GAP)
+    )
+    svg = (
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{SPARK_WIDTH}' height='{height}' "
+        f"viewBox='-2 -2 {SPARK_WIDTH + 4} {height + 4}'>" + frames + "".join(shapes) + "</svg>"
+    )
+    minutes = (points[-1].at - points[0].at) / 60
+    caption = (
+        f"Over {minutes:,.0f} min: events done {points[0].events_done:,} → {points[-1].events_done:,} of "
+        f"{status.progress.events_planned:,} (blue; plan dashed){accept}"
+    )
+    return svg, caption
+
+
+def inline_chart(points: Sequence[ReportPoint], status: Status) -> str | None:
+    """Markdown for the asset page: the run so far as an inline SVG image with its caption, or None before there
+    are two reports to draw a line between."""
+    points = sorted(points, key=lambda point: point.at)
+    if len(points) < 2:
+        return None
+    for most in SPARK_POINTS:
+        svg, caption = _sparklines(points, most, status)
+        markdown = f"![run so far](<data:image/svg+xml,{quote(svg, safe=SVG_URI_SAFE)}>)\n\n{caption}"
+        if len(markdown) < INLINE_MARKDOWN_CHARS:
+            break
+    return markdown  # at its fewest points still too long, Dagster shows it behind a dialog
 
 
 # ---- when to refresh ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from dagster_project.conversations.shards import (
     SourceTotals,
     read_conversations_manifest,
 )
+from dagster_project.generation.fleet_registry import NodeRecord
 from dagster_project.generation.heartbeat import ACTIVE_STATES, read_heartbeats, run_is_alive
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
@@ -672,6 +673,8 @@ class Status:
     multi_turn: MultiTurnAnswer
     cost: CostAnswer | None = None  # None: no price configured
     alerts: list[Alert] = field(default_factory=list)
+    # Registered nodes lost without `fleet down`: their servers accept no connection and they did not `fleet up` again.
+    stale_nodes: list[NodeRecord] = field(default_factory=list)
 
 
 def collect_status(
@@ -740,8 +743,18 @@ def render_text(status: Status) -> str:
             *render_multi_turn(status.multi_turn),
             *render_cost(status.cost),
             *render_alerts(status.alerts),
+            *render_stale_nodes(status.stale_nodes, status.collected_at),
         ]
     )
+
+
+def render_stale_nodes(records: list[NodeRecord], now: float) -> list[str]:
+    return [
+        f"stale node record {record.node} (host {record.host}, last `fleet up` {_ago(record.registered_at, now)}): "
+        f"none of {', '.join(record.urls)} accepts a connection; no run dispatches to it. Remove it with "
+        f"`dflash fleet forget --node {record.node}`"
+        for record in records
+    ]
 
 
 def _fmt(value: Any, digits: int = 1) -> str:

@@ -8,6 +8,7 @@ from dagster_project.generation.fleet_registry import follow_registry, registere
 from dagster_project.generation.ledger import FleetLedger
 from dagster_project.ops.alerts import FleetCost
 from dagster_project.resources.config_fields import config_fields
+from dagster_project.settings import DEFAULT_FLEET_STALE_AFTER_S
 from dagster_project.sglang.launch import Fleet
 from dagster_project.store.storage import Store
 
@@ -31,6 +32,11 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
     )
     fleet_dir: str | None = Field(default=None, description="Run directory of `dflash fleet up` (its fleet.json).")
     api_key: str | None = Field(default=None, repr=False, description="Bearer key of servers started with --api-key.")
+    stale_node_after_s: float = Field(
+        default=DEFAULT_FLEET_STALE_AFTER_S,
+        description="A registered node whose servers accept no connection and that has not run `fleet up` for this "
+        "long is stale: not dispatched to, listed by `dflash status`.",
+    )
 
     def cost(self) -> FleetCost:
         return self.to_dataclass(FleetCost)
@@ -43,7 +49,7 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
         fleet; empty when none is known."""
         if self._configured():
             return self._configured()
-        registered = registered_endpoints(registry) if registry is not None else []
+        registered = registered_endpoints(registry, self.stale_node_after_s) if registry is not None else []
         if registered:
             return registered
         fleet = Fleet.load(Path(self.fleet_dir)) if self.fleet_dir else None
@@ -70,6 +76,6 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
             api_key=self.api_key,
             windows={self.router_url: self.router_window} if self.router_url else None,
             ledger=FleetLedger(Path(self.fleet_dir) / "ledger") if self.fleet_dir else None,
-            discover=follow_registry(registry) if follows_registry else None,
+            discover=follow_registry(registry, self.stale_node_after_s) if follows_registry else None,
             load_sources={self.router_url: self.router_workers} if self.router_url and self.router_workers else None,
         )

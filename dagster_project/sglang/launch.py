@@ -63,6 +63,8 @@ CAPACITY_FLAGS = ("max_running_requests", "mamba_full_memory_ratio", "max_mamba_
 # Share of the pool budget a GPU launch plan leaves unused: free memory before start is an estimate of what
 # the server will find ("avail mem" in its log).
 PLAN_MARGIN = 0.02
+# sglang-router's default (1800 s) would cut a long thinking generation short.
+ROUTER_REQUEST_TIMEOUT_S = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -364,6 +366,17 @@ def simulator_command(
         elif value is not None:
             command += [flag, str(value)]
     return command
+
+
+def router_command(worker_urls: Sequence[str], *, host: str, port: int, python: str = sys.executable) -> list[str]:
+    """`sglang-router` in front of `worker_urls` as one endpoint for this pipeline: round robin (no prefix is
+    shared, so cache-aware routing buys nothing), no router retries (a retried generation would be requested
+    twice: exactly-once stays with the dispatcher), and a request timeout above the longest thinking answer."""
+    return [
+        python, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls,
+        "--policy", "round_robin", "--host", host, "--port", str(port),
+        "--disable-retries", "--request-timeout-secs", str(ROUTER_REQUEST_TIMEOUT_S),
+    ]  # fmt: skip
 
 
 def redact(command: Sequence[str]) -> list[str]:

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 
 from dagster_project.conversations.shards import read_conversations_manifest
@@ -35,6 +35,9 @@ from dagster_project.store.storage import Store, local_copy
 from dagster_project.training.lengths import LengthFigures
 from dagster_project.training.shards import iter_training_batches, read_training_manifest
 from dagster_project.training.stage import UNKNOWN_SOURCE
+
+if TYPE_CHECKING:
+    import duckdb
 
 MAX_SHARE_SHIFT_POINTS = 5.0
 LAST_TURN_POSITION = 4  # positions past it are counted together, as "4+"
@@ -222,6 +225,8 @@ def _groups(
 
 def mixture_report(store: Store, options: MixtureOptions | None = None) -> MixtureReport:
     """The mixture of the training set now published (see the module's docstring)."""
+    import duckdb  # here: every run process loads this module with the definitions; only the report needs it
+
     options = options or MixtureOptions()
     with duckdb.connect() as con:
         max_length, lengths = _load(con, store)

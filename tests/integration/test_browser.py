@@ -2,10 +2,11 @@
 Selenium; nothing downloads a browser) opens `dagster dev`, loads the `run_report` asset page and a completions
 partition page, and reads what a person would see there.
 
-One shard is generated, assembled and exported (the `shard_job`), then `run_report` is materialized with a plan
-and a price, all through the Dagster CLI on the instance `dagster dev` serves. The test asserts that the page
-renders the six answers, the per-server table, cost and the figures; screenshots and the pages' text are saved
-under `test-artifacts/browser/` (gitignored; CI keeps them).
+`run_report` is materialized with a plan and a price, one shard is generated, assembled and exported (the
+`shard_job`), and `run_report` is materialized again, all through the Dagster CLI on the instance `dagster dev`
+serves. The test asserts that the asset's overview shows, in place and without opening a dialog, the six answers,
+the per-server table, cost and the chart of the run between the two reports (an inline SVG image); screenshots
+and the pages' text are saved under `test-artifacts/browser/` (gitignored; CI keeps them).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tests.support.dagster_helpers import (
     run_cli,
 )
 from tests.support.paths import PROJECT_ROOT
+from tests.support.sglang_fixtures import wait_until
 
 CHROMIUM = Path(os.environ.get("CHROMIUM_BIN", "/usr/bin/chromium"))
 CHROMEDRIVER = Path(os.environ.get("CHROMEDRIVER_BIN", "/usr/bin/chromedriver"))
@@ -55,7 +57,7 @@ def browser() -> Iterator:
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1500,2200"):
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=2200,3200"):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     try:
@@ -92,11 +94,38 @@ def _save(driver, name: str) -> str:
     return text
 
 
-def _save_dialog(driver, name: str) -> None:
-    """Screenshot of the open dialog alone (the README's picture of the operator page)."""
+def _save_element(driver, element, name: str) -> None:
+    """Screenshot of one element (the README's picture of the operator page)."""
+    element.screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def _metadata_table(driver):
+    """The table of the latest materialization's metadata on the asset's overview."""
     from selenium.webdriver.common.by import By
 
-    driver.find_element(By.CSS_SELECTOR, "[role='dialog']").screenshot(str(ARTIFACTS / f"{name}.png"))
+    return driver.find_element(By.XPATH, f"//table[.//*[normalize-space(text())='{SIX_ANSWERS[0]}']]")
+
+
+def _wait_for_inline_chart(driver) -> None:
+    """Until the chart (an SVG data: URI in a Markdown entry) is drawn in place: loaded, with a size."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5).until(
+        lambda d: any(
+            d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image)
+            for image in d.find_elements(By.CSS_SELECTOR, "img[src^='data:image/svg+xml']")
+        )
+    )
+
+
+def _runs_with_purpose(dev: DagsterDev, purpose: str, count: int) -> list[dict] | None:
+    """The runs tagged `dflash/purpose: <purpose>`, once there are `count` of them."""
+    result = dev.query("{ runsOrError { ... on Runs { results { runId jobName tags { key value } } } } }")
+    runs = [
+        run for run in result["runsOrError"]["results"] if {"key": "dflash/purpose", "value": purpose} in run["tags"]
+    ]
+    return runs if len(runs) >= count else None
 
 
 def _dismiss_welcome(driver) -> None:
@@ -110,6 +139,8 @@ def _dismiss_welcome(driver) -> None:
 
 
 def test_the_operator_page_renders_the_six_answers_and_the_per_server_table(sim_fleet, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
     fleet = sim_fleet(2, **FAST_ANSWERS, enable_metrics=True)
     home = dagster_home(tmp_path / "dagster_home")
     store = tmp_path / "store"
@@ -125,34 +156,42 @@ def test_the_operator_page_renders_the_six_answers_and_the_per_server_table(sim_
     write_plan(
         LocalStore(store), Plan(source="browser test", req_per_s=20.0, avg_output_tokens=100, output_tok_per_s=2000)
     )
+    materialize_report = [
+        DAGSTER,
+        "asset",
+        "materialize",
+        "-m",
+        "dagster_project.definitions",
+        "--select",
+        "run_report",
+    ]
+    run_cli(materialize_report, env=env, cwd=tmp_path, timeout_s=300)  # before the shard: the inline chart's start
     shard_job = [DAGSTER, "job", "execute", "-m", "dagster_project.definitions", "-j", "shard_job"]
     run_cli([*shard_job, "--tags", '{"dagster/partition": "shard-00000"}'], env=env, cwd=tmp_path, timeout_s=300)
-    run_cli(
-        [DAGSTER, "asset", "materialize", "-m", "dagster_project.definitions", "--select", "run_report"],
-        env=env,
-        cwd=tmp_path,
-        timeout_s=300,
-    )
+    run_cli(materialize_report, env=env, cwd=tmp_path, timeout_s=300)
 
     with DagsterDev.running(env, tmp_path) as dev:
         base = f"http://127.0.0.1:{dev.port}"
         browser.get(f"{base}/assets/run_report")
         try:
-            _wait_for(browser, "[Show Markdown]")
+            _wait_for(browser, SIX_ANSWERS[-1])  # on the asset's overview, in its latest materialization's metadata
             _dismiss_welcome(browser)
-            _click(browser, "[Show Markdown]")  # the report entry of the latest materialization's metadata
-            _wait_for(browser, SIX_ANSWERS[-1])
+            _wait_for_inline_chart(browser)
         finally:
             report = _save(browser, "run_report")
-        _save_dialog(browser, "operator_page")
+        _save_element(browser, _metadata_table(browser), "operator_page")
+        assert not browser.find_elements(By.CSS_SELECTOR, "[role='dialog']")  # all of it in place, no dialog
         for answer in SIX_ANSWERS:
             assert answer in report, answer
-        # The per-server table: its header and one row per server of the fleet.
+        # The per-server table, drawn in place: its header and one row per server of the fleet.
         assert "client window" in report and "what limits it" in report
         for url in fleet.urls:
             assert url in report, url
         assert "$7.00" in report  # the fleet's $/hour: 2 servers at $3.50 per GPU-hour
         assert "measured / plan" in report and " UTC" in report and "{" not in report
+        # Only the whole page in one document (the `report` entry, to copy) still opens in a dialog.
+        assert report.count("[Show Markdown]") == 1
+        assert "events done" in report and "(blue; plan dashed)" in report  # the inline chart's caption
 
         browser.get(f"{base}/assets/completions?partition=shard-00000")
         try:
@@ -160,5 +199,23 @@ def test_the_operator_page_renders_the_six_answers_and_the_per_server_table(sim_
         finally:
             partition = _save(browser, "completions_shard-00000")
         assert "shard-00000" in partition and "spec_accept_length" in partition
+
+        # The asset page's Materialize button: Dagster runs it in its hidden asset job, which the asset tags.
+        browser.get(f"{base}/assets/run_report")
+        _wait_for(browser, SIX_ANSWERS[-1])
+        _click(browser, "Materialize")
+        runs = wait_until(
+            lambda: _runs_with_purpose(dev, "materialize run_report", count=3),
+            timeout_s=PAGE_TIMEOUT_S * 3,
+            interval_s=1.0,
+            what="the run launched from the asset page to be tagged",
+        )
+        assert {run["jobName"] for run in runs} == {"__ASSET_JOB"}  # two from the CLI, one from the button
+        assert _runs_with_purpose(dev, "shard", count=1)[0]["jobName"] == "shard_job"
+        browser.get(f"{base}/runs")
+        try:
+            _wait_for(browser, "materialize run_report")
+        finally:
+            _save(browser, "runs")
     if os.environ.get("UPDATE_README_SCREENSHOT"):  # refresh the README's picture: UPDATE_README_SCREENSHOT=1
         shutil.copyfile(ARTIFACTS / "operator_page.png", PROJECT_ROOT / "docs" / "images" / "operator_page.png")

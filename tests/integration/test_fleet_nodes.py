@@ -1,5 +1,6 @@
 """A fleet across nodes: `dflash fleet up` on each node registers its servers in the store, and a running
-dispatcher takes on the servers of a node that joins, without restarting anything.
+dispatcher takes on the servers of a node that joins, without restarting anything: in the dispatcher alone, and
+in a shard run through Dagster.
 
 The "nodes" are separate work directories on this machine whose simulators listen on different loopback
 addresses (127.0.0.2, 127.0.0.3), sharing one store.
@@ -13,13 +14,26 @@ import sys
 from pathlib import Path
 
 import orjson
+import psutil
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, GenRequest, Outcome
 from dagster_project.generation.fleet_registry import fleet_servers as registry_entries
 from dagster_project.generation.fleet_registry import follow_registry, register_node, registered_nodes
+from dagster_project.generation.shards import shard_coverage
+from dagster_project.generation.stage import journal_path
+from dagster_project.generation_settings import GenerationSettings
 from dagster_project.sglang import protocol as proto
 from dagster_project.store.storage import LocalStore
-from tests.support.dagster_helpers import pipeline_env
+from tests.support.dagster_helpers import (
+    DAGSTER,
+    DEFS_MODULE,
+    dagster_home,
+    kill_process_group,
+    pipeline_env,
+    publish_conversations,
+)
+from tests.support.journal_files import journal_records
+from tests.support.sglang_fixtures import wait_until
 
 NODE_CAP = 4
 SLOW = {"output_len": "fixed:40", "decode_step_s": 0.01, "max_running_requests": NODE_CAP}
@@ -115,3 +129,51 @@ def test_a_node_that_joins_mid_run_takes_load_up_to_its_cap_without_a_restart(si
     # Nothing the first node answered before the join was sent again: one request per event in all.
     received = sum(len(fleet.requests(i)) for fleet in (first, joining) for i in range(len(fleet.urls)))
     assert received == total
+
+
+def test_a_node_that_joins_while_a_shard_runs_through_dagster_reaches_its_cap_without_a_restart(sim_fleet, tmp_path):
+    """Node A's one slow server generates shard 0 in a `dagster asset materialize` run; mid-shard node B's
+    servers start and register (what its `fleet up` writes). The same run process takes them on at its next
+    registry read and fills each to its running cap, and finishes the shard exactly once."""
+    store = LocalStore(tmp_path / "store")
+    first = sim_fleet(1, host="127.0.0.2", output_len="fixed:40", decode_step_s=0.03, max_running_requests=NODE_CAP)
+    register_node(store, "node-a", "simulator", registry_entries(first.fleet, "127.0.0.2", {}))
+    env = node_env(tmp_path, store, "node-a")
+    home = dagster_home(Path(env["DAGSTER_HOME"]))
+    publish_conversations(home, store.root, env)
+    # Registry read every second (10 s by default): the join is seen well before the shard ends.
+    config = {"resources": {"fleet": {"config": {"discovery_interval_s": 1.0}}}}
+    command = [DAGSTER, "asset", "materialize", "-m", DEFS_MODULE, "--select", "completions"]
+    command += ["--partition", "shard-00000", "--config-json", orjson.dumps(config).decode()]
+    run = subprocess.Popen(
+        command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        journal = journal_path(Path(env["DFLASH_WORK_DIR"]), 0, GenerationSettings().fingerprint())
+        wait_until(
+            lambda: journal.exists() and len(journal_records(journal)) >= 5 or run.poll() is not None,
+            timeout_s=300,
+            interval_s=0.2,
+            what="the shard run to generate",
+        )
+        assert run.poll() is None, run.stdout.read()
+        processes = {p.pid for p in psutil.Process(run.pid).children(recursive=True)} | {run.pid}
+
+        joining = sim_fleet(2, host="127.0.0.3", **SLOW)
+        register_node(store, "node-b", "simulator", registry_entries(joining.fleet, "127.0.0.3", {}))
+        wait_until(
+            lambda: all(joining.state(i)["peaks"]["running"] == NODE_CAP for i in range(2)) or run.poll() is not None,
+            timeout_s=120,
+            interval_s=0.2,
+            what="node B's servers to reach their running cap",
+        )
+        done_at_cap = len(journal_records(journal))
+        assert [joining.state(i)["peaks"]["running"] for i in range(2)] == [NODE_CAP, NODE_CAP]
+        # Nothing was restarted: the run process and its step process are the ones that started the shard.
+        assert run.poll() is None and all(psutil.pid_exists(pid) for pid in processes)
+        output, _ = run.communicate(timeout=300)
+    finally:
+        kill_process_group(run)
+    assert run.returncode == 0, output[-4000:]
+    coverage = shard_coverage(store, 0)
+    assert coverage.exact and done_at_cap < coverage.expected, (coverage, done_at_cap)

