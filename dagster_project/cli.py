@@ -18,6 +18,7 @@ import os
 import shlex
 import socket
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -44,18 +45,25 @@ DEMO_SIMULATOR = {
 }
 
 
-def _materialized_shards() -> set[int] | None:
-    """Completions shards the Dagster instance recorded as materialized (None without an instance)."""
+@contextlib.contextmanager
+def _dagster_instance() -> typing.Iterator[dg.DagsterInstance | None]:
+    """This node's Dagster instance (`DAGSTER_HOME`), opened once for the whole command; None without one."""
     home = os.environ.get("DAGSTER_HOME")
     if not home or not Path(home).is_dir():
-        return None
+        yield None
+        return
     with dg.DagsterInstance.get() as instance:
-        return {
-            layout.shard_index(key) for key in instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))
-        }
+        yield instance
 
 
-def _fail_dead_runs(dead_runs: list[Any]) -> list[str]:
+def _materialized_shards(instance: dg.DagsterInstance | None) -> set[int] | None:
+    """Completions shards the Dagster instance recorded as materialized (None without an instance)."""
+    if instance is None:
+        return None
+    return {layout.shard_index(key) for key in instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))}
+
+
+def _fail_dead_runs(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -> list[str]:
     """Mark failed the Dagster runs still STARTED whose process this host saw gone (killed: nothing else would
     ever end them), and give back their pool slots; return their ids.
 
@@ -63,32 +71,30 @@ def _fail_dead_runs(dead_runs: list[Any]) -> list[str]:
     wrote any heartbeat: killed while starting, holding a slot of the fleet's pool) every process its events
     came from is gone. The second is only sound when the instance's storage is this host's SQLite file, so
     every run process of the instance ran here; runs on other hosts are left to their own run monitoring."""
-    home = os.environ.get("DAGSTER_HOME")
-    if not home or not Path(home).is_dir():
+    if instance is None:
         return []
     marked = []
-    with dg.DagsterInstance.get() as instance:
-        reasons = {
-            dead.run_id: f"the run's process (pid {dead.pid} on {dead.host}) is gone: it was killed while it "
-            f"generated shard {dead.shard} (seen by dflash status)"
-            for dead in dead_runs
-            if dead.process_checked and dead.run_id
-        }
-        if _storage_is_local(instance):
-            for run_id in instance.event_log_storage.get_concurrency_run_ids() - reasons.keys():
-                pids = _run_process_ids(instance, run_id)
-                if pids and not any(psutil.pid_exists(pid) for pid in pids):
-                    reasons[run_id] = (
-                        f"the run's processes (pids {', '.join(map(str, sorted(pids)))}) are gone while it held a "
-                        f"slot of a concurrency pool: it was killed (seen by dflash status)"
-                    )
-        for run_id, reason in reasons.items():
-            run = instance.get_run_by_id(run_id)
-            if run is not None and run.status in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
-                instance.report_run_failed(run, f"{reason}. Materialize the shard again: it resumes from its journal.")
-                # A killed run never gives back its pool slot: without this, shard runs queue behind dead ones.
-                instance.event_log_storage.free_concurrency_slots_for_run(run_id)
-                marked.append(run_id)
+    reasons = {
+        dead.run_id: f"the run's process (pid {dead.pid} on {dead.host}) is gone: it was killed while it "
+        f"generated shard {dead.shard} (seen by dflash status)"
+        for dead in dead_runs
+        if dead.process_checked and dead.run_id
+    }
+    if _storage_is_local(instance):
+        for run_id in instance.event_log_storage.get_concurrency_run_ids() - reasons.keys():
+            pids = _run_process_ids(instance, run_id)
+            if pids and not any(psutil.pid_exists(pid) for pid in pids):
+                reasons[run_id] = (
+                    f"the run's processes (pids {', '.join(map(str, sorted(pids)))}) are gone while it held a "
+                    f"slot of a concurrency pool: it was killed (seen by dflash status)"
+                )
+    for run_id, reason in reasons.items():
+        run = instance.get_run_by_id(run_id)
+        if run is not None and run.status in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
+            instance.report_run_failed(run, f"{reason}. Materialize the shard again: it resumes from its journal.")
+            # A killed run never gives back its pool slot: without this, shard runs queue behind dead ones.
+            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+            marked.append(run_id)
     return marked
 
 
@@ -111,27 +117,28 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
     from dagster_project.ops.status import collect_status, render_text
 
     store = resources.store.open()
-    try:
-        if args.by_id:
-            num_shards = published_num_shards(store)
-            if num_shards is None:
-                manifest = store.url(layout.stage_manifest_key(layout.CONVERSATIONS))
-                raise SystemExit(f"no {manifest}: materialize conversations before asking for coverage by id")
-            write_coverage(store, dataset_coverage(store, num_shards))
-        status = collect_status(
-            store,
-            resources.fleet.known_endpoints(store),
-            api_key=resources.fleet.api_key,
-            materialized=_materialized_shards(),
-            cost=resources.fleet.cost(),
-        )
-        _, stale = fleet_registry.live_nodes(store, resources.fleet.stale_node_after_s)
-    except StoreError as exc:  # it names the object (a damaged manifest, a truncated shard) or the store
-        raise SystemExit(f"dflash status: {exc}") from exc
-    status = dataclasses.replace(status, stale_nodes=stale)
-    print(json.dumps(dataclasses.asdict(status), indent=2, default=str) if args.json else render_text(status))
-    for run_id in _fail_dead_runs(status.progress.dead_runs):
-        print(f"marked Dagster run {run_id} failed: its process is gone", file=sys.stderr)
+    with _dagster_instance() as instance:
+        try:
+            if args.by_id:
+                num_shards = published_num_shards(store)
+                if num_shards is None:
+                    manifest = store.url(layout.stage_manifest_key(layout.CONVERSATIONS))
+                    raise SystemExit(f"no {manifest}: materialize conversations before asking for coverage by id")
+                write_coverage(store, dataset_coverage(store, num_shards))
+            status = collect_status(
+                store,
+                resources.fleet.known_endpoints(store),
+                api_key=resources.fleet.api_key,
+                materialized=_materialized_shards(instance),
+                cost=resources.fleet.cost(),
+            )
+            _, stale = fleet_registry.live_nodes(store, resources.fleet.stale_node_after_s)
+        except StoreError as exc:  # it names the object (a damaged manifest, a truncated shard) or the store
+            raise SystemExit(f"dflash status: {exc}") from exc
+        status = dataclasses.replace(status, stale_nodes=stale)
+        print(json.dumps(dataclasses.asdict(status), indent=2, default=str) if args.json else render_text(status))
+        for run_id in _fail_dead_runs(instance, status.progress.dead_runs):
+            print(f"marked Dagster run {run_id} failed: its process is gone", file=sys.stderr)
     return 0
 
 
@@ -530,22 +537,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS_NEEDING_TOKENIZER = {cmd_tune}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # The resources the definitions run with, from the same environment, initialized as a run initializes
-    # them: the store with its retry settings, the fleet with `api_key` resolved (it is never printed).
-    # The tokenizer loads when initialized (seconds): only the commands that render prompts get it.
-    needed = {
-        name: resource
-        for name, resource in resources_from_env().items()
-        if name != "tokenizer" or args.func in COMMANDS_NEEDING_TOKENIZER
-    }
+    # The resources the definitions run with, from the same environment, used in this process as they are:
+    # Dagster's initialization would build an in-memory instance and copy every resource (most of a second of
+    # every command) for what this needs of it, `api_key` read from the environment (it is never printed).
+    # The tokenizer loads when a command first asks for it; the "s3" resource's client is never built (the
+    # store builds its own from the S3 settings nested in it).
+    resources = types.SimpleNamespace(**resources_from_env(resolve_secrets=True))
     try:
-        with dg.build_resources(needed) as resources:
-            return args.func(args, resources)
+        return args.func(args, resources)
     except BrokenPipeError:
         # The reader went away (`dflash status | head`): what it read is all it wanted. Point stdout at
         # /dev/null so the interpreter's final flush does not fail on the closed pipe again.

@@ -214,11 +214,11 @@ def publish_shards(
 
     with ThreadPoolExecutor(max_workers=PUBLISH_WORKERS) as pool:
         manifests = []
-        for manifest in pool.map(publish, range(buffers.num_shards)):
+        for manifest in pool.map(publish, object_index.spread_over_blocks(range(buffers.num_shards))):
             manifests.append(manifest)
             if len(manifests) % 200 == 0:
                 log(f"published {len(manifests)}/{buffers.num_shards} shards")
-    return manifests
+    return sorted(manifests, key=lambda manifest: manifest.shard)
 
 
 def remove_stale_shards(store: Store, num_shards: int) -> int:

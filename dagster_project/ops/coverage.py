@@ -115,20 +115,27 @@ class DatasetCoverage:
 
 
 def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB") -> DatasetCoverage:
-    conversations, _ = read_manifests_from_objects(store, CONVERSATIONS, ConversationsShardManifest)
-    planned = {s: conversations[s] for s in range(num_shards) if s in conversations}
     with (
         tempfile.TemporaryDirectory(prefix="dflash-coverage-") as spill,
         ThreadPoolExecutor(max_workers=1) as background,
     ):
-        # The completions' manifests are read and their objects verified while DuckDB (which releases the GIL)
-        # reads the conversations.
-        verifying = background.submit(_verified_completions, store)
+        # The completions' manifests are read and their objects verified in the background: on S3 while the
+        # conversations' manifests are fetched too (both mostly wait on requests); on a local store only once
+        # DuckDB (which releases the GIL) reads the conversations, since sooner it would only slow the reading
+        # of the conversations' manifests (both need the GIL), which DuckDB waits for.
+        verifying = None if isinstance(store, LocalStore) else background.submit(_verified_completions, store)
+        conversations, _ = read_manifests_from_objects(store, CONVERSATIONS, ConversationsShardManifest)
+        planned = {s: conversations[s] for s in range(num_shards) if s in conversations}
+        verifying = verifying or background.submit(_verified_completions, store)
         # Imported here, as pyarrow.dataset below: every run process loads this module with the definitions,
         # and only the run report reads the dataset (duckdb and pyarrow.dataset, which imports pandas: ~0.5 s).
         import duckdb
 
-        con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill})
+        # Insertion order is of no use here (rows are told apart by their rowid, samples are sorted): without it
+        # DuckDB loads in parallel with less memory.
+        con = duckdb.connect(
+            config={"memory_limit": memory_limit, "temp_directory": spill, "preserve_insertion_order": False}
+        )
         _load_planned(con, store, planned, Path(spill))
         completions, damaged = verifying.result()
         counted = {s: m for s, m in completions.items() if s < num_shards and s not in damaged}
@@ -215,6 +222,12 @@ def _load_planned(
 
 
 _RECORDED = pa.schema([("event_id", pa.string()), ("status", pa.string())])
+# Straight from the objects to one row per recorded event id (the records themselves are never kept).
+_PER_EVENT = """
+    CREATE TABLE per_event AS
+    SELECT event_id, count(*) AS records, count(*) FILTER (WHERE status <> 'ok') AS errors
+    FROM {source} GROUP BY event_id
+"""
 
 
 def _load_recorded(
@@ -222,12 +235,12 @@ def _load_recorded(
 ) -> None:
     keys = [key for _, m in sorted(manifests.items()) for key in m.data_keys]
     if not keys:
-        con.execute("CREATE TABLE recorded (event_id VARCHAR, status VARCHAR)")
+        con.execute("CREATE TABLE per_event (event_id VARCHAR, records BIGINT, errors BIGINT)")
         return
     try:
         if isinstance(store, LocalStore):
             paths = [str(path) for path in local_files(store, keys, Path())]
-            con.execute("CREATE TABLE recorded AS SELECT event_id, status FROM read_parquet(?)", [paths])
+            con.execute(_PER_EVENT.format(source="read_parquet(?)"), [paths])
         else:  # DuckDB reads the two columns through pyarrow's S3 file system: ranged GETs, no downloads
             import pyarrow.dataset as ds
 
@@ -236,7 +249,7 @@ def _load_recorded(
                 [f"{root}/{key}" for key in keys], schema=_RECORDED, format="parquet", filesystem=filesystem
             )
             con.register("completion_objects", objects)
-            con.execute("CREATE TABLE recorded AS SELECT event_id, status FROM completion_objects")
+            con.execute(_PER_EVENT.format(source="completion_objects"))
     except (*_unreadable(), pa.ArrowException, OSError) as exc:
         for key in keys:  # name the damaged object
             for _ in iter_parquet_batches(store, [key], ["event_id"]):
@@ -246,21 +259,21 @@ def _load_recorded(
 
 def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) -> DatasetCoverage:
     """A few passes over the planned and recorded ids; a sample of ids only where there is something to show."""
+    # One join answers both sides: recorded events that match no planned one gather in the group of no
+    # conversation (NULL), the unexpected events.
     con.execute(
-        """CREATE TABLE per_event AS
-           SELECT event_id, count(*) AS records, count(*) FILTER (WHERE status <> 'ok') AS errors
-           FROM recorded GROUP BY event_id;
-           CREATE TABLE per_conversation AS
+        """CREATE TABLE per_conversation AS
            SELECT p.conversation, count(*) AS events, count(*) FILTER (WHERE e.records IS NULL) AS missing,
                   min(coalesce(e.records, 0)) AS least, max(coalesce(e.records, 0)) AS most,
                   sum(coalesce(e.errors, 0)) AS errors
-           FROM planned p LEFT JOIN per_event e USING (event_id) GROUP BY p.conversation"""
+           FROM planned p FULL JOIN per_event e USING (event_id) GROUP BY p.conversation"""
     )
     conversations, done, partial, missing_conversations, with_errors, planned, missing = con.execute(
         """SELECT count(*), count(*) FILTER (WHERE least >= 1), count(*) FILTER (WHERE least = 0 AND most >= 1),
                   count(*) FILTER (WHERE most = 0), count(*) FILTER (WHERE errors > 0), sum(events), sum(missing)
-           FROM per_conversation"""
+           FROM per_conversation WHERE conversation IS NOT NULL"""
     ).fetchone()
+    unexpected_events = con.execute("SELECT sum(events) FROM per_conversation WHERE conversation IS NULL").fetchone()
     recorded, duplicated = con.execute(
         "SELECT sum(records), count(*) FILTER (WHERE records > 1) FROM per_event"
     ).fetchone()
@@ -268,7 +281,7 @@ def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) 
     samples = {
         "missing": ("SELECT event_id FROM planned ANTI JOIN per_event USING (event_id)", missing),
         "duplicated": ("SELECT event_id FROM per_event WHERE records > 1", duplicated),
-        "unexpected": (unexpected, int(con.execute(f"SELECT count(*) FROM ({unexpected})").fetchone()[0])),
+        "unexpected": (unexpected, int(unexpected_events[0] or 0)),
     }
     # A conversation planned twice (in two shards, or twice in one) would be generated twice.
     several = "SELECT id FROM conversations GROUP BY id HAVING count(*) > 1"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import socket
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -88,31 +89,40 @@ class Readings:
 
 
 def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, now: float) -> Readings:
-    """A few requests whatever the shard count: the shards' manifests and the finished runs' heartbeats come from
-    the store's index (`store.object_index`), not one object each. Checking the stored shards themselves (listing,
-    checksums) is the coverage check's work (`ops.coverage`), which reads every object anyway."""
-    conversations = read_conversations_manifest(store)
-    shards = conversations.num_shards if conversations else 0  # as published: the environment has no say
-    manifests = read_published_manifests(store, COMPLETIONS, CompletionsShardManifest)
-    # The stage manifest is written last: while it is missing, the shards published so far tell the plan.
-    events_planned = (conversations.turns if conversations else 0) or sum(
-        m.turns
-        for s, m in read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest).items()
-        if s < shards
-    )
-    return Readings(
-        now=now,
-        num_shards=shards,
-        raw=read_raw_prompts_manifest(store),
-        conversations=conversations,
-        events_planned=events_planned,
-        published={s: m for s, m in manifests.items() if s < shards},
-        heartbeats=read_heartbeats(store),
-        fleet=probe_fleet(endpoints, api_key),
-        plan=read_plan(store),
-        coverage_by_id=read_coverage(store),
-        tuning=read_report(store),
-    )
+    """A few requests whatever the shard count, made side by side: the shards' manifests and the finished runs'
+    heartbeats come from the store's index (`store.object_index`), not one object each, and the other records and
+    the fleet's probes are read meanwhile. Checking the stored shards themselves (listing, checksums) is the
+    coverage check's work (`ops.coverage`), which reads every object anyway."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        conversations = pool.submit(read_conversations_manifest, store)
+        manifests = pool.submit(read_published_manifests, store, COMPLETIONS, CompletionsShardManifest)
+        raw = pool.submit(read_raw_prompts_manifest, store)
+        heartbeats = pool.submit(read_heartbeats, store)
+        fleet = pool.submit(probe_fleet, endpoints, api_key)
+        plan = pool.submit(read_plan, store)
+        coverage_by_id = pool.submit(read_coverage, store)
+        tuning = pool.submit(read_report, store)
+        stage = conversations.result()
+        shards = stage.num_shards if stage else 0  # as published: the environment has no say
+        # The stage manifest is written last: while it is missing, the shards published so far tell the plan.
+        events_planned = (stage.turns if stage else 0) or sum(
+            m.turns
+            for s, m in read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest).items()
+            if s < shards
+        )
+        return Readings(
+            now=now,
+            num_shards=shards,
+            raw=raw.result(),
+            conversations=stage,
+            events_planned=events_planned,
+            published={s: m for s, m in manifests.result().items() if s < shards},
+            heartbeats=heartbeats.result(),
+            fleet=fleet.result(),
+            plan=plan.result(),
+            coverage_by_id=coverage_by_id.result(),
+            tuning=tuning.result(),
+        )
 
 
 # 1. progress ---------------------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ from dagster_project.resources.store import DatasetStore
 from dagster_project.resources.tokenizer import TokenizerResource
 
 
-def resources_from_env() -> dict[str, dg.ConfigurableResource]:
+def resources_from_env(*, resolve_secrets: bool = False) -> dict[str, dg.ConfigurableResource]:
+    """`resolve_secrets`: for a process that uses the resources without Dagster initializing them (`dflash`), the
+    secrets' values rather than references that Dagster resolves when it initializes them."""
     # Credentials, endpoint, region and profile reach boto3 through its own environment chain
     # (AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_ENDPOINT_URL, ...): nothing secret is set here.
     s3 = S3Resource()
@@ -31,6 +33,8 @@ def resources_from_env() -> dict[str, dg.ConfigurableResource]:
             cost_per_gpu_hour=settings.cost_per_gpu_hour(),
             stale_node_after_s=settings.fleet_stale_after_s(),
             # An EnvVar is resolved when the resource is initialized: the key never enters run config or the UI.
-            api_key=dg.EnvVar("SGLANG_API_KEY") if os.environ.get("SGLANG_API_KEY") else None,
+            api_key=(os.environ.get("SGLANG_API_KEY") if resolve_secrets else dg.EnvVar("SGLANG_API_KEY"))
+            if os.environ.get("SGLANG_API_KEY")
+            else None,
         ),
     }

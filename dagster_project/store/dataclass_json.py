@@ -50,6 +50,7 @@ def _fields_to_read(kind: type) -> tuple[tuple[str, Any], ...]:
     return tuple((f.name, hints[f.name] if _holds_dataclass(hints[f.name]) else None) for f in fields(kind) if f.init)
 
 
+@functools.cache
 def _holds_dataclass(hint: Any) -> bool:
     return is_dataclass(hint) or any(_holds_dataclass(arg) for arg in typing.get_args(hint))
 

@@ -48,6 +48,12 @@ def block_key(key: str) -> str:
     return f"{INDEX_PREFIX}/{key.split('/', 1)[0]}/block={int(found[1]) // BLOCK_SHARDS:05d}.json"
 
 
+def spread_over_blocks(shards: Iterable[int]) -> list[int]:
+    """`shards` reordered so that consecutive ones fall in different index blocks: publishers working through
+    them side by side then rarely race for one block (each lost race re-reads and rewrites the whole block)."""
+    return sorted(shards, key=lambda shard: (shard % BLOCK_SHARDS, shard))
+
+
 def _update(store: Store, block: str, change: Callable[[Entries], None]) -> None:
     for attempt in range(CAS_ATTEMPTS):
         current = store.get_versioned(block)

@@ -177,7 +177,8 @@ class LocalStore:
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         base = self._path(prefix) if prefix else self.root
-        search_root = base if base.is_dir() else base.parent
+        # "fleet/" names a directory: when it is absent nothing matches (its parent may be the whole store).
+        search_root = base if base.is_dir() or prefix.endswith("/") else base.parent
         if not search_root.exists():
             return
         found = []
@@ -427,6 +428,9 @@ def bounded_client(policy: RetryPolicy, **client_args: Any) -> Any:
         connect_timeout=policy.connect_timeout_s,
         read_timeout=policy.read_timeout_s,
         retries={"total_max_attempts": 1},
+        # Readers run up to 16 requests at once (index blocks, manifests, downloads); past the pool's size
+        # (botocore's default is 10) each extra request would open a connection and drop it after.
+        max_pool_connections=32,
     )
     return session.client("s3", config=config, **client_args)
 

@@ -103,6 +103,14 @@ def test_concurrent_writers_of_one_index_block_lose_no_entry(tmp_path):
     assert sorted(found) == sorted(keys)
 
 
+def test_publishers_working_side_by_side_take_shards_of_different_blocks():
+    shards = range(3 * object_index.BLOCK_SHARDS + 5)
+    order = object_index.spread_over_blocks(shards)
+    blocks = [object_index.block_key(shard_manifest_key(COMPLETIONS, shard)) for shard in order]
+    assert sorted(order) == list(shards)
+    assert all(len(set(blocks[start : start + 3])) == 3 for start in range(len(blocks) - 2))  # 3 full blocks
+
+
 def test_a_running_heartbeat_is_read_from_its_object_and_a_finished_one_from_the_index(tmp_path):
     store = CountingStore(tmp_path / "store")
     write_heartbeat(store, heartbeat(7, state="running", done=1), first=True)
