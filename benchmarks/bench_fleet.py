@@ -224,12 +224,19 @@ class Row:
         times = [s.at - self.started for s in self.samples if s.generating]
         return min(times), max(times)
 
-    def handoffs(self) -> list[float]:
-        """Seconds each freed pool slot stood unused: from a run's completions step ending to the next run's
-        completions step starting, in order (the daemon's rows)."""
-        released = sorted(t.released for t in self.runs)
-        taken = sorted(t.slot for t in self.runs)[RUNS_AT_ONCE:]
-        return [start - free for free, start in zip(released, taken)]
+    def pool_short(self) -> tuple[float, float]:
+        """(seconds with fewer than RUNS_AT_ONCE pool slots held, seconds) from the first completions step's start
+        to the last's: how long a shard waited for its run while a slot was free (the daemon's rows)."""
+        changes = sorted([(t.slot, 1) for t in self.runs] + [(t.released, -1) for t in self.runs])
+        first, last = min(t.slot for t in self.runs), max(t.slot for t in self.runs)
+        held, short, previous = 0, 0.0, first
+        for at, change in changes:
+            if at > last:
+                break
+            if held < RUNS_AT_ONCE:
+                short += at - previous
+            held, previous = held + change, at
+        return short, last - first
 
 
 # ---- the three rows ----------------------------------------------------------------------------------------
@@ -460,12 +467,12 @@ def render(rows: list[Row], shard_sizes: list[int], load: tuple[float, float]) -
     lines += ["", "The backfills' runs, seconds after the launch:", ""]
     for row in rows:
         if row.runs:
-            handoffs = row.handoffs()
+            short, until = row.pool_short()
             lines.append(
                 f"* {row.name}: runs created {row.runs[0].created:.1f}–{max(t.created for t in row.runs):.1f}, "
                 f"processes started {', '.join(f'{t.started:.0f}' for t in row.runs)}; completions steps (pool "
-                f"slots) {', '.join(f'{t.slot:.0f}–{t.released:.0f}' for t in row.runs)}; a freed slot unused for "
-                f"{', '.join(f'{h:.1f}' for h in handoffs)} s (mean {statistics.mean(handoffs):.1f} s)."
+                f"slots) {', '.join(f'{t.slot:.0f}–{t.released:.0f}' for t in row.runs)}; fewer than "
+                f"{RUNS_AT_ONCE} slots held for {short:.1f} of the {until:.1f} s until the last run took its slot."
             )
     product = next(row for row in rows if row.name == DAEMON_ROW)
     verdicts = {
