@@ -441,10 +441,15 @@ def render(rows: list[Row], shard_sizes: list[int], load: tuple[float, float]) -
             "the operator's path: `dagster dev` on an instance with the project's dagster.yaml (queued run "
             f"coordinator, `max_concurrent_runs` 8, the `sglang_fleet` pool at {RUNS_AT_ONCE} with op granularity), "
             "a `launchPartitionBackfill` over every shard as the UI's Materialize dialog sends it, the daemon "
-            "launching each run as its own process. The last row starts each shard as its own `dagster asset "
-            f"materialize` process, {RUNS_AT_ONCE} at a time, the next when one exits. Window per server = cap x "
-            f"{OVERSUBSCRIPTION} = {window}. Samples every {SAMPLE_S * 1000:.0f} ms of each simulator's running and "
-            "queued requests and of the runs holding requests in flight (their ledgers)."
+            "launching each run as its own process. "
+            + (
+                f"The last row starts each shard as its own `dagster asset materialize` process, {RUNS_AT_ONCE} at "
+                "a time, the next when one exits. "
+                if any(row.name == MATERIALIZE_ROW for row in rows)
+                else ""
+            )
+            + f"Window per server = cap x {OVERSUBSCRIPTION} = {window}. Samples every {SAMPLE_S * 1000:.0f} ms of "
+            "each simulator's running and queued requests and of the runs holding requests in flight (their ledgers)."
         ),
         "",
         "| client | wall (s) | speed vs ideal | first request (s) | first request to last answer (s) "
