@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.op_concurrency_limits_counter import GlobalOpConcurrencyLimitsCounter
+from dagster._core.storage.dagster_run import RunOpConcurrency
 
 from dagster_project import settings
 from dagster_project.definitions import defs
@@ -110,9 +112,47 @@ def test_project_dagster_yaml_loads_as_an_instance(tmp_path):
         # The queue launches runs ahead of free pool slots, so a run's process start and tokenizer load overlap
         # the generation of the runs holding the slots.
         runs = instance.get_concurrency_config().run_queue_config
-        assert runs.max_concurrent_runs > pools.default_pool_limit
+        assert runs.max_concurrent_runs == pools.default_pool_limit + runs.op_concurrency_slot_buffer
+        assert runs.op_concurrency_slot_buffer == pools.default_pool_limit
         assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
         assert instance.run_monitoring_enabled
+    finally:
+        instance.dispose()
+
+
+def test_the_queue_launches_shard_runs_ahead_of_a_full_pool_up_to_its_buffer(tmp_path):
+    """The daemon's decision, with dagster.yaml's settings: every `sglang_fleet` slot held, queued shard runs are
+    still launched (to start their process and wait for a slot), as many as the buffer and no more. Dagster's
+    default buffer (0) would hold them all until a slot is free."""
+    instance = dg.DagsterInstance.from_config(str(dagster_home(tmp_path / "home")))
+    try:
+        config = instance.get_concurrency_config()
+        limit, buffer = config.pool_config.default_pool_limit, config.run_queue_config.op_concurrency_slot_buffer
+        (pool,) = defs.resolve_asset_graph().get(dg.AssetKey("completions")).pools
+        storage = instance.event_log_storage
+        storage.initialize_concurrency_limit_to_default(pool)
+        for holder in range(limit):
+            assert storage.claim_concurrency_slot(pool, f"generating-{holder}", "completions").is_claimed
+        shard_run = RunOpConcurrency(root_key_counts={pool: 1}, has_unconstrained_root_nodes=False, all_pools={pool})
+        queued = [
+            dg.DagsterRun(job_name="__ASSET_JOB", run_id=f"queued-{i}", run_op_concurrency=shard_run)
+            for i in range(buffer + 2)
+        ]
+        counter = GlobalOpConcurrencyLimitsCounter(
+            instance,
+            queued,
+            [],
+            concurrency_keys=storage.get_concurrency_keys(),
+            pool_limits=storage.get_pool_limits(),
+            slot_count_offset=buffer,
+            pool_granularity=config.pool_config.pool_granularity,
+        )
+        launched = []
+        for run in queued:
+            if not counter.is_blocked(run):
+                counter.update_counters_with_launched_item(run)
+                launched.append(run.run_id)
+        assert buffer > 0 and launched == [f"queued-{i}" for i in range(buffer)]
     finally:
         instance.dispose()
 
