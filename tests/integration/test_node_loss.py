@@ -17,7 +17,8 @@ servers are killed. The daemon's run monitoring fails the dead run and run retri
 node B, which restores the journal from the segments. The backfill finishes on node B with every planned event
 exactly once by id, no checkpointed event requested again, and the requests sent again at most what was in
 flight at the kill plus what A journaled after its last checkpoint; the figures are reported
-(`record_property`, and printed).
+(`record_property`, and printed). Every run, the retry too, went through the run queue (enqueued, then launched
+by the daemon), as read back from Postgres.
 """
 
 from __future__ import annotations
@@ -188,7 +189,15 @@ def test_a_backfill_survives_a_node_lost_mid_shard_and_resends_at_most_its_in_fl
     assert sorted(tags[run_id]["dagster/partition"] for run_id in succeeded) == SHARDS, statuses
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
         assert set(instance.get_materialized_partitions(dg.AssetKey("completions"))) == set(SHARDS)
+        # The run queue: every run of the backfill, the retry too, was enqueued, then launched by the queued run
+        # coordinator's daemon.
+        for run_id in tags:
+            kinds = [event.dagster_event_type for event in instance.all_logs(run_id) if event.is_dagster_event]
+            enqueued, starting = dg.DagsterEventType.RUN_ENQUEUED, dg.DagsterEventType.RUN_STARTING
+            assert enqueued in kinds and starting in kinds, (run_id, kinds)
+            assert kinds.index(enqueued) < kinds.index(starting), (run_id, kinds)
         retry = next(r for r in retries if tags[r]["dagster/partition"] == SHARDS[lost_shard])
         retry_log = "\n".join(event.message or "" for event in instance.all_logs(retry))
         assert "journal restored from the store's checkpoint" in retry_log

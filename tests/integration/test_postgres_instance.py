@@ -1,13 +1,13 @@
-"""The Dagster instance of deploy/dagster-postgres.yaml on a real PostgreSQL server: the demo and a backfill.
+"""The Dagster instance of deploy/dagster-postgres.yaml on a real PostgreSQL server: the demo's stages and its pool.
 
 A PostgreSQL server on loopback (tests/support/postgres_server.py) holds the instance; its connection comes
 from the environment (DAGSTER_PG_*), as in production. `raw_prompts` and `conversations` run through
-`dagster asset materialize`; then `dagster dev` (webserver + daemon, both on Postgres) runs a backfill of
-`completions` over every shard against a simulator fleet, with the `sglang_fleet` pool set to one slot.
+`dagster asset materialize`; then every shard's `completions` run starts at once, as `make demo` starts them,
+against a simulator fleet, with the `sglang_fleet` pool set to one slot.
 
-It checks, all read back from Postgres: every run went through the run queue (enqueued, then launched by
-the queued run coordinator); the pool let one `completions` step run at a time; every shard holds every
-planned event exactly once. A run killed mid-shard on this instance, retried and resumed on another node, is
+It checks, all read back from Postgres: the runs are in its tables; the pool (its slots are Postgres rows
+too) let one `completions` step run at a time; every shard holds every planned event exactly once. The run
+queue, run monitoring and run retries on this instance, with a backfill launched from the UI's GraphQL, are
 tests/integration/test_node_loss.py.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import dagster as dg
 import psycopg2
@@ -23,24 +24,19 @@ import yaml
 from dagster_project.generation.shards import shard_coverage
 from dagster_project.store.storage import LocalStore
 from tests.support.dagster_helpers import (
-    BACKFILL_RUNS,
     DAGSTER,
-    FINISHED,
-    LAUNCH_BACKFILL,
-    DagsterDev,
     materialize,
     pipeline_env,
     run_cli,
     step_windows,
 )
 from tests.support.paths import PROJECT_ROOT
-from tests.support.sglang_fixtures import wait_until
 
 NUM_SHARDS = 2
 SHARDS = [f"shard-{i:05d}" for i in range(NUM_SHARDS)]
 POOL = "sglang_fleet"
 INSTANCE_YAML = PROJECT_ROOT / "deploy" / "dagster-postgres.yaml"
-# Slow enough that the shards' completions steps would overlap without the pool.
+# Slow enough that the shards' completions steps, started at once, would overlap without the pool.
 SLOW_FLEET = {"output_len": "fixed:64", "decode_step_s": 0.02, "max_running_requests": 2, "enable_metrics": True}
 PARENT_RUN_TAG = "dagster/parent_run_id"
 
@@ -67,9 +63,7 @@ def _run_table_count(server) -> int:
         return cursor.fetchone()[0]
 
 
-def test_demo_and_a_backfill_on_postgres_with_the_run_queue_and_the_pool(
-    postgres_server, sim_fleet, tmp_path, monkeypatch
-):
+def test_the_demos_stages_on_postgres_with_the_pool_of_one_slot(postgres_server, sim_fleet, tmp_path, monkeypatch):
     fleet = sim_fleet(2, **SLOW_FLEET)
     home = tmp_path / "dagster_home"
     home.mkdir()
@@ -89,39 +83,19 @@ def test_demo_and_a_backfill_on_postgres_with_the_run_queue_and_the_pool(
     run_cli([DAGSTER, "instance", "concurrency", "set", POOL, "1"], env=env, cwd=tmp_path)
     materialize(env, tmp_path, "raw_prompts,conversations")
 
-    with DagsterDev.running(env, tmp_path) as dev:
-        params = {"partitionNames": SHARDS, "assetSelection": [{"path": ["completions"]}], "title": "all shards"}
-        launched = dev.query(LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
-        assert launched["__typename"] == "LaunchBackfillSuccess", launched
-        backfill_id = launched["backfillId"]
-
-        def finished_runs() -> list[dict] | None:
-            runs = dev.query(BACKFILL_RUNS, {"backfill": backfill_id})["runsOrError"]["results"]
-            done = len(runs) == NUM_SHARDS and all(run["status"] in FINISHED for run in runs)
-            return runs if done else None
-
-        runs = wait_until(finished_runs, timeout_s=420, interval_s=1.0, what="the backfill to finish")
-
-    tags = {run["runId"]: {t["key"]: t["value"] for t in run["tags"]} for run in runs}
-    statuses = {run["runId"]: run["status"] for run in runs}
-    assert set(statuses.values()) == {"SUCCESS"}, statuses
-    assert sorted(t["dagster/partition"] for t in tags.values()) == SHARDS, tags
-    succeeded = sorted(tags)
+    with ThreadPoolExecutor(NUM_SHARDS) as pool:
+        list(pool.map(lambda shard: materialize(env, tmp_path, "completions", shard), SHARDS))
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert type(instance.run_storage).__name__ == "PostgresRunStorage"
         assert _run_table_count(postgres_server) == len(instance.get_runs())
         assert set(instance.get_materialized_partitions(dg.AssetKey("completions"))) == set(SHARDS)
-        # The run queue: every backfill run was enqueued, then launched by the queued run
-        # coordinator's daemon.
-        for run_id in tags:
-            kinds = [event.dagster_event_type for event in instance.all_logs(run_id) if event.is_dagster_event]
-            enqueued, starting = dg.DagsterEventType.RUN_ENQUEUED, dg.DagsterEventType.RUN_STARTING
-            assert enqueued in kinds and starting in kinds, (run_id, kinds)
-            assert kinds.index(enqueued) < kinds.index(starting), (run_id, kinds)
         # The pool: one slot, held by one completions step at a time.
         assert instance.event_log_storage.get_concurrency_info(POOL).slot_count == 1
-        windows = sorted(step_windows(instance, run_id, "completions") for run_id in succeeded)
+        runs = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))
+        shard_runs = [run for run in runs if run.tags.get("dagster/partition") in SHARDS]
+        assert sorted(run.tags["dagster/partition"] for run in shard_runs) == SHARDS
+        windows = sorted(step_windows(instance, run.run_id, "completions") for run in shard_runs)
         for (_, first_end), (second_start, _) in zip(windows, windows[1:]):
             assert second_start >= first_end, f"completions steps overlapped under a pool of 1: {windows}"
 
