@@ -275,21 +275,27 @@ def ideal(urls: list[str], store: Path, scratch: Path) -> Row:
     )
 
 
-def shard_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, events: int) -> Row:
-    """Every shard as its own `dagster asset materialize`, RUNS_AT_ONCE at a time, on a copy of the input."""
+def shard_run_env(urls: list[str], seed_store: Path, run_dir: Path, **home_options) -> tuple[dict[str, str], Path]:
+    """The environment of this row's shard runs (a copy of the input store, an instance of its own, one fleet ledger
+    for every run) and their work directory."""
     store, work = run_dir / "store", run_dir / "work"
     shutil.copytree(seed_store, store)
-    home = dagster_home(run_dir / "home")
+    env = pipeline_env(
+        home=dagster_home(run_dir / "home", **home_options),
+        store=store,
+        work_dir=work,
+        num_shards=SHARDS,
+        endpoints=urls,
+        extra={"DFLASH_FLEET_DIR": str(work / "fleet")},  # one ledger for every run
+    )
+    return env, work
+
+
+def shard_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, events: int) -> Row:
+    """Every shard as its own `dagster asset materialize`, RUNS_AT_ONCE at a time, on a copy of the input."""
+    env, work = shard_run_env(urls, seed_store, run_dir)
 
     def run(shard: int) -> None:
-        env = pipeline_env(
-            home=home,
-            store=store,
-            work_dir=work,
-            num_shards=SHARDS,
-            endpoints=urls,
-            extra={"DFLASH_FLEET_DIR": str(work / "fleet")},  # one ledger for every run
-        )
         materialize(env, ROOT, "completions", layout.partition_key(shard), timeout_s=1800)
 
     with Sampler(urls, work) as sampler:
@@ -306,18 +312,8 @@ def daemon_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, eve
 
     `ahead=False`: without the pool's `op_granularity_run_buffer`, Dagster's default (the queue launches a run
     only once a slot is free), as dagster.yaml was before."""
-    store, work = run_dir / "store", run_dir / "work"
-    shutil.copytree(seed_store, store)
-    home = dagster_home(run_dir / "home", keep_run_buffer=ahead)
-    env = pipeline_env(
-        home=home,
-        store=store,
-        work_dir=work,
-        num_shards=SHARDS,
-        endpoints=urls,
-        extra={"DFLASH_FLEET_DIR": str(work / "fleet")},
-    )
-    instance = dg.DagsterInstance.from_config(str(home))
+    env, work = shard_run_env(urls, seed_store, run_dir, keep_run_buffer=ahead)
+    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
     try:
         instance.event_log_storage.set_concurrency_slots(POOL, RUNS_AT_ONCE)
         with DagsterDev.running(env, run_dir) as dev:
