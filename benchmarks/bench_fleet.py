@@ -1,12 +1,14 @@
 """Fleet benchmark: K shard runs at a time through Dagster, sharing two simulated servers, next to the ideal.
 
-    python -m benchmarks.bench_fleet [--quick] [--nodes] [--backfill-only]
+    python -m benchmarks.bench_fleet [--quick] [--nodes] [--rows backfill,materialize] [--time-scale 0.2]
 
 Two simulators with the issue's latency model (running cap 16, time to first token 0.05 s, 0.05 s per decode
-step, MTP on, lognormal outputs with median 300 tokens), with every duration scaled by `TIME_SCALE` so the
-whole benchmark fits in ~20 min on 2 cores. Synthetic single-turn prompts go through the real `raw_prompts`
-and `conversations` assets into `SHARDS` shards; then one `completions` run per shard, `RUNS_AT_ONCE` holding a
-slot of the `sglang_fleet` pool at a time, every run on one shared ledger. Rows, in the same run against the
+step, MTP on at ~2.8 tokens per step, lognormal outputs with median 300 tokens: ~56 output tokens/s per request,
+about what the target model serves), every duration scaled by `--time-scale` (1, the default: the issue's model,
+~15 min a row on 2 cores; 0.2: 5x faster, the same shape, but a process start then weighs 5x more against the
+generation). Synthetic single-turn prompts go through the real `raw_prompts` and `conversations` assets into
+`SHARDS` shards; then one `completions` run per shard, `RUNS_AT_ONCE` holding a slot of the `sglang_fleet` pool
+at a time, every run on one shared ledger. Rows, in the same run against the
 same servers:
 
 * ideal: one long-lived dispatcher in this process over every shard's events (the same prompt ids);
@@ -71,14 +73,19 @@ from tests.support.sglang_fixtures import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVERS, CAP = 2, 16
-TIME_SCALE = 0.2  # every duration of the issue's model x this: 5x faster, the same shape
-SIM = {
-    "enable_metrics": True,
-    "max_running_requests": CAP,
-    "ttft_s": 0.05 * TIME_SCALE,
-    "decode_step_s": 0.05 * TIME_SCALE,
-    "output_len": "lognormal:300:0.6",
-}
+
+
+def simulator_config(time_scale: float) -> dict:
+    """The issue's latency model, every duration x `time_scale`."""
+    return {
+        "enable_metrics": True,
+        "max_running_requests": CAP,
+        "ttft_s": 0.05 * time_scale,
+        "decode_step_s": 0.05 * time_scale,
+        "output_len": "lognormal:300:0.6",
+    }
+
+
 SHARDS, RUNS_AT_ONCE = 8, 4
 PROMPTS_PER_SHARD = 550  # conversation ids hash to shards: ~550 each gives every shard >= 500 events
 SAMPLE_S = 0.05
@@ -90,8 +97,7 @@ PEAK_SLACK = 2  # the "small constant" over the window: slots granted in one fil
 OVERSUBSCRIPTION = DispatchOptions().oversubscription
 NODES = 2
 NODES_PROMPTS_PER_SHARD = 275
-# The default read period of the servers' load, scaled like every other duration.
-LOAD_READ_INTERVAL_S = DispatchOptions().load_read_interval_s * TIME_SCALE
+ROWS = {"backfill": DAEMON_ROW, "backfill-default-buffer": DAEMON_ROW_BEFORE, "materialize": MATERIALIZE_ROW}
 
 
 def http_json(url: str, method: str = "GET") -> dict:
@@ -421,15 +427,16 @@ def node_runs(name: str, urls: list[str], shards: list[list[GenRequest]], root: 
 # ---- report ------------------------------------------------------------------------------------------------
 
 
-def render(rows: list[Row], shard_sizes: list[int], load: tuple[float, float]) -> str:
+def render(rows: list[Row], shard_sizes: list[int], load: tuple[float, float], time_scale: float) -> str:
     best = rows[0]
+    sim = simulator_config(time_scale)
     window = int(CAP * OVERSUBSCRIPTION)
     lines = [
         "## Fleet: shard runs sharing the fleet (`python -m benchmarks.bench_fleet`)",
         "",
         (
             f"{SERVERS} simulated servers, running cap {CAP}, the issue's latency model with every duration x "
-            f"{TIME_SCALE} (time to first token {SIM['ttft_s'] * 1000:.0f} ms, {SIM['decode_step_s'] * 1000:.0f} ms "
+            f"{time_scale:g} (time to first token {sim['ttft_s'] * 1000:.0f} ms, {sim['decode_step_s'] * 1000:.0f} ms "
             "per decode step, MTP ~2.8 tokens per step, outputs lognormal with median 300 tokens). "
             f"{SHARDS} shards of {min(shard_sizes)}–{max(shard_sizes)} single-turn events "
             f"({sum(shard_sizes):,} in all) built by the `raw_prompts` and `conversations` assets, one run per shard "
@@ -465,7 +472,8 @@ def render(rows: list[Row], shard_sizes: list[int], load: tuple[float, float]) -
             f"{last - first:.1f} | {span(best) / (last - first):.2f}x | {row.wall_s - last:.1f} | "
             f"**{at_cap}** | {peaks} |"
         )
-    lines += ["", "The backfills' runs, seconds after the launch:", ""]
+    if any(row.runs for row in rows):
+        lines += ["", "The backfills' runs, seconds after the launch:", ""]
     for row in rows:
         if row.runs:
             short, until = row.pool_short()
@@ -475,22 +483,24 @@ def render(rows: list[Row], shard_sizes: list[int], load: tuple[float, float]) -
                 f"slots) {', '.join(f'{t.slot:.0f}–{t.released:.0f}' for t in row.runs)}; fewer than "
                 f"{RUNS_AT_ONCE} slots held for {short:.1f} of the {until:.1f} s until the last run took its slot."
             )
-    product = next(row for row in rows if row.name == DAEMON_ROW)
-    verdicts = {
-        "wall time >= 0.95x the ideal's speed": best.wall_s / product.wall_s >= 0.95,
-        "first request to last answer >= 0.95x the ideal's speed": span(best) / span(product) >= 0.95,
-        "each server at cap >= 95% while >= 2 runs generate": all(
-            (product.at_cap(i, 2) or 0.0) >= 0.95 for i in range(SERVERS)
-        ),
-        f"peak in flight per server <= {window} + {PEAK_SLACK}": all(
-            product.peak_in_flight(i) <= window + PEAK_SLACK for i in range(SERVERS)
-        ),
-    }
+    lines.append("")
+    for product in rows[1:]:
+        verdicts = {
+            "wall time >= 0.95x the ideal's speed": best.wall_s / product.wall_s >= 0.95,
+            "first request to last answer >= 0.95x the ideal's speed": span(best) / span(product) >= 0.95,
+            "each server at cap >= 95% while >= 2 runs generate": all(
+                (product.at_cap(i, 2) or 0.0) >= 0.95 for i in range(SERVERS)
+            ),
+            f"peak in flight per server <= {window} + {PEAK_SLACK}": all(
+                product.peak_in_flight(i) <= window + PEAK_SLACK for i in range(SERVERS)
+            ),
+        }
+        lines.append(
+            f"* {product.name.capitalize()} against the targets: "
+            + "; ".join(f"{name}: **{'met' if met else 'not met'}**" for name, met in verdicts.items())
+            + "."
+        )
     lines += [
-        "",
-        f"{DAEMON_ROW.capitalize()} against the targets: "
-        + "; ".join(f"{name}: **{'met' if met else 'not met'}**" for name, met in verdicts.items())
-        + ".",
         "",
         (
             "Targets: speed >= 0.95x the ideal's; each server at its cap >= 95% of the time while at least two runs "
@@ -511,7 +521,7 @@ def span(row: Row) -> float:
     return last - first
 
 
-def render_nodes(rows: list[Row], shard_sizes: list[int]) -> str:
+def render_nodes(rows: list[Row], shard_sizes: list[int], time_scale: float) -> str:
     window = int(CAP * OVERSUBSCRIPTION)
     lines = [
         "## Fleet: runs on two nodes, one set of servers (`python -m benchmarks.bench_fleet --nodes`)",
@@ -521,7 +531,8 @@ def render_nodes(rows: list[Row], shard_sizes: list[int]) -> str:
             f"{max(shard_sizes)} single-turn events ({sum(shard_sizes):,} in all), one dispatcher per shard, "
             f"{RUNS_AT_ONCE} at a time in this process, each starting the next shard when it ends. A node is a "
             f"ledger: runs on different nodes see each other only through the servers. Server-reported load: every "
-            f"{LOAD_READ_INTERVAL_S * 1000:.0f} ms (the default 1 s x {TIME_SCALE}) each dispatcher reads the "
+            f"{load_read_interval_s(time_scale) * 1000:.0f} ms (the default 1 s x {time_scale:g}) each dispatcher "
+            "reads the "
             "servers' `/metrics`. Window per server "
             f"= cap x {OVERSUBSCRIPTION} = {window}. Samples every {SAMPLE_S * 1000:.0f} ms."
         ),
@@ -551,15 +562,21 @@ def render_nodes(rows: list[Row], shard_sizes: list[int]) -> str:
     return "\n".join(lines)
 
 
-def nodes_rows(urls: list[str], store: Path, scratch: Path) -> list[Row]:
+def load_read_interval_s(time_scale: float) -> float:
+    """The default read period of the servers' load, scaled like every other duration."""
+    return DispatchOptions().load_read_interval_s * time_scale
+
+
+def nodes_rows(urls: list[str], store: Path, scratch: Path, time_scale: float) -> list[Row]:
     shards = shard_requests(store, scratch)
+    read_s = load_read_interval_s(time_scale)
     rows = []
-    for name, nodes, read_s in (
-        (f"one node, {RUNS_AT_ONCE} runs on one ledger", 1, LOAD_READ_INTERVAL_S),
-        (f"{NODES} nodes x {RUNS_AT_ONCE // NODES} runs, server-reported load", NODES, LOAD_READ_INTERVAL_S),
+    for name, nodes, interval_s in (
+        (f"one node, {RUNS_AT_ONCE} runs on one ledger", 1, read_s),
+        (f"{NODES} nodes x {RUNS_AT_ONCE // NODES} runs, server-reported load", NODES, read_s),
         (f"{NODES} nodes x {RUNS_AT_ONCE // NODES} runs, ledgers only (`load_read_interval_s=0`)", NODES, 0.0),
     ):
-        rows.append(node_runs(name, urls, shards, scratch / f"nodes-{len(rows)}", nodes, read_s))
+        rows.append(node_runs(name, urls, shards, scratch / f"nodes-{len(rows)}", nodes, interval_s))
         print(f"{time.strftime('%X')} {name}: {rows[-1].wall_s:.1f} s", file=sys.stderr, flush=True)
     return rows
 
@@ -569,9 +586,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: fewer prompts, nothing written")
     parser.add_argument("--nodes", action="store_true", help="only the two-node rows (the fleet-nodes section)")
     parser.add_argument(
-        "--backfill-only", action="store_true", help="the ideal and the backfill under dagster.yaml only (~12 min)"
+        "--rows",
+        default=",".join(ROWS),
+        help=f"the shard-run rows to measure beside the ideal, comma-separated among {', '.join(ROWS)} (default: all)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="every duration of the latency model x this (default 1: the issue's model; 0.2 runs 5x faster)",
     )
     args = parser.parse_args()
+    if unknown := set(args.rows.split(",")) - set(ROWS):
+        parser.error(f"unknown rows: {', '.join(sorted(unknown))}")
     per_shard = NODES_PROMPTS_PER_SHARD if args.nodes else PROMPTS_PER_SHARD
     prompts = (60 if args.quick else per_shard) * SHARDS
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
@@ -590,13 +617,13 @@ def main() -> None:
         print(f"{time.strftime('%X')} input ready", file=sys.stderr, flush=True)
         store = LocalStore(seed_store)
         shard_sizes = [sum(c.num_turns for c in read_conversations(store, shard)) for shard in range(SHARDS)]
-        fleet = launch_simulators(SERVERS, scratch / "fleet", SIM)
+        fleet = launch_simulators(SERVERS, scratch / "fleet", simulator_config(args.time_scale))
         if args.nodes:
             try:
-                rows = nodes_rows(fleet.urls, seed_store, scratch)
+                rows = nodes_rows(fleet.urls, seed_store, scratch, args.time_scale)
             finally:
                 stop_fleet(scratch / "fleet")
-            markdown = render_nodes(rows, shard_sizes)
+            markdown = render_nodes(rows, shard_sizes, args.time_scale)
             print(markdown)
             if not args.quick:
                 print(f"\nwritten to {write_section('fleet-nodes', markdown)}")
@@ -606,15 +633,17 @@ def main() -> None:
             rows = [ideal(fleet.urls, seed_store, scratch)]
             print(f"{time.strftime('%X')} ideal: {rows[0].wall_s:.1f} s", file=sys.stderr, flush=True)
             events = rows[0].events
-            for name, ahead in ((DAEMON_ROW, True), (DAEMON_ROW_BEFORE, False))[: 1 if args.backfill_only else 2]:
-                rows.append(daemon_runs(name, fleet.urls, seed_store, scratch / f"backfill-{ahead}", events, ahead))
-                print(f"{time.strftime('%X')} {name}: {rows[-1].wall_s:.1f} s", file=sys.stderr, flush=True)
-            if not args.backfill_only:
-                rows.append(shard_runs(MATERIALIZE_ROW, fleet.urls, seed_store, scratch / "materialize", events))
-                print(f"{time.strftime('%X')} {MATERIALIZE_ROW}: {rows[-1].wall_s:.1f} s", file=sys.stderr, flush=True)
+            for key in args.rows.split(","):
+                run_dir = scratch / key
+                if key == "materialize":
+                    rows.append(shard_runs(ROWS[key], fleet.urls, seed_store, run_dir, events))
+                else:
+                    ahead = key == "backfill"
+                    rows.append(daemon_runs(ROWS[key], fleet.urls, seed_store, run_dir, events, ahead))
+                print(f"{time.strftime('%X')} {ROWS[key]}: {rows[-1].wall_s:.1f} s", file=sys.stderr, flush=True)
         finally:
             stop_fleet(scratch / "fleet")
-    markdown = render(rows, shard_sizes, (load_at_start, os.getloadavg()[0]))
+    markdown = render(rows, shard_sizes, (load_at_start, os.getloadavg()[0]), args.time_scale)
     print(markdown)
     if not args.quick:
         print(f"\nwritten to {write_section('fleet', markdown)}")
