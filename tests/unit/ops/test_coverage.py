@@ -6,10 +6,11 @@ import pytest
 
 from dagster_project.conversations.shards import read_shard_conversations_manifest
 from dagster_project.generation.shards import CompletionsShardManifest, read_completions_manifest
-from dagster_project.ops.coverage import dataset_coverage
+from dagster_project.ops.coverage import damaged_shards, dataset_coverage
 from dagster_project.records import COMPLETION_SCHEMA, empty_completion_row
-from dagster_project.store.manifest import publish_shard
-from dagster_project.store.storage import CorruptObject
+from dagster_project.store.layout import COMPLETIONS
+from dagster_project.store.manifest import ShardManifest, publish_shard
+from dagster_project.store.storage import CorruptObject, LocalStore
 from tests.support.ingest_helpers import run_stages
 
 
@@ -92,3 +93,26 @@ def test_an_unreadable_conversations_shard_is_named(tmp_path):
     (store.root / key).write_bytes(b'{"id": "c1", "messages": [')
     with pytest.raises(CorruptObject, match=f"{store.url(key)} is damaged: line 1 is not a conversation"):
         dataset_coverage(store, 2)
+
+
+def test_damaged_shards_checks_each_local_file_s_checksum_small_and_large(tmp_path):
+    """Small files are hashed in the calling thread and large ones in threads: both ways catch other bytes of the
+    same size, and only in the shards that have them."""
+    store = LocalStore(tmp_path / "store")
+    sizes = {0: 20_000, 1: 20_000, 2: 3 << 20, 3: 3 << 20}  # two under and two over the threads' threshold
+    published = {}
+    for shard, size in sizes.items():
+        path = tmp_path / f"data-{shard}.bin"
+        path.write_bytes(bytes(range(256)) * (size // 256))
+        published[shard] = publish_shard(store, ShardManifest(stage=COMPLETIONS, shard=shard, rows=1), [("d", path)])
+    for shard in (1, 3):
+        key = published[shard].data_keys[0]
+        data = bytearray((store.root / key).read_bytes())
+        data[len(data) // 2] ^= 1
+        (store.root / key).write_bytes(bytes(data))
+    listed = {info.key: info for info in store.list(f"{COMPLETIONS}/")}
+
+    damaged = damaged_shards(store, published, listed)
+
+    assert sorted(damaged) == [1, 3]
+    assert all("checksum differs" in problem for problems in damaged.values() for problem in problems)
