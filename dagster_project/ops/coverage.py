@@ -37,6 +37,7 @@ from dagster_project.store.manifest import (
     iter_parquet_batches,
     listing_problems,
     read_manifests_from_objects,
+    read_published_manifests,
     verify_shard,
 )
 from dagster_project.store.storage import CorruptObject, LocalStore, ObjectInfo, Store, arrow_filesystem, local_files
@@ -115,29 +116,33 @@ class DatasetCoverage:
 
 
 def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB") -> DatasetCoverage:
+    # Imported here, as pyarrow.dataset below: every run process loads this module with the definitions, and only
+    # the run report reads the dataset (duckdb and pyarrow.dataset, which imports pandas: ~0.5 s).
+    import duckdb
+
     with (
         tempfile.TemporaryDirectory(prefix="dflash-coverage-") as spill,
-        ThreadPoolExecutor(max_workers=1) as background,
+        ThreadPoolExecutor(max_workers=2) as background,
     ):
-        # The completions' manifests are read and their objects verified in the background: on S3 while the
-        # conversations' manifests are fetched too (both mostly wait on requests); on a local store only once
-        # DuckDB (which releases the GIL) reads the conversations, since sooner it would only slow the reading
-        # of the conversations' manifests (both need the GIL), which DuckDB waits for.
-        verifying = None if isinstance(store, LocalStore) else background.submit(_verified_completions, store)
-        conversations, _ = read_manifests_from_objects(store, CONVERSATIONS, ConversationsShardManifest)
-        planned = {s: conversations[s] for s in range(num_shards) if s in conversations}
-        verifying = verifying or background.submit(_verified_completions, store)
-        # Imported here, as pyarrow.dataset below: every run process loads this module with the definitions,
-        # and only the run report reads the dataset (duckdb and pyarrow.dataset, which imports pandas: ~0.5 s).
-        import duckdb
-
         # Insertion order is of no use here (rows are told apart by their rowid, samples are sorted): without it
         # DuckDB loads in parallel with less memory.
         con = duckdb.connect(
             config={"memory_limit": memory_limit, "temp_directory": spill, "preserve_insertion_order": False}
         )
-        _load_planned(con, store, planned, Path(spill))
-        completions, damaged = verifying.result()
+        # DuckDB (which releases the GIL) starts on the conversations the store's index names, read in a few
+        # requests, while the manifests are read from their own objects and the completions verified. Where the
+        # index turns out not to match them (a stale copy, which this check repairs), it reads them again.
+        indexed = _planned(read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest), num_shards)
+        loading = background.submit(_load_planned, con.cursor(), store, indexed, Path(spill))
+        # On S3 the completions are verified beside the conversations' manifests (both mostly wait on requests);
+        # on a local store after them, in this thread: Python threads taking turns on the GIL cost CPU that
+        # DuckDB uses.
+        verifying = None if isinstance(store, LocalStore) else background.submit(_verified_completions, store)
+        conversations, _ = read_manifests_from_objects(store, CONVERSATIONS, ConversationsShardManifest)
+        planned = _planned(conversations, num_shards)
+        completions, damaged = verifying.result() if verifying else _verified_completions(store)
+        if loading.exception() is not None or _data_keys(planned) != _data_keys(indexed):
+            _load_planned(con, store, planned, Path(spill))
         counted = {s: m for s, m in completions.items() if s < num_shards and s not in damaged}
         _load_recorded(con, store, counted)
         return replace(
@@ -151,6 +156,16 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
             ],
             completions_beyond_shard_count=sorted(s for s in completions if s >= num_shards),
         )
+
+
+def _planned(
+    manifests: dict[int, ConversationsShardManifest], num_shards: int
+) -> dict[int, ConversationsShardManifest]:
+    return {s: manifests[s] for s in range(num_shards) if s in manifests}
+
+
+def _data_keys(manifests: dict[int, ShardManifest]) -> list[str]:
+    return [key for _, m in sorted(manifests.items()) for key in m.data_keys]
 
 
 def _verified_completions(store: Store) -> tuple[dict[int, CompletionsShardManifest], dict[int, list[str]]]:
@@ -211,8 +226,8 @@ _PLANNED_EVENTS = """
 def _load_planned(
     con: duckdb.DuckDBPyConnection, store: Store, manifests: dict[int, ConversationsShardManifest], spill: Path
 ) -> None:
-    keys = [key for _, m in sorted(manifests.items()) for key in m.data_keys]
-    paths = [str(path) for path in local_files(store, keys, spill)]
+    con.execute("DROP TABLE IF EXISTS conversations; DROP TABLE IF EXISTS planned")
+    paths = [str(path) for path in local_files(store, _data_keys(manifests), spill)]
     if not paths:
         con.execute("CREATE TABLE conversations (id VARCHAR, turns INTEGER)")
         con.execute("CREATE TABLE planned (event_id VARCHAR, conversation BIGINT)")
@@ -244,7 +259,7 @@ _PER_EVENT = """
 def _load_recorded(
     con: duckdb.DuckDBPyConnection, store: Store, manifests: dict[int, CompletionsShardManifest]
 ) -> None:
-    keys = [key for _, m in sorted(manifests.items()) for key in m.data_keys]
+    keys = _data_keys(manifests)
     if not keys:
         con.execute("CREATE TABLE per_event (event_id VARCHAR, records BIGINT, errors BIGINT)")
         return

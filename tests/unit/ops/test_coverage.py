@@ -1,15 +1,18 @@
 import json
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dagster_project.conversations.shards import read_shard_conversations_manifest
+from dagster_project.conversations.shards import ConversationsShardManifest, read_shard_conversations_manifest
 from dagster_project.generation.shards import CompletionsShardManifest, read_completions_manifest
 from dagster_project.ops.coverage import damaged_shards, dataset_coverage
 from dagster_project.records import COMPLETION_SCHEMA, empty_completion_row
-from dagster_project.store.layout import COMPLETIONS
-from dagster_project.store.manifest import ShardManifest, publish_shard
+from dagster_project.store import object_index
+from dagster_project.store.dataclass_json import to_json
+from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, shard_manifest_key
+from dagster_project.store.manifest import ShardManifest, StoredObject, publish_shard, read_published_manifests
 from dagster_project.store.storage import CorruptObject, LocalStore
 from tests.support.ingest_helpers import run_stages
 
@@ -116,3 +119,21 @@ def test_damaged_shards_checks_each_local_file_s_checksum_small_and_large(tmp_pa
 
     assert sorted(damaged) == [1, 3]
     assert all("checksum differs" in problem for problems in damaged.values() for problem in problems)
+
+
+def test_coverage_reads_the_conversations_the_manifests_name_when_the_index_disagrees(tmp_path):
+    """DuckDB starts on the conversations the index names; a stale index (a shard forgotten, a copy naming an
+    object that is gone) must not change the answer, and the check leaves the index repaired."""
+    store = two_shard_store(tmp_path).store
+    manifests = {shard: read_shard_conversations_manifest(store, shard) for shard in (0, 1)}
+
+    object_index.forget(store, [shard_manifest_key(CONVERSATIONS, 1)])
+    coverage = dataset_coverage(store, 2)
+    assert coverage.exactly_once and coverage.events_planned == 8
+    assert read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest) == manifests
+
+    gone = StoredObject(key=f"{CONVERSATIONS}/shard=00000/gone.jsonl", size=1)
+    object_index.record(store, shard_manifest_key(CONVERSATIONS, 0), to_json(replace(manifests[0], objects=(gone,))))
+    coverage = dataset_coverage(store, 2)
+    assert coverage.exactly_once and coverage.events_planned == 8
+    assert read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest) == manifests
