@@ -46,6 +46,8 @@ dev: venv
 	mkdir -p $(DEV_HOME) && cp dagster.yaml $(DEV_HOME)/dagster.yaml
 	DAGSTER_HOME=$(DEV_HOME) $(BIN)/dagster dev -w workspace.yaml
 
+# About 1.5 h on 2 cores: bench_fleet alone runs each of its four rows for ~15 min at the real latency model
+# (`--time-scale 0.2` for a ~20 min run of the same shape).
 benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_dispatcher
 	$(BIN)/python -m benchmarks.bench_fleet

@@ -432,7 +432,7 @@ def render(rows: list[Row], shard_sizes: list[int], load: tuple[float, float], t
     sim = simulator_config(time_scale)
     window = int(CAP * OVERSUBSCRIPTION)
     lines = [
-        "## Fleet: shard runs sharing the fleet (`python -m benchmarks.bench_fleet`)",
+        f"## Fleet: shard runs sharing the fleet (`python -m benchmarks.bench_fleet{scale_flag(time_scale)}`)",
         "",
         (
             f"{SERVERS} simulated servers, running cap {CAP}, the issue's latency model with every duration x "
@@ -516,6 +516,10 @@ def render(rows: list[Row], shard_sizes: list[int], load: tuple[float, float], t
     return "\n".join(lines)
 
 
+def scale_flag(time_scale: float) -> str:
+    return "" if time_scale == 1 else f" --time-scale {time_scale:g}"
+
+
 def span(row: Row) -> float:
     first, last = row.generating_span()
     return last - first
@@ -524,10 +528,12 @@ def span(row: Row) -> float:
 def render_nodes(rows: list[Row], shard_sizes: list[int], time_scale: float) -> str:
     window = int(CAP * OVERSUBSCRIPTION)
     lines = [
-        "## Fleet: runs on two nodes, one set of servers (`python -m benchmarks.bench_fleet --nodes`)",
+        f"## Fleet: runs on two nodes, one set of servers (`python -m benchmarks.bench_fleet --nodes"
+        f"{scale_flag(time_scale)}`)",
         "",
         (
-            f"The servers and latency model of the section above. {SHARDS} shards of {min(shard_sizes)}–"
+            f"The servers of the section above, the latency model with every duration x {time_scale:g}. {SHARDS} "
+            f"shards of {min(shard_sizes)}–"
             f"{max(shard_sizes)} single-turn events ({sum(shard_sizes):,} in all), one dispatcher per shard, "
             f"{RUNS_AT_ONCE} at a time in this process, each starting the next shard when it ends. A node is a "
             f"ledger: runs on different nodes see each other only through the servers. Server-reported load: every "
