@@ -122,8 +122,8 @@ def test_damaged_shards_checks_each_local_file_s_checksum_small_and_large(tmp_pa
 
 
 def test_coverage_reads_the_conversations_the_manifests_name_when_the_index_disagrees(tmp_path):
-    """DuckDB starts on the conversations the index names; a stale index (a shard forgotten, a copy naming an
-    object that is gone) must not change the answer, and the check leaves the index repaired."""
+    """DuckDB starts on the shards the index names; a stale index (a shard forgotten, a copy naming an object
+    that is gone) must not change the answer, and the check leaves the index repaired."""
     store = two_shard_store(tmp_path).store
     manifests = {shard: read_shard_conversations_manifest(store, shard) for shard in (0, 1)}
 
@@ -137,3 +137,8 @@ def test_coverage_reads_the_conversations_the_manifests_name_when_the_index_disa
     coverage = dataset_coverage(store, 2)
     assert coverage.exactly_once and coverage.events_planned == 8
     assert read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest) == manifests
+
+    object_index.forget(store, [shard_manifest_key(COMPLETIONS, 1)])
+    coverage = dataset_coverage(store, 2)
+    assert coverage.exactly_once and coverage.events_recorded == 8
+    assert sorted(read_published_manifests(store, COMPLETIONS, CompletionsShardManifest)) == [0, 1]
