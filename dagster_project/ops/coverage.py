@@ -34,7 +34,6 @@ from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS
 from dagster_project.store.manifest import (
     ShardManifest,
-    ShardManifestT,
     iter_parquet_batches,
     listing_problems,
     read_manifests_from_objects,
@@ -130,25 +129,22 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
         con = duckdb.connect(
             config={"memory_limit": memory_limit, "temp_directory": spill, "preserve_insertion_order": False}
         )
-        # DuckDB (which releases the GIL) starts on the shards the store's index names, read in a few requests,
-        # while the manifests are read from their own objects and the completions verified. Where those turn out
-        # to name other objects (a stale index, which this check repairs; a damaged shard), it reads again.
-        indexed_planned = _below(read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest), num_shards)
-        indexed_recorded = _below(read_published_manifests(store, COMPLETIONS, CompletionsShardManifest), num_shards)
-        loading = background.submit(_load_ids, con.cursor(), store, indexed_planned, indexed_recorded, Path(spill))
+        # DuckDB (which releases the GIL) starts on the conversations the store's index names, read in a few
+        # requests, while the manifests are read from their own objects and the completions verified. Where the
+        # index turns out not to match them (a stale copy, which this check repairs), it reads them again.
+        indexed = _planned(read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest), num_shards)
+        loading = background.submit(_load_planned, con.cursor(), store, indexed, Path(spill))
         # On S3 the completions are verified beside the conversations' manifests (both mostly wait on requests);
         # on a local store after them, in this thread: Python threads taking turns on the GIL cost CPU that
         # DuckDB uses.
         verifying = None if isinstance(store, LocalStore) else background.submit(_verified_completions, store)
         conversations, _ = read_manifests_from_objects(store, CONVERSATIONS, ConversationsShardManifest)
-        planned = _below(conversations, num_shards)
+        planned = _planned(conversations, num_shards)
         completions, damaged = verifying.result() if verifying else _verified_completions(store)
-        counted = {s: m for s, m in _below(completions, num_shards).items() if s not in damaged}
-        loaded = loading.exception() is None
-        if not loaded or _data_keys(planned) != _data_keys(indexed_planned):
+        if loading.exception() is not None or _data_keys(planned) != _data_keys(indexed):
             _load_planned(con, store, planned, Path(spill))
-        if not loaded or _data_keys(counted) != _data_keys(indexed_recorded):
-            _load_recorded(con, store, counted)
+        counted = {s: m for s, m in completions.items() if s < num_shards and s not in damaged}
+        _load_recorded(con, store, counted)
         return replace(
             _summarize(con, num_shards, len(counted)),
             shards_damaged=sorted(s for s in damaged if s < num_shards),
@@ -162,19 +158,10 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
         )
 
 
-def _below(manifests: dict[int, ShardManifestT], num_shards: int) -> dict[int, ShardManifestT]:
-    return {s: m for s, m in manifests.items() if s < num_shards}
-
-
-def _load_ids(
-    con: duckdb.DuckDBPyConnection,
-    store: Store,
-    planned: dict[int, ConversationsShardManifest],
-    recorded: dict[int, CompletionsShardManifest],
-    spill: Path,
-) -> None:
-    _load_planned(con, store, planned, spill)
-    _load_recorded(con, store, recorded)
+def _planned(
+    manifests: dict[int, ConversationsShardManifest], num_shards: int
+) -> dict[int, ConversationsShardManifest]:
+    return {s: manifests[s] for s in range(num_shards) if s in manifests}
 
 
 def _data_keys(manifests: dict[int, ShardManifest]) -> list[str]:
@@ -272,7 +259,6 @@ _PER_EVENT = """
 def _load_recorded(
     con: duckdb.DuckDBPyConnection, store: Store, manifests: dict[int, CompletionsShardManifest]
 ) -> None:
-    con.execute("DROP TABLE IF EXISTS per_event")
     keys = _data_keys(manifests)
     if not keys:
         con.execute("CREATE TABLE per_event (event_id VARCHAR, records BIGINT, errors BIGINT)")
