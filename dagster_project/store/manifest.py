@@ -102,8 +102,7 @@ def publish_shard(store: Store, manifest: ShardManifestT, files: list[tuple[str,
     objects = tuple(put_object(store, prefix + name, path) for name, path in files)
     published = replace(manifest, objects=objects, published_at=time.time())
     data = to_json(published)
-    store.put_bytes(manifest_key, data)
-    object_index.record(store, manifest_key, data)
+    object_index.record(store, manifest_key, data, etag=store.put_bytes(manifest_key, data).etag)
     _remove_unlisted(store, prefix, {o.key for o in objects} | {manifest_key})
     return published
 
@@ -146,17 +145,19 @@ def read_published_manifests(store: Store, stage: str, kind: type[ShardManifestT
 def read_manifests_from_objects(
     store: Store, stage: str, kind: type[ShardManifestT]
 ) -> tuple[dict[int, ShardManifestT], dict[str, ObjectInfo]]:
-    """Every published manifest of `stage` read from its own object (not the index), and every object under the
-    stage's shards as listed; the index is made to agree with what was read."""
+    """Every published manifest of `stage` as its own object holds it (not as the index may have it), and every
+    object under the stage's shards as listed; the index is made to agree with the objects. A manifest is read
+    from its object unless the listing shows it unchanged since its index copy was made (the same ETag, on S3):
+    on S3 a check of 1,830 shards then costs a listing instead of 1,830 requests."""
     listed = {info.key: info for info in store.list(f"{stage}/shard=")}
     keys = [key for key in listed if key.endswith(MANIFEST_NAME)]
-    raws = {key: raw for key, raw in zip(keys, object_index.fetch_all(store, keys)) if raw is not None}
-    manifests = {}
-    for key, raw in raws.items():
-        manifest = parse_record(store, key, kind, raw)
-        manifests[manifest.shard] = manifest
-    object_index.reconcile(store, stage, raws)
-    return manifests, listed
+    copies = object_index.copies_as_listed(store, stage, {key: listed[key].etag for key in keys})
+    to_read = [key for key in keys if key not in copies]
+    raws = {key: raw for key, raw in zip(to_read, object_index.fetch_all(store, to_read)) if raw is not None}
+    found = [object_index.from_copy(store, key, kind, body) for key, body in copies.items()]
+    found += [parse_record(store, key, kind, raw) for key, raw in raws.items()]
+    object_index.reconcile(store, stage, raws, as_listed=copies)
+    return {manifest.shard: manifest for manifest in found}, listed
 
 
 def listing_problems(manifest: ShardManifest, listed: dict[str, ObjectInfo]) -> list[str]:

@@ -8,8 +8,9 @@ other's entries. An entry that is not final (a running shard's heartbeat, rewrit
 that the object exists: readers fetch the object itself.
 
 The objects stay the truth and the index is a copy of them: a store written before the index existed has none,
-and readers then list and fetch the objects (`read_records`). The coverage check, which reads every manifest
-anyway, compares the copies with the objects and rewrites what differs (`reconcile`).
+and readers then list and fetch the objects (`read_records`). On S3 a final entry also records the ETag of the
+object it copies, so a listing tells which copies are still the object (`copies_as_listed`) without fetching
+it. The coverage check compares the copies with the objects and rewrites what differs (`reconcile`).
 """
 
 from __future__ import annotations
@@ -67,10 +68,26 @@ def _update(store: Store, block: str, change: Callable[[Entries], None]) -> None
     raise StoreError(f"could not update {store.url(block)}: {CAS_ATTEMPTS} concurrent writers changed it first")
 
 
-def record(store: Store, key: str, data: bytes, *, final: bool = True) -> None:
-    """Copy the JSON object just written at `key` into its index (`final=False`: readers fetch it instead)."""
-    body = orjson.loads(data) if final else None
-    _update(store, block_key(key), lambda entries: entries.__setitem__(key, {"final": final, "body": body}))
+def record(store: Store, key: str, data: bytes, *, final: bool = True, etag: str | None = None) -> None:
+    """Copy the JSON object just written at `key` (with `etag`, the store's ETag of it) into its index
+    (`final=False`: readers fetch it instead)."""
+    entry = _entry(orjson.loads(data), etag) if final else {"final": False, "body": None}
+    _update(store, block_key(key), lambda entries: entries.__setitem__(key, entry))
+
+
+def _entry(body: Any, etag: str | None) -> dict[str, Any]:
+    return {"final": True, "body": body, **({"etag": etag} if etag else {})}
+
+
+def copies_as_listed(store: Store, top: str, listed: dict[str, str | None]) -> dict[str, Any]:
+    """Key → copy (its JSON body) of each object in `listed` (key → ETag in a listing) whose final entry under
+    `_index/<top>/` was made from an object with that ETag: the object is what the copy says, unread."""
+    entries = _read_blocks(store, top) or {}
+    return {
+        key: entry["body"]
+        for key, etag in listed.items()
+        if etag and (entry := entries.get(key)) and entry["final"] and entry.get("etag") == etag
+    }
 
 
 def forget(store: Store, keys: Iterable[str]) -> None:
@@ -107,15 +124,15 @@ def _read_blocks(store: Store, top: str) -> Entries | None:
 
 def fetch_all(store: Store, keys: list[str]) -> list[bytes | None]:
     """The objects' bytes, fetched concurrently from S3, in `keys` order (None where an object is gone)."""
+    return [found[0] if found else None for found in fetch_all_versioned(store, keys)]
+
+
+def fetch_all_versioned(store: Store, keys: list[str]) -> list[tuple[bytes, str] | None]:
+    """The objects' bytes and versions (on S3, their ETags), fetched concurrently from S3, in `keys` order."""
     if len(keys) < 2 or isinstance(store, LocalStore):  # local reads have no round trip to hide
-        return [_fetch(store, key) for key in keys]
+        return [store.get_versioned(key) for key in keys]
     with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
-        return list(pool.map(lambda key: _fetch(store, key), keys))
-
-
-def _fetch(store: Store, key: str) -> bytes | None:
-    found = store.get_versioned(key)
-    return found[0] if found else None
+        return list(pool.map(store.get_versioned, keys))
 
 
 def read_records(store: Store, prefix: str, kind: type[T], wanted: Callable[[str], bool]) -> dict[str, T]:
@@ -128,14 +145,14 @@ def read_records(store: Store, prefix: str, kind: type[T], wanted: Callable[[str
         chosen = {key: entry for key, entry in entries.items() if key.startswith(prefix) and wanted(key)}
         copies = {key: entry["body"] for key, entry in chosen.items() if entry["final"]}
         to_fetch = [key for key, entry in chosen.items() if not entry["final"]]
-    records = {key: _from_copy(store, key, kind, body) for key, body in copies.items()}
+    records = {key: from_copy(store, key, kind, body) for key, body in copies.items()}
     for key, raw in zip(to_fetch, fetch_all(store, to_fetch)):
         if raw is not None:
             records[key] = parse_record(store, key, kind, raw)
     return dict(sorted(records.items()))
 
 
-def _from_copy(store: Store, key: str, kind: type[T], body: dict[str, Any]) -> T:
+def from_copy(store: Store, key: str, kind: type[T], body: dict[str, Any]) -> T:
     try:
         return from_dict(kind, body)
     except (ValueError, TypeError, AttributeError) as exc:
@@ -145,15 +162,23 @@ def _from_copy(store: Store, key: str, kind: type[T], body: dict[str, Any]) -> T
         ) from exc
 
 
-def reconcile(store: Store, top: str, read: dict[str, bytes]) -> int:
-    """Make the final entries under `_index/<top>/` copies of the objects, given `read` (key → bytes of every such
-    object, as just listed and read). Shard runs may publish meanwhile, so an entry that disagrees with `read` is
-    set from the object as it is now (or dropped if it is gone), not from `read`. Returns how many changed."""
+def reconcile(store: Store, top: str, read: dict[str, bytes], as_listed: Iterable[str] = ()) -> int:
+    """Make the final entries under `_index/<top>/` copies of the objects, given `read` (key → bytes of each such
+    object, as just listed and read) and `as_listed` (the other ones, whose copies the listing showed right).
+    Shard runs may publish meanwhile, so an entry that disagrees with `read` is set from the object as it is now
+    (or dropped if it is gone), not from `read`. On S3 an entry without its object's ETag gets it. Returns how
+    many changed."""
     entries = _read_blocks(store, top) or {}
-    differ = {key for key, raw in read.items() if entries.get(key, {}).get("body") != orjson.loads(raw)}
-    differ |= {key for key, entry in entries.items() if entry["final"] and key not in read}
+    listed_etags = not isinstance(store, LocalStore)
+    differ = {
+        key
+        for key, raw in read.items()
+        if (entry := entries.get(key, {})).get("body") != orjson.loads(raw) or (listed_etags and "etag" not in entry)
+    }
+    present = set(read) | set(as_listed)
+    differ |= {key for key, entry in entries.items() if entry["final"] and key not in present}
     keys = sorted(differ)
-    now = dict(zip(keys, fetch_all(store, keys)))
+    now = dict(zip(keys, fetch_all_versioned(store, keys)))
     by_block: dict[str, set[str]] = defaultdict(set)
     for key in keys:
         by_block[block_key(key)].add(key)
@@ -164,7 +189,8 @@ def reconcile(store: Store, top: str, read: dict[str, bytes]) -> int:
                 if now[key] is None:
                     entries.pop(key, None)
                 else:
-                    entries[key] = {"final": True, "body": orjson.loads(now[key])}
+                    data, version = now[key]
+                    entries[key] = _entry(orjson.loads(data), None if isinstance(store, LocalStore) else version)
 
         _update(store, block, repair)
     return len(keys)
