@@ -449,11 +449,12 @@ run's last heartbeat, and a Dagster instance with every completions shard materi
 {copied}* The store's index of manifests and finished runs' heartbeats makes status a few requests whatever the shard
   count; the baseline is the simple alternative, a listing and one GET per object, 16 at a time. Verifying
   the stored shards is the coverage check's work.
-* Coverage by id reads every manifest from its object and verifies every object (a listing; on a local store
-  the SHA-256 of each file too) while DuckDB reads the conversations the store's index names (again, should the
-  index disagree with the manifests), then joins the ids with DuckDB, which also answers per conversation
-  (done, partial, missing, with errors, planned twice); bare DuckDB computes the same three counts in one query
-  from the same objects (checked equal).
+* Coverage by id checks every manifest against its object (on a local store it reads them; on S3 it compares
+  the listing's ETags with those the index copies were made from and reads only what changed) and verifies
+  every object (a listing; on a local store the SHA-256 of each file too) while DuckDB reads the conversations
+  the store's index names (again, should the index disagree with the manifests), then joins the ids with
+  DuckDB, which also answers per conversation (done, partial, missing, with errors, planned twice); bare DuckDB
+  computes the same three counts in one query from the same objects (checked equal).
 """
     if args.no_write:
         print(body)

@@ -7,9 +7,10 @@ column chunks, never the whole object). It joins planned against recorded events
 to disk past its limit), so the answer never depends on counts that could hide a gap and a duplicate cancelling
 out.
 
-This is also where the stored shards are verified: every manifest is read from its own object, every object it
-lists is checked against one listing of the store (present, same size, and on S3 the same ETag) and, for a local
-store, against its checksum. A damaged shard's events count as missing and the shard is named. The index that
+This is also where the stored shards are verified: every manifest is checked against its own object (read, or on
+S3 its listed ETag compared with the one its index copy was made from), every object it lists is checked against
+one listing of the store (present, same size, and on S3 the same ETag) and, for a local store, against its
+checksum. A damaged shard's events count as missing and the shard is named. The index that
 lets `dflash status` answer in a few requests is made to agree with the manifests read here.
 
 A store whose completions and conversations disagree is reported, not a crash: a conversations shard that
