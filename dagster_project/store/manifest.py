@@ -151,12 +151,13 @@ def read_manifests_from_objects(
     on S3 a check of 1,830 shards then costs a listing instead of 1,830 requests."""
     listed = {info.key: info for info in store.list(f"{stage}/shard=")}
     keys = [key for key in listed if key.endswith(MANIFEST_NAME)]
-    copies = object_index.copies_as_listed(store, stage, {key: listed[key].etag for key in keys})
+    entries = object_index.read_entries(store, stage)
+    copies = object_index.copies_as_listed(entries, {key: listed[key].etag for key in keys})
     to_read = [key for key in keys if key not in copies]
     raws = {key: raw for key, raw in zip(to_read, object_index.fetch_all(store, to_read)) if raw is not None}
     found = [object_index.from_copy(store, key, kind, body) for key, body in copies.items()]
     found += [parse_record(store, key, kind, raw) for key, raw in raws.items()]
-    object_index.reconcile(store, stage, raws, as_listed=copies)
+    object_index.reconcile(store, stage, raws, as_listed=copies, entries=entries)
     return {manifest.shard: manifest for manifest in found}, listed
 
 

@@ -79,10 +79,14 @@ def _entry(body: Any, etag: str | None) -> dict[str, Any]:
     return {"final": True, "body": body, **({"etag": etag} if etag else {})}
 
 
-def copies_as_listed(store: Store, top: str, listed: dict[str, str | None]) -> dict[str, Any]:
-    """Key → copy (its JSON body) of each object in `listed` (key → ETag in a listing) whose final entry under
-    `_index/<top>/` was made from an object with that ETag: the object is what the copy says, unread."""
-    entries = _read_blocks(store, top) or {}
+def read_entries(store: Store, top: str) -> Entries:
+    """Every entry under `_index/<top>/` (none for a store written before the index existed)."""
+    return _read_blocks(store, top) or {}
+
+
+def copies_as_listed(entries: Entries, listed: dict[str, str | None]) -> dict[str, Any]:
+    """Key → copy (its JSON body) of each object in `listed` (key → ETag in a listing) whose final entry in
+    `entries` was made from an object with that ETag: the object is what the copy says, unread."""
     return {
         key: entry["body"]
         for key, etag in listed.items()
@@ -162,18 +166,20 @@ def from_copy(store: Store, key: str, kind: type[T], body: dict[str, Any]) -> T:
         ) from exc
 
 
-def reconcile(store: Store, top: str, read: dict[str, bytes], as_listed: Iterable[str] = ()) -> int:
+def reconcile(
+    store: Store, top: str, read: dict[str, bytes], as_listed: Iterable[str] = (), entries: Entries | None = None
+) -> int:
     """Make the final entries under `_index/<top>/` copies of the objects, given `read` (key → bytes of each such
-    object, as just listed and read) and `as_listed` (the other ones, whose copies the listing showed right).
-    Shard runs may publish meanwhile, so an entry that disagrees with `read` is set from the object as it is now
-    (or dropped if it is gone), not from `read`. On S3 an entry without its object's ETag gets it. Returns how
-    many changed."""
-    entries = _read_blocks(store, top) or {}
-    listed_etags = not isinstance(store, LocalStore)
+    object, as just listed and read), `as_listed` (the other ones, whose copies the listing showed right) and
+    `entries` (the index as read with the listing; read here if not given). Shard runs may publish meanwhile, so
+    an entry that disagrees with `read` is set from the object as it is now (or dropped if it is gone), not from
+    `read`. On S3 an entry without its object's ETag gets it. Returns how many changed."""
+    entries = read_entries(store, top) if entries is None else entries
+    has_etags = not isinstance(store, LocalStore)
     differ = {
         key
         for key, raw in read.items()
-        if (entry := entries.get(key, {})).get("body") != orjson.loads(raw) or (listed_etags and "etag" not in entry)
+        if (entry := entries.get(key, {})).get("body") != orjson.loads(raw) or (has_etags and "etag" not in entry)
     }
     present = set(read) | set(as_listed)
     differ |= {key for key, entry in entries.items() if entry["final"] and key not in present}
@@ -190,7 +196,7 @@ def reconcile(store: Store, top: str, read: dict[str, bytes], as_listed: Iterabl
                     entries.pop(key, None)
                 else:
                     data, version = now[key]
-                    entries[key] = _entry(orjson.loads(data), None if isinstance(store, LocalStore) else version)
+                    entries[key] = _entry(orjson.loads(data), version if has_etags else None)
 
         _update(store, block, repair)
     return len(keys)
