@@ -187,7 +187,7 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
 def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any, list[str]]:
     """The answers, and what was done on the way (Dagster runs marked failed because their process is gone)."""
     from dagster_project.generation import fleet_registry
-    from dagster_project.ops.alerts import FleetCost
+    from dagster_project.ops.answers.cost import FleetCost
     from dagster_project.ops.status import collect_status
 
     stale_after_s = settings.fleet_stale_after_s()
