@@ -23,14 +23,16 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psutil
 
 from dagster_project.sglang import capacity
-from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
 from dagster_project.sglang.protocol import parse_metrics
+
+if TYPE_CHECKING:  # the client imports aiohttp: only what talks to servers imports it, when it does
+    from dagster_project.sglang.client import SGLangError
 
 DEFAULT_MODEL = "Qwen/Qwen3.6-27B"
 PID_FILE = "fleet.json"
@@ -322,6 +324,8 @@ def capacity_report(
     api_key: str | None = None,
 ) -> list[str]:
     """Per server, the cap it computed (`capacity.analyze` of its `/server_info`) next to the plan's."""
+    from dagster_project.sglang.client import SGLangError
+
     infos = asyncio.run(_server_infos(urls, api_key))
     lines = []
     for url, info in zip(urls, infos):
@@ -344,6 +348,8 @@ def capacity_report(
 
 
 async def _server_infos(urls: Sequence[str], api_key: str | None) -> list[dict | SGLangError]:
+    from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
+
     async with new_session() as session:
 
         async def one(url: str) -> dict | SGLangError:
@@ -759,6 +765,8 @@ def connect(endpoints: Sequence[str] | str | None = None, router_url: str | None
 
 async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeout_s: float = 5.0) -> list[dict]:
     """Live state of each endpoint: health, speculative decoding, its running cap, load (from `/metrics`)."""
+    from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
+
     async with new_session() as session:
 
         async def probe(url: str) -> dict:
