@@ -5,8 +5,8 @@ import dataclasses
 import json
 import os
 import subprocess
-from pathlib import Path
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
