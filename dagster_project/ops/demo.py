@@ -50,9 +50,23 @@ def _dflash(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, "-m", "dagster_project.cli", *args], env=env, check=True)
 
 
+def _dagster() -> str:
+    return str(Path(sys.executable).with_name("dagster"))  # the CLI installed beside this interpreter
+
+
+def initialize_instance(env: dict[str, str]) -> None:
+    """Make (or bring up to date) the databases of the instance at `env`'s DAGSTER_HOME, in this one process,
+    before anything runs on it. Dagster's SQLite storage creates its schema on first use: processes that first
+    use a fresh instance at once (four shard runs, or the UI and the daemon) race to stamp the schema's version,
+    and every later command on it then fails ("more than one head present")."""
+    result = subprocess.run([_dagster(), "instance", "migrate"], env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout[-2000:] + result.stderr[-4000:])
+        raise SystemExit(f"could not initialise the Dagster instance at {env['DAGSTER_HOME']}")
+
+
 def _materialize(env: dict[str, str], select: str, partition: str | None = None) -> None:
-    dagster = str(Path(sys.executable).with_name("dagster"))  # the CLI installed beside this interpreter
-    command = [dagster, "asset", "materialize", "-m", "dagster_project.definitions", "--select", select]
+    command = [_dagster(), "asset", "materialize", "-m", "dagster_project.definitions", "--select", select]
     if partition:
         command += ["--partition", partition]
     label = f"{select}" + (f" [{partition}]" if partition else "")
@@ -71,6 +85,7 @@ def run_demo(root: Path) -> int:
     shutil.rmtree(root / ".demo", ignore_errors=True)  # a fresh run every time; the Dagster history stays
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(root / "dagster.yaml", Path(env["DAGSTER_HOME"]) / "dagster.yaml")
+    initialize_instance(env)  # before the shard runs use it at once
     store = LocalStore(env["DFLASH_STORE"])
     write_plan(
         store,
