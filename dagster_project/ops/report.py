@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from dagster_project.generation.heartbeat import read_heartbeats, run_is_alive
 from dagster_project.generation.progress import Heartbeat
-from dagster_project.ops.alerts import dollars
+from dagster_project.ops.answers.text import dollars
 from dagster_project.ops.status import Status
 from dagster_project.store.storage import Store
 

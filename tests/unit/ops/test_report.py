@@ -11,12 +11,9 @@ import pytest
 
 from dagster_project.generation.heartbeat import this_process
 from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
-from dagster_project.ops.alerts import (
-    DEFAULT_THRESHOLDS,
-    NO_PRICE,
-    AlertThresholds,
-    FleetCost,
-)
+from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, AlertThresholds
+from dagster_project.ops.answers.cost import NO_PRICE, FleetCost
+from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.report import (
     INLINE_MARKDOWN_CHARS,
@@ -31,13 +28,7 @@ from dagster_project.ops.report import (
     shards_running,
     verdict,
 )
-from dagster_project.ops.status import (
-    Readings,
-    Status,
-    answer_all,
-    collect_status,
-    render_text,
-)
+from dagster_project.ops.status import Status, answer_all, collect_status, render_text
 from dagster_project.store.dataclass_json import to_json
 from dagster_project.store.layout import progress_key
 from dagster_project.store.storage import LocalStore
