@@ -109,9 +109,13 @@ class DatasetCoverage:
     @property
     def exactly_once(self) -> bool:
         """Every planned event has exactly one record and nothing else was recorded."""
+        return self.events_not_yet_published == 0 and self.exact_so_far
+
+    @property
+    def exact_so_far(self) -> bool:
+        """What is published is exact: no gap, duplicate or stray, nothing damaged (shards may remain to come)."""
         return (
-            self.events_not_yet_published == 0
-            and not self.shards_damaged
+            not self.shards_damaged
             and not self.disagreements
             and self.events_missing == 0
             and self.events_duplicated == 0
