@@ -79,26 +79,35 @@ class ServerOptions:
     SGLang's own sizing is `radix_cache=True, max_running_requests=48`.
     """
 
-    model_path: str = DEFAULT_MODEL
-    host: str = "0.0.0.0"
-    context_length: int = 65536
+    model_path: str = field(default=DEFAULT_MODEL, metadata={"help": "model to serve: a local path or a Hub name"})
+    host: str = field(default="0.0.0.0", metadata={"help": "interface the servers listen on"})
+    context_length: int = field(default=65536, metadata={"help": "longest prompt + answer a request may have"})
     max_running_requests: int | None = field(
-        default=None, metadata={"help": "default: planned from GPU memory and the expected request length"}
+        default=None,
+        metadata={
+            "help": "requests each server runs at once (default: planned from GPU memory and the request length)"
+        },
     )
-    mem_fraction_static: float | None = field(default=None, metadata={"help": "default: SGLang's automatic one"})
-    mamba_full_memory_ratio: float | None = None
+    mem_fraction_static: float | None = field(
+        default=None, metadata={"help": "share of GPU memory for weights and pools (default: SGLang's automatic one)"}
+    )
+    mamba_full_memory_ratio: float | None = field(
+        default=None, metadata={"help": "share of the pool memory for mamba states (default: SGLang's 0.9)"}
+    )
     max_mamba_cache_size: int | None = field(default=None, metadata={"help": "mamba state slots, fixed"})
     mamba_ssm_dtype: str | None = field(
         default=None, metadata={"help": "bfloat16 halves the state (about 1.7x the requests) but changes numerics"}
     )
-    kv_cache_dtype: str | None = None
+    kv_cache_dtype: str | None = field(default=None, metadata={"help": "e.g. fp8_e4m3 (default: the model's)"})
     radix_cache: bool = field(
         default=False,
         metadata={"help": "keep SGLang's radix cache (prefix reuse; 5 state slots per running request instead of 1)"},
     )
     load_format: str | None = field(default=None, metadata={"help": "dummy: random weights (memory and speed only)"})
-    served_model_name: str | None = None
-    random_seed: int | None = 0
+    served_model_name: str | None = field(
+        default=None, metadata={"help": "the model name the servers report (default: --model-path)"}
+    )
+    random_seed: int | None = field(default=0, metadata={"help": "the servers' sampling seed"})
     api_key: str | None = field(default=None, repr=False)
     extra_args: tuple[str, ...] = ()
 
@@ -594,7 +603,8 @@ def _prepare(run_dir: Path) -> None:
         return
     if fleet.alive():
         raise FleetError(
-            f"a {fleet.kind} fleet is already running from {run_dir} ({', '.join(fleet.urls)}): stop it first"
+            f"a {fleet.kind} fleet is already running from {run_dir} ({', '.join(fleet.urls)}): "
+            "stop it first (`dflash fleet down`)"
         )
     fleet.pid_file.unlink()
 
