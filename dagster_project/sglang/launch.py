@@ -823,7 +823,8 @@ async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeo
 _PROBED_METRICS = {
     "running": "sglang:num_running_reqs",
     "queued": "sglang:num_queue_reqs",
-    "token_usage": "sglang:token_usage",
+    "token_usage": "sglang:token_usage",  # the fuller of the two pools: KV tokens or mamba state slots
+    "kv_usage": "sglang:full_token_usage",  # the KV pool's own
     "mamba_usage": "sglang:mamba_usage",
     "spec_accept_length": "sglang:spec_accept_length",
     "gen_throughput": "sglang:gen_throughput",
