@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import psutil
+import yaml
 
 from dagster_project.sglang import capacity
 from dagster_project.sglang.protocol import parse_metrics
@@ -154,8 +155,16 @@ class CapacityTarget:
         return self.expected_prompt_tokens + self.expected_output_tokens + capacity.reserved_prompt_tokens(settings)
 
 
-def server_command(options: ServerOptions, port: int, *, python: str = sys.executable) -> list[str]:
-    """The `python -m sglang.launch_server ...` command line of one server: the model card's MTP recipe, metrics on."""
+def server_command(
+    options: ServerOptions, port: int, *, python: str = sys.executable, config_file: str | None = None
+) -> list[str]:
+    """The `python -m sglang.launch_server ...` command line of one server: the model card's MTP recipe, metrics on.
+
+    The API key is never on it (a command line is readable by every user of the host, in `ps`): it goes in
+    `config_file`, SGLang's `--config` YAML (see `write_secrets_config`), which the caller writes."""
+    keyed = any(arg.split("=")[0] in ("--api-key", "--admin-api-key") for arg in options.extra_args)
+    if keyed or (options.api_key is not None and config_file is None):
+        raise ValueError("an API key is passed in a --config file (write_secrets_config), never on the command line")
     rejected = [arg.split("=")[0] for arg in options.extra_args if arg.split("=")[0] in REJECTED_FLAGS]
     if rejected:
         raise ValueError(
@@ -182,7 +191,7 @@ def server_command(options: ServerOptions, port: int, *, python: str = sys.execu
         "--load-format": options.load_format,
         "--served-model-name": options.served_model_name,
         "--random-seed": options.random_seed,
-        "--api-key": options.api_key,
+        "--config": config_file,
     }
     for flag, value in valued.items():
         if value is not None:
@@ -362,12 +371,23 @@ async def _server_infos(urls: Sequence[str], api_key: str | None) -> list[dict |
 
 
 def simulator_command(
-    port: int, options: Mapping[str, Any], *, vocab_file: Path | None, host: str, python: str = sys.executable
+    port: int,
+    options: Mapping[str, Any],
+    *,
+    vocab_file: Path | None,
+    host: str,
+    python: str = sys.executable,
+    config_file: str | None = None,
 ) -> list[str]:
-    """`python -m dagster_project.sglang.sim.server ...`; `options` are SimConfig fields (e.g. `decode_step_s`)."""
+    """`python -m dagster_project.sglang.sim.server ...`; `options` are SimConfig fields (e.g. `decode_step_s`),
+    less the API key, which goes in `config_file` as for a real server (`write_secrets_config`)."""
+    if "api_key" in options:
+        raise ValueError("an API key is passed in a --config file (write_secrets_config), never on the command line")
     command = [python, "-m", "dagster_project.sglang.sim.server", "--host", host, "--port", str(port)]
     if vocab_file is not None:
         command += ["--vocab-file", str(vocab_file)]
+    if config_file is not None:
+        command += ["--config", config_file]
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")
         if name == "speculative":
@@ -394,13 +414,22 @@ def router_command(worker_urls: Sequence[str], *, host: str, port: int, python: 
     ]  # fmt: skip
 
 
-def redact(command: Sequence[str]) -> list[str]:
-    """The command with its API key hidden, for the pid file and error messages."""
-    redacted = list(command)
-    for index, arg in enumerate(redacted[:-1]):
-        if arg == "--api-key":
-            redacted[index + 1] = "<redacted>"
-    return redacted
+SECRETS_SUFFIX = ".secrets.yaml"
+
+
+def write_secrets_config(path: Path, api_key: str) -> Path:
+    """SGLang's `--config` YAML (0.5.23 merges it into the flags, `prepare_server_args`) holding the API key, made
+    readable by this user alone before the key is written: the key stays off every process's command line."""
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        yaml.safe_dump({"api-key": api_key}, handle)
+    return path
+
+
+def _remove_secrets(run_dir: Path) -> None:
+    for path in run_dir.glob(f"*{SECRETS_SUFFIX}"):
+        path.unlink(missing_ok=True)
 
 
 # ---- fleet record ---------------------------------------------------------------------------------------------
@@ -598,6 +627,7 @@ def cleanup_stale(run_dir: Path) -> list[str]:
         return []
     stopped = _terminate(fleet.members, timeout_s=10)
     fleet.pid_file.unlink(missing_ok=True)
+    _remove_secrets(run_dir)
     return stopped
 
 
@@ -641,7 +671,7 @@ def _start(
                     process.pid,
                     process.create_time(),
                     str(log),
-                    redact(command),
+                    command,
                     gpu,
                 )
             )
@@ -651,6 +681,8 @@ def _start(
         _terminate(fleet.members, timeout_s=10)
         fleet.pid_file.unlink(missing_ok=True)
         raise
+    finally:
+        _remove_secrets(fleet.run_dir)  # a server reads its --config file once, at startup
     fleet.state = "up"
     fleet.save()
     return fleet
@@ -673,7 +705,8 @@ def launch_fleet(
     for index, gpu in enumerate(gpus):
         port = base_port + index
         env = {**server_environment(), "CUDA_VISIBLE_DEVICES": str(gpu)}
-        specs.append((f"gpu{gpu}", port, server_command(options, port, python=python), env, gpu))
+        secrets = _secrets_config(run_dir, f"gpu{gpu}", options.api_key)
+        specs.append((f"gpu{gpu}", port, server_command(options, port, python=python, config_file=secrets), env, gpu))
     return _start(
         Fleet(run_dir, "sglang"),
         specs,
@@ -709,16 +742,12 @@ def launch_simulators(
         raise ValueError(f"{len(per_server)} option sets for {count} simulators")
     ports = list(ports) if ports is not None else free_ports(count, host)
     vocab_file = load_sim_vocab(tokenizer).save(run_dir / SIM_VOCAB_FILE)
-    specs = [
-        (
-            f"sim{index}",
-            port,
-            simulator_command(port, opts, vocab_file=vocab_file, host=host, python=python),
-            server_environment(),
-            None,
-        )
-        for index, (port, opts) in enumerate(zip(ports, per_server))
-    ]
+    specs = []
+    for index, (port, opts) in enumerate(zip(ports, per_server)):
+        secrets = _secrets_config(run_dir, f"sim{index}", opts.get("api_key"))
+        flags = {name: value for name, value in opts.items() if name != "api_key"}
+        command = simulator_command(port, flags, vocab_file=vocab_file, host=host, python=python, config_file=secrets)
+        specs.append((f"sim{index}", port, command, server_environment(), None))
     return _start(
         Fleet(run_dir, "simulator"),
         specs,
@@ -727,6 +756,10 @@ def launch_simulators(
         startup_timeout_s=startup_timeout_s,
         poll_s=0.05,
     )
+
+
+def _secrets_config(run_dir: Path, name: str, api_key: str | None) -> str | None:
+    return str(write_secrets_config(run_dir / f"{name}{SECRETS_SUFFIX}", api_key)) if api_key else None
 
 
 def stop_fleet(run_dir: Path, timeout_s: float = 30.0) -> list[str]:
@@ -798,7 +831,8 @@ async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeo
 _PROBED_METRICS = {
     "running": "sglang:num_running_reqs",
     "queued": "sglang:num_queue_reqs",
-    "token_usage": "sglang:token_usage",
+    "token_usage": "sglang:token_usage",  # the fuller of the two pools: KV tokens or mamba state slots
+    "kv_usage": "sglang:full_token_usage",  # the KV pool's own
     "mamba_usage": "sglang:mamba_usage",
     "spec_accept_length": "sglang:spec_accept_length",
     "gen_throughput": "sglang:gen_throughput",

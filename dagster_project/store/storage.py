@@ -117,9 +117,29 @@ def _file_mode() -> int:
     return 0o666 & ~mask
 
 
-def _publish_temporary(tmp_name: str, path: Path) -> None:
-    os.chmod(tmp_name, _file_mode())
-    os.replace(tmp_name, path)
+@contextmanager
+def _written_in_place(path: Path) -> Iterator[Any]:
+    """A temporary file beside `path` to write the object into; renamed to `path` once written and synced.
+
+    A write that fails (a full disk, no permission, a file size limit) removes the temporary file and raises
+    `StoreError` naming `path` and the cause: nothing is left behind, and the operator knows where to look.
+    """
+    tmp_name = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+            tmp_name = tmp.name
+            yield tmp
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.chmod(tmp_name, _file_mode())
+        os.replace(tmp_name, path)
+        tmp_name = None
+    except OSError as exc:
+        raise StoreError(f"writing {path} failed: {exc}") from exc
+    finally:
+        if tmp_name is not None:
+            Path(tmp_name).unlink(missing_ok=True)
 
 
 class LocalStore:
@@ -143,23 +163,14 @@ class LocalStore:
 
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        with _written_in_place(path) as tmp:
             tmp.write(data)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        _publish_temporary(tmp.name, path)
         return ObjectInfo(key, len(data), sha256_bytes(data), path.stat().st_mtime)
 
     def put_file(self, key: str, path: Path) -> ObjectInfo:
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as tmp:
-            with open(path, "rb") as source:
-                shutil.copyfileobj(source, tmp, _CHUNK)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        _publish_temporary(tmp.name, target)
+        with _written_in_place(target) as tmp, open(path, "rb") as source:
+            shutil.copyfileobj(source, tmp, _CHUNK)
         return ObjectInfo(key, target.stat().st_size, sha256_file(target), target.stat().st_mtime)
 
     def get_bytes(self, key: str) -> bytes:

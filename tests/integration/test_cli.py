@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -43,7 +44,15 @@ def test_fleet_up_status_down_never_shows_the_api_key(env, tmp_path):
             env, "fleet", "up", "--simulate", "2", "--sim-option", "output_len=fixed:8"
         )
         record = (tmp_path / "work" / "fleet" / "fleet.json").read_text()
-        assert SECRET not in record and "<redacted>" in record
+        assert SECRET not in record and "--config" in record
+        # Nor in any fleet process's command line (`ps`): each read its key from a 0600 --config file, removed
+        # once the fleet was up.
+        fleet = launch.Fleet.load(tmp_path / "work" / "fleet")
+        processes = [p for m in fleet.members for p in (m.process(), *m.process().children(recursive=True))]
+        assert len(processes) >= 2
+        for process in processes:
+            assert SECRET.encode() not in Path(f"/proc/{process.pid}/cmdline").read_bytes(), process.cmdline()
+        assert not list((tmp_path / "work" / "fleet").glob("*.secrets.yaml"))
         # `fleet up` again while it runs: refused in one line, the running fleet untouched.
         again = subprocess.run(
             [sys.executable, "-m", "dagster_project.cli", "fleet", "up", "--simulate", "1"],
