@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import psutil
-import yaml
 
 from dagster_project.sglang import capacity
 from dagster_project.sglang.protocol import parse_metrics
@@ -420,6 +419,8 @@ SECRETS_SUFFIX = ".secrets.yaml"
 def write_secrets_config(path: Path, api_key: str) -> Path:
     """SGLang's `--config` YAML (0.5.23 merges it into the flags, `prepare_server_args`) holding the API key, made
     readable by this user alone before the key is written: the key stays off every process's command line."""
+    import yaml  # here: readers of fleet records (`dflash status`) never write one
+
     path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as handle:
