@@ -11,12 +11,9 @@ import pytest
 
 from dagster_project.generation.heartbeat import this_process
 from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
-from dagster_project.ops.alerts import (
-    DEFAULT_THRESHOLDS,
-    NO_PRICE,
-    AlertThresholds,
-    FleetCost,
-)
+from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, AlertThresholds
+from dagster_project.ops.answers.cost import NO_PRICE, FleetCost
+from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.report import (
     INLINE_MARKDOWN_CHARS,
@@ -31,13 +28,7 @@ from dagster_project.ops.report import (
     shards_running,
     verdict,
 )
-from dagster_project.ops.status import (
-    Readings,
-    Status,
-    answer_all,
-    collect_status,
-    render_text,
-)
+from dagster_project.ops.status import Status, answer_all, collect_status, render_text
 from dagster_project.store.dataclass_json import to_json
 from dagster_project.store.layout import progress_key
 from dagster_project.store.storage import LocalStore
@@ -64,6 +55,7 @@ def beat(*, accept: float | None = 2.8, req_per_s: float = 2.0, done: int = 40, 
         output_tokens=100 * done,
         prompt_tokens=50 * done,
         window=Rates(120, req_per_s, 100 * req_per_s),
+        eta_rates=Rates(600, req_per_s, 100 * req_per_s),
         spec=SpecDecodingStats(
             accept_length_window=accept,
             window_spec_tokens=int(280 * (accept or 0)),
@@ -85,7 +77,7 @@ def probe(*, spec: str | None = "EAGLE", running: float = 8, queued: float = 0, 
         "running": running,
         "queued": queued,
         "avg_spec_accept_length": 2.8,
-        "token_usage": 0.42,
+        "kv_usage": 0.42,
     }
 
 
