@@ -27,8 +27,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from dagster_project.conversations.shards import ConversationsShardManifest, conversations_in
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.store.dataclass_json import read_record, to_json
@@ -263,7 +261,6 @@ def _load_planned(
             Path(path).unlink()
 
 
-_RECORDED = pa.schema([("event_id", pa.string()), ("status", pa.string())])
 # Straight from the objects to one row per recorded event id (the records themselves are never kept).
 _PER_EVENT = """
     CREATE TABLE per_event AS
@@ -275,6 +272,8 @@ _PER_EVENT = """
 def _load_recorded(
     con: duckdb.DuckDBPyConnection, store: Store, manifests: dict[int, CompletionsShardManifest]
 ) -> None:
+    import pyarrow as pa  # here, not at the top: `dflash status` reads this module's answers without it
+
     keys = _data_keys(manifests)
     if not keys:
         con.execute("CREATE TABLE per_event (event_id VARCHAR, records BIGINT, errors BIGINT)")
@@ -286,9 +285,11 @@ def _load_recorded(
         else:  # DuckDB reads the two columns through pyarrow's S3 file system: ranged GETs, no downloads
             import pyarrow.dataset as ds
 
+            recorded = pa.schema([("event_id", pa.string()), ("status", pa.string())])
+
             filesystem, root = arrow_filesystem(store)
             objects = ds.dataset(
-                [f"{root}/{key}" for key in keys], schema=_RECORDED, format="parquet", filesystem=filesystem
+                [f"{root}/{key}" for key in keys], schema=recorded, format="parquet", filesystem=filesystem
             )
             con.register("completion_objects", objects)
             con.execute(_PER_EVENT.format(source="completion_objects"))
