@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import time
 import uuid
@@ -81,6 +82,8 @@ from dagster_project.sglang.client import (
     SGLangError,
     new_session,
 )
+
+logger = logging.getLogger(__name__)
 
 HEALTHY = "healthy"
 QUARANTINED = "quarantined"
@@ -198,6 +201,7 @@ class _Server:
     probe_failures: int = 0
     probing: bool = False
     client: SGLangClient | None = None
+    set_aside_at: float | None = None  # wall clock, for the operator: when `_quarantine` set it aside
 
 
 def next_foreign_load(current: int, previous_estimate: int, reported: int, node_in_flight: int) -> tuple[int, int]:
@@ -384,6 +388,7 @@ class Dispatcher:
                 "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.completion_tokens,
                 "since_progress_s": round(now - s.last_progress, 3) if s.in_flight else None,
+                "set_aside_at": s.set_aside_at if s.state == QUARANTINED else None,
             }
         totals = {
             **self.stats.as_dict(),
@@ -676,8 +681,9 @@ class Dispatcher:
         its in-flight requests elsewhere at once."""
         if server.state == QUARANTINED:
             return
-        server.state, server.reason = QUARANTINED, reason
+        server.state, server.reason, server.set_aside_at = QUARANTINED, reason, time.time()
         server.next_probe = now  # first re-probe right away; later ones back off
+        logger.warning("server %s set aside (%s): it gets no new requests until a re-probe passes", server.url, reason)
         if share and self.ledger is not None:
             self.ledger.set_aside(server.url, reason)
         self._hedge(server)

@@ -9,12 +9,16 @@ uses the shard (`failed_gates`) and refuses a shard that failed a gate, naming i
 
 A check cannot rewrite the manifest it judges: the manifest's bytes identify the publication that later
 stages were built from, and the publishing run may be rewriting it at the same moment.
+
+Each verdict is also copied into the store's index (`object_index`), so `dflash status` reads every shard's
+verdicts in a few requests (`read_verdicts`); a copy left by an earlier publication is told apart by `judges`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dagster_project.store import object_index
 from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import shard_prefix
 from dagster_project.store.manifest import ShardManifest
@@ -44,8 +48,29 @@ def verdict_key(stage: str, shard: int, check: str) -> str:
 def record_verdict(store: Store, manifest: ShardManifest, check: str, failures: dict[str, str]) -> Verdict:
     """Record a check's outcome on this publication of the shard; `failures` maps a failed gate to its message."""
     verdict = Verdict(check, not failures, dict(failures), manifest.published_at, manifest.ids_digest)
-    store.put_bytes(verdict_key(manifest.stage, manifest.shard, check), to_json(verdict))
+    put_indexed(store, verdict_key(manifest.stage, manifest.shard, check), to_json(verdict))
     return verdict
+
+
+def put_indexed(store: Store, key: str, data: bytes) -> None:
+    """Write a shard's small JSON record and copy it into the store's index, so readers of every shard's records
+    make a few requests."""
+    object_index.record(store, key, data, etag=store.put_bytes(key, data).etag)
+
+
+def read_verdicts(store: Store, stage: str) -> dict[int, list[Verdict]]:
+    """Shard → every verdict recorded on the shard, from the store's index (a few requests whatever the shard
+    count). Some may judge an earlier publication of the shard: keep those that `judges` its manifest."""
+    found = object_index.read_records(store, f"{stage}/shard=", Verdict, lambda key: VERDICTS_DIR in key)
+    by_shard: dict[int, list[Verdict]] = {}
+    for key, verdict in found.items():
+        by_shard.setdefault(shard_of(key), []).append(verdict)
+    return by_shard
+
+
+def shard_of(key: str) -> int:
+    """The shard a key under `<stage>/shard=NNNNN/` belongs to."""
+    return int(key.split("/shard=", 1)[1].split("/", 1)[0])
 
 
 def read_verdict(store: Store, manifest: ShardManifest, check: str) -> Verdict | None:

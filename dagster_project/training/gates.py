@@ -657,6 +657,21 @@ class GateThresholds:
     )
 
 
+# The run-config keys of each gate's thresholds (in `GateThresholds`, the length gate's `LengthGateOptions` and the
+# completions checks' own), so a blocked shard's report says what to change. The other gates judge facts.
+THRESHOLD_KEYS: dict[str, tuple[str, ...]] = {
+    "loss_sum_floor": ("loss_floor", "max_share_below_floor"),
+    "loss_sum_concentration": ("max_top_loss_sum_share", "min_repeats"),
+    "consecutive_supervised": ("min_supervised_pairs",),
+    "thinking_structure": ("max_bad_thinking_share",),
+    "degenerate_answers": ("max_degenerate_share", "min_repeats"),
+    "short_answers": ("short_answer_chars", "max_short_answer_share", "max_empty_answer_share"),
+    "length_loss": ("max_lost_supervised_share",),
+    "error_rate": ("max_error_share",),
+    "length_capped_rate": ("max_length_capped_share",),
+}
+
+
 @dataclass
 class ShardProfile:
     """Every per-row figure the gates need, gathered in one streaming pass over a shard."""
