@@ -24,10 +24,15 @@ Failures, and what happens to the requests caught in them:
   are retried on other servers;
 * a server that keeps failing requests (garbage bodies, 5xx answers, aborts, "NaN happened"): quarantined
   after a few in a row; a failed request is retried on a server it has not failed on whenever there is one;
-* no progress: `/health` on SGLang runs a one-token generation and answers 503 when the scheduler produces
-  nothing for 20 s; a failed or timed-out health check quarantines the server, and a passing one counts as
-  progress, so a server busy with long answers is never written off; `watchdog_s` without any sign of
-  progress is the backstop;
+* a hung scheduler: `/health` on SGLang runs a one-token generation and answers 503 when the scheduler
+  produces nothing for 20 s; a failed or timed-out health check quarantines the server;
+* our requests stuck behind a healthy `/health` (a router or load balancer in front of a server, or a
+  server whose `/generate` path is lost): a passing health check is not progress. Progress is an answer
+  to one of our requests, or a `/metrics` read showing at least as many requests running + queued as we
+  have there, so a server busy with long answers is never written off. A server is set aside when its
+  `/metrics` show nothing running or queued for `unserved_after_s` while ours are there, when it answers
+  none of ours for `silence_s` while other servers answer, or after `watchdog_s` without any sign of
+  progress (`server_watch.ServerWatch` keeps the account);
 * whenever a server is quarantined, its in-flight requests are sent again elsewhere at once while the
   originals keep their chance; the first answer wins and the other attempts are cancelled and aborted;
 * 503 queue full: the server cools down (no new work) for a growing pause, and is quarantined if it
@@ -59,12 +64,13 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import aiohttp
 
 from dagster_project.generation.ledger import FleetLedger
+from dagster_project.generation.server_watch import ServerWatch, WatchLimits, next_foreign_load
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.client import (
     ABORTED,
@@ -184,7 +190,7 @@ class _Server:
     errors: Counter = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    last_progress: float = 0.0
+    watch: ServerWatch = field(default_factory=ServerWatch)  # its signs of progress on our requests
     cooldown_until: float = 0.0
     consecutive_503: int = 0
     consecutive_faults: int = 0
@@ -202,33 +208,6 @@ class _Server:
     probing: bool = False
     client: SGLangClient | None = None
     set_aside_at: float | None = None  # wall clock, for the operator: when `_quarantine` set it aside
-
-
-def next_foreign_load(current: int, previous_estimate: int, reported: int, node_in_flight: int) -> tuple[int, int]:
-    """The load at a server that is not this node's, after one read of its `/metrics`: (foreign load, estimate).
-
-    The server reports `reported` = running + queued, counting every client's requests that have reached it,
-    this node's included; at the moment of the read this node had `node_in_flight` (the ledger's total, or the
-    run's own without a ledger). The estimate is their difference. Between reads the node's own changes are
-    known exactly, so its load is taken as its in-flight now + the foreign load: never in-flight + reported,
-    which would count its requests twice. The node admits while that is under the window.
-
-    Room that appears is taken in halves. A slot freed elsewhere shows as room until its owner refills it, and
-    every node reading then would take it: an estimate only counts as low as the previous one (`previous_estimate`:
-    a gap must show in two reads), and the foreign load then falls by half the difference per read. Nodes that
-    start together on an idle server (where `current` starts at the whole window), or see another node's tail
-    at the same read, take half each instead of all each; a node alone reaches the whole window in a few reads.
-    A rise counts at once.
-
-    What stays uncounted is the "small constant" over the window: other clients' requests sent since the
-    read; on SGLang, what changed since the scheduler last refreshed these gauges (every 40 decode steps);
-    and this node's requests still on the wire at the read (in `node_in_flight`, not yet in `reported`).
-    """
-    estimate = max(0, reported - node_in_flight)
-    seen = max(estimate, previous_estimate)
-    if seen < current:
-        seen = current - math.ceil((current - seen) / 2)
-    return seen, estimate
 
 
 def _iterate(
@@ -256,7 +235,24 @@ class DispatchOptions:
     probe_interval_s: float = field(default=5.0, metadata={"help": "Health probe period of each server."})
     watchdog_s: float = field(
         default=120.0,
-        metadata={"help": "A busy server with no sign of progress (finished request, passing health) is set aside."},
+        metadata={
+            "help": "A server with our requests in flight and no sign of progress on them for this long (no answer, "
+            "no /metrics read showing them there) is set aside; a passing health check is not progress."
+        },
+    )
+    unserved_after_s: float = field(
+        default=15.0,
+        metadata={
+            "help": "A server whose /metrics report nothing running or queued for this long while our requests "
+            "are in flight there (lost before reaching it) is set aside."
+        },
+    )
+    silence_s: float = field(
+        default=45.0,
+        metadata={
+            "help": "A server with our requests in flight that answers none for this long while other servers "
+            "answer is set aside (its requests go elsewhere; the originals keep running)."
+        },
     )
     fleet_down_grace_s: float = field(
         default=300.0, metadata={"help": "With no usable server for this long, the run stops (FleetDownError)."}
@@ -285,6 +281,8 @@ class DispatchOptions:
     def __post_init__(self) -> None:
         if self.oversubscription <= 0 or self.max_attempts < 1 or self.load_read_interval_s < 0:
             raise ValueError("oversubscription must be > 0, max_attempts >= 1 and load_read_interval_s >= 0")
+        if min(self.watchdog_s, self.unserved_after_s, self.silence_s) <= 0:
+            raise ValueError("watchdog_s, unserved_after_s and silence_s must be > 0")
 
 
 class Dispatcher:
@@ -299,12 +297,16 @@ class Dispatcher:
         ledger: FleetLedger | None = None,
         discover: Callable[[], list[str]] | None = None,
         load_sources: Mapping[str, Sequence[str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        connect: Callable[[str], SGLangClient] | None = None,
     ):
         """`windows` fixes the window of given endpoints (a router has no scheduler state of its own);
         `ledger` shares windows and server verdicts with the other runs on this node; `discover` (the fleet
         registry) is called every `discovery_interval_s` while running, and servers it names join the run;
         `load_sources` names, for an endpoint that does not report its own load (sglang-router), the servers
-        whose `/metrics` do (its workers): their running + queued requests add up to the endpoint's load."""
+        whose `/metrics` do (its workers): their running + queued requests add up to the endpoint's load.
+        `clock` and `connect` (the client of one endpoint; default an `SGLangClient` on the run's session) let
+        tests drive the dispatcher on a virtual clock with in-process servers."""
         if not endpoints:
             raise ValueError("no endpoints")
         if len(set(endpoints)) != len(endpoints):
@@ -316,11 +318,13 @@ class Dispatcher:
         self._session = session
         self.ledger = ledger
         self._discover = discover
+        self._clock, self._connect = clock, connect
+        self._limits = WatchLimits(options.unserved_after_s, options.silence_s, options.watchdog_s)
         sources = {url.rstrip("/"): [u.rstrip("/") for u in urls] for url, urls in (load_sources or {}).items()}
         self._servers = [_Server(url, load_urls=sources.get(url, [url])) for url in self.endpoints]
         self._running = False
         self.stats = DispatchStats()
-        self._started = time.monotonic()
+        self._started = self._clock()
         self._down_since: float | None = None
 
     # ---- public --------------------------------------------------------------------------------------
@@ -341,16 +345,11 @@ class Dispatcher:
         self._reset(requests)
         self._remaining = remaining or (lambda: len(self._live))
         session = self._session or new_session()
-        self._run_session, self._next_discovery = session, time.monotonic() + self.options.discovery_interval_s
+        self._run_session, self._next_discovery = session, self._clock() + self.options.discovery_interval_s
         for server in self._servers:
-            server.client = SGLangClient(
-                server.url, self.api_key, session, probe_timeout_s=self.options.probe_timeout_s
-            )
+            server.client = self._client(server.url)
             server.load_clients = [
-                server.client
-                if url == server.url
-                else SGLangClient(url, self.api_key, session, probe_timeout_s=self.options.probe_timeout_s)
-                for url in server.load_urls
+                server.client if url == server.url else self._client(url) for url in server.load_urls
             ]
         helpers: list[asyncio.Task] = []
         try:
@@ -367,12 +366,17 @@ class Dispatcher:
         finally:
             self._running = False
             await self._shutdown(helpers, session)
-        self.stats.elapsed_s = time.monotonic() - self._started
+        self.stats.elapsed_s = self._clock() - self._started
         return self.stats
+
+    def _client(self, url: str) -> SGLangClient:
+        if self._connect is not None:
+            return self._connect(url)
+        return SGLangClient(url, self.api_key, self._run_session, probe_timeout_s=self.options.probe_timeout_s)
 
     def snapshot(self) -> dict:
         """Live state per server and totals (cheap; safe to call from another task at any time)."""
-        now = time.monotonic()
+        now = self._clock()
         servers = {}
         for s in self._servers:
             servers[s.url] = {
@@ -387,7 +391,7 @@ class Dispatcher:
                 "errors": dict(s.errors),
                 "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.completion_tokens,
-                "since_progress_s": round(now - s.last_progress, 3) if s.in_flight else None,
+                "since_progress_s": round(now - s.watch.last_progress, 3) if s.in_flight else None,
                 "set_aside_at": s.set_aside_at if s.state == QUARANTINED else None,
             }
         totals = {
@@ -405,7 +409,7 @@ class Dispatcher:
 
     def _reset(self, requests: Iterable[GenRequest] | AsyncIterable[GenRequest]) -> None:
         self.stats = DispatchStats()
-        self._started = time.monotonic()
+        self._started = self._clock()
         self._source = _iterate(requests)
         self._source_done = False
         self._pull: asyncio.Task | None = None
@@ -434,7 +438,7 @@ class Dispatcher:
         return max(1, sum(s.window for s in self._servers))
 
     def _fill(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         self._reserve(now)
         waiting: list[_Work] = []  # retries that wait for a server they have not failed on
         try:
@@ -548,8 +552,8 @@ class Dispatcher:
             self.stats.retries += 1
         attempt = _Attempt(work, server, uuid.uuid4().hex, now)
         server.budget -= 1
-        if not server.in_flight:
-            server.last_progress = now  # the watchdog measures silence while busy, not idle time
+        if not self._ours(server):
+            server.watch.became_busy(now)  # the watchdog measures silence while busy, not idle time
         server.in_flight[attempt.rid] = attempt
         work.live.append(attempt)
         attempt.task = asyncio.create_task(self._attempt(attempt))
@@ -575,7 +579,7 @@ class Dispatcher:
     # ---- settling attempts -----------------------------------------------------------------------------
 
     def _settle(self, attempt: _Attempt, result: GenerateResult | None, error: SGLangError | None) -> None:
-        now = time.monotonic()
+        now = self._clock()
         server, work = attempt.server, attempt.work
         self._forget(attempt)
         if attempt in work.live:
@@ -583,7 +587,7 @@ class Dispatcher:
         latency = now - attempt.started
         self._wake.set()
         if result is not None:
-            server.last_progress = now
+            server.watch.answered(now)
             server.done += 1
             server.consecutive_503 = server.consecutive_faults = 0
             server.prompt_tokens += result.prompt_tokens
@@ -631,7 +635,7 @@ class Dispatcher:
             if server.consecutive_faults >= _SERVER_FAULT_QUARANTINE:
                 self._quarantine(server, error.kind, now)
         elif error.kind != TIMEOUT:
-            server.last_progress = now  # it answered (a request error, an abort): alive
+            server.watch.answered(now)  # it answered (a request error): alive
 
     def _requeue(self, work: _Work) -> None:
         work.queued = True
@@ -720,7 +724,7 @@ class Dispatcher:
         )
 
     async def _first_probe(self, server: _Server) -> None:
-        now = time.monotonic()
+        now = self._clock()
         # A run joining a busy fleet must not fill a whole window first: its load is read before the first fill,
         # alongside /server_info.
         reading = asyncio.ensure_future(self._reported_load(server)) if self.options.load_read_interval_s else None
@@ -753,7 +757,7 @@ class Dispatcher:
             # On a node with nothing at the server yet, the foreign load starts as the whole window.
             start = server.window if node == 0 else 0
             server.foreign_load, server.previous_foreign = next_foreign_load(start, 0, reported, node)
-            server.next_load_read = time.monotonic() + self.options.load_read_interval_s
+            server.next_load_read = self._clock() + self.options.load_read_interval_s
 
     async def _readmit(self, server: _Server) -> None:
         """Rejoin only when the server answers health, reports its cap, and really generates a token."""
@@ -775,57 +779,55 @@ class Dispatcher:
                 self.options.max_probe_backoff_s,
                 self.options.probe_interval_s * 2 ** min(server.probe_failures - 1, 10),
             )
-            server.next_probe = time.monotonic() + backoff
+            server.next_probe = self._clock() + backoff
         else:
-            now = time.monotonic()
+            now = self._clock()
             server.state, server.reason, server.window = HEALTHY, None, window
             server.probe_failures = server.consecutive_503 = server.consecutive_faults = 0
             if self.ledger is not None:
                 self.ledger.clear(server.url)
-            server.last_progress, server.next_health, server.cooldown_until = (
-                now,
-                now + self.options.probe_interval_s,
-                0.0,
-            )
+            server.watch.became_busy(now)
+            server.next_health, server.cooldown_until = now + self.options.probe_interval_s, 0.0
         finally:
             server.probing = False
             self._wake.set()
 
     async def _health(self, server: _Server) -> None:
-        """Follow the node's verdict on the server, then check it: on SGLang a passing health check means the
-        scheduler generated a token within the last seconds, which is progress even if nothing finished."""
+        """Follow the node's verdict on the server, then check it. A failing health check sets the server aside
+        (SGLang's `/health` answers 503 when its scheduler produced nothing for 20 s); a passing one is no sign
+        of progress on our requests: a router or load balancer in front may answer it while they are lost."""
         server.probing = True
         try:
             verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
             if verdict is not None and server.state == HEALTHY:
                 reason = f"{verdict.reason} (set aside by {verdict.by})"
-                self._quarantine(server, reason, time.monotonic(), share=False)
+                self._quarantine(server, reason, self._clock(), share=False)
                 return
             healthy = await server.client.health(timeout=self.options.probe_timeout_s)
             if not healthy and server.state == HEALTHY:
-                self._quarantine(server, "health_failed", time.monotonic())
-            elif healthy and server.in_flight:
-                server.last_progress = time.monotonic()
+                self._quarantine(server, "health_failed", self._clock())
         finally:
             server.probing = False
-            server.next_health = time.monotonic() + self.options.probe_interval_s
+            server.next_health = self._clock() + self.options.probe_interval_s
             self._wake.set()
 
     def _node_in_flight(self, server: _Server) -> int:
         return self.ledger.in_flight(server.url) if self.ledger is not None else len(server.in_flight)
 
     async def _read_load(self, server: _Server) -> None:
-        """Re-estimate the server's foreign load."""
+        """Re-estimate the server's foreign load, and tell its watch whether our requests show there."""
         server.reading_load = True
+        started = self._clock()
         try:
             read = await self._reported_load(server)
             if read is not None:
                 server.foreign_load, server.previous_foreign = next_foreign_load(
                     server.foreign_load, server.previous_foreign, *read
                 )
+                server.watch.load_read(started, read[0], self._ours(server, sent_before=started))
         finally:
             server.reading_load = False
-            server.next_load_read = time.monotonic() + self.options.load_read_interval_s
+            server.next_load_read = self._clock() + self.options.load_read_interval_s
             self._wake.set()
 
     async def _reported_load(self, server: _Server) -> tuple[int, int] | None:
@@ -854,16 +856,27 @@ class Dispatcher:
         server.load_unreported, server.next_load_read = reason, math.inf
         server.foreign_load = server.previous_foreign = 0
 
+    @staticmethod
+    def _ours(server: _Server, sent_before: float = math.inf) -> int:
+        """This run's requests in flight at the server that were not written off (sent before `sent_before`)."""
+        return sum(not a.abandoned and a.started < sent_before for a in server.in_flight.values())
+
+    def _watch(self, server: _Server, now: float) -> None:
+        """Set aside a server that has our requests and, by its answers and reads, is not working on them."""
+        if server.state != HEALTHY or not self._ours(server):
+            return
+        others_last_answer = max((s.watch.last_answer for s in self._servers if s is not server), default=-math.inf)
+        reason = server.watch.verdict(now, self._limits, others_last_answer)
+        if reason is not None:
+            self._quarantine(server, reason, now)
+
     async def _monitor(self) -> None:
-        tick = min(0.25, self.options.probe_interval_s / 4, self.options.watchdog_s / 4)
+        tick = min(0.25, *(period / 4 for period in (self.options.probe_interval_s, *astuple(self._limits))))
         while True:
             await asyncio.sleep(tick)
-            now = time.monotonic()
+            now = self._clock()
             for server in self._servers:
-                stuck = any(not a.abandoned for a in server.in_flight.values())
-                if stuck and now - server.last_progress > self.options.watchdog_s:
-                    self._quarantine(server, "no_progress", now)
-                    self._hedge(server)
+                self._watch(server, now)
                 if server.state == HEALTHY and not server.reading_load and now >= server.next_load_read:
                     self._spawn(self._read_load(server))
                 if server.probing:
@@ -886,9 +899,7 @@ class Dispatcher:
         if not joining:
             return
         for server in joining:
-            server.client = SGLangClient(
-                server.url, self.api_key, self._run_session, probe_timeout_s=self.options.probe_timeout_s
-            )
+            server.client = self._client(server.url)
             self.endpoints.append(server.url)
             self._servers.append(server)
         await asyncio.gather(*(self._first_probe(server) for server in joining))

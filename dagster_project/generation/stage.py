@@ -29,7 +29,12 @@ from dagster_project.generation.heartbeat import ReportIntervals, ShardReporter,
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.preflight import check_before_dispatch
 from dagster_project.generation.progress import Heartbeat
-from dagster_project.generation.shards import CompletionsShardManifest, GenerationSummary
+from dagster_project.generation.shards import (
+    CompletionsShardManifest,
+    GenerationSummary,
+    RowCounts,
+    read_completions_manifest,
+)
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import COMPLETION_SCHEMA, STATUS_OK
 from dagster_project.store.layout import COMPLETIONS, lease_key, shard_prefix
@@ -57,6 +62,7 @@ class WrittenCompletions:
     prompt_tokens: int = 0
     output_tokens: int = 0
     event_ids: list[str] = field(default_factory=list)
+    counts: RowCounts = field(default_factory=RowCounts)
 
 
 def write_completions_parquet(journal: Journal, path: Path, planned: set[str] | None = None) -> WrittenCompletions:
@@ -80,8 +86,10 @@ def write_completions_parquet(journal: Journal, path: Path, planned: set[str] | 
             if record["status"] == STATUS_OK:
                 written.ok += 1
                 written.output_tokens += int(record.get("completion_tokens") or 0)
+                written.counts.finish_reasons[record.get("finish_reason") or "unknown"] += 1
             else:
                 written.errors += 1
+                written.counts.errors_by_kind[record.get("error_kind") or "unknown"] += 1
             if len(batch) == ROWS_PER_GROUP:
                 writer.write_table(pa.Table.from_pylist(batch, schema=COMPLETION_SCHEMA))
                 batch = []
@@ -182,13 +190,21 @@ def generate_shard(
                 conversations_ids_digest=conversations_manifest.ids_digest,
                 settings_fingerprint=fingerprint,
                 settings=settings,
-                generation=GenerationSummary.of(last_heartbeat),
+                generation=GenerationSummary.of(
+                    last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint)
+                ),
             )
             held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
             published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
     job.progress.state = "published"
     asyncio.run(reporter.beat())
     return published
+
+
+def _earlier_summary(store: Store, shard: int, fingerprint: str) -> GenerationSummary | None:
+    """How the shard's published answers were generated, if they were made with these settings."""
+    earlier = read_completions_manifest(store, shard)
+    return earlier.generation if earlier is not None and earlier.settings_fingerprint == fingerprint else None
 
 
 @contextmanager

@@ -44,8 +44,7 @@ from dagster_project.sglang.launch import fleet_status
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET
 from dagster_project.store.manifest import read_published_manifests
 from dagster_project.store.storage import Store
-from dagster_project.store.verdicts import read_verdicts
-from dagster_project.training.export import read_export_outcomes
+from dagster_project.store.verdicts import read_export_outcomes, read_verdicts
 from dagster_project.training.shards import TrainingShardManifest
 
 

@@ -10,21 +10,29 @@ uses the shard (`failed_gates`) and refuses a shard that failed a gate, naming i
 A check cannot rewrite the manifest it judges: the manifest's bytes identify the publication that later
 stages were built from, and the publishing run may be rewriting it at the same moment.
 
-Each verdict is also copied into the store's index (`object_index`), so `dflash status` reads every shard's
+The export records what it did the same way (`ExportOutcome`, `training_set/shard=NNNNN/_exports/specforge.json`):
+exported, with the failed gates it overrode, or refused and why.
+
+Each verdict and outcome is also copied into the store's index (`object_index`), so `dflash status` reads every shard's
 verdicts in a few requests (`read_verdicts`); a copy left by an earlier publication is told apart by `judges`.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from dagster_project.store import object_index
 from dagster_project.store.dataclass_json import read_record, to_json
-from dagster_project.store.layout import shard_prefix
+from dagster_project.store.layout import TRAINING_SET, shard_prefix
 from dagster_project.store.manifest import ShardManifest
 from dagster_project.store.storage import Store
 
 VERDICTS_DIR = "_verdicts/"
+# The checks whose passing verdicts a training shard needs before it is exported (`training.export`).
+REQUIRED_VERDICTS = ("gates", "gx_suite")
+EXPORTS_DIR = "_exports/"
+SPECFORGE = "specforge"
 
 
 @dataclass(frozen=True)
@@ -94,3 +102,44 @@ def failed_gates(store: Store, manifest: ShardManifest) -> dict[str, str]:
 
 def describe_failures(failures: dict[str, str]) -> str:
     return "; ".join(f"{gate}: {message}" for gate, message in failures.items())
+
+
+@dataclass(frozen=True)
+class ExportOutcome:
+    """What the last export of one publication of a training shard did (`published_at` and `ids_digest` tell
+    which): `exported`, with the failed gates it overrode, or not, with the reason it was `refused`."""
+
+    exporter: str
+    exported: bool
+    at: float
+    published_at: float
+    ids_digest: str
+    key: str = ""  # the exported object
+    overridden: dict[str, str] = field(default_factory=dict)  # `check/gate` → message
+    refused: str = ""
+
+    def judges(self, manifest: ShardManifest) -> bool:
+        return (self.published_at, self.ids_digest) == (manifest.published_at, manifest.ids_digest)
+
+
+def export_outcome_key(shard: int, exporter: str = SPECFORGE) -> str:
+    return f"{shard_prefix(TRAINING_SET, shard)}{EXPORTS_DIR}{exporter}.json"
+
+
+def record_export_outcome(
+    store: Store, manifest: ShardManifest, *, key: str = "", overridden: dict[str, str], refused: str = ""
+) -> None:
+    """Record what the SpecForge export did with this publication of the training shard."""
+    outcome = ExportOutcome(
+        SPECFORGE, not refused, time.time(), manifest.published_at, manifest.ids_digest, key, overridden, refused
+    )
+    put_indexed(store, export_outcome_key(manifest.shard), to_json(outcome))
+
+
+def read_export_outcomes(store: Store) -> dict[int, ExportOutcome]:
+    """Shard → the SpecForge export's last outcome, from the store's index (a few requests); it may be about an
+    earlier publication of the training shard (`judges` tells)."""
+    found = object_index.read_records(
+        store, f"{TRAINING_SET}/shard=", ExportOutcome, lambda key: key.endswith(f"{EXPORTS_DIR}{SPECFORGE}.json")
+    )
+    return {shard_of(key): outcome for key, outcome in found.items()}

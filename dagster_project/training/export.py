@@ -26,8 +26,8 @@ has looked at the failures may export such a shard anyway (`override_failed_gate
 run on the shard is never overridden.
 
 **What each export did is recorded** next to the training shard (`training_set/shard=NNNNN/_exports/specforge.json`,
-an `ExportOutcome` tied to that publication like a verdict): exported, with the failed gates it overrode, or
-refused and why. `dflash status` reads these to tell exported shards from refused ones.
+a `store.verdicts.ExportOutcome` tied to that publication like a verdict): exported, with the failed gates it
+overrode, or refused and why. `dflash status` reads these to tell exported shards from refused ones.
 
 **Never a row a trainer cannot learn from.** Whatever the gates said or an operator overrode, the export
 refuses a shard holding a row whose loss mask sums to less than `min_loss_tokens` (default 2, one DFlash
@@ -37,7 +37,6 @@ anchor; ModelOpt refuses an all-zero mask outright), naming the rows, and writes
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,20 +45,16 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from dagster_project.store import object_index, verdicts
-from dagster_project.store.dataclass_json import to_json
-from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET, shard_prefix
+from dagster_project.store import verdicts
+from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET
 from dagster_project.store.storage import Store
-from dagster_project.store.verdicts import read_verdict
+from dagster_project.store.verdicts import REQUIRED_VERDICTS, read_verdict
 from dagster_project.training.gates import list_buffers, row_sums
 from dagster_project.training.lengths import MIN_OUTPUT_TOKENS
 from dagster_project.training.shards import TrainingShardManifest, iter_training_batches, training_manifest
 
 SPECFORGE_PREFIX = f"{EXPORTS}/specforge/"
 EXPORT_COLUMNS = ["event_id", "input_ids", "loss_mask"]
-REQUIRED_VERDICTS = ("gates", "gx_suite")
-EXPORTS_DIR = "_exports/"
-SPECFORGE = "specforge"
 _SAMPLE = 5
 
 
@@ -128,46 +123,6 @@ class ExportedShard:
     training_ids_digest: str
     # Failed gates exported anyway (`override_failed_gates`), as `check/gate` → message.
     overridden: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ExportOutcome:
-    """What the last export of one publication of a training shard did (`published_at` and `ids_digest` tell
-    which): `exported`, with the failed gates it overrode, or not, with the reason it was `refused`."""
-
-    exporter: str
-    exported: bool
-    at: float
-    published_at: float
-    ids_digest: str
-    key: str = ""  # the exported object
-    overridden: dict[str, str] = field(default_factory=dict)  # `check/gate` → message
-    refused: str = ""
-
-    def judges(self, manifest: TrainingShardManifest) -> bool:
-        return (self.published_at, self.ids_digest) == (manifest.published_at, manifest.ids_digest)
-
-
-def export_outcome_key(shard: int, exporter: str = SPECFORGE) -> str:
-    return f"{shard_prefix(TRAINING_SET, shard)}{EXPORTS_DIR}{exporter}.json"
-
-
-def record_export_outcome(
-    store: Store, manifest: TrainingShardManifest, *, key: str = "", overridden: dict[str, str], refused: str = ""
-) -> None:
-    outcome = ExportOutcome(
-        SPECFORGE, not refused, time.time(), manifest.published_at, manifest.ids_digest, key, overridden, refused
-    )
-    verdicts.put_indexed(store, export_outcome_key(manifest.shard), to_json(outcome))
-
-
-def read_export_outcomes(store: Store) -> dict[int, ExportOutcome]:
-    """Shard → the SpecForge export's last outcome, from the store's index (a few requests); it may be about an
-    earlier publication of the training shard (`judges` tells)."""
-    found = object_index.read_records(
-        store, f"{TRAINING_SET}/shard=", ExportOutcome, lambda key: key.endswith(f"{EXPORTS_DIR}{SPECFORGE}.json")
-    )
-    return {verdicts.shard_of(key): outcome for key, outcome in found.items()}
 
 
 @dataclass
@@ -275,9 +230,9 @@ def export_shard(
                 )
             info = store.put_file(specforge_key(shard), path)
     except (ShardNotCleared, LossMaskTooSmall) as refusal:
-        record_export_outcome(store, manifest, overridden={}, refused=str(refusal))
+        verdicts.record_export_outcome(store, manifest, overridden={}, refused=str(refusal))
         raise
-    record_export_outcome(store, manifest, key=info.key, overridden=overridden)
+    verdicts.record_export_outcome(store, manifest, key=info.key, overridden=overridden)
     return ExportedShard(
         key=info.key,
         size=info.size,

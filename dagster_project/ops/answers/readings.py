@@ -13,8 +13,7 @@ from dagster_project.ingest.shards import RawPromptsManifest
 from dagster_project.ops.coverage import DatasetCoverage
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.tune import TuneReport
-from dagster_project.store.verdicts import Verdict
-from dagster_project.training.export import ExportOutcome
+from dagster_project.store.verdicts import ExportOutcome, Verdict
 from dagster_project.training.shards import TrainingShardManifest
 
 
@@ -53,3 +52,8 @@ class Readings:
     def live_unpublished(self) -> list[Heartbeat]:
         """Running shards whose work is not yet counted in a published manifest."""
         return [b for b in self.live if b.shard not in self.published]
+
+    @property
+    def events_done(self) -> int:
+        """Planned events with a record: the published shards' rows, and what running shards did so far."""
+        return sum(m.rows for m in self.published.values()) + sum(b.done_events for b in self.live_unpublished)

@@ -20,9 +20,8 @@ from dagster_project.ops.answers.text import shard_list
 from dagster_project.ops.coverage import DatasetCoverage
 from dagster_project.store.layout import COMPLETIONS, TRAINING_SET
 from dagster_project.store.manifest import ShardManifest
-from dagster_project.store.verdicts import Verdict
-from dagster_project.training.export import REQUIRED_VERDICTS, ExportOutcome
-from dagster_project.training.gates import THRESHOLD_KEYS
+from dagster_project.store.verdicts import REQUIRED_VERDICTS, ExportOutcome, Verdict
+from dagster_project.training.gate_messages import COMPLETIONS_GATES, GATE_KEYS, TRAINING_GATES
 from dagster_project.training.shards import TrainingShardManifest
 
 # Completions
@@ -37,7 +36,7 @@ GREEN = (PUBLISHED, PASSED, EXPORTED)
 
 # The Dagster check whose run config (`ops: {<check>: {config: ...}}`) holds a stage's gate thresholds, and the
 # asset whose `override_failed_gates` lets a shard that failed them through to the next stage.
-THRESHOLDS_CONFIG = {COMPLETIONS: "completions_quality", TRAINING_SET: "training_set_gates"}
+THRESHOLDS_CONFIG = {COMPLETIONS: COMPLETIONS_GATES.check, TRAINING_SET: TRAINING_GATES.check}
 OVERRIDE_CONFIG = {COMPLETIONS: "training_set", TRAINING_SET: "specforge_export"}
 
 
@@ -94,7 +93,7 @@ class ShardsAnswer:
 
 
 def gate_failure(stage: str, gate: str, message: str) -> GateFailure:
-    keys = THRESHOLD_KEYS.get(gate.rsplit("/", 1)[-1], ())
+    keys = GATE_KEYS.get(gate.rsplit("/", 1)[-1], ())
     return GateFailure(
         stage,
         gate,

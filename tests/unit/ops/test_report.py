@@ -56,6 +56,7 @@ def beat(*, accept: float | None = 2.8, req_per_s: float = 2.0, done: int = 40, 
         output_tokens=100 * done,
         prompt_tokens=50 * done,
         window=Rates(120, req_per_s, 100 * req_per_s),
+        eta_rates=Rates(600, req_per_s, 100 * req_per_s),
         spec=SpecDecodingStats(
             accept_length_window=accept,
             window_spec_tokens=int(280 * (accept or 0)),
@@ -77,7 +78,7 @@ def probe(*, spec: str | None = "EAGLE", running: float = 8, queued: float = 0, 
         "running": running,
         "queued": queued,
         "avg_spec_accept_length": 2.8,
-        "token_usage": 0.42,
+        "kv_usage": 0.42,
     }
 
 

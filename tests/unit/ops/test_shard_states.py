@@ -32,8 +32,7 @@ from dagster_project.ops.answers.text import shard_list
 from dagster_project.ops.coverage import DamagedShard, DatasetCoverage
 from dagster_project.store.layout import COMPLETIONS, TRAINING_SET
 from dagster_project.store.storage import LocalStore
-from dagster_project.store.verdicts import Verdict
-from dagster_project.training.export import ExportOutcome
+from dagster_project.store.verdicts import ExportOutcome, Verdict
 from dagster_project.training.shards import TrainingShardManifest, TrainingSource
 
 HOST, PID, STARTED = this_process()
