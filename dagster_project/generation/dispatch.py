@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import time
 import uuid
 from collections import Counter, deque
@@ -69,9 +68,17 @@ from typing import Any
 
 import aiohttp
 
+from dagster_project.generation.dispatch_types import (
+    DispatchOptions,
+    DispatchStats,
+    FleetDownError,
+    FleetRefusesKey,
+    GenRequest,
+    Outcome,
+)
 from dagster_project.generation.ledger import FleetLedger
-from dagster_project.generation.server_watch import ServerWatch, WatchLimits, next_foreign_load
-from dagster_project.sglang import protocol as proto
+from dagster_project.generation.server_checks import HEALTHY, QUARANTINED, UNPROBED, ServerChecks
+from dagster_project.generation.server_watch import ServerWatch, WatchLimits
 from dagster_project.sglang.client import (
     ABORTED,
     BAD_RESPONSE,
@@ -91,10 +98,6 @@ from dagster_project.sglang.client import (
 
 logger = logging.getLogger(__name__)
 
-HEALTHY = "healthy"
-QUARANTINED = "quarantined"
-UNPROBED = "unprobed"
-
 # The endpoint is wrong (bad key, bad URL), not the request: the request waits for a usable server.
 _MISCONFIGURED_KINDS = frozenset({UNAUTHORIZED, NOT_FOUND})
 # Failures of the path to a server, not of the request: the server is set aside at once.
@@ -105,56 +108,6 @@ _QUEUE_FULL_QUARANTINE = 8  # consecutive 503s (about 30 s of cooling down) befo
 # Answers that show the server, not the request, is at fault; this many in a row set the server aside.
 _SERVER_FAULT_KINDS = frozenset({SERVER_ERROR, SERVER_UNAVAILABLE, BAD_RESPONSE, SAMPLING_FAILED, ABORTED})
 _SERVER_FAULT_QUARANTINE = 5
-_CANARY_PARAMS = {"max_new_tokens": 1, "temperature": 0.0}
-
-
-@dataclass
-class GenRequest:
-    key: str  # unique per request (the generation event id)
-    input_ids: list[int]
-    sampling_params: dict
-    payload: Any = None  # the caller's, returned untouched in the Outcome
-
-
-@dataclass
-class Outcome:
-    """How one request ended: exactly one of `result` and `error` is set."""
-
-    request: GenRequest
-    result: GenerateResult | None
-    error: SGLangError | None
-    server: str  # the server that produced the result or the final error
-    attempts: int  # attempts started for this request, hedged ones included
-    latency_s: float  # of the attempt that ended the request
-
-    @property
-    def ok(self) -> bool:
-        return self.result is not None
-
-
-@dataclass
-class DispatchStats:
-    outcomes: int = 0
-    results: int = 0
-    errors: Counter = field(default_factory=Counter)  # by error kind
-    attempts: int = 0
-    retries: int = 0
-    hedges: int = 0  # requests sent again because their server stopped making progress
-    late_results: int = 0  # results that arrived after their request had ended (dropped)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    elapsed_s: float = 0.0
-
-    def as_dict(self) -> dict:
-        return {**self.__dict__, "errors": dict(self.errors)}
-
-
-class FleetDownError(RuntimeError):
-    """No server was usable for longer than the grace period; the run stops instead of failing its work."""
-
-
-class FleetRefusesKey(RuntimeError):
-    """A server answered 401: the run's API key is not the fleet's."""
 
 
 @dataclass(eq=False)
@@ -216,80 +169,14 @@ def _iterate(
     return requests.__aiter__() if isinstance(requests, AsyncIterable) else iter(requests)
 
 
-@dataclass(frozen=True)
-class DispatchOptions:
-    """How the dispatcher sizes windows, retries requests and watches servers (the `fleet` resource's config)."""
-
-    oversubscription: float = field(
-        default=1.25, metadata={"help": "In-flight window per server = its effective running-request cap x this."}
-    )
-    request_timeout_s: float = field(
-        default=3600.0, metadata={"help": "Seconds one request may take; thinking answers can take many minutes."}
-    )
-    max_attempts: int = field(
-        default=4, metadata={"help": "Attempts per request (refused ones not counted) before it ends as an error."}
-    )
-    default_window: int | None = field(
-        default=None, metadata={"help": "Window of an endpoint whose /server_info reports no cap; none: refuse it."}
-    )
-    probe_interval_s: float = field(default=5.0, metadata={"help": "Health probe period of each server."})
-    watchdog_s: float = field(
-        default=120.0,
-        metadata={
-            "help": "A server with our requests in flight and no sign of progress on them for this long (no answer, "
-            "no /metrics read showing them there) is set aside; a passing health check is not progress."
-        },
-    )
-    unserved_after_s: float = field(
-        default=15.0,
-        metadata={
-            "help": "A server whose /metrics report nothing running or queued for this long while our requests "
-            "are in flight there (lost before reaching it) is set aside."
-        },
-    )
-    silence_s: float = field(
-        default=45.0,
-        metadata={
-            "help": "A server with our requests in flight that answers none for this long while other servers "
-            "answer is set aside (its requests go elsewhere; the originals keep running)."
-        },
-    )
-    fleet_down_grace_s: float = field(
-        default=300.0, metadata={"help": "With no usable server for this long, the run stops (FleetDownError)."}
-    )
-    probe_timeout_s: float = field(default=30.0, metadata={"help": "Timeout of /health and /server_info."})
-    canary_timeout_s: float = field(
-        default=120.0, metadata={"help": "Timeout of the one-token request a set-aside server must answer to rejoin."}
-    )
-    max_probe_backoff_s: float = field(
-        default=60.0, metadata={"help": "Longest pause between probes of a set-aside server."}
-    )
-    require_reasoning: bool = field(
-        default=True, metadata={"help": "Ask servers to count reasoning tokens (meta_info.reasoning_tokens)."}
-    )
-    discovery_interval_s: float = field(
-        default=10.0, metadata={"help": "How often the fleet registry is re-read for servers of nodes that joined."}
-    )
-    load_read_interval_s: float = field(
-        default=1.0,
-        metadata={
-            "help": "Period of reading each server's /metrics (running + queued requests), so that runs on other "
-            "nodes and other clients count against its window; 0: only this node's runs count."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.oversubscription <= 0 or self.max_attempts < 1 or self.load_read_interval_s < 0:
-            raise ValueError("oversubscription must be > 0, max_attempts >= 1 and load_read_interval_s >= 0")
-        if min(self.watchdog_s, self.unserved_after_s, self.silence_s) <= 0:
-            raise ValueError("watchdog_s, unserved_after_s and silence_s must be > 0")
+_DEFAULT_OPTIONS = DispatchOptions()
 
 
-class Dispatcher:
+class Dispatcher(ServerChecks):
     def __init__(
         self,
         endpoints: list[str],
-        options: DispatchOptions = DispatchOptions(),
+        options: DispatchOptions = _DEFAULT_OPTIONS,
         *,
         api_key: str | None = None,
         windows: Mapping[str, int] | None = None,
@@ -702,173 +589,6 @@ class Dispatcher:
             if work.charged < self.options.max_attempts:
                 self.stats.hedges += 1
                 self._requeue(work)
-
-    async def _window(self, server: _Server) -> int:
-        if server.url in self.windows:
-            return self.windows[server.url]
-        try:
-            info = await server.client.server_info()
-        except SGLangError as error:
-            if error.kind != NOT_FOUND:  # sglang-router has no /server_info at all
-                raise
-            info = {}
-        caps = [state.get("effective_max_running_requests_per_dp") for state in info.get("internal_states") or []]
-        if caps and all(isinstance(cap, int) and cap > 0 for cap in caps):
-            server.cap = sum(caps)  # one entry per DP rank
-            return max(1, math.ceil(server.cap * self.options.oversubscription))
-        if self.options.default_window is not None:
-            return self.options.default_window
-        raise ValueError(
-            f"cannot size the window of {server.url}: it reports no "
-            "internal_states[].effective_max_running_requests_per_dp (a router?); pass windows= or a default_window"
-        )
-
-    async def _first_probe(self, server: _Server) -> None:
-        now = self._clock()
-        # A run joining a busy fleet must not fill a whole window first: its load is read before the first fill,
-        # alongside /server_info.
-        reading = asyncio.ensure_future(self._reported_load(server)) if self.options.load_read_interval_s else None
-        try:
-            server.window = await self._window(server)
-        except SGLangError as error:
-            if reading is not None:
-                reading.cancel()
-            if error.kind == UNAUTHORIZED:
-                self._fatal = FleetRefusesKey(
-                    f"{server.url} refused the API key (HTTP 401): set SGLANG_API_KEY to the key the servers were "
-                    "started with (--api-key)"
-                )
-            server.state, server.reason, server.next_probe = QUARANTINED, error.kind, now
-            return
-        verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
-        if verdict is not None:  # another run set it aside: it rejoins only through a passing re-probe
-            server.state, server.reason, server.next_probe = (
-                QUARANTINED,
-                f"{verdict.reason} (set aside by {verdict.by})",
-                now,
-            )
-            if reading is not None:
-                reading.cancel()
-            return
-        server.state, server.reason = HEALTHY, None
-        server.next_health = now + self.options.probe_interval_s
-        if reading is not None and (read := await reading) is not None:
-            reported, node = read
-            # On a node with nothing at the server yet, the foreign load starts as the whole window.
-            start = server.window if node == 0 else 0
-            server.foreign_load, server.previous_foreign = next_foreign_load(start, 0, reported, node)
-            server.next_load_read = self._clock() + self.options.load_read_interval_s
-
-    async def _readmit(self, server: _Server) -> None:
-        """Rejoin only when the server answers health, reports its cap, and really generates a token."""
-        server.probing = True
-        try:
-            # /health, not /health_generate: on SGLang both generate a token, but sglang-router has only /health.
-            if not await server.client.health(timeout=self.options.probe_timeout_s):
-                raise SGLangError(SERVER_UNAVAILABLE, "/health failed", url=server.url)
-            window = await self._window(server)
-            await server.client.generate(
-                [0], _CANARY_PARAMS, timeout=self.options.canary_timeout_s, require_reasoning=False
-            )
-        except ValueError as exc:  # the server came back unable to report its cap: a configuration error
-            self._fatal = exc
-        except SGLangError as error:
-            server.probe_failures += 1
-            server.reason = f"{server.reason.split(' (')[0]} (re-probe: {error.kind})" if server.reason else error.kind
-            backoff = min(
-                self.options.max_probe_backoff_s,
-                self.options.probe_interval_s * 2 ** min(server.probe_failures - 1, 10),
-            )
-            server.next_probe = self._clock() + backoff
-        else:
-            now = self._clock()
-            server.state, server.reason, server.window = HEALTHY, None, window
-            server.probe_failures = server.consecutive_503 = server.consecutive_faults = 0
-            if self.ledger is not None:
-                self.ledger.clear(server.url)
-            server.watch.became_busy(now)
-            server.next_health, server.cooldown_until = now + self.options.probe_interval_s, 0.0
-        finally:
-            server.probing = False
-            self._wake.set()
-
-    async def _health(self, server: _Server) -> None:
-        """Follow the node's verdict on the server, then check it. A failing health check sets the server aside
-        (SGLang's `/health` answers 503 when its scheduler produced nothing for 20 s); a passing one is no sign
-        of progress on our requests: a router or load balancer in front may answer it while they are lost."""
-        server.probing = True
-        try:
-            verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
-            if verdict is not None and server.state == HEALTHY:
-                reason = f"{verdict.reason} (set aside by {verdict.by})"
-                self._quarantine(server, reason, self._clock(), share=False)
-                return
-            healthy = await server.client.health(timeout=self.options.probe_timeout_s)
-            if not healthy and server.state == HEALTHY:
-                self._quarantine(server, "health_failed", self._clock())
-        finally:
-            server.probing = False
-            server.next_health = self._clock() + self.options.probe_interval_s
-            self._wake.set()
-
-    def _node_in_flight(self, server: _Server) -> int:
-        return self.ledger.in_flight(server.url) if self.ledger is not None else len(server.in_flight)
-
-    async def _read_load(self, server: _Server) -> None:
-        """Re-estimate the server's foreign load, and tell its watch whether our requests show there."""
-        server.reading_load = True
-        started = self._clock()
-        try:
-            read = await self._reported_load(server)
-            if read is not None:
-                server.foreign_load, server.previous_foreign = next_foreign_load(
-                    server.foreign_load, server.previous_foreign, *read
-                )
-                server.watch.load_read(started, read[0], self._ours(server, sent_before=started))
-        finally:
-            server.reading_load = False
-            server.next_load_read = self._clock() + self.options.load_read_interval_s
-            self._wake.set()
-
-    async def _reported_load(self, server: _Server) -> tuple[int, int] | None:
-        """(running + queued that the server's `/metrics` report, or its workers' behind a router; this node's
-        in-flight there just before the read), or None when there is no reading."""
-        node = self._node_in_flight(server)
-        try:
-            texts = await asyncio.gather(
-                *(client.metrics(timeout=self.options.probe_timeout_s) for client in server.load_clients)
-            )
-            loads = [proto.reported_load(proto.parse_metrics(text)) for text in texts]
-            if None in loads:
-                raise ValueError("its /metrics has no sglang:num_running_reqs and sglang:num_queue_reqs")
-        except SGLangError as error:
-            if error.kind == NOT_FOUND:  # launched without --enable-metrics
-                self._unreported(server, "/metrics not found (server without --enable-metrics)")
-            return None  # otherwise the health checks judge the server; the last estimate stands
-        except ValueError as exc:
-            self._unreported(server, f"/metrics unreadable: {exc}")
-            return None
-        return sum(loads), node
-
-    @staticmethod
-    def _unreported(server: _Server, reason: str) -> None:
-        """Only this node's runs count against the window of a server whose load cannot be read; stop asking."""
-        server.load_unreported, server.next_load_read = reason, math.inf
-        server.foreign_load = server.previous_foreign = 0
-
-    @staticmethod
-    def _ours(server: _Server, sent_before: float = math.inf) -> int:
-        """This run's requests in flight at the server that were not written off (sent before `sent_before`)."""
-        return sum(not a.abandoned and a.started < sent_before for a in server.in_flight.values())
-
-    def _watch(self, server: _Server, now: float) -> None:
-        """Set aside a server that has our requests and, by its answers and reads, is not working on them."""
-        if server.state != HEALTHY or not self._ours(server):
-            return
-        others_last_answer = max((s.watch.last_answer for s in self._servers if s is not server), default=-math.inf)
-        reason = server.watch.verdict(now, self._limits, others_last_answer)
-        if reason is not None:
-            self._quarantine(server, reason, now)
 
     async def _monitor(self) -> None:
         tick = min(0.25, *(period / 4 for period in (self.options.probe_interval_s, *astuple(self._limits))))

@@ -63,7 +63,7 @@ class ConcurrencyAnswer:
     set_aside: list[SetAside] = field(default_factory=list)
 
 
-# A dispatcher's state of a server it set aside (`generation.dispatch.QUARANTINED`, not imported: the dispatcher
+# A dispatcher's state of a server it set aside (`generation.server_checks.QUARANTINED`, not imported: the dispatcher
 # imports aiohttp, which `dflash status` does without).
 QUARANTINED = "quarantined"
 EXPECTED_LENGTHS = "expected lengths (no completions yet)"

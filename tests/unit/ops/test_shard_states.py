@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from dagster_project.generation import dispatch
+from dagster_project.generation import server_checks
 from dagster_project.generation.heartbeat import this_process
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
@@ -197,7 +197,7 @@ def test_blocked_and_overridden_shards_raise_alerts_naming_gate_keys_and_overrid
 
 
 def test_a_server_set_aside_by_a_running_shard_is_named_with_why_and_when():
-    assert QUARANTINED == dispatch.QUARANTINED
+    assert QUARANTINED == server_checks.QUARANTINED
     now = time.time()
     view = {"state": QUARANTINED, "reason": "garbage (5 in a row)", "set_aside_at": 1_700_000_000.0}
     beat = Heartbeat(
