@@ -48,6 +48,14 @@ COVERAGE_KEY = "reports/coverage.json"
 _SAMPLE = 20
 
 
+@dataclass(frozen=True)
+class DamagedShard:
+    """A completions shard whose objects are not as published, and what is wrong with each (naming the object)."""
+
+    shard: int
+    problems: list[str]
+
+
 @dataclass(frozen=True, kw_only=True)
 class DatasetCoverage:
     """Planned events against recorded ones, by id, across every shard (the samples hold up to 20 ids)."""
@@ -73,6 +81,7 @@ class DatasetCoverage:
     duplicated_sample: list[str] = field(default_factory=list)
     unexpected_sample: list[str] = field(default_factory=list)
     shards_damaged: list[int] = field(default_factory=list)
+    damaged: list[DamagedShard] = field(default_factory=list)  # the same shards, with their damaged objects
     # Where the completions and the conversations disagree (the store is not consistent).
     conversations_shards_missing: list[int] = field(default_factory=list)
     completions_from_other_conversations: list[int] = field(default_factory=list)
@@ -155,6 +164,7 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
         return replace(
             _summarize(con, num_shards, len(counted), [s for s in range(num_shards) if s not in completions]),
             shards_damaged=sorted(s for s in damaged if s < num_shards),
+            damaged=[DamagedShard(s, problems) for s, problems in sorted(damaged.items()) if s < num_shards],
             conversations_shards_missing=[s for s in range(num_shards) if s not in planned],
             completions_from_other_conversations=[
                 s

@@ -157,7 +157,8 @@ def read_manifests_from_objects(
     raws = {key: raw for key, raw in zip(to_read, object_index.fetch_all(store, to_read)) if raw is not None}
     found = [object_index.from_copy(store, key, kind, body) for key, body in copies.items()]
     found += [parse_record(store, key, kind, raw) for key, raw in raws.items()]
-    object_index.reconcile(store, stage, raws, as_listed=copies, entries=entries)
+    # Index copies of the shards' other records (the checks' verdicts) stay while their objects are listed.
+    object_index.reconcile(store, stage, raws, as_listed=[key for key in listed if key not in raws], entries=entries)
     return {manifest.shard: manifest for manifest in found}, listed
 
 

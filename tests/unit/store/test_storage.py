@@ -64,3 +64,18 @@ def test_verification_reports_an_object_of_the_right_size_with_other_bytes(store
     assert verify_shard(store, manifest) == [
         "completions/shard=00001/part-0.parquet: checksum differs from the manifest"
     ]
+
+
+def test_a_store_root_that_is_a_file_fails_the_step_naming_the_setting(tmp_path):
+    """What every asset's step does first (`store.open()`): a Dagster failure naming DFLASH_STORE, not a
+    NotADirectoryError from deep in the stage."""
+    import dagster as dg
+    from dagster_aws.s3 import S3Resource
+
+    from dagster_project.resources import DatasetStore
+
+    root = tmp_path / "store"
+    root.write_text("a file where the store should be")
+    resource = DatasetStore(root=str(root), work_dir=str(tmp_path / "work"), s3=S3Resource())
+    with pytest.raises(dg.Failure, match=r"root \(DFLASH_STORE\): the store root .* is not a directory"):
+        resource.open()
