@@ -7,8 +7,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from dagster_project.conversations.shards import read_conversations
 from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
@@ -16,6 +15,9 @@ from dagster_project.generation_settings import GenerationSettings
 from dagster_project.store.layout import COMPLETIONS
 from dagster_project.store.manifest import ShardManifest, iter_parquet_batches, read_shard_manifest
 from dagster_project.store.storage import Store
+
+if TYPE_CHECKING:  # readers of manifests alone (`dflash status`) never load pyarrow
+    import pyarrow as pa
 
 
 class ShardNotPublished(RuntimeError):

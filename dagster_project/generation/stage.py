@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -65,10 +66,15 @@ class WrittenCompletions:
     counts: RowCounts = field(default_factory=RowCounts)
 
 
-def write_completions_parquet(journal: Journal, path: Path, planned: set[str] | None = None) -> WrittenCompletions:
-    """Stream the journal's final records (of the `planned` events, when given) into one Parquet file; return
-    counts for the manifest. A journal may hold events the shard no longer plans: its conversations were
-    rebuilt (another shard count, other sources) since it was written."""
+class JournalMismatch(RuntimeError):
+    """The journal's final records are not exactly one per planned event: the shard must not be published."""
+
+
+def write_completions_parquet(journal: Journal, path: Path, planned: set[str]) -> WrittenCompletions:
+    """Stream the journal's final record of each `planned` event into one Parquet file; return counts for the
+    manifest. A journal may hold events the shard no longer plans (its conversations were rebuilt: another shard
+    count, other sources): they are left out. The check before publishing: `JournalMismatch` unless the file
+    holds exactly one row per planned event."""
     columns = COMPLETION_SCHEMA.names
     written = WrittenCompletions()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +83,7 @@ def write_completions_parquet(journal: Journal, path: Path, planned: set[str] | 
     ) as writer:
         batch: list[dict[str, Any]] = []
         for record in journal.final_records():
-            if planned is not None and record["event_id"] not in planned:
+            if record["event_id"] not in planned:
                 continue
             batch.append({name: record.get(name) for name in columns})
             written.event_ids.append(record["event_id"])
@@ -95,6 +101,14 @@ def write_completions_parquet(journal: Journal, path: Path, planned: set[str] | 
                 batch = []
         if batch:
             writer.write_table(pa.Table.from_pylist(batch, schema=COMPLETION_SCHEMA))
+    seen = set(written.event_ids)
+    if len(seen) != written.rows or seen != planned:
+        repeated = [event for event, count in Counter(written.event_ids).items() if count > 1]
+        raise JournalMismatch(
+            f"{journal.path} does not hold exactly one record per planned event ({len(planned)} planned, "
+            f"{written.rows} rows written; missing e.g. {sorted(planned - seen)[:3]}, repeated e.g. {repeated[:3]}): "
+            "nothing was published"
+        )
     return written
 
 
@@ -176,8 +190,6 @@ def generate_shard(
             parquet = Path(staging) / PARQUET_NAME
             expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
             written = write_completions_parquet(journal, parquet, expected)
-            if len(written.event_ids) != len(expected) or set(written.event_ids) != expected:
-                raise RuntimeError(f"shard {shard}: the journal does not hold exactly one record per planned event")
             manifest = CompletionsShardManifest(
                 shard=shard,
                 rows=written.rows,

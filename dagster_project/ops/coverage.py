@@ -27,8 +27,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from dagster_project.conversations.shards import ConversationsShardManifest, conversations_in
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.store.dataclass_json import read_record, to_json
@@ -48,6 +46,14 @@ if TYPE_CHECKING:
 
 COVERAGE_KEY = "reports/coverage.json"
 _SAMPLE = 20
+
+
+@dataclass(frozen=True)
+class DamagedShard:
+    """A completions shard whose objects are not as published, and what is wrong with each (naming the object)."""
+
+    shard: int
+    problems: list[str]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +81,7 @@ class DatasetCoverage:
     duplicated_sample: list[str] = field(default_factory=list)
     unexpected_sample: list[str] = field(default_factory=list)
     shards_damaged: list[int] = field(default_factory=list)
+    damaged: list[DamagedShard] = field(default_factory=list)  # the same shards, with their damaged objects
     # Where the completions and the conversations disagree (the store is not consistent).
     conversations_shards_missing: list[int] = field(default_factory=list)
     completions_from_other_conversations: list[int] = field(default_factory=list)
@@ -157,6 +164,7 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
         return replace(
             _summarize(con, num_shards, len(counted), [s for s in range(num_shards) if s not in completions]),
             shards_damaged=sorted(s for s in damaged if s < num_shards),
+            damaged=[DamagedShard(s, problems) for s, problems in sorted(damaged.items()) if s < num_shards],
             conversations_shards_missing=[s for s in range(num_shards) if s not in planned],
             completions_from_other_conversations=[
                 s
@@ -263,7 +271,6 @@ def _load_planned(
             Path(path).unlink()
 
 
-_RECORDED = pa.schema([("event_id", pa.string()), ("status", pa.string())])
 # Straight from the objects to one row per recorded event id (the records themselves are never kept).
 _PER_EVENT = """
     CREATE TABLE per_event AS
@@ -275,6 +282,8 @@ _PER_EVENT = """
 def _load_recorded(
     con: duckdb.DuckDBPyConnection, store: Store, manifests: dict[int, CompletionsShardManifest]
 ) -> None:
+    import pyarrow as pa  # here, not at the top: `dflash status` reads this module's answers without it
+
     keys = _data_keys(manifests)
     if not keys:
         con.execute("CREATE TABLE per_event (event_id VARCHAR, records BIGINT, errors BIGINT)")
@@ -286,9 +295,11 @@ def _load_recorded(
         else:  # DuckDB reads the two columns through pyarrow's S3 file system: ranged GETs, no downloads
             import pyarrow.dataset as ds
 
+            recorded = pa.schema([("event_id", pa.string()), ("status", pa.string())])
+
             filesystem, root = arrow_filesystem(store)
             objects = ds.dataset(
-                [f"{root}/{key}" for key in keys], schema=_RECORDED, format="parquet", filesystem=filesystem
+                [f"{root}/{key}" for key in keys], schema=recorded, format="parquet", filesystem=filesystem
             )
             con.register("completion_objects", objects)
             con.execute(_PER_EVENT.format(source="completion_objects"))

@@ -23,15 +23,16 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psutil
-import yaml
 
 from dagster_project.sglang import capacity
-from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
 from dagster_project.sglang.protocol import parse_metrics
+
+if TYPE_CHECKING:  # the client imports aiohttp: only what talks to servers imports it, when it does
+    from dagster_project.sglang.client import SGLangError
 
 DEFAULT_MODEL = "Qwen/Qwen3.6-27B"
 PID_FILE = "fleet.json"
@@ -331,6 +332,8 @@ def capacity_report(
     api_key: str | None = None,
 ) -> list[str]:
     """Per server, the cap it computed (`capacity.analyze` of its `/server_info`) next to the plan's."""
+    from dagster_project.sglang.client import SGLangError
+
     infos = asyncio.run(_server_infos(urls, api_key))
     lines = []
     for url, info in zip(urls, infos):
@@ -353,6 +356,8 @@ def capacity_report(
 
 
 async def _server_infos(urls: Sequence[str], api_key: str | None) -> list[dict | SGLangError]:
+    from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
+
     async with new_session() as session:
 
         async def one(url: str) -> dict | SGLangError:
@@ -414,6 +419,8 @@ SECRETS_SUFFIX = ".secrets.yaml"
 def write_secrets_config(path: Path, api_key: str) -> Path:
     """SGLang's `--config` YAML (0.5.23 merges it into the flags, `prepare_server_args`) holding the API key, made
     readable by this user alone before the key is written: the key stays off every process's command line."""
+    import yaml  # here: readers of fleet records (`dflash status`) never write one
+
     path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as handle:
@@ -792,6 +799,8 @@ def connect(endpoints: Sequence[str] | str | None = None, router_url: str | None
 
 async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeout_s: float = 5.0) -> list[dict]:
     """Live state of each endpoint: health, speculative decoding, its running cap, load (from `/metrics`)."""
+    from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
+
     async with new_session() as session:
 
         async def probe(url: str) -> dict:

@@ -15,10 +15,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dagster_project.store import object_index
 from dagster_project.store.dataclass_json import parse_record, read_record, to_json
@@ -40,6 +37,9 @@ from dagster_project.store.storage import (
     sha256_bytes,
     sha256_file,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,8 @@ def read_manifests_from_objects(
     raws = {key: raw for key, raw in zip(to_read, object_index.fetch_all(store, to_read)) if raw is not None}
     found = [object_index.from_copy(store, key, kind, body) for key, body in copies.items()]
     found += [parse_record(store, key, kind, raw) for key, raw in raws.items()]
-    object_index.reconcile(store, stage, raws, as_listed=copies, entries=entries)
+    # Index copies of the shards' other records (the checks' verdicts) stay while their objects are listed.
+    object_index.reconcile(store, stage, raws, as_listed=[key for key in listed if key not in raws], entries=entries)
     return {manifest.shard: manifest for manifest in found}, listed
 
 
@@ -298,6 +299,8 @@ def iter_parquet_batches(
     both naming it. Some columns of an S3 object are read by ranged GETs (its footer and those column chunks),
     not a download.
     """
+    import pyarrow.parquet as pq  # here: readers of manifests alone (`dflash status`) never load pyarrow
+
     for obj in manifest.data_objects:
         key = obj.key
         ranged = columns is not None and not isinstance(store, LocalStore)
@@ -330,6 +333,8 @@ def _parquet_source(store: Store, key: str, *, ranged: bool) -> Iterator[Any]:
 
 @contextmanager
 def _parquet_errors(store: Store, manifest: ShardManifest, key: str) -> Iterator[None]:
+    import pyarrow as pa
+
     try:
         yield
     except (pa.ArrowException, OSError) as exc:

@@ -31,8 +31,8 @@ from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import EXPORTS, SHARD_DIGITS
 from dagster_project.store.manifest import rows_mismatch
 from dagster_project.store.storage import Store
-from dagster_project.store.verdicts import read_verdict
-from dagster_project.training.export import REQUIRED_VERDICTS, ExportOptions, ThinMasks, cleared_manifest
+from dagster_project.store.verdicts import REQUIRED_VERDICTS, read_verdict
+from dagster_project.training.export import ExportOptions, ThinMasks, cleared_manifest
 from dagster_project.training.lengths import LengthFigures
 from dagster_project.training.shards import AssemblyOptions, TrainingShardWriter, iter_training_batches
 from dagster_project.training.stage import UNKNOWN_SOURCE
