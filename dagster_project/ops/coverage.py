@@ -304,8 +304,8 @@ def _load_recorded(
             con.register("completion_objects", objects)
             con.execute(_PER_EVENT.format(source="completion_objects"))
     except (*_unreadable(), pa.ArrowException, OSError) as exc:
-        for key in keys:  # name the damaged object
-            for _ in iter_parquet_batches(store, [key], ["event_id"]):
+        for manifest in manifests.values():  # name the damaged object
+            for _ in iter_parquet_batches(store, manifest, ["event_id"]):
                 pass
         raise CorruptObject(f"the completions shards in {store.url(COMPLETIONS)} are not all readable: {exc}") from exc
 

@@ -68,7 +68,7 @@ def actionable(result: GateResult, *, limits: Any, where: GateStage, examples: S
         f"threshold {', '.join(f'{key}={value}' for key, value in values.items())} (run config of the {where.check} "
         "check)"
         if keys
-        else "no threshold: any such row blocks"
+        else "no threshold: any one blocks"
     )
     parts = [result.message, threshold, f"override: {where.override}"]
     if shown:

@@ -100,7 +100,7 @@ def test_an_unreadable_conversations_shard_is_named(tmp_path):
     store = two_shard_store(tmp_path).store
     key = read_shard_conversations_manifest(store, 1).data_keys[0]
     (store.root / key).write_bytes(b'{"id": "c1", "messages": [')
-    with pytest.raises(CorruptObject, match=f"{store.url(key)} is damaged: line 1 is not a conversation"):
+    with pytest.raises(CorruptObject, match=f"{store.url(key)} is damaged: 26 bytes in the store, manifest says"):
         dataset_coverage(store, 2)
 
 
