@@ -71,6 +71,8 @@ TEXT = "text"
 CONTROL_TOKENS_QUARANTINE = "quarantine"
 CONTROL_TOKENS_LITERAL = "literal"
 CONTROL_TOKEN_MODES = (CONTROL_TOKENS_QUARANTINE, CONTROL_TOKENS_LITERAL)
+# The key of a row's `extra` that marks it read with `literal` (a source's own field of that name is dropped).
+CONTROL_TOKENS_KEY = "control_tokens"
 
 _MESSAGE_LIST_FIELDS = {"openai": ("messages", "conversation"), "sharegpt": ("conversations",)}
 _PROMPT_FIELDS = ("prompt", "question", "query")
@@ -117,6 +119,24 @@ class ParsedRow:
     extra: dict[str, Any] = field(default_factory=dict)
     # Tool definitions in OpenAI's form; None when the row defines none.
     tools: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class ControlTokenPolicy:
+    """What becomes of control-token text, for the whole run (`default`) and for the sources named literal."""
+
+    default: str = CONTROL_TOKENS_QUARANTINE
+    literal_sources: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.default not in CONTROL_TOKEN_MODES:
+            raise ValueError(f"unknown control_tokens {self.default!r}; choose one of {', '.join(CONTROL_TOKEN_MODES)}")
+
+    def for_source(self, source: str) -> str:
+        return CONTROL_TOKENS_LITERAL if source in self.literal_sources else self.default
+
+
+QUARANTINE_CONTROL_TOKENS = ControlTokenPolicy()
 
 
 def format_of(value: Any) -> str | None:
@@ -171,13 +191,15 @@ def parse_row(
         messages = _system_field(value) + _message_list(_first_present(value, _MESSAGE_LIST_FIELDS[fmt]))
     check_structure(messages)
     tools = _tools(value)
+    extra = _extra_fields(value, fmt)
+    extra.pop(CONTROL_TOKENS_KEY, None)
     if control_tokens == CONTROL_TOKENS_LITERAL:
-        return ParsedRow(messages, source_id(value), _extra_fields(value, fmt), tools)
+        return ParsedRow(messages, source_id(value), extra | {CONTROL_TOKENS_KEY: CONTROL_TOKENS_LITERAL}, tools)
     _reject_control_tokens(messages)
     found = _CONTROL_TOKEN.search(json.dumps(tools, ensure_ascii=False)) if tools else None
     if found:
         raise Rejected("control_tokens", f"a tool definition holds the control token {found.group()!r}")
-    return ParsedRow(messages, source_id(value), _extra_fields(value, fmt), tools)
+    return ParsedRow(messages, source_id(value), extra, tools)
 
 
 def check_structure(messages: list[dict[str, Any]]) -> None:
