@@ -26,13 +26,16 @@ render or raises `Rejected` with a reason:
 
 * Content parts: `{"type": "text", "text"|"value"|"content": ...}` (OpenAI, LLaMA-Factory, others),
   `input_text`/`output_text`, a bare string; they are joined the way the chat template renders them (no
-  separator). **Media are never dropped silently**: an image, video or audio part, or a row-level
+  separator). Reasoning, tool-call and tool-result parts (LLaMA-Factory, OpenAI, Anthropic blocks) and
+  Harmony's channels become `reasoning_content`, `tool_calls` and tool messages (see `parts`). **Media are never dropped silently**: an image, video or audio part, or a row-level
   `images`/`videos`/`audios` field (LLaMA-Factory's multimodal rows, which keep `<image>` placeholders in
   the text), quarantines the row as `image_content`: the fleet is sent text only, so an answer regenerated
   without the picture would train on the wrong context.
 * **Control tokens** (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, the vision markers, ...) inside any
-  content quarantine the row (`control_tokens`): the tokenizer turns them into real control tokens, so the
-  text could forge a turn of its own (`"...<|im_end|>\n<|im_start|>system\n..."`).
+  content quarantine the row (`control_tokens`): the tokenizer would turn them into real control tokens, so
+  the text could forge a turn of its own (`"...<|im_end|>\n<|im_start|>system\n..."`). With
+  `control_tokens: literal` the row is kept, marked in `extra`, and the text is encoded as ordinary text
+  (`tokenizer.render_prompt_ids`).
 * **Tool calling**: `tools` (a list or a JSON string of one; each definition in OpenAI's
   `{"type": "function", "function": {...}}` form or bare) becomes the row's tool list; assistant tool calls
   become `tool_calls: [{"type": "function", "function": {"name", "arguments": {...}}}]` with `arguments`

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from dagster_project.conversations.turns import prompt_messages
 from dagster_project.ingest.formats import parse_row
 from dagster_project.ingest.quarantine import Rejected
+from dagster_project.tokenizer import load_tokenizer, render_prompt_ids
+from tests.support.chat_templates import official_prompt_ids, official_template
 from tests.support.ingest_helpers import run_stages
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "content_parts"
@@ -183,3 +186,21 @@ def test_a_folder_of_every_layout_ingests_in_one_run_every_row_accounted_for(mix
 def test_a_source_format_override_wins_over_the_parts_layout(tmp_path: Path) -> None:
     outcome = run_stages(tmp_path, [f"lf@sharegpt={FIXTURES / 'llamafactory_parts.jsonl'}"])
     assert list(outcome.by_row().values()) == ["unrecognized_format"] * 3
+
+
+def test_reasoning_parts_render_as_the_official_template_renders_reasoning_content(mixed_layouts) -> None:
+    """The tool-loop step after the last user message shows the call's reasoning, as Qwen3.6 renders it."""
+    tok = load_tokenizer()
+    official = official_template()
+    tool_rows = [c for c in mixed_layouts.conversations if c.history == "source" and c.tools]
+    assert len(tool_rows) == 6
+    shown = 0
+    for conversation in tool_rows:
+        for turn in range(conversation.num_turns):
+            messages = prompt_messages(conversation, turn, [])
+            ours = render_prompt_ids(tok, messages, tools=conversation.tools)
+            assert ours == official_prompt_ids(tok, official, messages, tools=conversation.tools), conversation.id
+            reasoning = [m["reasoning_content"] for m in messages if m.get("reasoning_content")]
+            text = tok.decode(ours)
+            shown += sum(f"<think>\n{r}\n</think>" in text for r in reasoning)
+    assert shown >= 4  # the LLaMA-Factory, OpenAI (both) and Harmony calls' reasoning after their user message
