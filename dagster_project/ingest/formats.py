@@ -27,8 +27,9 @@ render or raises `Rejected` with a reason:
 * Content parts: `{"type": "text", "text"|"value"|"content": ...}` (OpenAI, LLaMA-Factory, others),
   `input_text`/`output_text`, a bare string; they are joined the way the chat template renders them (no
   separator). Reasoning, tool-call and tool-result parts (LLaMA-Factory, OpenAI, Anthropic blocks) and
-  Harmony's channels become `reasoning_content`, `tool_calls` and tool messages (see `parts`). **Media are never dropped silently**: an image, video or audio part, or a row-level
-  `images`/`videos`/`audios` field (LLaMA-Factory's multimodal rows, which keep `<image>` placeholders in
+  Harmony's channels become `reasoning_content`, `tool_calls` and tool messages (see `parts`).
+  **Media are never dropped silently**: an image, video or audio part, or a row-level `images`/`videos`/`audios`
+  field (LLaMA-Factory's multimodal rows, which keep `<image>` placeholders in
   the text), quarantines the row as `image_content`: the fleet is sent text only, so an answer regenerated
   without the picture would train on the wrong context.
 * **Control tokens** (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, the vision markers, ...) inside any
