@@ -40,7 +40,7 @@ from dagster_project.ingest.formats import (
 from dagster_project.ingest.quarantine import Accounting, Rejected, quarantine_record
 from dagster_project.ingest.readers import FileFormatError, RawRow, iter_rows
 from dagster_project.ingest.shards import PROMPTS_KEY, QUARANTINE_KEY, IngestedFile, PromptRow, RawPromptsManifest
-from dagster_project.ingest.sources import SourceFile, local_copy, resolve_sources
+from dagster_project.ingest.sources import SourceError, SourceFile, local_copy, resolve_sources
 from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
 from dagster_project.store.manifest import StoredObject, put_object, write_stage_manifest
@@ -216,6 +216,9 @@ def ingest_to_store(
 ) -> RawPromptsManifest:
     """Ingest `sources` and publish the snapshot, the quarantine and the manifest; return the manifest."""
     files = resolve_sources(sources, s3_client)
+    unknown = sorted(control_tokens.literal_sources - {file.source for file in files})
+    if unknown:
+        raise SourceError(f"literal control-token sources {unknown} name no source of this run")
     staging = work_dir / layout.RAW_PROMPTS
     with (
         JsonlZstWriter(staging / "prompts.jsonl.zst") as prompts,

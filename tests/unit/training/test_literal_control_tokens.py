@@ -13,6 +13,7 @@ import pytest
 from dagster_project.conversations.markers import marker_mismatch
 from dagster_project.conversations.turns import prompt_messages
 from dagster_project.ingest.formats import ControlTokenPolicy
+from dagster_project.ingest.sources import SourceError
 from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import CONTROL_TOKENS, render_prompt_ids
 from dagster_project.training.shards import iter_training_batches
@@ -62,7 +63,10 @@ def literal(tmp_path_factory: pytest.TempPathFactory):
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     default = run_stages(root / "default", [f"chats={data}"], num_shards=1)
     per_source = run_stages(
-        root / "literal", [f"chats={data}"], num_shards=1, control_tokens=ControlTokenPolicy(literal_sources={"chats"})
+        root / "literal",
+        [f"chats={data}"],
+        num_shards=1,
+        control_tokens=ControlTokenPolicy(literal_sources=frozenset({"chats"})),
     )
     return default, per_source
 
@@ -74,6 +78,13 @@ def test_quarantine_stays_the_default_and_a_source_can_be_read_literally(literal
     assert ControlTokenPolicy("literal").for_source("any") == "literal"
     with pytest.raises(ValueError, match="unknown control_tokens"):
         ControlTokenPolicy("escape")
+
+
+def test_a_literal_source_name_that_matches_no_source_is_refused(tmp_path) -> None:
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps(ROWS[0]) + "\n")
+    with pytest.raises(SourceError, match=r"\['chat'\] name no source"):
+        run_stages(tmp_path, [f"chats={data}"], control_tokens=ControlTokenPolicy(literal_sources=frozenset({"chat"})))
 
 
 def _content_spans(text: str, messages: list[dict]) -> list[tuple[int, int]]:
