@@ -315,7 +315,7 @@ def cmd_fleet_down(args: argparse.Namespace, resources: Any) -> int:
 def cmd_fleet_forget(args: argparse.Namespace, resources: Any) -> int:
     from dagster_project.generation import fleet_registry
 
-    removed = fleet_registry.deregister_node(resources.store.open(), args.node)
+    removed = fleet_registry.deregister_node(_open_store(), args.node)
     print(f"node {args.node} {'removed from' if removed else 'was not in'} the fleet registry")
     return 0
 
@@ -518,7 +518,7 @@ def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
     if args.shards:
         print(advise_shards(ShardSizing(**_given(args, ShardSizing))))
         return 0
-    store = resources.store.open()
+    store = _open_store()  # without the Dagster resources: nothing else here needs them
     if args.show:
         recorded = read_plan(store)
         print(json.dumps(dataclasses.asdict(recorded) if recorded else None, indent=2))

@@ -70,7 +70,7 @@ def training_set_gates(
         thresholds=config.to_dataclass(gates.GateThresholds),
     )
     completion_batches = iter_parquet_batches(
-        data, completions_manifest(data, shard).data_keys, ["event_id", "prompt_ids", "output_ids"]
+        data, completions_manifest(data, shard), ["event_id", "prompt_ids", "output_ids"]
     )
     results += [
         gates.ids_match_completions(profile.digests, completion_batches),

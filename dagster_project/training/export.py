@@ -47,6 +47,7 @@ import pyarrow as pa
 
 from dagster_project.store import verdicts
 from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET
+from dagster_project.store.manifest import rows_mismatch
 from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import REQUIRED_VERDICTS, read_verdict
 from dagster_project.training.gates import list_buffers, row_sums
@@ -224,10 +225,7 @@ def export_shard(
             counts = write_specforge_jsonl(iter_training_batches(store, shard, EXPORT_COLUMNS), path, thin)
             thin.refuse(shard)
             if counts.rows != manifest.rows or counts.loss_tokens != manifest.loss_tokens:
-                raise RuntimeError(
-                    f"training shard {shard} changed while it was exported ({counts.rows} rows written, "
-                    f"manifest says {manifest.rows}): re-run `specforge_export`"
-                )
+                raise rows_mismatch(store, manifest, counts.rows)
             info = store.put_file(specforge_key(shard), path)
     except (ShardNotCleared, LossMaskTooSmall) as refusal:
         verdicts.record_export_outcome(store, manifest, overridden={}, refused=str(refusal))

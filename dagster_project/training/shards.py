@@ -200,4 +200,4 @@ def training_manifest(store: Store, shard: int) -> TrainingShardManifest:
 
 
 def iter_training_batches(store: Store, shard: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-    return iter_parquet_batches(store, training_manifest(store, shard).data_keys, columns)
+    return iter_parquet_batches(store, training_manifest(store, shard), columns)
