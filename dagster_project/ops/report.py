@@ -1,29 +1,22 @@
 """The operator's page: the six answers (`ops.status`) as sections of short Markdown and tables, the figures
-Dagster plots over time, and charts of the run so far.
+Dagster plots over time.
 
 `report_sections` is the `run_report` asset's page, one metadata entry per text and table so that Dagster's
 asset page shows each in place; `render_markdown` the same page as one document. `plot_metrics` is the fleet's
 numeric metadata (one series per key figure), `shard_progress_figures` a running shard's (named after the shard,
 so shards running side by side plot as lines of their own); unknown figures are left out rather than written
-as 0, so a plot never dips to a false zero. `progress_chart` is a PNG of progress against the plan and of the
-accept length over the run, drawn from the points earlier reports recorded; `inline_chart` the same as a small
-SVG inside a Markdown value, drawn on the asset page.
+as 0, so a plot never dips to a false zero. The charts of the run so far are `ops.report_chart`'s.
 """
 
 from __future__ import annotations
 
-import io
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import quote
 
-from dagster_project.generation.heartbeat import read_heartbeats, run_is_alive
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.ops.alerts import dollars
 from dagster_project.ops.status import Status
-from dagster_project.store.storage import Store
 
 SERVER_COLUMNS = [
     "server",
@@ -39,7 +32,7 @@ SERVER_COLUMNS = [
 # Measured / planned within this band of 1 is "on plan".
 ON_PLAN_BAND = 0.1
 # Dagster 1.13's asset page shows a Markdown metadata value in place only while it is shorter than this; a longer
-# one hides behind a "[Show Markdown]" dialog. Each section's text and the inline chart stay under it.
+# one hides behind a "[Show Markdown]" dialog. Each section's text and each inline chart stay under it.
 INLINE_MARKDOWN_CHARS = 1000
 # Lists in a sentence (shards, settings) show this many items, then a count of the rest.
 SHOWN_IN_LINE = 12
@@ -391,148 +384,3 @@ def shard_progress_figures(shard_label: str, heartbeat: Heartbeat) -> dict[str, 
         "accept_length": round(heartbeat.spec.accept_length_window, 3) if heartbeat.spec.accept_length_window else None,
     }
     return {f"{shard_label}/{name}": value for name, value in figures.items() if value is not None}
-
-
-# ---- the chart ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReportPoint:
-    """One refresh of the report: what the chart draws."""
-
-    at: float
-    events_done: int
-    accept_length: float | None
-
-
-def progress_chart(points: Sequence[ReportPoint], status: Status) -> bytes:
-    """PNG: events done over time against the plan's line from the first point, and the accept length."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless: no display on a run worker
-    from matplotlib import pyplot as plt
-
-    points = sorted(points, key=lambda point: point.at)
-    start = points[0].at if points else status.collected_at
-    minutes = [(point.at - start) / 60 for point in points]
-    figure, (progress, accept) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    try:
-        progress.plot(minutes, [point.events_done for point in points], marker="o", label="events done")
-        plan = status.progress.plan
-        if plan and plan.req_per_s and points:
-            span = max(minutes[-1], 1.0)
-            first = points[0].events_done
-            planned_end = min(status.progress.events_planned, first + plan.req_per_s * span * 60)
-            progress.plot([0, span], [first, planned_end], linestyle="--", label=f"plan ({plan.req_per_s:g} req/s)")
-        progress.axhline(status.progress.events_planned, color="grey", linewidth=0.8, label="events planned")
-        progress.set_ylabel("events")
-        progress.set_title(f"Run progress as of {as_of(status.collected_at)}")
-        progress.legend(loc="lower right")
-        known = [(m, point.accept_length) for m, point in zip(minutes, points) if point.accept_length is not None]
-        if known:
-            accept.plot([m for m, _ in known], [a for _, a in known], marker="o", color="tab:green")
-        accept.set_ylabel("accept length")
-        accept.set_xlabel("minutes since the first report")
-        buffer = io.BytesIO()
-        figure.tight_layout()
-        figure.savefig(buffer, format="png", dpi=80)
-        return buffer.getvalue()
-    finally:
-        plt.close(figure)
-
-
-# The inline chart: an SVG small enough to travel as a data: URI inside a Markdown value that the asset page shows
-# in place (under INLINE_MARKDOWN_CHARS). Its axes are in the caption; the PNG in the store has the full chart.
-SPARK_WIDTH, SPARK_HEIGHT, SPARK_GAP = 360, 64, 8
-# Each line through at most this many points, fewer when the chart would not fit in place.
-SPARK_POINTS = (24, 12, 6, 2)
-ACCEPT_LENGTH_SCALE_TOP = 4.0
-# Left as they are in the data: URI (in a <...> Markdown destination spaces may stay); "<", ">" and "#" (a colour,
-# else read as the URI's fragment) are percent-encoded.
-SVG_URI_SAFE = " ,'=/:.-"
-
-
-def _spread(points: Sequence[ReportPoint], most: int) -> list[ReportPoint]:
-    """At most `most` points, evenly spaced over the run, the first and the last kept."""
-    if len(points) <= most:
-        return list(points)
-    step = (len(points) - 1) / (most - 1)
-    return [points[round(i * step)] for i in range(most)]
-
-
-def _polyline(xy: Sequence[tuple[float, float]], colour: str, dashed: bool = False) -> str:
-    coords = ",".join(f"{x:.0f},{y:.0f}" for x, y in xy)
-    dash = " stroke-dasharray='4'" if dashed else ""
-    return f"<polyline points='{coords}' fill='none' stroke='{colour}'{dash}/>"
-
-
-def _sparklines(points: Sequence[ReportPoint], most: int, status: Status) -> tuple[str, str]:
-    """SVG of events done (blue) against the plan (grey, dashed) above the accept length (green), each drawn
-    through at most `most` points; its caption."""
-    t0, t1 = points[0].at, max(points[-1].at, points[0].at + 60)
-    planned = max(status.progress.events_planned, 1)
-
-    def x(at: float) -> float:
-        return (at - t0) / (t1 - t0) * SPARK_WIDTH
-
-    def band(value: float, low: float, high: float, top: float) -> float:
-        return top + SPARK_HEIGHT - (value - low) / ((high - low) or 1) * SPARK_HEIGHT
-
-    done = _spread(points, most)
-    shapes = [_polyline([(x(p.at), band(p.events_done, 0, planned, 0)) for p in done], "#1f77b4")]
-    plan = status.progress.plan
-    if plan and plan.req_per_s:
-        first = points[0].events_done
-        end = min(planned, first + plan.req_per_s * (t1 - t0))
-        plan_end = (x(t0 + (end - first) / plan.req_per_s), band(end, 0, planned, 0))
-        shapes.insert(0, _polyline([(0, band(first, 0, planned, 0)), plan_end], "grey", dashed=True))
-    known = [(p.at, p.accept_length) for p in _spread([p for p in points if p.accept_length is not None], most)]
-    accept = ""
-    if known:
-        low, high = min(a for _, a in known), max(a for _, a in known)
-        top = SPARK_HEIGHT + SPARK_GAP
-        # From 1 (no draft token accepted), so a steady accept length draws flat rather than magnified noise.
-        scale_top = max(high, ACCEPT_LENGTH_SCALE_TOP)
-        shapes.append(_polyline([(x(at), band(a, 1.0, scale_top, top)) for at, a in known], "#2ca02c"))
-        accept = f"; accept length {low:.2f}–{high:.2f} (green, on a scale of 1 to {scale_top:.1f})"
-    height = 2 * SPARK_HEIGHT + SPARK_GAP
-    frames = "".join(
-        f"<rect y='{top}' width='{SPARK_WIDTH}' height='{SPARK_HEIGHT}' fill='none' stroke='#ccc'/>"
-        for top in (0, SPARK_HEIGHT + SPARK_GAP)
-    )
-    svg = (
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{SPARK_WIDTH}' height='{height}' "
-        f"viewBox='-2 -2 {SPARK_WIDTH + 4} {height + 4}'>" + frames + "".join(shapes) + "</svg>"
-    )
-    minutes = (points[-1].at - points[0].at) / 60
-    caption = (
-        f"Over {minutes:,.0f} min: events done {points[0].events_done:,} → {points[-1].events_done:,} of "
-        f"{status.progress.events_planned:,} (blue; plan dashed){accept}"
-    )
-    return svg, caption
-
-
-def inline_chart(points: Sequence[ReportPoint], status: Status) -> str | None:
-    """Markdown for the asset page: the run so far as an inline SVG image with its caption, or None before there
-    are two reports to draw a line between."""
-    points = sorted(points, key=lambda point: point.at)
-    if len(points) < 2:
-        return None
-    for most in SPARK_POINTS:
-        svg, caption = _sparklines(points, most, status)
-        markdown = f"![run so far](<data:image/svg+xml,{quote(svg, safe=SVG_URI_SAFE)}>)\n\n{caption}"
-        if len(markdown) < INLINE_MARKDOWN_CHARS:
-            break
-    return markdown  # at its fewest points still too long, Dagster shows it behind a dialog
-
-
-# ---- when to refresh ---------------------------------------------------------------------------------------------
-
-CHART_KEY = "report/progress.png"
-
-
-def shards_running(store: Store, now: float | None = None) -> list[int]:
-    """The shards whose runs are generating or publishing now (live heartbeats): while any is, the report is
-    worth refreshing."""
-    now = time.time() if now is None else now
-    return sorted(beat.shard for beat in read_heartbeats(store) if run_is_alive(beat, now))

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import replace
-from urllib.parse import unquote
 
 import pytest
 
@@ -20,15 +18,11 @@ from dagster_project.ops.alerts import (
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.report import (
     INLINE_MARKDOWN_CHARS,
-    ReportPoint,
     as_of,
-    inline_chart,
     plot_metrics,
-    progress_chart,
     render_markdown,
     report_sections,
     shard_progress_figures,
-    shards_running,
     verdict,
 )
 from dagster_project.ops.status import (
@@ -38,8 +32,6 @@ from dagster_project.ops.status import (
     collect_status,
     render_text,
 )
-from dagster_project.store.dataclass_json import to_json
-from dagster_project.store.layout import progress_key
 from dagster_project.store.storage import LocalStore
 
 HOST, PID, STARTED = this_process()
@@ -197,14 +189,6 @@ def test_plan_verdicts_read_the_ratio_the_right_way_round():
     assert verdict(None) == "—"
 
 
-def test_chart_is_a_png_of_progress_and_accept_length(tmp_path):
-    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
-    now = time.time()
-    points = [ReportPoint(now - 600, 10, 2.9), ReportPoint(now - 300, 25, None), ReportPoint(now, 40, 2.8)]
-    png = progress_chart(points, status)
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
-
-
 def test_every_section_text_stays_short_enough_to_show_in_place_at_the_real_jobs_scale(tmp_path):
     status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
     shards = list(range(1830))
@@ -234,28 +218,6 @@ def test_every_section_text_stays_short_enough_to_show_in_place_at_the_real_jobs
     assert [row[0] for row in servers.rows] == list(URLS) and servers.rows[0][1:7] == ("4", "4", "8", "8", "0", "42%")
 
 
-def _svg_of(markdown: str) -> ET.Element:
-    uri = markdown.split("](<", 1)[1].split(">)", 1)[0]
-    assert uri.startswith("data:image/svg+xml,") and "#" not in uri and "<" not in uri
-    return ET.fromstring(unquote(uri.removeprefix("data:image/svg+xml,")))
-
-
-def test_the_inline_chart_is_an_svg_small_enough_to_show_in_place_and_skips_unknown_accept_lengths(tmp_path):
-    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
-    now = time.time()
-    assert inline_chart([ReportPoint(now, 40, 2.8)], status) is None  # one report: no line to draw yet
-    day = [ReportPoint(now - 180 * (500 - n), n // 5, None if n % 3 else 2.5 + n / 1000) for n in range(500)]
-    markdown = inline_chart(day, status)
-    assert len(markdown) < INLINE_MARKDOWN_CHARS
-    lines = _svg_of(markdown).findall("{http://www.w3.org/2000/svg}polyline")
-    assert len(lines) == 3  # the plan, events done, accept length
-    accept = [float(v) for v in lines[2].get("points").split(",")[1::2]]
-    assert accept and all(y >= 64 for y in accept)  # in the lower band, from known values only
-    assert "events done 0 → 99 of 100" in markdown and "accept length 2.50–3.00" in markdown
-    no_spec = inline_chart([replace(point, accept_length=None) for point in day[:10]], status)
-    assert len(_svg_of(no_spec).findall("{http://www.w3.org/2000/svg}polyline")) == 2 and "accept" not in no_spec
-
-
 def test_a_shards_plotted_figures_are_named_after_it_and_leave_out_what_is_not_measured_yet():
     running = shard_progress_figures("shard-00003", replace(beat(), lifetime=Rates(3600, 0.01, 1.0)))
     assert running == {
@@ -274,14 +236,6 @@ def test_a_shards_plotted_figures_are_named_after_it_and_leave_out_what_is_not_m
     # Stalled after finishing requests: a measured 0, plotted as such.
     stalled = replace(beat(req_per_s=0.0), lifetime=Rates(3600, 0.01, 1.0))
     assert shard_progress_figures("shard-00003", stalled)["shard-00003/req_per_s"] == 0.0
-
-
-def test_the_refresh_reads_which_shards_run_from_their_heartbeats(tmp_path):
-    store = LocalStore(tmp_path / "store")
-    assert shards_running(store) == []
-    store.put_bytes(progress_key(0), to_json(beat()))
-    store.put_bytes(progress_key(1), to_json(Heartbeat(**{**beat().__dict__, "shard": 1, "state": "published"})))
-    assert shards_running(store) == [0]
 
 
 def test_status_without_a_fleet_says_so_in_one_line(tmp_path):
