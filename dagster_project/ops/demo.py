@@ -14,7 +14,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dagster_project.ops.alerts import FleetCost
+from dagster_project.ops.answers.cost import FleetCost
 from dagster_project.ops.plan import Plan, write_plan
 from dagster_project.ops.status import collect_status, render_text
 from dagster_project.sglang.launch import Fleet, stop_fleet

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dagster_project.generation.progress import Heartbeat
-from dagster_project.ops.alerts import dollars
+from dagster_project.ops.answers.text import dollars
 from dagster_project.ops.status import Status
 
 SERVER_COLUMNS = [

@@ -6,7 +6,7 @@ from pydantic import Field
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
 from dagster_project.generation.fleet_registry import follow_registry, registered_endpoints
 from dagster_project.generation.ledger import FleetLedger
-from dagster_project.ops.alerts import FleetCost
+from dagster_project.ops.answers.cost import FleetCost
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.settings import DEFAULT_FLEET_STALE_AFTER_S
 from dagster_project.sglang.launch import Fleet

@@ -9,12 +9,9 @@ import pytest
 
 from dagster_project.generation.heartbeat import this_process
 from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
-from dagster_project.ops.alerts import (
-    DEFAULT_THRESHOLDS,
-    NO_PRICE,
-    AlertThresholds,
-    FleetCost,
-)
+from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, AlertThresholds
+from dagster_project.ops.answers.cost import NO_PRICE, FleetCost
+from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.report import (
     INLINE_MARKDOWN_CHARS,
@@ -25,13 +22,7 @@ from dagster_project.ops.report import (
     shard_progress_figures,
     verdict,
 )
-from dagster_project.ops.status import (
-    Readings,
-    Status,
-    answer_all,
-    collect_status,
-    render_text,
-)
+from dagster_project.ops.status import Status, answer_all, collect_status, render_text
 from dagster_project.store.storage import LocalStore
 
 HOST, PID, STARTED = this_process()

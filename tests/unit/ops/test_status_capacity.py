@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from dagster_project.ops import tune
-from dagster_project.ops.status import Readings, answer_concurrency, render_concurrency
+from dagster_project.ops.answers.concurrency import answer_concurrency, render_concurrency
+from dagster_project.ops.answers.readings import Readings
 from dagster_project.sglang import capacity
 from dagster_project.sglang.capacity import LaunchSettings
 from tests.support.server_info import server_info_for

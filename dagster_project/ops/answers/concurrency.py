@@ -1,0 +1,204 @@
+"""3. Concurrency: the dispatcher's window next to each server's cap and queue, what caps it and what would raise it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster_project.ops.answers.readings import Readings
+from dagster_project.ops.answers.text import fmt
+from dagster_project.ops.tune import TuneReport, gain
+from dagster_project.sglang import capacity
+
+
+@dataclass(frozen=True)
+class ServerCapacity:
+    """What binds a server's cap and what would raise it (`capacity.analyze` of its /server_info)."""
+
+    explanation: str  # "cap 22 per server, bound by mamba state slots (...); ...; `flags` → est. ×3.1"
+    cap: int
+    bound: str  # the binding resource
+    allowed_by: dict[str, int]  # the concurrency each resource allows on its own
+    headroom: float  # concurrency under the best numerics-preserving flags over now
+    flags: list[str]  # those flags
+    expected_gain: str  # the estimate, and what a `dflash tune` sweep measured, if one did
+    tokens_per_request: float
+    lengths: str  # where the prompt and output lengths come from
+
+
+@dataclass(frozen=True)
+class ServerConcurrency:
+    """One server: the dispatcher's window and requests in flight next to the server's own cap and queue."""
+
+    client_window: int | None
+    in_flight: int | None
+    effective_cap: int | None
+    cap_flag: int | None
+    running: float | None
+    queued: float | None
+    token_usage: float | None
+    mamba_usage: float | None
+    limited_by: str
+    capacity: ServerCapacity | None = None
+    capacity_error: str | None = None  # why there is no capacity answer (no /server_info fields, a router)
+
+
+@dataclass(frozen=True)
+class ConcurrencyAnswer:
+    servers: dict[str, ServerConcurrency] = field(default_factory=dict)
+    lengths: str = ""  # the request lengths the capacity answers assume, and their source
+
+
+EXPECTED_LENGTHS = "expected lengths (no completions yet)"
+NO_FLEET = "no server known: start a fleet (`dflash fleet up`) or set DFLASH_SGLANG_ENDPOINTS"
+
+
+def observed_lengths(readings: Readings) -> tuple[float, float, str]:
+    """Mean prompt and output tokens per request: from the published completions and the running shards'
+    heartbeats; before any, the lengths a launch is sized for."""
+    published, running = list(readings.published.values()), readings.live_unpublished
+    prompts = sum(m.prompt_tokens for m in published) + sum(b.prompt_tokens for b in running)
+    outputs = sum(m.output_tokens for m in published) + sum(b.output_tokens for b in running)
+    rows = sum(m.rows for m in published) + sum(b.ok_events for b in running)
+    ok = sum(m.ok for m in published) + sum(b.ok_events for b in running)
+    if not rows or not ok:
+        return capacity.EXPECTED_PROMPT_TOKENS, capacity.EXPECTED_OUTPUT_TOKENS, EXPECTED_LENGTHS
+    return prompts / rows, outputs / ok, f"observed over {ok:,} answers"
+
+
+def server_capacity(
+    server: dict[str, Any], prompt: float, output: float, lengths: str, tuning: TuneReport | None
+) -> ServerCapacity:
+    """`capacity.analyze` of the server's probed /server_info fields, with the gain a tuning sweep measured."""
+    report = capacity.analyze(server["server_info"], prompt, output)
+    best = report.best
+    flags = list(best.flags) if best is not None else []
+    raises = best is not None and report.headroom >= capacity.MEANINGFUL_HEADROOM
+    estimate = f"est. ×{report.headroom:.1f} output tok/s at the same step time" if raises else "none"
+    explanation = report.explain("expected" if lengths == EXPECTED_LENGTHS else "observed")
+    if raises:
+        explanation += " output tok/s"
+        measured = _measured_gain(tuning, report.concurrency, best.concurrency)
+        if measured:
+            explanation += f" ({measured})"
+            estimate += f"; {measured}"
+    return ServerCapacity(
+        explanation=explanation,
+        cap=report.cap,
+        bound=report.bound.value,
+        allowed_by={resource.value: limit for resource, limit in report.limits.items()},
+        headroom=report.headroom,
+        flags=flags,
+        expected_gain=estimate,
+        tokens_per_request=report.tokens_per_request,
+        lengths=lengths,
+    )
+
+
+def _measured_gain(tuning: TuneReport | None, now: int, then: int) -> str:
+    """What the last tuning sweep measured between these concurrencies (empty without a sweep that covers them)."""
+    if tuning is None:
+        return ""
+    try:
+        ratio, accept_now, accept_then, reached = gain(tuning, now, then)
+    except LookupError:
+        return ""
+    text = f"dflash tune measured ×{ratio:.1f}"
+    if reached < then:
+        text += f" up to {reached}, the most it ran"
+    if accept_now and accept_then:
+        text += f"; accept length falls from {accept_now:.1f} to {accept_then:.1f}"
+    return text
+
+
+# What raises a hybrid model's cap, for a server whose /server_info does not say enough to be more precise.
+_CAPACITY_FLAGS = (
+    "--disable-radix-cache with --max-running-requests N (one state slot per request instead of five), "
+    "--mamba-full-memory-ratio (with the radix cache on), a bf16 --mamba-ssm-dtype or an fp8 --kv-cache-dtype"
+)
+
+
+def _limit_reason(
+    server: dict[str, Any], window: int | None, in_flight: int | None, fix: ServerCapacity | None = None
+) -> str:
+    """What caps this server's batch now, and so what it would take to run 4-8x more at once."""
+    cap, running, queued = server.get("max_running_requests"), server.get("running"), server.get("queued")
+    flag = server.get("max_running_requests_flag")
+    if not server.get("healthy"):
+        return "unreachable"
+    if cap is None or running is None:
+        return "unknown (no /server_info cap or /metrics)"
+    memory = (
+        f"the mamba state pool caps it at {cap}, below --max-running-requests {flag}"
+        if flag and cap < flag
+        else f"its cap is {cap}"
+    )
+    if running >= cap and (queued or 0) > 0:
+        if fix is not None and fix.flags and fix.headroom >= capacity.MEANINGFUL_HEADROOM:
+            higher = f"`{' '.join(fix.flags)}` ({fix.expected_gain})"
+        else:
+            higher = _CAPACITY_FLAGS
+        return (
+            f"server memory: {memory}, {queued:.0f} queued behind it. More client concurrency only grows the queue; "
+            f"to go higher: {higher}"
+        )
+    if window is not None and in_flight is not None and in_flight >= window and running < cap:
+        return f"the client window ({window}): raise the fleet resource's oversubscription"
+    if (queued or 0) == 0 and running < cap:
+        return f"not enough work in flight ({memory}; idle server or the tail of a shard)"
+    return f"balanced at the cap ({memory})"
+
+
+def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
+    """The dispatcher's view (heartbeats) next to the servers' own (/server_info, /metrics), and per server what
+    binds its cap at the observed request lengths and what would raise it."""
+    windows: Counter = Counter()
+    in_flight: Counter = Counter()
+    for beat in readings.live:
+        for url, view in beat.servers.items():
+            windows[url] += int(view.get("window") or 0)
+            in_flight[url] += int(view.get("in_flight") or 0)
+    prompt, output, lengths = observed_lengths(readings)
+    servers = {}
+    for url in sorted(set(readings.fleet) | set(windows)):
+        server = readings.fleet.get(url, {"healthy": False})
+        window, flying = (windows[url], in_flight[url]) if url in windows else (None, None)
+        fix, problem = None, None
+        if server.get("server_info"):
+            try:
+                fix = server_capacity(server, prompt, output, lengths, readings.tuning)
+            except (KeyError, TypeError, ValueError) as exc:
+                problem = f"/server_info lacks capacity fields ({exc!r})"
+        else:
+            problem = server.get("error") or "no /server_info (a router, or unreachable)"
+        servers[url] = ServerConcurrency(
+            client_window=window,
+            in_flight=flying,
+            effective_cap=server.get("max_running_requests"),
+            cap_flag=server.get("max_running_requests_flag"),
+            running=server.get("running"),
+            queued=server.get("queued"),
+            token_usage=server.get("token_usage"),
+            mamba_usage=server.get("mamba_usage"),
+            limited_by=_limit_reason(server, window, flying, fix),
+            capacity=fix,
+            capacity_error=problem,
+        )
+    return ConcurrencyAnswer(servers, f"{prompt:,.0f} prompt + {output:,.0f} output tokens per request, {lengths}")
+
+
+def render_concurrency(concurrency: ConcurrencyAnswer) -> list[str]:
+    lines = ["3. Concurrency (client window / in flight / server cap / running / queued → what limits it)"]
+    if not concurrency.servers:
+        lines.append(f"   {NO_FLEET}")
+    for url, row in concurrency.servers.items():
+        lines.append(
+            f"   {url}: {fmt(row.client_window)} / {fmt(row.in_flight)} / {fmt(row.effective_cap)} / "
+            f"{fmt(row.running)} / {fmt(row.queued)} → {row.limited_by}"
+        )
+        if row.capacity is not None:
+            lines.append(f"      capacity: {row.capacity.explanation}")
+    if any(row.capacity for row in concurrency.servers.values()):
+        lines.append(f"   (capacity at {concurrency.lengths})")
+    return lines

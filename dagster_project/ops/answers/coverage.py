@@ -1,0 +1,77 @@
+"""5. Coverage of the dataset: every input row accounted for, every conversation planned, every event done once."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from dagster_project.conversations.shards import SourceTotals
+from dagster_project.ops.answers.readings import Readings
+from dagster_project.ops.answers.text import ago, fmt
+from dagster_project.ops.coverage import DatasetCoverage
+
+
+@dataclass(frozen=True)
+class CoverageAnswer:
+    input_rows: int | None
+    normalized: int | None
+    quarantined: int | None
+    quarantined_by_reason: dict[str, int] | None
+    conversations: int | None
+    by_source: dict[str, SourceTotals] | None
+    # Rows kept under their hash id because their own id was taken, and conversations that call tools.
+    renamed_ids: int | None
+    tool_calling: int | None
+    events_planned: int
+    events_in_published_shards: int
+    errors_in_published_shards: int
+    # By id, across shards: written by the run_report asset or `dflash status --by-id`.
+    by_id: DatasetCoverage | None
+
+
+def answer_coverage(readings: Readings) -> CoverageAnswer:
+    """Every input row accounted for, every conversation planned, every event done once."""
+    # Before the conversations stage runs, the ingest stage's counts are all there is.
+    rows = readings.conversations or readings.raw
+    conversations = readings.conversations
+    return CoverageAnswer(
+        input_rows=rows.input_rows if rows else None,
+        normalized=conversations.normalized if conversations else None,
+        quarantined=rows.quarantined if rows else None,
+        quarantined_by_reason=rows.quarantined_by_reason if rows else None,
+        conversations=conversations.rows if conversations else None,
+        by_source=conversations.by_source if conversations else None,
+        renamed_ids=conversations.renamed_ids if conversations else None,
+        tool_calling=conversations.tool_calling if conversations else None,
+        events_planned=readings.events_planned,
+        events_in_published_shards=sum(m.rows for m in readings.published.values()),
+        errors_in_published_shards=sum(m.errors for m in readings.published.values()),
+        by_id=readings.coverage_by_id,
+    )
+
+
+def _by_id_lines(by_id: DatasetCoverage | None, now: float) -> list[str]:
+    if not by_id:
+        return ["   by id: not computed yet (materialize run_report, or dflash status --by-id)"]
+    return [
+        f"   by id ({ago(by_id.computed_at, now)}): conversations {fmt(by_id.conversations)} = done "
+        f"{fmt(by_id.conversations_done)} + partial {fmt(by_id.conversations_partial)} + missing "
+        f"{fmt(by_id.conversations_missing)}; events missing {fmt(by_id.events_missing)}, duplicated "
+        f"{fmt(by_id.events_duplicated)}, unexpected {fmt(by_id.events_unexpected)}",
+        *(f"   ALERT: {problem}" for problem in by_id.disagreements),
+        *([f"   ALERT: damaged completions shards: {by_id.shards_damaged}"] if by_id.shards_damaged else []),
+    ]
+
+
+def render_coverage(coverage: CoverageAnswer, now: float) -> list[str]:
+    c = coverage
+    by_source = {name: asdict(totals) for name, totals in c.by_source.items()} if c.by_source else None
+    return [
+        "5. Coverage",
+        f"   input rows {fmt(c.input_rows)} → normalized {fmt(c.normalized)} + quarantined {fmt(c.quarantined)} "
+        f"{c.quarantined_by_reason or ''}",
+        f"   conversations {fmt(c.conversations)} by source {by_source}; events planned {fmt(c.events_planned)}, "
+        f"in published shards {fmt(c.events_in_published_shards)} (errors {fmt(c.errors_in_published_shards)})",
+        f"   tool-calling conversations {fmt(c.tool_calling)}; ids renamed (own id taken, kept under a hash id) "
+        f"{fmt(c.renamed_ids)}",
+        *_by_id_lines(c.by_id, now),
+    ]

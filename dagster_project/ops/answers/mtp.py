@@ -1,0 +1,49 @@
+"""2. MTP (speculative decoding): is it on, and its accept length."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dagster_project.ops.answers.readings import Readings
+from dagster_project.ops.answers.text import fmt
+
+
+@dataclass(frozen=True)
+class MtpAnswer:
+    speculative_algorithm: dict[str, str | None]
+    mtp_on: bool
+    accept_length_window: float | None
+    accept_length_published_shards: float | None
+    server_avg_spec_accept_length: dict[str, float | None]
+
+
+def answer_mtp(readings: Readings) -> MtpAnswer:
+    """What each server runs, and the accept length measured on our own requests."""
+    spec_tokens = sum(b.spec.window_spec_tokens for b in readings.live)
+    spec_verify = sum(b.spec.window_verify_passes for b in readings.live)
+    window_accept = spec_tokens / spec_verify if spec_verify else None
+    lifetime_accepts = [
+        accept
+        for m in readings.published.values()
+        if (accept := m.generation.spec.accept_length_lifetime)  # None or 0: the shard had no spec stats
+    ]
+    published_accept = sum(lifetime_accepts) / len(lifetime_accepts) if lifetime_accepts else None
+    algorithms = {url: s.get("speculative_algorithm") for url, s in readings.fleet.items() if s.get("healthy")}
+    return MtpAnswer(
+        speculative_algorithm=algorithms,
+        mtp_on=bool(algorithms) and all(algorithms.values()),
+        accept_length_window=window_accept,
+        accept_length_published_shards=published_accept,
+        server_avg_spec_accept_length={url: s.get("avg_spec_accept_length") for url, s in readings.fleet.items()},
+    )
+
+
+def render_mtp(mtp: MtpAnswer) -> list[str]:
+    algorithms = ", ".join(f"{url} {name or 'OFF'}" for url, name in mtp.speculative_algorithm.items())
+    servers = ", ".join(f"{url} {fmt(accept, 2)}" for url, accept in mtp.server_avg_spec_accept_length.items())
+    return [
+        "2. MTP (speculative decoding)",
+        f"   algorithm per server: {algorithms or 'no server reachable'}",
+        f"   accept length: window {fmt(mtp.accept_length_window, 2)}, published shards "
+        f"{fmt(mtp.accept_length_published_shards, 2)}, servers' own average: {servers or '—'}",
+    ]

@@ -1,0 +1,126 @@
+"""1. Progress vs the plan: events done, rates, the ETA, and shard runs that died or failed."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+from dagster_project.ops.answers.readings import Readings
+from dagster_project.ops.answers.text import fmt
+from dagster_project.ops.plan import Plan
+
+
+@dataclass(frozen=True)
+class DeadRun:
+    """A shard run that stopped without saying so (killed): its heartbeat says running, its process is gone."""
+
+    shard: int
+    run_id: str | None
+    host: str
+    pid: int
+    last_heartbeat_at: float
+    # True: its process was looked for on this host and is gone; False: judged by missed heartbeats.
+    process_checked: bool
+
+
+@dataclass(frozen=True)
+class ProgressAnswer:
+    events_planned: int
+    events_done: int
+    events_remaining: int
+    fraction_done: float
+    shards_running: list[int]
+    shards_dead: list[int]
+    dead_runs: list[DeadRun]
+    window_req_per_s: float
+    window_output_tok_per_s: float
+    lifetime_req_per_s: float
+    lifetime_output_tok_per_s: float
+    avg_output_tokens: float | None
+    eta_hours: float | None
+    lifetime_span_hours: float
+    plan: Plan | None
+    plan_eta_hours: float | None
+    events_ok: int | None = None  # answers generated without error (published, and running shards' so far)
+    # Shards whose last run failed and which are not published: they need another run.
+    shards_failed: list[int] = field(default_factory=list)
+
+
+def _covered_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def answer_progress(readings: Readings) -> ProgressAnswer:
+    """Published shards are exact; running shards report through their heartbeats."""
+    published, running, beats = readings.published.values(), readings.live_unpublished, readings.heartbeats
+    done = sum(m.rows for m in published) + sum(b.done_events for b in running)
+    output_tokens = sum(m.output_tokens for m in published) + sum(b.output_tokens for b in running)
+    ok_events = sum(m.ok for m in published) + sum(b.ok_events for b in running)
+    window_tok_s = sum(b.window.output_tok_per_s for b in readings.live)
+    # Lifetime: every shard run that reported, over the time some shard was generating (gaps between runs,
+    # when nothing ran, do not dilute the rate).
+    span = _covered_seconds([(b.started_at, b.updated_at) for b in beats])
+    avg_output = output_tokens / ok_events if ok_events else None
+    remaining = max(readings.events_planned - done, 0)
+    eta_s = remaining * avg_output / window_tok_s if avg_output and window_tok_s else None
+    plan = readings.plan
+    return ProgressAnswer(
+        events_planned=readings.events_planned,
+        events_done=done,
+        events_remaining=remaining,
+        fraction_done=done / readings.events_planned if readings.events_planned else 0.0,
+        shards_running=sorted(b.shard for b in readings.live),
+        shards_dead=sorted(b.shard for b in readings.dead),
+        dead_runs=[
+            DeadRun(b.shard, b.run_id, b.host, b.pid, b.updated_at, bool(b.pid) and b.host == socket.gethostname())
+            for b in sorted(readings.dead, key=lambda b: b.shard)
+        ],
+        window_req_per_s=sum(b.window.req_per_s for b in readings.live),
+        window_output_tok_per_s=window_tok_s,
+        lifetime_req_per_s=sum(b.done_events - b.resumed_events for b in beats) / span if span else 0.0,
+        lifetime_output_tok_per_s=sum(b.output_tokens for b in beats) / span if span else 0.0,
+        avg_output_tokens=avg_output,
+        eta_hours=eta_s / 3600 if eta_s else None,
+        lifetime_span_hours=span / 3600,
+        plan=plan,
+        plan_eta_hours=plan.eta_hours(remaining) if plan else None,
+        events_ok=ok_events,
+        shards_failed=sorted(b.shard for b in beats if b.state == "failed" and b.shard not in readings.published),
+    )
+
+
+def render_progress(progress: ProgressAnswer, now: float) -> list[str]:
+    p = progress
+    lines = [
+        "1. Progress vs estimates",
+        f"   events {fmt(p.events_done)}/{fmt(p.events_planned)} ({p.fraction_done:.1%}), "
+        f"shards running {p.shards_running or 'none'}",
+        "   rate: "
+        + (
+            f"window {fmt(p.window_req_per_s, 2)} req/s, {fmt(p.window_output_tok_per_s)} out tok/s; "
+            if p.shards_running
+            else "no shard running now; "
+        )
+        + f"lifetime {fmt(p.lifetime_req_per_s, 2)} req/s, {fmt(p.lifetime_output_tok_per_s)} out tok/s "
+        f"over {fmt(p.lifetime_span_hours * 60, 1)} min of generation",
+        f"   avg output tokens {fmt(p.avg_output_tokens)}; ETA {fmt(p.eta_hours, 2)} h",
+    ]
+    for dead in p.dead_runs:
+        how = "its process is gone" if dead.process_checked else "no heartbeat for"
+        lines.append(
+            f"   DEAD: shard {dead.shard} (run {dead.run_id or '—'}, {dead.host} pid {dead.pid}): {how}"
+            + ("" if dead.process_checked else f" {now - dead.last_heartbeat_at:,.0f} s")
+            + " — it will not finish; materialize the shard again (it resumes from its journal)"
+        )
+    if p.plan:
+        lines.append(
+            f"   plan ({p.plan.source}): {p.plan.req_per_s} req/s, {p.plan.avg_output_tokens} avg out tokens, "
+            f"{p.plan.output_tok_per_s} out tok/s → ETA {fmt(p.plan_eta_hours, 2)} h for what remains"
+        )
+    return lines

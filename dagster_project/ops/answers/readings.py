@@ -1,0 +1,48 @@
+"""Everything the answers are computed from, read once from the store and the fleet (`ops.status.take_readings`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dagster_project.conversations.shards import ConversationsManifest
+from dagster_project.generation.heartbeat import ACTIVE_STATES, run_is_alive
+from dagster_project.generation.progress import Heartbeat
+from dagster_project.generation.shards import CompletionsShardManifest
+from dagster_project.ingest.shards import RawPromptsManifest
+from dagster_project.ops.coverage import DatasetCoverage
+from dagster_project.ops.plan import Plan
+from dagster_project.ops.tune import TuneReport
+
+
+@dataclass(frozen=True)
+class Readings:
+    """Everything the answers are computed from, read once from the store and the fleet."""
+
+    now: float
+    num_shards: int
+    raw: RawPromptsManifest | None
+    conversations: ConversationsManifest | None
+    events_planned: int
+    published: dict[int, CompletionsShardManifest]
+    heartbeats: list[Heartbeat]
+    # What each server says about itself (`launch.fleet_status`), keyed by URL.
+    fleet: dict[str, dict[str, Any]]
+    plan: Plan | None
+    coverage_by_id: DatasetCoverage | None
+    tuning: TuneReport | None = None  # the last `dflash tune` / fleet_tuning sweep
+
+    @property
+    def live(self) -> list[Heartbeat]:
+        """The heartbeats of shard runs running now."""
+        return [b for b in self.heartbeats if run_is_alive(b, self.now)]
+
+    @property
+    def dead(self) -> list[Heartbeat]:
+        """Shard runs that say `running` but whose process is gone (killed): they will never finish."""
+        return [b for b in self.heartbeats if b.state in ACTIVE_STATES and not run_is_alive(b, self.now)]
+
+    @property
+    def live_unpublished(self) -> list[Heartbeat]:
+        """Running shards whose work is not yet counted in a published manifest."""
+        return [b for b in self.live if b.shard not in self.published]

@@ -1,0 +1,80 @@
+"""4. Storage: what the manifests say is safely in the store."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from dagster_project.ops.answers.readings import Readings
+from dagster_project.ops.answers.text import ago, fmt
+from dagster_project.store.storage import Store
+
+
+@dataclass(frozen=True)
+class StorageAnswer:
+    store: str
+    shards_total: int
+    shards_published: int
+    bytes_published: int
+    last_publish_at: float | None
+    unpublished_shards: list[int]  # the first 50
+    failed_uploads: int
+    # Shards published under different generation settings would mix in one training set.
+    settings_fingerprints: dict[str, int]
+    stale_shards: list[int]
+    shards_materialized: int | None
+    # Dagster says materialized, the store disagrees: no manifest, or the last coverage check found the shard's
+    # objects missing or altered.
+    materialized_not_in_store: list[int] | None
+
+
+def answer_storage(
+    store: Store, readings: Readings, current_fingerprint: str | None, materialized: set[int] | None
+) -> StorageAnswer:
+    """What the manifests say is safely in the store."""
+    published = readings.published
+    return StorageAnswer(
+        store=store.uri,
+        shards_total=readings.num_shards,
+        shards_published=len(published),
+        bytes_published=sum(m.stored_bytes for m in published.values()),
+        last_publish_at=max((m.published_at for m in published.values()), default=None),
+        unpublished_shards=[s for s in range(readings.num_shards) if s not in published][:50],
+        failed_uploads=sum(b.upload_failures for b in readings.heartbeats),
+        settings_fingerprints=dict(Counter(m.settings_fingerprint for m in published.values())),
+        stale_shards=sorted(
+            s for s, m in published.items() if current_fingerprint and m.settings_fingerprint != current_fingerprint
+        ),
+        shards_materialized=len(materialized) if materialized is not None else None,
+        materialized_not_in_store=None
+        if materialized is None
+        else sorted(s for s in materialized if s not in published or s in _found_damaged(readings)),
+    )
+
+
+def _found_damaged(readings: Readings) -> set[int]:
+    """Shards the last coverage check found damaged, unless published again since."""
+    by_id = readings.coverage_by_id
+    if by_id is None:
+        return set()
+    return {
+        s
+        for s in by_id.shards_damaged
+        if s in readings.published and readings.published[s].published_at <= by_id.computed_at
+    }
+
+
+def render_storage(storage: StorageAnswer, now: float) -> list[str]:
+    s = storage
+    lines = [
+        "4. Storage",
+        f"   {s.store}: {s.shards_published}/{s.shards_total} shards published "
+        f"(Dagster: {fmt(s.shards_materialized)} materialized), {fmt(s.bytes_published)} bytes, "
+        f"failed uploads {s.failed_uploads}, last publish {ago(s.last_publish_at, now)}",
+        f"   generation settings of published shards: {s.settings_fingerprints or '—'}"
+        + ("  ALERT: mixed settings" if len(s.settings_fingerprints) > 1 else "")
+        + (f"  stale (made with other settings than configured now): {s.stale_shards}" if s.stale_shards else ""),
+    ]
+    if s.materialized_not_in_store:
+        lines.append(f"   ALERT: materialized in Dagster but not intact in the store: {s.materialized_not_in_store}")
+    return lines

@@ -1,0 +1,28 @@
+"""How the answers write numbers and times in text: "—" for what is unknown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def ago(timestamp: float | None, now: float) -> str:
+    return f"{now - timestamp:,.0f} s ago" if timestamp else "never"
+
+
+def dollars(value: float | None) -> str:
+    """$1,234.57, or — when unknown."""
+    return "—" if value is None else f"${value:,.2f}"
+
+
+def number(value: float | None, digits: int) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
