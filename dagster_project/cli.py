@@ -1,6 +1,7 @@
 """`dflash`: the operator's command line.
 
 dflash status [--json] [--by-id]       the six answers: progress, MTP, concurrency, storage, coverage, multi-turn
+dflash free-slots RUN_ID...            give back the pool slots of dead runs (the "pool" alert names them)
 dflash fleet up|down|status            the SGLang fleet (real servers per GPU, or simulators)
 dflash plan --brief | --req-per-s ...  the estimates `status` compares against
 dflash plan --shards [--fleet-cap ...]  how many shards keep each run's fixed cost and tail small
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import psutil
 
 from dagster_project.conversations.shards import published_num_shards
 from dagster_project.generation import fleet_registry
@@ -80,14 +80,15 @@ def _fail_dead_runs(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -
         for dead in dead_runs
         if dead.process_checked and dead.run_id
     }
-    if _storage_is_local(instance):
-        for run_id in instance.event_log_storage.get_concurrency_run_ids() - reasons.keys():
-            pids = _run_process_ids(instance, run_id)
-            if pids and not any(psutil.pid_exists(pid) for pid in pids):
-                reasons[run_id] = (
-                    f"the run's processes (pids {', '.join(map(str, sorted(pids)))}) are gone while it held a "
-                    f"slot of a concurrency pool: it was killed (seen by dflash status)"
-                )
+    from dagster_project.assets.pool_slots import processes_gone
+
+    for run_id in instance.event_log_storage.get_concurrency_run_ids() - reasons.keys():
+        pids = processes_gone(instance, run_id)  # None where it cannot be told from this host
+        if pids:
+            reasons[run_id] = (
+                f"the run's processes (pids {', '.join(map(str, sorted(pids)))}) are gone while it held a "
+                f"slot of a concurrency pool: it was killed (seen by dflash status)"
+            )
     for run_id, reason in reasons.items():
         run = instance.get_run_by_id(run_id)
         if run is not None and run.status in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
@@ -98,18 +99,35 @@ def _fail_dead_runs(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -
     return marked
 
 
-def _storage_is_local(instance: dg.DagsterInstance) -> bool:
-    ref = instance.get_ref()
-    storage = ref.storage_data or ref.run_storage_data
-    return storage is not None and "sqlite" in storage.class_name.lower()
+def _pool_alerts(instance: dg.DagsterInstance | None, status: Any) -> list[Any]:
+    """Runs waiting on a pool slot that dead runs hold (only with a Dagster instance to ask)."""
+    if instance is None:
+        return []
+    from dagster_project.assets.pool_slots import stuck_pools
+    from dagster_project.ops.pool_slots import pool_alerts
+
+    known_dead = {
+        dead.run_id: "its shard's heartbeat says it died" for dead in status.progress.dead_runs if dead.run_id
+    }
+    return pool_alerts(stuck_pools(instance, known_dead))
 
 
-def _run_process_ids(instance: dg.DagsterInstance, run_id: str) -> set[int]:
-    """The processes a run's events came from: its run process and its step workers (read from the few events
-    that start them, not the run's whole log of progress observations)."""
-    starts = {dg.DagsterEventType.RUN_START, dg.DagsterEventType.ENGINE_EVENT, dg.DagsterEventType.STEP_WORKER_STARTED}
-    records = instance.get_records_for_run(run_id, of_type=starts).records
-    return {record.event_log_entry.dagster_event.pid for record in records if record.event_log_entry.dagster_event.pid}
+def cmd_free_slots(args: argparse.Namespace, resources: Any) -> int:
+    """Give back the pool slots of runs that will never do it themselves; a run still STARTED is marked failed."""
+    with _dagster_instance() as instance:
+        if instance is None:
+            raise SystemExit("dflash free-slots: no Dagster instance: set DAGSTER_HOME to the instance's directory")
+        for run_id in args.run_ids:
+            run = instance.get_run_by_id(run_id)
+            if run is None:
+                raise SystemExit(f"dflash free-slots: no run {run_id} in the instance at {os.environ['DAGSTER_HOME']}")
+            if run.status in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
+                instance.report_run_failed(
+                    run, "its pool slots were freed by the operator (`dflash free-slots`): its process was gone"
+                )
+            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+            print(f"freed the pool slots of run {run_id} ({run.status.value})")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace, resources: Any) -> int:
@@ -135,7 +153,9 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
             _, stale = fleet_registry.live_nodes(store, resources.fleet.stale_node_after_s)
         except StoreError as exc:  # it names the object (a damaged manifest, a truncated shard) or the store
             raise SystemExit(f"dflash status: {exc}") from exc
-        status = dataclasses.replace(status, stale_nodes=stale)
+        status = dataclasses.replace(
+            status, stale_nodes=stale, alerts=[*status.alerts, *_pool_alerts(instance, status)]
+        )
         print(json.dumps(dataclasses.asdict(status), indent=2, default=str) if args.json else render_text(status))
         for run_id in _fail_dead_runs(instance, status.progress.dead_runs):
             print(f"marked Dagster run {run_id} failed: its process is gone", file=sys.stderr)
@@ -466,6 +486,16 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--by-id", action="store_true", help="recompute coverage by id across every shard first")
     status.set_defaults(func=cmd_status)
+
+    free_slots = commands.add_parser(
+        "free-slots",
+        help="give back the concurrency-pool slots of dead runs (marks a run still STARTED failed)",
+        description="A run killed while it held a slot of a pool (`sglang_fleet`) never gives it back, and runs "
+        "queued behind it wait forever; `dflash status` and the run_report page name such runs. Dagster 1.13 has no "
+        "command for it (only its UI's pool page).",
+    )
+    free_slots.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="the Dagster run ids holding the slots")
+    free_slots.set_defaults(func=cmd_free_slots)
 
     fleet = commands.add_parser(
         "fleet",

@@ -1,16 +1,18 @@
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 
 import dagster as dg
 from pydantic import Field
 
+from dagster_project.assets.pool_slots import stuck_pools, tell_waiting_runs
 from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.conversations.shards import published_num_shards
 from dagster_project.generation.heartbeat import read_heartbeats
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.alerts import AlertThresholds
 from dagster_project.ops.coverage import dataset_coverage, read_coverage, write_coverage
+from dagster_project.ops.pool_slots import pool_alerts
 from dagster_project.ops.refresh import (
     REFRESH_INTERVAL_S,
     SENSOR_TICK_S,
@@ -132,6 +134,10 @@ def run_report(
         cost=fleet.cost(),
         thresholds=config.to_dataclass(),
     )
+    known_dead = {
+        dead.run_id: "its shard's heartbeat says it died" for dead in status.progress.dead_runs if dead.run_id
+    }
+    status = replace(status, alerts=[*status.alerts, *pool_alerts(stuck_pools(context.instance, known_dead))])
     context.log.info("\n" + render_text(status))
     figures = plot_metrics(status)
     points = run_history(
@@ -245,12 +251,16 @@ def run_report_refresh(context: dg.SensorEvaluationContext, store: DatasetStore)
     cursor = RefreshCursor.from_json(context.cursor)
     now = time.time()
     in_progress = context.instance.get_runs_count(dg.RunsFilter(job_name=refresh_run_report.name, statuses=IN_PROGRESS))
+    stuck = stuck_pools(context.instance)
+    # Each waiting run is told once, in its own log, which runs hold its slot and the command that frees them.
+    tell_waiting_runs(context.instance, stuck)
     decision = decide_refresh(
         cursor,
         latest_end=latest_pipeline_end(context.instance, cursor.ended_until),
         shards_running=shards_running(store.open(), now),
         refresh_in_progress=bool(in_progress),
         now=now,
+        stuck_waiting=tuple(sorted({run_id for pool in stuck for run_id in pool.waiting_runs})),
     )
     if decision.reason is None:
         return dg.SensorResult(skip_reason=decision.skip_reason, cursor=decision.cursor.to_json())

@@ -5,7 +5,8 @@ Two things make the page out of date:
 * a run of the pipeline ended (a shard published or failed, a backfill's last run ended): its state changed
   once, and the page must show it at the next sensor tick, whether or not any shard still runs;
 * shard runs are in progress (live heartbeats): their figures move all the time, so the page follows them every
-  `REFRESH_INTERVAL_S`.
+  `REFRESH_INTERVAL_S`;
+* a run started waiting for a pool slot that dead runs hold (`ops.pool_slots`): the page's alert names them.
 
 The sensor reads run records and heartbeats; this module only decides, from the cursor the sensor keeps, so the
 rules are plain functions with plain tests.
@@ -35,13 +36,18 @@ class RefreshCursor:
     ended_until: float = 0.0
     # When the last refresh was asked for.
     requested_at: float = 0.0
+    # Runs waiting on a pool slot held by dead runs that a refresh was asked for (the page's alert names them).
+    told_waiting: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str | None) -> RefreshCursor:
-        return cls(**json.loads(text)) if text else cls()
+        if not text:
+            return cls()
+        fields = json.loads(text)
+        return cls(**{**fields, "told_waiting": tuple(fields.get("told_waiting", ()))})
 
 
 @dataclass(frozen=True)
@@ -62,22 +68,29 @@ def decide_refresh(
     shards_running: list[int],
     refresh_in_progress: bool,
     now: float,
+    stuck_waiting: tuple[str, ...] = (),
 ) -> RefreshDecision:
     """`latest_end`: the latest end of a pipeline run or backfill (not the page's own refreshes), None when none
     ever ended. A refresh in progress answers for nothing that ended after it was asked for, so the cursor stays
-    where it is until the next refresh can be asked for: no end is lost."""
+    where it is until the next refresh can be asked for: no end is lost. `stuck_waiting`: the runs waiting now on a
+    pool slot that dead runs hold; one not told before asks for a refresh, so the page's alert names it."""
     ended = latest_end is not None and latest_end > cursor.ended_until
     due = bool(shards_running) and now - cursor.requested_at >= REFRESH_INTERVAL_S
-    if not ended and not due:
+    stuck = bool(set(stuck_waiting) - set(cursor.told_waiting))
+    if not ended and not due and not stuck:
         waiting = "no run ended since the last refresh"
         return RefreshDecision(None, waiting + ("" if shards_running else " and no shard run is in progress"), cursor)
     if refresh_in_progress:
         return RefreshDecision(None, "the previous refresh is still running", cursor)
     if ended:
         reason = f"a run ended at {time.strftime('%H:%M:%S', time.gmtime(latest_end))} UTC"
+    elif stuck:
+        reason = "runs wait on pool slots held by dead runs"
     else:
         reason = f"shards {shards_running} are running"
-    new_cursor = RefreshCursor(ended_until=max(cursor.ended_until, latest_end or 0.0), requested_at=now)
+    new_cursor = RefreshCursor(
+        ended_until=max(cursor.ended_until, latest_end or 0.0), requested_at=now, told_waiting=stuck_waiting
+    )
     return RefreshDecision(reason, None, new_cursor, recount=not shards_running)
 
 

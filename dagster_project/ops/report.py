@@ -18,17 +18,9 @@ from dagster_project.generation.progress import Heartbeat
 from dagster_project.ops.answers.text import dollars
 from dagster_project.ops.status import Status
 
-SERVER_COLUMNS = [
-    "server",
-    "client window",
-    "in flight",
-    "cap",
-    "running",
-    "queued",
-    "KV use",
-    "mamba use",
-    "what limits it",
-]
+# Key figures first, each cell a few characters, so the table fits the asset page's value column at 1,440 px; what
+# limits a server, in full, is in the next table, where the sentence can wrap.
+SERVER_COLUMNS = ["server", "running/cap", "queued", "KV", "mamba", "limit"]
 # Measured / planned within this band of 1 is "on plan".
 ON_PLAN_BAND = 0.1
 # Dagster 1.13's asset page shows a Markdown metadata value in place only while it is shorter than this; a longer
@@ -83,6 +75,17 @@ def _some(items: Sequence[object], limit: int = SHOWN_IN_LINE) -> str:
     return shown + (f" … (+{len(items) - limit:,} more)" if len(items) > limit else "")
 
 
+def server_name(url: str) -> str:
+    """A server as the tables show it: `http://10.0.0.12:30000` → `10.0.0.12:30000`."""
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+def limit_label(limited_by: str) -> str:
+    """What limits a server in a few words, for the servers table: the statement up to its detail (after ":" or
+    " (")."""
+    return limited_by.split(":", 1)[0].split(" (", 1)[0]
+
+
 def verdict(ratio: float | None, higher_is_better: bool = True) -> str:
     if ratio is None:
         return "—"
@@ -105,10 +108,10 @@ def _plan_table(status: Status) -> Table | None:
     req = p.window_req_per_s if running else p.lifetime_req_per_s or None
     tok = p.window_output_tok_per_s if running else p.lifetime_output_tok_per_s or None
     figures = [
-        ("requests / s", req, plan.req_per_s, 2, True),
-        ("output tokens / s", tok, plan.output_tok_per_s, 0, True),
+        ("req/s", req, plan.req_per_s, 2, True),
+        ("output tok/s", tok, plan.output_tok_per_s, 0, True),
         ("avg output tokens", p.avg_output_tokens, plan.avg_output_tokens, 0, False),
-        ("ETA for what remains (h)", p.eta_hours, p.plan_eta_hours, 2, False),
+        ("ETA, rest (h)", p.eta_hours, p.plan_eta_hours, 2, False),
     ]
     rows = []
     for name, measured, planned, digits, higher_is_better in figures:
@@ -116,8 +119,8 @@ def _plan_table(status: Status) -> Table | None:
         rows.append(
             [name, _num(measured, digits), _num(planned, digits), _num(ratio, 2), verdict(ratio, higher_is_better)]
         )
-    measured_header = "measured (recent)" if running else "measured (lifetime)"
-    return _table(["figure", measured_header, "plan", "measured / plan", "verdict"], rows)
+    measured_header = "recent" if running else "lifetime"
+    return _table(["figure", measured_header, "plan", "×plan", "verdict"], rows)
 
 
 def _alerts(status: Status) -> Section:
@@ -164,9 +167,9 @@ def _mtp(status: Status) -> Section:
     if not mtp.speculative_algorithm:
         return Section("2. MTP (speculative decoding)", text)
     servers = _table(
-        ["server", "algorithm", "its own average accept length"],
+        ["server", "MTP", "accept length"],
         [
-            [url, name or "OFF", _num(mtp.server_avg_spec_accept_length.get(url), 2)]
+            [server_name(url), name or "OFF", _num(mtp.server_avg_spec_accept_length.get(url), 2)]
             for url, name in mtp.speculative_algorithm.items()
         ],
     )
@@ -182,25 +185,29 @@ def _concurrency(status: Status) -> Section:
         SERVER_COLUMNS,
         [
             [
-                url,
-                _num(row.client_window),
-                _num(row.in_flight),
-                _num(row.effective_cap),
-                _num(row.running),
+                server_name(url),
+                f"{_num(row.running)}/{_num(row.effective_cap)}",
                 _num(row.queued),
                 _percent(row.token_usage),
                 _percent(row.mamba_usage),
-                row.limited_by,
+                limit_label(row.limited_by),
             ]
             for url, row in c.servers.items()
         ],
     )
-    tables = [("3. Servers", servers)]
-    capacity = [[url, row.capacity.explanation] for url, row in c.servers.items() if row.capacity is not None]
-    if capacity:
-        tables.append(
-            ("3. Capacity per server", _table(["server", "what binds its cap, what would raise it"], capacity))
-        )
+    why = _table(
+        ["server", "what limits it now; its cap"],
+        [
+            [
+                server_name(url),
+                f"Now: {row.limited_by}; ours in flight {_num(row.in_flight)} of a window of "
+                f"{_num(row.client_window)}. Cap: "
+                + (row.capacity.explanation if row.capacity else row.capacity_error or "—"),
+            ]
+            for url, row in c.servers.items()
+        ],
+    )
+    tables = [("3. Servers", servers), ("3. Capacity per server", why)]
     return Section(title, f"{len(c.servers)} servers; capacity at {c.lengths}.", tuple(tables))
 
 
@@ -265,26 +272,16 @@ def _cost(status: Status) -> Section:
         return Section(
             "Cost", "No price configured (the fleet resource's `cost_per_gpu_hour`, or DFLASH_COST_PER_GPU_HOUR)."
         )
+    # One figure a row (seven columns side by side would not fit the page's value column), the key ones first.
     figures = _table(
+        ["figure", "cost"],
         [
-            "fleet $/hour",
-            "GPUs",
-            "spent",
-            "to finish",
-            "to finish (plan)",
-            "$ / 1M output tokens",
-            "GPU-hours / 1K kept rows",
-        ],
-        [
-            [
-                f"${cost.cost_per_hour:,.2f}",
-                str(cost.gpus),
-                f"${cost.spent:,.2f}",
-                dollars(cost.to_finish),
-                dollars(cost.to_finish_plan),
-                dollars(cost.per_million_output_tokens),
-                _num(cost.gpu_hours_per_1k_rows, 3),
-            ]
+            ["spent", f"${cost.spent:,.2f}"],
+            ["to finish", dollars(cost.to_finish)],
+            ["to finish (plan)", dollars(cost.to_finish_plan)],
+            ["fleet $/hour", f"${cost.cost_per_hour:,.2f} ({cost.gpus} GPUs)"],
+            ["$ / 1M output tokens", dollars(cost.per_million_output_tokens)],
+            ["GPU-hours / 1K kept rows", _num(cost.gpu_hours_per_1k_rows, 3)],
         ],
     )
     return Section("Cost", tables=(("Cost", figures),))
@@ -354,7 +351,7 @@ def plot_metrics(status: Status) -> dict[str, float | int]:
         figures.update(
             cost_spent_usd=round(cost.spent, 2),
             cost_to_finish_usd=round(cost.to_finish, 2) if cost.to_finish is not None else None,
-            usd_per_million_output_tokens=cost.per_million_output_tokens,
+            usd_per_1m_output_tok=cost.per_million_output_tokens,
             gpu_hours_per_1k_rows=cost.gpu_hours_per_1k_rows,
         )
     for url, row in status.concurrency.servers.items():

@@ -344,10 +344,11 @@ def test_the_same_shard_started_twice_at_once_runs_once(pipeline, sim_fleet):
 def backfill_run(env: dict, shard: int, backfill_id: str, fleet_urls: list[str]) -> subprocess.Popen:
     """One run of a backfill of `shard_job`, as the daemon launches it: tagged with its partition and backfill."""
     tags = {"dagster/partition": f"shard-{shard:05d}", "dagster/backfill": backfill_id}
-    config = {"ops": {"completions": {"config": {"heartbeat_interval_s": 0.5}}}}
+    config = Path(env["DFLASH_WORK_DIR"]).with_name("heartbeat_config.json")  # JSON is YAML, which `-c` reads
+    config.write_text(json.dumps({"ops": {"completions": {"config": {"heartbeat_interval_s": 0.5}}}}))
     command = [DAGSTER, "job", "execute", "-m", DEFS_MODULE, "-j", "shard_job", "--tags", json.dumps(tags)]
     return subprocess.Popen(
-        [*command, "--config-json", json.dumps(config)],
+        [*command, "-c", str(config)],
         env={**env, "DFLASH_SGLANG_ENDPOINTS": ",".join(fleet_urls)} if fleet_urls else env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -375,7 +376,8 @@ def test_the_page_is_refreshed_at_the_first_tick_after_the_last_run_of_a_backfil
     }
     failing = backfill_run(env, 1, "backfill-1", fleet_urls=[])
     generating = backfill_run(env, 0, "backfill-1", fleet.urls)
-    assert failing.wait(timeout=180) != 0  # "No SGLang endpoints configured"
+    output, _ = failing.communicate(timeout=300)
+    assert failing.returncode != 0 and "No SGLang endpoints configured" in output, output[-3000:]
 
     def tick(instance: dg.DagsterInstance, cursor: str | None) -> dg.SensorResult:
         with dg.build_sensor_context(instance=instance, resources=resources, cursor=cursor) as context:

@@ -52,3 +52,16 @@ def test_the_refresh_reads_which_shards_run_from_their_heartbeats(tmp_path):
     store.put_bytes(progress_key(0), to_json(beat()))
     store.put_bytes(progress_key(1), to_json(Heartbeat(**{**beat().__dict__, "shard": 1, "state": "published"})))
     assert shards_running(store) == [0]
+
+
+def test_a_run_newly_stuck_behind_dead_runs_asks_for_a_refresh_once():
+    cursor = RefreshCursor(ended_until=NOW - 600, requested_at=NOW - 60)
+    stuck = decide_refresh(
+        cursor, latest_end=None, shards_running=[], refresh_in_progress=False, now=NOW, stuck_waiting=("run-b",)
+    )
+    assert stuck.reason == "runs wait on pool slots held by dead runs" and stuck.cursor.told_waiting == ("run-b",)
+    assert RefreshCursor.from_json(stuck.cursor.to_json()) == stuck.cursor
+    again = decide_refresh(
+        stuck.cursor, latest_end=None, shards_running=[], refresh_in_progress=False, now=NOW, stuck_waiting=("run-b",)
+    )
+    assert again.reason is None

@@ -115,12 +115,13 @@ def test_a_healthy_run_on_plan_raises_no_alert_and_its_page_has_the_six_answers_
         "No alerts.",
     ):
         assert heading in page, heading
-    assert (
-        "| server | client window | in flight | cap | running | queued | KV use | mamba use | what limits it |" in page
-    )
-    assert f"| {URLS[0]} | 4 | 4 | 8 | 8 | 0 | 42% | — |" in page
+    # Short values, key figures first: the server's own figures, what limits it in a few words; the full
+    # statements in the next table, where they can wrap.
+    assert "| server | running/cap | queued | KV | mamba | limit |" in page
+    assert "| gpu0:30000 | 8/8 | 0 | 42% | — | balanced at the cap |" in page
+    assert "| gpu0:30000 | Now: balanced at the cap (its cap is 8); ours in flight 4 of a window of 4. Cap: " in page
     # Plan vs measured: 2.0 req/s measured against 2.0 planned.
-    assert "| requests / s | 2.00 | 2.00 | 1.00 | on plan |" in page
+    assert "| req/s | 2.00 | 2.00 | 1.00 | on plan |" in page
     assert f"**As of {as_of(status.collected_at)}**" in page and "UTC" in page
     assert "{" not in page and "2.7745" not in page  # no Python dicts, no unrounded floats
 
@@ -146,7 +147,8 @@ def test_cost_spent_to_finish_per_million_tokens_and_gpu_hours_per_thousand_rows
     assert cost.per_million_output_tokens == pytest.approx(7.0 / (200 * 3600) * 1e6)
     assert cost.gpu_hours_per_1k_rows == pytest.approx(2 * 1.0 / 40 * 1000, rel=1e-3)
     assert "7. Cost at $7.00/hour (2 GPUs)" in render_text(status)
-    assert "| $7.00 | 2 | $7.00 |" in render_markdown(status)
+    page = render_markdown(status)  # one figure a row, the key ones first
+    assert "| spent | $7.00 |" in page and "| fleet $/hour | $7.00 (2 GPUs) |" in page
     assert status_of([beat()], HEALTHY, tmp_path=tmp_path).cost is None
     eight = status_of([beat()], HEALTHY, cost=FleetCost(cost_per_gpu_hour=3.5, gpus=8), tmp_path=tmp_path).cost
     assert eight.cost_per_hour == 28.0
@@ -206,7 +208,11 @@ def test_every_section_text_stays_short_enough_to_show_in_place_at_the_real_jobs
     assert "shards running: 0, 1, 2" in progress and "(+52 more)" in progress and "(+1,818 more)" in progress
     # The tables carry the rows a sentence cannot: one per server, each cell formatted.
     servers = dict(sections[3].tables)["3. Servers"]
-    assert [row[0] for row in servers.rows] == list(URLS) and servers.rows[0][1:7] == ("4", "4", "8", "8", "0", "42%")
+    assert [row[0] for row in servers.rows] == ["gpu0:30000", "gpu1:30000"] and servers.rows[0][1:4] == (
+        "8/8",
+        "0",
+        "42%",
+    )
 
 
 def test_a_shards_plotted_figures_are_named_after_it_and_leave_out_what_is_not_measured_yet():
