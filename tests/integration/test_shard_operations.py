@@ -35,7 +35,14 @@ from dagster_project.ops.status import collect_status
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.sglang.protocol import input_hash
 from dagster_project.store.storage import LocalStore
-from tests.support.dagster_helpers import DAGSTER, DEFS_MODULE, dagster_home, evaluations_by_check, pipeline_env
+from tests.support.dagster_helpers import (
+    DAGSTER,
+    DEFS_MODULE,
+    FAST_ANSWERS,
+    dagster_home,
+    evaluations_by_check,
+    pipeline_env,
+)
 from tests.support.journal_files import journal_records
 from tests.support.sglang_fixtures import wait_until
 
@@ -368,7 +375,8 @@ def test_the_page_is_refreshed_at_the_first_tick_after_the_last_run_of_a_backfil
     refresh (it used to wait for a heartbeat and leave the page saying "shards running: 0"), and that refresh's
     page says none runs, counted after the run's end."""
     store, env = pipeline
-    fleet = sim_fleet(2, **SLOW_FLEET)
+    # Slow enough to refresh the page mid-shard; answers of varied lengths, so the shard passes its training gates.
+    fleet = sim_fleet(2, **{**SLOW_FLEET, "output_len": FAST_ANSWERS["output_len"]})
     resources = {
         "store": DatasetStore(root=store.uri, work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
         "fleet": SGLangFleet(endpoints=fleet.urls),
