@@ -42,8 +42,11 @@ lint: venv
 	$(BIN)/lint-imports
 
 # The Dagster UI and daemon on the same instance the demo and CLI runs use (http://127.0.0.1:3000).
+# The UI and the daemon open the instance at once: its databases are made (or migrated) first, by one process
+# (processes that first use a fresh SQLite instance together race on its schema and break it).
 dev: venv
 	mkdir -p $(DEV_HOME) && cp dagster.yaml $(DEV_HOME)/dagster.yaml
+	DAGSTER_HOME=$(DEV_HOME) $(BIN)/dagster instance migrate >/dev/null
 	DAGSTER_HOME=$(DEV_HOME) $(BIN)/dagster dev -w workspace.yaml
 
 # About 1.5 h on 2 cores: bench_fleet alone runs each of its four rows for ~15 min at the real latency model

@@ -1,12 +1,14 @@
 """`dflash`: the operator's command line.
 
-dflash status [--json] [--by-id]       the six answers: progress, MTP, concurrency, storage, coverage, multi-turn
-dflash free-slots RUN_ID...            give back the pool slots of dead runs (the "pool" alert names them)
-dflash fleet up|down|status            the SGLang fleet (real servers per GPU, or simulators)
-dflash plan --brief | --req-per-s ...  the estimates `status` compares against
-dflash plan --shards [--fleet-cap ...]  how many shards keep each run's fixed cost and tail small
-dflash tune [--simulate N | --gpus ...]  sweep concurrency (and server settings), find the knee, recommend flags
-dflash demo                            the whole pipeline on the embedded demo (`make demo`)
+dflash status [--json] [--by-id] [--watch N]  the answers: progress, MTP, concurrency, storage, coverage, ...
+dflash free-slots RUN_ID...                   give back the pool slots of dead runs (the "pool" alert names them)
+dflash fleet up|down|status|forget|router    the SGLang fleet (real servers per GPU, or simulators)
+dflash plan --brief | --req-per-s ...         the estimates `status` compares against
+dflash plan --shards [--fleet-cap ...]        how many shards keep each run's fixed cost and tail small
+dflash tune [--simulate N | --gpus ...]       sweep concurrency (and server settings), find the knee
+dflash demo                                   the whole pipeline on the embedded demo (`make demo`)
+
+`dflash COMMAND --help` lists each command's own flags.
 """
 
 from __future__ import annotations
@@ -19,20 +21,23 @@ import os
 import shlex
 import socket
 import sys
-import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dagster as dg
-
-from dagster_project.conversations.shards import published_num_shards
-from dagster_project.generation import fleet_registry
-from dagster_project.ops.plan import BRIEF_PLAN, Plan, ShardSizing, advise_shards, read_plan, write_plan
-from dagster_project.resources import resources_from_env
-from dagster_project.sglang import launch
+# Only what every command needs is imported here: `dflash status` must answer within about a second, and
+# Dagster, the SGLang client (aiohttp), pyarrow and boto3 each take a good part of one to import. Each command
+# imports what it uses.
+from dagster_project import settings
 from dagster_project.store import layout
 from dagster_project.store.storage import StoreError
+
+if TYPE_CHECKING:
+    import dagster as dg
+
+    from dagster_project.sglang import launch
+    from dagster_project.store.storage import Store
 
 # What `fleet up --simulate` starts unless told otherwise: thinking-shaped ~300-token answers, MTP on,
 # a server-side cap of 16 running requests with a queue behind it, metrics on.
@@ -45,13 +50,34 @@ DEMO_SIMULATOR = {
 }
 
 
+class Resources:
+    """The definitions' resources, configured from the environment as the definitions configure them, built when
+    a command first asks for one: building them imports Dagster, which `dflash status` does without.
+
+    They are used in this process as they are: Dagster's initialization would build an in-memory instance and
+    copy every resource (most of a second of every command) for what this needs of them, `api_key` read from
+    the environment (it is never printed). The tokenizer loads when a command first asks for it; the "s3"
+    resource's client is never built (the store builds its own from the S3 settings nested in it)."""
+
+    def __getattr__(self, name: str) -> Any:
+        from dagster_project.resources import resources_from_env
+
+        self.__dict__.update(resources_from_env(resolve_secrets=True))
+        if name not in self.__dict__:
+            raise AttributeError(name)
+        return self.__dict__[name]
+
+
 @contextlib.contextmanager
 def _dagster_instance() -> typing.Iterator[dg.DagsterInstance | None]:
-    """This node's Dagster instance (`DAGSTER_HOME`), opened once for the whole command; None without one."""
+    """This node's Dagster instance (`DAGSTER_HOME`), opened once for the whole command; None without one (and
+    then Dagster is not imported)."""
     home = os.environ.get("DAGSTER_HOME")
     if not home or not Path(home).is_dir():
         yield None
         return
+    import dagster as dg
+
     with dg.DagsterInstance.get() as instance:
         yield instance
 
@@ -60,6 +86,8 @@ def _materialized_shards(instance: dg.DagsterInstance | None) -> set[int] | None
     """Completions shards the Dagster instance recorded as materialized (None without an instance)."""
     if instance is None:
         return None
+    import dagster as dg
+
     return {layout.shard_index(key) for key in instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))}
 
 
@@ -73,6 +101,10 @@ def _fail_dead_runs(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -
     every run process of the instance ran here; runs on other hosts are left to their own run monitoring."""
     if instance is None:
         return []
+    import dagster as dg
+
+    from dagster_project.assets.pool_slots import processes_gone
+
     marked = []
     reasons = {
         dead.run_id: f"the run's process (pid {dead.pid} on {dead.host}) is gone: it was killed while it "
@@ -80,8 +112,6 @@ def _fail_dead_runs(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -
         for dead in dead_runs
         if dead.process_checked and dead.run_id
     }
-    from dagster_project.assets.pool_slots import processes_gone
-
     for run_id in instance.event_log_storage.get_concurrency_run_ids() - reasons.keys():
         pids = processes_gone(instance, run_id)  # None where it cannot be told from this host
         if pids:
@@ -99,17 +129,14 @@ def _fail_dead_runs(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -
     return marked
 
 
-def _pool_alerts(instance: dg.DagsterInstance | None, status: Any) -> list[Any]:
+def _pool_alerts(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -> list[Any]:
     """Runs waiting on a pool slot that dead runs hold (only with a Dagster instance to ask)."""
     if instance is None:
         return []
     from dagster_project.assets.pool_slots import stuck_pools
     from dagster_project.ops.pool_slots import pool_alerts
 
-    known_dead = {
-        dead.run_id: "its shard's heartbeat says it died" for dead in status.progress.dead_runs if dead.run_id
-    }
-    return pool_alerts(stuck_pools(instance, known_dead))
+    return pool_alerts(stuck_pools(instance, dead_runs))
 
 
 def cmd_free_slots(args: argparse.Namespace, resources: Any) -> int:
@@ -117,6 +144,8 @@ def cmd_free_slots(args: argparse.Namespace, resources: Any) -> int:
     with _dagster_instance() as instance:
         if instance is None:
             raise SystemExit("dflash free-slots: no Dagster instance: set DAGSTER_HOME to the instance's directory")
+        import dagster as dg
+
         for run_id in args.run_ids:
             run = instance.get_run_by_id(run_id)
             if run is None:
@@ -130,78 +159,132 @@ def cmd_free_slots(args: argparse.Namespace, resources: Any) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace, resources: Any) -> int:
-    from dagster_project.ops.coverage import dataset_coverage, write_coverage
-    from dagster_project.ops.status import collect_status, render_text
+def _open_store() -> Store:
+    """The store of `DFLASH_STORE`, opened as the `store` resource opens it with the configuration `dflash` gives
+    it (none: the default retry policy, boto3's own settings chain), without building the Dagster resource."""
+    from dagster_project.store.storage import RetryPolicy, bounded_client, open_store
 
-    store = resources.store.open()
+    policy = RetryPolicy()
+    return open_store(settings.store_uri(), lambda: bounded_client(policy), policy)
+
+
+def cmd_status(args: argparse.Namespace, resources: Any) -> int:
+    if args.watch is not None and (args.json or args.by_id):
+        raise SystemExit("dflash status: --watch shows the answers live; give --json or --by-id without it")
+    if args.watch is not None and args.watch <= 0:
+        raise SystemExit(f"dflash status: --watch wants a positive number of seconds, got {args.watch}")
+    store = _open_store()
     with _dagster_instance() as instance:
-        try:
-            if args.by_id:
-                num_shards = published_num_shards(store)
-                if num_shards is None:
-                    manifest = store.url(layout.stage_manifest_key(layout.CONVERSATIONS))
-                    raise SystemExit(f"no {manifest}: materialize conversations before asking for coverage by id")
-                write_coverage(store, dataset_coverage(store, num_shards))
-            status = collect_status(
-                store,
-                resources.fleet.known_endpoints(store),
-                api_key=resources.fleet.api_key,
-                materialized=_materialized_shards(instance),
-                cost=resources.fleet.cost(),
-            )
-            _, stale = fleet_registry.live_nodes(store, resources.fleet.stale_node_after_s)
-        except StoreError as exc:  # it names the object (a damaged manifest, a truncated shard) or the store
-            raise SystemExit(f"dflash status: {exc}") from exc
-        status = dataclasses.replace(
-            status, stale_nodes=stale, alerts=[*status.alerts, *_pool_alerts(instance, status)]
-        )
-        print(json.dumps(dataclasses.asdict(status), indent=2, default=str) if args.json else render_text(status))
-        for run_id in _fail_dead_runs(instance, status.progress.dead_runs):
-            print(f"marked Dagster run {run_id} failed: its process is gone", file=sys.stderr)
+        if args.by_id:
+            from dagster_project.conversations.shards import published_num_shards
+            from dagster_project.ops.coverage import dataset_coverage, write_coverage
+
+            num_shards = published_num_shards(store)
+            if num_shards is None:
+                manifest = store.url(layout.stage_manifest_key(layout.CONVERSATIONS))
+                raise SystemExit(f"no {manifest}: materialize conversations before asking for coverage by id")
+            write_coverage(store, dataset_coverage(store, num_shards))
+        if args.watch is not None:
+            from dagster_project.ops.terminal import watch
+
+            return watch(lambda: _status_text(store, instance), args.watch, store.uri)
+        if args.json:
+            status, notes = _read_status(store, instance)
+            print(json.dumps(dataclasses.asdict(status), indent=2, default=str))
+        else:
+            text, notes = _status_text(store, instance)
+            print(text)
+        for note in notes:
+            print(note, file=sys.stderr)
     return 0
+
+
+def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any, list[str]]:
+    """The answers, and what was done on the way (Dagster runs marked failed because their process is gone)."""
+    from dagster_project.generation import fleet_registry
+    from dagster_project.ops.answers.cost import FleetCost
+    from dagster_project.ops.status import collect_status
+
+    stale_after_s = settings.fleet_stale_after_s()
+    router = settings.sglang_router()
+    endpoints = fleet_registry.known_endpoints(
+        [router] if router else settings.sglang_endpoints(), store, stale_after_s, str(settings.fleet_dir())
+    )
+    status = collect_status(
+        store,
+        endpoints,
+        api_key=os.environ.get("SGLANG_API_KEY") or None,
+        materialized=_materialized_shards(instance),
+        cost=FleetCost(cost_per_gpu_hour=settings.cost_per_gpu_hour()),
+    )
+    _, stale = fleet_registry.live_nodes(store, stale_after_s)
+    marked = _fail_dead_runs(instance, status.progress.dead_runs)
+    # After the runs found dead here gave their slots back: what still blocks a run needs the operator.
+    alerts = [*status.alerts, *_pool_alerts(instance, status.progress.dead_runs)]
+    status = dataclasses.replace(status, stale_nodes=stale, alerts=alerts)
+    return status, [f"marked Dagster run {run_id} failed: its process is gone" for run_id in marked]
+
+
+def _status_text(store: Store, instance: dg.DagsterInstance | None) -> tuple[str, list[str]]:
+    from dagster_project.ops.status import render_text
+
+    status, notes = _read_status(store, instance)
+    first = _what_to_materialize_first(store)
+    return (f"{first}\n\n" if first else "") + render_text(status), notes
+
+
+def _what_to_materialize_first(store: Store) -> str | None:
+    """What an operator must materialize before the answers mean anything; None once conversations exist."""
+    if store.exists(layout.stage_manifest_key(layout.CONVERSATIONS)):
+        return None
+    missing = "conversations" if store.exists(layout.stage_manifest_key(layout.RAW_PROMPTS)) else "raw_prompts"
+    select = "conversations" if missing == "conversations" else "raw_prompts,conversations"
+    return (
+        f"NOTHING TO REPORT YET: {store.uri} has no {missing}. Materialize {select.replace(',', ' and ')} first "
+        f"(`dagster asset materialize -m dagster_project.definitions --select {select}`, or Materialize in the "
+        "UI), start a fleet (`dflash fleet up`), then materialize the completions shards."
+    )
+
+
+# Simulator settings a launch sets itself: the port of each, and the key (from SGLANG_API_KEY).
+_SIM_OPTIONS_SET_BY_LAUNCH = {"port", "api_key"}
+
+
+def _simulator_defaults() -> dict[str, Any]:
+    """Every `--sim-option` NAME and what a simulator launched by `fleet up --simulate` starts with."""
+    from dagster_project.sglang.sim.config import SimConfig
+
+    defaults = {f.name: getattr(SimConfig(), f.name) for f in dataclasses.fields(SimConfig)}
+    return {
+        name: value for name, value in {**defaults, **DEMO_SIMULATOR}.items() if name not in _SIM_OPTIONS_SET_BY_LAUNCH
+    }
+
+
+def _sim_option_help() -> str:
+    listed = ", ".join(f"{name}={json.dumps(value)}" for name, value in _simulator_defaults().items())
+    return f"a simulator setting (repeat for several); NAME=its default: {listed}"
 
 
 def _parse_sim_options(pairs: list[str], defaults: dict | None = None) -> dict:
     options = dict(DEMO_SIMULATOR if defaults is None else defaults)
+    known = _simulator_defaults()
     for pair in pairs:
         name, _, value = pair.partition("=")
-        if not value:
-            raise SystemExit(f"--sim-option wants NAME=VALUE, got {pair!r}")
+        name = name.replace("-", "_")
+        if not value or name not in known:
+            raise SystemExit(f"--sim-option wants NAME=VALUE with NAME one of {', '.join(known)}; got {pair!r}")
         try:
-            options[name.replace("-", "_")] = json.loads(value)  # numbers, true/false, lists, objects
+            options[name] = json.loads(value)  # numbers, true/false, lists, objects
         except json.JSONDecodeError:
-            options[name.replace("-", "_")] = value  # plain strings such as lognormal:300:0.6
+            options[name] = value  # plain strings such as lognormal:300:0.6
     return options
 
 
-def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
+def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
+    from dagster_project.sglang import launch
+
     fleet = resources.fleet
     run_dir = Path(fleet.fleet_dir)
-    if args.action == "router":
-        return _print_router(args, resources)
-    if args.action == "forget":
-        removed = fleet_registry.deregister_node(resources.store.open(), args.node)
-        print(f"node {args.node} {'removed from' if removed else 'was not in'} the fleet registry")
-        return 0
-    if args.action == "down":
-        stopped = launch.stop_fleet(run_dir)
-        print(f"stopped {', '.join(stopped) or 'nothing (no fleet recorded)'}")
-        try:
-            if fleet_registry.deregister_node(resources.store.open(), args.node):
-                print(f"node {args.node} removed from the fleet registry")
-        except StoreError as exc:  # the servers are stopped; the record stays until a `fleet down` reaches the store
-            print(f"node {args.node} could not be removed from the fleet registry: {exc}", file=sys.stderr)
-            return 1
-        return 0
-    if args.action == "status":
-        endpoints = fleet.known_endpoints(resources.store.open())
-        if not endpoints:
-            print(f"no fleet: no node registered in the store, nothing recorded in {run_dir}, no endpoints configured")
-            return 1
-        for server in launch.fleet_status(endpoints, api_key=fleet.api_key):
-            print(json.dumps(server))
-        return 0
     target = launch.CapacityTarget(**_given(args, launch.CapacityTarget))
     if args.simulate:
         given = _parse_sim_options(args.sim_option, defaults={})
@@ -220,10 +303,7 @@ def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
             **_given(args, launch.ServerOptions), api_key=fleet.api_key, extra_args=tuple(args.extra_arg)
         )
         gpus = [int(g) for g in args.gpus.split(",")]
-        try:
-            options, plan = launch.plan_capacity(options, target, launch.fleet_gpu(gpus, target))
-        except launch.FleetError as exc:
-            raise SystemExit(str(exc)) from None
+        options, plan = launch.plan_capacity(options, target, launch.fleet_gpu(gpus, target))
         print(launch.describe_plan(plan), flush=True)
         up = launch.launch_fleet(gpus, run_dir, options, **_given(args, LAUNCH_FLAGS))
     print(f"fleet up ({up.kind}): {', '.join(up.urls)}; record and logs in {run_dir}")
@@ -234,9 +314,58 @@ def cmd_fleet(args: argparse.Namespace, resources: Any) -> int:
     return 0
 
 
-def _print_router(args: argparse.Namespace, resources: Any) -> int:
+def cmd_fleet_down(args: argparse.Namespace, resources: Any) -> int:
+    from dagster_project.generation import fleet_registry
+    from dagster_project.sglang import launch
+
+    stopped = launch.stop_fleet(Path(resources.fleet.fleet_dir))
+    print(f"stopped {', '.join(stopped) or 'nothing (no fleet recorded)'}")
+    try:
+        if fleet_registry.deregister_node(resources.store.open(), args.node):
+            print(f"node {args.node} removed from the fleet registry")
+    except StoreError as exc:  # the servers are stopped; the record stays until a `fleet down` reaches the store
+        print(f"node {args.node} could not be removed from the fleet registry: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_fleet_forget(args: argparse.Namespace, resources: Any) -> int:
+    from dagster_project.generation import fleet_registry
+
+    removed = fleet_registry.deregister_node(resources.store.open(), args.node)
+    print(f"node {args.node} {'removed from' if removed else 'was not in'} the fleet registry")
+    return 0
+
+
+def cmd_fleet_status(args: argparse.Namespace, resources: Any) -> int:
+    from dagster_project.ops.terminal import fleet_table
+    from dagster_project.sglang import launch
+
+    fleet = resources.fleet
+    endpoints = fleet.known_endpoints(resources.store.open())
+    if not endpoints:
+        print(
+            f"no fleet: no node registered in the store, nothing recorded in {fleet.fleet_dir}, no endpoints "
+            "configured (DFLASH_SGLANG_ENDPOINTS, DFLASH_SGLANG_ROUTER)",
+            file=sys.stderr,
+        )
+        return 1
+    probes = launch.fleet_status(endpoints, api_key=fleet.api_key)
+    if args.json:
+        for server in probes:
+            print(json.dumps(server))
+    else:
+        local = launch.Fleet.load(Path(fleet.fleet_dir))
+        print(fleet_table(probes, {member.port: member.pid for member in local.members} if local else {}))
+    return 0
+
+
+def cmd_fleet_router(args: argparse.Namespace, resources: Any) -> int:
     """The sglang-router command for the registry's live servers, and what points the pipeline at it. The router
     does not follow the registry: print and restart it when nodes join or leave."""
+    from dagster_project.generation import fleet_registry
+    from dagster_project.sglang import launch
+
     workers = fleet_registry.registered_endpoints(resources.store.open(), resources.fleet.stale_node_after_s)
     if not workers:
         print("no live node in the fleet registry: run `dflash fleet up` on the GPU nodes first", file=sys.stderr)
@@ -252,6 +381,9 @@ def _print_router(args: argparse.Namespace, resources: Any) -> int:
 
 def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet) -> None:
     """Record this node's servers in the store's fleet registry, where shard runs on every host find them."""
+    from dagster_project.generation import fleet_registry
+    from dagster_project.sglang import launch
+
     caps = {
         s["url"]: s.get("max_running_requests") for s in launch.fleet_status(up.urls, api_key=resources.fleet.api_key)
     }
@@ -299,6 +431,7 @@ def _launch_flag(name: str, value: Any) -> list[str]:
 
 def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
     from dagster_project.ops import tune
+    from dagster_project.sglang import launch
 
     options = tune.TuneOptions(**_given(args, tune.TuneOptions))
     store = resources.store.open()
@@ -358,6 +491,7 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
 
 def _launcher(run_dir: Path, plan: Any, start: Any) -> Any:
     """A context manager per sweep setting: plan the servers for it, start them, yield their URLs, stop them."""
+    from dagster_project.sglang import launch
 
     @contextlib.contextmanager
     def serve(setting: Any) -> Any:
@@ -373,6 +507,8 @@ def _launcher(run_dir: Path, plan: Any, start: Any) -> Any:
 
 
 def _simulator_launcher(count: int, run_dir: Path, base: dict, target: Any) -> Any:
+    from dagster_project.sglang import launch
+
     return _launcher(
         run_dir,
         lambda setting: launch.plan_simulators({**base, **setting.options}, target),
@@ -381,6 +517,8 @@ def _simulator_launcher(count: int, run_dir: Path, base: dict, target: Any) -> A
 
 
 def _gpu_launcher(gpus: list[int], run_dir: Path, base: Any, target: Any) -> Any:
+    from dagster_project.sglang import launch
+
     # The fleet's own run directory: a fleet already running on these GPUs is refused, not doubled.
     return _launcher(
         run_dir,
@@ -392,6 +530,8 @@ def _gpu_launcher(gpus: list[int], run_dir: Path, base: Any, target: Any) -> Any
 
 
 def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
+    from dagster_project.ops.plan import BRIEF_PLAN, Plan, ShardSizing, advise_shards, read_plan, write_plan
+
     if args.shards:
         print(advise_shards(ShardSizing(**_given(args, ShardSizing))))
         return 0
@@ -451,17 +591,12 @@ def _add_flags(
             if typing.get_origin(hint) is list
             else next(t for t in typing.get_args(hint) or [hint] if t is not type(None))
         )
+        help_ = option.metadata.get("help")
         if kind is bool:
-            parser.add_argument(
-                *flags,
-                dest=option.name,
-                action="store_true",
-                default=argparse.SUPPRESS,
-                help=option.metadata.get("help"),
-            )
+            parser.add_argument(*flags, dest=option.name, action="store_true", default=argparse.SUPPRESS, help=help_)
         else:
-            shown = option.default is not dataclasses.MISSING and option.default is not None
-            help_ = option.metadata.get("help") or (f"default: {option.default}" if shown else None)
+            shown = option.default not in (dataclasses.MISSING, None) and "default" not in (help_ or "")
+            help_ = f"{help_} (default: {option.default})" if help_ and shown else help_
             parser.add_argument(*flags, dest=option.name, type=kind, default=argparse.SUPPRESS, help=help_)
 
 
@@ -476,69 +611,115 @@ def _given(args: argparse.Namespace, names: type | set[str]) -> dict[str, Any]:
     return {name: value for name, value in vars(args).items() if name in names}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dflash", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def _status_flags(status: argparse.ArgumentParser) -> None:
+    status.add_argument("--json", action="store_true", help="print the answers as JSON (machine-readable), once")
+    status.add_argument(
+        "--by-id",
+        action="store_true",
+        help="first recompute coverage by id across every shard (reads every shard's ids: minutes at full scale)",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    status = commands.add_parser("status", help="the six operator answers")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.add_argument("--by-id", action="store_true", help="recompute coverage by id across every shard first")
+    status.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=10.0,
+        metavar="SECONDS",
+        help="a live view in the terminal, read again every SECONDS (default 10); Ctrl-C leaves it",
+    )
     status.set_defaults(func=cmd_status)
 
-    free_slots = commands.add_parser(
-        "free-slots",
-        help="give back the concurrency-pool slots of dead runs (marks a run still STARTED failed)",
-        description="A run killed while it held a slot of a pool (`sglang_fleet`) never gives it back, and runs "
-        "queued behind it wait forever; `dflash status` and the run_report page name such runs. Dagster 1.13 has no "
-        "command for it (only its UI's pool page).",
+
+def _free_slots_flags(free_slots: argparse.ArgumentParser) -> None:
+    free_slots.add_argument(
+        "run_ids", nargs="+", metavar="RUN_ID", help="the Dagster run ids holding the slots (the alert names them)"
     )
-    free_slots.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="the Dagster run ids holding the slots")
     free_slots.set_defaults(func=cmd_free_slots)
 
-    fleet = commands.add_parser(
-        "fleet",
-        help="start, stop or inspect the SGLang fleet",
-        description="up/down: start or stop this node's servers and its fleet registry record; status: probe every "
-        "known server; forget: remove the registry record of --node (a node lost without `fleet down`), from any "
-        "host, stopping nothing; router: print the sglang-router command in front of every live registered server.",
+
+def _fleet_flags(fleet: argparse.ArgumentParser) -> None:
+    from dagster_project.sglang import launch
+
+    actions = fleet.add_subparsers(dest="action", required=True, metavar="ACTION")
+    node = {
+        "default": os.environ.get("DFLASH_NODE") or socket.gethostname(),
+        "help": "this node's name in the store's fleet registry, fleet/<node>.json (default: $DFLASH_NODE or the "
+        "host name)",
+    }
+    up = actions.add_parser(
+        "up",
+        help="start this node's servers (--gpus) or simulators (--simulate) and register them in the store",
+        description="Start one SGLang server per GPU (or N simulators), sized for the expected request, wait until "
+        "they answer, and register them in the store's fleet registry where shard runs on every host find them. "
+        "Refused while a fleet started from this node's work directory still runs: `dflash fleet down` first.",
     )
-    fleet.add_argument("action", choices=["up", "down", "status", "forget", "router"])
-    fleet.add_argument(
-        "--simulate", type=int, metavar="N", help="start N SGLang-protocol simulators instead of servers"
+    up.add_argument("--simulate", type=int, metavar="N", help="start N SGLang-protocol simulators instead of servers")
+    up.add_argument("--sim-option", action="append", default=[], metavar="NAME=VALUE", help=_sim_option_help())
+    up.add_argument("--gpus", help="comma-separated GPU indices: one server per GPU")
+    _add_flags(up, launch.ServerOptions, skip={"api_key", "extra_args"}, aliases={"model_path": ["--model"]})
+    _add_flags(up, launch.CapacityTarget)
+    up.add_argument(
+        "--extra-arg", action="append", default=[], help="passed to sglang.launch_server as is (repeat for several)"
     )
-    fleet.add_argument("--sim-option", action="append", default=[], metavar="NAME=VALUE", help="simulator setting")
-    fleet.add_argument("--gpus", help="comma-separated GPU indices: one server per GPU")
-    _add_flags(fleet, launch.ServerOptions, skip={"api_key", "extra_args"}, aliases={"model_path": ["--model"]})
-    _add_flags(fleet, launch.CapacityTarget)
-    fleet.add_argument("--extra-arg", action="append", default=[], help="passed to sglang.launch_server as is")
-    fleet.add_argument("--base-port", type=int, default=argparse.SUPPRESS, help="port of the first GPU's server")
-    fleet.add_argument("--startup-timeout-s", type=float, default=argparse.SUPPRESS, help="wait for readiness")
-    fleet.add_argument(
-        "--node",
-        default=os.environ.get("DFLASH_NODE") or socket.gethostname(),
-        help="this node's name in the store's fleet registry, fleet/<node>.json (default: $DFLASH_NODE or host name)",
+    up.add_argument(
+        "--base-port", type=int, default=argparse.SUPPRESS, help="port of the first GPU's server (default 30000)"
     )
-    fleet.add_argument("--router-port", type=int, default=30000, help="port of the router (`fleet router`)")
-    fleet.add_argument(
+    up.add_argument(
+        "--startup-timeout-s",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="seconds to wait for every server to answer (default 1800: loading 27B weights takes minutes)",
+    )
+    up.add_argument("--node", **node)
+    up.add_argument(
         "--advertise-host",
         help="host other nodes reach these servers at (default: the host name; simulators: where they listen)",
     )
-    fleet.set_defaults(func=cmd_fleet)
+    up.set_defaults(func=cmd_fleet_up)
 
-    from dagster_project.ops.tune import TuneOptions
-
-    tune = commands.add_parser(
-        "tune",
-        help="sweep client concurrency (and, launching servers, their settings); find the knee",
-        description="Measure output tok/s, accept length, TTFT and latency per client concurrency on a sample "
-        "of the real prompts, find the knee (the least concurrency within --knee-fraction of the best) and "
-        "recommend launch flags. Without --simulate/--gpus it tunes the running fleet as it is.",
+    down = actions.add_parser(
+        "down",
+        help="stop this node's servers and remove its registry record",
+        description="Stop the servers "
+        "`fleet up` started from this node's work directory and remove the node's record from the fleet registry.",
     )
+    down.add_argument("--node", **node)
+    down.set_defaults(func=cmd_fleet_down)
+
+    status = actions.add_parser(
+        "status",
+        help="probe every known server: pid, address, health, cap, running, queued",
+        description="Probe every server the pipeline would use (configured endpoints or router, else the fleet "
+        "registry, else this node's fleet) and print one row each; the pid is known for this node's servers.",
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object per server: everything each reported")
+    status.set_defaults(func=cmd_fleet_status)
+
+    forget = actions.add_parser(
+        "forget",
+        help="remove a lost node's registry record, from any host, stopping nothing",
+        description="Remove fleet/<node>.json from the fleet registry: for a node lost without `fleet down`. "
+        "Nothing is stopped.",
+    )
+    forget.add_argument("--node", required=True, help="the node whose record to remove (as `dflash status` names it)")
+    forget.set_defaults(func=cmd_fleet_forget)
+
+    router = actions.add_parser(
+        "router",
+        help="print the sglang-router command in front of every live registered server",
+        description="Print the sglang-router command for the registry's live servers, and the settings that point "
+        "the pipeline at it. The router does not follow the registry: run it again when nodes join or leave.",
+    )
+    router.add_argument("--router-port", type=int, default=30000, help="port the router listens on (default 30000)")
+    router.set_defaults(func=cmd_fleet_router)
+
+
+def _tune_flags(tune: argparse.ArgumentParser) -> None:
+    from dagster_project.ops.tune import TuneOptions
+    from dagster_project.sglang import launch
+
     tune.add_argument("--endpoints", help="servers to tune (default: the recorded fleet or DFLASH_SGLANG_ENDPOINTS)")
     tune.add_argument("--simulate", type=int, metavar="N", help="launch N simulators per server setting")
-    tune.add_argument("--sim-option", action="append", default=[], metavar="NAME=VALUE", help="simulator setting")
+    tune.add_argument("--sim-option", action="append", default=[], metavar="NAME=VALUE", help=_sim_option_help())
     tune.add_argument("--gpus", help="launch one SGLang server per GPU per server setting (stop the fleet first)")
     tune.add_argument(
         "--sweep",
@@ -550,38 +731,119 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(tune, TuneOptions)
     _add_flags(tune, launch.ServerOptions, skip={"api_key", "extra_args"}, aliases={"model_path": ["--model"]})
     _add_flags(tune, launch.CapacityTarget)
-    tune.add_argument("--extra-arg", action="append", default=[], help="passed to sglang.launch_server as is")
+    tune.add_argument(
+        "--extra-arg", action="append", default=[], help="passed to sglang.launch_server as is (repeat for several)"
+    )
     tune.add_argument("--out", help="directory for report.json, report.md and throughput.svg (default: work dir)")
     tune.set_defaults(func=cmd_tune)
 
-    plan = commands.add_parser("plan", help="record the estimates the run is compared against")
-    plan.add_argument("--brief", action="store_true", help="the brief's planned figures for the 914K run")
-    plan.add_argument("--show", action="store_true")
-    _add_flags(plan, Plan)
+
+def _plan_flags(plan: argparse.ArgumentParser) -> None:
+    from dagster_project.ops.plan import BRIEF_PLAN, Plan, ShardSizing
+
+    plan.add_argument(
+        "--brief",
+        action="store_true",
+        help=f"record the planned figures of the reference run ({BRIEF_PLAN.prompts:,} prompts on "
+        f"{BRIEF_PLAN.gpus} GPUs: {BRIEF_PLAN.req_per_s} req/s, {BRIEF_PLAN.avg_output_tokens:,.0f} output tokens "
+        f"per answer, {BRIEF_PLAN.output_tok_per_s:,.0f} tok/s, ${BRIEF_PLAN.cost_per_hour:.0f}/hour)",
+    )
+    plan.add_argument("--show", action="store_true", help="print the plan recorded in the store, change nothing")
+    _add_flags(plan, Plan, skip={"source"})
     plan.add_argument("--shards", action="store_true", help="how many shards to use (the flags below; nothing written)")
     _add_flags(plan, ShardSizing)
     plan.set_defaults(func=cmd_plan)
 
-    demo = commands.add_parser("demo", help="run the whole pipeline on the embedded demo")
+
+def _demo_flags(demo: argparse.ArgumentParser) -> None:
     demo.set_defaults(func=cmd_demo)
+
+
+# Per command: its one-line help, its description, and what adds its flags (imported only for the command run).
+COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], None]]] = {
+    "status": (
+        "the operator's answers: progress, MTP, concurrency, storage, coverage, multi-turn, cost, alerts",
+        "Read the store (heartbeats, manifests, the plan) and probe the fleet; print every answer with its alerts. "
+        "With DAGSTER_HOME, also compare with the shards Dagster materialized and mark failed the runs whose "
+        "process is gone.",
+        _status_flags,
+    ),
+    "free-slots": (
+        "give back the concurrency-pool slots of dead runs (marks a run still STARTED failed)",
+        "A run killed while it held a slot of a pool (`sglang_fleet`) never gives it back, and runs queued behind "
+        "it wait forever; `dflash status` and the run_report page name such runs in a `pool` alert. Dagster 1.13 "
+        "has no command for it (only its UI's pool page, under Deployment > Concurrency). Needs DAGSTER_HOME.",
+        _free_slots_flags,
+    ),
+    "fleet": (
+        "start, stop or inspect the SGLang fleet",
+        "`dflash fleet ACTION --help` lists each action's flags.",
+        _fleet_flags,
+    ),
+    "tune": (
+        "sweep client concurrency (and, launching servers, their settings); find the knee",
+        "Measure output tok/s, accept length, TTFT and latency per client concurrency on a sample of the real "
+        "prompts, find the knee (the least concurrency within --knee-fraction of the best) and recommend launch "
+        "flags. Without --simulate/--gpus it tunes the running fleet as it is.",
+        _tune_flags,
+    ),
+    "plan": (
+        "record the estimates the run is compared against, or size the shards",
+        "Record the plan (--brief, or --req-per-s, --avg-output-tokens and --output-tok-per-s) in the store's "
+        "plan.json, which `dflash status` compares the run against; --show prints it; --shards advises a shard "
+        "count and writes nothing.",
+        _plan_flags,
+    ),
+    "demo": (
+        "run the whole pipeline on the embedded demo (deletes ./.demo/ first)",
+        "Run every stage on the embedded demo data against 2 simulators, through `dagster asset materialize` in "
+        "the instance under ./.dagster_home (kept: `make dev` shows its runs). It first stops a demo fleet left "
+        "running and DELETES ./.demo/ (the demo's store and work directory, the store `make dev` shows).",
+        _demo_flags,
+    ),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `command`, only that command's flags are added (the others import what they describe)."""
+    parser = argparse.ArgumentParser(
+        prog="dflash", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_, description, add_flags) in COMMANDS.items():
+        sub = commands.add_parser(name, help=help_, description=description)
+        if command in (None, name):
+            add_flags(sub)
     return parser
 
 
+def _operator_errors() -> tuple[type[BaseException], ...]:
+    """Errors that state the operator's mistake or the store's trouble in one line, where a traceback would bury
+    it. Taken from the modules the command loaded: importing one only to name its error would cost the import."""
+    errors = {
+        "dagster_project.store.storage": "StoreError",
+        "dagster_project.settings": "SettingsError",
+        "dagster_project.sglang.launch": "FleetError",
+        "dagster_project.generation.fleet_registry": "RegistryError",
+    }
+    return tuple(getattr(sys.modules[module], name) for module, name in errors.items() if module in sys.modules)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    # The resources the definitions run with, from the same environment, used in this process as they are:
-    # Dagster's initialization would build an in-memory instance and copy every resource (most of a second of
-    # every command) for what this needs of it, `api_key` read from the environment (it is never printed).
-    # The tokenizer loads when a command first asks for it; the "s3" resource's client is never built (the
-    # store builds its own from the S3 settings nested in it).
-    resources = types.SimpleNamespace(**resources_from_env(resolve_secrets=True))
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     try:
-        return args.func(args, resources)
+        return args.func(args, Resources())
     except BrokenPipeError:
         # The reader went away (`dflash status | head`): what it read is all it wanted. Point stdout at
         # /dev/null so the interpreter's final flush does not fail on the closed pipe again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:
+        if not isinstance(exc, _operator_errors()):
+            raise
+        name = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
+        raise SystemExit(f"dflash {name}: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -7,11 +7,11 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import pyarrow as pa
 
 ROLES = ("system", "user", "assistant", "tool")
 POLICIES = ("all_turns", "last_turn", "first_turn", "user_only")
@@ -60,74 +60,94 @@ def split_event_id(event_id: str) -> tuple[str, int]:
     return conversation_id, int(turn)
 
 
-_ids = pa.list_(pa.int32())
+# The Parquet schemas are built on first use (`records.COMPLETION_SCHEMA` and the others, through the module's
+# __getattr__): the records' readers that never touch Parquet (`dflash status`) do not import pyarrow.
+_SCHEMAS = ("COMPLETION_SCHEMA", "PROVENANCE_FIELDS", "TRAINING_SCHEMA")
 
-COMPLETION_SCHEMA = pa.schema(
-    [
-        ("event_id", pa.string()),
-        ("conversation_id", pa.string()),
-        ("turn_index", pa.int32()),
-        ("num_turns", pa.int32()),
-        ("policy", pa.string()),
-        ("shard", pa.int32()),
-        ("status", pa.string()),  # "ok" or "error"; an error never carries an answer
-        ("error_kind", pa.string()),
-        ("error_message", pa.string()),
-        ("prompt_ids", _ids),
-        ("output_ids", _ids),
-        ("text", pa.string()),
-        ("finish_reason", pa.string()),  # finish_reason.type: stop | length | abort
-        ("finish_matched", pa.string()),
-        ("prompt_tokens", pa.int32()),
-        ("completion_tokens", pa.int32()),
-        ("cached_tokens", pa.int32()),
+
+@functools.cache
+def _schemas() -> dict[str, Any]:
+    import pyarrow as pa
+
+    _ids = pa.list_(pa.int32())
+
+    COMPLETION_SCHEMA = pa.schema(
+        [
+            ("event_id", pa.string()),
+            ("conversation_id", pa.string()),
+            ("turn_index", pa.int32()),
+            ("num_turns", pa.int32()),
+            ("policy", pa.string()),
+            ("shard", pa.int32()),
+            ("status", pa.string()),  # "ok" or "error"; an error never carries an answer
+            ("error_kind", pa.string()),
+            ("error_message", pa.string()),
+            ("prompt_ids", _ids),
+            ("output_ids", _ids),
+            ("text", pa.string()),
+            ("finish_reason", pa.string()),  # finish_reason.type: stop | length | abort
+            ("finish_matched", pa.string()),
+            ("prompt_tokens", pa.int32()),
+            ("completion_tokens", pa.int32()),
+            ("cached_tokens", pa.int32()),
+            ("spec_verify_ct", pa.int32()),
+            ("spec_accept_length", pa.float64()),
+            ("spec_accept_rate", pa.float64()),
+            ("spec_num_correct_drafts", pa.int32()),
+            ("spec_num_proposed_drafts", pa.int32()),
+            ("e2e_latency_s", pa.float64()),
+            ("client_latency_s", pa.float64()),
+            ("server", pa.string()),
+            ("rid", pa.string()),
+            ("attempts", pa.int32()),
+            ("finished_at", pa.float64()),
+            ("settings_fingerprint", pa.string()),
+            ("source", pa.string()),  # the conversation's source (the prompt file's name)
+            ("weight_version", pa.string()),  # meta_info.weight_version: the model revision that answered
+        ]
+    )
+
+    # What a training row carries of its generation event, so a bad server or a settings change can be traced and
+    # excluded (null in rows assembled from completions written before a field was recorded).
+    PROVENANCE_FIELDS = [
+        ("source", pa.string()),
+        ("server", pa.string()),
+        ("weight_version", pa.string()),
+        ("settings_fingerprint", pa.string()),
         ("spec_verify_ct", pa.int32()),
         ("spec_accept_length", pa.float64()),
         ("spec_accept_rate", pa.float64()),
-        ("spec_num_correct_drafts", pa.int32()),
-        ("spec_num_proposed_drafts", pa.int32()),
-        ("e2e_latency_s", pa.float64()),
-        ("client_latency_s", pa.float64()),
-        ("server", pa.string()),
-        ("rid", pa.string()),
-        ("attempts", pa.int32()),
-        ("finished_at", pa.float64()),
-        ("settings_fingerprint", pa.string()),
-        ("source", pa.string()),  # the conversation's source (the prompt file's name)
-        ("weight_version", pa.string()),  # meta_info.weight_version: the model revision that answered
     ]
-)
 
-# What a training row carries of its generation event, so a bad server or a settings change can be traced and
-# excluded (null in rows assembled from completions written before a field was recorded).
-PROVENANCE_FIELDS = [
-    ("source", pa.string()),
-    ("server", pa.string()),
-    ("weight_version", pa.string()),
-    ("settings_fingerprint", pa.string()),
-    ("spec_verify_ct", pa.int32()),
-    ("spec_accept_length", pa.float64()),
-    ("spec_accept_rate", pa.float64()),
-]
+    TRAINING_SCHEMA = pa.schema(
+        [
+            ("event_id", pa.string()),
+            ("conversation_id", pa.string()),
+            ("turn_index", pa.int32()),
+            ("shard", pa.int32()),
+            ("input_ids", _ids),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("num_tokens", pa.int32()),
+            ("num_loss_tokens", pa.int32()),
+            ("prompt_tokens", pa.int32()),
+            ("completion_tokens", pa.int32()),
+            ("finish_reason", pa.string()),
+            ("truncated", pa.bool_()),
+            *PROVENANCE_FIELDS,
+        ]
+    )
+    return {
+        "COMPLETION_SCHEMA": COMPLETION_SCHEMA,
+        "PROVENANCE_FIELDS": PROVENANCE_FIELDS,
+        "TRAINING_SCHEMA": TRAINING_SCHEMA,
+    }
 
-TRAINING_SCHEMA = pa.schema(
-    [
-        ("event_id", pa.string()),
-        ("conversation_id", pa.string()),
-        ("turn_index", pa.int32()),
-        ("shard", pa.int32()),
-        ("input_ids", _ids),
-        ("loss_mask", pa.list_(pa.int8())),
-        ("num_tokens", pa.int32()),
-        ("num_loss_tokens", pa.int32()),
-        ("prompt_tokens", pa.int32()),
-        ("completion_tokens", pa.int32()),
-        ("finish_reason", pa.string()),
-        ("truncated", pa.bool_()),
-        *PROVENANCE_FIELDS,
-    ]
-)
+
+def __getattr__(name: str) -> Any:
+    if name in _SCHEMAS:
+        return _schemas()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def empty_completion_row() -> dict[str, Any]:
-    return {name: None for name in COMPLETION_SCHEMA.names}
+    return {name: None for name in _schemas()["COMPLETION_SCHEMA"].names}

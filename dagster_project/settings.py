@@ -16,6 +16,10 @@ DEFAULT_NUM_SHARDS = 4
 DEFAULT_FLEET_STALE_AFTER_S = 300.0
 
 
+class SettingsError(ValueError):
+    """A setting in the environment that cannot be used as it is; the message names the variable."""
+
+
 def env_str(name: str, default: str) -> str:
     value = os.environ.get(name, "").strip()
     return value or default
@@ -28,7 +32,7 @@ def env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError as exc:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from exc
+        raise SettingsError(f"{name} must be an integer, got {value!r}") from exc
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -49,7 +53,7 @@ def work_dir() -> Path:
 def num_shards() -> int:
     shards = env_int("DFLASH_NUM_SHARDS", DEFAULT_NUM_SHARDS)
     if shards < 1:
-        raise ValueError(f"DFLASH_NUM_SHARDS must be >= 1, got {shards}")
+        raise SettingsError(f"DFLASH_NUM_SHARDS must be >= 1, got {shards}")
     return shards
 
 
@@ -78,7 +82,7 @@ def cost_per_gpu_hour() -> float | None:
     try:
         return float(value)
     except ValueError as exc:
-        raise ValueError(f"DFLASH_COST_PER_GPU_HOUR must be a number, got {value!r}") from exc
+        raise SettingsError(f"DFLASH_COST_PER_GPU_HOUR must be a number, got {value!r}") from exc
 
 
 def fleet_stale_after_s() -> float:
@@ -87,7 +91,7 @@ def fleet_stale_after_s() -> float:
     try:
         return float(value) if value else DEFAULT_FLEET_STALE_AFTER_S
     except ValueError as exc:
-        raise ValueError(f"DFLASH_FLEET_STALE_AFTER_S must be a number, got {value!r}") from exc
+        raise SettingsError(f"DFLASH_FLEET_STALE_AFTER_S must be a number, got {value!r}") from exc
 
 
 def tokenizer_name() -> str:

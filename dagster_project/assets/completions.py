@@ -4,6 +4,7 @@ from pydantic import Field
 from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.generation.heartbeat import ReportIntervals
 from dagster_project.generation.progress import Heartbeat
+from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.generation.stage import generate_shard
 from dagster_project.ops.report import shard_progress_figures
 from dagster_project.partitions import open_shard, shard_partitions
@@ -25,7 +26,9 @@ class CompletionsConfig(config_fields(ReportIntervals, config_fields(LeaseOption
 
 def _progress_line(heartbeat: Heartbeat) -> str:
     window, accept_length = heartbeat.window, heartbeat.spec.accept_length_window
-    eta = f"{heartbeat.eta_s / 60:.1f} min" if heartbeat.eta_s else "—"
+    eta = f"{heartbeat.eta_s / 60:.1f} min" if heartbeat.eta_s is not None else "—"
+    if heartbeat.eta_settling:
+        eta = f"settling ({heartbeat.eta_rates.seconds / 60:.1f} of {heartbeat.eta_window_s / 60:.1f} min measured)"
     accept = f"{accept_length:.2f}" if accept_length else "—"
     return (
         f"{heartbeat.done_events}/{heartbeat.total_events} events, {window.req_per_s:.2f} req/s, "
@@ -83,21 +86,32 @@ def completions(
         lease=config.to_dataclass(LeaseOptions),
         override_failed_gates=config.override_failed_gates,
     )
-    run = manifest.generation
     return dg.MaterializeResult(
         metadata={
-            "rows": manifest.rows,
-            "ok": manifest.ok,
-            "errors": manifest.errors,
-            "errors_by_kind": dg.MetadataValue.json(run.errors_by_kind),
-            "finish_reasons": dg.MetadataValue.json(run.finish_reasons),
-            "output_tokens": manifest.output_tokens,
-            "avg_output_tokens": round(manifest.avg_output_tokens, 1),
-            "output_tok_per_s": round(run.lifetime.output_tok_per_s, 1),
-            **_known(spec_accept_length=round(run.spec.accept_length_lifetime or 0, 3) or None),
-            "settings_fingerprint": manifest.settings_fingerprint,
+            **shard_metadata(manifest),
             "uri": dg.MetadataValue.path(data.url(layout.shard_prefix(layout.COMPLETIONS, shard))),
         },
         # Downstream shards go stale in the UI when this shard's content or settings change.
         data_version=dg.DataVersion(manifest.data_version),
     )
+
+
+def shard_metadata(manifest: CompletionsShardManifest) -> dict[str, object]:
+    """A published shard's figures; one not known (no answer ok, a run that generated nothing and found no
+    earlier run's rates) is left out, never written as 0."""
+    run = manifest.generation
+    rate = run.lifetime.output_tok_per_s if run.lifetime else None
+    return {
+        "rows": manifest.rows,
+        "ok": manifest.ok,
+        "errors": manifest.errors,
+        "errors_by_kind": dg.MetadataValue.json(run.errors_by_kind),
+        "finish_reasons": dg.MetadataValue.json(run.finish_reasons),
+        "output_tokens": manifest.output_tokens,
+        **_known(
+            avg_output_tokens=round(manifest.avg_output_tokens, 1) if manifest.ok else None,
+            output_tok_per_s=round(rate, 1) if rate else None,
+            spec_accept_length=round(run.spec.accept_length_lifetime or 0, 3) or None,
+        ),
+        "settings_fingerprint": manifest.settings_fingerprint,
+    }

@@ -17,7 +17,7 @@ from dagster_project.store import layout
 from dagster_project.store.manifest import verify_shard
 from dagster_project.store.verdicts import record_verdict
 from dagster_project.tokenizer import special_ids
-from dagster_project.training import gates
+from dagster_project.training import gate_messages, gates
 
 SPEC_ACCEPT_LENGTH_FLOOR = 1.5
 MAX_ERROR_SHARE = 0.02
@@ -188,6 +188,15 @@ def completions_quality(
         thresholds=config.to_dataclass(),
     )
     results += [result for result in answer_gates if result.name in ANSWER_GATES]
+    results = [
+        gate_messages.actionable(
+            r,
+            limits=config,
+            where=gate_messages.COMPLETIONS_GATES,
+            examples=gate_messages.example_ids(r, profile, config),
+        )
+        for r in results
+    ]
     record_verdict(data, manifest, "quality", {r.name: r.message for r in results if not r.passed})
     for result in results:
         if not result.passed:

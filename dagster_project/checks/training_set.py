@@ -19,7 +19,7 @@ from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
 from dagster_project.store.manifest import iter_parquet_batches
 from dagster_project.tokenizer import special_ids
-from dagster_project.training import gates
+from dagster_project.training import gate_messages, gates
 from dagster_project.training.export import record_verdict
 from dagster_project.training.lengths import KEEP, LengthGateOptions
 from dagster_project.training.shards import iter_training_batches, training_manifest
@@ -78,6 +78,11 @@ def training_set_gates(
             manifest.lengths, max_lost_share=config.to_dataclass(LengthGateOptions).max_lost_supervised_share
         ),
         source_is_current(data, manifest),
+    ]
+    where = gate_messages.TRAINING_GATES
+    results = [
+        gate_messages.actionable(r, limits=config, where=where, examples=gate_messages.example_ids(r, profile, config))
+        for r in results
     ]
     record_verdict(data, manifest, "gates", {r.name: r.message for r in results if not r.passed})
     for result in results:

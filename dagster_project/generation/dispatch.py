@@ -24,10 +24,15 @@ Failures, and what happens to the requests caught in them:
   are retried on other servers;
 * a server that keeps failing requests (garbage bodies, 5xx answers, aborts, "NaN happened"): quarantined
   after a few in a row; a failed request is retried on a server it has not failed on whenever there is one;
-* no progress: `/health` on SGLang runs a one-token generation and answers 503 when the scheduler produces
-  nothing for 20 s; a failed or timed-out health check quarantines the server, and a passing one counts as
-  progress, so a server busy with long answers is never written off; `watchdog_s` without any sign of
-  progress is the backstop;
+* a hung scheduler: `/health` on SGLang runs a one-token generation and answers 503 when the scheduler
+  produces nothing for 20 s; a failed or timed-out health check quarantines the server;
+* our requests stuck behind a healthy `/health` (a router or load balancer in front of a server, or a
+  server whose `/generate` path is lost): a passing health check is not progress. Progress is an answer
+  to one of our requests, or a `/metrics` read showing at least as many requests running + queued as we
+  have there, so a server busy with long answers is never written off. A server is set aside when its
+  `/metrics` show nothing running or queued for `unserved_after_s` while ours are there, when it answers
+  none of ours for `silence_s` while other servers answer, or after `watchdog_s` without any sign of
+  progress (`server_watch.ServerWatch` keeps the account);
 * whenever a server is quarantined, its in-flight requests are sent again elsewhere at once while the
   originals keep their chance; the first answer wins and the other attempts are cancelled and aborted;
 * 503 queue full: the server cools down (no new work) for a growing pause, and is quarantined if it
@@ -44,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 import time
 import uuid
 from collections import Counter, deque
@@ -58,13 +62,22 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import aiohttp
 
+from dagster_project.generation.dispatch_types import (
+    DispatchOptions,
+    DispatchStats,
+    FleetDownError,
+    FleetRefusesKey,
+    GenRequest,
+    Outcome,
+)
 from dagster_project.generation.ledger import FleetLedger
-from dagster_project.sglang import protocol as proto
+from dagster_project.generation.server_checks import HEALTHY, QUARANTINED, UNPROBED, ServerChecks
+from dagster_project.generation.server_watch import ServerWatch, WatchLimits
 from dagster_project.sglang.client import (
     ABORTED,
     BAD_RESPONSE,
@@ -82,10 +95,6 @@ from dagster_project.sglang.client import (
     new_session,
 )
 
-HEALTHY = "healthy"
-QUARANTINED = "quarantined"
-UNPROBED = "unprobed"
-
 # The endpoint is wrong (bad key, bad URL), not the request: the request waits for a usable server.
 _MISCONFIGURED_KINDS = frozenset({UNAUTHORIZED, NOT_FOUND})
 # Failures of the path to a server, not of the request: the server is set aside at once.
@@ -96,56 +105,6 @@ _QUEUE_FULL_QUARANTINE = 8  # consecutive 503s (about 30 s of cooling down) befo
 # Answers that show the server, not the request, is at fault; this many in a row set the server aside.
 _SERVER_FAULT_KINDS = frozenset({SERVER_ERROR, SERVER_UNAVAILABLE, BAD_RESPONSE, SAMPLING_FAILED, ABORTED})
 _SERVER_FAULT_QUARANTINE = 5
-_CANARY_PARAMS = {"max_new_tokens": 1, "temperature": 0.0}
-
-
-@dataclass
-class GenRequest:
-    key: str  # unique per request (the generation event id)
-    input_ids: list[int]
-    sampling_params: dict
-    payload: Any = None  # the caller's, returned untouched in the Outcome
-
-
-@dataclass
-class Outcome:
-    """How one request ended: exactly one of `result` and `error` is set."""
-
-    request: GenRequest
-    result: GenerateResult | None
-    error: SGLangError | None
-    server: str  # the server that produced the result or the final error
-    attempts: int  # attempts started for this request, hedged ones included
-    latency_s: float  # of the attempt that ended the request
-
-    @property
-    def ok(self) -> bool:
-        return self.result is not None
-
-
-@dataclass
-class DispatchStats:
-    outcomes: int = 0
-    results: int = 0
-    errors: Counter = field(default_factory=Counter)  # by error kind
-    attempts: int = 0
-    retries: int = 0
-    hedges: int = 0  # requests sent again because their server stopped making progress
-    late_results: int = 0  # results that arrived after their request had ended (dropped)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    elapsed_s: float = 0.0
-
-    def as_dict(self) -> dict:
-        return {**self.__dict__, "errors": dict(self.errors)}
-
-
-class FleetDownError(RuntimeError):
-    """No server was usable for longer than the grace period; the run stops instead of failing its work."""
-
-
-class FleetRefusesKey(RuntimeError):
-    """A server answered 401: the run's API key is not the fleet's."""
 
 
 @dataclass(eq=False)
@@ -181,7 +140,7 @@ class _Server:
     errors: Counter = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    last_progress: float = 0.0
+    watch: ServerWatch = field(default_factory=ServerWatch)  # its signs of progress on our requests
     cooldown_until: float = 0.0
     consecutive_503: int = 0
     consecutive_faults: int = 0
@@ -200,94 +159,20 @@ class _Server:
     client: SGLangClient | None = None
 
 
-def next_foreign_load(current: int, previous_estimate: int, reported: int, node_in_flight: int) -> tuple[int, int]:
-    """The load at a server that is not this node's, after one read of its `/metrics`: (foreign load, estimate).
-
-    The server reports `reported` = running + queued, counting every client's requests that have reached it,
-    this node's included; at the moment of the read this node had `node_in_flight` (the ledger's total, or the
-    run's own without a ledger). The estimate is their difference. Between reads the node's own changes are
-    known exactly, so its load is taken as its in-flight now + the foreign load: never in-flight + reported,
-    which would count its requests twice. The node admits while that is under the window.
-
-    Room that appears is taken in halves. A slot freed elsewhere shows as room until its owner refills it, and
-    every node reading then would take it: an estimate only counts as low as the previous one (`previous_estimate`:
-    a gap must show in two reads), and the foreign load then falls by half the difference per read. Nodes that
-    start together on an idle server (where `current` starts at the whole window), or see another node's tail
-    at the same read, take half each instead of all each; a node alone reaches the whole window in a few reads.
-    A rise counts at once.
-
-    What stays uncounted is the "small constant" over the window: other clients' requests sent since the
-    read; on SGLang, what changed since the scheduler last refreshed these gauges (every 40 decode steps);
-    and this node's requests still on the wire at the read (in `node_in_flight`, not yet in `reported`).
-    """
-    estimate = max(0, reported - node_in_flight)
-    seen = max(estimate, previous_estimate)
-    if seen < current:
-        seen = current - math.ceil((current - seen) / 2)
-    return seen, estimate
-
-
 def _iterate(
     requests: Iterable[GenRequest] | AsyncIterable[GenRequest],
 ) -> Iterator[GenRequest] | AsyncIterator[GenRequest]:
     return requests.__aiter__() if isinstance(requests, AsyncIterable) else iter(requests)
 
 
-@dataclass(frozen=True)
-class DispatchOptions:
-    """How the dispatcher sizes windows, retries requests and watches servers (the `fleet` resource's config)."""
-
-    oversubscription: float = field(
-        default=1.25, metadata={"help": "In-flight window per server = its effective running-request cap x this."}
-    )
-    request_timeout_s: float = field(
-        default=3600.0, metadata={"help": "Seconds one request may take; thinking answers can take many minutes."}
-    )
-    max_attempts: int = field(
-        default=4, metadata={"help": "Attempts per request (refused ones not counted) before it ends as an error."}
-    )
-    default_window: int | None = field(
-        default=None, metadata={"help": "Window of an endpoint whose /server_info reports no cap; none: refuse it."}
-    )
-    probe_interval_s: float = field(default=5.0, metadata={"help": "Health probe period of each server."})
-    watchdog_s: float = field(
-        default=120.0,
-        metadata={"help": "A busy server with no sign of progress (finished request, passing health) is set aside."},
-    )
-    fleet_down_grace_s: float = field(
-        default=300.0, metadata={"help": "With no usable server for this long, the run stops (FleetDownError)."}
-    )
-    probe_timeout_s: float = field(default=30.0, metadata={"help": "Timeout of /health and /server_info."})
-    canary_timeout_s: float = field(
-        default=120.0, metadata={"help": "Timeout of the one-token request a set-aside server must answer to rejoin."}
-    )
-    max_probe_backoff_s: float = field(
-        default=60.0, metadata={"help": "Longest pause between probes of a set-aside server."}
-    )
-    require_reasoning: bool = field(
-        default=True, metadata={"help": "Ask servers to count reasoning tokens (meta_info.reasoning_tokens)."}
-    )
-    discovery_interval_s: float = field(
-        default=10.0, metadata={"help": "How often the fleet registry is re-read for servers of nodes that joined."}
-    )
-    load_read_interval_s: float = field(
-        default=1.0,
-        metadata={
-            "help": "Period of reading each server's /metrics (running + queued requests), so that runs on other "
-            "nodes and other clients count against its window; 0: only this node's runs count."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.oversubscription <= 0 or self.max_attempts < 1 or self.load_read_interval_s < 0:
-            raise ValueError("oversubscription must be > 0, max_attempts >= 1 and load_read_interval_s >= 0")
+_DEFAULT_OPTIONS = DispatchOptions()
 
 
-class Dispatcher:
+class Dispatcher(ServerChecks):
     def __init__(
         self,
         endpoints: list[str],
-        options: DispatchOptions = DispatchOptions(),
+        options: DispatchOptions = _DEFAULT_OPTIONS,
         *,
         api_key: str | None = None,
         windows: Mapping[str, int] | None = None,
@@ -295,12 +180,16 @@ class Dispatcher:
         ledger: FleetLedger | None = None,
         discover: Callable[[], list[str]] | None = None,
         load_sources: Mapping[str, Sequence[str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        connect: Callable[[str], SGLangClient] | None = None,
     ):
         """`windows` fixes the window of given endpoints (a router has no scheduler state of its own);
         `ledger` shares windows and server verdicts with the other runs on this node; `discover` (the fleet
         registry) is called every `discovery_interval_s` while running, and servers it names join the run;
         `load_sources` names, for an endpoint that does not report its own load (sglang-router), the servers
-        whose `/metrics` do (its workers): their running + queued requests add up to the endpoint's load."""
+        whose `/metrics` do (its workers): their running + queued requests add up to the endpoint's load.
+        `clock` and `connect` (the client of one endpoint; default an `SGLangClient` on the run's session) let
+        tests drive the dispatcher on a virtual clock with in-process servers."""
         if not endpoints:
             raise ValueError("no endpoints")
         if len(set(endpoints)) != len(endpoints):
@@ -312,11 +201,13 @@ class Dispatcher:
         self._session = session
         self.ledger = ledger
         self._discover = discover
+        self._clock, self._connect = clock, connect
+        self._limits = WatchLimits(options.unserved_after_s, options.silence_s, options.watchdog_s)
         sources = {url.rstrip("/"): [u.rstrip("/") for u in urls] for url, urls in (load_sources or {}).items()}
         self._servers = [_Server(url, load_urls=sources.get(url, [url])) for url in self.endpoints]
         self._running = False
         self.stats = DispatchStats()
-        self._started = time.monotonic()
+        self._started = self._clock()
         self._down_since: float | None = None
 
     # ---- public --------------------------------------------------------------------------------------
@@ -337,16 +228,11 @@ class Dispatcher:
         self._reset(requests)
         self._remaining = remaining or (lambda: len(self._live))
         session = self._session or new_session()
-        self._run_session, self._next_discovery = session, time.monotonic() + self.options.discovery_interval_s
+        self._run_session, self._next_discovery = session, self._clock() + self.options.discovery_interval_s
         for server in self._servers:
-            server.client = SGLangClient(
-                server.url, self.api_key, session, probe_timeout_s=self.options.probe_timeout_s
-            )
+            server.client = self._client(server.url)
             server.load_clients = [
-                server.client
-                if url == server.url
-                else SGLangClient(url, self.api_key, session, probe_timeout_s=self.options.probe_timeout_s)
-                for url in server.load_urls
+                server.client if url == server.url else self._client(url) for url in server.load_urls
             ]
         helpers: list[asyncio.Task] = []
         try:
@@ -363,12 +249,17 @@ class Dispatcher:
         finally:
             self._running = False
             await self._shutdown(helpers, session)
-        self.stats.elapsed_s = time.monotonic() - self._started
+        self.stats.elapsed_s = self._clock() - self._started
         return self.stats
+
+    def _client(self, url: str) -> SGLangClient:
+        if self._connect is not None:
+            return self._connect(url)
+        return SGLangClient(url, self.api_key, self._run_session, probe_timeout_s=self.options.probe_timeout_s)
 
     def snapshot(self) -> dict:
         """Live state per server and totals (cheap; safe to call from another task at any time)."""
-        now = time.monotonic()
+        now = self._clock()
         servers = {}
         for s in self._servers:
             servers[s.url] = {
@@ -383,7 +274,7 @@ class Dispatcher:
                 "errors": dict(s.errors),
                 "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.completion_tokens,
-                "since_progress_s": round(now - s.last_progress, 3) if s.in_flight else None,
+                "since_progress_s": round(now - s.watch.last_progress, 3) if s.in_flight else None,
             }
         totals = {
             **self.stats.as_dict(),
@@ -400,7 +291,7 @@ class Dispatcher:
 
     def _reset(self, requests: Iterable[GenRequest] | AsyncIterable[GenRequest]) -> None:
         self.stats = DispatchStats()
-        self._started = time.monotonic()
+        self._started = self._clock()
         self._source = _iterate(requests)
         self._source_done = False
         self._pull: asyncio.Task | None = None
@@ -429,7 +320,7 @@ class Dispatcher:
         return max(1, sum(s.window for s in self._servers))
 
     def _fill(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         self._reserve(now)
         waiting: list[_Work] = []  # retries that wait for a server they have not failed on
         try:
@@ -543,8 +434,8 @@ class Dispatcher:
             self.stats.retries += 1
         attempt = _Attempt(work, server, uuid.uuid4().hex, now)
         server.budget -= 1
-        if not server.in_flight:
-            server.last_progress = now  # the watchdog measures silence while busy, not idle time
+        if not self._ours(server):
+            server.watch.became_busy(now)  # the watchdog measures silence while busy, not idle time
         server.in_flight[attempt.rid] = attempt
         work.live.append(attempt)
         attempt.task = asyncio.create_task(self._attempt(attempt))
@@ -570,7 +461,7 @@ class Dispatcher:
     # ---- settling attempts -----------------------------------------------------------------------------
 
     def _settle(self, attempt: _Attempt, result: GenerateResult | None, error: SGLangError | None) -> None:
-        now = time.monotonic()
+        now = self._clock()
         server, work = attempt.server, attempt.work
         self._forget(attempt)
         if attempt in work.live:
@@ -578,7 +469,7 @@ class Dispatcher:
         latency = now - attempt.started
         self._wake.set()
         if result is not None:
-            server.last_progress = now
+            server.watch.answered(now)
             server.done += 1
             server.consecutive_503 = server.consecutive_faults = 0
             server.prompt_tokens += result.prompt_tokens
@@ -626,7 +517,7 @@ class Dispatcher:
             if server.consecutive_faults >= _SERVER_FAULT_QUARANTINE:
                 self._quarantine(server, error.kind, now)
         elif error.kind != TIMEOUT:
-            server.last_progress = now  # it answered (a request error, an abort): alive
+            server.watch.answered(now)  # it answered (a request error): alive
 
     def _requeue(self, work: _Work) -> None:
         work.queued = True
@@ -693,171 +584,13 @@ class Dispatcher:
                 self.stats.hedges += 1
                 self._requeue(work)
 
-    async def _window(self, server: _Server) -> int:
-        if server.url in self.windows:
-            return self.windows[server.url]
-        try:
-            info = await server.client.server_info()
-        except SGLangError as error:
-            if error.kind != NOT_FOUND:  # sglang-router has no /server_info at all
-                raise
-            info = {}
-        caps = [state.get("effective_max_running_requests_per_dp") for state in info.get("internal_states") or []]
-        if caps and all(isinstance(cap, int) and cap > 0 for cap in caps):
-            server.cap = sum(caps)  # one entry per DP rank
-            return max(1, math.ceil(server.cap * self.options.oversubscription))
-        if self.options.default_window is not None:
-            return self.options.default_window
-        raise ValueError(
-            f"cannot size the window of {server.url}: it reports no "
-            "internal_states[].effective_max_running_requests_per_dp (a router?); pass windows= or a default_window"
-        )
-
-    async def _first_probe(self, server: _Server) -> None:
-        now = time.monotonic()
-        # A run joining a busy fleet must not fill a whole window first: its load is read before the first fill,
-        # alongside /server_info.
-        reading = asyncio.ensure_future(self._reported_load(server)) if self.options.load_read_interval_s else None
-        try:
-            server.window = await self._window(server)
-        except SGLangError as error:
-            if reading is not None:
-                reading.cancel()
-            if error.kind == UNAUTHORIZED:
-                self._fatal = FleetRefusesKey(
-                    f"{server.url} refused the API key (HTTP 401): set SGLANG_API_KEY to the key the servers were "
-                    "started with (--api-key)"
-                )
-            server.state, server.reason, server.next_probe = QUARANTINED, error.kind, now
-            return
-        verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
-        if verdict is not None:  # another run set it aside: it rejoins only through a passing re-probe
-            server.state, server.reason, server.next_probe = (
-                QUARANTINED,
-                f"{verdict.reason} (set aside by {verdict.by})",
-                now,
-            )
-            if reading is not None:
-                reading.cancel()
-            return
-        server.state, server.reason = HEALTHY, None
-        server.next_health = now + self.options.probe_interval_s
-        if reading is not None and (read := await reading) is not None:
-            reported, node = read
-            # On a node with nothing at the server yet, the foreign load starts as the whole window.
-            start = server.window if node == 0 else 0
-            server.foreign_load, server.previous_foreign = next_foreign_load(start, 0, reported, node)
-            server.next_load_read = time.monotonic() + self.options.load_read_interval_s
-
-    async def _readmit(self, server: _Server) -> None:
-        """Rejoin only when the server answers health, reports its cap, and really generates a token."""
-        server.probing = True
-        try:
-            # /health, not /health_generate: on SGLang both generate a token, but sglang-router has only /health.
-            if not await server.client.health(timeout=self.options.probe_timeout_s):
-                raise SGLangError(SERVER_UNAVAILABLE, "/health failed", url=server.url)
-            window = await self._window(server)
-            await server.client.generate(
-                [0], _CANARY_PARAMS, timeout=self.options.canary_timeout_s, require_reasoning=False
-            )
-        except ValueError as exc:  # the server came back unable to report its cap: a configuration error
-            self._fatal = exc
-        except SGLangError as error:
-            server.probe_failures += 1
-            server.reason = f"{server.reason.split(' (')[0]} (re-probe: {error.kind})" if server.reason else error.kind
-            backoff = min(
-                self.options.max_probe_backoff_s,
-                self.options.probe_interval_s * 2 ** min(server.probe_failures - 1, 10),
-            )
-            server.next_probe = time.monotonic() + backoff
-        else:
-            now = time.monotonic()
-            server.state, server.reason, server.window = HEALTHY, None, window
-            server.probe_failures = server.consecutive_503 = server.consecutive_faults = 0
-            if self.ledger is not None:
-                self.ledger.clear(server.url)
-            server.last_progress, server.next_health, server.cooldown_until = (
-                now,
-                now + self.options.probe_interval_s,
-                0.0,
-            )
-        finally:
-            server.probing = False
-            self._wake.set()
-
-    async def _health(self, server: _Server) -> None:
-        """Follow the node's verdict on the server, then check it: on SGLang a passing health check means the
-        scheduler generated a token within the last seconds, which is progress even if nothing finished."""
-        server.probing = True
-        try:
-            verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
-            if verdict is not None and server.state == HEALTHY:
-                reason = f"{verdict.reason} (set aside by {verdict.by})"
-                self._quarantine(server, reason, time.monotonic(), share=False)
-                return
-            healthy = await server.client.health(timeout=self.options.probe_timeout_s)
-            if not healthy and server.state == HEALTHY:
-                self._quarantine(server, "health_failed", time.monotonic())
-            elif healthy and server.in_flight:
-                server.last_progress = time.monotonic()
-        finally:
-            server.probing = False
-            server.next_health = time.monotonic() + self.options.probe_interval_s
-            self._wake.set()
-
-    def _node_in_flight(self, server: _Server) -> int:
-        return self.ledger.in_flight(server.url) if self.ledger is not None else len(server.in_flight)
-
-    async def _read_load(self, server: _Server) -> None:
-        """Re-estimate the server's foreign load."""
-        server.reading_load = True
-        try:
-            read = await self._reported_load(server)
-            if read is not None:
-                server.foreign_load, server.previous_foreign = next_foreign_load(
-                    server.foreign_load, server.previous_foreign, *read
-                )
-        finally:
-            server.reading_load = False
-            server.next_load_read = time.monotonic() + self.options.load_read_interval_s
-            self._wake.set()
-
-    async def _reported_load(self, server: _Server) -> tuple[int, int] | None:
-        """(running + queued that the server's `/metrics` report, or its workers' behind a router; this node's
-        in-flight there just before the read), or None when there is no reading."""
-        node = self._node_in_flight(server)
-        try:
-            texts = await asyncio.gather(
-                *(client.metrics(timeout=self.options.probe_timeout_s) for client in server.load_clients)
-            )
-            loads = [proto.reported_load(proto.parse_metrics(text)) for text in texts]
-            if None in loads:
-                raise ValueError("its /metrics has no sglang:num_running_reqs and sglang:num_queue_reqs")
-        except SGLangError as error:
-            if error.kind == NOT_FOUND:  # launched without --enable-metrics
-                self._unreported(server, "/metrics not found (server without --enable-metrics)")
-            return None  # otherwise the health checks judge the server; the last estimate stands
-        except ValueError as exc:
-            self._unreported(server, f"/metrics unreadable: {exc}")
-            return None
-        return sum(loads), node
-
-    @staticmethod
-    def _unreported(server: _Server, reason: str) -> None:
-        """Only this node's runs count against the window of a server whose load cannot be read; stop asking."""
-        server.load_unreported, server.next_load_read = reason, math.inf
-        server.foreign_load = server.previous_foreign = 0
-
     async def _monitor(self) -> None:
-        tick = min(0.25, self.options.probe_interval_s / 4, self.options.watchdog_s / 4)
+        tick = min(0.25, *(period / 4 for period in (self.options.probe_interval_s, *astuple(self._limits))))
         while True:
             await asyncio.sleep(tick)
-            now = time.monotonic()
+            now = self._clock()
             for server in self._servers:
-                stuck = any(not a.abandoned for a in server.in_flight.values())
-                if stuck and now - server.last_progress > self.options.watchdog_s:
-                    self._quarantine(server, "no_progress", now)
-                    self._hedge(server)
+                self._watch(server, now)
                 if server.state == HEALTHY and not server.reading_load and now >= server.next_load_read:
                     self._spawn(self._read_load(server))
                 if server.probing:
@@ -880,9 +613,7 @@ class Dispatcher:
         if not joining:
             return
         for server in joining:
-            server.client = SGLangClient(
-                server.url, self.api_key, self._run_session, probe_timeout_s=self.options.probe_timeout_s
-            )
+            server.client = self._client(server.url)
             self.endpoints.append(server.url)
             self._servers.append(server)
         await asyncio.gather(*(self._first_probe(server) for server in joining))

@@ -21,11 +21,15 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dagster_project.settings import DEFAULT_FLEET_STALE_AFTER_S
-from dagster_project.sglang.launch import Fleet
 from dagster_project.store.dataclass_json import from_json, to_json
 from dagster_project.store.storage import PreconditionFailed, Store, StoreError
+
+if TYPE_CHECKING:  # the launcher imports the SGLang client: readers of the registry (`dflash status`) need neither
+    from dagster_project.sglang.launch import Fleet
 
 FLEET_PREFIX = "fleet/"
 _MAX_CONFLICTS = 5
@@ -150,6 +154,22 @@ def registered_endpoints(
     """The URLs of every registered server of a node whose record is not stale, once each, in node order."""
     live, _ = live_nodes(store, stale_after_s, reachable)
     return list(dict.fromkeys(url for record in live for url in record.urls))
+
+
+def known_endpoints(
+    configured: list[str], registry: Store | None, stale_after_s: float, fleet_dir: str | None
+) -> list[str]:
+    """The `configured` endpoints (a router, or a list of servers), else every live registered node's servers in
+    `registry`, else this node's fleet recorded in `fleet_dir`; empty when none is known."""
+    if configured:
+        return list(configured)
+    registered = registered_endpoints(registry, stale_after_s) if registry is not None else []
+    if registered:
+        return registered
+    from dagster_project.sglang.launch import Fleet
+
+    fleet = Fleet.load(Path(fleet_dir)) if fleet_dir else None
+    return fleet.urls if fleet is not None and fleet.members else []
 
 
 def follow_registry(store: Store, stale_after_s: float = DEFAULT_FLEET_STALE_AFTER_S) -> Callable[[], list[str]]:

@@ -12,6 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_WINDOW_S = 120.0
+# The ETA's window. Answers end in waves (a batch started together ends over about one request lifetime, long
+# answers last), so a rate over less than a few lifetimes swings with each wave: over 120 s, an ETA fell from
+# 576 min to 35 min within two minutes of a 52-min shard. The window holds at least this long and this many
+# request lifetimes, and the ETA is "settling" (not given) until the run has measured that long and seen
+# ETA_MIN_REQUESTS answers end in it (a rate over fewer swings by more than ±15%).
+ETA_MIN_WINDOW_S = 300.0
+ETA_WINDOW_LIFETIMES = 4
+ETA_MIN_REQUESTS = 50
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,11 @@ class Heartbeat:
     lifetime: Rates = field(default_factory=Rates)
     window: Rates = field(default_factory=Rates)
     spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
-    eta_s: float | None = None
+    eta_s: float | None = None  # None while the ETA is settling, or when nothing is measured
+    # The rates the ETA comes from: over the ETA's window, or all this run has measured while it is shorter.
+    eta_rates: Rates = field(default_factory=Rates)
+    eta_window_s: float = ETA_MIN_WINDOW_S  # the window the ETA needs before it is given
+    eta_settling: bool = False
     # The dispatcher's own view of each server (`Dispatcher.snapshot()`), keyed by URL.
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     upload_failures: int = 0
@@ -73,6 +85,7 @@ class _Finished:
     at: float
     output_tokens: int
     verify_passes: int
+    latency_s: float
 
 
 @dataclass
@@ -92,6 +105,8 @@ class ShardProgress:
     spec_tokens: int = 0  # completion tokens of requests that reported spec stats
     spec_verify_passes: int = 0
     requests_without_spec_stats: int = 0
+    latency_s: float = 0.0  # over the answers that reported one (`latency_counted`)
+    latency_counted: int = 0
     state: str = "running"
     _recent: deque = field(default_factory=deque)
 
@@ -112,21 +127,31 @@ class ShardProgress:
             self.spec_verify_passes += verify
         else:
             self.requests_without_spec_stats += 1
-        self._recent.append(_Finished(now, output, verify))
+        latency = row.get("client_latency_s") or row.get("e2e_latency_s")
+        if latency:
+            self.latency_s += float(latency)
+            self.latency_counted += 1
+        self._recent.append(_Finished(now, output, verify, float(latency or 0.0)))
         self._trim(now)
 
     def remaining_events(self) -> int:
         return max(self.total_events - self.resumed_events - self.done_events, 0)
 
+    def eta_window_s(self) -> float:
+        """At least ETA_MIN_WINDOW_S and ETA_WINDOW_LIFETIMES mean request lifetimes."""
+        lifetime = self.latency_s / self.latency_counted if self.latency_counted else 0.0
+        return max(ETA_MIN_WINDOW_S, ETA_WINDOW_LIFETIMES * lifetime, self.window_s)
+
     def _trim(self, now: float) -> None:
-        while self._recent and self._recent[0].at < now - self.window_s:
+        kept = max(self.window_s, self.eta_window_s())
+        while self._recent and self._recent[0].at < now - kept:
             self._recent.popleft()
 
     def snapshot(self, now: float | None = None, servers: dict[str, dict[str, Any]] | None = None) -> Heartbeat:
         now = time.time() if now is None else now
         self._trim(now)
         elapsed = max(now - self.started_at, 1e-9)
-        window = self._recent
+        window = [f for f in self._recent if f.at >= now - self.window_s]
         window_span = min(self.window_s, elapsed)
         window_tokens = sum(f.output_tokens for f in window)
         window_spec_tokens = sum(f.output_tokens for f in window if f.verify_passes)
@@ -135,7 +160,14 @@ class ShardProgress:
         remaining = self.remaining_events()
         avg_output = self.output_tokens / self.ok_events if self.ok_events else None
         window_tok_s = window_tokens / window_span if window else 0.0
-        eta_s = remaining * avg_output / window_tok_s if avg_output and window_tok_s else None
+        eta_window = self.eta_window_s()
+        eta_span = min(eta_window, elapsed)
+        eta_finished = [f for f in self._recent if f.at >= now - eta_window]
+        eta_tok_s = sum(f.output_tokens for f in eta_finished) / eta_span
+        settling = remaining > 0 and (elapsed < eta_window or len(eta_finished) < ETA_MIN_REQUESTS)
+        eta_s = None
+        if not settling and eta_finished:
+            eta_s = remaining * eta_span / len(eta_finished)
         return Heartbeat(
             shard=self.shard,
             state=self.state,
@@ -168,5 +200,8 @@ class ShardProgress:
                 requests_without_spec_stats=self.requests_without_spec_stats,
             ),
             eta_s=eta_s,
+            eta_rates=Rates(seconds=eta_span, req_per_s=len(eta_finished) / eta_span, output_tok_per_s=eta_tok_s),
+            eta_window_s=eta_window,
+            eta_settling=settling,
             servers=servers or {},
         )

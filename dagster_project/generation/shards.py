@@ -7,8 +7,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from dagster_project.conversations.shards import read_conversations
 from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
@@ -17,6 +16,9 @@ from dagster_project.store.layout import COMPLETIONS
 from dagster_project.store.manifest import ShardManifest, iter_parquet_batches, read_shard_manifest
 from dagster_project.store.storage import Store
 
+if TYPE_CHECKING:  # readers of manifests alone (`dflash status`) never load pyarrow
+    import pyarrow as pa
+
 
 class ShardNotPublished(RuntimeError):
     pass
@@ -24,16 +26,33 @@ class ShardNotPublished(RuntimeError):
 
 @dataclass(frozen=True)
 class GenerationSummary:
-    """How the shard run that published the shard went (its last heartbeat, in short)."""
+    """How the shard's answers were generated: the rates and spec-decoding figures of the run that generated
+    them (None when unknown: a run that found every answer already in its journal measured nothing), and the
+    finish reasons and error kinds of the published rows."""
 
-    lifetime: Rates = field(default_factory=Rates)
+    lifetime: Rates | None = None
     spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
     finish_reasons: dict[str, int] = field(default_factory=dict)
     errors_by_kind: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, heartbeat: Heartbeat) -> GenerationSummary:
-        return cls(heartbeat.lifetime, heartbeat.spec, heartbeat.finish_reasons, heartbeat.errors_by_kind)
+    def of(cls, heartbeat: Heartbeat, rows: RowCounts, earlier: GenerationSummary | None = None) -> GenerationSummary:
+        """The run's rates, or when it generated nothing (a re-run of a finished shard) those of the run that
+        published the same rows before (`earlier`), if any; the counts of the rows themselves."""
+        generated = heartbeat.done_events > heartbeat.resumed_events
+        if generated or earlier is None:
+            lifetime, spec = (heartbeat.lifetime if generated else None), heartbeat.spec
+        else:
+            lifetime, spec = earlier.lifetime, earlier.spec
+        return cls(lifetime, spec, dict(rows.finish_reasons), dict(rows.errors_by_kind))
+
+
+@dataclass
+class RowCounts:
+    """Finish reasons of the answers and kinds of the errors, over a shard's rows."""
+
+    finish_reasons: Counter = field(default_factory=Counter)
+    errors_by_kind: Counter = field(default_factory=Counter)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,7 +30,12 @@ from dagster_project.generation.heartbeat import ReportIntervals, ShardReporter,
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.preflight import check_before_dispatch
 from dagster_project.generation.progress import Heartbeat
-from dagster_project.generation.shards import CompletionsShardManifest, GenerationSummary
+from dagster_project.generation.shards import (
+    CompletionsShardManifest,
+    GenerationSummary,
+    RowCounts,
+    read_completions_manifest,
+)
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import COMPLETION_SCHEMA, STATUS_OK
 from dagster_project.store.layout import COMPLETIONS, lease_key, shard_prefix
@@ -57,12 +63,18 @@ class WrittenCompletions:
     prompt_tokens: int = 0
     output_tokens: int = 0
     event_ids: list[str] = field(default_factory=list)
+    counts: RowCounts = field(default_factory=RowCounts)
 
 
-def write_completions_parquet(journal: Journal, path: Path, planned: set[str] | None = None) -> WrittenCompletions:
-    """Stream the journal's final records (of the `planned` events, when given) into one Parquet file; return
-    counts for the manifest. A journal may hold events the shard no longer plans: its conversations were
-    rebuilt (another shard count, other sources) since it was written."""
+class JournalMismatch(RuntimeError):
+    """The journal's final records are not exactly one per planned event: the shard must not be published."""
+
+
+def write_completions_parquet(journal: Journal, path: Path, planned: set[str]) -> WrittenCompletions:
+    """Stream the journal's final record of each `planned` event into one Parquet file; return counts for the
+    manifest. A journal may hold events the shard no longer plans (its conversations were rebuilt: another shard
+    count, other sources): they are left out. The check before publishing: `JournalMismatch` unless the file
+    holds exactly one row per planned event."""
     columns = COMPLETION_SCHEMA.names
     written = WrittenCompletions()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +83,7 @@ def write_completions_parquet(journal: Journal, path: Path, planned: set[str] | 
     ) as writer:
         batch: list[dict[str, Any]] = []
         for record in journal.final_records():
-            if planned is not None and record["event_id"] not in planned:
+            if record["event_id"] not in planned:
                 continue
             batch.append({name: record.get(name) for name in columns})
             written.event_ids.append(record["event_id"])
@@ -80,13 +92,23 @@ def write_completions_parquet(journal: Journal, path: Path, planned: set[str] | 
             if record["status"] == STATUS_OK:
                 written.ok += 1
                 written.output_tokens += int(record.get("completion_tokens") or 0)
+                written.counts.finish_reasons[record.get("finish_reason") or "unknown"] += 1
             else:
                 written.errors += 1
+                written.counts.errors_by_kind[record.get("error_kind") or "unknown"] += 1
             if len(batch) == ROWS_PER_GROUP:
                 writer.write_table(pa.Table.from_pylist(batch, schema=COMPLETION_SCHEMA))
                 batch = []
         if batch:
             writer.write_table(pa.Table.from_pylist(batch, schema=COMPLETION_SCHEMA))
+    seen = set(written.event_ids)
+    if len(seen) != written.rows or seen != planned:
+        repeated = [event for event, count in Counter(written.event_ids).items() if count > 1]
+        raise JournalMismatch(
+            f"{journal.path} does not hold exactly one record per planned event ({len(planned)} planned, "
+            f"{written.rows} rows written; missing e.g. {sorted(planned - seen)[:3]}, repeated e.g. {repeated[:3]}): "
+            "nothing was published"
+        )
     return written
 
 
@@ -168,8 +190,6 @@ def generate_shard(
             parquet = Path(staging) / PARQUET_NAME
             expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
             written = write_completions_parquet(journal, parquet, expected)
-            if len(written.event_ids) != len(expected) or set(written.event_ids) != expected:
-                raise RuntimeError(f"shard {shard}: the journal does not hold exactly one record per planned event")
             manifest = CompletionsShardManifest(
                 shard=shard,
                 rows=written.rows,
@@ -182,13 +202,21 @@ def generate_shard(
                 conversations_ids_digest=conversations_manifest.ids_digest,
                 settings_fingerprint=fingerprint,
                 settings=settings,
-                generation=GenerationSummary.of(last_heartbeat),
+                generation=GenerationSummary.of(
+                    last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint)
+                ),
             )
             held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
             published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
     job.progress.state = "published"
     asyncio.run(reporter.beat())
     return published
+
+
+def _earlier_summary(store: Store, shard: int, fingerprint: str) -> GenerationSummary | None:
+    """How the shard's published answers were generated, if they were made with these settings."""
+    earlier = read_completions_manifest(store, shard)
+    return earlier.generation if earlier is not None and earlier.settings_fingerprint == fingerprint else None
 
 
 @contextmanager

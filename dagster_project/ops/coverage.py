@@ -27,8 +27,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from dagster_project.conversations.shards import ConversationsShardManifest, conversations_in
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.store.dataclass_json import read_record, to_json
@@ -60,14 +58,17 @@ class DatasetCoverage:
     conversations: int
     conversations_done: int
     conversations_partial: int
-    conversations_missing: int
+    conversations_missing: int  # in shards whose completions are published (or damaged): a gap
     conversations_with_errors: int
     conversations_in_several_shards: int  # planned more than once: in two shards, or twice in one
     events_planned: int
     events_recorded: int
-    events_missing: int
+    events_missing: int  # in shards whose completions are published (or damaged): a gap
     events_duplicated: int
     events_unexpected: int
+    # Planned in completions shards not published yet (not run, or running): to come, not missing.
+    conversations_not_yet_published: int = 0
+    events_not_yet_published: int = 0
     missing_sample: list[str] = field(default_factory=list)
     duplicated_sample: list[str] = field(default_factory=list)
     unexpected_sample: list[str] = field(default_factory=list)
@@ -106,6 +107,11 @@ class DatasetCoverage:
     @property
     def exactly_once(self) -> bool:
         """Every planned event has exactly one record and nothing else was recorded."""
+        return self.events_not_yet_published == 0 and self.exact_so_far
+
+    @property
+    def exact_so_far(self) -> bool:
+        """What is published is exact: no gap, duplicate or stray, nothing damaged (shards may remain to come)."""
         return (
             not self.shards_damaged
             and not self.disagreements
@@ -147,7 +153,7 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
         counted = {s: m for s, m in completions.items() if s < num_shards and s not in damaged}
         _load_recorded(con, store, counted)
         return replace(
-            _summarize(con, num_shards, len(counted)),
+            _summarize(con, num_shards, len(counted), [s for s in range(num_shards) if s not in completions]),
             shards_damaged=sorted(s for s in damaged if s < num_shards),
             conversations_shards_missing=[s for s in range(num_shards) if s not in planned],
             completions_from_other_conversations=[
@@ -211,28 +217,35 @@ def _unreadable() -> tuple[type[Exception], ...]:
     return (duckdb.InvalidInputException, duckdb.IOException, duckdb.ConversionException)
 
 
-# DuckDB turns each conversation's generated turns into event ids exactly as `Conversation.event_id` does.
+# DuckDB turns each conversation's generated turns into event ids exactly as `Conversation.event_id` does, and
+# keeps its shard (from the file it was read from).
 _CONVERSATIONS = """
     CREATE TABLE conversations AS
-    SELECT id, len(generate_after) AS turns
-    FROM read_json(?, format = 'newline_delimited', auto_detect = false,
-                   columns = {'id': 'VARCHAR', 'generate_after': 'INTEGER[]'})
+    SELECT id, len(generate_after) AS turns, f.shard
+    FROM read_json(?, format = 'newline_delimited', auto_detect = false, filename = true,
+                   columns = {'id': 'VARCHAR', 'generate_after': 'INTEGER[]'}) c
+    JOIN shard_files f USING (filename)
 """
 _PLANNED_EVENTS = """
     CREATE TABLE planned AS
-    SELECT id || '#turn' || unnest(range(turns)) AS event_id, rowid AS conversation FROM conversations
+    SELECT id || '#turn' || unnest(range(turns)) AS event_id, rowid AS conversation, shard FROM conversations
 """
 
 
 def _load_planned(
     con: duckdb.DuckDBPyConnection, store: Store, manifests: dict[int, ConversationsShardManifest], spill: Path
 ) -> None:
-    con.execute("DROP TABLE IF EXISTS conversations; DROP TABLE IF EXISTS planned")
+    con.execute("DROP TABLE IF EXISTS conversations; DROP TABLE IF EXISTS planned; DROP TABLE IF EXISTS shard_files")
+    shards = [s for s, m in sorted(manifests.items()) for _ in m.data_keys]  # in `_data_keys` order
     paths = [str(path) for path in local_files(store, _data_keys(manifests), spill)]
     if not paths:
-        con.execute("CREATE TABLE conversations (id VARCHAR, turns INTEGER)")
-        con.execute("CREATE TABLE planned (event_id VARCHAR, conversation BIGINT)")
+        con.execute("CREATE TABLE conversations (id VARCHAR, turns INTEGER, shard INTEGER)")
+        con.execute("CREATE TABLE planned (event_id VARCHAR, conversation BIGINT, shard INTEGER)")
         return
+    con.execute(
+        "CREATE TABLE shard_files AS SELECT unnest(?::VARCHAR[]) AS filename, unnest(?::INTEGER[]) AS shard",
+        [paths, shards],
+    )
     try:
         con.execute(_CONVERSATIONS, [paths])
     except _unreadable() as exc:
@@ -248,7 +261,6 @@ def _load_planned(
             Path(path).unlink()
 
 
-_RECORDED = pa.schema([("event_id", pa.string()), ("status", pa.string())])
 # Straight from the objects to one row per recorded event id (the records themselves are never kept).
 _PER_EVENT = """
     CREATE TABLE per_event AS
@@ -260,6 +272,8 @@ _PER_EVENT = """
 def _load_recorded(
     con: duckdb.DuckDBPyConnection, store: Store, manifests: dict[int, CompletionsShardManifest]
 ) -> None:
+    import pyarrow as pa  # here, not at the top: `dflash status` reads this module's answers without it
+
     keys = _data_keys(manifests)
     if not keys:
         con.execute("CREATE TABLE per_event (event_id VARCHAR, records BIGINT, errors BIGINT)")
@@ -271,9 +285,11 @@ def _load_recorded(
         else:  # DuckDB reads the two columns through pyarrow's S3 file system: ranged GETs, no downloads
             import pyarrow.dataset as ds
 
+            recorded = pa.schema([("event_id", pa.string()), ("status", pa.string())])
+
             filesystem, root = arrow_filesystem(store)
             objects = ds.dataset(
-                [f"{root}/{key}" for key in keys], schema=_RECORDED, format="parquet", filesystem=filesystem
+                [f"{root}/{key}" for key in keys], schema=recorded, format="parquet", filesystem=filesystem
             )
             con.register("completion_objects", objects)
             con.execute(_PER_EVENT.format(source="completion_objects"))
@@ -284,29 +300,42 @@ def _load_recorded(
         raise CorruptObject(f"the completions shards in {store.url(COMPLETIONS)} are not all readable: {exc}") from exc
 
 
-def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) -> DatasetCoverage:
-    """A few passes over the planned and recorded ids; a sample of ids only where there is something to show."""
+def _summarize(
+    con: duckdb.DuckDBPyConnection, num_shards: int, published: int, unpublished: list[int]
+) -> DatasetCoverage:
+    """A few passes over the planned and recorded ids; a sample of ids only where there is something to show.
+    What is not recorded in the `unpublished` completions shards is still to come, not missing."""
+    con.execute("CREATE TABLE unpublished AS SELECT unnest(?::INTEGER[]) AS shard", [unpublished])
     # One join answers both sides: recorded events that match no planned one gather in the group of no
     # conversation (NULL), the unexpected events.
     con.execute(
         """CREATE TABLE per_conversation AS
            SELECT p.conversation, count(*) AS events, count(*) FILTER (WHERE e.records IS NULL) AS missing,
                   min(coalesce(e.records, 0)) AS least, max(coalesce(e.records, 0)) AS most,
-                  sum(coalesce(e.errors, 0)) AS errors
+                  sum(coalesce(e.errors, 0)) AS errors,
+                  any_value(p.shard) IN (SELECT shard FROM unpublished) AS to_come
            FROM planned p FULL JOIN per_event e USING (event_id) GROUP BY p.conversation"""
     )
-    conversations, done, partial, missing_conversations, with_errors, planned, missing = con.execute(
-        """SELECT count(*), count(*) FILTER (WHERE least >= 1), count(*) FILTER (WHERE least = 0 AND most >= 1),
-                  count(*) FILTER (WHERE most = 0), count(*) FILTER (WHERE errors > 0), sum(events), sum(missing)
-           FROM per_conversation WHERE conversation IS NOT NULL"""
-    ).fetchone()
+    conversations, done, partial, missing_conversations, with_errors, planned, missing, to_come, to_come_events = (
+        con.execute(
+            """SELECT count(*), count(*) FILTER (WHERE least >= 1), count(*) FILTER (WHERE least = 0 AND most >= 1),
+                      count(*) FILTER (WHERE most = 0 AND NOT to_come), count(*) FILTER (WHERE errors > 0),
+                      sum(events), sum(missing) FILTER (WHERE NOT to_come),
+                      count(*) FILTER (WHERE most = 0 AND to_come), sum(missing) FILTER (WHERE to_come)
+               FROM per_conversation WHERE conversation IS NOT NULL"""
+        ).fetchone()
+    )
     unexpected_events = con.execute("SELECT sum(events) FROM per_conversation WHERE conversation IS NULL").fetchone()
     recorded, duplicated = con.execute(
         "SELECT sum(records), count(*) FILTER (WHERE records > 1) FROM per_event"
     ).fetchone()
     unexpected = "SELECT event_id FROM per_event ANTI JOIN planned USING (event_id)"
     samples = {
-        "missing": ("SELECT event_id FROM planned ANTI JOIN per_event USING (event_id)", missing),
+        "missing": (
+            "SELECT event_id FROM planned ANTI JOIN per_event USING (event_id) "
+            "WHERE shard NOT IN (SELECT shard FROM unpublished)",
+            missing,
+        ),
         "duplicated": ("SELECT event_id FROM per_event WHERE records > 1", duplicated),
         "unexpected": (unexpected, int(unexpected_events[0] or 0)),
     }
@@ -325,6 +354,8 @@ def _summarize(con: duckdb.DuckDBPyConnection, num_shards: int, published: int) 
         events_planned=int(planned or 0),
         events_recorded=int(recorded or 0),
         events_missing=int(missing or 0),
+        conversations_not_yet_published=to_come,
+        events_not_yet_published=int(to_come_events or 0),
         events_duplicated=duplicated,
         events_unexpected=samples["unexpected"][1],
         **{f"{name}_sample": _sample(con, sql) if count else [] for name, (sql, count) in samples.items()},

@@ -14,10 +14,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dagster_project.ops.answers.cost import FleetCost
 from dagster_project.ops.plan import Plan, write_plan
-from dagster_project.ops.status import collect_status, render_text
-from dagster_project.sglang.launch import Fleet, stop_fleet
+from dagster_project.sglang.launch import stop_fleet
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 
@@ -50,9 +48,23 @@ def _dflash(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, "-m", "dagster_project.cli", *args], env=env, check=True)
 
 
+def _dagster() -> str:
+    return str(Path(sys.executable).with_name("dagster"))  # the CLI installed beside this interpreter
+
+
+def initialize_instance(env: dict[str, str]) -> None:
+    """Make (or bring up to date) the databases of the instance at `env`'s DAGSTER_HOME, in this one process,
+    before anything runs on it. Dagster's SQLite storage creates its schema on first use: processes that first
+    use a fresh instance at once (four shard runs, or the UI and the daemon) race to stamp the schema's version,
+    and every later command on it then fails ("more than one head present")."""
+    result = subprocess.run([_dagster(), "instance", "migrate"], env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout[-2000:] + result.stderr[-4000:])
+        raise SystemExit(f"could not initialise the Dagster instance at {env['DAGSTER_HOME']}")
+
+
 def _materialize(env: dict[str, str], select: str, partition: str | None = None) -> None:
-    dagster = str(Path(sys.executable).with_name("dagster"))  # the CLI installed beside this interpreter
-    command = [dagster, "asset", "materialize", "-m", "dagster_project.definitions", "--select", select]
+    command = [_dagster(), "asset", "materialize", "-m", "dagster_project.definitions", "--select", select]
     if partition:
         command += ["--partition", partition]
     label = f"{select}" + (f" [{partition}]" if partition else "")
@@ -71,6 +83,7 @@ def run_demo(root: Path) -> int:
     shutil.rmtree(root / ".demo", ignore_errors=True)  # a fresh run every time; the Dagster history stays
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(root / "dagster.yaml", Path(env["DAGSTER_HOME"]) / "dagster.yaml")
+    initialize_instance(env)  # before the shard runs use it at once
     store = LocalStore(env["DFLASH_STORE"])
     write_plan(
         store,
@@ -89,9 +102,10 @@ def run_demo(root: Path) -> int:
         with ThreadPoolExecutor(CONCURRENT_SHARD_RUNS) as pool:  # shard runs share the fleet, as in production
             list(pool.map(lambda key: _materialize(env, SHARD_ASSETS, key), layout.partition_keys(DEMO_SHARDS)))
         _materialize(env, "run_report,mixture_report")
-        endpoints = _fleet_endpoints(env)
-        print("\n" + "=" * 100 + "\nThe six operator questions (`dflash status`):\n")
-        print(render_text(collect_status(store, endpoints, cost=FleetCost(cost_per_gpu_hour=DEMO_GPU_HOUR_PRICE))))
+        print("\n" + "=" * 100 + "\nThe six operator questions (`dflash status`):\n", flush=True)
+        # The command itself, as the operator runs it: it reads the same Dagster instance as the UI (`make dev`),
+        # so its count of materialized shards is the UI's.
+        _dflash(env, "status")
         print(
             f"\nTraining set: {store.url(layout.TRAINING_SET)}   exports (SpecForge JSONL, HF Parquet + card): "
             f"{store.url(layout.EXPORTS)}   mixture: the mixture_report asset, {store.url('reports/mixture.json')}"
@@ -100,8 +114,3 @@ def run_demo(root: Path) -> int:
     finally:
         _dflash(env, "fleet", "down")
     return 0
-
-
-def _fleet_endpoints(env: dict[str, str]) -> list[str]:
-    fleet = Fleet.load(Path(env["DFLASH_WORK_DIR"]) / "fleet")
-    return fleet.urls if fleet else []

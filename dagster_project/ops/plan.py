@@ -18,12 +18,12 @@ PLAN_KEY = "plan.json"
 @dataclass(frozen=True)
 class Plan:
     source: str
-    req_per_s: float
-    avg_output_tokens: float
-    output_tok_per_s: float
-    gpus: int = 1
-    cost_per_hour: float | None = None
-    prompts: int | None = None
+    req_per_s: float = field(metadata={"help": "planned requests (generated answers) per second, whole fleet"})
+    avg_output_tokens: float = field(metadata={"help": "planned mean output tokens per answer"})
+    output_tok_per_s: float = field(metadata={"help": "planned output tokens per second, whole fleet"})
+    gpus: int = field(default=1, metadata={"help": "GPUs the fleet holds"})
+    cost_per_hour: float | None = field(default=None, metadata={"help": "US$ per hour of the whole fleet"})
+    prompts: int | None = field(default=None, metadata={"help": "prompts in the whole job (for its cost and ETA)"})
 
     def eta_hours(self, remaining_requests: int) -> float:
         return remaining_requests / self.req_per_s / 3600 if self.req_per_s else float("inf")
@@ -47,9 +47,9 @@ class Plan:
         )
 
 
-# The real run's planned figures (BRIEF.md): 7 GPUs at ~$27/hour, 913,786 prompts.
+# The real run's planned figures: 7 GPUs at ~$27/hour, 913,786 prompts.
 BRIEF_PLAN = Plan(
-    source="brief: planned figures of the 913,786-prompt Qwen3.6-27B run",
+    source="reference run: planned figures of the 913,786-prompt Qwen3.6-27B run",
     req_per_s=5.6,
     avg_output_tokens=2306,
     output_tok_per_s=15900,

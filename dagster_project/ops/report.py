@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dagster_project.generation.progress import Heartbeat
+from dagster_project.ops.answers.coverage import by_id_summary
+from dagster_project.ops.answers.multi_turn import generated_of_planned
+from dagster_project.ops.answers.progress import eta_text
 from dagster_project.ops.answers.text import dollars
 from dagster_project.ops.status import Status
 
@@ -95,6 +98,16 @@ def verdict(ratio: float | None, higher_is_better: bool = True) -> str:
     return "ahead of plan" if ahead else "behind plan"
 
 
+def length_verdict(ratio: float | None) -> str:
+    """Answers longer or shorter than planned are neither ahead nor behind: the rates and the ETA say what that
+    does to the run."""
+    if ratio is None:
+        return "—"
+    if abs(ratio - 1) <= ON_PLAN_BAND:
+        return "as planned"
+    return "longer than plan" if ratio > 1 else "shorter than plan"
+
+
 def _ratio(measured: float | None, planned: float | None) -> float | None:
     return measured / planned if measured is not None and planned else None
 
@@ -108,17 +121,15 @@ def _plan_table(status: Status) -> Table | None:
     req = p.window_req_per_s if running else p.lifetime_req_per_s or None
     tok = p.window_output_tok_per_s if running else p.lifetime_output_tok_per_s or None
     figures = [
-        ("req/s", req, plan.req_per_s, 2, True),
-        ("output tok/s", tok, plan.output_tok_per_s, 0, True),
-        ("avg output tokens", p.avg_output_tokens, plan.avg_output_tokens, 0, False),
-        ("ETA, rest (h)", p.eta_hours, p.plan_eta_hours, 2, False),
+        ("req/s", req, plan.req_per_s, 2, verdict),
+        ("output tok/s", tok, plan.output_tok_per_s, 0, verdict),
+        ("avg output tokens", p.avg_output_tokens, plan.avg_output_tokens, 0, length_verdict),
+        ("ETA, rest (h)", p.eta_hours, p.plan_eta_hours, 2, lambda r: verdict(r, higher_is_better=False)),
     ]
     rows = []
-    for name, measured, planned, digits, higher_is_better in figures:
+    for name, measured, planned, digits, judge in figures:
         ratio = _ratio(measured, planned)
-        rows.append(
-            [name, _num(measured, digits), _num(planned, digits), _num(ratio, 2), verdict(ratio, higher_is_better)]
-        )
+        rows.append([name, _num(measured, digits), _num(planned, digits), _num(ratio, 2), judge(ratio)])
     measured_header = "recent" if running else "lifetime"
     return _table(["figure", measured_header, "plan", "×plan", "verdict"], rows)
 
@@ -145,7 +156,7 @@ def _progress(status: Status) -> Section:
         + (f"; dead: {_some(p.shards_dead)}" if p.shards_dead else "")
         + (f"; failed: {_some(p.shards_failed)}" if p.shards_failed else ""),
         "",
-        f"ETA at the measured rate: **{_num(p.eta_hours, 2)} h**"
+        f"ETA at the measured rate: **{eta_text(p)}**"
         + ("" if p.shards_running else " (no shard running now)")
         + f"; at the plan's rate: **{_num(p.plan_eta_hours, 2)} h**; lifetime {_num(p.lifetime_req_per_s, 2)} req/s, "
         f"{_num(p.lifetime_output_tok_per_s)} output tok/s over {_num(p.lifetime_span_hours * 60, 1)} min of "
@@ -188,7 +199,7 @@ def _concurrency(status: Status) -> Section:
                 server_name(url),
                 f"{_num(row.running)}/{_num(row.effective_cap)}",
                 _num(row.queued),
-                _percent(row.token_usage),
+                _percent(row.kv_usage),
                 _percent(row.mamba_usage),
                 limit_label(row.limited_by),
             ]
@@ -238,12 +249,7 @@ def _coverage(status: Status) -> Section:
     ]
     if cov.by_id:
         b = cov.by_id
-        text.append(
-            f"By id (as of {as_of(b.computed_at)}): conversations {_num(b.conversations)} = done "
-            f"{_num(b.conversations_done)} + partial {_num(b.conversations_partial)} + missing "
-            f"{_num(b.conversations_missing)}; events missing {_num(b.events_missing)}, duplicated "
-            f"{_num(b.events_duplicated)}, unexpected {_num(b.events_unexpected)}."
-        )
+        text.append(f"By id (as of {as_of(b.computed_at)}): {by_id_summary(b)}.")
     tables = ()
     if cov.by_source:
         sources = _table(
@@ -262,7 +268,7 @@ def _multi_turn(status: Status) -> Section:
     return Section(
         "6. Multi-turn",
         f"Policy `{turns.policy}`: {_num(turns.multi_turn_conversations)} multi-turn of "
-        f"{_num(turns.conversations)} conversations; {_num(turns.generated_turns_planned)} assistant turns generated.",
+        f"{_num(turns.conversations)} conversations; assistant turns generated {generated_of_planned(turns)}.",
     )
 
 

@@ -35,7 +35,6 @@ from dagster_project.conversations.shards import read_conversations, read_conver
 from dagster_project.conversations.turns import prompt_messages
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.sglang import capacity
-from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
 from dagster_project.store.dataclass_json import from_json, to_json
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import render_prompt_ids
@@ -262,6 +261,9 @@ async def run_point(
     timeout_s: float = 3600.0,
 ) -> list[RequestRecord]:
     """`requests_per_server` requests to each endpoint, `concurrency` at a time per endpoint."""
+    # Here, not at the top: `dflash status` reads this module's report without the client (aiohttp).
+    from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
+
     records: list[RequestRecord] = []
     async with new_session() as session:
 
@@ -526,6 +528,8 @@ def _serving(
 
 
 async def _server_infos(urls: Sequence[str], api_key: str | None) -> list[dict | None]:
+    from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
+
     async with new_session() as session:
 
         async def one(url: str) -> dict | None:

@@ -4,12 +4,11 @@ import dagster as dg
 from pydantic import Field
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
-from dagster_project.generation.fleet_registry import follow_registry, registered_endpoints
+from dagster_project.generation.fleet_registry import follow_registry, known_endpoints
 from dagster_project.generation.ledger import FleetLedger
 from dagster_project.ops.answers.cost import FleetCost
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.settings import DEFAULT_FLEET_STALE_AFTER_S
-from dagster_project.sglang.launch import Fleet
 from dagster_project.store.storage import Store
 
 
@@ -47,13 +46,7 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
     def known_endpoints(self, registry: Store | None = None) -> list[str]:
         """The router, else the endpoints, else every node's servers in `registry`, else this node's recorded
         fleet; empty when none is known."""
-        if self._configured():
-            return self._configured()
-        registered = registered_endpoints(registry, self.stale_node_after_s) if registry is not None else []
-        if registered:
-            return registered
-        fleet = Fleet.load(Path(self.fleet_dir)) if self.fleet_dir else None
-        return fleet.urls if fleet is not None and fleet.members else []
+        return known_endpoints(self._configured(), registry, self.stale_node_after_s, self.fleet_dir)
 
     def resolve_endpoints(self, registry: Store | None = None) -> list[str]:
         """The endpoints to generate with; a run without any fails saying how to configure them."""

@@ -5,7 +5,7 @@ from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from dagster_project.resources.config_fields import config_fields
-from dagster_project.store.storage import RetryPolicy, Store, bounded_client, open_store
+from dagster_project.store.storage import RetryPolicy, Store, StoreLocationError, bounded_client, open_store
 
 
 class DatasetStore(config_fields(RetryPolicy, dg.ConfigurableResource)):
@@ -30,7 +30,10 @@ class DatasetStore(config_fields(RetryPolicy, dg.ConfigurableResource)):
                 profile_name=self.s3.profile_name,
             )
 
-        return open_store(self.root, s3_client, policy)
+        try:
+            return open_store(self.root, s3_client, policy)
+        except StoreLocationError as exc:  # a setting to fix, not a bug: the step fails saying which, not how
+            raise dg.Failure(description=f"the store resource's root (DFLASH_STORE): {exc}") from None
 
     def local_dir(self) -> Path:
         """The work directory, created."""

@@ -540,16 +540,22 @@ class CapacityReport:
         best = self.best
         return best.concurrency / self.concurrency if best is not None else 1.0
 
-    def explain(self, lengths: str = "observed") -> str:
-        """One line, e.g. "cap 21 per server, bound by mamba state slots (5 per request, radix cache on); ...";
-        `lengths` says where the request length comes from ("observed", "expected")."""
+    def binding(self) -> str:
+        """What binds the server's cap, e.g. "cap 21 per server, bound by mamba state slots (5 per request, radix
+        cache on)": the one statement of it, which every answer that says what limits a server uses."""
         cache = "radix cache on" if self.radix_cache else "radix cache off"
         bound = self.bound
         detail = f" ({self.slots_per_request} per request, {cache})" if bound is Resource.MAMBA_SLOTS else ""
         text = f"cap {self.cap} per server, bound by {bound.value}{detail}"
         if self.concurrency != self.cap:
             text += f", {self.concurrency} run at once"
-        if bound is not Resource.KV_AT_LENGTHS:
+        return text
+
+    def explain(self, lengths: str = "observed") -> str:
+        """One line: `binding()`, then what the KV pool allows and what would raise the cap; `lengths` says where
+        the request length comes from ("observed", "expected")."""
+        text = self.binding()
+        if self.bound is not Resource.KV_AT_LENGTHS:
             text += (
                 f"; KV pool allows {self.limits[Resource.KV_AT_LENGTHS]} "
                 f"at the {lengths} {_tokens(self.tokens_per_request)} tokens/request"

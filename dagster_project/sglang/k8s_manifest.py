@@ -28,6 +28,14 @@ ENDPOINTS_CONFIGMAP = "dflash-fleet"
 MODEL_CLAIM = "models"  # a PersistentVolumeClaim holding the checkpoint, mounted at /models
 # Loading 27B of weights and capturing CUDA graphs takes minutes: the startup probe allows 30.
 STARTUP_PROBE_MINUTES = 30
+# With an API key, the container's shell writes SGLang's --config file from the Secret's variable (umask 077: only
+# the server's user reads it) and then becomes the server: the key is in no process's command line.
+SECRETS_CONFIG = "/tmp/sglang-secrets.yaml"
+_WRITE_SECRETS_THEN_SERVE = (
+    "umask 077 && python3 -c 'import os, sys, yaml; "
+    'yaml.safe_dump({"api-key": os.environ["SGLANG_API_KEY"]}, open(sys.argv[1], "w"))\' '
+    f'{SECRETS_CONFIG} && exec "$@"'
+)
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -44,19 +52,26 @@ class FleetManifest:
     namespace: str = "dflash"
     options: ServerOptions = ServerOptions(model_path="/models/Qwen3.6-27B")
     target: CapacityTarget = CapacityTarget(gpu_memory_gib=139.0)
-    # A Secret whose key `api-key` the servers then require (`--api-key`); the Dagster pods need the same
+    # A Secret whose key `api-key` the servers then require (SGLang's `api_key`); the Dagster pods need the same
     # value as SGLANG_API_KEY. None: no key (the servers are reachable inside the cluster only).
     api_key_secret: str | None = None
 
     def launch_options(self) -> ServerOptions:
         """The options `fleet up` launches with on such a GPU: planned unless sized by hand. An API key is the
-        container's own variable, expanded by Kubernetes, so no key is written into the manifest."""
+        container's own variable (`container_command`), so no key is written into the manifest."""
         gpu = None
         if self.target.gpu_memory_gib is not None:
             free = self.target.gpu_memory_gib
             gpu = capacity.GpuMemory(free + capacity.CUDA_CONTEXT_GIB, free)
         planned, _ = plan_capacity(self.options, self.target, gpu)
-        return replace(planned, api_key="$(SGLANG_API_KEY)" if self.api_key_secret else None)
+        return replace(planned, api_key=None)
+
+    def container_command(self) -> list[str]:
+        """The server's command line; with an API key, behind the shell line that writes its --config file."""
+        if not self.api_key_secret:
+            return server_command(self.launch_options(), PORT, python="python3")
+        command = server_command(self.launch_options(), PORT, python="python3", config_file=SECRETS_CONFIG)
+        return ["/bin/sh", "-c", _WRITE_SECRETS_THEN_SERVE, NAME, *command]
 
     def endpoints(self) -> list[str]:
         return [f"http://{NAME}-{i}.{NAME}.{self.namespace}.svc:{PORT}" for i in range(self.servers)]
@@ -67,7 +82,7 @@ class FleetManifest:
         def metadata(name: str = NAME) -> dict[str, Any]:
             return {"name": name, "namespace": self.namespace, "labels": labels}
 
-        command = server_command(self.launch_options(), PORT, python="python3")
+        command = self.container_command()
         health = {"httpGet": {"path": "/health_generate", "port": PORT}}
         container = {
             "name": NAME,

@@ -23,14 +23,16 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psutil
 
 from dagster_project.sglang import capacity
-from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
 from dagster_project.sglang.protocol import parse_metrics
+
+if TYPE_CHECKING:  # the client imports aiohttp: only what talks to servers imports it, when it does
+    from dagster_project.sglang.client import SGLangError
 
 DEFAULT_MODEL = "Qwen/Qwen3.6-27B"
 PID_FILE = "fleet.json"
@@ -79,26 +81,35 @@ class ServerOptions:
     SGLang's own sizing is `radix_cache=True, max_running_requests=48`.
     """
 
-    model_path: str = DEFAULT_MODEL
-    host: str = "0.0.0.0"
-    context_length: int = 65536
+    model_path: str = field(default=DEFAULT_MODEL, metadata={"help": "model to serve: a local path or a Hub name"})
+    host: str = field(default="0.0.0.0", metadata={"help": "interface the servers listen on"})
+    context_length: int = field(default=65536, metadata={"help": "longest prompt + answer a request may have"})
     max_running_requests: int | None = field(
-        default=None, metadata={"help": "default: planned from GPU memory and the expected request length"}
+        default=None,
+        metadata={
+            "help": "requests each server runs at once (default: planned from GPU memory and the request length)"
+        },
     )
-    mem_fraction_static: float | None = field(default=None, metadata={"help": "default: SGLang's automatic one"})
-    mamba_full_memory_ratio: float | None = None
+    mem_fraction_static: float | None = field(
+        default=None, metadata={"help": "share of GPU memory for weights and pools (default: SGLang's automatic one)"}
+    )
+    mamba_full_memory_ratio: float | None = field(
+        default=None, metadata={"help": "share of the pool memory for mamba states (default: SGLang's 0.9)"}
+    )
     max_mamba_cache_size: int | None = field(default=None, metadata={"help": "mamba state slots, fixed"})
     mamba_ssm_dtype: str | None = field(
         default=None, metadata={"help": "bfloat16 halves the state (about 1.7x the requests) but changes numerics"}
     )
-    kv_cache_dtype: str | None = None
+    kv_cache_dtype: str | None = field(default=None, metadata={"help": "e.g. fp8_e4m3 (default: the model's)"})
     radix_cache: bool = field(
         default=False,
         metadata={"help": "keep SGLang's radix cache (prefix reuse; 5 state slots per running request instead of 1)"},
     )
     load_format: str | None = field(default=None, metadata={"help": "dummy: random weights (memory and speed only)"})
-    served_model_name: str | None = None
-    random_seed: int | None = 0
+    served_model_name: str | None = field(
+        default=None, metadata={"help": "the model name the servers report (default: --model-path)"}
+    )
+    random_seed: int | None = field(default=0, metadata={"help": "the servers' sampling seed"})
     api_key: str | None = field(default=None, repr=False)
     extra_args: tuple[str, ...] = ()
 
@@ -143,8 +154,16 @@ class CapacityTarget:
         return self.expected_prompt_tokens + self.expected_output_tokens + capacity.reserved_prompt_tokens(settings)
 
 
-def server_command(options: ServerOptions, port: int, *, python: str = sys.executable) -> list[str]:
-    """The `python -m sglang.launch_server ...` command line of one server: the model card's MTP recipe, metrics on."""
+def server_command(
+    options: ServerOptions, port: int, *, python: str = sys.executable, config_file: str | None = None
+) -> list[str]:
+    """The `python -m sglang.launch_server ...` command line of one server: the model card's MTP recipe, metrics on.
+
+    The API key is never on it (a command line is readable by every user of the host, in `ps`): it goes in
+    `config_file`, SGLang's `--config` YAML (see `write_secrets_config`), which the caller writes."""
+    keyed = any(arg.split("=")[0] in ("--api-key", "--admin-api-key") for arg in options.extra_args)
+    if keyed or (options.api_key is not None and config_file is None):
+        raise ValueError("an API key is passed in a --config file (write_secrets_config), never on the command line")
     rejected = [arg.split("=")[0] for arg in options.extra_args if arg.split("=")[0] in REJECTED_FLAGS]
     if rejected:
         raise ValueError(
@@ -171,7 +190,7 @@ def server_command(options: ServerOptions, port: int, *, python: str = sys.execu
         "--load-format": options.load_format,
         "--served-model-name": options.served_model_name,
         "--random-seed": options.random_seed,
-        "--api-key": options.api_key,
+        "--config": config_file,
     }
     for flag, value in valued.items():
         if value is not None:
@@ -313,6 +332,8 @@ def capacity_report(
     api_key: str | None = None,
 ) -> list[str]:
     """Per server, the cap it computed (`capacity.analyze` of its `/server_info`) next to the plan's."""
+    from dagster_project.sglang.client import SGLangError
+
     infos = asyncio.run(_server_infos(urls, api_key))
     lines = []
     for url, info in zip(urls, infos):
@@ -335,6 +356,8 @@ def capacity_report(
 
 
 async def _server_infos(urls: Sequence[str], api_key: str | None) -> list[dict | SGLangError]:
+    from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
+
     async with new_session() as session:
 
         async def one(url: str) -> dict | SGLangError:
@@ -347,12 +370,23 @@ async def _server_infos(urls: Sequence[str], api_key: str | None) -> list[dict |
 
 
 def simulator_command(
-    port: int, options: Mapping[str, Any], *, vocab_file: Path | None, host: str, python: str = sys.executable
+    port: int,
+    options: Mapping[str, Any],
+    *,
+    vocab_file: Path | None,
+    host: str,
+    python: str = sys.executable,
+    config_file: str | None = None,
 ) -> list[str]:
-    """`python -m dagster_project.sglang.sim.server ...`; `options` are SimConfig fields (e.g. `decode_step_s`)."""
+    """`python -m dagster_project.sglang.sim.server ...`; `options` are SimConfig fields (e.g. `decode_step_s`),
+    less the API key, which goes in `config_file` as for a real server (`write_secrets_config`)."""
+    if "api_key" in options:
+        raise ValueError("an API key is passed in a --config file (write_secrets_config), never on the command line")
     command = [python, "-m", "dagster_project.sglang.sim.server", "--host", host, "--port", str(port)]
     if vocab_file is not None:
         command += ["--vocab-file", str(vocab_file)]
+    if config_file is not None:
+        command += ["--config", config_file]
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")
         if name == "speculative":
@@ -379,13 +413,24 @@ def router_command(worker_urls: Sequence[str], *, host: str, port: int, python: 
     ]  # fmt: skip
 
 
-def redact(command: Sequence[str]) -> list[str]:
-    """The command with its API key hidden, for the pid file and error messages."""
-    redacted = list(command)
-    for index, arg in enumerate(redacted[:-1]):
-        if arg == "--api-key":
-            redacted[index + 1] = "<redacted>"
-    return redacted
+SECRETS_SUFFIX = ".secrets.yaml"
+
+
+def write_secrets_config(path: Path, api_key: str) -> Path:
+    """SGLang's `--config` YAML (0.5.23 merges it into the flags, `prepare_server_args`) holding the API key, made
+    readable by this user alone before the key is written: the key stays off every process's command line."""
+    import yaml  # here: readers of fleet records (`dflash status`) never write one
+
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        yaml.safe_dump({"api-key": api_key}, handle)
+    return path
+
+
+def _remove_secrets(run_dir: Path) -> None:
+    for path in run_dir.glob(f"*{SECRETS_SUFFIX}"):
+        path.unlink(missing_ok=True)
 
 
 # ---- fleet record ---------------------------------------------------------------------------------------------
@@ -583,6 +628,7 @@ def cleanup_stale(run_dir: Path) -> list[str]:
         return []
     stopped = _terminate(fleet.members, timeout_s=10)
     fleet.pid_file.unlink(missing_ok=True)
+    _remove_secrets(run_dir)
     return stopped
 
 
@@ -594,7 +640,8 @@ def _prepare(run_dir: Path) -> None:
         return
     if fleet.alive():
         raise FleetError(
-            f"a {fleet.kind} fleet is already running from {run_dir} ({', '.join(fleet.urls)}): stop it first"
+            f"a {fleet.kind} fleet is already running from {run_dir} ({', '.join(fleet.urls)}): "
+            "stop it first (`dflash fleet down`)"
         )
     fleet.pid_file.unlink()
 
@@ -625,7 +672,7 @@ def _start(
                     process.pid,
                     process.create_time(),
                     str(log),
-                    redact(command),
+                    command,
                     gpu,
                 )
             )
@@ -635,6 +682,8 @@ def _start(
         _terminate(fleet.members, timeout_s=10)
         fleet.pid_file.unlink(missing_ok=True)
         raise
+    finally:
+        _remove_secrets(fleet.run_dir)  # a server reads its --config file once, at startup
     fleet.state = "up"
     fleet.save()
     return fleet
@@ -657,7 +706,8 @@ def launch_fleet(
     for index, gpu in enumerate(gpus):
         port = base_port + index
         env = {**server_environment(), "CUDA_VISIBLE_DEVICES": str(gpu)}
-        specs.append((f"gpu{gpu}", port, server_command(options, port, python=python), env, gpu))
+        secrets = _secrets_config(run_dir, f"gpu{gpu}", options.api_key)
+        specs.append((f"gpu{gpu}", port, server_command(options, port, python=python, config_file=secrets), env, gpu))
     return _start(
         Fleet(run_dir, "sglang"),
         specs,
@@ -693,16 +743,12 @@ def launch_simulators(
         raise ValueError(f"{len(per_server)} option sets for {count} simulators")
     ports = list(ports) if ports is not None else free_ports(count, host)
     vocab_file = load_sim_vocab(tokenizer).save(run_dir / SIM_VOCAB_FILE)
-    specs = [
-        (
-            f"sim{index}",
-            port,
-            simulator_command(port, opts, vocab_file=vocab_file, host=host, python=python),
-            server_environment(),
-            None,
-        )
-        for index, (port, opts) in enumerate(zip(ports, per_server))
-    ]
+    specs = []
+    for index, (port, opts) in enumerate(zip(ports, per_server)):
+        secrets = _secrets_config(run_dir, f"sim{index}", opts.get("api_key"))
+        flags = {name: value for name, value in opts.items() if name != "api_key"}
+        command = simulator_command(port, flags, vocab_file=vocab_file, host=host, python=python, config_file=secrets)
+        specs.append((f"sim{index}", port, command, server_environment(), None))
     return _start(
         Fleet(run_dir, "simulator"),
         specs,
@@ -711,6 +757,10 @@ def launch_simulators(
         startup_timeout_s=startup_timeout_s,
         poll_s=0.05,
     )
+
+
+def _secrets_config(run_dir: Path, name: str, api_key: str | None) -> str | None:
+    return str(write_secrets_config(run_dir / f"{name}{SECRETS_SUFFIX}", api_key)) if api_key else None
 
 
 def stop_fleet(run_dir: Path, timeout_s: float = 30.0) -> list[str]:
@@ -749,6 +799,8 @@ def connect(endpoints: Sequence[str] | str | None = None, router_url: str | None
 
 async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeout_s: float = 5.0) -> list[dict]:
     """Live state of each endpoint: health, speculative decoding, its running cap, load (from `/metrics`)."""
+    from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
+
     async with new_session() as session:
 
         async def probe(url: str) -> dict:
@@ -780,7 +832,8 @@ async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeo
 _PROBED_METRICS = {
     "running": "sglang:num_running_reqs",
     "queued": "sglang:num_queue_reqs",
-    "token_usage": "sglang:token_usage",
+    "token_usage": "sglang:token_usage",  # the fuller of the two pools: KV tokens or mamba state slots
+    "kv_usage": "sglang:full_token_usage",  # the KV pool's own
     "mamba_usage": "sglang:mamba_usage",
     "spec_accept_length": "sglang:spec_accept_length",
     "gen_throughput": "sglang:gen_throughput",

@@ -14,8 +14,6 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 DEFAULT_MAX_NEW_TOKENS = 128  # an absent max_new_tokens means 128 on /generate
 UNCAPPED_MAX_NEW_TOKENS = 1 << 30  # an explicit null means "no cap", clipped to the context
 TOP_K_ALL = 1 << 30
@@ -559,6 +557,8 @@ def parse_metrics(text: str) -> dict[str, float]:
     Sample names are the exposed ones (`sglang:generation_tokens_total`, `..._bucket`), not the family names
     the parser strips suffixes from. Raises `ValueError` on text that is not the Prometheus format.
     """
+    from prometheus_client.parser import text_string_to_metric_families  # only where metrics are read
+
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

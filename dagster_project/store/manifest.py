@@ -15,10 +15,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dagster_project.store import object_index
 from dagster_project.store.dataclass_json import parse_record, read_record, to_json
@@ -32,6 +29,9 @@ from dagster_project.store.storage import (
     arrow_filesystem,
     local_copy,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -211,6 +211,8 @@ def iter_parquet_batches(store: Store, keys: list[str], columns: list[str] | Non
     An object that is not readable Parquet (truncated, overwritten) raises `CorruptObject` naming it. Some
     columns of an S3 object are read by ranged GETs (its footer and those column chunks), not a download.
     """
+    import pyarrow.parquet as pq  # here: readers of manifests alone (`dflash status`) never load pyarrow
+
     for key in keys:
         with _parquet_source(store, key, ranged=columns is not None) as source:
             with _parquet_errors(store, key):
@@ -240,6 +242,8 @@ def _parquet_source(store: Store, key: str, *, ranged: bool) -> Iterator[Any]:
 
 @contextmanager
 def _parquet_errors(store: Store, key: str) -> Iterator[None]:
+    import pyarrow as pa
+
     try:
         yield
     except (pa.ArrowException, OSError) as exc:

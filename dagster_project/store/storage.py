@@ -43,6 +43,10 @@ class StoreError(RuntimeError):
     """An object could not be written, read or verified."""
 
 
+class StoreLocationError(StoreError, ValueError):
+    """The store's root cannot be a store: a malformed URI, or a local path that is, or lies under, a file."""
+
+
 class CorruptObject(StoreError):
     """An object is in the store but cannot be read as what it should be (truncated, overwritten, not JSON)."""
 
@@ -113,15 +117,42 @@ def _file_mode() -> int:
     return 0o666 & ~mask
 
 
-def _publish_temporary(tmp_name: str, path: Path) -> None:
-    os.chmod(tmp_name, _file_mode())
-    os.replace(tmp_name, path)
+@contextmanager
+def _written_in_place(path: Path) -> Iterator[Any]:
+    """A temporary file beside `path` to write the object into; renamed to `path` once written and synced.
+
+    A write that fails (a full disk, no permission, a file size limit) removes the temporary file and raises
+    `StoreError` naming `path` and the cause: nothing is left behind, and the operator knows where to look.
+    """
+    tmp_name = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+            tmp_name = tmp.name
+            yield tmp
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.chmod(tmp_name, _file_mode())
+        os.replace(tmp_name, path)
+        tmp_name = None
+    except OSError as exc:
+        raise StoreError(f"writing {path} failed: {exc}") from exc
+    finally:
+        if tmp_name is not None:
+            Path(tmp_name).unlink(missing_ok=True)
 
 
 class LocalStore:
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser().resolve()
         self.uri = str(self.root)
+        # Refused here, once, rather than as a NotADirectoryError from the first read or write deep in a stage.
+        existing = next(path for path in (self.root, *self.root.parents) if path.exists())
+        if not existing.is_dir():
+            raise StoreLocationError(
+                f"the store root {self.uri} is not a directory: {existing} is a file (set DFLASH_STORE to a "
+                "directory, or to s3://bucket/prefix)"
+            )
 
     def _path(self, key: str) -> Path:
         # normpath, not resolve(): no file system calls for a key (readers of 1,830 shards ask for many).
@@ -132,23 +163,14 @@ class LocalStore:
 
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        with _written_in_place(path) as tmp:
             tmp.write(data)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        _publish_temporary(tmp.name, path)
         return ObjectInfo(key, len(data), sha256_bytes(data), path.stat().st_mtime)
 
     def put_file(self, key: str, path: Path) -> ObjectInfo:
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as tmp:
-            with open(path, "rb") as source:
-                shutil.copyfileobj(source, tmp, _CHUNK)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        _publish_temporary(tmp.name, target)
+        with _written_in_place(target) as tmp, open(path, "rb") as source:
+            shutil.copyfileobj(source, tmp, _CHUNK)
         return ObjectInfo(key, target.stat().st_size, sha256_file(target), target.stat().st_mtime)
 
     def get_bytes(self, key: str) -> bytes:
@@ -416,7 +438,9 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     """(bucket, prefix) of `s3://bucket/prefix`; anything else that names the s3 scheme is refused."""
     match = _S3_URI.fullmatch(uri.strip())
     if match is None:
-        raise ValueError(f"{uri!r} is not a valid S3 URI: write s3://bucket/prefix (two slashes, a lowercase bucket)")
+        raise StoreLocationError(
+            f"{uri!r} is not a valid S3 URI: write s3://bucket/prefix (two slashes, a lowercase bucket)"
+        )
     return match["bucket"], (match["prefix"] or "").strip("/")
 
 
@@ -451,7 +475,15 @@ def open_store(
             raise ValueError(f"{uri} is an S3 URI but no S3 client was given")
         return S3Store(uri, s3_client_factory(), policy)
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", uri):
-        raise ValueError(f"unsupported store URI {uri!r}: use a local path or s3://bucket/prefix")
+        raise StoreLocationError(f"unsupported store URI {uri!r}: use a local path or s3://bucket/prefix")
+    # A URI that lost its colon (`s3//bucket/x`) is a valid relative path: taken as one, the data would go to a
+    # local directory `./s3/bucket/x` that nobody else reads.
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*//", uri.strip()):
+        scheme = uri.strip().split("/", 1)[0]
+        raise StoreLocationError(
+            f"store URI {uri!r} looks like a URI missing the colon after {scheme!r} (write {scheme}://...); "
+            "a local directory is a plain path (./name, or an absolute one)"
+        )
     return LocalStore(uri)
 
 

@@ -620,7 +620,7 @@ def ids_match_completions(rows: Mapping[str, RowDigest], completion_batches: Ite
 # ---- a shard, end to end: completions or training rows --------------------------------------------
 
 TRAINING_GATE_COLUMNS = ["event_id", "input_ids", "loss_mask", "finish_reason", "truncated"]
-COMPLETION_GATE_COLUMNS = ["status", "prompt_ids", "output_ids", "finish_reason"]
+COMPLETION_GATE_COLUMNS = ["event_id", "status", "prompt_ids", "output_ids", "finish_reason"]
 
 
 @dataclass(frozen=True)
@@ -668,6 +668,7 @@ class ShardProfile:
     finished: np.ndarray  # ended with `stop` and not truncated: the rows whose answers can be judged
     outputs: OutputProfile
     prompt_digests: list[bytes]
+    event_ids: list[str]  # per row: what a blocked gate names as its examples
     digests: dict[str, RowDigest] = field(default_factory=dict)  # training rows only, for `ids_match_completions`
 
 
@@ -687,6 +688,7 @@ def _joined(parts: list[dict[str, Any]], digests: dict[str, RowDigest]) -> Shard
         finished=joined("finished", bool),
         outputs=OutputProfile.concat([part["outputs"] for part in parts]),
         prompt_digests=[key for part in parts for key in part["prompt_digests"]],
+        event_ids=[event for part in parts for event in part["event_ids"]],
         digests=digests,
     )
 
@@ -716,6 +718,7 @@ def profile_training_batches(batches: Iterable[pa.RecordBatch], special: Special
             min_ids=min_ids,
             max_ids=max_ids,
             finished=_stopped(batch) & ~batch.column("truncated").to_numpy(zero_copy_only=False),
+            event_ids=batch.column("event_id").to_pylist(),
         )
         rows = zip(batch.column("event_id").to_pylist(), part["prompt_digests"], row_digests(supervised), strict=True)
         for i, (event, prompt, output) in enumerate(rows):
@@ -748,6 +751,7 @@ def profile_completion_batches(batches: Iterable[pa.RecordBatch], special: Speci
                 min_ids=np.minimum(prompt_min, output_min),
                 max_ids=np.maximum(prompt_max, output_max),
                 finished=_stopped(answered),
+                event_ids=answered.column("event_id").to_pylist(),
             )
         )
     return _joined(parts, {})

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -43,13 +44,39 @@ def test_fleet_up_status_down_never_shows_the_api_key(env, tmp_path):
             env, "fleet", "up", "--simulate", "2", "--sim-option", "output_len=fixed:8"
         )
         record = (tmp_path / "work" / "fleet" / "fleet.json").read_text()
-        assert SECRET not in record and "<redacted>" in record
-        servers = [json.loads(line) for line in dflash(env, "fleet", "status").splitlines()]
+        assert SECRET not in record and "--config" in record
+        # Nor in any fleet process's command line (`ps`): each read its key from a 0600 --config file, removed
+        # once the fleet was up.
+        fleet = launch.Fleet.load(tmp_path / "work" / "fleet")
+        processes = [p for m in fleet.members for p in (m.process(), *m.process().children(recursive=True))]
+        assert len(processes) >= 2
+        for process in processes:
+            assert SECRET.encode() not in Path(f"/proc/{process.pid}/cmdline").read_bytes(), process.cmdline()
+        assert not list((tmp_path / "work" / "fleet").glob("*.secrets.yaml"))
+        # `fleet up` again while it runs: refused in one line, the running fleet untouched.
+        again = subprocess.run(
+            [sys.executable, "-m", "dagster_project.cli", "fleet", "up", "--simulate", "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert again.returncode == 1 and "Traceback" not in again.stderr
+        assert (
+            again.stderr.startswith("dflash fleet up: a simulator fleet is already running")
+            and again.stderr.count("\n") == 1
+        )
+        table = dflash(env, "fleet", "status").splitlines()
+        assert table[0].split() == ["pid", "address", "health", "cap", "running", "queued"]
+        assert [row.split()[2] for row in table[1:]] == ["healthy", "healthy"]
+        record = json.loads((tmp_path / "work" / "fleet" / "fleet.json").read_text())
+        assert sorted(int(row.split()[0]) for row in table[1:]) == sorted(m["pid"] for m in record["members"])
+        servers = [json.loads(line) for line in dflash(env, "fleet", "status", "--json").splitlines()]
         assert [s["healthy"] for s in servers] == [True, True]
         assert all(s["speculative_algorithm"] == "EAGLE" and s["max_running_requests"] == 16 for s in servers)
         # Routes other than /health need the key: without it, status cannot read the servers' state.
         servers_without_key = [
-            json.loads(line) for line in dflash({**env, "SGLANG_API_KEY": ""}, "fleet", "status").splitlines()
+            json.loads(line) for line in dflash({**env, "SGLANG_API_KEY": ""}, "fleet", "status", "--json").splitlines()
         ]
         assert all("unauthorized" in s["error"] for s in servers_without_key)
     finally:

@@ -180,3 +180,26 @@ def _is_blocking(key: dg.AssetCheckKey) -> bool:
     from dagster_project.definitions import defs
 
     return defs.resolve_asset_graph().get_check_spec(key).blocking
+
+
+def test_a_rerun_of_a_finished_shard_writes_its_figures_not_zeros(prepared, sim_fleet):
+    """The rerun finds every answer in its journal and generates nothing: its metadata still says how the
+    answers were generated (the rate of the run that made them, their finish reasons), not 0 and {}."""
+    fleet = sim_fleet(1, **FAST_ANSWERS)
+    shard = 2
+    first = _run_completions(prepared, shard, fleet.urls)
+    again = _run_completions(prepared, shard, fleet.urls)
+
+    assert first["output_tok_per_s"] > 0 and sum(first["finish_reasons"].values()) == first["ok"] > 0
+    assert again == first
+
+
+def _run_completions(prepared: Prepared, shard: int, endpoints: list[str]) -> dict:
+    result = dg.materialize(
+        [completions],
+        partition_key=layout.partition_key(shard),
+        resources=_resources(prepared.store, endpoints),
+        instance=prepared.instance,
+    )
+    (materialization,) = result.asset_materializations_for_node("completions")
+    return {name: getattr(value, "value", value) for name, value in materialization.metadata.items()}

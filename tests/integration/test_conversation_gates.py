@@ -28,7 +28,9 @@ def test_a_forged_turn_fails_the_gate_and_completions_refuses_the_shard(tmp_path
         "store": DatasetStore(root=str(tmp_path / "store"), work_dir=str(tmp_path / "work"), s3=S3Resource()),
         "tokenizer": TokenizerResource(),
         "generation": GenerationConfig(),
-        "fleet": SGLangFleet(endpoints=["http://127.0.0.1:9"]),  # never reached: the gate refuses first
+        # Never reached: the gate refuses first. Were it reached, the run would stop a second later (FleetDownError)
+        # instead of after the 300 s default grace.
+        "fleet": SGLangFleet(endpoints=["http://127.0.0.1:9"], fleet_down_grace_s=1.0, probe_timeout_s=1.0),
     }
     config = dg.RunConfig(ops={"raw_prompts": {"config": {"sources": [str(prompts)]}}})
     with dg.instance_for_test() as instance:

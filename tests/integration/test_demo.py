@@ -22,5 +22,7 @@ def test_the_demo_runs_every_stage_and_answers_the_six_questions(tmp_path):
     for heading in ("1. Progress", "2. MTP", "3. Concurrency", "4. Storage", "5. Coverage", "6. Multi-turn"):
         assert heading in result.stdout, result.stdout[-4000:]
     assert "4/4 shards published" in result.stdout and "failed uploads 0" in result.stdout
+    # The summary agrees with the Dagster instance the UI shows (`make dev`): all four shards materialized.
+    assert "(Dagster: 4 materialized)" in result.stdout, result.stdout[-4000:]
     assert "missing 0, duplicated 0, unexpected 0" in result.stdout
     assert Fleet.load(tmp_path / ".demo" / "work" / "fleet") is None  # the fleet was stopped

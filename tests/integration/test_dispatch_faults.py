@@ -217,10 +217,10 @@ def test_a_hung_server_is_found_by_its_health_check_and_its_work_moves_at_once(s
 
 
 def test_a_server_busy_with_long_answers_is_not_written_off(sim_fleet):
-    # Every answer takes seconds, far longer than the watchdog; the server keeps generating, so its health
-    # checks pass and count as progress.
-    fleet = sim_fleet(1, max_running_requests=4, decode_step_s=0.01, output_len="fixed:900")
-    shard = Shard(fleet, 8, lambda: None, 0, watchdog_s=0.5)
+    # Every answer takes seconds, far longer than the watchdog; the server keeps generating, and its /metrics,
+    # read more often than the watchdog's limit, show our requests running there: that is progress.
+    fleet = sim_fleet(1, max_running_requests=4, decode_step_s=0.01, output_len="fixed:900", enable_metrics=True)
+    shard = Shard(fleet, 8, lambda: None, 0, watchdog_s=0.5, load_read_interval_s=0.1)
     stats = shard.run()
     assert all(o.ok for o in shard.outcomes.values())
     assert min(o.latency_s for o in shard.outcomes.values()) > 1.0  # longer than the watchdog, twice over

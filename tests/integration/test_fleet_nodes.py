@@ -78,7 +78,7 @@ def test_fleet_up_on_two_nodes_registers_both_and_fleet_down_removes_one(tmp_pat
 
         # A third host, with no fleet of its own, sees every node's servers.
         elsewhere = node_env(tmp_path, store, "head")
-        probed = [orjson.loads(line) for line in dflash(elsewhere, "fleet", "status").splitlines()]
+        probed = [orjson.loads(line) for line in dflash(elsewhere, "fleet", "status", "--json").splitlines()]
         assert sorted(p["url"] for p in probed) == sorted(s.url for r in records.values() for s in r.servers)
         assert all(p["healthy"] for p in probed)
 

@@ -1,5 +1,6 @@
 """Tool calling end to end on the simulator: LLaMA-Factory's glaive_toolcall_en_demo.json → conversations →
-completions → training set, every turn's prompt the official render of its recorded context with the tools."""
+completions → training set, every turn's prompt the official Qwen3.6 template's render of its recorded context with
+the tools (the template from the shared fixtures, not the project's own: a change to its rendering fails here)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFlee
 from dagster_project.store import layout
 from dagster_project.store.jsonl import read_jsonl_zst
 from dagster_project.store.storage import LocalStore
-from dagster_project.tokenizer import render_prompt_ids
 from dagster_project.training.shards import iter_training_batches
+from tests.support.chat_templates import official_prompt_ids, official_template
 from tests.support.paths import SHARED_DATA, require_shared
 from tests.support.training_shards import tokenizer
 
@@ -36,6 +37,7 @@ def glaive() -> str:
 
 
 def test_glaive_tool_calls_reach_the_training_set_token_exact(sim_fleet, tmp_path, glaive) -> None:
+    official = official_template()
     fleet = sim_fleet(2, output_len="uniform:16:96")
     store = LocalStore(tmp_path / "store")
     resources = {
@@ -90,9 +92,9 @@ def test_glaive_tool_calls_reach_the_training_set_token_exact(sim_fleet, tmp_pat
             prompt_ids, output_ids = sent[event]
             assert trained[event]["input_ids"] == prompt_ids + output_ids
             if conversation.history == "source":
-                # The recorded context, calls and results included, rendered with the tools by the template.
+                # The recorded context, calls and results included, rendered with the tools by the official template.
                 recorded = prompt_messages(conversation, turn, [])
-                assert prompt_ids == render_prompt_ids(tok, recorded, tools=conversation.tools)
+                assert prompt_ids == official_prompt_ids(tok, official, recorded, tools=conversation.tools)
                 tool_turns += "<tool_response>" in tok.decode(prompt_ids)
     assert len(held) + len(quarantined) == len(rows)
     reached = len(complete) + sum(q["duplicate_of"] in complete for q in quarantined)

@@ -109,6 +109,21 @@ def disaster_rows(count: int, broken_share: float = 0.87, shard: int = 0) -> lis
     return rows
 
 
+def templated_rows(count: int, templated: int, shard: int = 0) -> list[dict[str, Any]]:
+    """A shard whose only fault is one output shape repeated: `templated` of its rows (at most 20) answer with the
+    same sentences around other two-digit numbers, so each text differs but every loss_mask sum is the same
+    (40 tokens). Only `loss_sum_concentration` fails on it: no answer repeats and none is short or under the floor.
+    """
+    rows = healthy_rows(count, shard)
+    for i, row in enumerate(rows[:templated], start=10):
+        output = output_ids(
+            f"The user asks for {i} times {i + 3}. I multiply the two numbers and check the product once more.",
+            f"{i} times {i + 3} is {i * (i + 3)}.",
+        )
+        row.update(output_ids=output, completion_tokens=len(output))
+    return rows
+
+
 def publish_completions(
     store: Store, shard: int, rows: list[dict[str, Any]], settings: GenerationSettings | None = None
 ) -> CompletionsShardManifest:

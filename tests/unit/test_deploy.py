@@ -176,10 +176,14 @@ def test_an_api_key_comes_from_a_secret_and_never_into_the_manifest(secret):
     (container,) = [o for o in manifest.objects() if o["kind"] == "StatefulSet"][0]["spec"]["template"]["spec"][
         "containers"
     ]
+    command = container["command"] + container["args"]
+    assert "--api-key" not in command and not any("$(SGLANG_API_KEY)" in arg for arg in command)
     if secret is None:
-        assert "--api-key" not in container["args"] and container["env"] == []
+        assert "--config" not in command and container["env"] == []
     else:
-        assert container["args"][container["args"].index("--api-key") + 1] == "$(SGLANG_API_KEY)"
+        # The shell writes SGLang's --config file (0600) from the variable, then execs the server with it.
+        assert command[:2] == ["/bin/sh", "-c"] and "umask 077" in command[2]
+        assert command[command.index("--config") + 1] == k8s_manifest.SECRETS_CONFIG
         assert container["env"] == [
             {"name": "SGLANG_API_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": "api-key"}}}
         ]

@@ -30,9 +30,9 @@ from dagster_project.tokenizer import (
     render_text,
     special_ids,
 )
+from tests.support.chat_templates import OFFICIAL_TEMPLATE_NAME
 from tests.support.paths import require_shared
 
-OFFICIAL_TEMPLATE_NAME = "qwen3_6.official_reconstructed.jinja"
 PROJECT_TEMPLATE_PATH = Path(tokenizer_module.__file__).with_name("chat_template.jinja")
 
 THINKING_PROMPT_END = [248045, 74455, 198, 248068, 198]  # <|im_start|>assistant\n<think>\n

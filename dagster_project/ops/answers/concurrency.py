@@ -17,6 +17,7 @@ class ServerCapacity:
     """What binds a server's cap and what would raise it (`capacity.analyze` of its /server_info)."""
 
     explanation: str  # "cap 22 per server, bound by mamba state slots (...); ...; `flags` → est. ×3.1"
+    binding: str  # its first part, what binds the cap: "cap 22 per server, bound by mamba state slots (...)"
     cap: int
     bound: str  # the binding resource
     allowed_by: dict[str, int]  # the concurrency each resource allows on its own
@@ -37,7 +38,7 @@ class ServerConcurrency:
     cap_flag: int | None
     running: float | None
     queued: float | None
-    token_usage: float | None
+    kv_usage: float | None  # of the KV pool (`sglang:full_token_usage`)
     mamba_usage: float | None
     limited_by: str
     capacity: ServerCapacity | None = None
@@ -85,6 +86,7 @@ def server_capacity(
             estimate += f"; {measured}"
     return ServerCapacity(
         explanation=explanation,
+        binding=report.binding(),
         cap=report.cap,
         bound=report.bound.value,
         allowed_by={resource.value: limit for resource, limit in report.limits.items()},
@@ -129,25 +131,30 @@ def _limit_reason(
         return "unreachable"
     if cap is None or running is None:
         return "unknown (no /server_info cap or /metrics)"
-    memory = (
-        f"the mamba state pool caps it at {cap}, below --max-running-requests {flag}"
-        if flag and cap < flag
-        else f"its cap is {cap}"
-    )
+    # What binds the cap, said as the capacity answer says it (one statement of it on the page and in the terminal);
+    # without /server_info, only what the cap and the flag tell.
+    if fix is not None:
+        bound = fix.binding
+    elif flag and cap < flag:
+        bound = f"cap {cap} per server, bound by the mamba state pool (below --max-running-requests {flag})"
+    else:
+        bound = f"cap {cap} per server"
     if running >= cap and (queued or 0) > 0:
-        if fix is not None and fix.flags and fix.headroom >= capacity.MEANINGFUL_HEADROOM:
+        if fix is None:
+            higher = _CAPACITY_FLAGS
+        elif fix.flags and fix.headroom >= capacity.MEANINGFUL_HEADROOM:
             higher = f"`{' '.join(fix.flags)}` ({fix.expected_gain})"
         else:
-            higher = _CAPACITY_FLAGS
+            higher = "no launch flag that keeps the numerics raises it in this memory (more GPUs do)"
         return (
-            f"server memory: {memory}, {queued:.0f} queued behind it. More client concurrency only grows the queue; "
-            f"to go higher: {higher}"
+            f"the server's cap ({bound}), {queued:.0f} queued behind it. More client concurrency only grows the "
+            f"queue; to go higher: {higher}"
         )
     if window is not None and in_flight is not None and in_flight >= window and running < cap:
         return f"the client window ({window}): raise the fleet resource's oversubscription"
     if (queued or 0) == 0 and running < cap:
-        return f"not enough work in flight ({memory}; idle server or the tail of a shard)"
-    return f"balanced at the cap ({memory})"
+        return f"not enough work in flight ({bound}; idle server or the tail of a shard)"
+    return f"balanced at the cap ({bound})"
 
 
 def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
@@ -179,7 +186,7 @@ def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
             cap_flag=server.get("max_running_requests_flag"),
             running=server.get("running"),
             queued=server.get("queued"),
-            token_usage=server.get("token_usage"),
+            kv_usage=server.get("kv_usage"),
             mamba_usage=server.get("mamba_usage"),
             limited_by=_limit_reason(server, window, flying, fix),
             capacity=fix,

@@ -49,14 +49,25 @@ def answer_coverage(readings: Readings) -> CoverageAnswer:
     )
 
 
+def by_id_summary(b: DatasetCoverage) -> str:
+    """The coverage by id in a line. Mid-run, what the completions shards not published yet plan is "not yet
+    published" (to come); "missing" is only what a published (or damaged) shard lacks: a gap."""
+    to_come = b.conversations_not_yet_published
+    return (
+        f"conversations {fmt(b.conversations)} = done {fmt(b.conversations_done)} + partial "
+        f"{fmt(b.conversations_partial)} + missing {fmt(b.conversations_missing)}"
+        + (f" + not yet published {fmt(to_come)}" if to_come else "")
+        + f"; events missing {fmt(b.events_missing)}"
+        + (f", not yet published {fmt(b.events_not_yet_published)}" if b.events_not_yet_published else "")
+        + f", duplicated {fmt(b.events_duplicated)}, unexpected {fmt(b.events_unexpected)}"
+    )
+
+
 def _by_id_lines(by_id: DatasetCoverage | None, now: float) -> list[str]:
     if not by_id:
         return ["   by id: not computed yet (materialize run_report, or dflash status --by-id)"]
     return [
-        f"   by id ({ago(by_id.computed_at, now)}): conversations {fmt(by_id.conversations)} = done "
-        f"{fmt(by_id.conversations_done)} + partial {fmt(by_id.conversations_partial)} + missing "
-        f"{fmt(by_id.conversations_missing)}; events missing {fmt(by_id.events_missing)}, duplicated "
-        f"{fmt(by_id.events_duplicated)}, unexpected {fmt(by_id.events_unexpected)}",
+        f"   by id ({ago(by_id.computed_at, now)}): {by_id_summary(by_id)}",
         *(f"   ALERT: {problem}" for problem in by_id.disagreements),
         *([f"   ALERT: damaged completions shards: {by_id.shards_damaged}"] if by_id.shards_damaged else []),
     ]

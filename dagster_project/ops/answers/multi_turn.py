@@ -15,6 +15,7 @@ class MultiTurnAnswer:
     conversations: int | None
     generated_turns_planned: int
     history: str | None
+    generated_turns_done: int = 0  # with a record so far (an answer or an error), of those planned
 
 
 def answer_multi_turn(readings: Readings) -> MultiTurnAnswer:
@@ -26,7 +27,13 @@ def answer_multi_turn(readings: Readings) -> MultiTurnAnswer:
         conversations=conversations.rows if conversations else None,
         generated_turns_planned=readings.events_planned,
         history=conversations.history if conversations else None,
+        generated_turns_done=readings.events_done,
     )
+
+
+def generated_of_planned(t: MultiTurnAnswer) -> str:
+    """The turns generated so far against those planned, e.g. "407 of 1,153 planned"."""
+    return f"{fmt(t.generated_turns_done)} of {fmt(t.generated_turns_planned)} planned"
 
 
 def render_multi_turn(multi_turn: MultiTurnAnswer) -> list[str]:
@@ -34,5 +41,5 @@ def render_multi_turn(multi_turn: MultiTurnAnswer) -> list[str]:
     return [
         "6. Multi-turn",
         f"   policy {t.policy}: {fmt(t.multi_turn_conversations)} multi-turn of {fmt(t.conversations)} "
-        f"conversations, {fmt(t.generated_turns_planned)} assistant turns generated",
+        f"conversations; assistant turns generated {generated_of_planned(t)}",
     ]

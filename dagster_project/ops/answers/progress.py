@@ -42,6 +42,8 @@ class ProgressAnswer:
     plan: Plan | None
     plan_eta_hours: float | None
     events_ok: int | None = None  # answers generated without error (published, and running shards' so far)
+    # No ETA yet: every running shard is still measuring the window its rate needs to be stable.
+    eta_settling: bool = False
     # Shards whose last run failed and which are not published: they need another run.
     shards_failed: list[int] = field(default_factory=list)
 
@@ -59,7 +61,7 @@ def _covered_seconds(intervals: list[tuple[float, float]]) -> float:
 def answer_progress(readings: Readings) -> ProgressAnswer:
     """Published shards are exact; running shards report through their heartbeats."""
     published, running, beats = readings.published.values(), readings.live_unpublished, readings.heartbeats
-    done = sum(m.rows for m in published) + sum(b.done_events for b in running)
+    done = readings.events_done
     output_tokens = sum(m.output_tokens for m in published) + sum(b.output_tokens for b in running)
     ok_events = sum(m.ok for m in published) + sum(b.ok_events for b in running)
     window_tok_s = sum(b.window.output_tok_per_s for b in readings.live)
@@ -68,7 +70,12 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
     span = _covered_seconds([(b.started_at, b.updated_at) for b in beats])
     avg_output = output_tokens / ok_events if ok_events else None
     remaining = max(readings.events_planned - done, 0)
-    eta_s = remaining * avg_output / window_tok_s if avg_output and window_tok_s else None
+    # Events end at the running shards' rates over their ETA windows (`generation.progress`): stable, where a
+    # two-minute window swings with each wave of answers ending. Shards still settling count at the rate they
+    # measured so far; while all are, there is no ETA yet.
+    settling = bool(readings.live) and all(b.eta_settling for b in readings.live)
+    events_per_s = sum(b.eta_rates.req_per_s for b in readings.live)
+    eta_s = remaining / events_per_s if events_per_s and not settling else None
     plan = readings.plan
     return ProgressAnswer(
         events_planned=readings.events_planned,
@@ -86,13 +93,21 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
         lifetime_req_per_s=sum(b.done_events - b.resumed_events for b in beats) / span if span else 0.0,
         lifetime_output_tok_per_s=sum(b.output_tokens for b in beats) / span if span else 0.0,
         avg_output_tokens=avg_output,
-        eta_hours=eta_s / 3600 if eta_s else None,
+        eta_hours=eta_s / 3600 if eta_s is not None else None,
         lifetime_span_hours=span / 3600,
         plan=plan,
         plan_eta_hours=plan.eta_hours(remaining) if plan else None,
         events_ok=ok_events,
+        eta_settling=settling,
         shards_failed=sorted(b.shard for b in beats if b.state == "failed" and b.shard not in readings.published),
     )
+
+
+def eta_text(progress: ProgressAnswer) -> str:
+    """ "1.25 h", or why there is no figure yet."""
+    if progress.eta_settling:
+        return "settling (the running shards are still measuring a stable rate)"
+    return f"{fmt(progress.eta_hours, 2)} h"
 
 
 def render_progress(progress: ProgressAnswer, now: float) -> list[str]:
@@ -109,7 +124,7 @@ def render_progress(progress: ProgressAnswer, now: float) -> list[str]:
         )
         + f"lifetime {fmt(p.lifetime_req_per_s, 2)} req/s, {fmt(p.lifetime_output_tok_per_s)} out tok/s "
         f"over {fmt(p.lifetime_span_hours * 60, 1)} min of generation",
-        f"   avg output tokens {fmt(p.avg_output_tokens)}; ETA {fmt(p.eta_hours, 2)} h",
+        f"   avg output tokens {fmt(p.avg_output_tokens)}; ETA {eta_text(p)}",
     ]
     for dead in p.dead_runs:
         how = "its process is gone" if dead.process_checked else "no heartbeat for"

@@ -46,3 +46,8 @@ class Readings:
     def live_unpublished(self) -> list[Heartbeat]:
         """Running shards whose work is not yet counted in a published manifest."""
         return [b for b in self.live if b.shard not in self.published]
+
+    @property
+    def events_done(self) -> int:
+        """Planned events with a record: the published shards' rows, and what running shards did so far."""
+        return sum(m.rows for m in self.published.values()) + sum(b.done_events for b in self.live_unpublished)

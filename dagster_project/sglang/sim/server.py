@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 from aiohttp import web
 
 from dagster_project.sglang import capacity
@@ -480,6 +482,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         "--vocab-file", help="vocabulary sketch written by the fleet launcher (skips loading the tokenizer)"
     )
     parser.add_argument("--api-key")
+    parser.add_argument("--config", help="YAML file of options (CLI > file > defaults), as SGLang's --config")
     parser.add_argument("--enable-metrics", action="store_true")
     parser.add_argument(
         "--no-speculative", dest="speculative", action="store_false", help="serve as if launched without MTP"
@@ -554,7 +557,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     parser.add_argument(
         "--faults", type=orjson.loads, default={}, help="initial faults as JSON, e.g. '{\"hang\": true}'"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_merge_config_file(list(sys.argv[1:] if argv is None else argv), parser))
+    del args.config
     config = SimConfig(**vars(args))
     if len(config.accept_probs) != config.spec_draft_tokens:
         parser.error(f"--accept-probs needs {config.spec_draft_tokens} values (one per possible accepted-draft count)")
@@ -564,6 +568,30 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     except ValueError as exc:
         parser.error(str(exc))
     return config
+
+
+def _merge_config_file(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """SGLang 0.5.23's `--config FILE` (its `ConfigArgumentMerger`): each `key: value` of the YAML mapping becomes
+    `--key value` (`--key` alone for a true switch) ahead of the command line's own flags, which win."""
+    if "--config" not in argv:
+        return argv
+    at = argv.index("--config")
+    if at == len(argv) - 1:
+        parser.error("--config needs a YAML file")
+    path = Path(argv[at + 1])
+    if path.suffix.lower() not in (".yaml", ".yml") or not path.is_file():
+        parser.error(f"--config {path}: not a YAML file that exists")
+    options = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(options, dict):
+        parser.error(f"--config {path}: the file must hold a mapping of options")
+    switches = {a.dest for a in parser._actions if isinstance(a, argparse._StoreTrueAction)}
+    merged: list[str] = []
+    for key, value in options.items():
+        if key.replace("-", "_") in switches:
+            merged += [f"--{key}"] if value else []
+        else:
+            merged += [f"--{key}", str(value)]
+    return merged + argv[:at] + argv[at + 2 :]
 
 
 async def serve(config: SimConfig, vocab: SimVocab) -> None:

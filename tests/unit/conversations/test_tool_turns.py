@@ -9,7 +9,10 @@ import pytest
 
 from dagster_project.conversations.turns import apply_policy, prompt_messages, request_key
 from dagster_project.records import Conversation
+from dagster_project.tokenizer import load_tokenizer, render_prompt_ids
+from tests.support.chat_templates import official_prompt_ids, official_template
 from tests.support.ingest_helpers import run_stages
+from tests.support.paths import require_shared
 
 CALL = {"type": "function", "function": {"name": "lookup", "arguments": {"q": "x"}}}
 TOOL_CHAT = [
@@ -57,6 +60,21 @@ def test_the_tools_are_part_of_what_makes_requests_equal() -> None:
     plain = Conversation(id="a", messages=messages, generate_after=after, history=history)
     with_tools = Conversation(id="b", messages=messages, generate_after=after, history=history, tools=[{"x": 1}])
     assert request_key(plain) != request_key(with_tools)
+
+
+def test_glaive_tool_turns_render_as_the_official_template_renders_them(tmp_path: Path) -> None:
+    glaive = require_shared("data", "LLaMA-Factory", "glaive_toolcall_en_demo.json")
+    official = official_template()
+    tok = load_tokenizer()
+    held = run_stages(tmp_path, [str(glaive)]).conversations
+    # The first 40 conversations that hold recorded calls and results: their every turn, calls included.
+    with_calls = [c for c in held if c.history == "source" and any(m.get("tool_calls") for m in c.messages)][:40]
+    turns = [(c, turn) for c in with_calls for turn in range(c.num_turns)]
+    assert len(with_calls) == 40 and len(turns) > 60
+    for conversation, turn in turns:
+        messages = prompt_messages(conversation, turn, [])
+        ours = render_prompt_ids(tok, messages, tools=conversation.tools)
+        assert ours == official_prompt_ids(tok, official, messages, tools=conversation.tools), (conversation.id, turn)
 
 
 def _jsonl(path: Path, rows: list[dict]) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dagster_project.generation.dispatch import next_foreign_load
+from dagster_project.generation.server_watch import next_foreign_load
 
 WINDOW = 20
 

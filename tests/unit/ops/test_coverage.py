@@ -43,7 +43,7 @@ def test_coverage_by_id_finds_gaps_duplicates_and_strays_that_counts_would_hide(
 
     publish_completions(outcome.store, tmp_path, 0, planned[0])
     complete_so_far = dataset_coverage(outcome.store, 2)
-    assert complete_so_far.shards_published == 1 and complete_so_far.events_missing == len(planned[1])
+    assert complete_so_far.shards_published == 1 and complete_so_far.events_not_yet_published == len(planned[1])
     assert not complete_so_far.exactly_once
 
     # One event dropped and another recorded twice: the row count is right, the ids are not. Plus a stray.
@@ -142,3 +142,23 @@ def test_coverage_reads_the_conversations_the_manifests_name_when_the_index_disa
     coverage = dataset_coverage(store, 2)
     assert coverage.exactly_once and coverage.events_recorded == 8
     assert sorted(read_published_manifests(store, COMPLETIONS, CompletionsShardManifest)) == [0, 1]
+
+
+def test_mid_run_the_events_of_shards_not_yet_published_are_to_come_not_missing(tmp_path):
+    """Half way through a run nothing is lost: what the unpublished shard plans is "not yet published", and only
+    a gap in a published shard is "missing"."""
+    source = tmp_path / "prompts.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"Q {i}?"}]}) + "\n" for i in range(10)
+        )
+    )
+    outcome = run_stages(tmp_path, [str(source)], num_shards=2)
+    planned = {s: [c.event_id(0) for c in outcome.conversations if c.shard == s] for s in (0, 1)}
+    publish_completions(outcome.store, tmp_path, 0, planned[0][1:])  # one event of shard 0 lost
+
+    mid_run = dataset_coverage(outcome.store, 2)
+    assert (mid_run.events_missing, mid_run.conversations_missing) == (1, 1)
+    assert mid_run.missing_sample == [planned[0][0]]
+    assert (mid_run.events_not_yet_published, mid_run.conversations_not_yet_published) == (len(planned[1]),) * 2
+    assert not mid_run.exactly_once

@@ -47,6 +47,7 @@ def beat(*, accept: float | None = 2.8, req_per_s: float = 2.0, done: int = 40, 
         output_tokens=100 * done,
         prompt_tokens=50 * done,
         window=Rates(120, req_per_s, 100 * req_per_s),
+        eta_rates=Rates(600, req_per_s, 100 * req_per_s),
         spec=SpecDecodingStats(
             accept_length_window=accept,
             window_spec_tokens=int(280 * (accept or 0)),
@@ -68,7 +69,7 @@ def probe(*, spec: str | None = "EAGLE", running: float = 8, queued: float = 0, 
         "running": running,
         "queued": queued,
         "avg_spec_accept_length": 2.8,
-        "token_usage": 0.42,
+        "kv_usage": 0.42,
     }
 
 
@@ -119,7 +120,9 @@ def test_a_healthy_run_on_plan_raises_no_alert_and_its_page_has_the_six_answers_
     # statements in the next table, where they can wrap.
     assert "| server | running/cap | queued | KV | mamba | limit |" in page
     assert "| gpu0:30000 | 8/8 | 0 | 42% | — | balanced at the cap |" in page
-    assert "| gpu0:30000 | Now: balanced at the cap (its cap is 8); ours in flight 4 of a window of 4. Cap: " in page
+    assert (
+        "| gpu0:30000 | Now: balanced at the cap (cap 8 per server); ours in flight 4 of a window of 4. Cap: " in page
+    )
     # Plan vs measured: 2.0 req/s measured against 2.0 planned.
     assert "| req/s | 2.00 | 2.00 | 1.00 | on plan |" in page
     assert f"**As of {as_of(status.collected_at)}**" in page and "UTC" in page

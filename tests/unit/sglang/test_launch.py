@@ -1,13 +1,16 @@
-"""Fleet command lines without starting anything: sglang 0.5.23 flags, redaction, endpoints, simulator options."""
+"""Fleet command lines without starting anything: sglang 0.5.23 flags, the API key kept off them, endpoints,
+simulator options."""
 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dagster_project.sglang import capacity
 from dagster_project.sglang.launch import (
@@ -20,8 +23,8 @@ from dagster_project.sglang.launch import (
     parse_nvidia_smi,
     plan_capacity,
     plan_simulators,
-    redact,
     server_command,
+    write_secrets_config,
 )
 
 # Every flag `server_command` may emit, each checked to exist in the sglang 0.5.23 wheel
@@ -33,7 +36,7 @@ SGLANG_0_5_23_FLAGS = frozenset(
         "--speculative-algorithm", "--speculative-num-steps", "--speculative-eagle-topk",
         "--speculative-num-draft-tokens", "--enable-metrics", "--max-running-requests", "--mem-fraction-static",
         "--mamba-full-memory-ratio", "--mamba-ssm-dtype", "--kv-cache-dtype", "--served-model-name",
-        "--random-seed", "--api-key", "--disable-radix-cache", "--cuda-graph-max-bs-decode",
+        "--random-seed", "--config", "--disable-radix-cache", "--cuda-graph-max-bs-decode",
         "--mamba-radix-cache-strategy", "--max-mamba-cache-size", "--load-format",
     )
 )  # fmt: skip
@@ -66,7 +69,7 @@ def flags(command: list[str]) -> list[str]:
 
 
 def test_server_command_uses_only_sglang_0_5_23_flags_with_mtp_for_qwen3_6():
-    command = server_command(FULL, 30001, python="python")
+    command = server_command(FULL, 30001, python="python", config_file="/run/gpu0.secrets.yaml")
     assert command[:3] == ["python", "-m", "sglang.launch_server"]
     assert set(flags(command)) <= SGLANG_0_5_23_FLAGS
     assert not set(flags(command)) & set(REMOVED_FLAGS)
@@ -96,10 +99,19 @@ def test_removed_flags_are_refused_before_launch(flag):
         server_command(ServerOptions(extra_args=(flag, "1")), 30000)
 
 
-def test_the_api_key_is_redacted_from_recorded_commands():
-    recorded = redact(server_command(FULL, 30000))
-    assert "sk-launch-secret" not in recorded and "--api-key" in recorded
+def test_the_api_key_goes_in_a_config_file_only_its_user_reads_never_on_the_command_line(tmp_path):
+    secrets = write_secrets_config(tmp_path / "gpu0.secrets.yaml", "sk-launch-secret")
+    command = server_command(FULL, 30000, config_file=str(secrets))
+    assert not any("sk-launch-secret" in arg for arg in command) and "--api-key" not in command
+    assert command[command.index("--config") + 1] == str(secrets)
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
+    # SGLang 0.5.23 reads `--config` with yaml.safe_load and turns `api-key: K` into `--api-key K`
+    assert yaml.safe_load(secrets.read_text()) == {"api-key": "sk-launch-secret"}
     assert "sk-launch-secret" not in repr(FULL)
+    with pytest.raises(ValueError, match="never on the command line"):
+        server_command(FULL, 30000)
+    with pytest.raises(ValueError, match="never on the command line"):
+        server_command(ServerOptions(extra_args=("--api-key=k",)), 30000)
 
 
 @pytest.mark.integration  # a subprocess of the GPU node's python
@@ -124,14 +136,14 @@ def test_connect_normalizes_endpoints_or_one_router():
             connect(**bad)
 
 
-def test_every_simulator_option_survives_the_command_line():
+def test_every_simulator_option_survives_the_command_line(tmp_path):
     from dataclasses import fields
 
     from dagster_project.sglang.launch import simulator_command
     from dagster_project.sglang.sim.server import SimConfig, parse_args
 
     options = {
-        "model_path": "m", "served_model_name": "served", "tokenizer": "tok", "api_key": "k", "enable_metrics": True,
+        "model_path": "m", "served_model_name": "served", "tokenizer": "tok", "enable_metrics": True,
         "speculative": False, "spec_draft_tokens": 3, "reasoning_parser": "qwen3", "context_length": 1000,
         "token_capacity": 5000, "max_running_requests": 9, "effective_max_running_requests": 7,
         "gpu_memory_gb": 100.5, "weights_gb": 50.0, "mem_fraction_static": 0.85, "mamba_full_memory_ratio": 2.5,
@@ -143,9 +155,14 @@ def test_every_simulator_option_survives_the_command_line():
         "decode_step_growth": 0.01, "startup_s": 1.5, "health_latency_s": 0.1, "health_check_timeout_s": 3.0,
         "request_log_limit": 10, "faults": {"hang": True, "error_503": 2},
     }  # fmt: skip
-    assert set(options) | {"host", "port", "vocab_file"} == {f.name for f in fields(SimConfig)}
-    command = simulator_command(4321, options, vocab_file=Path("/v.json"), host="127.0.0.1")
-    assert parse_args(command[3:]) == SimConfig(host="127.0.0.1", port=4321, vocab_file="/v.json", **options)
+    assert set(options) | {"host", "port", "vocab_file", "api_key"} == {f.name for f in fields(SimConfig)}
+    secrets = str(write_secrets_config(tmp_path / "sim0.secrets.yaml", "k"))  # the key as a real server gets it
+    command = simulator_command(4321, options, vocab_file=Path("/v.json"), host="127.0.0.1", config_file=secrets)
+    assert not any("k" == arg for arg in command)
+    expected = SimConfig(host="127.0.0.1", port=4321, vocab_file="/v.json", api_key="k", **options)
+    assert parse_args(command[3:]) == expected
+    with pytest.raises(ValueError, match="never on the command line"):
+        simulator_command(4321, {"api_key": "k"}, vocab_file=None, host="127.0.0.1")
 
 
 # ---- launching at the ceiling -----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from tests.support.training_shards import (
     healthy_rows,
     output_ids,
     question,
+    templated_rows,
     tokenizer,
 )
 
@@ -68,6 +69,14 @@ def test_a_healthy_shard_passes_every_gate():
     results = _evaluate(healthy_rows(60))
     assert all(result.passed for result in results.values()), {r.name: r.message for r in results.values()}
     assert all(result.message.startswith("ok: ") for result in results.values())
+
+
+def test_one_output_shape_repeated_fails_the_concentration_gate_alone():
+    results = _evaluate(templated_rows(30, templated=15))
+    assert {r.name: r.message for r in results.values() if not r.passed} == {
+        "loss_sum_concentration": "BLOCKED: 50% of rows (15/30) have loss_mask sum exactly 40 — "
+        "one output shape repeated across the shard"
+    }
 
 
 def test_a_few_broken_rows_in_a_large_shard_do_not_block_it():

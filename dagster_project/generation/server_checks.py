@@ -1,0 +1,211 @@
+"""How the dispatcher checks its servers: the first probe (window from `/server_info`), periodic health
+checks, re-probes of set-aside servers, reads of their load from `/metrics`, and the verdict of each
+server's `ServerWatch` on whether it is working on our requests.
+
+A mixin of `Dispatcher`, which owns the state these methods read and write (declared below).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dagster_project.generation.dispatch_types import DispatchOptions, FleetRefusesKey
+from dagster_project.generation.ledger import FleetLedger
+from dagster_project.generation.server_watch import WatchLimits, next_foreign_load
+from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.client import NOT_FOUND, SERVER_UNAVAILABLE, UNAUTHORIZED, SGLangError
+
+if TYPE_CHECKING:  # the dispatcher's own per-server record
+    from dagster_project.generation.dispatch import _Server
+
+HEALTHY = "healthy"
+QUARANTINED = "quarantined"
+UNPROBED = "unprobed"
+_CANARY_PARAMS = {"max_new_tokens": 1, "temperature": 0.0}
+
+
+class ServerChecks:
+    """Probes, health checks, load reads and progress verdicts of the dispatcher's servers."""
+
+    options: DispatchOptions
+    windows: dict[str, int]
+    ledger: FleetLedger | None
+    _servers: list[_Server]
+    _clock: Callable[[], float]
+    _limits: WatchLimits
+    _wake: asyncio.Event
+    _fatal: BaseException | None
+
+    def _quarantine(self, server: _Server, reason: str, now: float, *, share: bool = True) -> None:
+        """Set the server aside and send its requests elsewhere: the dispatcher's, which owns the requests."""
+        raise NotImplementedError
+
+    async def _window(self, server: _Server) -> int:
+        if server.url in self.windows:
+            return self.windows[server.url]
+        try:
+            info = await server.client.server_info()
+        except SGLangError as error:
+            if error.kind != NOT_FOUND:  # sglang-router has no /server_info at all
+                raise
+            info = {}
+        caps = [state.get("effective_max_running_requests_per_dp") for state in info.get("internal_states") or []]
+        if caps and all(isinstance(cap, int) and cap > 0 for cap in caps):
+            server.cap = sum(caps)  # one entry per DP rank
+            return max(1, math.ceil(server.cap * self.options.oversubscription))
+        if self.options.default_window is not None:
+            return self.options.default_window
+        raise ValueError(
+            f"cannot size the window of {server.url}: it reports no "
+            "internal_states[].effective_max_running_requests_per_dp (a router?); pass windows= or a default_window"
+        )
+
+    async def _first_probe(self, server: _Server) -> None:
+        now = self._clock()
+        # A run joining a busy fleet must not fill a whole window first: its load is read before the first fill,
+        # alongside /server_info.
+        reading = asyncio.ensure_future(self._reported_load(server)) if self.options.load_read_interval_s else None
+        try:
+            server.window = await self._window(server)
+        except SGLangError as error:
+            if reading is not None:
+                reading.cancel()
+            if error.kind == UNAUTHORIZED:
+                self._fatal = FleetRefusesKey(
+                    f"{server.url} refused the API key (HTTP 401): set SGLANG_API_KEY to the key the servers were "
+                    "started with (--api-key)"
+                )
+            server.state, server.reason, server.next_probe = QUARANTINED, error.kind, now
+            return
+        verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
+        if verdict is not None:  # another run set it aside: it rejoins only through a passing re-probe
+            server.state, server.reason, server.next_probe = (
+                QUARANTINED,
+                f"{verdict.reason} (set aside by {verdict.by})",
+                now,
+            )
+            if reading is not None:
+                reading.cancel()
+            return
+        server.state, server.reason = HEALTHY, None
+        server.next_health = now + self.options.probe_interval_s
+        if reading is not None and (read := await reading) is not None:
+            reported, node = read
+            # On a node with nothing at the server yet, the foreign load starts as the whole window.
+            start = server.window if node == 0 else 0
+            server.foreign_load, server.previous_foreign = next_foreign_load(start, 0, reported, node)
+            server.next_load_read = self._clock() + self.options.load_read_interval_s
+
+    async def _readmit(self, server: _Server) -> None:
+        """Rejoin only when the server answers health, reports its cap, and really generates a token."""
+        server.probing = True
+        try:
+            # /health, not /health_generate: on SGLang both generate a token, but sglang-router has only /health.
+            if not await server.client.health(timeout=self.options.probe_timeout_s):
+                raise SGLangError(SERVER_UNAVAILABLE, "/health failed", url=server.url)
+            window = await self._window(server)
+            await server.client.generate(
+                [0], _CANARY_PARAMS, timeout=self.options.canary_timeout_s, require_reasoning=False
+            )
+        except ValueError as exc:  # the server came back unable to report its cap: a configuration error
+            self._fatal = exc
+        except SGLangError as error:
+            server.probe_failures += 1
+            server.reason = f"{server.reason.split(' (')[0]} (re-probe: {error.kind})" if server.reason else error.kind
+            backoff = min(
+                self.options.max_probe_backoff_s,
+                self.options.probe_interval_s * 2 ** min(server.probe_failures - 1, 10),
+            )
+            server.next_probe = self._clock() + backoff
+        else:
+            now = self._clock()
+            server.state, server.reason, server.window = HEALTHY, None, window
+            server.probe_failures = server.consecutive_503 = server.consecutive_faults = 0
+            if self.ledger is not None:
+                self.ledger.clear(server.url)
+            server.watch.became_busy(now)
+            server.next_health, server.cooldown_until = now + self.options.probe_interval_s, 0.0
+        finally:
+            server.probing = False
+            self._wake.set()
+
+    async def _health(self, server: _Server) -> None:
+        """Follow the node's verdict on the server, then check it. A failing health check sets the server aside
+        (SGLang's `/health` answers 503 when its scheduler produced nothing for 20 s); a passing one is no sign
+        of progress on our requests: a router or load balancer in front may answer it while they are lost."""
+        server.probing = True
+        try:
+            verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
+            if verdict is not None and server.state == HEALTHY:
+                reason = f"{verdict.reason} (set aside by {verdict.by})"
+                self._quarantine(server, reason, self._clock(), share=False)
+                return
+            healthy = await server.client.health(timeout=self.options.probe_timeout_s)
+            if not healthy and server.state == HEALTHY:
+                self._quarantine(server, "health_failed", self._clock())
+        finally:
+            server.probing = False
+            server.next_health = self._clock() + self.options.probe_interval_s
+            self._wake.set()
+
+    def _node_in_flight(self, server: _Server) -> int:
+        return self.ledger.in_flight(server.url) if self.ledger is not None else len(server.in_flight)
+
+    async def _read_load(self, server: _Server) -> None:
+        """Re-estimate the server's foreign load, and tell its watch whether our requests show there."""
+        server.reading_load = True
+        started = self._clock()
+        try:
+            read = await self._reported_load(server)
+            if read is not None:
+                server.foreign_load, server.previous_foreign = next_foreign_load(
+                    server.foreign_load, server.previous_foreign, *read
+                )
+                server.watch.load_read(started, read[0], self._ours(server, sent_before=started))
+        finally:
+            server.reading_load = False
+            server.next_load_read = self._clock() + self.options.load_read_interval_s
+            self._wake.set()
+
+    async def _reported_load(self, server: _Server) -> tuple[int, int] | None:
+        """(running + queued that the server's `/metrics` report, or its workers' behind a router; this node's
+        in-flight there just before the read), or None when there is no reading."""
+        node = self._node_in_flight(server)
+        try:
+            texts = await asyncio.gather(
+                *(client.metrics(timeout=self.options.probe_timeout_s) for client in server.load_clients)
+            )
+            loads = [proto.reported_load(proto.parse_metrics(text)) for text in texts]
+            if None in loads:
+                raise ValueError("its /metrics has no sglang:num_running_reqs and sglang:num_queue_reqs")
+        except SGLangError as error:
+            if error.kind == NOT_FOUND:  # launched without --enable-metrics
+                self._unreported(server, "/metrics not found (server without --enable-metrics)")
+            return None  # otherwise the health checks judge the server; the last estimate stands
+        except ValueError as exc:
+            self._unreported(server, f"/metrics unreadable: {exc}")
+            return None
+        return sum(loads), node
+
+    @staticmethod
+    def _unreported(server: _Server, reason: str) -> None:
+        """Only this node's runs count against the window of a server whose load cannot be read; stop asking."""
+        server.load_unreported, server.next_load_read = reason, math.inf
+        server.foreign_load = server.previous_foreign = 0
+
+    @staticmethod
+    def _ours(server: _Server, sent_before: float = math.inf) -> int:
+        """This run's requests in flight at the server that were not written off (sent before `sent_before`)."""
+        return sum(not a.abandoned and a.started < sent_before for a in server.in_flight.values())
+
+    def _watch(self, server: _Server, now: float) -> None:
+        """Set aside a server that has our requests and, by its answers and reads, is not working on them."""
+        if server.state != HEALTHY or not self._ours(server):
+            return
+        others_last_answer = max((s.watch.last_answer for s in self._servers if s is not server), default=-math.inf)
+        reason = server.watch.verdict(now, self._limits, others_last_answer)
+        if reason is not None:
+            self._quarantine(server, reason, now)

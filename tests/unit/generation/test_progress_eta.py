@@ -1,0 +1,73 @@
+"""A shard's ETA, on a simulated steady fleet whose true finishing time is known: given only once its window is
+long enough to be stable, and "settling" before, never swinging with the waves in which answers end."""
+
+from __future__ import annotations
+
+import heapq
+import random
+
+from dagster_project.generation.progress import Heartbeat, ShardProgress
+
+SLOTS = 32  # requests the fleet runs at once
+TOKENS_PER_S = 5.0  # per request, while it decodes
+TTFT_S = 10.0  # queueing and prefill before the first token
+SNAPSHOT_EVERY_S = 30
+
+
+def steady_fleet(events: int = 1153, seed: int = 7) -> list[tuple[float, int, float]]:
+    """(finished at, output tokens, latency) of each answer: SLOTS at once, a new request as one ends, lengths
+    lognormal around ~380 tokens (a request lives ~90 s on average, long ones several minutes)."""
+    rng = random.Random(seed)
+    lengths = [max(8, int(rng.lognormvariate(5.7, 0.7))) for _ in range(events)]
+    running = [(TTFT_S + lengths[i] / TOKENS_PER_S, i) for i in range(SLOTS)]
+    heapq.heapify(running)
+    finished, started = [], SLOTS
+    while running:
+        at, i = heapq.heappop(running)
+        finished.append((at, lengths[i], TTFT_S + lengths[i] / TOKENS_PER_S))
+        if started < events:
+            heapq.heappush(running, (at + TTFT_S + lengths[started] / TOKENS_PER_S, started))
+            started += 1
+    return finished
+
+
+def heartbeats_every_30_s(finished: list[tuple[float, int, float]]) -> list[tuple[float, Heartbeat]]:
+    progress = ShardProgress(shard=0, total_events=len(finished), settings_fingerprint="f", started_at=0.0)
+    beats, recorded = [], 0
+    for now in range(SNAPSHOT_EVERY_S, int(finished[-1][0]), SNAPSHOT_EVERY_S):
+        while recorded < len(finished) and finished[recorded][0] <= now:
+            at, tokens, latency = finished[recorded]
+            row = {"status": "ok", "finish_reason": "stop", "completion_tokens": tokens, "client_latency_s": latency}
+            progress.record(row, now=at)
+            recorded += 1
+        beats.append((now, progress.snapshot(now=now)))
+    return beats
+
+
+def test_a_shard_eta_is_within_a_quarter_of_the_truth_whenever_it_is_given_and_never_swings():
+    finished = steady_fleet()
+    end = finished[-1][0]
+    beats = heartbeats_every_30_s(finished)
+    given = [(now, beat.eta_s) for now, beat in beats if beat.eta_s is not None]
+    assert given, "an ETA once the window is long enough"
+    # Until the last few waves (whose longest answers set the end), the ETA is the time left to within 25%.
+    for now, eta in given:
+        if len(finished) - sum(at <= now for at, _, _ in finished) > 4 * SLOTS:
+            assert abs(eta / (end - now) - 1) <= 0.25, (
+                f"ETA {eta / 60:.1f} min at {now} s, truth {(end - now) / 60:.1f}"
+            )
+    # Thirty seconds later, the ETA is thirty seconds less, give or take 15%: not 576 min, then 35.
+    for (then, before), (now, after) in zip(given, given[1:]):
+        expected = before - (now - then)
+        assert abs(after - expected) <= 0.15 * before + 60, f"ETA {before / 60:.1f} → {after / 60:.1f} min in 30 s"
+
+
+def test_before_its_window_is_long_enough_the_eta_says_it_is_settling_and_gives_no_figure():
+    beats = heartbeats_every_30_s(steady_fleet())
+    first_minutes = [beat for now, beat in beats if now <= 4 * 60]
+    assert all(beat.eta_s is None and beat.eta_settling for beat in first_minutes)
+    settled = [beat for _, beat in beats if not beat.eta_settling]
+    assert settled and all(beat.eta_s is not None for beat in settled)
+    # It says how long the ETA has been measured, of how long it needs: a request lives ~90 s here, so the
+    # window holds four lifetimes.
+    assert first_minutes[-1].eta_rates.seconds == 240 and 300 <= first_minutes[-1].eta_window_s <= 420

@@ -1,0 +1,153 @@
+"""Every figure of the operator's answers true, in the terminal (`render_text`) and on the page (`render_markdown`),
+from made-up readings (heartbeats, server probes, a coverage record; no server runs). Each test is one figure
+that was wrong: turns generated shown as the planned count, two statements of what binds a server's cap, events
+to come shown as missing, answer lengths judged "behind plan", and an ETA from a window too short to be stable."""
+
+from __future__ import annotations
+
+import time
+
+from dagster_project.generation.heartbeat import this_process
+from dagster_project.generation.progress import Heartbeat
+from dagster_project.ops.coverage import DatasetCoverage
+from dagster_project.ops.plan import Plan
+from dagster_project.ops.report import render_markdown
+from dagster_project.ops.status import DEFAULT_THRESHOLDS, NO_PRICE, Readings, Status, answer_all, render_text
+from dagster_project.sglang import capacity
+from dagster_project.sglang.capacity import LaunchSettings
+from dagster_project.store.dataclass_json import from_dict
+from dagster_project.store.storage import LocalStore
+from tests.support.server_info import server_info_for
+
+HOST, PID, STARTED = this_process()
+URL = "http://gpu0:30000"
+PLANNED = 1153
+
+
+def live_shard(done: int, **figures) -> Heartbeat:
+    """A shard run of this process, `done` of PLANNED events in, 373 output tokens per answer."""
+    now = time.time()
+    return from_dict(
+        Heartbeat,
+        {
+            "shard": 0,
+            "state": "running",
+            "settings_fingerprint": "f",
+            "started_at": now - 1800,
+            "updated_at": now,
+            "total_events": PLANNED,
+            "resumed_events": 0,
+            "done_events": done,
+            "remaining_events": PLANNED - done,
+            "ok_events": done,
+            "output_tokens": 373 * done,
+            "prompt_tokens": 50 * done,
+            "window": {"seconds": 120, "req_per_s": 1.0, "output_tok_per_s": 373.0},
+            "host": HOST,
+            "pid": PID,
+            "process_started_at": STARTED,
+            "heartbeat_interval_s": 5.0,
+            **figures,
+        },
+    )
+
+
+def status_of(tmp_path, beats=(), fleet=None, coverage=None, plan=None) -> Status:
+    readings = Readings(time.time(), 4, None, None, PLANNED, {}, list(beats), fleet or {}, plan, coverage)
+    return answer_all(
+        LocalStore(tmp_path),
+        readings,
+        current_fingerprint=None,
+        materialized=None,
+        cost=NO_PRICE,
+        thresholds=DEFAULT_THRESHOLDS,
+        endpoints_known=bool(fleet),
+    )
+
+
+def both(status: Status) -> tuple[str, str]:
+    return render_text(status), render_markdown(status)
+
+
+def test_turns_generated_so_far_are_told_apart_from_the_turns_planned(tmp_path):
+    for answer in both(status_of(tmp_path, [live_shard(407)])):
+        assert "assistant turns generated 407 of 1,153 planned" in answer, answer
+        assert "1,153 assistant turns generated" not in answer
+
+
+def test_what_binds_a_servers_cap_is_one_statement_the_same_in_every_table_and_the_terminal(tmp_path):
+    """At its configured maximum (radix cache off, a state slot per request), full and queueing: the cap is bound
+    by the configured maximum, not by server memory; the KV pool, whose own usage is low, allows far more."""
+    info = server_info_for(LaunchSettings(disable_radix_cache=True, max_running_requests=69))
+    probe = {
+        "url": URL,
+        "healthy": True,
+        "speculative_algorithm": "EAGLE",
+        "max_running_requests_flag": 69,
+        "max_running_requests": info["internal_states"][0]["effective_max_running_requests_per_dp"],
+        "server_info": capacity.capacity_fields(info),
+        "running": 69,
+        "queued": 3,
+        "token_usage": 1.0,  # the fuller pool: the mamba state slots, one per running request
+        "kv_usage": 0.21,
+        "mamba_usage": 1.0,
+    }
+    text, page = both(status_of(tmp_path, fleet={URL: probe}))
+    binding = "cap 69 per server, bound by the configured maximum"
+    server = URL.removeprefix("http://")
+    # The servers table says what limits it in a few words; the capacity table, in full, the same statement both
+    # for what limits it now and for what binds its cap.
+    servers_row = next(line for line in page.splitlines() if line.startswith(f"| {server} | 69/69 | 3 |"))
+    capacity_row = next(line for line in page.splitlines() if line.startswith(f"| {server} | Now: "))
+    assert servers_row.endswith("| the server's cap |") and capacity_row.count(binding) == 2
+    assert "| 21% | 100% |" in servers_row  # KV use is the KV pool's; the mamba pool is the full one
+    limit_line = next(line for line in text.splitlines() if line.startswith(f"   {URL}:"))
+    assert binding in limit_line and f"capacity: {binding}" in text
+    assert "server memory" not in servers_row + limit_line
+
+
+def test_mid_run_coverage_tells_events_to_come_from_missing_ones(tmp_path):
+    """Three of four shards not published yet: their 746 events are to come, not lost."""
+    coverage = from_dict(
+        DatasetCoverage,
+        {
+            "computed_at": time.time(),
+            "shards": 4,
+            "shards_published": 1,
+            "conversations": 1000,
+            "conversations_done": 300,
+            "conversations_partial": 0,
+            "conversations_missing": 0,
+            "conversations_with_errors": 0,
+            "conversations_in_several_shards": 0,
+            "events_planned": PLANNED,
+            "events_recorded": 407,
+            "events_missing": 0,
+            "events_duplicated": 0,
+            "events_unexpected": 0,
+            "conversations_not_yet_published": 700,
+            "events_not_yet_published": 746,
+        },
+    )
+    for answer in both(status_of(tmp_path, [live_shard(407)], coverage=coverage)):
+        assert "+ missing 0 + not yet published 700; events missing 0, not yet published 746," in answer, answer
+
+
+def test_answers_longer_than_planned_are_longer_not_behind_plan(tmp_path):
+    plan = Plan(source="test plan", req_per_s=1.0, avg_output_tokens=300, output_tok_per_s=300, gpus=1)
+    page = render_markdown(status_of(tmp_path, [live_shard(407)], plan=plan))
+    assert "| avg output tokens | 373 | 300 | 1.24 | longer than plan |" in page
+
+
+def test_the_fleet_eta_comes_from_the_shards_stable_windows_and_says_when_it_is_still_settling(tmp_path):
+    # The last two minutes ended a wave of answers at 4 req/s; over its ETA window the shard ends 1 a second.
+    wave = {"window": {"seconds": 120, "req_per_s": 4.0, "output_tok_per_s": 1492.0}}
+    settled = {"eta_rates": {"seconds": 600, "req_per_s": 1.0, "output_tok_per_s": 373.0}, "eta_settling": False}
+    status = status_of(tmp_path, [live_shard(407, **wave, **settled)])
+    assert round(status.progress.eta_hours * 3600) == PLANNED - 407  # 746 events at 1 a second
+
+    starting = {"eta_rates": {"seconds": 60, "req_per_s": 9.0, "output_tok_per_s": 3357.0}, "eta_settling": True}
+    status = status_of(tmp_path, [live_shard(407, **wave, **starting)])
+    assert status.progress.eta_hours is None
+    for answer in both(status):
+        assert "ETA settling" in answer or "ETA at the measured rate: **settling" in answer, answer

@@ -1,0 +1,171 @@
+"""`dflash`'s own surface, without servers or Dagster: every flag explained and each command showing only its own;
+the fleet table and the live view rendered from what was read; the common mistakes ending in one line, no
+traceback; and `dflash status` not importing what it does not use (a fresh interpreter per check)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from dagster_project import cli
+from dagster_project.ops.terminal import fleet_table, watch_view
+from dagster_project.store.storage import StoreLocationError, open_store
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("dflash",)):
+    """(command path, its parser) for the parser and every sub-parser below it."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    commands = list(_commands(cli.build_parser()))
+    assert {" ".join(path) for path, _ in commands} >= {
+        "dflash status",
+        "dflash fleet up",
+        "dflash fleet down",
+        "dflash fleet status",
+        "dflash fleet forget",
+        "dflash fleet router",
+        "dflash tune",
+        "dflash plan",
+        "dflash demo",
+    }
+    unexplained = [
+        f"{' '.join(path)} {action.option_strings[0]}"
+        for path, parser in commands
+        for action in _options(parser)
+        if not action.help or action.help == argparse.SUPPRESS or action.help.startswith("default:")
+    ]
+    assert unexplained == []
+    for path, parser in commands:
+        text = parser.format_help()
+        assert "brief's" not in text and "BRIEF" not in text and "DESIGN" not in text, path  # no internal notes
+
+
+def test_each_fleet_action_shows_only_its_own_flags():
+    parsers = {" ".join(path): parser for path, parser in _commands(cli.build_parser())}
+    flags = {name: {f for a in _options(p) for f in a.option_strings} for name, p in parsers.items()}
+    assert {"--gpus", "--simulate", "--sim-option", "--max-running-requests"} <= flags["dflash fleet up"]
+    assert flags["dflash fleet down"] == {"--node"}
+    assert flags["dflash fleet status"] == {"--json"}
+    assert flags["dflash fleet forget"] == {"--node"}
+    assert flags["dflash fleet router"] == {"--router-port"}
+    assert flags["dflash fleet"] == set()
+
+
+def test_sim_option_lists_every_simulator_setting_with_the_default_fleet_up_starts_with():
+    up = {" ".join(path): parser for path, parser in _commands(cli.build_parser())}["dflash fleet up"]
+    (sim_option,) = [a for a in _options(up) if "--sim-option" in a.option_strings]
+    assert 'output_len="lognormal:300:0.6"' in sim_option.help  # the demo simulator's, not SimConfig's
+    assert "max_running_requests=16" in sim_option.help and "gpu_memory_gb=null" in sim_option.help
+    assert "api_key" not in sim_option.help  # from SGLANG_API_KEY only
+    with pytest.raises(SystemExit, match="NAME one of host, model_path"):
+        cli._parse_sim_options(["max_runing_requests=8"])
+
+
+def test_demo_help_says_it_deletes_the_demo_directory(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    assert "DELETES ./.demo/" in " ".join(capsys.readouterr().out.split())
+
+
+def test_fleet_status_is_a_table_with_pids_of_this_nodes_servers():
+    probes = [
+        {"url": "http://127.0.0.1:30000", "healthy": True, "max_running_requests": 69, "running": 12, "queued": 3},
+        {"url": "http://gpu-2:30000", "healthy": False, "error": "connection refused"},
+    ]
+    lines = fleet_table(probes, {30000: 4242}, hostname="head").splitlines()
+    assert lines[0].split() == ["pid", "address", "health", "cap", "running", "queued", "note"]
+    assert lines[1].split() == ["4242", "127.0.0.1:30000", "healthy", "69", "12", "3"]
+    # Another node's server: no pid here, figures it did not report are unknown, not 0.
+    assert lines[2].split()[:6] == ["—", "gpu-2:30000", "unreachable", "—", "—", "—"]
+    assert lines[2].endswith("connection refused")
+
+
+def test_the_live_view_shows_when_it_was_read_and_the_alerts_in_red():
+    text = "1. Progress vs estimates\n   events 3/9\nALERT [fleet]: the fleet is unreachable: http://x:1"
+    view = watch_view(text, where="/data/store", every_s=5, read_at=0.0, notes=["marked Dagster run r1 failed"])
+    console = Console(record=True, width=120, force_terminal=True, color_system="truecolor")
+    console.print(view)
+    shown = console.export_text(clear=False)
+    assert "/data/store  read at 00:00:00 UTC, again every 5 s" in shown and "Ctrl-C" in shown
+    assert "events 3/9" in shown and "marked Dagster run r1 failed" in shown
+    assert "\x1b[1;31mALERT [fleet]" in console.export_text(styles=True)  # bold red
+
+
+def test_a_store_root_under_a_file_or_a_uri_missing_its_colon_is_refused(tmp_path):
+    file = tmp_path / "store.txt"
+    file.write_text("not a store")
+    for root in (file, file / "sub"):
+        with pytest.raises(StoreLocationError, match=f"{file} is a file"):
+            open_store(str(root))
+    for uri in ("s3//bucket/x", "S3//bucket"):
+        with pytest.raises(StoreLocationError, match="missing the colon"):
+            open_store(uri)
+    assert open_store(str(tmp_path / "s3" / "bucket")).uri.endswith("s3/bucket")  # a plain path stays one
+
+
+def _dflash(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {
+        **os.environ,
+        "DFLASH_STORE": str(tmp_path / "store"),
+        "DFLASH_WORK_DIR": str(tmp_path / "work"),
+        "DAGSTER_HOME": "",
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "dagster_project.cli", *args], env=environment, capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize("store", ["file", "s3//bucket/x", "s3:/bucket"])
+def test_a_store_setting_that_cannot_work_ends_status_in_one_line(tmp_path, store):
+    if store == "file":
+        store = str(tmp_path / "a-file")
+        Path(store).write_text("")
+    result = _dflash(tmp_path, "status", DFLASH_STORE=store)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("dflash status: "), result.stderr
+    assert "DFLASH_STORE" in result.stderr or "s3://bucket/prefix" in result.stderr or "s3://" in result.stderr
+
+
+def test_status_on_an_empty_store_says_what_to_materialize_first_and_imports_no_dagster(tmp_path):
+    """Run in a fresh interpreter as `dflash status` runs, then list what it imported."""
+    probe = (
+        "import sys, io, contextlib, json\n"
+        "from dagster_project import cli\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    code = cli.main(['status'])\n"
+        "heavy = ('dagster', 'transformers', 'botocore', 'boto3', 'aiohttp', 'pyarrow')\n"
+        "heavy = sorted(m for m in heavy if m in sys.modules)\n"
+        "print(json.dumps({'code': code, 'out': out.getvalue(), 'heavy': heavy}))\n"
+    )
+    environment = {
+        **os.environ,
+        "DFLASH_STORE": str(tmp_path / "store"),
+        "DFLASH_WORK_DIR": str(tmp_path / "work"),
+        "DAGSTER_HOME": "",
+    }
+    result = subprocess.run([sys.executable, "-c", probe], env=environment, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["code"] == 0 and report["heavy"] == []
+    first = report["out"].splitlines()[0]
+    assert first.startswith("NOTHING TO REPORT YET") and "has no raw_prompts" in first
+    assert "--select raw_prompts,conversations" in first
