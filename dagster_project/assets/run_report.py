@@ -6,7 +6,7 @@ import dagster as dg
 from pydantic import Field
 
 from dagster_project.assets.pool_slots import stuck_pools, tell_waiting_runs
-from dagster_project.assets.run_tags import tag_asset_run
+from dagster_project.assets.run_tags import PURPOSE_TAG, tag_asset_run
 from dagster_project.conversations.shards import published_num_shards
 from dagster_project.generation.heartbeat import read_heartbeats
 from dagster_project.generation.shards import CompletionsShardManifest
@@ -213,9 +213,9 @@ refresh_run_report = dg.define_asset_job(
 
 
 def _is_page_refresh(run: dg.DagsterRun) -> bool:
-    """A run that only recomputes this page (the sensor's, or the asset page's Materialize button): its end
-    changes nothing the page shows."""
-    return run.job_name == refresh_run_report.name or run.asset_selection == {dg.AssetKey(RUN_REPORT)}
+    """A run that only recomputes this page (the sensor's, or the asset page's Materialize button, which the asset
+    tags `materialize run_report`): its end changes nothing the page shows."""
+    return run.job_name == refresh_run_report.name or run.tags.get(PURPOSE_TAG) == f"materialize {RUN_REPORT}"
 
 
 def latest_pipeline_end(instance: dg.DagsterInstance, after: float) -> float | None:
