@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.ops.answers.coverage import by_id_summary
 from dagster_project.ops.answers.multi_turn import generated_of_planned
 from dagster_project.ops.answers.progress import eta_text
-from dagster_project.ops.answers.text import dollars
+from dagster_project.ops.answers.text import as_of, dollars
 from dagster_project.ops.status import Status
 
 # Key figures first, each cell a few characters, so the table fits the asset page's value column at 1,440 px; what
@@ -31,10 +30,6 @@ ON_PLAN_BAND = 0.1
 INLINE_MARKDOWN_CHARS = 1000
 # Lists in a sentence (shards, settings) show this many items, then a count of the rest.
 SHOWN_IN_LINE = 12
-
-
-def as_of(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _num(value: float | int | None, digits: int = 0) -> str:

@@ -34,7 +34,7 @@ from dagster_project.ops.answers.multi_turn import MultiTurnAnswer, answer_multi
 from dagster_project.ops.answers.progress import ProgressAnswer, answer_progress, render_progress
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.storage import StorageAnswer, answer_storage, render_storage
-from dagster_project.ops.answers.text import ago
+from dagster_project.ops.answers.text import ago, as_of
 from dagster_project.ops.coverage import read_coverage
 from dagster_project.ops.plan import read_plan
 from dagster_project.ops.tune import read_report
@@ -158,6 +158,9 @@ def answer_all(
 def render_text(status: Status) -> str:
     return "\n".join(
         [
+            # Every answer below is from readings taken then (the store, the heartbeats, the fleet's probes); the
+            # coverage by id and the last publish say their own age.
+            f"As of {as_of(status.collected_at)}",
             *render_progress(status.progress, status.collected_at),
             *render_mtp(status.mtp),
             *render_concurrency(status.concurrency),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -13,6 +14,11 @@ def fmt(value: Any, digits: int = 1) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def as_of(timestamp: float) -> str:
+    """When a reading was taken: 2026-12-01 15:04:05 UTC."""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def ago(timestamp: float | None, now: float) -> str:

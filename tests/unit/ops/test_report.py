@@ -242,3 +242,8 @@ def test_status_without_a_fleet_says_so_in_one_line(tmp_path):
     text = render_text(collect_status(LocalStore(tmp_path / "store"), []))
     concurrency = text.split("3. Concurrency")[1].split("4. Storage")[0].strip().splitlines()
     assert len(concurrency) == 2 and "no server known: start a fleet" in concurrency[1]
+
+
+def test_the_text_answers_say_when_their_readings_were_taken(tmp_path):
+    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
+    assert render_text(status).splitlines()[0] == f"As of {as_of(status.collected_at)}"
