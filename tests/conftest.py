@@ -5,7 +5,8 @@ run is started), the ground-floor modules' tests at `tests/unit/`; `tests/integr
 drives Dagster (its CLI, `dagster dev`, an instance) or starts servers: the moto S3 server, simulator fleets,
 the real sglang-router, fault injection, the CLI pipeline; `tests/support/` holds the helpers both use. Every
 test under `tests/integration/` is marked `integration`, so `pytest -m "not integration"` (`make test-fast`)
-runs the unit tests alone.
+runs the unit tests alone. A test elsewhere that asks for a fixture starting a process (the S3 server, a
+simulator fleet, PostgreSQL) stops the session, naming it: such a test belongs in tests/integration/.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from tests.support.s3_server import running_s3_server
 from tests.support.sglang_fixtures import SimFleet
 
 INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
-# Fixtures that start processes: a test that asks for one is an integration test wherever it lives.
-PROCESS_FIXTURES = {"s3_server", "sim_fleet", "postgres_server"}
+# Fixtures that start processes: only tests under tests/integration/ may ask for one.
+PROCESS_FIXTURES = {"s3_server", "s3_bucket", "sim_fleet", "postgres_cluster", "postgres_server"}
 
 # Hermetic tests: a production store, fleet or Dagster instance configured in the shell must never be touched.
 # Kept: the tokenizer cache (safe to share, slow to rebuild) and the two variables that point the tests meant
@@ -35,10 +36,32 @@ for _name in [n for n in os.environ if n.startswith(("DFLASH_", "SGLANG_")) or n
         del os.environ[_name]
 
 
+def _is_integration(node: pytest.Item) -> bool:
+    return INTEGRATION_DIR in node.path.parents
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misplaced = []
     for item in items:
-        if INTEGRATION_DIR in item.path.parents or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if _is_integration(item):
             item.add_marker(pytest.mark.integration)
+        elif asked := sorted(PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            misplaced.append(f"{item.nodeid} asks for {', '.join(asked)}")
+    if misplaced:
+        # A test that starts processes must not run in `make test-fast`: it belongs in tests/integration/.
+        raise pytest.UsageError(
+            "tests outside tests/integration/ ask for fixtures that start processes; move them to "
+            "tests/integration/:\n  " + "\n  ".join(misplaced)
+        )
+
+
+def _integration_only(request: pytest.FixtureRequest) -> None:
+    """Fail a test outside tests/integration/ that asks for a process fixture at run time (getfixturevalue)."""
+    if not _is_integration(request.node):
+        pytest.fail(
+            f"{request.node.nodeid} asks for {request.fixturename}, which starts a process: move it to "
+            "tests/integration/"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -52,8 +75,9 @@ def postgres_cluster():
 
 
 @pytest.fixture
-def postgres_server(postgres_cluster):
+def postgres_server(request, postgres_cluster):
     """The session's PostgreSQL server with a database of this test's own."""
+    _integration_only(request)
     return postgres_cluster.fresh_database(f"test_{uuid.uuid4().hex[:12]}")
 
 
@@ -64,8 +88,9 @@ def s3_server():
 
 
 @pytest.fixture
-def s3_bucket(s3_server, monkeypatch):
+def s3_bucket(request, s3_server, monkeypatch):
     """A fresh bucket on the session's S3 server; the environment points boto3 and S3Resource at it."""
+    _integration_only(request)
     for name, value in s3_server.env.items():
         monkeypatch.setenv(name, value)
     bucket = f"dflash-{uuid.uuid4().hex[:12]}"
@@ -82,9 +107,10 @@ def tokenizer():
 
 
 @pytest.fixture
-def sim_fleet(tmp_path: Path) -> Iterator[Callable[..., SimFleet]]:
+def sim_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., SimFleet]]:
     """Factory: `sim_fleet(count, options=None, host="127.0.0.1", **common)` starts a fleet; all are stopped at
     teardown."""
+    _integration_only(request)
     fleets: list[SimFleet] = []
 
     def start(

@@ -99,10 +99,12 @@ def _earlier_points(instance: dg.DagsterInstance) -> list[ReportPoint]:
             "operator_alerts",
             asset=RUN_REPORT,
             description="Nothing needs the operator: MTP on and accepting, servers neither swamped nor idle while "
-            "work waits, the ETA within the plan, no shard failed or unpublished, the fleet reachable.",
+            "work waits nor set aside, the ETA within the plan, no shard failed, unpublished, blocked by a gate, "
+            "overridden, damaged or refused, the fleet reachable.",
         ),
     ],
-    description="The operator's page: the six answers (progress vs plan, MTP, concurrency per server, storage, "
+    description="The operator's page: every shard's state at each stage (completions, training set, export: "
+    "blocked gates named), the six answers (progress vs plan, MTP, concurrency per server, storage, "
     "coverage, multi-turn), cost and alerts, as tables, with each key figure plotted over time and a chart of the "
     "run. Refreshed by the `run_report_refresh` sensor when a run of the pipeline ends and every few minutes "
     "while shards run.",
@@ -173,6 +175,7 @@ def run_report(
                     f"{coverage.events_missing:,} missing, {coverage.events_not_yet_published:,} not yet published, "
                     f"{coverage.events_duplicated:,} duplicated, "
                     f"{coverage.events_unexpected:,} unexpected; damaged shards {coverage.shards_damaged or 'none'}"
+                    + "".join(f"; shard {damage.shard}: {'; '.join(damage.problems)}" for damage in coverage.damaged)
                     + "".join(f"; {problem}" for problem in coverage.disagreements)
                 ),
                 # Lists (the id samples, the damaged shards) as JSON, counts as numbers.

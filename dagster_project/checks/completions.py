@@ -69,10 +69,16 @@ def completions_exactly_once(context: dg.AssetCheckExecutionContext, store: Data
     shard, data = open_shard(context, store)
     manifest = completions_manifest(data, shard)
     coverage = shard_coverage(data, shard)
-    record_verdict(data, manifest, "exactly_once", {} if coverage.exact else {"exactly_once": coverage.describe()})
+    verdict = gate_messages.actionable(
+        gates.GateResult("exactly_once", coverage.exact, coverage.describe()),
+        limits=None,
+        where=gate_messages.COMPLETIONS_GATES,
+        examples=[*coverage.missing, *coverage.duplicated, *coverage.unexpected],
+    )
+    record_verdict(data, manifest, "exactly_once", {} if coverage.exact else {"exactly_once": verdict.message})
     result = dg.AssetCheckResult(
         passed=coverage.exact,
-        description=coverage.describe(),
+        description=verdict.message,
         metadata={
             "expected_events": coverage.expected,
             "records": coverage.present,
@@ -91,10 +97,15 @@ def completions_published(context: dg.AssetCheckExecutionContext, store: Dataset
     shard, data = open_shard(context, store)
     manifest = completions_manifest(data, shard)
     problems = verify_shard(data, manifest)
-    record_verdict(data, manifest, "published", {"published": "; ".join(problems)} if problems else {})
+    verdict = gate_messages.actionable(
+        gates.GateResult("published", not problems, "; ".join(problems) or "manifest and objects agree"),
+        limits=None,
+        where=gate_messages.COMPLETIONS_GATES,
+    )
+    record_verdict(data, manifest, "published", {"published": verdict.message} if problems else {})
     result = dg.AssetCheckResult(
         passed=not problems,
-        description="; ".join(problems) or "manifest and objects agree",
+        description=verdict.message,
         metadata={
             "objects": len(manifest.objects),
             "bytes": manifest.stored_bytes,

@@ -70,7 +70,7 @@ def training_set_gates(
         thresholds=config.to_dataclass(gates.GateThresholds),
     )
     completion_batches = iter_parquet_batches(
-        data, completions_manifest(data, shard).data_keys, ["event_id", "prompt_ids", "output_ids"]
+        data, completions_manifest(data, shard), ["event_id", "prompt_ids", "output_ids"]
     )
     results += [
         gates.ids_match_completions(profile.digests, completion_batches),
@@ -104,12 +104,15 @@ def training_set_gx_suite(context: dg.AssetCheckExecutionContext, store: Dataset
         max_length=None if assembly.length_policy == KEEP else assembly.max_length,
         finish_reasons=["stop"] if assembly.exclude_length_capped else ["stop", "length"],
     )
-    record_verdict(data, manifest, "gx_suite", {} if outcome.success else {"gx_suite": outcome.message})
+    verdict = gate_messages.actionable(
+        gates.GateResult("gx_suite", outcome.success, outcome.message), limits=None, where=gate_messages.TRAINING_GATES
+    )
+    record_verdict(data, manifest, "gx_suite", {} if outcome.success else {"gx_suite": verdict.message})
     result = dg.AssetCheckResult(
         passed=outcome.success,
-        description=outcome.message,
+        description=verdict.message,
         metadata={
-            "message": outcome.message,
+            "message": verdict.message,
             "evaluated_expectations": outcome.evaluated,
             "successful_expectations": outcome.successful,
             "failed_expectations": dg.MetadataValue.json(outcome.failed),

@@ -25,6 +25,7 @@ from dagster_project.store.manifest import (
     publish_shard,
     read_shard_manifest,
     read_stage_manifest,
+    verified_bytes,
 )
 from dagster_project.store.storage import CorruptObject, Store
 from dagster_project.store.verdicts import record_verdict
@@ -157,8 +158,9 @@ class ShardBuffers:
 
 def conversations_in(store: Store, manifest: ShardManifest) -> Iterator[Conversation]:
     """The conversations of the shard that `manifest` describes."""
-    for key in manifest.data_keys:
-        for number, line in enumerate(store.get_bytes(key).splitlines(), 1):
+    for obj in manifest.data_objects:
+        key = obj.key
+        for number, line in enumerate(verified_bytes(store, manifest, obj).splitlines(), 1):
             if line.strip():
                 try:
                     conversation = Conversation.from_json(line)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 import uuid
 from collections import Counter, deque
@@ -94,6 +95,8 @@ from dagster_project.sglang.client import (
     SGLangError,
     new_session,
 )
+
+logger = logging.getLogger(__name__)
 
 # The endpoint is wrong (bad key, bad URL), not the request: the request waits for a usable server.
 _MISCONFIGURED_KINDS = frozenset({UNAUTHORIZED, NOT_FOUND})
@@ -157,6 +160,7 @@ class _Server:
     probe_failures: int = 0
     probing: bool = False
     client: SGLangClient | None = None
+    set_aside_at: float | None = None  # wall clock, for the operator: when `_quarantine` set it aside
 
 
 def _iterate(
@@ -275,6 +279,7 @@ class Dispatcher(ServerChecks):
                 "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.completion_tokens,
                 "since_progress_s": round(now - s.watch.last_progress, 3) if s.in_flight else None,
+                "set_aside_at": s.set_aside_at if s.state == QUARANTINED else None,
             }
         totals = {
             **self.stats.as_dict(),
@@ -567,8 +572,9 @@ class Dispatcher(ServerChecks):
         its in-flight requests elsewhere at once."""
         if server.state == QUARANTINED:
             return
-        server.state, server.reason = QUARANTINED, reason
+        server.state, server.reason, server.set_aside_at = QUARANTINED, reason, time.time()
         server.next_probe = now  # first re-probe right away; later ones back off
+        logger.warning("server %s set aside (%s): it gets no new requests until a re-probe passes", server.url, reason)
         if share and self.ledger is not None:
             self.ledger.set_aside(server.url, reason)
         self._hedge(server)

@@ -99,7 +99,7 @@ def completions_manifest(store: Store, shard: int) -> CompletionsShardManifest:
 
 def iter_completion_batches(store: Store, shard: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Stream a published shard's rows, one Parquet row group at a time (memory bounded by a row group)."""
-    return iter_parquet_batches(store, completions_manifest(store, shard).data_keys, columns)
+    return iter_parquet_batches(store, completions_manifest(store, shard), columns)
 
 
 @dataclass

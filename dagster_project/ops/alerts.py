@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dagster_project.ops.answers.concurrency import ConcurrencyAnswer
+from dagster_project.ops.answers.concurrency import ConcurrencyAnswer, describe_set_aside
 from dagster_project.ops.answers.mtp import MtpAnswer
 from dagster_project.ops.answers.progress import ProgressAnswer
+from dagster_project.ops.answers.shards import GateFailure, ShardsAnswer
 from dagster_project.ops.answers.storage import StorageAnswer
+from dagster_project.ops.answers.text import shard_list
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ DEFAULT_THRESHOLDS = AlertThresholds()
 
 @dataclass(frozen=True)
 class Alert:
-    kind: str  # mtp, server, eta, shards, fleet, storage
+    kind: str  # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export
     message: str
 
 
@@ -37,18 +39,64 @@ def raise_alerts(
     mtp: MtpAnswer,
     concurrency: ConcurrencyAnswer,
     storage: StorageAnswer,
+    shards: ShardsAnswer | None = None,
     *,
     endpoints_known: bool,
     thresholds: AlertThresholds,
 ) -> list[Alert]:
     """Every condition that needs an operator now, each in one sentence that says what to look at."""
     return [
+        *(_stage_alerts(shards) if shards else []),
         *_mtp_alerts(mtp, thresholds.accept_length_floor),
         *_server_alerts(progress, concurrency),
+        *_set_aside_alerts(concurrency),
         *_eta_alerts(progress, thresholds.eta_slip),
         *_shard_alerts(progress, storage),
         *_fleet_alerts(concurrency, endpoints_known),
     ]
+
+
+def _stage_alerts(shards: ShardsAnswer) -> list[Alert]:
+    """Shards a gate blocks (one alert per gate), gates overridden, damaged objects, refused exports."""
+    blocked: dict[tuple[str, str], list[tuple[int, GateFailure]]] = {}
+    for state in shards.needs_a_look:
+        for failure in state.blocked_by:
+            blocked.setdefault((failure.stage, failure.gate), []).append((state.shard, failure))
+    alerts = []
+    for found in blocked.values():
+        first_shard, failure = found[0]
+        held = shard_list([shard for shard, _ in found])
+        alerts.append(
+            Alert(
+                "blocked",
+                f"shards {held} blocked by {failure.stage} gate {failure.gate} (not exported); shard {first_shard}: "
+                f"{failure.message}. "
+                + (f"Thresholds: {failure.thresholds}. " if failure.thresholds else "")
+                + f"Having looked, to let them through: {failure.override}",
+            )
+        )
+    overridden = [state for state in shards.needs_a_look if state.overridden]
+    if overridden:
+        gates = sorted({gate for state in overridden for gate in state.overridden})
+        alerts.append(
+            Alert(
+                "overridden",
+                f"failed gates overridden on shards {shard_list([state.shard for state in overridden])}: "
+                f"{', '.join(gates)} (their rows go to training although the gates failed)",
+            )
+        )
+    damaged = [problem for state in shards.needs_a_look for problem in state.damaged_objects]
+    if damaged:
+        shown = "; ".join(damaged[:5]) + (f"; … (+{len(damaged) - 5} more)" if len(damaged) > 5 else "")
+        alerts.append(
+            Alert("damaged", f"damaged objects in the store: {shown} (materialize their completions shards again)")
+        )
+    alerts += [
+        Alert("export", f"specforge_export refused shard {state.shard}: {state.refused}")
+        for state in shards.needs_a_look
+        if state.refused and not state.blocked_by
+    ]
+    return alerts
 
 
 def _mtp_alerts(mtp: MtpAnswer, floor: float) -> list[Alert]:
@@ -123,6 +171,10 @@ def _shard_alerts(progress: ProgressAnswer, storage: StorageAnswer) -> list[Aler
     if len(storage.settings_fingerprints) > 1:
         alerts.append(Alert("storage", f"published shards mix generation settings: {storage.settings_fingerprints}"))
     return alerts
+
+
+def _set_aside_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
+    return [Alert("server", f"set aside: {describe_set_aside(server)}") for server in concurrency.set_aside]
 
 
 def _fleet_alerts(concurrency: ConcurrencyAnswer, endpoints_known: bool) -> list[Alert]:

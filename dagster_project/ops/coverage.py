@@ -33,6 +33,7 @@ from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS
 from dagster_project.store.manifest import (
     ShardManifest,
+    check_object,
     iter_parquet_batches,
     listing_problems,
     read_manifests_from_objects,
@@ -46,6 +47,14 @@ if TYPE_CHECKING:
 
 COVERAGE_KEY = "reports/coverage.json"
 _SAMPLE = 20
+
+
+@dataclass(frozen=True)
+class DamagedShard:
+    """A completions shard whose objects are not as published, and what is wrong with each (naming the object)."""
+
+    shard: int
+    problems: list[str]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +82,7 @@ class DatasetCoverage:
     duplicated_sample: list[str] = field(default_factory=list)
     unexpected_sample: list[str] = field(default_factory=list)
     shards_damaged: list[int] = field(default_factory=list)
+    damaged: list[DamagedShard] = field(default_factory=list)  # the same shards, with their damaged objects
     # Where the completions and the conversations disagree (the store is not consistent).
     conversations_shards_missing: list[int] = field(default_factory=list)
     completions_from_other_conversations: list[int] = field(default_factory=list)
@@ -155,6 +165,7 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
         return replace(
             _summarize(con, num_shards, len(counted), [s for s in range(num_shards) if s not in completions]),
             shards_damaged=sorted(s for s in damaged if s < num_shards),
+            damaged=[DamagedShard(s, problems) for s, problems in sorted(damaged.items()) if s < num_shards],
             conversations_shards_missing=[s for s in range(num_shards) if s not in planned],
             completions_from_other_conversations=[
                 s
@@ -238,6 +249,9 @@ def _load_planned(
     con.execute("DROP TABLE IF EXISTS conversations; DROP TABLE IF EXISTS planned; DROP TABLE IF EXISTS shard_files")
     shards = [s for s, m in sorted(manifests.items()) for _ in m.data_keys]  # in `_data_keys` order
     paths = [str(path) for path in local_files(store, _data_keys(manifests), spill)]
+    published = [(m, obj) for _, m in sorted(manifests.items()) for obj in m.data_objects]
+    for (manifest, obj), path in zip(published, paths):  # what DuckDB reads is what was published
+        check_object(store, manifest, obj, None if isinstance(store, LocalStore) else Path(path))
     if not paths:
         con.execute("CREATE TABLE conversations (id VARCHAR, turns INTEGER, shard INTEGER)")
         con.execute("CREATE TABLE planned (event_id VARCHAR, conversation BIGINT, shard INTEGER)")
@@ -294,8 +308,8 @@ def _load_recorded(
             con.register("completion_objects", objects)
             con.execute(_PER_EVENT.format(source="completion_objects"))
     except (*_unreadable(), pa.ArrowException, OSError) as exc:
-        for key in keys:  # name the damaged object
-            for _ in iter_parquet_batches(store, [key], ["event_id"]):
+        for manifest in manifests.values():  # name the damaged object
+            for _ in iter_parquet_batches(store, manifest, ["event_id"]):
                 pass
         raise CorruptObject(f"the completions shards in {store.url(COMPLETIONS)} are not all readable: {exc}") from exc
 

@@ -22,7 +22,7 @@ from dagster_project.store.storage import LocalStore
 DEMO_SHARDS = 4
 DEMO_SERVERS = 2
 CONCURRENT_SHARD_RUNS = 2
-SHARD_ASSETS = "completions,training_set,specforge_export,hf_export"
+SHARD_ASSETS = layout.REGENERATED_WITH[layout.COMPLETIONS]
 # An example price, so the demo shows its cost figures: each simulated server stands for one H200 rented at
 # $3.50 per GPU-hour (the real job: 7 GPUs at ~$27/hour).
 DEMO_GPU_HOUR_PRICE = 3.50

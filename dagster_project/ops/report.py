@@ -17,7 +17,8 @@ from dagster_project.generation.progress import Heartbeat
 from dagster_project.ops.answers.coverage import by_id_summary
 from dagster_project.ops.answers.multi_turn import generated_of_planned
 from dagster_project.ops.answers.progress import eta_text
-from dagster_project.ops.answers.text import as_of, dollars
+from dagster_project.ops.answers.shards import GREEN, ShardsAnswer, green_shards
+from dagster_project.ops.answers.text import as_of, dollars, shard_list
 from dagster_project.ops.status import Status
 
 # Key figures first, each cell a few characters, so the table fits the asset page's value column at 1,440 px; what
@@ -141,6 +142,54 @@ def _alerts(status: Status) -> Section:
             ),
         ),
     )
+
+
+# The page's table of shards that need a look shows this many rows (`dflash status --json` has them all).
+SHOWN_SHARDS = 50
+
+
+def _shard_counts(answer: ShardsAnswer, stage: str, counts: dict[str, int]) -> str:
+    return ", ".join(
+        f"{state} {n:,}" + ("" if state in GREEN else f" ({shard_list(answer.not_green[f'{stage} {state}'])})")
+        for state, n in counts.items()
+    )
+
+
+def _shards(status: Status) -> Section:
+    title = "Shards by stage"
+    answer = status.shards
+    if answer is None or not answer.shards:
+        return Section(title, "No shards yet: materialize conversations.")
+    done = (
+        "**Done**: every shard exported with every blocking gate green."
+        if answer.done
+        else f"**Not done**: {green_shards(answer):,} of {answer.shards:,} exported with every blocking gate green."
+    )
+    text = [
+        done,
+        "",
+        f"Completions: {_shard_counts(answer, 'completions', answer.completions)}",
+        "",
+        f"Training set: {_shard_counts(answer, 'training_set', answer.training_set)}",
+        "",
+        f"Export: {_shard_counts(answer, 'export', answer.export)}",
+    ]
+    rows = []
+    for state in answer.needs_a_look:
+        shard = str(state.shard)
+        rows += [
+            [shard, f"{failure.stage} blocked", f"{failure.stage} {failure.gate}", failure.thresholds, failure.override]
+            for failure in state.blocked_by
+        ]
+        rows += [[shard, "overridden", gate, "", ""] for gate in state.overridden]
+        rows += [[shard, "completions damaged", problem, "", ""] for problem in state.damaged_objects]
+        if state.refused and not state.blocked_by:
+            rows.append([shard, "export refused", state.refused, "", ""])
+    tables = ()
+    if rows:
+        columns = ["shard", "state", "what", "thresholds", "override"]
+        tables = (("Shards needing a look", _table(columns, rows[:SHOWN_SHARDS])),)
+    return Section(title, "\n".join(text), tables)
 
 
 def _progress(status: Status) -> Section:
@@ -289,9 +338,10 @@ def _cost(status: Status) -> Section:
 
 
 def report_sections(status: Status) -> list[Section]:
-    """The page in the order the operator reads it: alerts, the six answers, cost."""
+    """The page in the order the operator reads it: alerts, the shards by stage, the six answers, cost."""
     return [
         _alerts(status),
+        _shards(status),
         _progress(status),
         _mtp(status),
         _concurrency(status),

@@ -2,6 +2,7 @@
 
 1. progress vs the plan   2. MTP on and its accept length   3. concurrency and what caps it
 4. storage                5. coverage of the dataset          6. multi-turn handling      7. cost
+and every shard's state at each stage (completions → training set → export), which says whether the job is done.
 
 `collect_status` reads the store and the fleet once (`take_readings`), then answers each question with its own
 module in `ops.answers` (the answer's dataclass, `answer_*` and `render_*`); `Status` holds them and the alerts
@@ -33,15 +34,18 @@ from dagster_project.ops.answers.mtp import MtpAnswer, answer_mtp, render_mtp
 from dagster_project.ops.answers.multi_turn import MultiTurnAnswer, answer_multi_turn, render_multi_turn
 from dagster_project.ops.answers.progress import ProgressAnswer, answer_progress, render_progress
 from dagster_project.ops.answers.readings import Readings
+from dagster_project.ops.answers.shards import ShardsAnswer, answer_shards, render_shards
 from dagster_project.ops.answers.storage import StorageAnswer, answer_storage, render_storage
 from dagster_project.ops.answers.text import ago, as_of
 from dagster_project.ops.coverage import read_coverage
 from dagster_project.ops.plan import read_plan
 from dagster_project.ops.tune import read_report
 from dagster_project.sglang.launch import fleet_status
-from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS
+from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET
 from dagster_project.store.manifest import read_published_manifests
 from dagster_project.store.storage import Store
+from dagster_project.store.verdicts import read_export_outcomes, read_verdicts
+from dagster_project.training.shards import TrainingShardManifest
 
 
 def probe_fleet(endpoints: list[str], api_key: str | None = None) -> dict[str, dict[str, Any]]:
@@ -53,7 +57,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
     heartbeats come from the store's index (`store.object_index`), not one object each, and the other records and
     the fleet's probes are read meanwhile. Checking the stored shards themselves (listing, checksums) is the
     coverage check's work (`ops.coverage`), which reads every object anyway."""
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with ThreadPoolExecutor(max_workers=12) as pool:
         conversations = pool.submit(read_conversations_manifest, store)
         manifests = pool.submit(read_published_manifests, store, COMPLETIONS, CompletionsShardManifest)
         raw = pool.submit(read_raw_prompts_manifest, store)
@@ -62,6 +66,9 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
         plan = pool.submit(read_plan, store)
         coverage_by_id = pool.submit(read_coverage, store)
         tuning = pool.submit(read_report, store)
+        training = pool.submit(read_published_manifests, store, TRAINING_SET, TrainingShardManifest)
+        verdicts = {stage: pool.submit(read_verdicts, store, stage) for stage in (COMPLETIONS, TRAINING_SET)}
+        exports = pool.submit(read_export_outcomes, store)
         stage = conversations.result()
         shards = stage.num_shards if stage else 0  # as published: the environment has no say
         # The stage manifest is written last: while it is missing, the shards published so far tell the plan.
@@ -82,6 +89,9 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
             plan=plan.result(),
             coverage_by_id=coverage_by_id.result(),
             tuning=tuning.result(),
+            training_set=training.result(),
+            verdicts={stage: found.result() for stage, found in verdicts.items()},
+            exports=exports.result(),
         )
 
 
@@ -95,6 +105,7 @@ class Status:
     coverage: CoverageAnswer
     multi_turn: MultiTurnAnswer
     cost: CostAnswer | None = None  # None: no price configured
+    shards: ShardsAnswer | None = None  # every shard's state at each stage
     alerts: list[Alert] = field(default_factory=list)
     # Registered nodes lost without `fleet down`: their servers accept no connection and they did not `fleet up` again.
     stale_nodes: list[NodeRecord] = field(default_factory=list)
@@ -140,6 +151,7 @@ def answer_all(
     """Every answer, the cost and the alerts from one set of readings."""
     progress, mtp, concurrency = answer_progress(readings), answer_mtp(readings), answer_concurrency(readings)
     storage = answer_storage(store, readings, current_fingerprint, materialized)
+    shards = answer_shards(readings)
     return Status(
         collected_at=readings.now,
         progress=progress,
@@ -149,8 +161,9 @@ def answer_all(
         coverage=answer_coverage(readings),
         multi_turn=answer_multi_turn(readings),
         cost=answer_cost(cost, progress, servers=len(readings.fleet)),
+        shards=shards,
         alerts=raise_alerts(
-            progress, mtp, concurrency, storage, endpoints_known=endpoints_known, thresholds=thresholds
+            progress, mtp, concurrency, storage, shards, endpoints_known=endpoints_known, thresholds=thresholds
         ),
     )
 
@@ -161,6 +174,7 @@ def render_text(status: Status) -> str:
             # Every answer below is from readings taken then (the store, the heartbeats, the fleet's probes); the
             # coverage by id and the last publish say their own age.
             f"As of {as_of(status.collected_at)}",
+            *(render_shards(status.shards) if status.shards else []),
             *render_progress(status.progress, status.collected_at),
             *render_mtp(status.mtp),
             *render_concurrency(status.concurrency),

@@ -68,8 +68,9 @@ def fleet_table(probes: list[Mapping[str, Any]], pids: Mapping[int, int], hostna
 
 
 def watch_view(text: str, *, where: str, every_s: float, read_at: float, notes: list[str] | None = None) -> Any:
-    """The live view of one reading: a header (the store, when it was read, how often), the answers' text with
-    the alert lines in red and the section headings in bold, and any notes (runs marked failed) below."""
+    """The live view of one reading: a header (the store, when it was read, how often), the alerts in red right
+    under it (a terminal shorter than the answers crops their end, never the alerts), then the answers' text
+    with the section headings in bold, and any notes (runs marked failed) below."""
     from rich.console import Group
     from rich.text import Text
 
@@ -77,13 +78,14 @@ def watch_view(text: str, *, where: str, every_s: float, read_at: float, notes: 
     header = Text.assemble(
         ("dflash status", "bold"), f"  {where}  read at {stamp}, again every {every_s:g} s  (Ctrl-C leaves)"
     )
+    lines = text.splitlines()
+    urgent = [line for line in lines if "ALERT" in line or line.startswith("NOTHING TO REPORT")]
     body = Text()
-    for line in text.splitlines():
-        style = "bold red" if "ALERT" in line or line.startswith("NOTHING TO REPORT") else ""
-        if not style and line[:1].isdigit() and ". " in line[:4]:
-            style = "bold"
-        body.append(line + "\n", style=style)
-    parts = [header, Text(""), body]
+    for line in lines:
+        if line in urgent:
+            continue
+        body.append(line + "\n", style="bold" if line[:1].isdigit() and ". " in line[:4] else "")
+    parts = [header, *(Text(line.strip(), style="bold red") for line in urgent), Text(""), body]
     parts += [Text(note, style="yellow") for note in notes or []]
     return Group(*parts)
 

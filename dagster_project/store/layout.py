@@ -32,6 +32,22 @@ def partition_keys(num_shards: int) -> list[str]:
     return [partition_key(i) for i in range(num_shards)]
 
 
+# The assets a shard's stage feeds, which follow it when it is made again.
+REGENERATED_WITH = {
+    COMPLETIONS: "completions,training_set,specforge_export,hf_export",
+    TRAINING_SET: "training_set,specforge_export,hf_export",
+}
+
+
+def regenerate_command(stage: str, shard: int) -> str:
+    """The command that withdraws a published shard of `stage` and publishes it again, with what follows from it
+    (conversations are built for every shard at once). Completions come back from the shard's journal: nothing
+    answered is requested again."""
+    select = "conversations" if stage == CONVERSATIONS else REGENERATED_WITH.get(stage, stage)
+    command = f"dagster asset materialize -m dagster_project.definitions --select {select}"
+    return command if stage == CONVERSATIONS else f"{command} --partition {partition_key(shard)}"
+
+
 def shard_prefix(stage: str, shard: int) -> str:
     return f"{stage}/shard={shard:0{SHARD_DIGITS}d}/"
 

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from dagster_project.store import object_index
 from dagster_project.store.dataclass_json import parse_record, read_record, to_json
-from dagster_project.store.layout import MANIFEST_NAME, shard_manifest_key, shard_prefix, stage_manifest_key
+from dagster_project.store.layout import (
+    MANIFEST_NAME,
+    regenerate_command,
+    shard_manifest_key,
+    shard_prefix,
+    stage_manifest_key,
+)
 from dagster_project.store.storage import (
     CorruptObject,
     LocalStore,
@@ -28,6 +34,8 @@ from dagster_project.store.storage import (
     StoreError,
     arrow_filesystem,
     local_copy,
+    sha256_bytes,
+    sha256_file,
 )
 
 if TYPE_CHECKING:
@@ -60,8 +68,12 @@ class ShardManifest:
     published_at: float = 0.0
 
     @property
+    def data_objects(self) -> list[StoredObject]:
+        return [o for o in self.objects if not o.key.endswith(MANIFEST_NAME)]
+
+    @property
     def data_keys(self) -> list[str]:
-        return [o.key for o in self.objects if not o.key.endswith(MANIFEST_NAME)]
+        return [o.key for o in self.data_objects]
 
     @property
     def stored_bytes(self) -> int:
@@ -157,7 +169,8 @@ def read_manifests_from_objects(
     raws = {key: raw for key, raw in zip(to_read, object_index.fetch_all(store, to_read)) if raw is not None}
     found = [object_index.from_copy(store, key, kind, body) for key, body in copies.items()]
     found += [parse_record(store, key, kind, raw) for key, raw in raws.items()]
-    object_index.reconcile(store, stage, raws, as_listed=copies, entries=entries)
+    # Index copies of the shards' other records (the checks' verdicts) stay while their objects are listed.
+    object_index.reconcile(store, stage, raws, as_listed=[key for key in listed if key not in raws], entries=entries)
     return {manifest.shard: manifest for manifest in found}, listed
 
 
@@ -191,34 +204,112 @@ def read_stage_manifest(store: Store, stage: str, kind: type[StageManifestT]) ->
     return read_record(store, stage_manifest_key(stage), kind)
 
 
+# ---- integrity on read: every reader of a published object checks it against its manifest first ----------------
+
+
+class DamagedObject(CorruptObject):
+    """A published object whose bytes are not those its manifest recorded (rewritten, truncated, bit rot)."""
+
+
+_MISSING = "missing"
+_OTHER_BYTES = "checksum differs from the manifest"
+
+
+def object_problem(store: Store, obj: StoredObject, copy: Path | None = None) -> str | None:
+    """What is wrong with a published object against its manifest's record (None: it is as published).
+
+    A local object, or `copy` (an S3 object downloaded whole), is checked by size and SHA-256 over all its bytes.
+    An S3 object read in place (some columns by ranged GETs) is checked by one HEAD: size and the ETag, which S3
+    computes from the bytes it holds, against those recorded at publication (hashing it would need the whole
+    object downloaded); one published before ETags were recorded is downloaded and hashed."""
+    if isinstance(store, LocalStore) or copy is not None:
+        path = copy if copy is not None else store._path(obj.key)
+        if not path.is_file():
+            return _MISSING
+        return _size_problem(path.stat().st_size, obj) or (
+            _OTHER_BYTES if obj.sha256 and sha256_file(path) != obj.sha256 else None
+        )
+    if not obj.etag:
+        with local_copy(store, obj.key) as path:
+            return object_problem(store, obj, path)
+    info = store.head(obj.key)
+    if info is None:
+        return _MISSING
+    return _size_problem(info.size, obj) or (_OTHER_BYTES if info.etag != obj.etag else None)
+
+
+def _size_problem(size: int, obj: StoredObject) -> str | None:
+    return f"{size} bytes in the store, manifest says {obj.size}" if size != obj.size else None
+
+
 def verify_shard(store: Store, manifest: ShardManifest) -> list[str]:
-    """Problems with a published shard's objects in the store (empty when it is intact)."""
-    problems = []
-    for obj in manifest.objects:
-        info = store.head(obj.key)
-        if info is None:
-            problems.append(f"missing {obj.key}")
-        elif info.size != obj.size:
-            problems.append(f"{obj.key}: {info.size} bytes in the store, manifest says {obj.size}")
-        elif info.sha256 and obj.sha256 and info.sha256 != obj.sha256:
-            problems.append(f"{obj.key}: checksum differs from the manifest")
-    return problems
+    """Problems with a published shard's objects in the store (empty when it is intact), each naming its key."""
+    return [
+        f"missing {obj.key}" if problem == _MISSING else f"{obj.key}: {problem}"
+        for obj in manifest.objects
+        if (problem := object_problem(store, obj))
+    ]
 
 
-def iter_parquet_batches(store: Store, keys: list[str], columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-    """Stream the objects' rows one Parquet row group at a time (memory bounded by a row group).
+def damage_remedy(manifest: ShardManifest) -> str:
+    """What to do about a damaged object of the shard `manifest` describes: the command that makes it again."""
+    return f"withdraw and regenerate the shard: {regenerate_command(manifest.stage, manifest.shard)}"
 
-    An object that is not readable Parquet (truncated, overwritten) raises `CorruptObject` naming it. Some
-    columns of an S3 object are read by ranged GETs (its footer and those column chunks), not a download.
+
+def damaged(store: Store, manifest: ShardManifest, key: str, problem: str) -> DamagedObject:
+    """The error for an object of a published shard that is not as published: the object, what is wrong, the fix."""
+    return DamagedObject(f"{store.url(key)} is damaged: {problem}; {damage_remedy(manifest)}")
+
+
+def rows_mismatch(store: Store, manifest: ShardManifest, rows_read: int) -> DamagedObject:
+    """The error for a shard whose objects hold other rows than its manifest counts (they passed their checksum:
+    the shard was republished while it was read, or its manifest does not describe them)."""
+    return DamagedObject(
+        f"{store.url(shard_prefix(manifest.stage, manifest.shard))} does not match its manifest: {rows_read} rows "
+        f"read, the manifest says {manifest.rows}; if it was being republished, run again once it is, otherwise "
+        f"{damage_remedy(manifest)}"
+    )
+
+
+def check_object(store: Store, manifest: ShardManifest, obj: StoredObject, copy: Path | None = None) -> None:
+    """Raise `DamagedObject` naming the object and the remedy unless it is as `manifest` published it."""
+    problem = object_problem(store, obj, copy)
+    if problem is not None:
+        raise damaged(store, manifest, obj.key, problem)
+
+
+def verified_bytes(store: Store, manifest: ShardManifest, obj: StoredObject) -> bytes:
+    """The object's bytes, once their size and SHA-256 are those `manifest` recorded."""
+    data = store.get_bytes(obj.key)
+    problem = _size_problem(len(data), obj) or (
+        _OTHER_BYTES if obj.sha256 and sha256_bytes(data) != obj.sha256 else None
+    )
+    if problem is not None:
+        raise damaged(store, manifest, obj.key, problem)
+    return data
+
+
+def iter_parquet_batches(
+    store: Store, manifest: ShardManifest, columns: list[str] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Stream the rows of a published shard's Parquet objects one row group at a time (memory bounded by a row
+    group), each object checked against the manifest first (`check_object`).
+
+    An object that is not as published raises `DamagedObject`, one that is not readable Parquet `CorruptObject`,
+    both naming it. Some columns of an S3 object are read by ranged GETs (its footer and those column chunks),
+    not a download.
     """
     import pyarrow.parquet as pq  # here: readers of manifests alone (`dflash status`) never load pyarrow
 
-    for key in keys:
-        with _parquet_source(store, key, ranged=columns is not None) as source:
-            with _parquet_errors(store, key):
+    for obj in manifest.data_objects:
+        key = obj.key
+        ranged = columns is not None and not isinstance(store, LocalStore)
+        with _parquet_source(store, key, ranged=ranged) as source:
+            check_object(store, manifest, obj, None if ranged or isinstance(store, LocalStore) else source)
+            with _parquet_errors(store, manifest, key):
                 parquet = pq.ParquetFile(source)
             for group in range(parquet.num_row_groups):
-                with _parquet_errors(store, key):
+                with _parquet_errors(store, manifest, key):
                     table = parquet.read_row_group(group, columns=columns)
                 yield from table.to_batches()
 
@@ -241,12 +332,12 @@ def _parquet_source(store: Store, key: str, *, ranged: bool) -> Iterator[Any]:
 
 
 @contextmanager
-def _parquet_errors(store: Store, key: str) -> Iterator[None]:
+def _parquet_errors(store: Store, manifest: ShardManifest, key: str) -> Iterator[None]:
     import pyarrow as pa
 
     try:
         yield
     except (pa.ArrowException, OSError) as exc:
         raise CorruptObject(
-            f"{store.url(key)} is damaged: not readable as Parquet ({exc}). Re-materialize the shard it belongs to"
+            f"{store.url(key)} is damaged: not readable as Parquet ({exc}); {damage_remedy(manifest)}"
         ) from exc

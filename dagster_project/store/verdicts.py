@@ -9,18 +9,30 @@ uses the shard (`failed_gates`) and refuses a shard that failed a gate, naming i
 
 A check cannot rewrite the manifest it judges: the manifest's bytes identify the publication that later
 stages were built from, and the publishing run may be rewriting it at the same moment.
+
+The export records what it did the same way (`ExportOutcome`, `training_set/shard=NNNNN/_exports/specforge.json`):
+exported, with the failed gates it overrode, or refused and why.
+
+Each verdict and outcome is also copied into the store's index (`object_index`), so `dflash status` reads every shard's
+verdicts in a few requests (`read_verdicts`); a copy left by an earlier publication is told apart by `judges`.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
+from dagster_project.store import object_index
 from dagster_project.store.dataclass_json import read_record, to_json
-from dagster_project.store.layout import shard_prefix
+from dagster_project.store.layout import TRAINING_SET, shard_prefix
 from dagster_project.store.manifest import ShardManifest
 from dagster_project.store.storage import Store
 
 VERDICTS_DIR = "_verdicts/"
+# The checks whose passing verdicts a training shard needs before it is exported (`training.export`).
+REQUIRED_VERDICTS = ("gates", "gx_suite")
+EXPORTS_DIR = "_exports/"
+SPECFORGE = "specforge"
 
 
 @dataclass(frozen=True)
@@ -44,8 +56,29 @@ def verdict_key(stage: str, shard: int, check: str) -> str:
 def record_verdict(store: Store, manifest: ShardManifest, check: str, failures: dict[str, str]) -> Verdict:
     """Record a check's outcome on this publication of the shard; `failures` maps a failed gate to its message."""
     verdict = Verdict(check, not failures, dict(failures), manifest.published_at, manifest.ids_digest)
-    store.put_bytes(verdict_key(manifest.stage, manifest.shard, check), to_json(verdict))
+    put_indexed(store, verdict_key(manifest.stage, manifest.shard, check), to_json(verdict))
     return verdict
+
+
+def put_indexed(store: Store, key: str, data: bytes) -> None:
+    """Write a shard's small JSON record and copy it into the store's index, so readers of every shard's records
+    make a few requests."""
+    object_index.record(store, key, data, etag=store.put_bytes(key, data).etag)
+
+
+def read_verdicts(store: Store, stage: str) -> dict[int, list[Verdict]]:
+    """Shard → every verdict recorded on the shard, from the store's index (a few requests whatever the shard
+    count). Some may judge an earlier publication of the shard: keep those that `judges` its manifest."""
+    found = object_index.read_records(store, f"{stage}/shard=", Verdict, lambda key: VERDICTS_DIR in key)
+    by_shard: dict[int, list[Verdict]] = {}
+    for key, verdict in found.items():
+        by_shard.setdefault(shard_of(key), []).append(verdict)
+    return by_shard
+
+
+def shard_of(key: str) -> int:
+    """The shard a key under `<stage>/shard=NNNNN/` belongs to."""
+    return int(key.split("/shard=", 1)[1].split("/", 1)[0])
 
 
 def read_verdict(store: Store, manifest: ShardManifest, check: str) -> Verdict | None:
@@ -69,3 +102,44 @@ def failed_gates(store: Store, manifest: ShardManifest) -> dict[str, str]:
 
 def describe_failures(failures: dict[str, str]) -> str:
     return "; ".join(f"{gate}: {message}" for gate, message in failures.items())
+
+
+@dataclass(frozen=True)
+class ExportOutcome:
+    """What the last export of one publication of a training shard did (`published_at` and `ids_digest` tell
+    which): `exported`, with the failed gates it overrode, or not, with the reason it was `refused`."""
+
+    exporter: str
+    exported: bool
+    at: float
+    published_at: float
+    ids_digest: str
+    key: str = ""  # the exported object
+    overridden: dict[str, str] = field(default_factory=dict)  # `check/gate` → message
+    refused: str = ""
+
+    def judges(self, manifest: ShardManifest) -> bool:
+        return (self.published_at, self.ids_digest) == (manifest.published_at, manifest.ids_digest)
+
+
+def export_outcome_key(shard: int, exporter: str = SPECFORGE) -> str:
+    return f"{shard_prefix(TRAINING_SET, shard)}{EXPORTS_DIR}{exporter}.json"
+
+
+def record_export_outcome(
+    store: Store, manifest: ShardManifest, *, key: str = "", overridden: dict[str, str], refused: str = ""
+) -> None:
+    """Record what the SpecForge export did with this publication of the training shard."""
+    outcome = ExportOutcome(
+        SPECFORGE, not refused, time.time(), manifest.published_at, manifest.ids_digest, key, overridden, refused
+    )
+    put_indexed(store, export_outcome_key(manifest.shard), to_json(outcome))
+
+
+def read_export_outcomes(store: Store) -> dict[int, ExportOutcome]:
+    """Shard → the SpecForge export's last outcome, from the store's index (a few requests); it may be about an
+    earlier publication of the training shard (`judges` tells)."""
+    found = object_index.read_records(
+        store, f"{TRAINING_SET}/shard=", ExportOutcome, lambda key: key.endswith(f"{EXPORTS_DIR}{SPECFORGE}.json")
+    )
+    return {shard_of(key): outcome for key, outcome in found.items()}

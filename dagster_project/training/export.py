@@ -25,6 +25,10 @@ without a passing verdict from every check in `REQUIRED_VERDICTS`, naming each f
 has looked at the failures may export such a shard anyway (`override_failed_gates`); a check that has not
 run on the shard is never overridden.
 
+**What each export did is recorded** next to the training shard (`training_set/shard=NNNNN/_exports/specforge.json`,
+a `store.verdicts.ExportOutcome` tied to that publication like a verdict): exported, with the failed gates it
+overrode, or refused and why. `dflash status` reads these to tell exported shards from refused ones.
+
 **Never a row a trainer cannot learn from.** Whatever the gates said or an operator overrode, the export
 refuses a shard holding a row whose loss mask sums to less than `min_loss_tokens` (default 2, one DFlash
 anchor; ModelOpt refuses an all-zero mask outright), naming the rows, and writes nothing.
@@ -43,15 +47,15 @@ import pyarrow as pa
 
 from dagster_project.store import verdicts
 from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET
+from dagster_project.store.manifest import rows_mismatch
 from dagster_project.store.storage import Store
-from dagster_project.store.verdicts import read_verdict
+from dagster_project.store.verdicts import REQUIRED_VERDICTS, read_verdict
 from dagster_project.training.gates import list_buffers, row_sums
 from dagster_project.training.lengths import MIN_OUTPUT_TOKENS
 from dagster_project.training.shards import TrainingShardManifest, iter_training_batches, training_manifest
 
 SPECFORGE_PREFIX = f"{EXPORTS}/specforge/"
 EXPORT_COLUMNS = ["event_id", "input_ids", "loss_mask"]
-REQUIRED_VERDICTS = ("gates", "gx_suite")
 _SAMPLE = 5
 
 
@@ -211,19 +215,22 @@ def export_shard(
 
     `override_failed_gates`: export a shard that failed training gates anyway (they are in `overridden`). A row
     under `options.min_loss_tokens` refuses the shard (`LossMaskTooSmall`) whatever the gates said."""
-    manifest, overridden = cleared_manifest(store, shard, override_failed_gates=override_failed_gates)
-    staging_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=staging_dir) as staging:
-        path = Path(staging) / "specforge.jsonl"
-        thin = ThinMasks(options.min_loss_tokens)
-        counts = write_specforge_jsonl(iter_training_batches(store, shard, EXPORT_COLUMNS), path, thin)
-        thin.refuse(shard)
-        if counts.rows != manifest.rows or counts.loss_tokens != manifest.loss_tokens:
-            raise RuntimeError(
-                f"training shard {shard} changed while it was exported ({counts.rows} rows written, "
-                f"manifest says {manifest.rows}): re-run `specforge_export`"
-            )
-        info = store.put_file(specforge_key(shard), path)
+    manifest = training_manifest(store, shard)
+    try:
+        manifest, overridden = cleared_manifest(store, shard, override_failed_gates=override_failed_gates)
+        staging_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=staging_dir) as staging:
+            path = Path(staging) / "specforge.jsonl"
+            thin = ThinMasks(options.min_loss_tokens)
+            counts = write_specforge_jsonl(iter_training_batches(store, shard, EXPORT_COLUMNS), path, thin)
+            thin.refuse(shard)
+            if counts.rows != manifest.rows or counts.loss_tokens != manifest.loss_tokens:
+                raise rows_mismatch(store, manifest, counts.rows)
+            info = store.put_file(specforge_key(shard), path)
+    except (ShardNotCleared, LossMaskTooSmall) as refusal:
+        verdicts.record_export_outcome(store, manifest, overridden={}, refused=str(refusal))
+        raise
+    verdicts.record_export_outcome(store, manifest, key=info.key, overridden=overridden)
     return ExportedShard(
         key=info.key,
         size=info.size,

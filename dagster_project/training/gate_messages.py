@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # `dflash status` reads the config keys without loading numpy
+    import numpy as np
 
-from dagster_project.training.gates import GateResult, ShardProfile
+    from dagster_project.training.gates import GateResult, ShardProfile
 
 EXAMPLES = 5
 
@@ -67,7 +68,7 @@ def actionable(result: GateResult, *, limits: Any, where: GateStage, examples: S
         f"threshold {', '.join(f'{key}={value}' for key, value in values.items())} (run config of the {where.check} "
         "check)"
         if keys
-        else "no threshold: any such row blocks"
+        else "no threshold: any one blocks"
     )
     parts = [result.message, threshold, f"override: {where.override}"]
     if shown:
@@ -94,6 +95,8 @@ def example_ids(result: GateResult, profile: ShardProfile, limits: Any) -> list[
 
 
 def _failing_rows(result: GateResult, profile: ShardProfile, limits: Any) -> np.ndarray | None:
+    import numpy as np
+
     finished = np.asarray(profile.finished, dtype=bool)
     answers = profile.outputs.answer_texts
     meta = result.metadata

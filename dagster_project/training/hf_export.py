@@ -29,9 +29,10 @@ import orjson
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import EXPORTS, SHARD_DIGITS
+from dagster_project.store.manifest import rows_mismatch
 from dagster_project.store.storage import Store
-from dagster_project.store.verdicts import read_verdict
-from dagster_project.training.export import REQUIRED_VERDICTS, ExportOptions, ThinMasks, cleared_manifest
+from dagster_project.store.verdicts import REQUIRED_VERDICTS, read_verdict
+from dagster_project.training.export import ExportOptions, ThinMasks, cleared_manifest
 from dagster_project.training.lengths import LengthFigures
 from dagster_project.training.shards import AssemblyOptions, TrainingShardWriter, iter_training_batches
 from dagster_project.training.stage import UNKNOWN_SOURCE
@@ -96,10 +97,7 @@ def export_hf_shard(
                 writer.write(batch)
         thin.refuse(shard)
         if writer.rows != manifest.rows:
-            raise RuntimeError(
-                f"training shard {shard} changed while it was exported ({writer.rows} rows written, "
-                f"manifest says {manifest.rows}): re-run `hf_export`"
-            )
+            raise rows_mismatch(store, manifest, writer.rows)
         info = store.put_file(data_key(shard), path)
     record = HfShardExport(
         shard=shard,

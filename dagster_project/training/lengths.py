@@ -12,8 +12,10 @@ A row whose prompt leaves fewer than 2 output tokens inside `max_length` loses a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # readers of training manifests alone (`dflash status`) never load numpy
+    import numpy as np
 
 KEEP = "keep"
 TRUNCATE = "truncate"
@@ -30,6 +32,8 @@ def histogram_labels() -> list[str]:
 
 def length_histogram(lengths: np.ndarray) -> dict[str, int]:
     """Rows per length bucket (every bucket present, so histograms add up and plot on the same axis)."""
+    import numpy as np
+
     buckets = np.searchsorted(np.asarray(HISTOGRAM_EDGES), np.asarray(lengths), side="left")
     counts = np.bincount(buckets, minlength=len(HISTOGRAM_EDGES) + 1)
     return {label: int(count) for label, count in zip(histogram_labels(), counts, strict=True)}
@@ -39,6 +43,8 @@ def kept_output(prompt_len: np.ndarray, output_len: np.ndarray, max_length: int 
     """Output tokens of each row that fit in `max_length` after its whole prompt."""
     if max_length is None:
         return output_len
+    import numpy as np
+
     return np.clip(max_length - prompt_len, 0, output_len)
 
 
@@ -59,6 +65,8 @@ class LengthFigures:
         return self.supervised_tokens_beyond / self.supervised_tokens if self.supervised_tokens else 0.0
 
     def add(self, prompt_len: np.ndarray, output_len: np.ndarray) -> None:
+        import numpy as np
+
         prompt_len, output_len = np.asarray(prompt_len, np.int64), np.asarray(output_len, np.int64)
         lengths = prompt_len + output_len
         kept = kept_output(prompt_len, output_len, self.max_length)

@@ -19,12 +19,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.records import TRAINING_SCHEMA
 from dagster_project.store.layout import TRAINING_SET
 from dagster_project.store.manifest import ShardManifest, iter_parquet_batches, read_shard_manifest
 from dagster_project.store.storage import Store
@@ -38,6 +35,9 @@ COMPRESSION_LEVEL = 1
 DICTIONARY_COLUMNS = ["finish_reason", "source", "server", "weight_version", "settings_fingerprint"]
 
 DEFAULT_MAX_LENGTH = 4096  # the sequence length drafter trainers train at
+
+if TYPE_CHECKING:  # readers of manifests alone (`dflash status`) never load pyarrow
+    import pyarrow as pa
 
 
 class TrainingShardNotPublished(RuntimeError):
@@ -134,6 +134,10 @@ class TrainingShardWriter:
         self.path = path
         self.rows_per_group = rows_per_group
         self.tokens_per_group = tokens_per_group
+        import pyarrow.parquet as pq
+
+        from dagster_project.records import TRAINING_SCHEMA
+
         self._writer = pq.ParquetWriter(
             path,
             TRAINING_SCHEMA,
@@ -163,7 +167,9 @@ class TrainingShardWriter:
 
     def _flush(self) -> None:
         if self._pending_rows:
-            table = pa.Table.from_batches(self._pending, schema=TRAINING_SCHEMA)
+            import pyarrow as pa
+
+            table = pa.Table.from_batches(self._pending, schema=self._writer.schema)
             self._writer.write_table(table, row_group_size=self._pending_rows)
             self.rows += self._pending_rows
             self.row_groups += 1
@@ -194,4 +200,4 @@ def training_manifest(store: Store, shard: int) -> TrainingShardManifest:
 
 
 def iter_training_batches(store: Store, shard: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-    return iter_parquet_batches(store, training_manifest(store, shard).data_keys, columns)
+    return iter_parquet_batches(store, training_manifest(store, shard), columns)

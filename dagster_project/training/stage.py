@@ -45,7 +45,7 @@ from dagster_project.records import PROVENANCE_FIELDS, STATUS_OK, TRAINING_SCHEM
 from dagster_project.store.dataclass_json import parse_record
 from dagster_project.store.layout import COMPLETIONS, TRAINING_SET, lease_key, shard_manifest_key
 from dagster_project.store.lease import Lease, LeaseOptions, take_lease
-from dagster_project.store.manifest import ids_digest, iter_parquet_batches, publish_shard
+from dagster_project.store.manifest import ids_digest, iter_parquet_batches, publish_shard, rows_mismatch
 from dagster_project.store.storage import Store, sha256_bytes
 from dagster_project.store.verdicts import describe_failures, failed_gates
 from dagster_project.training.gates import GateResult, list_buffers
@@ -319,7 +319,7 @@ def _assemble(
     with tempfile.TemporaryDirectory(dir=staging_dir) as staging:
         path = Path(staging) / TRAINING_FILE
         with TrainingShardWriter(path) as writer:
-            batches = iter_parquet_batches(store, source.data_keys, COMPLETION_COLUMNS)
+            batches = iter_parquet_batches(store, source, COMPLETION_COLUMNS)
             for training, excluded, events in assemble_batches(
                 batches, shard, options, counts.lengths, contaminated, counts.groups
             ):
@@ -330,10 +330,7 @@ def _assemble(
                 source_ids.extend(events)
         counts.rows_in = len(source_ids)
         if counts.rows_in != source.rows or ids_digest(source_ids) != source.ids_digest:
-            raise RuntimeError(
-                f"completions shard {shard} changed while it was read or does not match its manifest "
-                f"({counts.rows_in} rows read, manifest says {source.rows}): re-run `training_set`"
-            )
+            raise rows_mismatch(store, source, counts.rows_in)
         manifest = TrainingShardManifest(
             shard=shard,
             rows=counts.rows,

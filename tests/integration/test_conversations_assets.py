@@ -18,13 +18,15 @@ from dagster_project.checks.conversations import (
     conversations_turn_markers,
     conversations_unique_ids,
 )
-from dagster_project.conversations.shards import read_conversations
+from dagster_project.conversations.shards import read_conversations, read_shard_conversations_manifest
 from dagster_project.ingest.quarantine import REASONS
 from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
 from dagster_project.settings import DEMO_DATA_DIR
 from dagster_project.store import layout
 from dagster_project.store.manifest import ShardManifest, publish_shard, published_shards
+from dagster_project.store.storage import LocalStore
 from tests.support.dagster_helpers import evaluations_by_check
+from tests.support.published import republish_as_edited
 
 ASSETS = [raw_prompts, conversations]
 CHECKS = [
@@ -72,6 +74,8 @@ def test_demo_data_materializes_and_every_check_passes(resources: dict, tmp_path
         "unrecognized_format",
         "not_a_conversation",
         "unreadable_file",
+        "unknown_part",
+        "misplaced_part",
     }
 
 
@@ -92,6 +96,8 @@ def test_corrupted_shard_fails_the_id_and_gx_checks(resources: dict, tmp_path: P
     bad["messages"] = [{"role": "narrator", "content": " "}] + bad["messages"]
     bad["generate_after"] = [0]
     shard_file.write_bytes(b"\n".join([*lines, lines[0], json.dumps(bad).encode()]) + b"\n")
+    store = LocalStore(tmp_path / "store")
+    republish_as_edited(store, read_shard_conversations_manifest(store, 0))
 
     result = dg.materialize(
         [*ASSETS, *CHECKS],

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 
 import pytest
 
@@ -21,7 +20,7 @@ from dagster_project.sglang import capacity
 from dagster_project.sglang import client as sgl
 from dagster_project.sglang import protocol as proto
 from dagster_project.tokenizer import render_prompt_ids, special_ids
-from tests.support.sglang_fixtures import SimFleet, call
+from tests.support.sglang_fixtures import SimFleet, call, wait_until
 
 REAL = os.environ.get("SGLANG_TEST_SERVER_URL")
 PARAMS = proto.sampling_params(max_new_tokens=32)
@@ -114,10 +113,15 @@ def test_an_abort_by_rid_ends_the_request_with_its_partial_output(server, prompt
 
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(1.0)
+    # Abort once the server runs it: an abort that arrives before the request is scheduled finds nothing to end.
+    wait_until(lambda: _running_requests(server) >= 1, timeout_s=60, what="the request to be running")
     assert call(server + "/abort_request", {"rid": "ab-7", "abort_all": False})[0] == 200
     thread.join(timeout=120)
     status, body = outcome["response"]
     assert status == 200 and body["meta_info"]["finish_reason"]["type"] == "abort"
     assert len(body["output_ids"]) < 4096
     assert call(server + "/flush_cache")[0] == 200  # idle again
+
+
+def _running_requests(server: str) -> float:
+    return proto.parse_metrics(call(server + "/metrics")[1])["sglang:num_running_reqs"]

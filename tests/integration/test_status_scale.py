@@ -62,4 +62,4 @@ def test_some_columns_of_an_s3_shard_are_read_in_place_and_a_missing_object_is_n
     key = read_completions_manifest(s3_store, 0).data_keys[0]
     s3_store.delete(key)
     with pytest.raises(StoreError, match=f"no object {s3_store.url(key)}"):
-        list(iter_parquet_batches(s3_store, [key], ["event_id"]))
+        list(iter_parquet_batches(s3_store, read_completions_manifest(s3_store, 0), ["event_id"]))

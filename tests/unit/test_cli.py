@@ -106,6 +106,7 @@ def test_the_live_view_shows_when_it_was_read_and_the_alerts_in_red():
     assert "/data/store  read at 00:00:00 UTC, again every 5 s" in shown and "Ctrl-C" in shown
     assert "events 3/9" in shown and "marked Dagster run r1 failed" in shown
     assert "\x1b[1;31mALERT [fleet]" in console.export_text(styles=True)  # bold red
+    assert shown.index("ALERT [fleet]") < shown.index("1. Progress")  # first: a short terminal crops the end
 
 
 def test_a_store_root_under_a_file_or_a_uri_missing_its_colon_is_refused(tmp_path):

@@ -196,7 +196,9 @@ def test_render_prompt_ids_gives_the_official_ids(
 
 def test_project_template_is_written_not_copied(fixtures_dir: Path) -> None:
     project_template = PROJECT_TEMPLATE_PATH.read_text(encoding="utf-8")
-    for fixture_template in fixtures_dir.glob("*.jinja"):
+    fixture_templates = sorted(fixtures_dir.glob("*.jinja"))
+    assert OFFICIAL_TEMPLATE_NAME in {path.name for path in fixture_templates}, fixture_templates
+    for fixture_template in fixture_templates:
         assert project_template != fixture_template.read_text(encoding="utf-8"), fixture_template.name
 
 

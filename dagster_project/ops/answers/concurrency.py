@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster_project.ops.answers.readings import Readings
-from dagster_project.ops.answers.text import fmt
+from dagster_project.ops.answers.text import fmt, utc
 from dagster_project.ops.tune import TuneReport, gain
 from dagster_project.sglang import capacity
 
@@ -46,11 +46,26 @@ class ServerConcurrency:
 
 
 @dataclass(frozen=True)
+class SetAside:
+    """A server a running shard's dispatcher set aside (quarantined): it gets no new requests until a re-probe
+    passes."""
+
+    url: str
+    reason: str
+    since: float | None  # when it was set aside (None: when the run started, before the time was recorded)
+    shards: list[int]  # the runs that have it set aside
+
+
+@dataclass(frozen=True)
 class ConcurrencyAnswer:
     servers: dict[str, ServerConcurrency] = field(default_factory=dict)
     lengths: str = ""  # the request lengths the capacity answers assume, and their source
+    set_aside: list[SetAside] = field(default_factory=list)
 
 
+# A dispatcher's state of a server it set aside (`generation.server_checks.QUARANTINED`, not imported: the dispatcher
+# imports aiohttp, which `dflash status` does without).
+QUARANTINED = "quarantined"
 EXPECTED_LENGTHS = "expected lengths (no completions yet)"
 NO_FLEET = "no server known: start a fleet (`dflash fleet up`) or set DFLASH_SGLANG_ENDPOINTS"
 
@@ -192,7 +207,30 @@ def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
             capacity=fix,
             capacity_error=problem,
         )
-    return ConcurrencyAnswer(servers, f"{prompt:,.0f} prompt + {output:,.0f} output tokens per request, {lengths}")
+    return ConcurrencyAnswer(
+        servers,
+        f"{prompt:,.0f} prompt + {output:,.0f} output tokens per request, {lengths}",
+        set_aside_servers(readings),
+    )
+
+
+def set_aside_servers(readings: Readings) -> list[SetAside]:
+    """The servers the running shards' dispatchers have set aside, by the dispatchers' own views (heartbeats)."""
+    found: dict[str, list[tuple[int, str, float | None]]] = {}
+    for beat in readings.live:
+        for url, view in beat.servers.items():
+            if view.get("state") == QUARANTINED:
+                sighting = (beat.shard, view.get("reason") or "unknown", view.get("set_aside_at"))
+                found.setdefault(url, []).append(sighting)
+    return [
+        SetAside(
+            url,
+            "; ".join(sorted({reason for _, reason, _ in seen})),
+            min((at for _, _, at in seen if at is not None), default=None),
+            sorted(shard for shard, _, _ in seen),
+        )
+        for url, seen in sorted(found.items())
+    ]
 
 
 def render_concurrency(concurrency: ConcurrencyAnswer) -> list[str]:
@@ -208,4 +246,13 @@ def render_concurrency(concurrency: ConcurrencyAnswer) -> list[str]:
             lines.append(f"      capacity: {row.capacity.explanation}")
     if any(row.capacity for row in concurrency.servers.values()):
         lines.append(f"   (capacity at {concurrency.lengths})")
+    lines += [f"   SET ASIDE: {describe_set_aside(server)}" for server in concurrency.set_aside]
     return lines
+
+
+def describe_set_aside(server: SetAside) -> str:
+    since = f"since {utc(server.since)}" if server.since else "since its run started"
+    return (
+        f"{server.url} ({server.reason}) {since} by the runs of shards {server.shards}: it gets no new requests "
+        "until a re-probe passes; look at its log"
+    )

@@ -70,6 +70,7 @@ def _by_id_lines(by_id: DatasetCoverage | None, now: float) -> list[str]:
         f"   by id ({ago(by_id.computed_at, now)}): {by_id_summary(by_id)}",
         *(f"   ALERT: {problem}" for problem in by_id.disagreements),
         *([f"   ALERT: damaged completions shards: {by_id.shards_damaged}"] if by_id.shards_damaged else []),
+        *(f"      shard {damage.shard}: {'; '.join(damage.problems)}" for damage in by_id.damaged),
     ]
 
 

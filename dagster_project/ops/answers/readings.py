@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagster_project.conversations.shards import ConversationsManifest
@@ -13,6 +13,8 @@ from dagster_project.ingest.shards import RawPromptsManifest
 from dagster_project.ops.coverage import DatasetCoverage
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.tune import TuneReport
+from dagster_project.store.verdicts import ExportOutcome, Verdict
+from dagster_project.training.shards import TrainingShardManifest
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,10 @@ class Readings:
     plan: Plan | None
     coverage_by_id: DatasetCoverage | None
     tuning: TuneReport | None = None  # the last `dflash tune` / fleet_tuning sweep
+    training_set: dict[int, TrainingShardManifest] = field(default_factory=dict)
+    # Stage → shard → the verdicts its blocking checks recorded (some may judge an earlier publication).
+    verdicts: dict[str, dict[int, list[Verdict]]] = field(default_factory=dict)
+    exports: dict[int, ExportOutcome] = field(default_factory=dict)  # the SpecForge export's last outcome
 
     @property
     def live(self) -> list[Heartbeat]:

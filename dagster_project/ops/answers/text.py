@@ -32,3 +32,20 @@ def dollars(value: float | None) -> str:
 
 def number(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def shard_list(shards: list[int], limit: int = 12) -> str:
+    """Shards in a sentence, runs of consecutive ones as ranges ("0-17, 19"), cut after `limit` parts so a line
+    stays short at 1,830 shards."""
+    parts: list[str] = []
+    for shard in sorted(shards):
+        if parts and parts[-1].split("-")[-1] == str(shard - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{shard}"
+        else:
+            parts.append(str(shard))
+    shown = ", ".join(parts[:limit]) or "none"
+    return shown + (f" … (+{len(parts) - limit:,} more)" if len(parts) > limit else "")
+
+
+def utc(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -8,6 +8,8 @@ answers must keep them.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import pytest
 
@@ -129,3 +131,14 @@ def test_a_request_that_failed_on_one_server_is_retried_on_another():
     assert len(failed) == len(set(failed))
     # Five failures in a row set it aside.
     assert run.view(failing)["state"] == "quarantined" and run.view(failing)["reason"].startswith("server_error")
+
+
+def test_a_server_set_aside_is_named_in_a_warning_and_its_view_says_when(caplog):
+    failing = FakeServer("http://failing", failing=True)
+    run = Run(failing, FakeServer("http://healthy", answer_s=2.0))
+    before = time.time()
+    with caplog.at_level(logging.WARNING, logger="dagster_project.generation.dispatch"):
+        run.run(30)
+    (warning,) = [record.getMessage() for record in caplog.records if "set aside" in record.getMessage()]
+    assert warning.startswith("server http://failing set aside (server_error")
+    assert before <= run.view(failing)["set_aside_at"] <= time.time()  # wall clock, for the operator

@@ -79,7 +79,8 @@ def test_a_damaged_completions_shard_is_named_and_its_events_count_as_missing(tm
     outcome = two_shard_store(tmp_path)
     store = outcome.store
     truncated = read_completions_manifest(store, 0).data_keys[0]
-    (store.root / truncated).write_bytes((store.root / truncated).read_bytes()[:-100])
+    original_0 = (store.root / truncated).read_bytes()
+    (store.root / truncated).write_bytes(original_0[:-100])
     overwritten = read_completions_manifest(store, 1).data_keys[0]
     original = (store.root / overwritten).read_bytes()
     (store.root / overwritten).write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # same size, other bytes
@@ -88,13 +89,18 @@ def test_a_damaged_completions_shard_is_named_and_its_events_count_as_missing(tm
     assert coverage.shards_damaged == [0, 1] and coverage.shards_published == 0
     assert coverage.events_missing == coverage.events_planned == len(outcome.conversations)
     assert not coverage.exactly_once
+    # Each damaged shard names its objects: what `dflash status` and the page show.
+    assert [(damage.shard, damage.problems) for damage in coverage.damaged] == [
+        (0, [f"{truncated}: {len(original_0) - 100} bytes in the store, manifest says {len(original_0)}"]),
+        (1, [f"{overwritten}: checksum differs from the manifest"]),
+    ]
 
 
 def test_an_unreadable_conversations_shard_is_named(tmp_path):
     store = two_shard_store(tmp_path).store
     key = read_shard_conversations_manifest(store, 1).data_keys[0]
     (store.root / key).write_bytes(b'{"id": "c1", "messages": [')
-    with pytest.raises(CorruptObject, match=f"{store.url(key)} is damaged: line 1 is not a conversation"):
+    with pytest.raises(CorruptObject, match=f"{store.url(key)} is damaged: 26 bytes in the store, manifest says"):
         dataset_coverage(store, 2)
 
 

@@ -12,6 +12,7 @@ from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingSt
 from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, AlertThresholds
 from dagster_project.ops.answers.cost import NO_PRICE, FleetCost
 from dagster_project.ops.answers.readings import Readings
+from dagster_project.ops.answers.shards import ShardsAnswer
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.report import (
     INLINE_MARKDOWN_CHARS,
@@ -193,9 +194,19 @@ def test_every_section_text_stays_short_enough_to_show_in_place_at_the_real_jobs
         progress=replace(status.progress, shards_running=shards[:64], shards_dead=shards, shards_failed=shards),
         storage=replace(status.storage, stale_shards=shards, settings_fingerprints={f"{n:016x}": n for n in range(40)}),
         coverage=replace(status.coverage, quarantined_by_reason={f"reason {n}": n for n in range(40)}),
+        shards=ShardsAnswer(
+            shards=1830,
+            completions={"published": 1830},
+            training_set={"passed": 915, "blocked": 915},
+            export={"exported": 915, "not exported": 915},
+            not_green={"training_set blocked": shards[::2], "export not exported": shards[::2]},
+            needs_a_look=[],
+            done=False,
+        ),
     )
     sections = report_sections(status)
-    assert [section.title for section in sections][1:7] == [
+    assert [section.title for section in sections][1:8] == [
+        "Shards by stage",
         "1. Progress vs plan",
         "2. MTP (speculative decoding)",
         "3. Concurrency per server",
@@ -207,10 +218,10 @@ def test_every_section_text_stays_short_enough_to_show_in_place_at_the_real_jobs
         assert len(section.text) < INLINE_MARKDOWN_CHARS, (section.title, len(section.text))
     labels = [label for s in sections for label in ([s.title] if s.text else []) + [t for t, _ in s.tables]]
     assert len(labels) == len(set(labels))  # one metadata entry each
-    progress = sections[1].text
+    progress = sections[2].text
     assert "shards running: 0, 1, 2" in progress and "(+52 more)" in progress and "(+1,818 more)" in progress
     # The tables carry the rows a sentence cannot: one per server, each cell formatted.
-    servers = dict(sections[3].tables)["3. Servers"]
+    servers = dict(sections[4].tables)["3. Servers"]
     assert [row[0] for row in servers.rows] == ["gpu0:30000", "gpu1:30000"] and servers.rows[0][1:4] == (
         "8/8",
         "0",

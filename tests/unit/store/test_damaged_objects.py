@@ -58,5 +58,5 @@ def test_a_truncated_parquet_object_is_named_by_training_set(store, tmp_path):
     manifest = read_completions_manifest(store, 0)
     path = store.root / manifest.data_keys[0]
     path.write_bytes(path.read_bytes()[:-100])  # the footer is gone
-    with pytest.raises(CorruptObject, match=f"{store.url(manifest.data_keys[0])} is damaged: not readable as Parquet"):
+    with pytest.raises(CorruptObject, match=f"{store.url(manifest.data_keys[0])} is damaged: .* bytes in the store"):
         assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")

@@ -1,4 +1,4 @@
-"""One writer per shard: leases taken, refused, expired, fenced and raced, on a local store and on S3."""
+"""One writer per shard: leases taken, refused, expired, fenced and raced, on a local store (on S3: test_lease_s3)."""
 
 import socket
 import subprocess
@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from dagster_project.store.lease import Lease, LeaseHeld, LeaseLost, LeaseRecord
-from dagster_project.store.storage import LocalStore, RetryPolicy, S3Store, bounded_client
+from dagster_project.store.storage import LocalStore
 
 KEY = "leases/completions/shard=00003.json"
 
@@ -26,14 +26,10 @@ class Clock:
         return self.now
 
 
-# The S3 variant needs the moto server process: it is an integration test (`make test-fast` skips it).
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
-def store(request, tmp_path):
-    if request.param == "local":
-        return LocalStore(tmp_path / "store")
-    server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket")
-    policy = RetryPolicy(attempts=2, backoff_s=0.05)
-    return S3Store(f"s3://{bucket}/run", bounded_client(policy, endpoint_url=server.endpoint), policy)
+# The same tests run on S3 (the moto server) in tests/integration/test_lease_s3.py.
+@pytest.fixture
+def store(tmp_path):
+    return LocalStore(tmp_path / "store")
 
 
 def test_a_live_lease_refuses_a_second_writer_naming_the_holder(store):

@@ -1,19 +1,13 @@
 import pytest
-from dagster_aws.s3 import S3Resource
 
-from dagster_project.resources.store import DatasetStore
 from dagster_project.store.manifest import ShardManifest, publish_shard, read_shard_manifest, verify_shard
 from dagster_project.store.storage import LocalStore, StoreError, local_copy, open_store
 
 
-# The S3 variant needs the moto server process: it is an integration test (`make test-fast` skips it).
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
-def store(request, tmp_path):
-    if request.param == "local":
-        return LocalStore(tmp_path / "store")
-    bucket = request.getfixturevalue("s3_bucket")
-    # Through dagster-aws S3Resource, as the pipeline does; endpoint and credentials from the environment.
-    return DatasetStore(root=f"s3://{bucket}/runs/demo", work_dir=str(tmp_path / "work"), s3=S3Resource()).open()
+# The same tests run on S3 (the moto server) in tests/integration/test_store_s3.py.
+@pytest.fixture
+def store(tmp_path):
+    return LocalStore(tmp_path / "store")
 
 
 def test_round_trip_list_and_delete(store, tmp_path):
@@ -70,3 +64,18 @@ def test_verification_reports_an_object_of_the_right_size_with_other_bytes(store
     assert verify_shard(store, manifest) == [
         "completions/shard=00001/part-0.parquet: checksum differs from the manifest"
     ]
+
+
+def test_a_store_root_that_is_a_file_fails_the_step_naming_the_setting(tmp_path):
+    """What every asset's step does first (`store.open()`): a Dagster failure naming DFLASH_STORE, not a
+    NotADirectoryError from deep in the stage."""
+    import dagster as dg
+    from dagster_aws.s3 import S3Resource
+
+    from dagster_project.resources import DatasetStore
+
+    root = tmp_path / "store"
+    root.write_text("a file where the store should be")
+    resource = DatasetStore(root=str(root), work_dir=str(tmp_path / "work"), s3=S3Resource())
+    with pytest.raises(dg.Failure, match=r"root \(DFLASH_STORE\): the store root .* is not a directory"):
+        resource.open()

@@ -27,6 +27,7 @@ from dagster_project.training.export import (
 from dagster_project.training.hf_export import CARD_KEY, DATA_PATTERN, data_key, export_hf_shard
 from dagster_project.training.shards import TrainingShardNotPublished, iter_training_batches, training_manifest
 from dagster_project.training.stage import AssemblyOptions, assemble_shard
+from tests.support.published import republish_as_edited
 from tests.support.training_shards import healthy_rows, publish_completions
 
 
@@ -122,13 +123,17 @@ def test_an_operator_may_export_a_shard_that_failed_a_gate_but_not_one_never_che
 
 
 def _zero_the_mask_of(store: LocalStore, shard: int, row: int) -> str:
-    """Overwrite one row's loss mask with zeros in the published file (what a bug upstream would leave)."""
-    key = training_manifest(store, shard).data_keys[0]
+    """Publish the shard again with one row's loss mask all zeros (what a bug upstream would publish), its checks
+    passed on it."""
+    manifest = training_manifest(store, shard)
+    key = manifest.data_keys[0]
     table = pq.read_table(store.root / key)
     masks = table.column("loss_mask").to_pylist()
     masks[row] = [0] * len(masks[row])
     column = table.schema.get_field_index("loss_mask")
     pq.write_table(table.set_column(column, "loss_mask", pa.array(masks, pa.list_(pa.int8()))), store.root / key)
+    republish_as_edited(store, manifest)
+    _clear(store, shard)
     return table.column("event_id")[row].as_py()
 
 

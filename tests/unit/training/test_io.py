@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dagster_project.records import TRAINING_SCHEMA
-from dagster_project.store.manifest import iter_parquet_batches
+from dagster_project.store.manifest import ShardManifest, iter_parquet_batches, publish_shard
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.shards import TrainingShardWriter
 
@@ -48,9 +48,13 @@ def test_row_groups_close_on_rows_or_on_tokens_whichever_comes_first(tmp_path):
 
 
 def test_reading_streams_one_row_group_at_a_time(tmp_path):
-    with TrainingShardWriter(tmp_path / "store" / "a.parquet", rows_per_group=2) as writer:
+    with TrainingShardWriter(tmp_path / "a.parquet", rows_per_group=2) as writer:
         writer.write(_rows([3, 4, 5, 6, 7]))
-    batches = list(iter_parquet_batches(LocalStore(tmp_path / "store"), ["a.parquet"], ["event_id", "num_tokens"]))
+    store = LocalStore(tmp_path / "store")
+    manifest = publish_shard(
+        store, ShardManifest(stage="training_set", shard=0, rows=5), [("a.parquet", tmp_path / "a.parquet")]
+    )
+    batches = list(iter_parquet_batches(store, manifest, ["event_id", "num_tokens"]))
     assert [batch.num_rows for batch in batches] == [2, 2, 1]
     assert [batch.schema.names for batch in batches][0] == ["event_id", "num_tokens"]
     assert [n for batch in batches for n in batch.column("num_tokens").to_pylist()] == [3, 4, 5, 6, 7]
