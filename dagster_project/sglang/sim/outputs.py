@@ -25,7 +25,8 @@ class WordPool:
     """A long, fixed stream of word tokens in sentences; answers are slices of it at prompt-derived offsets.
 
     Slicing a prebuilt list keeps a 2,000-token answer at microseconds, which is what lets a simulator
-    serve thousands of zero-latency requests per second.
+    serve thousands of zero-latency requests per second. Sentences start with ` Word`, paragraphs with `Word`
+    (no space after a newline), so the ids are the tokenizer's own encoding of their text.
     """
 
     SIZE = 1 << 16
@@ -36,6 +37,8 @@ class WordPool:
         comma, period = vocab.punctuation
         while len(ids) < self.SIZE:
             sentence = rng.choices(vocab.words, k=rng.randint(4, 16))
+            starts_paragraph = not ids or ids[-1] == vocab.paragraph
+            sentence[0] = (vocab.openings if starts_paragraph else vocab.capitals)[sentence[0]]
             if len(sentence) > 8:
                 sentence.insert(rng.randint(3, len(sentence) - 2), comma)
             ids += sentence
@@ -47,6 +50,10 @@ class WordPool:
         self.ids = ids[: self.SIZE] * 2
         self.text = vocab.decode(self.ids)
         self.offsets = list(accumulate((len(vocab.texts[i]) for i in self.ids), initial=0))
+        self.vocab = vocab
+        # Any form of a word → the form that opens a part; punctuation there becomes a word instead.
+        self.opening = {form: vocab.openings[word] for word in vocab.words for form in (word, vocab.capitals[word])}
+        self.opening.update((form, form) for form in vocab.openings.values())
 
     def take(self, start: int, count: int) -> tuple[list[int], str]:
         start %= self.SIZE
@@ -56,6 +63,18 @@ class WordPool:
         head_ids, head_text = self.take(start, self.SIZE)
         tail_ids, tail_text = self.take(start, count - self.SIZE)
         return head_ids + tail_ids, head_text + tail_text
+
+    def part(self, start: int, count: int) -> tuple[list[int], str]:
+        """`count` tokens written as a whole part (a reasoning or an answer): opening with a word without a
+        leading space, and never ending in a paragraph break, which the chat template would trim."""
+        ids, text = self.take(start, count)
+        if count > 1 and ids[-1] == self.vocab.paragraph:
+            ids, text = self.take(start - 1, count)  # ends at the sentence's period instead
+        if not ids:
+            return ids, text
+        texts = self.vocab.texts
+        first = self.opening.get(ids[0]) or self.vocab.openings[self.vocab.words[start % len(self.vocab.words)]]
+        return [first, *ids[1:]], texts[first] + text[len(texts[ids[0]]) :]
 
 
 def parse_length_distribution(spec: str) -> Callable[[random.Random], int]:
@@ -279,13 +298,13 @@ class OutputModel:
         parts: list[tuple[list[int], str]] = []
         if thinking and body >= 4:
             answer = max(1, round(body * rng.uniform(*self.config.answer_fraction)))
-            reasoning = max(0, body - 3 - answer)
+            reasoning = max(1, body - 3 - answer)  # an empty reasoning would render as `<think>\n\n</think>`
             answer = body - 3 - reasoning
-            parts.append(self.pool.take(rng.randrange(WordPool.SIZE), reasoning))
+            parts.append(self.pool.part(rng.randrange(WordPool.SIZE), reasoning))
             parts.append(self.think_close)
-            parts.append(self.pool.take(rng.randrange(WordPool.SIZE), answer))
+            parts.append(self.pool.part(rng.randrange(WordPool.SIZE), answer))
         else:
-            parts.append(self.pool.take(rng.randrange(WordPool.SIZE), body))
+            parts.append(self.pool.part(rng.randrange(WordPool.SIZE), body))
         ids: list[int] = []
         texts: list[str] = []
         for part_ids, part_text in parts:
