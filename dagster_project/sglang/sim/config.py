@@ -59,6 +59,10 @@ class SimConfig:
     output_len: str = "lognormal:2400:0.6"  # fixed:N | uniform:A:B | lognormal:MEDIAN:SIGMA
     max_output_len: int = 32768  # natural answers never exceed this
     answer_fraction: tuple[float, float] = (0.1, 0.3)  # share of the output after </think>
+    # Prompts that declare tools: the share answered with a `<tool_call>`, and the share of those calls written
+    # malformed on purpose (reading the tools needs the full tokenizer: it is loaded only when this is set).
+    tool_call_share: float = 0.0
+    malformed_tool_call_share: float = 0.0
     accept_probs: tuple[float, ...] = (0.2, 0.2, 0.2, 0.4)  # P(k drafts accepted) per verify pass, k < D
     accept_decay_tokens: int = 0  # context length at which acceptance has fallen halfway to none; 0: no decay
     ttft_s: float = 0.0
