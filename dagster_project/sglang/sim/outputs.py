@@ -171,14 +171,24 @@ class AcceptModel:
         self._seed = seed
         self._pools: dict[int, _DrawPool] = {}  # built on first use: most servers see few acceptance levels
 
-    def _pool(self, context: int, batch: int) -> _DrawPool:
+    def _level(self, context: int, batch: int) -> int:
+        """How many of the `LEVELS` shares of passes accept nothing at this context and batch."""
         kept = 1.0  # share of passes that keep the drafts' own acceptance
         if self.decay_tokens:
             middle = (context // self.BUCKET + 0.5) * self.BUCKET
             kept *= self.decay_tokens / (middle + self.decay_tokens)
         if self.decay_batch:
             kept *= self.decay_batch / (max(0, batch - 1) + self.decay_batch)
-        level = round(self.LEVELS * (1 - kept))
+        return round(self.LEVELS * (1 - kept))
+
+    def mean_tokens_per_pass(self, context: int, batch: int) -> float:
+        """The expected tokens one verify pass writes (accepted drafts plus the verified one) at this context
+        and batch: the accept length the draws average to."""
+        drafts = sum(k * p for k, p in enumerate(self.probs))
+        return 1 + (1 - self._level(context, batch) / self.LEVELS) * drafts
+
+    def _pool(self, context: int, batch: int) -> _DrawPool:
+        level = self._level(context, batch)
         pool = self._pools.get(level)
         if pool is None:
             weight = level / self.LEVELS  # share of passes that accept nothing
