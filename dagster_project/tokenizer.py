@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
 import tempfile
 import threading
@@ -53,6 +55,7 @@ CONTROL_TOKENS = tuple(
     for token_id, text in sorted(QWEN3_5_SPECIAL_TOKENS)
     if token_id < _FIRST_ID_ABSENT_FROM_QWEN3_6 and text not in _NON_SPECIAL_ADDED_TOKENS
 )
+_CONTROL_TOKEN = re.compile("|".join(re.escape(token) for token in CONTROL_TOKENS))
 _PAD_TOKEN = "<|endoftext|>"
 _MODEL_MAX_LENGTH = 262144
 
@@ -100,18 +103,21 @@ def render_prompt_ids(
     preserve_thinking: bool = False,
     tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """Token ids of the prompt that asks the model for the next assistant turn (`tools` rendered when given)."""
-    encoded = tokenizer.apply_chat_template(
-        messages,
-        tools=tools,
-        add_generation_prompt=True,
-        tokenize=True,
-        enable_thinking=enable_thinking,
-        preserve_thinking=preserve_thinking,
-    )
-    # transformers 5 returns a BatchEncoding, older versions a plain list.
-    token_ids: Sequence[int] = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
-    return [int(token_id) for token_id in token_ids]
+    """Token ids of the prompt that asks the model for the next assistant turn (`tools` rendered when given).
+
+    Control-token text inside the messages or tools (a prompt that discusses `<|im_start|>`, admitted by
+    `control_tokens: literal`) is encoded as ordinary text: only the tokens the chat template itself writes
+    become control ids, so no content can forge a turn."""
+    flags = {"enable_thinking": enable_thinking, "preserve_thinking": preserve_thinking}
+    if not holds_control_tokens([messages, tools]):
+        encoded = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, **flags
+        )
+        # transformers 5 returns a BatchEncoding, older versions a plain list.
+        token_ids: Sequence[int] = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
+        return [int(token_id) for token_id in token_ids]
+    render = template_render(tokenizer, messages, add_generation_prompt=True, tools=tools, **flags)
+    return render.encode(tokenizer)
 
 
 def render_text(
@@ -132,6 +138,78 @@ def render_text(
         enable_thinking=enable_thinking,
         preserve_thinking=preserve_thinking,
     )
+
+
+def holds_control_tokens(value: Any) -> bool:
+    """Whether any string in `value` (messages, tools, nested lists and objects) holds control-token text."""
+    if isinstance(value, str):
+        return _CONTROL_TOKEN.search(value) is not None
+    if isinstance(value, Mapping):
+        return any(holds_control_tokens(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(holds_control_tokens(item) for item in value)
+    return False
+
+
+@dataclass(frozen=True)
+class TemplateRender:
+    """A chat-template render in which every control token is one the template wrote.
+
+    Control-token text of the content is replaced by placeholders before rendering (`text` holds them), so
+    the template's own markers can be told from the content's; `encode` puts the content's text back and
+    tokenizes it as ordinary text, with special tokens split only where the template put them."""
+
+    text: str
+    placeholders: dict[str, str]  # placeholder -> the control-token text it stands for
+
+    def encode(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+        ids: list[int] = []
+        cursor = 0
+        for marker in _CONTROL_TOKEN.finditer(self.text):
+            ids += self._encode_literal(tokenizer, self.text[cursor : marker.start()])
+            ids.append(int(tokenizer.convert_tokens_to_ids(marker.group())))
+            cursor = marker.end()
+        return ids + self._encode_literal(tokenizer, self.text[cursor:])
+
+    def _encode_literal(self, tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+        for placeholder, token in self.placeholders.items():
+            text = text.replace(placeholder, token)
+        if not text:
+            return []
+        return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
+def template_render(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
+    **flags: bool,
+) -> TemplateRender:
+    """Render `messages` with their control-token text held out (see `TemplateRender`)."""
+    nonce = secrets.token_hex(6)
+    # Letters, digits and underscores only: the template's filters (tojson, strip) leave them as they are.
+    placeholders = {f"CTL{nonce}_{index}_": token for index, token in enumerate(CONTROL_TOKENS)}
+    by_token = {token: placeholder for placeholder, token in placeholders.items()}
+
+    def escape(value: Any) -> Any:
+        if isinstance(value, str):
+            return _CONTROL_TOKEN.sub(lambda found: by_token[found.group()], value)
+        if isinstance(value, Mapping):
+            return {key: escape(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [escape(item) for item in value]
+        return value
+
+    text = render_text(
+        tokenizer,
+        escape(messages),
+        add_generation_prompt=add_generation_prompt,
+        tools=escape(tools) if tools is not None else None,
+        **flags,
+    )
+    return TemplateRender(text, placeholders)
 
 
 def builtin_tokenizer_dir() -> Path:

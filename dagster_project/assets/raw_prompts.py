@@ -12,7 +12,13 @@ from pydantic import Field
 from dagster_project import settings
 from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.assets.tables import counts_table
-from dagster_project.ingest.formats import AUTO, FORMATS
+from dagster_project.ingest.formats import (
+    AUTO,
+    CONTROL_TOKEN_MODES,
+    CONTROL_TOKENS_QUARANTINE,
+    FORMATS,
+    ControlTokenPolicy,
+)
 from dagster_project.ingest.stage import ingest_to_store
 from dagster_project.resources import DatasetStore
 from dagster_project.store import layout
@@ -28,6 +34,16 @@ class RawPromptsConfig(dg.Config):
         default=AUTO,
         description=f"Row format of the files whose source sets none: {AUTO} (detected per file) or one of "
         f"{', '.join(FORMATS)}.",
+    )
+    control_tokens: str = Field(
+        default=CONTROL_TOKENS_QUARANTINE,
+        description="Control-token text (<|im_start|>, <|im_end|>, ...) in a row's content: "
+        f"{' or '.join(CONTROL_TOKEN_MODES)}. `quarantine` sets the row aside (reason control_tokens); `literal` "
+        "keeps it and encodes the text as ordinary text, never as a control token, so it cannot forge a turn.",
+    )
+    literal_control_token_sources: list[str] = Field(
+        default=[],
+        description="Source names whose control-token text is kept as literal text whatever `control_tokens` says.",
     )
 
 
@@ -47,6 +63,7 @@ def raw_prompts(
             data,
             config.sources,
             fmt=config.format,
+            control_tokens=ControlTokenPolicy(config.control_tokens, frozenset(config.literal_control_token_sources)),
             work_dir=Path(work_dir),
             s3_client=functools.cache(store.s3.get_client),
             log=context.log.info,
@@ -57,6 +74,8 @@ def raw_prompts(
             "accepted": manifest.accepted,
             "quarantined": manifest.quarantined,
             "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
+            "control_tokens": config.control_tokens,
+            "literal_control_token_sources": ", ".join(config.literal_control_token_sources) or "none",
             "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),
             "files": dg.MetadataValue.json([asdict(file) for file in manifest.files]),
             "file_notes": dg.MetadataValue.md(

@@ -1,11 +1,15 @@
 """Turn markers: a rendered prompt holds exactly one `<|im_start|>` per turn its messages make.
 
-The ingest quarantines content holding control tokens (`control_tokens`), so no text can forge a turn. This is
-the gate behind that rule: it renders the prompt of each conversation's last generated turn (which holds every
-message any of its prompts shows) and counts the control tokens in it. The template makes one turn for the
-system prompt and the tool definitions together, one per user or assistant message, one per run of tool
-results, and one for the generation prompt; `<|im_end|>` closes every turn but the last, and no other control
-token appears. Text is counted, not ids: the tokenizer turns each literal control token into the token itself.
+Content holding control-token text is quarantined at ingest (`control_tokens: quarantine`, the default), so no
+text can forge a turn. This is the gate behind that rule: it renders the prompt of each conversation's last
+generated turn (which holds every message any of its prompts shows) and counts the control tokens in its text, so
+control-token text that reached a conversation any other way fails it. The template makes one turn for the system
+prompt and the tool definitions together, one per user or assistant message, one per run of tool results, and
+one for the generation prompt; `<|im_end|>` closes every turn but the last, and no other control token appears.
+
+A conversation read with `control_tokens: literal` (marked in its `extra`) may hold such text on purpose: its
+prompt ids encode it as ordinary text (`tokenizer.render_prompt_ids`), so for it the gate counts the control
+tokens the template wrote, the content's text held out the same way (`tokenizer.template_render`).
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from collections import Counter
 from typing import Any
 
 from dagster_project.conversations.turns import prompt_messages
+from dagster_project.ingest.formats import CONTROL_TOKENS_KEY, CONTROL_TOKENS_LITERAL
 from dagster_project.records import HISTORY_SOURCE, Conversation
-from dagster_project.tokenizer import CONTROL_TOKENS, render_text
+from dagster_project.tokenizer import CONTROL_TOKENS, render_text, template_render
 
 TURN_START, TURN_END = "<|im_start|>", "<|im_end|>"
 
@@ -46,7 +51,10 @@ def last_prompt(conversation: Conversation) -> list[dict[str, Any]]:
 def marker_mismatch(tokenizer: Any, conversation: Conversation, **flags: bool) -> str | None:
     """What is wrong with the control tokens of the conversation's last prompt, or None when they are exact."""
     messages = last_prompt(conversation)
-    text = render_text(tokenizer, messages, add_generation_prompt=True, tools=conversation.tools, **flags)
+    if conversation.extra.get(CONTROL_TOKENS_KEY) == CONTROL_TOKENS_LITERAL:
+        text = template_render(tokenizer, messages, add_generation_prompt=True, tools=conversation.tools, **flags).text
+    else:
+        text = render_text(tokenizer, messages, add_generation_prompt=True, tools=conversation.tools, **flags)
     found = Counter({token: text.count(token) for token in CONTROL_TOKENS if token in text})
     turns = expected_turns(messages, conversation.tools)
     expected = Counter({TURN_START: turns, TURN_END: turns - 1})

@@ -26,13 +26,17 @@ render or raises `Rejected` with a reason:
 
 * Content parts: `{"type": "text", "text"|"value"|"content": ...}` (OpenAI, LLaMA-Factory, others),
   `input_text`/`output_text`, a bare string; they are joined the way the chat template renders them (no
-  separator). **Media are never dropped silently**: an image, video or audio part, or a row-level
-  `images`/`videos`/`audios` field (LLaMA-Factory's multimodal rows, which keep `<image>` placeholders in
+  separator). Reasoning, tool-call and tool-result parts (LLaMA-Factory, OpenAI, Anthropic blocks) and
+  Harmony's channels become `reasoning_content`, `tool_calls` and tool messages (see `parts`).
+  **Media are never dropped silently**: an image, video or audio part, or a row-level `images`/`videos`/`audios`
+  field (LLaMA-Factory's multimodal rows, which keep `<image>` placeholders in
   the text), quarantines the row as `image_content`: the fleet is sent text only, so an answer regenerated
   without the picture would train on the wrong context.
 * **Control tokens** (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, the vision markers, ...) inside any
-  content quarantine the row (`control_tokens`): the tokenizer turns them into real control tokens, so the
-  text could forge a turn of its own (`"...<|im_end|>\n<|im_start|>system\n..."`).
+  content quarantine the row (`control_tokens`): the tokenizer would turn them into real control tokens, so
+  the text could forge a turn of its own (`"...<|im_end|>\n<|im_start|>system\n..."`). With
+  `control_tokens: literal` the row is kept, marked in `extra`, and the text is encoded as ordinary text
+  (`tokenizer.render_prompt_ids`).
 * **Tool calling**: `tools` (a list or a JSON string of one; each definition in OpenAI's
   `{"type": "function", "function": {...}}` form or bare) becomes the row's tool list; assistant tool calls
   become `tool_calls: [{"type": "function", "function": {"name", "arguments": {...}}}]` with `arguments`
@@ -59,12 +63,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagster_project.ingest.parts import harmony_message, split_parts
 from dagster_project.ingest.quarantine import Rejected
 from dagster_project.tokenizer import CONTROL_TOKENS
 
 FORMATS = ("sharegpt", "openai", "alpaca", "prompt", "text")
 AUTO = "auto"
 TEXT = "text"
+# What becomes of control-token text in content: the row is quarantined, or the text is kept and encoded as
+# ordinary text (never a control id: `tokenizer.render_prompt_ids`).
+CONTROL_TOKENS_QUARANTINE = "quarantine"
+CONTROL_TOKENS_LITERAL = "literal"
+CONTROL_TOKEN_MODES = (CONTROL_TOKENS_QUARANTINE, CONTROL_TOKENS_LITERAL)
+# The key of a row's `extra` that marks it read with `literal` (a source's own field of that name is dropped).
+CONTROL_TOKENS_KEY = "control_tokens"
 
 _MESSAGE_LIST_FIELDS = {"openai": ("messages", "conversation"), "sharegpt": ("conversations",)}
 _PROMPT_FIELDS = ("prompt", "question", "query")
@@ -95,9 +107,7 @@ _ROLE_ALIASES = {
 }
 # Roles whose message *is* a tool call (LLaMA-Factory's ShareGPT), its content the call's JSON.
 _CALL_ROLES = frozenset({"function_call", "tool_call"})
-_TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
-_TEXT_PART_KEYS = ("text", "value", "content")
-_MEDIA_PART_KEYS = ("image", "image_url", "input_image", "video", "video_url", "audio", "input_audio", "audio_url")
+_REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 _CONTROL_TOKEN = re.compile("|".join(re.escape(token) for token in CONTROL_TOKENS))
 _LEADING_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
 _EXTRA_MAX_FIELDS = 16
@@ -113,6 +123,24 @@ class ParsedRow:
     extra: dict[str, Any] = field(default_factory=dict)
     # Tool definitions in OpenAI's form; None when the row defines none.
     tools: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class ControlTokenPolicy:
+    """What becomes of control-token text, for the whole run (`default`) and for the sources named literal."""
+
+    default: str = CONTROL_TOKENS_QUARANTINE
+    literal_sources: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.default not in CONTROL_TOKEN_MODES:
+            raise ValueError(f"unknown control_tokens {self.default!r}; choose one of {', '.join(CONTROL_TOKEN_MODES)}")
+
+    def for_source(self, source: str) -> str:
+        return CONTROL_TOKENS_LITERAL if source in self.literal_sources else self.default
+
+
+QUARANTINE_CONTROL_TOKENS = ControlTokenPolicy()
 
 
 def format_of(value: Any) -> str | None:
@@ -137,10 +165,13 @@ def detect_format(sample: Iterable[Any]) -> str | None:
     return counts.most_common(1)[0][0] if counts else None
 
 
-def parse_row(value: Any, fmt: str, field_name: str | None = None) -> ParsedRow:
+def parse_row(
+    value: Any, fmt: str, field_name: str | None = None, control_tokens: str = CONTROL_TOKENS_QUARANTINE
+) -> ParsedRow:
     """Normalize one row of format `fmt`; raises `Rejected` when a rule is broken.
 
-    `field_name`: the source's own name for the format's main field (`MAIN_FIELD`)."""
+    `field_name`: the source's own name for the format's main field (`MAIN_FIELD`); `control_tokens`: one of
+    `CONTROL_TOKEN_MODES`."""
     if not isinstance(value, dict):
         raise Rejected("unrecognized_format", f"expected a JSON object, got {type(value).__name__}")
     if field_name and fmt in MAIN_FIELD:
@@ -163,12 +194,16 @@ def parse_row(value: Any, fmt: str, field_name: str | None = None) -> ParsedRow:
     else:
         messages = _system_field(value) + _message_list(_first_present(value, _MESSAGE_LIST_FIELDS[fmt]))
     check_structure(messages)
-    _reject_control_tokens(messages)
     tools = _tools(value)
+    extra = _extra_fields(value, fmt)
+    extra.pop(CONTROL_TOKENS_KEY, None)
+    if control_tokens == CONTROL_TOKENS_LITERAL:
+        return ParsedRow(messages, source_id(value), extra | {CONTROL_TOKENS_KEY: CONTROL_TOKENS_LITERAL}, tools)
+    _reject_control_tokens(messages)
     found = _CONTROL_TOKEN.search(json.dumps(tools, ensure_ascii=False)) if tools else None
     if found:
         raise Rejected("control_tokens", f"a tool definition holds the control token {found.group()!r}")
-    return ParsedRow(messages, source_id(value), _extra_fields(value, fmt), tools)
+    return ParsedRow(messages, source_id(value), extra, tools)
 
 
 def check_structure(messages: list[dict[str, Any]]) -> None:
@@ -252,6 +287,9 @@ def _tools(value: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 
 def _wrap(tool: dict[str, Any]) -> dict[str, Any]:
+    if "input_schema" in tool and "parameters" not in tool:
+        # Anthropic's definition: the same JSON schema under another name.
+        tool = {("parameters" if key == "input_schema" else key): item for key, item in tool.items()}
     return {"type": "function", "function": tool}
 
 
@@ -262,20 +300,34 @@ def _message_list(items: Any) -> list[dict[str, Any]]:
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise Rejected("unrecognized_format", f"message {index} is a {type(item).__name__}, not an object")
-        message = _message(item, index)
-        previous = messages[-1] if messages else None
-        only_calls = message.get("tool_calls") and not message["content"].strip()
-        if only_calls and previous is not None and previous["role"] == "assistant":
-            # A reply then its call, or parallel calls written one per message, are one assistant turn.
-            previous["tool_calls"] = previous.get("tool_calls", []) + message["tool_calls"]
-            if message.get("reasoning_content") and not previous.get("reasoning_content"):
-                previous["reasoning_content"] = message["reasoning_content"]
-        else:
-            messages.append(message)
+        # Harmony writes one message per channel: a turn's reasoning, calls and answer are one assistant turn.
+        harmony = item.get("channel") is not None
+        for message in _messages(item, index):
+            previous = messages[-1] if messages else None
+            only_calls = message.get("tool_calls") and not message["content"].strip()
+            joins = message["role"] == "assistant" and (only_calls or harmony)
+            if joins and previous is not None and previous["role"] == "assistant":
+                # A reply then its call, or parallel calls written one per message, are one assistant turn.
+                _merge_into(previous, message)
+            else:
+                messages.append(message)
     return messages
 
 
-def _message(item: dict[str, Any], index: int) -> dict[str, Any]:
+def _merge_into(previous: dict[str, Any], message: dict[str, Any]) -> None:
+    if message["content"].strip():
+        previous["content"] += message["content"]
+    if message.get("tool_calls"):
+        previous["tool_calls"] = previous.get("tool_calls", []) + message["tool_calls"]
+    reasoning = message.get("reasoning_content")
+    if reasoning and not previous.get("reasoning_content"):
+        previous["reasoning_content"] = reasoning
+    elif reasoning and reasoning != previous["reasoning_content"]:
+        previous["reasoning_content"] += "\n\n" + reasoning
+
+
+def _messages(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    """The canonical messages of one source message: one, or, when it holds tool results, one per result."""
     raw_role = item.get("role", item.get("from"))
     role_name = raw_role.strip().lower() if isinstance(raw_role, str) else None
     content = item["content"] if "content" in item else item.get("value")
@@ -285,14 +337,47 @@ def _message(item: dict[str, Any], index: int) -> dict[str, Any]:
         inline = _LEADING_THINK.match(content) if isinstance(content, str) else None
         calls = _parsed_json(content[inline.end() :] if inline else content, f"{where} call", "bad_tool_call")
         call_message = {"role": "assistant", "content": "", "tool_calls": _tool_calls(calls, where)}
-        return call_message | ({"reasoning_content": inline.group(1).strip()} if inline else {})
+        return [call_message | ({"reasoning_content": inline.group(1).strip()} if inline else {})]
     role = _ROLE_ALIASES.get(role_name or "")
     if role is None:
         raise Rejected("unknown_role", f"message {index} has role {raw_role!r}")
+    if role == "assistant" and item.get("channel") is not None:
+        message = harmony_message(item, flatten_content(content, where, allow_empty=True), where)
+        if message.get("tool_calls"):
+            message["tool_calls"] = _tool_calls(message["tool_calls"], where)
+        return [message]
+    if not isinstance(content, list):
+        parts = None
+    else:
+        parts = split_parts(content, where)
+        content = parts.joined_text
     if role != "assistant":
-        return {"role": role, "content": flatten_content(content, where)}
+        return _asking_messages(role, content, parts, where)
+    return [_assistant_message(item, content, parts, where)]
+
+
+def _asking_messages(role: str, content: Any, parts: Any, where: str) -> list[dict[str, Any]]:
+    """A system, user or tool message; tool-result parts (Anthropic's user message of results) become tool turns."""
+    if parts is not None and (parts.reasoning or parts.calls):
+        kind = "reasoning" if parts.reasoning else "a tool call"
+        raise Rejected("misplaced_part", f"{where} holds {kind}; only an assistant message can")
+    if parts is None or not parts.results:
+        return [{"role": role, "content": flatten_content(content, where)}]
+    if role == "system":
+        raise Rejected("misplaced_part", f"{where} holds tool results")
+    results = [{"role": "tool", "content": flatten_content(result, where)} for result in parts.results]
+    if not content.strip():
+        return results
+    return [*results, {"role": role, "content": flatten_content(content, where)}]
+
+
+def _assistant_message(item: dict[str, Any], content: Any, parts: Any, where: str) -> dict[str, Any]:
+    if parts is not None and parts.results:
+        raise Rejected("misplaced_part", f"{where} holds a tool result; tool results follow the call as their own turn")
     message: dict[str, Any] = {"role": "assistant", "content": flatten_content(content, where, allow_empty=True)}
-    reasoning = item.get("reasoning_content", item.get("reasoning"))
+    reasoning = next((item[key] for key in _REASONING_FIELDS if item.get(key) is not None), None)
+    if reasoning is None and parts is not None and parts.reasoning:
+        reasoning = parts.joined_reasoning
     inline = _LEADING_THINK.match(message["content"])
     if inline:
         reasoning = inline.group(1) if reasoning is None else reasoning
@@ -301,7 +386,8 @@ def _message(item: dict[str, Any], index: int) -> dict[str, Any]:
         if not isinstance(reasoning, str):
             raise Rejected("non_string_content", f"{where} has {type(reasoning).__name__} reasoning")
         message["reasoning_content"] = reasoning.strip()
-    calls = item.get("tool_calls") or ([item["function_call"]] if item.get("function_call") else None)
+    calls = item.get("tool_calls") or ([item["function_call"]] if item.get("function_call") else [])
+    calls = (calls if isinstance(calls, list) else [calls]) + (parts.calls if parts is not None else [])
     if calls:
         message["tool_calls"] = _tool_calls(calls, where)
     return message
@@ -312,6 +398,7 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     calls = calls if isinstance(calls, list) else [calls]
     normalized = []
     for number, call in enumerate(calls):
+        call = _parsed_json(call, f"{where} call {number}", "bad_tool_call")
         function = call.get("function", call) if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
             raise Rejected("bad_tool_call", f"{where} call {number} has no function name")
@@ -329,7 +416,12 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
 def flatten_content(content: Any, where: str, *, allow_empty: bool = False) -> str:
     """Message content as text: a string, or a list of text parts joined as the chat template does."""
     if isinstance(content, list):
-        content = "".join(_text_of_part(part, where) for part in content)
+        parts = split_parts(content, where)
+        if parts.reasoning or parts.calls or parts.results:
+            raise Rejected(
+                "misplaced_part", f"{where} holds reasoning, tool calls or tool results where only text fits"
+            )
+        content = parts.joined_text
     if content is None and allow_empty:
         return ""
     if content is None:
@@ -339,21 +431,6 @@ def flatten_content(content: Any, where: str, *, allow_empty: bool = False) -> s
     if not content.strip() and not allow_empty:
         raise Rejected("empty_content", f"{where} is empty or whitespace only")
     return content
-
-
-def _text_of_part(part: Any, where: str) -> str:
-    if isinstance(part, str):
-        return part
-    if not isinstance(part, dict):
-        raise Rejected("non_string_content", f"{where} has a {type(part).__name__} part")
-    kind = part.get("type")
-    if kind in _MEDIA_PART_KEYS or (kind is None and any(key in part for key in _MEDIA_PART_KEYS)):
-        raise Rejected("image_content", f"{where} has a {kind or 'media'} part; only text is sent to the fleet")
-    if kind is None or kind in _TEXT_PART_TYPES:
-        text = next((part[key] for key in _TEXT_PART_KEYS if isinstance(part.get(key), str)), None)
-        if text is not None:
-            return text
-    raise Rejected("non_string_content", f"{where} has a part that is not text (type {kind!r}, keys {sorted(part)})")
 
 
 def _system_field(value: dict[str, Any]) -> list[dict[str, Any]]:

@@ -21,6 +21,8 @@ REASONS: dict[str, str] = {
     "not_a_conversation": "a plain-text row (a pre-training corpus); map its field as the prompt to use it",
     "empty_content": "a message whose content is missing, empty or whitespace only (where a prompt shows it)",
     "non_string_content": "message content that cannot be flattened to text (numbers, objects, unknown parts)",
+    "unknown_part": "a content part of a type the ingest does not read (the type is named in the detail)",
+    "misplaced_part": "reasoning, a tool call or a tool result in a message that cannot hold it",
     "image_content": "images, video or audio in the row: the fleet is sent text only, never the media",
     "control_tokens": "chat control tokens (<|im_start|>, <|im_end|>, ...) in the text: they would forge turns",
     "unknown_role": "a message role that is not system/user/assistant/tool or a known alias",

@@ -27,11 +27,20 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from dagster_project.ingest.formats import AUTO, FORMATS, ID_FIELDS, detect_format, parse_row, source_id
+from dagster_project.ingest.formats import (
+    AUTO,
+    FORMATS,
+    ID_FIELDS,
+    QUARANTINE_CONTROL_TOKENS,
+    ControlTokenPolicy,
+    detect_format,
+    parse_row,
+    source_id,
+)
 from dagster_project.ingest.quarantine import Accounting, Rejected, quarantine_record
 from dagster_project.ingest.readers import FileFormatError, RawRow, iter_rows
 from dagster_project.ingest.shards import PROMPTS_KEY, QUARANTINE_KEY, IngestedFile, PromptRow, RawPromptsManifest
-from dagster_project.ingest.sources import SourceFile, local_copy, resolve_sources
+from dagster_project.ingest.sources import SourceError, SourceFile, local_copy, resolve_sources
 from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
 from dagster_project.store.manifest import StoredObject, put_object, write_stage_manifest
@@ -55,6 +64,7 @@ def ingest_files(
     quarantine: JsonlZstWriter,
     *,
     fmt: str = AUTO,
+    control_tokens: ControlTokenPolicy = QUARANTINE_CONTROL_TOKENS,
     work_dir: Path,
     s3_client: Callable[[], Any] | None = None,
     log: Callable[[str], None] = lambda _: None,
@@ -71,6 +81,7 @@ def ingest_files(
             continue
         before = (result.accounting.rows, result.accounting.kept)
         file_reader = _FileIngest(file, file.format or fmt, prompts, quarantine, result.accounting)
+        file_reader.control_tokens = control_tokens.for_source(file.source)
         with local_copy(file, work_dir, s3_client) as path:
             file_reader.run(path)
         rows, kept = result.accounting.rows - before[0], result.accounting.kept - before[1]
@@ -99,6 +110,7 @@ class _FileIngest:
         self.file, self.requested = file, fmt
         self.prompts, self.quarantine, self.accounting = prompts, quarantine, accounting
         self.format = "unknown"
+        self.control_tokens = QUARANTINE_CONTROL_TOKENS.default
         self.note = ""
         self.rows_read = 0
 
@@ -151,7 +163,7 @@ class _FileIngest:
                 raise Rejected(raw.reason, raw.detail)
             if undetectable:
                 raise Rejected("unrecognized_format", undetectable)
-            row = parse_row(raw.value, self.format, self.file.field)
+            row = parse_row(raw.value, self.format, self.file.field, self.control_tokens)
         except Rejected as rejected:
             self._quarantine(rejected.reason, rejected.detail, {"source_row": raw.row, **_evidence(raw)})
             return
@@ -197,18 +209,31 @@ def ingest_to_store(
     sources: list[str],
     *,
     fmt: str = AUTO,
+    control_tokens: ControlTokenPolicy = QUARANTINE_CONTROL_TOKENS,
     work_dir: Path,
     s3_client: Callable[[], Any] | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> RawPromptsManifest:
     """Ingest `sources` and publish the snapshot, the quarantine and the manifest; return the manifest."""
     files = resolve_sources(sources, s3_client)
+    unknown = sorted(control_tokens.literal_sources - {file.source for file in files})
+    if unknown:
+        raise SourceError(f"literal control-token sources {unknown} name no source of this run")
     staging = work_dir / layout.RAW_PROMPTS
     with (
         JsonlZstWriter(staging / "prompts.jsonl.zst") as prompts,
         JsonlZstWriter(staging / "quarantine.jsonl.zst") as quarantine,
     ):
-        result = ingest_files(files, prompts, quarantine, fmt=fmt, work_dir=work_dir, s3_client=s3_client, log=log)
+        result = ingest_files(
+            files,
+            prompts,
+            quarantine,
+            fmt=fmt,
+            control_tokens=control_tokens,
+            work_dir=work_dir,
+            s3_client=s3_client,
+            log=log,
+        )
     # Withdraw the old manifest first: a reader never pairs it with the new objects.
     store.delete(layout.stage_manifest_key(layout.RAW_PROMPTS))
     objects = (_upload(store, PROMPTS_KEY, prompts.path), _upload(store, QUARANTINE_KEY, quarantine.path))

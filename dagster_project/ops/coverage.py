@@ -33,6 +33,7 @@ from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS
 from dagster_project.store.manifest import (
     ShardManifest,
+    check_object,
     iter_parquet_batches,
     listing_problems,
     read_manifests_from_objects,
@@ -248,6 +249,9 @@ def _load_planned(
     con.execute("DROP TABLE IF EXISTS conversations; DROP TABLE IF EXISTS planned; DROP TABLE IF EXISTS shard_files")
     shards = [s for s, m in sorted(manifests.items()) for _ in m.data_keys]  # in `_data_keys` order
     paths = [str(path) for path in local_files(store, _data_keys(manifests), spill)]
+    published = [(m, obj) for _, m in sorted(manifests.items()) for obj in m.data_objects]
+    for (manifest, obj), path in zip(published, paths):  # what DuckDB reads is what was published
+        check_object(store, manifest, obj, None if isinstance(store, LocalStore) else Path(path))
     if not paths:
         con.execute("CREATE TABLE conversations (id VARCHAR, turns INTEGER, shard INTEGER)")
         con.execute("CREATE TABLE planned (event_id VARCHAR, conversation BIGINT, shard INTEGER)")

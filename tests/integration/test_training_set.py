@@ -105,7 +105,7 @@ def test_a_later_run_of_the_export_alone_still_refuses_the_blocked_shard(store):
 def test_thresholds_are_run_config(store):
     publish_completions(store, SHARD, disaster_rows(40, broken_share=0.1, shard=SHARD))
     strict = {"ops": {"training_set_gates": {"config": {"max_share_below_floor": 0.0}}}}
-    result = _materialize(store, run_config=strict, raise_on_error=False)
+    result = _materialize(store, [training_set, training_set_gates], run_config=strict, raise_on_error=False)
     evaluations = evaluations_by_check(result)
     assert (
         not evaluations["loss_sum_floor"].passed
@@ -117,7 +117,7 @@ def test_thresholds_are_run_config(store):
 def test_max_length_is_asset_config_and_recorded(store):
     publish_completions(store, SHARD, healthy_rows(30, shard=SHARD))
     run_config = {"ops": {"training_set": {"config": {"max_length": 200, "length_policy": "drop"}}}}
-    result = _materialize(store, run_config=run_config, raise_on_error=False)
+    result = _materialize(store, [training_set], run_config=run_config)
     metadata = result.get_asset_materialization_events()[0].materialization.metadata
     assert metadata["assembly"].value == {"max_length": 200, "length_policy": "drop", "exclude_length_capped": True}
     assert metadata["exclusions"].value["over_max_length"] + metadata["rows"].value == 30

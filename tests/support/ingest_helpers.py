@@ -11,6 +11,7 @@ from dagster_project.conversations.shards import ConversationsManifest, read_con
 from dagster_project.conversations.stage import QUARANTINE_KEY as PREPARE_QUARANTINE_KEY
 from dagster_project.conversations.stage import build_conversations
 from dagster_project.generation_settings import GenerationSettings
+from dagster_project.ingest.formats import QUARANTINE_CONTROL_TOKENS, ControlTokenPolicy
 from dagster_project.ingest.shards import QUARANTINE_KEY as INGEST_QUARANTINE_KEY
 from dagster_project.ingest.shards import RawPromptsManifest
 from dagster_project.ingest.stage import ingest_to_store
@@ -48,10 +49,13 @@ def run_stages(
     num_shards: int = 3,
     max_prompt_tokens: int = 16384,
     fmt: str = "auto",
+    control_tokens: ControlTokenPolicy = QUARANTINE_CONTROL_TOKENS,
     s3_client: Callable[[], Any] | None = None,
 ) -> Outcome:
     store = LocalStore(root / "store")
-    raw = ingest_to_store(store, sources, fmt=fmt, work_dir=root / "work", s3_client=s3_client)
+    raw = ingest_to_store(
+        store, sources, fmt=fmt, control_tokens=control_tokens, work_dir=root / "work", s3_client=s3_client
+    )
     manifest = build_conversations(
         store,
         tokenizer=load_tokenizer(),

@@ -16,6 +16,7 @@ import pytest
 
 from dagster_project.conversations.shards import read_conversations, read_shard_conversations_manifest
 from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest
+from dagster_project.ops.coverage import dataset_coverage
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET, regenerate_command
 from dagster_project.store.manifest import DamagedObject, ShardManifest, publish_shard, verify_shard
 from dagster_project.store.storage import LocalStore
@@ -118,7 +119,10 @@ def test_damaged_conversations_are_refused_by_generation(store):
         store,
         read_shard_conversations_manifest(store, 0),
         None,
-        {"completions (generation reads its conversations)": lambda: list(read_conversations(store, 0))},
+        {
+            "completions (generation reads its conversations)": lambda: list(read_conversations(store, 0)),
+            "the coverage check (status --by-id, run_report)": lambda: dataset_coverage(store, 2),
+        },
     )
     assert regenerate_command(CONVERSATIONS, 0).endswith("--select conversations")
 
