@@ -789,7 +789,8 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
     "tune": (
         "sweep client concurrency (and, launching servers, their settings); find the knee",
         "Measure output tok/s, accept length, TTFT and latency per client concurrency on a sample of the real "
-        "prompts, find the knee (the least concurrency within --knee-fraction of the best) and recommend launch "
+        "prompts, find the knee (the least concurrency within --knee-fraction of the best, on a curve fitted to "
+        "the points; printed with its interval) and recommend launch "
         "flags. Without --simulate/--gpus it tunes the running fleet as it is.",
         _tune_flags,
     ),
