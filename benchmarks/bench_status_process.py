@@ -58,15 +58,24 @@ class Row:
     bare: Timing
     status: Timing
     with_home: Timing
+    s3_client: Timing | None = None  # on S3: a process that only builds the store's boto3 client
 
 
-def measure(where: str, env: dict[str, str], home: Path, repeats: int) -> Row:
+# What every `dflash status` on S3 pays before its first request: importing boto3 and building the store's client.
+S3_CLIENT_ONLY = (
+    "from dagster_project.store.storage import RetryPolicy, bounded_client; "
+    "bounded_client(RetryPolicy(), region_name='us-east-1')"
+)
+
+
+def measure(where: str, env: dict[str, str], home: Path, repeats: int, *, s3: bool = False) -> Row:
     status = [DFLASH, "status"]
     row = Row(
         where,
         best_of([sys.executable, "-c", "pass"], env, repeats),
         best_of(status, {**env, "DAGSTER_HOME": ""}, repeats),
         best_of(status, {**env, "DAGSTER_HOME": str(home)}, repeats),
+        best_of([sys.executable, "-c", S3_CLIENT_ONLY], env, repeats) if s3 else None,
     )
     print(row, flush=True)
     return row
@@ -106,10 +115,10 @@ def measure_s3(local: LocalStore, base: dict[str, str], home: Path, repeats: int
     with running_s3_server() as server:
         server.client().create_bucket(Bucket=BUCKET)
         env = {**base, **server.env, "DFLASH_STORE": f"s3://{BUCKET}/store"}
-        client = bounded_client(RetryPolicy(), endpoint_url=server.endpoint, region_name="us-east-1")
         saved = {name: os.environ.get(name) for name in server.env}
         os.environ.update(server.env)  # the copy's client signs with the server's credentials
         try:
+            client = bounded_client(RetryPolicy(), endpoint_url=server.endpoint, region_name="us-east-1")
             copy_store(local, S3Store(f"s3://{BUCKET}/store", client))
         finally:
             for name, value in saved.items():
@@ -117,7 +126,7 @@ def measure_s3(local: LocalStore, base: dict[str, str], home: Path, repeats: int
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-        return measure("S3 (moto on loopback)", env, home, repeats)
+        return measure("S3 (moto on loopback)", env, home, repeats, s3=True)
 
 
 def report(args: argparse.Namespace, rows: list[Row]) -> None:
@@ -126,8 +135,14 @@ def report(args: argparse.Namespace, rows: list[Row]) -> None:
 
     table = "\n".join(
         f"| {r.where} | {cell(r.bare)} | {cell(r.status)} | {cell(r.with_home)} | "
-        f"{'met' if r.status.wall_s <= GOAL_S else 'NOT met'} |"
+        f"{'met' if r.status.cpu_s <= GOAL_S else 'NOT met'} |"
         for r in rows
+    )
+    s3_note = "".join(
+        f"* On S3, a process that only imports boto3 and builds the store's client (`bounded_client`) takes "
+        f"{cell(r.s3_client)}: that much of `dflash status` on S3 is the S3 client before any request.\n"
+        for r in rows
+        if r.s3_client is not None
     )
     body = f"""## `dflash status` as a process at scale (`python -m benchmarks.bench_status_process`)
 
@@ -136,9 +151,11 @@ the `dflash` console script run as an operator runs it (a new interpreter, its i
 answers printed to /dev/null), on the stores of `bench_status_scale` ({args.shards:,} shards, every one published
 with its run's last heartbeat), no fleet. Best of {args.repeats}, wall clock, with the process's CPU time and the
 1-minute load average when that run ended: the machine ({os.cpu_count()} cores) is shared, and a load above the
-core count stretches wall time, not CPU time.
+core count stretches wall time, not CPU time. The goal (≤ {GOAL_S} s on an idle 2-core machine) is judged on
+`dflash status`'s CPU time, which is what its wall time comes to on an idle machine (its waits on a local store
+or a loopback S3 server are small next to it).
 
-| store | `python -c pass` | `dflash status` | with `DAGSTER_HOME` (every shard materialized) | goal ≤ {GOAL_S} s |
+| store | `python -c pass` | `dflash status` | with `DAGSTER_HOME` (every shard materialized) | ≤ {GOAL_S} s idle |
 |---|---:|---:|---:|---|
 {table}
 
@@ -148,8 +165,9 @@ core count stretches wall time, not CPU time.
   probe. Before this, every `dflash` command imported Dagster and the resources first: about 3 CPU-s before
   any work, 3+ s on an idle 2-core machine.
 * With `DAGSTER_HOME`, status opens the Dagster instance (the shards it materialized, the runs whose process is
-  gone): that imports Dagster, about 2.5 CPU-s on this machine, and is the rest of that column.
-"""
+  gone): that imports Dagster (and SQLAlchemy, Alembic), most of that column's CPU time. The goal is not met
+  there: Dagster's own import is above it.
+{s3_note}"""
     if args.no_write:
         print(body)
     else:

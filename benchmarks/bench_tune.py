@@ -1,6 +1,6 @@
 """`dflash tune` against a simulator with a known optimum, and the throughput at the launch defaults.
 
-    python -m benchmarks.bench_tune [--quick]
+    python -m benchmarks.bench_tune [--quick | --shapes]
 
 One simulated H200 (`gpu_memory_gb` 139.4, the automatic memory fraction 0.824): its pools and running cap are
 sized from memory as SGLang 0.5.23 sizes them. Its curves: a decode step of 5 ms for a batch of one that grows
@@ -18,13 +18,18 @@ Three launches, each measured by `dflash tune` in launch mode (a subprocess, as 
    memory for 2.6K-token requests: 69): the full sweep, the knee and the recommendation.
 3. The ceiling with a **bf16 SSM state** (a numerics change, never the default): 116, at its window.
 
-The true knee is computed analytically from the simulator's model (sim/scheduler.py, sim/outputs.py): with B
-running, a request of L tokens takes `ttft + (L - 1) / a(B) x step x (1 + growth x (B - 1))`, where a(B) is the
-accept length at B (the simulator's 32 acceptance levels, `AcceptModel._pool`), so the server's rate is
-`B x L / that`; past the cap the batch stays at the cap. The knee is the least concurrency reaching 95% of the
-best rate. Acceptance: the tuner's recommended concurrency within 10% of it.
+The true knee is computed analytically from the simulator's model (`sglang.sim.rates`): with B running, a
+request of L tokens takes `ttft + (L - 1) / a(B) x step x (1 + growth x (B - 1))`, where a(B) is the accept
+length at B (the simulator's 32 acceptance levels), so the server's rate is `B x L / that`; past the cap the
+batch stays at the cap. The knee is the least concurrency reaching 95% of the best rate over 1..1.25 x cap
+(`ops.knee` defines it). Acceptance: the tuner's recommended concurrency within 10% of it.
 
-Results go to the `tune` section of BENCHMARKS.md.
+**Curve shapes** (`--shapes`, seconds): the tuner's own sweep logic (`tune.sweep_points`: coarse points, the
+estimated knee, repeats, the fit) on four step-time curves measured through the simulator's formula with ±3%
+uniform noise per point, over many seeds, against the rule it replaced (95% of the best measured point, bisected
+between neighbours) on the same noisy draws.
+
+Results go to the `tune` and `tune-shapes` sections of BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -33,16 +38,24 @@ import argparse
 import json
 import math
 import os
+import random
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.report import write_section
-from dagster_project.ops.tune import TuneReport
+from dagster_project.ops import knee as knee_fit
+from dagster_project.ops import tune
+from dagster_project.ops.tune import TuneOptions, TuneReport
+from dagster_project.ops.tune_point import TunePoint
 from dagster_project.sglang.launch import CapacityTarget, plan_simulators
-from dagster_project.sglang.sim.outputs import AcceptModel
+from dagster_project.sglang.sim.config import SimConfig
+from dagster_project.sglang.sim.rates import steady_output_rate
 from dagster_project.store.dataclass_json import from_json
 
 H200 = {"gpu_memory_gb": 139.4, "mem_fraction_static": 0.824}
@@ -63,29 +76,136 @@ TOLERANCE = 0.10
 OVERSUBSCRIPTION = 1.25  # the dispatcher's window over the cap (DispatchOptions)
 
 
-def accept_length(batch: int) -> float:
-    """The simulator's accept length with `batch` running: its drafts' own distribution mixed with passes that
-    accept nothing, in 32 levels (sim/outputs.py `AcceptModel._pool`)."""
-    decay = CURVES["accept_decay_batch"]
-    kept = decay / (max(0, batch - 1) + decay)
-    level = round(AcceptModel.LEVELS * (1 - kept))
-    drafts = sum(k * p for k, p in enumerate(CURVES["accept_probs"]))
-    return 1 + (1 - level / AcceptModel.LEVELS) * drafts
-
-
 def true_rate(concurrency: int, cap: int) -> float:
     """Output tokens/s of the server with `concurrency` requests in flight, from the simulator's model."""
-    batch = min(concurrency, cap)
-    step = CURVES["decode_step_s"] * (1 + CURVES["decode_step_growth"] * (batch - 1))
-    duration = CURVES["ttft_s"] + (MEAN_OUTPUT - 1) / accept_length(batch) * step
-    return batch * MEAN_OUTPUT / duration
+    return steady_output_rate(SimConfig(**CURVES, max_running_requests=cap), concurrency, MEAN_OUTPUT)
 
 
-def true_knee(cap: int) -> tuple[int, float, int]:
-    """(knee, best rate, where the best is) over client concurrencies 1..1.25 x cap."""
-    rates = {c: true_rate(c, cap) for c in range(1, math.ceil(cap * OVERSUBSCRIPTION) + 1)}
+def true_knee(config: SimConfig, output_tokens: float = MEAN_OUTPUT) -> tuple[int, float, int]:
+    """(knee, best rate, where the best is) over client concurrencies 1..1.25 x cap, from the simulator's model."""
+    top = math.ceil(config.running_cap * OVERSUBSCRIPTION)
+    rates = {c: steady_output_rate(config, c, output_tokens) for c in range(1, top + 1)}
     best = max(rates.values())
     return min(c for c, rate in rates.items() if rate >= KNEE_FRACTION * best), best, max(rates, key=rates.get)
+
+
+# ---- curve shapes: the knee fit against noise -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    what: str
+    config: SimConfig
+
+
+_MTP = {"accept_probs": (0.1, 0.1, 0.2, 0.6), "ttft_s": 0.02}
+SHAPES = (
+    Shape(
+        "steep",
+        "2 ms step growing 30% per extra request, cap 64",
+        SimConfig(decode_step_s=0.002, decode_step_growth=0.3, max_running_requests=64, **_MTP),
+    ),
+    Shape(
+        "flat",
+        "5 ms step, no growth, cap 40",
+        SimConfig(decode_step_s=0.005, decode_step_growth=0.0, max_running_requests=40, **_MTP),
+    ),
+    Shape(
+        "knee near the cap",
+        "5 ms step growing 2%, acceptance halving at 200 running, cap 69",
+        SimConfig(
+            decode_step_s=0.005, decode_step_growth=0.02, accept_decay_batch=200, max_running_requests=69, **_MTP
+        ),
+    ),
+    Shape(
+        "knee far below the cap",
+        "5 ms step growing 10%, acceptance halving at 200 running, cap 256",
+        SimConfig(
+            decode_step_s=0.005, decode_step_growth=0.1, accept_decay_batch=200, max_running_requests=256, **_MTP
+        ),
+    ),
+)
+# Beyond the model's reach (reported, not part of the acceptance): acceptance halving at 24 running makes the
+# curve peak at 50 and fall, a shape the saturating fit only approximates.
+PEAKED = Shape(
+    "peaked (acceptance halving at 24 running)",
+    "5 ms step growing 5%, acceptance halving at 24 running, cap 160",
+    SimConfig(decode_step_s=0.005, decode_step_growth=0.05, accept_decay_batch=24, max_running_requests=160, **_MTP),
+)
+NOISE = 0.03
+
+
+def noisy_measure(config: SimConfig, rng: random.Random, noise: float = NOISE) -> Callable[[int], TunePoint]:
+    """One point of a sweep: the simulator's rate at that concurrency, times 1 ± `noise` (uniform)."""
+
+    def measure(concurrency: int) -> TunePoint:
+        rate = steady_output_rate(config, concurrency, MEAN_OUTPUT) * (1 + rng.uniform(-noise, noise))
+        return TunePoint("sim", concurrency, config.running_cap, 1, 0, 0, rate, 0.0, *[None] * 5, 0, MEAN_OUTPUT, 0)
+
+    return measure
+
+
+def fitted_knee(config: SimConfig, seed: int) -> knee_fit.KneeEstimate:
+    """What `dflash tune`'s sweep logic recommends on this curve under seeded noise."""
+    options = TuneOptions()
+    points = tune.sweep_points("sim", config.running_cap, options, noisy_measure(config, random.Random(seed)))
+    estimate, _ = tune.choose_knee(points, options.knee_fraction)
+    assert estimate is not None
+    return estimate
+
+
+def best_point_knee(config: SimConfig, seed: int, refine: int = 3) -> int:
+    """The rule the fit replaced: the least measured concurrency within 95% of the best measured point, narrowed
+    by bisection between it and the point below."""
+    measure = noisy_measure(config, random.Random(seed))
+    rates = {c: measure(c).output_tok_per_s for c in tune.coarse_concurrencies(config.running_cap)}
+
+    def knee() -> int:
+        best = max(rates.values())
+        return min(c for c, rate in rates.items() if rate >= KNEE_FRACTION * best)
+
+    for _ in range(refine):
+        below = [c for c in rates if c < knee()]
+        if not below or knee() - max(below) <= max(1, 0.05 * knee()):
+            break
+        probe = (max(below) + knee()) // 2
+        rates[probe] = measure(probe).output_tok_per_s
+    return knee()
+
+
+def shapes_section(seeds: int) -> str:
+    started = time.monotonic()
+    lines = [
+        "## tune-shapes: the knee on four curve shapes under ±3% noise (`python -m benchmarks.bench_tune --shapes`)",
+        "",
+        "Each row: the simulator's step-time model (`sglang.sim.rates`) measured through `dflash tune`'s own sweep "
+        "logic (`tune.sweep_points`: coarse points, the estimated knee, repeats of the points the knee depends "
+        f"on, the fitted saturating curve), each point times 1 ± {NOISE:.0%} (uniform), over {seeds} seeds. "
+        "*True knee*: the least concurrency within 95% of the model's best over 1..1.25 x cap (`ops.knee` "
+        "defines it). *Recommended*: the median over seeds; *error*: median and worst; *interval*: the median of "
+        "the 80% bootstrap interval the tuner prints; *old rule*: 95% of the best measured point, bisected, on "
+        "the same noisy draws.",
+        "",
+        "| shape | curve | true knee | recommended (median) | error median / worst | within 10% | interval (median) "
+        "| points | old rule: within 10% / worst |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for shape in (*SHAPES, PEAKED):
+        truth = true_knee(shape.config)[0]
+        estimates = [fitted_knee(shape.config, seed) for seed in range(seeds)]
+        errors = [(e.concurrency - truth) / truth for e in estimates]
+        old = [(best_point_knee(shape.config, seed) - truth) / truth for seed in range(seeds)]
+        within = sum(abs(e) <= TOLERANCE for e in errors)
+        middle = sorted(estimates, key=lambda e: e.relative_width)[len(estimates) // 2]
+        lines.append(
+            f"| {shape.name} | {shape.what} | {truth} | {statistics.median_low([e.concurrency for e in estimates])} "
+            f"| {statistics.median(errors):+.1%} / {max(errors, key=abs):+.1%} | **{within}/{seeds}** "
+            f"| {middle.low}-{middle.high} | {statistics.fmean(e.points for e in estimates):.1f} "
+            f"| {sum(abs(e) <= TOLERANCE for e in old)}/{seeds} / {max(old, key=abs):+.1%} |"
+        )
+    lines += ["", f"* Wall time {time.monotonic() - started:.0f} s."]
+    return "\n".join(lines)
 
 
 def dflash_tune(workdir: Path, name: str, sim_options: dict, *extra: str) -> TuneReport:
@@ -129,8 +249,9 @@ def run(quick: bool) -> str:
         )  # fmt: skip
     elapsed = time.monotonic() - started
 
-    knee, best, best_at = true_knee(caps["ceiling"])
-    found = ceiling.knee.concurrency
+    knee, best, best_at = true_knee(SimConfig(**CURVES, max_running_requests=caps["ceiling"]))
+    estimate = ceiling.knee_estimate
+    found = estimate.concurrency
     error = abs(found - knee) / knee
     verdict = "PASS" if error <= TOLERANCE else "FAIL"
     at_window = next(p for p in ceiling.points if p.concurrency == windows["ceiling"])
@@ -167,13 +288,14 @@ def run(quick: bool) -> str:
             at_window,
         ),
         row(
-            f"the ceiling at the knee `dflash tune` found ({KNEE_FRACTION:.0%} of the best)",
+            f"the ceiling at the knee `dflash tune` found ({KNEE_FRACTION:.0%} of the fitted best)",
             caps["ceiling"],
             ceiling.knee,
         ),
         row("the ceiling with a bf16 SSM state (a numerics change: not a default)", caps["bf16"], bf16.points[0]),
         "",
-        f"**Knee: `dflash tune` recommends {found} requests per server; the true knee is {knee}** (the least "
+        f"**Knee: `dflash tune` recommends {found} requests per server (80% interval {estimate.low}-"
+        f"{estimate.high}); the true knee is {knee}** (the least "
         f"concurrency within {KNEE_FRACTION:.0%} of the model's best, {best:,.0f} tok/s at {best_at}, computed "
         f"analytically from the simulator's step-time and accept-length curves and its cap): off by "
         f"{error:.1%}, within {TOLERANCE:.0%}: **{verdict}**. Recommended flags: "
@@ -195,7 +317,14 @@ def run(quick: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests per point; BENCHMARKS.md not written")
+    parser.add_argument("--shapes", action="store_true", help="only the knee fit on four curve shapes (seconds)")
+    parser.add_argument("--seeds", type=int, default=20, help="noise seeds per shape (--shapes)")
     args = parser.parse_args()
+    if args.shapes:
+        markdown = shapes_section(args.seeds)
+        print("\n" + markdown)
+        print(f"\nwritten to {write_section('tune-shapes', markdown)}")
+        return
     markdown = run(args.quick)
     print("\n" + markdown)
     if not args.quick:

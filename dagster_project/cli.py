@@ -6,6 +6,7 @@ dflash fleet up|down|status|forget|router    the SGLang fleet (real servers per 
 dflash plan --brief | --req-per-s ...         the estimates `status` compares against
 dflash plan --shards [--fleet-cap ...]        how many shards keep each run's fixed cost and tail small
 dflash tune [--simulate N | --gpus ...]       sweep concurrency (and server settings), find the knee
+dflash metrics [--port 9464] [--once]         the same answers as Prometheus gauges, served on /metrics
 dflash demo                                   the whole pipeline on the embedded demo (`make demo`)
 
 `dflash COMMAND --help` lists each command's own flags.
@@ -233,6 +234,27 @@ def _status_text(store: Store, instance: dg.DagsterInstance | None) -> tuple[str
     return (f"{first}\n\n" if first else "") + render_text(status), notes
 
 
+def cmd_metrics(args: argparse.Namespace, resources: Any) -> int:
+    from dagster_project.ops.metrics import render_metrics, serve_metrics
+
+    store = _open_store()
+
+    def read() -> Any:
+        # Without the Dagster instance: a scrape reads, it never marks runs failed (`dflash status` does that).
+        return _read_status(store, None)[0]
+
+    if args.once:
+        print(render_metrics(read()), end="")
+        return 0
+    server, thread = serve_metrics(read, args.host, args.port)
+    print(f"dflash metrics: serving http://{args.host}:{server.server_port}/metrics for {store.uri}", file=sys.stderr)
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
 def _what_to_materialize_first(store: Store) -> str | None:
     """What an operator must materialize before the answers mean anything; None once conversations exist."""
     if store.exists(layout.stage_manifest_key(layout.CONVERSATIONS)):
@@ -332,7 +354,7 @@ def cmd_fleet_down(args: argparse.Namespace, resources: Any) -> int:
 def cmd_fleet_forget(args: argparse.Namespace, resources: Any) -> int:
     from dagster_project.generation import fleet_registry
 
-    removed = fleet_registry.deregister_node(resources.store.open(), args.node)
+    removed = fleet_registry.deregister_node(_open_store(), args.node)
     print(f"node {args.node} {'removed from' if removed else 'was not in'} the fleet registry")
     return 0
 
@@ -535,7 +557,7 @@ def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
     if args.shards:
         print(advise_shards(ShardSizing(**_given(args, ShardSizing))))
         return 0
-    store = resources.store.open()
+    store = _open_store()  # without the Dagster resources: nothing else here needs them
     if args.show:
         recorded = read_plan(store)
         print(json.dumps(dataclasses.asdict(recorded) if recorded else None, indent=2))
@@ -755,6 +777,21 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
     plan.set_defaults(func=cmd_plan)
 
 
+def _metrics_flags(metrics: argparse.ArgumentParser) -> None:
+    from dagster_project.ops.metrics import DEFAULT_PORT
+
+    metrics.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine only)"
+    )
+    metrics.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"the port to serve /metrics on (default {DEFAULT_PORT}; 0: any)"
+    )
+    metrics.add_argument(
+        "--once", action="store_true", help="print the metrics once in Prometheus' text format; serve nothing"
+    )
+    metrics.set_defaults(func=cmd_metrics)
+
+
 def _demo_flags(demo: argparse.ArgumentParser) -> None:
     demo.set_defaults(func=cmd_demo)
 
@@ -783,7 +820,8 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
     "tune": (
         "sweep client concurrency (and, launching servers, their settings); find the knee",
         "Measure output tok/s, accept length, TTFT and latency per client concurrency on a sample of the real "
-        "prompts, find the knee (the least concurrency within --knee-fraction of the best) and recommend launch "
+        "prompts, find the knee (the least concurrency within --knee-fraction of the best, on a curve fitted to "
+        "the points; printed with its interval) and recommend launch "
         "flags. Without --simulate/--gpus it tunes the running fleet as it is.",
         _tune_flags,
     ),
@@ -793,6 +831,12 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
         "plan.json, which `dflash status` compares the run against; --show prints it; --shards advises a shard "
         "count and writes nothing.",
         _plan_flags,
+    ),
+    "metrics": (
+        "serve the status answers as Prometheus metrics (events, ETA, accept length, servers, shards, cost)",
+        "Serve /metrics for Prometheus: each scrape reads the store and probes the fleet as `dflash status` does "
+        "(without the Dagster instance) and exports its figures as dflash_* gauges.",
+        _metrics_flags,
     ),
     "demo": (
         "run the whole pipeline on the embedded demo (deletes ./.demo/ first)",

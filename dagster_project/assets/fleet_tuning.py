@@ -85,12 +85,13 @@ def fleet_tuning(
     # One observation per point, in sweep order: the asset's plots then draw each measure against the sweep.
     for point in sorted(report.points, key=lambda p: (p.server_setting, p.concurrency)):
         context.log_event(dg.AssetObservation(asset_key=context.asset_key, metadata=_point_metadata(point)))
-    knee = report.knee
+    knee, estimate = report.knee, report.knee_estimate
     return dg.MaterializeResult(
         metadata={
             "recommendation": report.recommendation,
             "recommended_flags": " ".join(report.recommended_flags),
-            "knee_concurrency": knee.concurrency if knee else 0,
+            "knee_concurrency": estimate.concurrency if estimate else 0,
+            "knee_interval": f"{estimate.low}-{estimate.high} (80%)" if estimate else "",
             "knee_output_tok_per_s": knee.output_tok_per_s if knee else 0.0,
             "best_output_tok_per_s": report.best_output_tok_per_s,
             "points": points_table(report),

@@ -74,6 +74,8 @@ def raw_prompts(
             "accepted": manifest.accepted,
             "quarantined": manifest.quarantined,
             "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
+            "control_tokens": config.control_tokens,
+            "literal_control_token_sources": ", ".join(config.literal_control_token_sources) or "none",
             "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),
             "files": dg.MetadataValue.json([asdict(file) for file in manifest.files]),
             "file_notes": dg.MetadataValue.md(

@@ -6,34 +6,36 @@ at each point the fleet's output tokens/s in steady state, the accept length, TT
 (p50, p99). In launch mode the servers are restarted between server settings (caps, memory flags; for
 simulators, other `SimConfig` options), and every setting gets its own concurrency sweep.
 
-The **knee** is the smallest concurrency that reaches `knee_fraction` (95%) of the best throughput measured:
-beyond it more requests in flight buy little but latency. After a coarse sweep (powers of two up to the
-server's cap, the cap, and 1.25x it) the knee is narrowed by bisection between its neighbours. The report
-gives the points, the knee, the flags that run there, and a chart (SVG); `write_report` keeps it in the store
-(`tuning/report.json`) for `status` and the `fleet_tuning` asset.
+The **knee** is the least concurrency whose throughput reaches `knee_fraction` (95%) of the curve's best over
+the swept range: beyond it more requests in flight buy little but latency. It is read off a saturating model
+fitted to every point (`ops.knee`, which defines it precisely), not off the noisy best measurement. After a
+coarse sweep (powers of two up to the server's cap, the cap, and 1.25x it), the refinement measures the
+estimated knee and repeats points where the curve is flat until the knee's bootstrap interval is narrow. The
+report gives the points, the knee with its interval, the flags that run there, and a chart (SVG);
+`write_report` keeps it in the store (`tuning/report.json`) for `status` and the `fleet_tuning` asset.
 
-Steady state: with C requests in flight per server and n requests per point, the window runs from the C-th
-completion to the (n − C)-th, when the server still had C in flight; the tokens produced inside it (each
-request's spread over its time in service) over its length are the server's rate. The fleet's rate is the
-sum over servers.
+How one point is measured (the steady-state window) is `ops.tune_point`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from dagster_project.conversations.shards import read_conversations, read_conversations_manifest
 from dagster_project.conversations.turns import prompt_messages
 from dagster_project.generation_settings import GenerationSettings
+from dagster_project.ops import knee as knee_fit
+from dagster_project.ops.tune_point import TunePoint, run_point, summarize
 from dagster_project.sglang import capacity
 from dagster_project.store.dataclass_json import from_json, to_json
 from dagster_project.store.storage import Store
@@ -59,7 +61,10 @@ class TuneOptions:
     knee_fraction: float = field(
         default=0.95, metadata={"help": "The knee: the least concurrency reaching this share of the best tok/s."}
     )
-    refine: int = field(default=3, metadata={"help": "Extra points that narrow the knee down by bisection."})
+    refine: int = field(
+        default=6,
+        metadata={"help": "Extra points that narrow the knee down: the estimated knee, then repeats where flat."},
+    )
     sample: int = field(default=256, metadata={"help": "Prompts sampled from the published conversations."})
     synthetic_prompt_tokens: int = field(
         default=0, metadata={"help": "Synthetic prompts of this many tokens instead of the conversations; 0: none."}
@@ -123,189 +128,6 @@ def synthetic_prompts(count: int, tokens: int, seed: int = 0) -> list[list[int]]
     return [[rng.randrange(1000, 150_000) for _ in range(tokens)] for _ in range(count)]
 
 
-# ---- one point ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One request of a sweep, as the client saw it."""
-
-    server: str
-    started: float  # monotonic seconds
-    ended: float
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    verify_passes: int = 0  # 0: no spec-decoding stats
-    ttft_s: float | None = None  # the server's first_token_latency (with --enable-metrics)
-    queue_s: float = 0.0  # the server's queue_time (with --enable-metrics): waiting, not in service
-    error: str | None = None  # the error kind of a failed request
-
-    @property
-    def latency_s(self) -> float:
-        return self.ended - self.started
-
-
-@dataclass(frozen=True)
-class TunePoint:
-    """What one client concurrency gave under one server setting."""
-
-    server_setting: str
-    concurrency: int  # requests in flight per server
-    cap: int | None  # the servers' effective running cap (the smallest)
-    servers: int
-    requests: int
-    errors: int
-    output_tok_per_s: float  # the fleet's, in steady state
-    req_per_s: float
-    accept_length: float | None
-    ttft_p50_s: float | None
-    ttft_p99_s: float | None
-    latency_p50_s: float | None
-    latency_p99_s: float | None
-    mean_prompt_tokens: float
-    mean_output_tokens: float
-    window_s: float
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-quantile (0..1) by linear interpolation; None without values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def steady_window(records: Sequence[RequestRecord], concurrency: int) -> tuple[float, float]:
-    """The span one server had `concurrency` requests in flight after the first wave: from the
-    `concurrency`-th completion to the (n − concurrency)-th. Too few requests for one: the whole run."""
-    done = sorted((r for r in records if r.error is None), key=lambda r: r.ended)
-    if not done:
-        return 0.0, 0.0
-    first, last = concurrency - 1, len(done) - concurrency - 1
-    if last > first and done[last].ended > done[first].ended:
-        return done[first].ended, done[last].ended
-    return min(r.started for r in records), max(r.ended for r in done)
-
-
-def steady_rate(records: Sequence[RequestRecord], concurrency: int) -> tuple[float, float, float]:
-    """(output tokens/s, requests/s, window seconds) of one server over its steady window (`steady_window`).
-
-    Each request's tokens are spread evenly over its time in service (after its queue time, where the server
-    reports it), and the window gets the share that falls inside it: counting whole requests by their end
-    instead would credit a window with work done before it, which the first synchronized wave makes
-    lopsided."""
-    start, end = steady_window(records, concurrency)
-    if end <= start:
-        return 0.0, 0.0, 0.0
-    tokens = requests = 0.0
-    for record in records:
-        if record.error is not None:
-            continue
-        begun = min(record.started + record.queue_s, record.ended)
-        overlap = min(end, record.ended) - max(start, begun)
-        if overlap > 0:
-            share = overlap / (record.ended - begun)
-            tokens += record.output_tokens * share
-            requests += share
-    window = end - start
-    return tokens / window, requests / window, window
-
-
-def summarize(records: Sequence[RequestRecord], *, server_setting: str, concurrency: int, cap: int | None) -> TunePoint:
-    """One point from its requests: rates summed over servers; accept length, TTFT and latency over the
-    requests that ran entirely in their server's steady window (all of them when none did)."""
-    by_server: dict[str, list[RequestRecord]] = {}
-    for record in records:
-        by_server.setdefault(record.server, []).append(record)
-    rates = [steady_rate(group, concurrency) for group in by_server.values()]
-    steady = []
-    for group in by_server.values():
-        start, end = steady_window(group, concurrency)
-        steady += [r for r in group if r.error is None and r.started >= start and r.ended <= end]
-    done = steady or [r for r in records if r.error is None]
-    verify = sum(r.verify_passes for r in done if r.verify_passes)
-    spec_tokens = sum(r.output_tokens for r in done if r.verify_passes)
-    ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
-    latencies = [r.latency_s for r in done]
-    return TunePoint(
-        server_setting=server_setting,
-        concurrency=concurrency,
-        cap=cap,
-        servers=len(by_server),
-        requests=len(records),
-        errors=sum(r.error is not None for r in records),
-        output_tok_per_s=sum(rate for rate, _, _ in rates),
-        req_per_s=sum(rate for _, rate, _ in rates),
-        accept_length=spec_tokens / verify if verify else None,
-        ttft_p50_s=percentile(ttfts, 0.5),
-        ttft_p99_s=percentile(ttfts, 0.99),
-        latency_p50_s=percentile(latencies, 0.5),
-        latency_p99_s=percentile(latencies, 0.99),
-        mean_prompt_tokens=statistics.fmean(r.prompt_tokens for r in done) if done else 0.0,
-        mean_output_tokens=statistics.fmean(r.output_tokens for r in done) if done else 0.0,
-        window_s=max((window for _, _, window in rates), default=0.0),
-    )
-
-
-async def run_point(
-    endpoints: Sequence[str],
-    prompts: Sequence[Sequence[int]],
-    params: Mapping[str, Any],
-    concurrency: int,
-    requests_per_server: int,
-    *,
-    api_key: str | None = None,
-    timeout_s: float = 3600.0,
-) -> list[RequestRecord]:
-    """`requests_per_server` requests to each endpoint, `concurrency` at a time per endpoint."""
-    # Here, not at the top: `dflash status` reads this module's report without the client (aiohttp).
-    from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
-
-    records: list[RequestRecord] = []
-    async with new_session() as session:
-
-        async def server(index: int, url: str) -> None:
-            client = SGLangClient(url, api_key, session)
-            issued = iter(range(requests_per_server))
-
-            async def worker() -> None:
-                for number in issued:
-                    prompt = prompts[(index * requests_per_server + number) % len(prompts)]
-                    started = time.monotonic()
-                    try:
-                        result = await client.generate(
-                            list(prompt), dict(params), timeout=timeout_s, require_reasoning=False
-                        )
-                    except SGLangError as error:
-                        records.append(RequestRecord(url, started, time.monotonic(), len(prompt), error=error.kind))
-                        continue
-                    meta = result.meta_info
-                    records.append(
-                        RequestRecord(
-                            url,
-                            started,
-                            time.monotonic(),
-                            result.prompt_tokens,
-                            result.completion_tokens,
-                            result.spec_verify_ct or 0,
-                            _seconds(meta.get("first_token_latency")),
-                            _seconds(meta.get("queue_time")) or 0.0,
-                        )
-                    )
-
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-        await asyncio.gather(*(server(index, url) for index, url in enumerate(endpoints)))
-    return records
-
-
-def _seconds(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and value >= 0 else None
-
-
 # ---- the sweep ------------------------------------------------------------------------------------------------
 
 
@@ -319,29 +141,56 @@ def coarse_concurrencies(cap: int | None, given: Sequence[int] = ()) -> list[int
     return sorted(points)
 
 
-def find_knee(points: Sequence[TunePoint], fraction: float) -> TunePoint | None:
-    """The point with the least concurrency (then the least cap) reaching `fraction` of the best throughput."""
-    usable = [p for p in points if p.output_tok_per_s > 0]
-    if not usable:
-        return None
-    best = max(p.output_tok_per_s for p in usable)
-    reaching = [p for p in usable if p.output_tok_per_s >= fraction * best]
-    return min(reaching, key=lambda p: (p.concurrency, p.cap or 0, -p.output_tok_per_s))
+def samples(points: Sequence[TunePoint], server_setting: str | None = None) -> list[tuple[int, float]]:
+    """(concurrency, output tok/s) of the points (of one server setting), repeats included: what the knee is
+    fitted to."""
+    return [(p.concurrency, p.output_tok_per_s) for p in points if server_setting in (None, p.server_setting)]
 
 
-def next_probe(points: Sequence[TunePoint], fraction: float, tolerance: float = 0.05) -> int | None:
-    """The concurrency halfway between the knee and the closest measured point below it, while that gap is wider
-    than `tolerance` of the knee (and one request); None once the knee is that precise."""
-    knee = find_knee(points, fraction)
-    if knee is None:
+def sweep_points(
+    label: str, cap: int | None, options: TuneOptions, measure: Callable[[int], TunePoint]
+) -> list[TunePoint]:
+    """The coarse concurrencies, then up to `options.refine` more (`knee.next_probe`: the estimated knee, then
+    repeats where the curve is flat), and the final estimate's knee if still unmeasured; `measure` runs one
+    point."""
+    points = [measure(c) for c in coarse_concurrencies(cap, options.concurrencies)]
+    for _ in range(options.refine):
+        probe = knee_fit.next_probe(samples(points), cap, options.knee_fraction)
+        if probe is None:
+            break
+        points.append(measure(probe))
+    estimate = knee_fit.estimate_knee(samples(points), cap, options.knee_fraction, server_setting=label)
+    if estimate is not None and estimate.concurrency not in {p.concurrency for p in points}:
+        points.append(measure(estimate.concurrency))
+    return sorted(points, key=lambda p: p.concurrency)
+
+
+def choose_knee(
+    points: Sequence[TunePoint], fraction: float
+) -> tuple[knee_fit.KneeEstimate | None, list[knee_fit.KneeEstimate]]:
+    """(the knee to launch at, every server setting's estimate): of the settings whose fitted best reaches
+    `fraction` of the best of all, the one with the least knee (then the least cap)."""
+    estimates = []
+    for label in dict.fromkeys(p.server_setting for p in points):
+        cap = min((p.cap for p in points if p.server_setting == label and p.cap), default=None)
+        estimate = knee_fit.estimate_knee(samples(points, label), cap, fraction, server_setting=label)
+        if estimate is not None:
+            estimates.append(estimate)
+    if not estimates:
+        return None, []
+    best = max(e.peak for e in estimates)
+    caps = {p.server_setting: p.cap or 0 for p in points}
+    reaching = [e for e in estimates if e.peak >= fraction * best]
+    return min(reaching, key=lambda e: (e.concurrency, caps[e.server_setting])), estimates
+
+
+def knee_point(points: Sequence[TunePoint], estimate: knee_fit.KneeEstimate | None) -> TunePoint | None:
+    """The measured point of the estimate's setting at its knee (the nearest one if the knee was not measured;
+    the last of repeats)."""
+    if estimate is None:
         return None
-    below = [p.concurrency for p in points if p.concurrency < knee.concurrency]
-    if not below:
-        return None
-    low = max(below)
-    if knee.concurrency - low <= max(1, tolerance * knee.concurrency):
-        return None
-    return (low + knee.concurrency) // 2
+    curve = [p for p in points if p.server_setting == estimate.server_setting]
+    return min(reversed(curve), key=lambda p: abs(p.concurrency - estimate.concurrency), default=None)
 
 
 @dataclass(frozen=True)
@@ -367,12 +216,14 @@ class TuneReport:
     prompts: int
     knee_fraction: float
     points: list[TunePoint]
-    knee: TunePoint | None
+    knee: TunePoint | None  # the measured point at the recommended knee
     best_output_tok_per_s: float
     recommended_flags: list[str]
     recommendation: str
     capacity: dict[str, str] = field(default_factory=dict)  # per server setting: `capacity.analyze(...).explain()`
     options: dict[str, Any] = field(default_factory=dict)
+    knee_estimate: knee_fit.KneeEstimate | None = None  # the fitted knee, its interval and its fit
+    estimates: list[knee_fit.KneeEstimate] = field(default_factory=list)  # every server setting's
 
     def curve(self, server_setting: str | None = None) -> list[TunePoint]:
         """The points of one server setting (default: the knee's), by concurrency."""
@@ -381,8 +232,8 @@ class TuneReport:
 
     def throughput_at(self, concurrency: float, server_setting: str | None = None) -> tuple[float, float | None]:
         """(output tok/s, accept length) at `concurrency`, interpolated between the measured points of one
-        setting; outside the measured range, raises `LookupError`."""
-        curve = self.curve(server_setting)
+        setting (repeats averaged); outside the measured range, raises `LookupError`."""
+        curve = _averaged(self.curve(server_setting))
         for low, high in zip(curve, curve[1:] or curve):
             if low.concurrency <= concurrency <= high.concurrency:
                 span = high.concurrency - low.concurrency
@@ -392,6 +243,22 @@ class TuneReport:
                 accept = accepts[0] + weight * (accepts[1] - accepts[0]) if None not in accepts else None
                 return rate, accept
         raise LookupError(f"concurrency {concurrency} is outside the measured points")
+
+
+def _averaged(curve: Sequence[TunePoint]) -> list[TunePoint]:
+    """One point per concurrency: repeats of a point averaged (throughput and accept length)."""
+    merged = []
+    for _, group in itertools.groupby(curve, key=lambda p: p.concurrency):
+        repeats = list(group)
+        accepts = [p.accept_length for p in repeats]
+        merged.append(
+            replace(
+                repeats[0],
+                output_tok_per_s=statistics.fmean(p.output_tok_per_s for p in repeats),
+                accept_length=None if None in accepts else statistics.fmean(a for a in accepts if a is not None),
+            )
+        )
+    return merged
 
 
 def sweep_concurrency(
@@ -405,10 +272,9 @@ def sweep_concurrency(
     api_key: str | None = None,
     log: Callable[[str], None] = print,
 ) -> list[TunePoint]:
-    """The coarse concurrencies, then bisection towards the knee, against the servers at `urls` as they run."""
-    measured: dict[int, TunePoint] = {}
+    """`sweep_points` against the servers at `urls` as they run."""
 
-    def measure(concurrency: int) -> None:
+    def measure(concurrency: int) -> TunePoint:
         requests = options.requests_per_server(concurrency)
         records = asyncio.run(
             run_point(
@@ -416,17 +282,10 @@ def sweep_concurrency(
             )
         )
         point = summarize(records, server_setting=label, concurrency=concurrency, cap=cap)
-        measured[concurrency] = point
         log(_point_line(point))
+        return point
 
-    for concurrency in coarse_concurrencies(cap, options.concurrencies):
-        measure(concurrency)
-    for _ in range(options.refine):
-        probe = next_probe(list(measured.values()), options.knee_fraction)
-        if probe is None or probe in measured:
-            break
-        measure(probe)
-    return sorted(measured.values(), key=lambda p: p.concurrency)
+    return sweep_points(label, cap, options, measure)
 
 
 def sweep(
@@ -459,9 +318,9 @@ def sweep(
             explained[setting.label] = _explain(infos, measured)
             log(f"tune [{setting.label}]: {explained[setting.label]}")
             points += measured
-    knee = find_knee(points, options.knee_fraction)
+    estimate, estimates = choose_knee(points, options.knee_fraction)
     best = max((p.output_tok_per_s for p in points), default=0.0)
-    flags, text = recommend(knee, points, flags_of.get(knee.server_setting, []) if knee else [], best)
+    flags, text = recommend(estimate, flags_of.get(estimate.server_setting, []) if estimate else [])
     return TuneReport(
         created_at=time.time(),
         endpoints=used,
@@ -469,34 +328,36 @@ def sweep(
         prompts=len(prompts),
         knee_fraction=options.knee_fraction,
         points=points,
-        knee=knee,
+        knee=knee_point(points, estimate),
         best_output_tok_per_s=best,
         recommended_flags=flags,
         recommendation=text,
         capacity=explained,
         options=asdict(options),
+        knee_estimate=estimate,
+        estimates=estimates,
     )
 
 
-def recommend(
-    knee: TunePoint | None, points: Sequence[TunePoint], setting_flags: Sequence[str], best: float
-) -> tuple[list[str], str]:
-    """The SGLang launch flags that run at the knee, and a sentence saying why.
+def recommend(estimate: knee_fit.KneeEstimate | None, setting_flags: Sequence[str]) -> tuple[list[str], str]:
+    """The SGLang launch flags that run at the knee, and a sentence saying why, with the knee's uncertainty.
 
     A server runs at most its cap whatever the client sends (the dispatcher's window is the cap times its
     oversubscription), so running at the knee means a cap at the knee: `--max-running-requests`, with the radix
     cache off so that the state pool is exactly that many slots and the rest of the memory is KV pool.
     """
-    if knee is None:
+    if estimate is None:
         return [], "no point produced output: check the servers (the report has the errors per point)"
-    share = knee.output_tok_per_s / best if best else 0.0
+    cap = estimate.fit.cap
+    share = estimate.rate / estimate.peak if estimate.peak else 0.0
     head = (
-        f"knee at {knee.concurrency} requests per server: {knee.output_tok_per_s:,.0f} output tok/s, "
-        f"{share:.0%} of the best {best:,.0f}"
+        f"knee at {estimate.concurrency} requests per server (80% interval {estimate.low}-{estimate.high}): "
+        f"{estimate.rate:,.0f} output tok/s fitted, {share:.0%} of the fitted best {estimate.peak:,.0f} "
+        f"({estimate.points} points, fit within ±{estimate.residual:.1%} RMS)"
     )
     flags = list(setting_flags)
-    at_cap = knee.cap is not None and knee.concurrency >= knee.cap
-    running = knee.cap if at_cap and knee.cap is not None else knee.concurrency
+    at_cap = cap is not None and estimate.concurrency >= cap
+    running = cap if at_cap and cap is not None else estimate.concurrency
     if "--max-running-requests" in flags:
         flags[flags.index("--max-running-requests") + 1] = str(running)
     else:
@@ -505,14 +366,13 @@ def recommend(
         flags.insert(0, "--disable-radix-cache")
     if at_cap:
         return flags, (
-            f"{head}, reached only at the servers' cap {knee.cap}: the cap binds, so more concurrency would pay "
+            f"{head}, reached only at the servers' cap {cap}: the cap binds, so more concurrency would pay "
             "if the memory allowed it (`dflash status`, question 3, says which flags raise the cap and at what cost)"
         )
-    highest = max(p.concurrency for p in points if p.server_setting == knee.server_setting)
-    if knee.concurrency == highest:
+    if estimate.peak_at == estimate.highest and (cap is None or estimate.highest < cap):
         return flags, (
-            f"{head}, at the highest concurrency measured: throughput was still rising there, below the cap "
-            f"({knee.cap if knee.cap is not None else 'unknown'}); measure higher concurrencies before settling"
+            f"{head}, with the fitted curve still rising at the highest concurrency measured, below the cap "
+            f"({cap if cap is not None else 'unknown'}); measure higher concurrencies before settling"
         )
     return flags, (
         f"{head}; more requests at once add latency for under {1 - share:.0%} more throughput, and a cap at the knee "
@@ -627,13 +487,16 @@ def render_markdown(report: TuneReport, chart: str = "throughput.svg") -> str:
         "# Fleet tuning",
         "",
         f"{len(report.endpoints)} servers, {report.prompts} prompts ({report.prompts_source}); "
-        f"knee at {report.knee_fraction:.0%} of the best throughput.",
+        f"knee: the least concurrency reaching {report.knee_fraction:.0%} of the best throughput, on a saturating "
+        "curve fitted to the points (repeats included).",
         "",
         f"**{report.recommendation}**",
         "",
     ]
     if report.recommended_flags:
         lines += [f"Launch with: `{' '.join(report.recommended_flags)}`", ""]
+    for estimate in report.estimates:
+        lines.append(f"* fit [{estimate.server_setting}]: {estimate.describe()}, fitted best {estimate.peak:,.0f}")
     for label, text in report.capacity.items():
         lines.append(f"* capacity [{label}]: {text}")
     lines += [
@@ -716,13 +579,23 @@ def render_svg(report: TuneReport, width: int = 720, height: int = 400) -> str:
                 f'<polyline points="{path}" fill="none" stroke="{color}" stroke-dasharray="4 3" stroke-width="1"/>'
             )
         out.append(f'<text x="{left + 10}" y="{top + 14 + 14 * index}" fill="{color}">{_xml(label)}</text>')
-    if report.knee is not None:
-        kx = x(report.knee.concurrency)
+    estimate = report.knee_estimate
+    if estimate is not None:
+        low, high, kx = x(estimate.low), x(estimate.high), x(estimate.concurrency)
+        out.append(
+            f'<rect x="{low:.1f}" y="{top}" width="{max(high - low, 1):.1f}" height="{plot_h}" fill="gray" '
+            'fill-opacity="0.15"/>'
+        )
+        fitted = " ".join(
+            f"{x(c):.1f},{y(estimate.fit.rate(c), max_t):.1f}" for c in range(estimate.lowest, estimate.highest + 1)
+        )
+        out.append(f'<polyline points="{fitted}" fill="none" stroke="gray" stroke-width="1"/>')
         out.append(
             f'<line x1="{kx:.1f}" y1="{top}" x2="{kx:.1f}" y2="{top + plot_h}" stroke="black" stroke-dasharray="2 2"/>'
         )
         out.append(
-            f'<text x="{kx - 4:.1f}" y="{top + plot_h - 6}" text-anchor="end">knee {report.knee.concurrency}</text>'
+            f'<text x="{kx - 4:.1f}" y="{top + plot_h - 6}" text-anchor="end">knee {estimate.concurrency} '
+            f"({estimate.low}-{estimate.high})</text>"
         )
     out.append("</svg>")
     return "\n".join(out) + "\n"

@@ -256,7 +256,7 @@ def damage_remedy(manifest: ShardManifest) -> str:
     return f"withdraw and regenerate the shard: {regenerate_command(manifest.stage, manifest.shard)}"
 
 
-def damaged(store: Store, manifest: ShardManifest, key: str, problem: str) -> DamagedObject:
+def _damaged(store: Store, manifest: ShardManifest, key: str, problem: str) -> DamagedObject:
     """The error for an object of a published shard that is not as published: the object, what is wrong, the fix."""
     return DamagedObject(f"{store.url(key)} is damaged: {problem}; {damage_remedy(manifest)}")
 
@@ -275,7 +275,7 @@ def check_object(store: Store, manifest: ShardManifest, obj: StoredObject, copy:
     """Raise `DamagedObject` naming the object and the remedy unless it is as `manifest` published it."""
     problem = object_problem(store, obj, copy)
     if problem is not None:
-        raise damaged(store, manifest, obj.key, problem)
+        raise _damaged(store, manifest, obj.key, problem)
 
 
 def verified_bytes(store: Store, manifest: ShardManifest, obj: StoredObject) -> bytes:
@@ -285,7 +285,7 @@ def verified_bytes(store: Store, manifest: ShardManifest, obj: StoredObject) -> 
         _OTHER_BYTES if obj.sha256 and sha256_bytes(data) != obj.sha256 else None
     )
     if problem is not None:
-        raise damaged(store, manifest, obj.key, problem)
+        raise _damaged(store, manifest, obj.key, problem)
     return data
 
 

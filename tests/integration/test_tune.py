@@ -41,10 +41,11 @@ def test_tune_sweeps_the_running_fleet_on_the_published_prompts(env, tmp_path, s
     run_stages(tmp_path, [str(DEMO_DATA_DIR)], num_shards=2)  # the store of `env`
     fleet = sim_fleet(2, max_running_requests=8, **FAST)
     out = dflash(env, "tune", "--endpoints", ",".join(fleet.urls), *SWEEP, "--out", str(tmp_path / "report"))
-    assert "knee at" in out and "recommended flags: --disable-radix-cache --max-running-requests" in out
+    assert "knee at" in out and "80% interval" in out  # the knee with its uncertainty
+    assert "recommended flags: --disable-radix-cache --max-running-requests" in out
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["prompts_source"].startswith("published conversations") and report["prompts"] == 16
-    assert {1, 4, 8} <= {p["concurrency"] for p in report["points"]}  # and one point bisecting towards the knee
+    assert {1, 4, 8} <= {p["concurrency"] for p in report["points"]}  # and the fitted knee, measured
     assert all(p["errors"] == 0 and p["output_tok_per_s"] > 0 and p["accept_length"] for p in report["points"])
     assert all(p["servers"] == 2 and p["cap"] == 8 for p in report["points"])
     assert (tmp_path / "report" / "throughput.svg").read_text().startswith("<svg")
@@ -90,7 +91,8 @@ def test_the_fleet_tuning_asset_records_the_sweep(tmp_path, sim_fleet):
         metadata = result.asset_materializations_for_node("fleet_tuning")[0].metadata
         observations = result.asset_observations_for_node("fleet_tuning")
     report = tune.read_report(store)
-    assert metadata["knee_concurrency"].value == report.knee.concurrency
+    assert metadata["knee_concurrency"].value == report.knee_estimate.concurrency == report.knee.concurrency
+    assert metadata["knee_interval"].value == f"{report.knee_estimate.low}-{report.knee_estimate.high} (80%)"
     assert metadata["recommended_flags"].value == " ".join(report.recommended_flags)
     assert len(metadata["points"].value.records) == len(report.points) == len(observations) >= 3
     assert [o.metadata["concurrency"].value for o in observations] == sorted(p.concurrency for p in report.points)

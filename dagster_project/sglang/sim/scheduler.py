@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
+from dagster_project.sglang.sim import rates
 from dagster_project.sglang.sim.config import SimConfig
 from dagster_project.sglang.sim.faults import Faults
 from dagster_project.sglang.sim.outputs import Answer
@@ -275,7 +276,7 @@ class Scheduler:
 
     def _decode_pace(self) -> float:
         """Decode speed at the current batch size relative to a batch of one."""
-        return 1.0 / (1.0 + self.config.decode_step_growth * max(0, self.running - 1))
+        return rates.decode_pace(self.config, self.running)
 
     def _admissible(self, job: Job) -> bool:
         """Whether `job` may start now: below the cap and, with the memory model, within the KV budget."""
