@@ -44,7 +44,7 @@ from dagster_project.sglang.launch import fleet_status
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET
 from dagster_project.store.manifest import read_published_manifests
 from dagster_project.store.storage import Store
-from dagster_project.store.verdicts import read_export_outcomes, read_verdicts
+from dagster_project.store.verdicts import read_stage_records
 from dagster_project.training.shards import TrainingShardManifest
 
 
@@ -59,16 +59,14 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
     coverage check's work (`ops.coverage`), which reads every object anyway."""
     with ThreadPoolExecutor(max_workers=12) as pool:
         conversations = pool.submit(read_conversations_manifest, store)
-        manifests = pool.submit(read_published_manifests, store, COMPLETIONS, CompletionsShardManifest)
+        generated = pool.submit(read_stage_records, store, COMPLETIONS, CompletionsShardManifest)
         raw = pool.submit(read_raw_prompts_manifest, store)
         heartbeats = pool.submit(read_heartbeats, store)
         fleet = pool.submit(probe_fleet, endpoints, api_key)
         plan = pool.submit(read_plan, store)
         coverage_by_id = pool.submit(read_coverage, store)
         tuning = pool.submit(read_report, store)
-        training = pool.submit(read_published_manifests, store, TRAINING_SET, TrainingShardManifest)
-        verdicts = {stage: pool.submit(read_verdicts, store, stage) for stage in (COMPLETIONS, TRAINING_SET)}
-        exports = pool.submit(read_export_outcomes, store)
+        assembled = pool.submit(read_stage_records, store, TRAINING_SET, TrainingShardManifest)
         stage = conversations.result()
         shards = stage.num_shards if stage else 0  # as published: the environment has no say
         # The stage manifest is written last: while it is missing, the shards published so far tell the plan.
@@ -77,21 +75,22 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
             for s, m in read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest).items()
             if s < shards
         )
+        completions, training = generated.result(), assembled.result()
         return Readings(
             now=now,
             num_shards=shards,
             raw=raw.result(),
             conversations=stage,
             events_planned=events_planned,
-            published={s: m for s, m in manifests.result().items() if s < shards},
+            published={s: m for s, m in completions.manifests.items() if s < shards},
             heartbeats=heartbeats.result(),
             fleet=fleet.result(),
             plan=plan.result(),
             coverage_by_id=coverage_by_id.result(),
             tuning=tuning.result(),
-            training_set=training.result(),
-            verdicts={stage: found.result() for stage, found in verdicts.items()},
-            exports=exports.result(),
+            training_set=training.manifests,
+            verdicts={COMPLETIONS: completions.verdicts, TRAINING_SET: training.verdicts},
+            exports=training.exports,
         )
 
 
