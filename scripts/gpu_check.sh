@@ -113,7 +113,8 @@ if ! launch 240; then
         tail -n 60 "$WORK"/fleet/*.log 2>/dev/null; exit 1
     fi
 fi
-dflash fleet status | tee "$WORK/fleet_status.jsonl"
+dflash fleet status
+dflash fleet status --json > "$WORK/fleet_status.jsonl"  # what each server reported, read below
 
 # ---- 2. the protocol tests that run against a real server ---------------------------------------------------
 say "2. protocol tests against $URL"

@@ -25,6 +25,7 @@ from dagster_project.training.lengths import KEEP, LengthGateOptions
 from dagster_project.training.shards import iter_training_batches, training_manifest
 from dagster_project.training.stage import source_is_current
 from dagster_project.training.suite import FRAME_COLUMNS, training_frame, validate_training_frame
+from dagster_project.training.tool_call_gate import ToolCallGateOptions, malformed_tool_calls
 
 GATE_DESCRIPTIONS = {
     "loss_sum_floor": "Few rows under the supervised-token floor (default 32 = 2 × the DFlash block size).",
@@ -34,14 +35,16 @@ GATE_DESCRIPTIONS = {
     "thinking_structure": "Finished answers close </think> once after non-blank reasoning (thinking on).",
     "degenerate_answers": "No answer text repeated across many distinct prompts.",
     "short_answers": "Few empty or very short visible answers.",
+    "malformed_tool_calls": "Few malformed Qwen3.6 <tool_call> blocks among the tool calls the model wrote.",
     "ids_match_completions": "Rows are exactly the completions' prompt_ids + output_ids, mask 1 on the output.",
     "length_loss": "Few supervised tokens lost to max_length (cut, dropped, or cut by the trainer under 'keep').",
     "source_is_current": "Built from the completions shard now published; every event kept or excluded with a reason.",
 }
 
 
-class TrainingGateConfig(config_fields(LengthGateOptions, GateConfig)):
-    """Thresholds of the training-set gates (see GateConfig), and of the length_loss gate."""
+class TrainingGateConfig(config_fields(ToolCallGateOptions, config_fields(LengthGateOptions, GateConfig))):
+    """Thresholds of the training-set gates (see GateConfig), and of the length_loss and malformed_tool_calls
+    gates."""
 
 
 @dg.multi_asset_check(
@@ -73,6 +76,11 @@ def training_set_gates(
         data, completions_manifest(data, shard), ["event_id", "prompt_ids", "output_ids"]
     )
     results += [
+        malformed_tool_calls(
+            profile.outputs.answer_texts,
+            profile.finished,
+            max_share=config.to_dataclass(ToolCallGateOptions).max_malformed_tool_call_share,
+        ),
         gates.ids_match_completions(profile.digests, completion_batches),
         gates.length_loss(
             manifest.lengths, max_lost_share=config.to_dataclass(LengthGateOptions).max_lost_supervised_share

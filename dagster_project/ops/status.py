@@ -36,7 +36,7 @@ from dagster_project.ops.answers.progress import ProgressAnswer, answer_progress
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.shards import ShardsAnswer, answer_shards, render_shards
 from dagster_project.ops.answers.storage import StorageAnswer, answer_storage, render_storage
-from dagster_project.ops.answers.text import ago
+from dagster_project.ops.answers.text import ago, as_of
 from dagster_project.ops.coverage import read_coverage
 from dagster_project.ops.plan import read_plan
 from dagster_project.ops.tune import read_report
@@ -44,7 +44,7 @@ from dagster_project.sglang.launch import fleet_status
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET
 from dagster_project.store.manifest import read_published_manifests
 from dagster_project.store.storage import Store
-from dagster_project.store.verdicts import read_export_outcomes, read_verdicts
+from dagster_project.store.verdicts import read_stage_records
 from dagster_project.training.shards import TrainingShardManifest
 
 
@@ -59,16 +59,14 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
     coverage check's work (`ops.coverage`), which reads every object anyway."""
     with ThreadPoolExecutor(max_workers=12) as pool:
         conversations = pool.submit(read_conversations_manifest, store)
-        manifests = pool.submit(read_published_manifests, store, COMPLETIONS, CompletionsShardManifest)
+        generated = pool.submit(read_stage_records, store, COMPLETIONS, CompletionsShardManifest)
         raw = pool.submit(read_raw_prompts_manifest, store)
         heartbeats = pool.submit(read_heartbeats, store)
         fleet = pool.submit(probe_fleet, endpoints, api_key)
         plan = pool.submit(read_plan, store)
         coverage_by_id = pool.submit(read_coverage, store)
         tuning = pool.submit(read_report, store)
-        training = pool.submit(read_published_manifests, store, TRAINING_SET, TrainingShardManifest)
-        verdicts = {stage: pool.submit(read_verdicts, store, stage) for stage in (COMPLETIONS, TRAINING_SET)}
-        exports = pool.submit(read_export_outcomes, store)
+        assembled = pool.submit(read_stage_records, store, TRAINING_SET, TrainingShardManifest)
         stage = conversations.result()
         shards = stage.num_shards if stage else 0  # as published: the environment has no say
         # The stage manifest is written last: while it is missing, the shards published so far tell the plan.
@@ -77,21 +75,22 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
             for s, m in read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest).items()
             if s < shards
         )
+        completions, training = generated.result(), assembled.result()
         return Readings(
             now=now,
             num_shards=shards,
             raw=raw.result(),
             conversations=stage,
             events_planned=events_planned,
-            published={s: m for s, m in manifests.result().items() if s < shards},
+            published={s: m for s, m in completions.manifests.items() if s < shards},
             heartbeats=heartbeats.result(),
             fleet=fleet.result(),
             plan=plan.result(),
             coverage_by_id=coverage_by_id.result(),
             tuning=tuning.result(),
-            training_set=training.result(),
-            verdicts={stage: found.result() for stage, found in verdicts.items()},
-            exports=exports.result(),
+            training_set=training.manifests,
+            verdicts={COMPLETIONS: completions.verdicts, TRAINING_SET: training.verdicts},
+            exports=training.exports,
         )
 
 
@@ -171,6 +170,9 @@ def answer_all(
 def render_text(status: Status) -> str:
     return "\n".join(
         [
+            # Every answer below is from readings taken then (the store, the heartbeats, the fleet's probes); the
+            # coverage by id and the last publish say their own age.
+            f"As of {as_of(status.collected_at)}",
             *(render_shards(status.shards) if status.shards else []),
             *render_progress(status.progress, status.collected_at),
             *render_mtp(status.mtp),

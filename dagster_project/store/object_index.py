@@ -142,7 +142,19 @@ def fetch_all_versioned(store: Store, keys: list[str]) -> list[tuple[bytes, str]
 def read_records(store: Store, prefix: str, kind: type[T], wanted: Callable[[str], bool]) -> dict[str, T]:
     """Key → record of every object under `prefix` that is `wanted`, from the index (fetching the objects of
     entries that are not final), or by listing and fetching where the store has no index."""
-    entries = _read_blocks(store, prefix.split("/", 1)[0])
+    return records_from(store, read_index(store, prefix.split("/", 1)[0]), prefix, kind, wanted)
+
+
+def read_index(store: Store, top: str) -> Entries | None:
+    """Every entry under `_index/<top>/`, for `records_from` (None: the store has no index there)."""
+    return _read_blocks(store, top)
+
+
+def records_from(
+    store: Store, entries: Entries | None, prefix: str, kind: type[T], wanted: Callable[[str], bool]
+) -> dict[str, T]:
+    """`read_records` from the entries `read_index` returned: a reader of several kinds of record under one
+    prefix reads the index once."""
     if entries is None:
         copies, to_fetch = {}, [info.key for info in store.list(prefix) if wanted(info.key)]
     else:

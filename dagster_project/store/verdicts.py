@@ -14,19 +14,22 @@ The export records what it did the same way (`ExportOutcome`, `training_set/shar
 exported, with the failed gates it overrode, or refused and why.
 
 Each verdict and outcome is also copied into the store's index (`object_index`), so `dflash status` reads every shard's
-verdicts in a few requests (`read_verdicts`); a copy left by an earlier publication is told apart by `judges`.
+verdicts in a few requests (`read_stage_records`); a copy left by an earlier publication is told apart by `judges`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from dagster_project.store import object_index
 from dagster_project.store.dataclass_json import read_record, to_json
-from dagster_project.store.layout import TRAINING_SET, shard_prefix
+from dagster_project.store.layout import MANIFEST_NAME, TRAINING_SET, shard_prefix
 from dagster_project.store.manifest import ShardManifest
 from dagster_project.store.storage import Store
+
+ManifestT = TypeVar("ManifestT", bound=ShardManifest)
 
 VERDICTS_DIR = "_verdicts/"
 # The checks whose passing verdicts a training shard needs before it is exported (`training.export`).
@@ -66,19 +69,41 @@ def put_indexed(store: Store, key: str, data: bytes) -> None:
     object_index.record(store, key, data, etag=store.put_bytes(key, data).etag)
 
 
-def read_verdicts(store: Store, stage: str) -> dict[int, list[Verdict]]:
-    """Shard → every verdict recorded on the shard, from the store's index (a few requests whatever the shard
-    count). Some may judge an earlier publication of the shard: keep those that `judges` its manifest."""
-    found = object_index.read_records(store, f"{stage}/shard=", Verdict, lambda key: VERDICTS_DIR in key)
+@dataclass(frozen=True)
+class StageRecords(Generic[ManifestT]):
+    """What a stage records about its shards, by shard: the published manifests, the checks' verdicts (some may
+    judge an earlier publication of the shard: keep those that `judges` its manifest) and, for the training set,
+    the export's outcomes."""
+
+    manifests: dict[int, ManifestT]
+    verdicts: dict[int, list[Verdict]]
+    exports: dict[int, ExportOutcome]
+
+
+def read_stage_records(store: Store, stage: str, kind: type[ManifestT]) -> StageRecords[ManifestT]:
+    """Every shard's records of `stage`, from one read of the store's index (a few requests whatever the shard
+    count)."""
+    prefix = f"{stage}/shard="
+    entries = object_index.read_index(store, stage)
+    manifests = object_index.records_from(store, entries, prefix, kind, lambda key: key.endswith(MANIFEST_NAME))
+    verdicts = object_index.records_from(store, entries, prefix, Verdict, lambda key: VERDICTS_DIR in key)
+    exports = object_index.records_from(
+        store, entries, prefix, ExportOutcome, lambda key: key.endswith(f"{EXPORTS_DIR}{SPECFORGE}.json")
+    )
     by_shard: dict[int, list[Verdict]] = {}
-    for key, verdict in found.items():
-        by_shard.setdefault(shard_of(key), []).append(verdict)
-    return by_shard
+    for key, verdict in verdicts.items():
+        by_shard.setdefault(shard_of_key(stage, key), []).append(verdict)
+    return StageRecords(
+        {manifest.shard: manifest for manifest in manifests.values()},
+        by_shard,
+        {shard_of_key(stage, key): outcome for key, outcome in exports.items()},
+    )
 
 
-def shard_of(key: str) -> int:
+def shard_of_key(stage: str, key: str) -> int:
     """The shard a key under `<stage>/shard=NNNNN/` belongs to."""
-    return int(key.split("/shard=", 1)[1].split("/", 1)[0])
+    start = len(stage) + len("/shard=")
+    return int(key[start : key.index("/", start)])
 
 
 def read_verdict(store: Store, manifest: ShardManifest, check: str) -> Verdict | None:
@@ -134,12 +159,3 @@ def record_export_outcome(
         SPECFORGE, not refused, time.time(), manifest.published_at, manifest.ids_digest, key, overridden, refused
     )
     put_indexed(store, export_outcome_key(manifest.shard), to_json(outcome))
-
-
-def read_export_outcomes(store: Store) -> dict[int, ExportOutcome]:
-    """Shard → the SpecForge export's last outcome, from the store's index (a few requests); it may be about an
-    earlier publication of the training shard (`judges` tells)."""
-    found = object_index.read_records(
-        store, f"{TRAINING_SET}/shard=", ExportOutcome, lambda key: key.endswith(f"{EXPORTS_DIR}{SPECFORGE}.json")
-    )
-    return {shard_of(key): outcome for key, outcome in found.items()}

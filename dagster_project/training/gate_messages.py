@@ -31,6 +31,7 @@ GATE_KEYS: dict[str, tuple[str, ...]] = {
     "degenerate_answers": ("max_degenerate_share", "min_repeats"),
     "short_answers": ("short_answer_chars", "max_short_answer_share", "max_empty_answer_share"),
     "length_loss": ("max_lost_supervised_share",),
+    "malformed_tool_calls": ("max_malformed_tool_call_share",),
     "error_rate": ("max_error_share",),
     "length_capped_rate": ("max_length_capped_share",),
 }
@@ -108,7 +109,7 @@ def _failing_rows(result: GateResult, profile: ShardProfile, limits: Any) -> np.
         return np.flatnonzero(profile.pairs < limits.min_supervised_pairs)
     if result.name == "ids_in_vocabulary":
         return np.flatnonzero((profile.min_ids < 0) | (profile.max_ids >= meta["vocab_size"]))
-    if result.name == "thinking_structure":
+    if result.name in ("thinking_structure", "malformed_tool_calls"):
         return np.asarray(meta.get("sample_rows", []), dtype=np.int64)
     if result.name == "degenerate_answers" and meta.get("top_answers"):
         top = meta["top_answers"][0]["answer"]  # cut to 200 characters in the metadata

@@ -43,11 +43,16 @@ def test_status_on_s3_answers_from_the_index_and_names_what_the_coverage_check_f
     assert status.storage.shards_published == 3 and status.progress.events_done == 300
     assert status.storage.materialized_not_in_store == []
 
-    s3_store.delete(read_completions_manifest(s3_store, 1).data_keys[0])  # an object lost after publication
+    lost = read_completions_manifest(s3_store, 1).data_keys[0]
+    s3_store.delete(lost)  # an object lost after publication
     by_id = dataset_coverage(s3_store, 3)
     write_coverage(s3_store, by_id)
     status = collect_status(s3_store, [], materialized={0, 1, 2})
     assert by_id.shards_damaged == [1] and status.storage.materialized_not_in_store == [1]
+    # The lost object is named, in the shard states and in an alert.
+    assert status.shards.completions == {"published": 2, "damaged": 1}
+    assert [(state.shard, state.damaged_objects) for state in status.shards.needs_a_look] == [(1, [f"missing {lost}"])]
+    assert any(alert.kind == "damaged" and f"missing {lost}" in alert.message for alert in status.alerts)
 
 
 def test_the_benchmark_runs_end_to_end_at_a_tiny_size(tmp_path):

@@ -107,6 +107,7 @@ EXPECTED_CHECKS = {
             "thinking_structure",
             "degenerate_answers",
             "short_answers",
+            "malformed_tool_calls",
             "ids_match_completions",
             "length_loss",
             "source_is_current",

@@ -49,6 +49,21 @@ class Readings:
         return [b for b in self.heartbeats if b.state in ACTIVE_STATES and not run_is_alive(b, self.now)]
 
     @property
+    def damaged_objects(self) -> dict[int, list[str]]:
+        """Shard → the problems (each naming its object) the last coverage check found with its completions, for
+        the shards not published again since."""
+        by_id = self.coverage_by_id
+        if by_id is None:
+            return {}
+        found = {damage.shard: damage.problems for damage in by_id.damaged}
+        found |= {shard: [] for shard in by_id.shards_damaged if shard not in found}  # a check that named no file
+        return {
+            shard: problems
+            for shard, problems in found.items()
+            if shard in self.published and self.published[shard].published_at <= by_id.computed_at
+        }
+
+    @property
     def live_unpublished(self) -> list[Heartbeat]:
         """Running shards whose work is not yet counted in a published manifest."""
         return [b for b in self.live if b.shard not in self.published]

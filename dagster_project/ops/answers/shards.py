@@ -12,12 +12,12 @@ What it reads is what the stages record: the manifests, the verdicts of the bloc
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.text import shard_list
-from dagster_project.ops.coverage import DatasetCoverage
 from dagster_project.store.layout import COMPLETIONS, TRAINING_SET
 from dagster_project.store.manifest import ShardManifest
 from dagster_project.store.verdicts import REQUIRED_VERDICTS, ExportOutcome, Verdict
@@ -112,7 +112,7 @@ def _failures(stage: str, verdicts: list[Verdict], manifest: ShardManifest) -> l
     ]
 
 
-def completions_state(shard: int, published: bool, runs: dict[str, set[int]], damaged: set[int]) -> str:
+def completions_state(shard: int, published: bool, runs: dict[str, set[int]], damaged: Collection[int]) -> str:
     """`runs`: the shards whose completions runs are running, dead (killed) and failed."""
     if published:
         return DAMAGED if shard in damaged else PUBLISHED
@@ -164,24 +164,9 @@ def shard_state(
     )
 
 
-def damaged_objects(readings: Readings) -> dict[int, list[str]]:
-    """Shard → the problems (each naming its object) the last coverage check found, for the shards not
-    published again since."""
-    by_id: DatasetCoverage | None = readings.coverage_by_id
-    if by_id is None:
-        return {}
-    found = {damage.shard: damage.problems for damage in by_id.damaged}
-    found |= {shard: [] for shard in by_id.shards_damaged if shard not in found}  # a check before files were named
-    return {
-        shard: problems
-        for shard, problems in found.items()
-        if shard in readings.published and readings.published[shard].published_at <= by_id.computed_at
-    }
-
-
 def answer_shards(readings: Readings) -> ShardsAnswer:
     """Every shard's state at each stage, counted, and the shards that are not green."""
-    damaged = damaged_objects(readings)
+    damaged = readings.damaged_objects
     verdicts = readings.verdicts
     runs = {
         RUNNING: {beat.shard for beat in readings.live},
@@ -191,7 +176,7 @@ def answer_shards(readings: Readings) -> ShardsAnswer:
     states = [
         shard_state(
             shard,
-            completions_state(shard, shard in readings.published, runs, set(damaged)),
+            completions_state(shard, shard in readings.published, runs, damaged.keys()),
             published=readings.published.get(shard),
             completions_verdicts=verdicts.get(COMPLETIONS, {}).get(shard, []),
             training=readings.training_set.get(shard),

@@ -32,7 +32,7 @@ def answer_storage(
     store: Store, readings: Readings, current_fingerprint: str | None, materialized: set[int] | None
 ) -> StorageAnswer:
     """What the manifests say is safely in the store."""
-    published = readings.published
+    published, damaged = readings.published, readings.damaged_objects
     return StorageAnswer(
         store=store.uri,
         shards_total=readings.num_shards,
@@ -48,20 +48,8 @@ def answer_storage(
         shards_materialized=len(materialized) if materialized is not None else None,
         materialized_not_in_store=None
         if materialized is None
-        else sorted(s for s in materialized if s not in published or s in _found_damaged(readings)),
+        else sorted(s for s in materialized if s not in published or s in damaged),
     )
-
-
-def _found_damaged(readings: Readings) -> set[int]:
-    """Shards the last coverage check found damaged, unless published again since."""
-    by_id = readings.coverage_by_id
-    if by_id is None:
-        return set()
-    return {
-        s
-        for s in by_id.shards_damaged
-        if s in readings.published and readings.published[s].published_at <= by_id.computed_at
-    }
 
 
 def render_storage(storage: StorageAnswer, now: float) -> list[str]:

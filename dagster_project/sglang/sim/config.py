@@ -59,6 +59,10 @@ class SimConfig:
     output_len: str = "lognormal:2400:0.6"  # fixed:N | uniform:A:B | lognormal:MEDIAN:SIGMA
     max_output_len: int = 32768  # natural answers never exceed this
     answer_fraction: tuple[float, float] = (0.1, 0.3)  # share of the output after </think>
+    # Prompts that declare tools: the share answered with a `<tool_call>`, and the share of those calls written
+    # malformed on purpose (reading the tools needs the full tokenizer: it is loaded only when this is set).
+    tool_call_share: float = 0.0
+    malformed_tool_call_share: float = 0.0
     accept_probs: tuple[float, ...] = (0.2, 0.2, 0.2, 0.4)  # P(k drafts accepted) per verify pass, k < D
     accept_decay_tokens: int = 0  # context length at which acceptance has fallen halfway to none; 0: no decay
     ttft_s: float = 0.0
@@ -129,12 +133,17 @@ class SimConfig:
 
 _WORD_TOKEN = re.compile(r"^Ġ(?=[a-z]*[aeiouy])[a-z]{2,9}$")  # byte-level BPE " word" with a vowel: fewer fragments
 _WORDS = 3000  # the lowest ids are the earliest merges, i.e. the most frequent words
-_SKETCH_FORMAT = 1  # part of the cache file name: bump when SimVocab's fields change
+_SKETCH_FORMAT = 2  # part of the cache file name: bump when SimVocab's fields change
 
 
 @dataclass(frozen=True)
 class SimVocab:
-    """What the simulator needs of a tokenizer: the ids it emits, their text, and which are special."""
+    """What the simulator needs of a tokenizer: the ids it emits, their text, and which are special.
+
+    Each word comes in three single-token forms, as the model writes it: ` word` inside a sentence, ` Word`
+    starting one, and `Word` starting a paragraph or a part (after `<think>\\n` or `</think>\\n\\n`), where a
+    leading space would be an artifact the chat template trims and the tokenizer would not reproduce.
+    """
 
     tokenizer: str
     think_end: int
@@ -142,6 +151,8 @@ class SimVocab:
     special_ids: frozenset[int]
     texts: dict[int, str]  # decoded text of every id the simulator emits
     words: tuple[int, ...]
+    capitals: dict[int, int]  # ` word` → ` Word`
+    openings: dict[int, int]  # ` word` → `Word`
     punctuation: tuple[int, ...]
     newline: int
     paragraph: int
@@ -152,7 +163,14 @@ class SimVocab:
 
         ids = special_ids(tokenizer)
         vocab = tokenizer.get_vocab()
-        words = sorted(i for token, i in vocab.items() if _WORD_TOKEN.match(token))[:_WORDS]
+        words = sorted(
+            i
+            for token, i in vocab.items()
+            if _WORD_TOKEN.match(token) and token[1:].capitalize() in vocab and "Ġ" + token[1:].capitalize() in vocab
+        )[:_WORDS]
+        spelled = tokenizer.convert_ids_to_tokens(words)
+        capitals = {i: vocab["Ġ" + token[1:].capitalize()] for i, token in zip(words, spelled, strict=True)}
+        openings = {i: vocab[token[1:].capitalize()] for i, token in zip(words, spelled, strict=True)}
 
         def single(text: str) -> int:
             (token_id,) = tokenizer.encode(text, add_special_tokens=False)
@@ -160,7 +178,16 @@ class SimVocab:
 
         punctuation = (single(","), single("."))
         newline, paragraph = single("\n"), single("\n\n")
-        emitted = [*words, *punctuation, newline, paragraph, ids.think_end, *ids.eos_ids]
+        emitted = [
+            *words,
+            *capitals.values(),
+            *openings.values(),
+            *punctuation,
+            newline,
+            paragraph,
+            ids.think_end,
+            *ids.eos_ids,
+        ]
         return cls(
             tokenizer=name,
             think_end=ids.think_end,
@@ -168,6 +195,8 @@ class SimVocab:
             special_ids=frozenset(i for i in emitted if not tokenizer.decode([i], skip_special_tokens=True)),
             texts={i: tokenizer.decode([i], skip_special_tokens=False) for i in emitted},
             words=tuple(words),
+            capitals=capitals,
+            openings=openings,
             punctuation=punctuation,
             newline=newline,
             paragraph=paragraph,
@@ -180,14 +209,16 @@ class SimVocab:
     def to_json(self) -> bytes:
         data = asdict(self)
         data["special_ids"] = sorted(self.special_ids)
-        data["texts"] = {str(k): v for k, v in self.texts.items()}
+        for key in ("texts", "capitals", "openings"):
+            data[key] = {str(k): v for k, v in data[key].items()}
         return orjson.dumps(data)
 
     @classmethod
     def from_json(cls, raw: bytes) -> SimVocab:
         data = orjson.loads(raw)
         data["special_ids"] = frozenset(data["special_ids"])
-        data["texts"] = {int(k): v for k, v in data["texts"].items()}
+        for key in ("texts", "capitals", "openings"):
+            data[key] = {int(k): v for k, v in data[key].items()}
         for key in ("eos_ids", "words", "punctuation"):
             data[key] = tuple(data[key])
         return cls(**data)

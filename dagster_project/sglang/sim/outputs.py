@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
+from dagster_project import tool_calls
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.sim.config import SimConfig, SimVocab
 
@@ -25,7 +26,8 @@ class WordPool:
     """A long, fixed stream of word tokens in sentences; answers are slices of it at prompt-derived offsets.
 
     Slicing a prebuilt list keeps a 2,000-token answer at microseconds, which is what lets a simulator
-    serve thousands of zero-latency requests per second.
+    serve thousands of zero-latency requests per second. Sentences start with ` Word`, paragraphs with `Word`
+    (no space after a newline), so the ids are the tokenizer's own encoding of their text.
     """
 
     SIZE = 1 << 16
@@ -36,6 +38,8 @@ class WordPool:
         comma, period = vocab.punctuation
         while len(ids) < self.SIZE:
             sentence = rng.choices(vocab.words, k=rng.randint(4, 16))
+            starts_paragraph = not ids or ids[-1] == vocab.paragraph
+            sentence[0] = (vocab.openings if starts_paragraph else vocab.capitals)[sentence[0]]
             if len(sentence) > 8:
                 sentence.insert(rng.randint(3, len(sentence) - 2), comma)
             ids += sentence
@@ -47,6 +51,10 @@ class WordPool:
         self.ids = ids[: self.SIZE] * 2
         self.text = vocab.decode(self.ids)
         self.offsets = list(accumulate((len(vocab.texts[i]) for i in self.ids), initial=0))
+        self.vocab = vocab
+        # Any form of a word → the form that opens a part; punctuation there becomes a word instead.
+        self.opening = {form: vocab.openings[word] for word in vocab.words for form in (word, vocab.capitals[word])}
+        self.opening.update((form, form) for form in vocab.openings.values())
 
     def take(self, start: int, count: int) -> tuple[list[int], str]:
         start %= self.SIZE
@@ -56,6 +64,18 @@ class WordPool:
         head_ids, head_text = self.take(start, self.SIZE)
         tail_ids, tail_text = self.take(start, count - self.SIZE)
         return head_ids + tail_ids, head_text + tail_text
+
+    def part(self, start: int, count: int) -> tuple[list[int], str]:
+        """`count` tokens written as a whole part (a reasoning or an answer): opening with a word without a
+        leading space, and never ending in a paragraph break, which the chat template would trim."""
+        ids, text = self.take(start, count)
+        if count > 1 and ids[-1] == self.vocab.paragraph:
+            ids, text = self.take(start - 1, count)  # ends at the sentence's period instead
+        if not ids:
+            return ids, text
+        texts = self.vocab.texts
+        first = self.opening.get(ids[0]) or self.vocab.openings[self.vocab.words[start % len(self.vocab.words)]]
+        return [first, *ids[1:]], texts[first] + text[len(texts[ids[0]]) :]
 
 
 def parse_length_distribution(spec: str) -> Callable[[random.Random], int]:
@@ -240,6 +260,31 @@ class OutputModel:
         self.no_think_suffix = [vocab.think_end, vocab.paragraph]
         close = [vocab.newline, vocab.think_end, vocab.paragraph]
         self.think_close = (close, vocab.decode(close))
+        self._tokenizer: Any = None  # the full tokenizer, only for tool calls: reading the tools, writing a call
+
+    def _tool_call(self, input_ids: list[int], prompt_hash: str, sample: int) -> tuple[list[int], str] | None:
+        """The `<tool_call>` that answers this sample, if its prompt declares tools and it draws one."""
+        rng = random.Random(f"{self.config.seed}:{prompt_hash}:{sample}:tool")  # the answers' own draws stay put
+        if not self.config.tool_call_share or rng.random() >= self.config.tool_call_share:
+            return None
+        if self._tokenizer is None:
+            from dagster_project.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.vocab.tokenizer)
+        tools = tool_calls.declared_tools(self._tokenizer.decode(input_ids))
+        if not tools:
+            return None
+        name = rng.choice(sorted(tools))
+        arguments = {key: self.pool.part(rng.randrange(WordPool.SIZE), rng.randint(1, 4))[1] for key in tools[name]}
+        text = tool_calls.render_call(name, arguments)
+        if rng.random() < self.config.malformed_tool_call_share:
+            text = text.replace("</function>\n", "")  # the model forgot to close the function
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        # Streamed and cut answers are decoded token by token from the sketch: it learns the call's tokens
+        # (ASCII here, so each decodes on its own).
+        for token in ids:
+            self.vocab.texts.setdefault(token, self._tokenizer.decode([token]))
+        return ids, text
 
     def plan(
         self,
@@ -261,6 +306,9 @@ class OutputModel:
         thinking = input_ids[-2:] != self.no_think_suffix
         natural = max(1, min(self.lengths(rng), self.config.max_output_len))
         natural = max(natural, int(params.get("min_new_tokens") or 0) + 1)
+        call = None if empty else self._tool_call(input_ids, prompt_hash, sample)
+        if call is not None:  # room for the call, its EOS and (thinking) a reasoning and its close
+            natural = max(natural, len(call[0]) + (5 if thinking else 1))
         if empty:
             natural = 1
         cap = max_new_tokens
@@ -269,7 +317,7 @@ class OutputModel:
         if params.get("ignore_eos"):
             natural = cap + 1  # the model keeps writing until the cap
         with_eos = natural <= cap
-        ids, text = self._compose(rng, thinking, natural, natural if with_eos else cap, with_eos)
+        ids, text = self._compose(rng, thinking, natural, natural if with_eos else cap, with_eos, call)
         if with_eos:
             finish, stop_text = proto.finish_stop(self.eos), self.vocab.texts[self.eos]
         else:
@@ -282,20 +330,27 @@ class OutputModel:
         return Answer(ids, text, finish, self._spec(len(input_ids), len(ids), rng, mtp_off, batch), stop_text)
 
     def _compose(
-        self, rng: random.Random, thinking: bool, natural: int, count: int, with_eos: bool
+        self,
+        rng: random.Random,
+        thinking: bool,
+        natural: int,
+        count: int,
+        with_eos: bool,
+        call: tuple[list[int], str] | None = None,
     ) -> tuple[list[int], str]:
-        """The first `count` tokens of an answer whose natural length, its EOS included, is `natural`."""
+        """The first `count` tokens of an answer whose natural length, its EOS included, is `natural`; with a
+        `call`, the answer after the reasoning is that tool call."""
         body = natural - 1
         parts: list[tuple[list[int], str]] = []
         if thinking and body >= 4:
-            answer = max(1, round(body * rng.uniform(*self.config.answer_fraction)))
-            reasoning = max(0, body - 3 - answer)
+            answer = len(call[0]) if call else max(1, round(body * rng.uniform(*self.config.answer_fraction)))
+            reasoning = max(1, body - 3 - answer)  # an empty reasoning would render as `<think>\n\n</think>`
             answer = body - 3 - reasoning
-            parts.append(self.pool.take(rng.randrange(WordPool.SIZE), reasoning))
+            parts.append(self.pool.part(rng.randrange(WordPool.SIZE), reasoning))
             parts.append(self.think_close)
-            parts.append(self.pool.take(rng.randrange(WordPool.SIZE), answer))
+            parts.append(call or self.pool.part(rng.randrange(WordPool.SIZE), answer))
         else:
-            parts.append(self.pool.take(rng.randrange(WordPool.SIZE), body))
+            parts.append(call or self.pool.part(rng.randrange(WordPool.SIZE), body))
         ids: list[int] = []
         texts: list[str] = []
         for part_ids, part_text in parts:

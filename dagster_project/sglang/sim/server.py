@@ -529,6 +529,18 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         help="LOW,HIGH share of the output after </think>",
     )
     parser.add_argument(
+        "--tool-call-share",
+        type=float,
+        default=defaults.tool_call_share,
+        help="share of answers to prompts that declare tools written as a <tool_call>",
+    )
+    parser.add_argument(
+        "--malformed-tool-call-share",
+        type=float,
+        default=defaults.malformed_tool_call_share,
+        help="share of those tool calls written malformed on purpose",
+    )
+    parser.add_argument(
         "--accept-probs",
         type=_floats,
         default=defaults.accept_probs,

@@ -1,9 +1,16 @@
-"""The simulator's speculative-decoding model, without a server: acceptance that degrades with context and batch."""
+"""The simulator's output model, without a server: acceptance that degrades with context and batch, and answers
+written as the model writes them."""
 
 from __future__ import annotations
 
+import pytest
+
 from dagster_project.sglang import protocol as proto
-from dagster_project.sglang.sim.outputs import AcceptModel
+from dagster_project.sglang.sim.config import SimConfig, load_sim_vocab
+from dagster_project.sglang.sim.outputs import AcceptModel, OutputModel
+from dagster_project.tool_calls import parse_tool_calls
+from tests.support.chat_templates import official_prompt_ids, official_template
+from tests.support.training_shards import tokenizer
 
 
 def test_acceptance_degrades_with_context_length():
@@ -34,3 +41,83 @@ def test_acceptance_degrades_with_batch_size():
     crowded = model.draw(100, 2000, random.Random(1), batch=65)  # halfway to no acceptance
     assert 2000 / alone.verify > 2.5 > 2000 / crowded.verify > 1.5
     assert model.draw(100, 2000, random.Random(1)).verify == alone.verify  # batch 1 is the default
+
+
+def _rerender(
+    tok, template: str, messages: list[dict], text: str, *, enable_thinking: bool, tools: list[dict] | None = None
+) -> list[int]:
+    """The official template's ids for `messages` plus the simulated answer `text` as an assistant message, its
+    tool calls parsed into `tool_calls`."""
+    reasoning, _, content = text.rpartition("\n</think>\n\n")
+    parsed = parse_tool_calls(content)
+    assert parsed.malformed == 0
+    reply: dict = {"role": "assistant", "content": parsed.content}
+    if parsed.calls:
+        reply["tool_calls"] = parsed.calls
+    if enable_thinking:
+        reply["reasoning_content"] = reasoning
+    rendered = tok.apply_chat_template(
+        [*messages, reply], tools=tools, chat_template=template, tokenize=False, enable_thinking=enable_thinking
+    )
+    return tok.encode(rendered, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_answers_rerender_through_the_official_template_to_their_own_ids(enable_thinking):
+    """A generated row, re-rendered as a message by the official template, is the prompt and the output ids:
+    words open a part without a leading space and the ids are the tokenizer's own encoding of the text."""
+    tok = tokenizer()
+    template = official_template()
+    vocab = load_sim_vocab()
+    model = OutputModel(SimConfig(output_len="uniform:1:400"), vocab)
+    messages = [{"role": "user", "content": "Name three species of finch."}]
+    prompt = official_prompt_ids(tok, template, messages, enable_thinking=enable_thinking)
+    for sample in range(80):
+        answer = model.plan(prompt, "finches", {}, 1024, sample)
+        assert answer.finish_reason["type"] == "stop"
+        text = tok.decode(answer.output_ids[:-1])
+        assert text == answer.text
+        assert not text.startswith(" ") and "\n " not in text and "> " not in text
+        expected = _rerender(tok, template, messages, text, enable_thinking=enable_thinking)
+        assert prompt + answer.output_ids + tok.encode("\n") == expected, f"sample {sample}: {text!r}"
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}},
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+def test_tool_calls_are_the_official_templates_rendering_of_the_parsed_call():
+    """With tools declared, a share of answers are `<tool_call>`s naming a declared tool; a well-formed one, parsed
+    into `tool_calls` and rendered by the official template, is the row's own ids; the malformed ones are counted."""
+    tok = tokenizer()
+    template = official_template()
+    model = OutputModel(
+        SimConfig(output_len="uniform:1:300", tool_call_share=0.5, malformed_tool_call_share=0.25), load_sim_vocab()
+    )
+    messages = [{"role": "user", "content": "Is it raining in Lyon?"}]
+    tools = [WEATHER, CLOCK]
+    prompt = official_prompt_ids(tok, template, messages, tools=tools)
+    counts = {"text": 0, "call": 0, "malformed": 0}
+    for sample in range(60):
+        answer = model.plan(prompt, "weather", {}, 1024, sample)
+        text = tok.decode(answer.output_ids[:-1])
+        assert text == answer.text == model.vocab.decode(answer.output_ids[:-1])
+        parsed = parse_tool_calls(text.rpartition("\n</think>\n\n")[2])
+        if parsed.malformed:
+            counts["malformed"] += 1
+            continue
+        counts["call" if parsed.calls else "text"] += 1
+        assert {call["function"]["name"] for call in parsed.calls} <= {"get_weather", "get_time"}
+        expected = _rerender(tok, template, messages, text, enable_thinking=True, tools=tools)
+        assert prompt + answer.output_ids + tok.encode("\n") == expected, f"sample {sample}: {text!r}"
+    assert counts["call"] >= 10 and counts["malformed"] >= 3 and counts["text"] >= 15, counts
+    # Without tools in the prompt, no call is ever written.
+    plain = official_prompt_ids(tok, template, messages)
+    assert not any("<tool_call>" in model.plan(plain, "plain", {}, 1024, sample).text for sample in range(20))

@@ -85,10 +85,10 @@ def test_status_requests_grow_with_index_blocks_not_with_shards(tmp_path):
         assert status.coverage.events_in_published_shards == 0  # no conversations: shards beyond the count
         return store.requests
 
-    # One more GET per index block and reader (the manifests, the checks' verdicts, the heartbeats): 3 × 3 more
-    # blocks, not 3 × 396 more objects.
+    # One more GET per index block (of the completions' records, manifests and verdicts read at once, and of
+    # heartbeats): 2 × 3 more blocks, not 2 × 396 more objects.
     extra_blocks = 400 // object_index.BLOCK_SHARDS
-    assert requests_for(400) == requests_for(4) + 3 * extra_blocks
+    assert requests_for(400) == requests_for(4) + 2 * extra_blocks
 
 
 def test_concurrent_writers_of_one_index_block_lose_no_entry(tmp_path):

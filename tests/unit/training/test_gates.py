@@ -8,9 +8,11 @@ import pytest
 
 from dagster_project.records import COMPLETION_SCHEMA
 from dagster_project.tokenizer import render_prompt_ids, special_ids
+from dagster_project.tool_calls import render_call
 from dagster_project.training import gates
 from dagster_project.training.lengths import TRUNCATE
 from dagster_project.training.stage import AssemblyOptions, assemble_batch
+from dagster_project.training.tool_call_gate import malformed_tool_calls
 from tests.support.training_shards import (
     disaster_rows,
     error_row,
@@ -267,3 +269,17 @@ def test_the_same_gates_block_the_failure_on_completions_before_any_training_row
         pa.Table.from_pylist(healthy_rows(30), schema=COMPLETION_SCHEMA).to_batches(), special, tok.decode
     )
     assert all(r.passed for r in gates.shard_gates(healthy, vocab_size=special.vocab_size, enable_thinking=True))
+
+
+def test_malformed_generated_tool_calls_block_above_their_share():
+    """The gate counts calls, not rows, in finished answers only: one malformed call of twenty passes at 5%."""
+    good = render_call("get_time", {})
+    broken = render_call("get_weather", {"city": "Lyon"}).replace("</function>\n", "")
+    answers = [good] * 18 + [f"{good}\n{broken}", broken, "Plain answer."]
+    finished = np.array([True] * 19 + [False, True])
+    result = malformed_tool_calls(answers, finished, max_share=0.05)
+    assert result.passed and result.metadata["tool_calls"] == 20 and result.metadata["malformed_tool_calls"] == 1
+    assert result.message == "ok: 1/20 generated tool calls malformed (5.0%); limit 5%"
+    blocked = malformed_tool_calls(answers, np.ones(21, dtype=bool), max_share=0.05)
+    assert not blocked.passed and blocked.metadata["sample_rows"] == [18, 19]
+    assert malformed_tool_calls(["Plain answer."], np.array([True])).passed

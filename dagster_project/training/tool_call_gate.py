@@ -1,0 +1,59 @@
+"""The `malformed_tool_calls` gate: of the tool calls the model wrote in a shard's finished answers, the share that
+do not follow the Qwen3.6 format (`dagster_project.tool_calls`). A malformed call trains the drafter on text the
+server's tool parser rejects; a few are the model's own noise, many mean a broken template or parser setting.
+
+Judged on the answer texts `training.gates.profile_outputs` already decoded, so it costs one regex pass per
+answer that holds `<tool_call>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dagster_project.tool_calls import OPEN, parse_tool_calls
+from dagster_project.training.gates import GateResult
+
+MAX_MALFORMED_TOOL_CALL_SHARE = 0.05
+_SAMPLE = 5
+
+
+@dataclass(frozen=True)
+class ToolCallGateOptions:
+    """The threshold of the `malformed_tool_calls` gate on training shards."""
+
+    max_malformed_tool_call_share: float = field(
+        default=MAX_MALFORMED_TOOL_CALL_SHARE,
+        metadata={"help": "Largest share of generated tool calls (in finished answers) that may be malformed."},
+    )
+
+
+def malformed_tool_calls(
+    answer_texts: Sequence[str], finished: np.ndarray, *, max_share: float = MAX_MALFORMED_TOOL_CALL_SHARE
+) -> GateResult:
+    """Blocks when more than `max_share` of the generated calls in finished answers are malformed."""
+    calls = malformed = 0
+    bad_rows: list[int] = []
+    for row, (text, keep) in enumerate(zip(answer_texts, np.asarray(finished, dtype=bool), strict=True)):
+        if not keep or OPEN not in text:
+            continue
+        parsed = parse_tool_calls(text)
+        calls += parsed.total
+        malformed += parsed.malformed
+        if parsed.malformed:
+            bad_rows.append(row)
+    share = malformed / calls if calls else 0.0
+    passed = share <= max_share
+    metadata = {
+        "tool_calls": calls,
+        "malformed_tool_calls": malformed,
+        "malformed_share": share,
+        "max_malformed_share": max_share,
+        "sample_rows": bad_rows[:_SAMPLE],
+    }
+    if not calls:
+        return GateResult("malformed_tool_calls", True, "ok: no tool calls in finished answers", metadata)
+    text = f"{malformed}/{calls} generated tool calls malformed ({share:.1%}); limit {max_share:.0%}"
+    return GateResult("malformed_tool_calls", passed, f"{'ok' if passed else 'BLOCKED'}: {text}", metadata)
