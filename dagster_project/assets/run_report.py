@@ -161,7 +161,7 @@ def run_report(
             "status": dg.MetadataValue.json(asdict(status)),
             "mtp_on": status.mtp.mtp_on,
             "stale_shards": dg.MetadataValue.json(storage.stale_shards),
-            "materialized_not_in_store": dg.MetadataValue.json(storage.materialized_not_in_store),
+            "not_in_store": dg.MetadataValue.json(storage.materialized_not_in_store),
         },
         check_results=[
             dg.AssetCheckResult(

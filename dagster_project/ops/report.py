@@ -21,9 +21,9 @@ from dagster_project.ops.answers.shards import GREEN, ShardsAnswer, green_shards
 from dagster_project.ops.answers.text import as_of, dollars, shard_list
 from dagster_project.ops.status import Status
 
-# Key figures first, each cell a few characters, so the table fits the asset page's value column at 1,440 px; what
-# limits a server, in full, is in the next table, where the sentence can wrap.
-SERVER_COLUMNS = ["server", "running/cap", "queued", "KV", "mamba", "limit"]
+# Key figures first, each cell a few characters (the two pool usages in one column), so the table fits the asset
+# page's value column at 1,440 px; what limits a server, in full, is in the next table, where the sentence can wrap.
+SERVER_COLUMNS = ["server", "running/cap", "queued", "KV/mamba", "limit"]
 # Measured / planned within this band of 1 is "on plan".
 ON_PLAN_BAND = 0.1
 # Dagster 1.13's asset page shows a Markdown metadata value in place only while it is shorter than this; a longer
@@ -243,8 +243,7 @@ def _concurrency(status: Status) -> Section:
                 server_name(url),
                 f"{_num(row.running)}/{_num(row.effective_cap)}",
                 _num(row.queued),
-                _percent(row.kv_usage),
-                _percent(row.mamba_usage),
+                f"{_percent(row.kv_usage)}/{_percent(row.mamba_usage)}",
                 limit_label(row.limited_by),
             ]
             for url, row in c.servers.items()
@@ -371,13 +370,10 @@ def _percent(fraction: float | None) -> str:
 # ---- the figures Dagster plots -----------------------------------------------------------------------------
 
 
-def _safe(url: str) -> str:
-    """A metadata key from a server URL: `http://10.0.0.1:30000` → `10_0_0_1_30000`."""
-    return "".join(ch if ch.isalnum() else "_" for ch in url.split("://", 1)[-1]).strip("_")
-
-
 def plot_metrics(status: Status) -> dict[str, float | int]:
-    """Every key figure as a number, by a stable name; a figure not known now is absent, never 0."""
+    """Every key figure as a number, by a stable name; a figure not known now is absent, never 0. Each name is
+    short, or breaks at a space (a server's figures: `running 10.0.0.1:30000`): the asset page's key column is as
+    wide as the longest name's longest word, and at 1,440 px the values need the rest."""
     p, mtp, cost = status.progress, status.mtp, status.cost
     running = bool(p.shards_running)
     figures: dict[str, float | int | None] = {
@@ -388,10 +384,10 @@ def plot_metrics(status: Status) -> dict[str, float | int]:
         "req_per_s": p.window_req_per_s if running else None,
         "output_tok_per_s": p.window_output_tok_per_s if running else None,
         "accept_length": mtp.accept_length_window,
-        "accept_length_published": mtp.accept_length_published_shards,
+        "accept_published": mtp.accept_length_published_shards,
         "eta_hours": p.eta_hours,
         "plan_eta_hours": p.plan_eta_hours,
-        "percent_of_plan_rate": (
+        "pct_of_plan_rate": (
             round(100 * p.window_output_tok_per_s / p.plan.output_tok_per_s, 1)
             if running and p.plan and p.plan.output_tok_per_s
             else None
@@ -400,15 +396,15 @@ def plot_metrics(status: Status) -> dict[str, float | int]:
     }
     if cost is not None:
         figures.update(
-            cost_spent_usd=round(cost.spent, 2),
-            cost_to_finish_usd=round(cost.to_finish, 2) if cost.to_finish is not None else None,
-            usd_per_1m_output_tok=cost.per_million_output_tokens,
-            gpu_hours_per_1k_rows=cost.gpu_hours_per_1k_rows,
+            usd_spent=round(cost.spent, 2),
+            usd_to_finish=round(cost.to_finish, 2) if cost.to_finish is not None else None,
+            usd_per_1m_tok=cost.per_million_output_tokens,
+            gpuh_per_1k_rows=cost.gpu_hours_per_1k_rows,
         )
     for url, row in status.concurrency.servers.items():
-        figures[f"in_flight_{_safe(url)}"] = row.in_flight
-        figures[f"queued_{_safe(url)}"] = row.queued
-        figures[f"running_{_safe(url)}"] = row.running
+        figures[f"in flight {server_name(url)}"] = row.in_flight
+        figures[f"queued {server_name(url)}"] = row.queued
+        figures[f"running {server_name(url)}"] = row.running
     return {
         name: round(value, 4) if isinstance(value, float) else value
         for name, value in figures.items()

@@ -161,12 +161,12 @@ def progress_chart(points: Sequence[ReportPoint], status: Status) -> bytes:
 
 # ---- the inline SVG charts ---------------------------------------------------------------------------------------
 
-# The drawing's own units (its viewBox), shown 1.5 times as large (450 px wide: it fits the asset page's value
-# column at 1,440 px); small integers keep the SVG short.
-VIEW_W, VIEW_H, SCALE = 300, 116, 1.5
+# The drawing's own units (its viewBox); small integers keep the SVG short. The image is as wide as the asset page's
+# value column (about 430 px at 1,440 px, the font then 13 px), never wider: a fixed width would scroll sideways.
+VIEW_W, VIEW_H = 300, 116
 # The plot area: room above for the axis' title, on the left for the tick labels, below for the time axis.
 LEFT, RIGHT, TOP, BOTTOM = 32, 292, 14, 100
-FONT = 9  # 13.5 px on the page
+FONT = 9
 # Each line through at most this many points, fewer when the chart would not fit in place.
 CHART_POINTS = (32, 24, 16, 12, 8, 2)
 ACCEPT_LENGTH_SCALE_TOP = 4.0
@@ -234,7 +234,7 @@ def _axes(frame: _Frame, title: str) -> str:
 
 def _svg(body: str) -> str:
     return (
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{VIEW_W * SCALE:.0f}' height='{VIEW_H * SCALE:.0f}' "
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='100%' "
         f"viewBox='0 0 {VIEW_W} {VIEW_H}' font-family='sans-serif' font-size='{FONT}' fill='none' "
         f"stroke-width='2'>{body}</svg>"
     )

@@ -77,4 +77,4 @@ def test_the_report_flags_a_materialized_shard_whose_objects_left_the_store(tmp_
         )
         assert not checks["dataset_exactly_once"].passed  # the lost shard's events are missing
         report = result.asset_materializations_for_node("run_report")[0].metadata
-        assert report["materialized_not_in_store"].value == [1]
+        assert report["not_in_store"].value == [1]
