@@ -160,17 +160,19 @@ def _resize(driver, width: int) -> None:
 
 def _column_widths(driver, table) -> str:
     """The metadata table's width and its columns' (from its first row), and each image's and table's inside it."""
-    return driver.execute_script(
+    lines = driver.execute_script(
         """
         const table = arguments[0];
         const cells = [...table.querySelector(':scope > tbody > tr').children].map(c => c.offsetWidth);
-        const inner = [...table.querySelectorAll('img, table')].map(
-            e => `${e.tagName.toLowerCase()} ${e.getAttribute('alt') || ''} ${e.offsetWidth} px`);
-        return `metadata table ${table.offsetWidth} px in ${table.parentElement.clientWidth} px; ` +
-            `columns ${cells.join(', ')} px\n${inner.join('\n')}\n`;
+        return [
+            `metadata table ${table.offsetWidth} px in ${table.parentElement.clientWidth} px; columns ${cells} px`,
+            ...[...table.querySelectorAll('img, table')].map(
+                e => `${e.tagName.toLowerCase()} ${e.getAttribute('alt') || ''} ${e.offsetWidth} px`),
+        ];
         """,
         table,
     )
+    return "\n".join(lines) + "\n"
 
 
 def _chart(driver, alt: str) -> ET.Element:
