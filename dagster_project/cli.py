@@ -1,6 +1,7 @@
 """`dflash`: the operator's command line.
 
 dflash status [--json] [--by-id] [--watch N]  the answers: progress, MTP, concurrency, storage, coverage, ...
+dflash free-slots RUN_ID...                   give back the pool slots of dead runs (the "pool" alert names them)
 dflash fleet up|down|status|forget|router    the SGLang fleet (real servers per GPU, or simulators)
 dflash plan --brief | --req-per-s ...         the estimates `status` compares against
 dflash plan --shards [--fleet-cap ...]        how many shards keep each run's fixed cost and tail small
@@ -102,7 +103,8 @@ def _fail_dead_runs(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -
     if instance is None:
         return []
     import dagster as dg
-    import psutil
+
+    from dagster_project.assets.pool_slots import processes_gone
 
     marked = []
     reasons = {
@@ -111,14 +113,13 @@ def _fail_dead_runs(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -
         for dead in dead_runs
         if dead.process_checked and dead.run_id
     }
-    if _storage_is_local(instance):
-        for run_id in instance.event_log_storage.get_concurrency_run_ids() - reasons.keys():
-            pids = _run_process_ids(instance, run_id)
-            if pids and not any(psutil.pid_exists(pid) for pid in pids):
-                reasons[run_id] = (
-                    f"the run's processes (pids {', '.join(map(str, sorted(pids)))}) are gone while it held a "
-                    f"slot of a concurrency pool: it was killed (seen by dflash status)"
-                )
+    for run_id in instance.event_log_storage.get_concurrency_run_ids() - reasons.keys():
+        pids = processes_gone(instance, run_id)  # None where it cannot be told from this host
+        if pids:
+            reasons[run_id] = (
+                f"the run's processes (pids {', '.join(map(str, sorted(pids)))}) are gone while it held a "
+                f"slot of a concurrency pool: it was killed (seen by dflash status)"
+            )
     for run_id, reason in reasons.items():
         run = instance.get_run_by_id(run_id)
         if run is not None and run.status in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
@@ -129,20 +130,34 @@ def _fail_dead_runs(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -
     return marked
 
 
-def _storage_is_local(instance: dg.DagsterInstance) -> bool:
-    ref = instance.get_ref()
-    storage = ref.storage_data or ref.run_storage_data
-    return storage is not None and "sqlite" in storage.class_name.lower()
+def _pool_alerts(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -> list[Any]:
+    """Runs waiting on a pool slot that dead runs hold (only with a Dagster instance to ask)."""
+    if instance is None:
+        return []
+    from dagster_project.assets.pool_slots import stuck_pools
+    from dagster_project.ops.pool_slots import pool_alerts
+
+    return pool_alerts(stuck_pools(instance, dead_runs))
 
 
-def _run_process_ids(instance: dg.DagsterInstance, run_id: str) -> set[int]:
-    """The processes a run's events came from: its run process and its step workers (read from the few events
-    that start them, not the run's whole log of progress observations)."""
-    import dagster as dg
+def cmd_free_slots(args: argparse.Namespace, resources: Any) -> int:
+    """Give back the pool slots of runs that will never do it themselves; a run still STARTED is marked failed."""
+    with _dagster_instance() as instance:
+        if instance is None:
+            raise SystemExit("dflash free-slots: no Dagster instance: set DAGSTER_HOME to the instance's directory")
+        import dagster as dg
 
-    starts = {dg.DagsterEventType.RUN_START, dg.DagsterEventType.ENGINE_EVENT, dg.DagsterEventType.STEP_WORKER_STARTED}
-    records = instance.get_records_for_run(run_id, of_type=starts).records
-    return {record.event_log_entry.dagster_event.pid for record in records if record.event_log_entry.dagster_event.pid}
+        for run_id in args.run_ids:
+            run = instance.get_run_by_id(run_id)
+            if run is None:
+                raise SystemExit(f"dflash free-slots: no run {run_id} in the instance at {os.environ['DAGSTER_HOME']}")
+            if run.status in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
+                instance.report_run_failed(
+                    run, "its pool slots were freed by the operator (`dflash free-slots`): its process was gone"
+                )
+            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+            print(f"freed the pool slots of run {run_id} ({run.status.value})")
+    return 0
 
 
 def _open_store() -> Store:
@@ -204,8 +219,10 @@ def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any
         cost=FleetCost(cost_per_gpu_hour=settings.cost_per_gpu_hour()),
     )
     _, stale = fleet_registry.live_nodes(store, stale_after_s)
-    status = dataclasses.replace(status, stale_nodes=stale)
     marked = _fail_dead_runs(instance, status.progress.dead_runs)
+    # After the runs found dead here gave their slots back: what still blocks a run needs the operator.
+    alerts = [*status.alerts, *_pool_alerts(instance, status.progress.dead_runs)]
+    status = dataclasses.replace(status, stale_nodes=stale, alerts=alerts)
     return status, [f"marked Dagster run {run_id} failed: its process is gone" for run_id in marked]
 
 
@@ -634,6 +651,13 @@ def _status_flags(status: argparse.ArgumentParser) -> None:
     status.set_defaults(func=cmd_status)
 
 
+def _free_slots_flags(free_slots: argparse.ArgumentParser) -> None:
+    free_slots.add_argument(
+        "run_ids", nargs="+", metavar="RUN_ID", help="the Dagster run ids holding the slots (the alert names them)"
+    )
+    free_slots.set_defaults(func=cmd_free_slots)
+
+
 def _fleet_flags(fleet: argparse.ArgumentParser) -> None:
     from dagster_project.sglang import launch
 
@@ -780,6 +804,13 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
         "With DAGSTER_HOME, also compare with the shards Dagster materialized and mark failed the runs whose "
         "process is gone.",
         _status_flags,
+    ),
+    "free-slots": (
+        "give back the concurrency-pool slots of dead runs (marks a run still STARTED failed)",
+        "A run killed while it held a slot of a pool (`sglang_fleet`) never gives it back, and runs queued behind "
+        "it wait forever; `dflash status` and the run_report page name such runs in a `pool` alert. Dagster 1.13 "
+        "has no command for it (only its UI's pool page, under Deployment > Concurrency). Needs DAGSTER_HOME.",
+        _free_slots_flags,
     ),
     "fleet": (
         "start, stop or inspect the SGLang fleet",

@@ -1,33 +1,40 @@
-from dataclasses import asdict
+import time
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
 
 import dagster as dg
 from pydantic import Field
 
-from dagster_project.assets.run_tags import tag_asset_run
+from dagster_project.assets.pool_slots import stuck_pools, tell_waiting_runs
+from dagster_project.assets.run_tags import PURPOSE_TAG, tag_asset_run
 from dagster_project.conversations.shards import published_num_shards
+from dagster_project.generation.heartbeat import read_heartbeats
+from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.alerts import AlertThresholds
 from dagster_project.ops.coverage import dataset_coverage, read_coverage, write_coverage
-from dagster_project.ops.report import (
-    CHART_KEY,
-    ReportPoint,
-    Table,
-    inline_chart,
-    plot_metrics,
-    progress_chart,
-    render_markdown,
-    report_sections,
+from dagster_project.ops.pool_slots import pool_alerts
+from dagster_project.ops.refresh import (
+    REFRESH_INTERVAL_S,
+    SENSOR_TICK_S,
+    RefreshCursor,
+    decide_refresh,
     shards_running,
 )
+from dagster_project.ops.report import Table, plot_metrics, render_markdown, report_sections
+from dagster_project.ops.report_chart import CHART_KEY, ReportPoint, inline_charts, progress_chart, run_history
 from dagster_project.ops.status import Status, collect_status, render_text
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
+from dagster_project.store.manifest import read_published_manifests
 
 RUN_REPORT = "run_report"
 # The chart draws at most this many earlier reports (one every few minutes: about a day of a running job).
 CHART_POINTS = 500
-REFRESH_INTERVAL_S = 180
 IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+ENDED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+# Run records and backfills read per tick for the latest end: ends come a few per tick at most.
+RECENT_ENDS = 50
 
 
 class RunReportConfig(config_fields(AlertThresholds, dg.Config)):
@@ -50,15 +57,13 @@ def _table_value(table: Table) -> dg.TableMetadataValue:
 
 def page_metadata(status: Status, points: list[ReportPoint]) -> dict[str, dg.MetadataValue]:
     """The page as metadata entries in reading order: each section's short text and its tables, which the asset
-    page shows in place, then the inline chart."""
+    page shows in place, then the inline charts."""
     entries: dict[str, dg.MetadataValue] = {"as_of": dg.MetadataValue.timestamp(status.collected_at)}
     for section in report_sections(status):
         if section.text:
             entries[section.title] = dg.MetadataValue.md(section.text)
         entries.update((label, _table_value(table)) for label, table in section.tables)
-    chart = inline_chart(points, status)
-    if chart is not None:
-        entries["run so far"] = dg.MetadataValue.md(chart)
+    entries.update((label, dg.MetadataValue.md(chart)) for label, chart in inline_charts(points, status).items())
     return entries
 
 
@@ -101,7 +106,8 @@ def _earlier_points(instance: dg.DagsterInstance) -> list[ReportPoint]:
     description="The operator's page: every shard's state at each stage (completions, training set, export: "
     "blocked gates named), the six answers (progress vs plan, MTP, concurrency per server, storage, "
     "coverage, multi-turn), cost and alerts, as tables, with each key figure plotted over time and a chart of the "
-    "run. Refreshed every few minutes by the `run_report_refresh` sensor while shards run.",
+    "run. Refreshed by the `run_report_refresh` sensor when a run of the pipeline ends and every few minutes "
+    "while shards run.",
 )
 def run_report(
     context: dg.AssetExecutionContext,
@@ -130,12 +136,20 @@ def run_report(
         cost=fleet.cost(),
         thresholds=config.to_dataclass(),
     )
+    known_dead = {
+        dead.run_id: "its shard's heartbeat says it died" for dead in status.progress.dead_runs if dead.run_id
+    }
+    status = replace(status, alerts=[*status.alerts, *pool_alerts(stuck_pools(context.instance, known_dead))])
     context.log.info("\n" + render_text(status))
     figures = plot_metrics(status)
-    points = [
-        *_earlier_points(context.instance),
-        ReportPoint(status.collected_at, status.progress.events_done, status.mtp.accept_length_window),
-    ]
+    points = run_history(
+        [
+            *_earlier_points(context.instance),
+            ReportPoint(status.collected_at, status.progress.events_done, status.mtp.accept_length_window),
+        ],
+        read_published_manifests(data, layout.COMPLETIONS, CompletionsShardManifest).values(),
+        [beat.started_at for beat in read_heartbeats(data)],
+    )
     data.put_bytes(CHART_KEY, progress_chart(points, status))
     storage = status.storage
     return dg.MaterializeResult(
@@ -201,22 +215,60 @@ refresh_run_report = dg.define_asset_job(
 )
 
 
+def _is_page_refresh(run: dg.DagsterRun) -> bool:
+    """A run that only recomputes this page (the sensor's, or the asset page's Materialize button, which the asset
+    tags `materialize run_report`): its end changes nothing the page shows."""
+    return run.job_name == refresh_run_report.name or run.tags.get(PURPOSE_TAG) == f"materialize {RUN_REPORT}"
+
+
+def latest_pipeline_end(instance: dg.DagsterInstance, after: float) -> float | None:
+    """The latest end, after `after`, of a run of the pipeline (success, failure or cancel) or of a backfill;
+    None when nothing ended since. One query each, whatever the number of runs: the run records updated since
+    (a run's record is updated when it ends), and the latest backfills. A plain sensor reading them rather than
+    a run-status sensor, which calls its function once per ended run: 1,830 shard runs ending would ask for
+    1,830 refreshes, where one tick's single refresh shows them all."""
+    since = datetime.fromtimestamp(after, UTC)
+    records = instance.get_run_records(
+        dg.RunsFilter(statuses=ENDED, updated_after=since), limit=RECENT_ENDS, order_by="update_timestamp"
+    )
+    ends = [record.end_time for record in records if record.end_time and not _is_page_refresh(record.dagster_run)]
+    ends += [
+        backfill.backfill_end_timestamp
+        for backfill in instance.get_backfills(limit=RECENT_ENDS)
+        if backfill.backfill_end_timestamp
+    ]
+    return max((end for end in ends if end > after), default=None)
+
+
 @dg.sensor(
     job=refresh_run_report,
-    minimum_interval_seconds=REFRESH_INTERVAL_S,
+    minimum_interval_seconds=SENSOR_TICK_S,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description=f"While shard runs are in progress (live heartbeats), refresh run_report every "
-    f"{REFRESH_INTERVAL_S // 60} minutes, so its page, plots and alerts follow the run.",
+    description="Refresh run_report, so its page, plots and alerts are current: at the next tick after any run of "
+    f"the pipeline or a backfill ends (success or failure), and every {REFRESH_INTERVAL_S // 60} minutes while shard "
+    "runs are in progress (live heartbeats).",
 )
 def run_report_refresh(context: dg.SensorEvaluationContext, store: DatasetStore) -> dg.SensorResult:
-    running = shards_running(store.open())
-    if not running:
-        return dg.SensorResult(skip_reason="no shard run is in progress")
+    cursor = RefreshCursor.from_json(context.cursor)
+    now = time.time()
     in_progress = context.instance.get_runs_count(dg.RunsFilter(job_name=refresh_run_report.name, statuses=IN_PROGRESS))
-    if in_progress:
-        return dg.SensorResult(skip_reason="the previous refresh is still running")
-    # The page and the alerts follow the heartbeats; the recount by id waits for a manual materialization.
-    no_recount = {"ops": {RUN_REPORT: {"config": {"recompute_coverage": False}}}}
+    stuck = stuck_pools(context.instance)
+    # Each waiting run is told once, in its own log, which runs hold its slot and the command that frees them.
+    tell_waiting_runs(context.instance, stuck)
+    decision = decide_refresh(
+        cursor,
+        latest_end=latest_pipeline_end(context.instance, cursor.ended_until),
+        shards_running=shards_running(store.open(), now),
+        refresh_in_progress=bool(in_progress),
+        now=now,
+        stuck_waiting=tuple(sorted({run_id for pool in stuck for run_id in pool.waiting_runs})),
+    )
+    if decision.reason is None:
+        return dg.SensorResult(skip_reason=decision.skip_reason, cursor=decision.cursor.to_json())
+    # While shards run, the page and the alerts follow the heartbeats and the recount by id (every shard's ids)
+    # waits; once none runs, the refresh recounts, so the page at rest is complete.
+    config = {"ops": {RUN_REPORT: {"config": {"recompute_coverage": decision.recount}}}}
     return dg.SensorResult(
-        run_requests=[dg.RunRequest(run_config=no_recount, tags={"dflash/shards_running": str(len(running))})],
+        run_requests=[dg.RunRequest(run_config=config, tags={"dflash/refresh_reason": decision.reason})],
+        cursor=decision.cursor.to_json(),
     )

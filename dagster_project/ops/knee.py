@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 BOOTSTRAP_REPLICATES = 200
 INTERVAL = (0.1, 0.9)  # the percentiles of the bootstrap knees printed as the interval
+MIN_POINTS_FOR_INTERVAL = 3  # fewer points leave no residual to resample beside the fitted terms
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,16 @@ class KneeEstimate:
     def relative_width(self) -> float:
         return (self.high - self.low) / self.concurrency
 
+    @property
+    def uncertainty(self) -> str:
+        """The interval, or why there is none (too few points to tell the noise from the curve)."""
+        if self.points < MIN_POINTS_FOR_INTERVAL:
+            return f"no interval: {self.points} point(s) measured"
+        return f"80% interval {self.low}-{self.high}"
+
     def describe(self) -> str:
         return (
-            f"knee {self.concurrency} (80% interval {self.low}-{self.high}; fitted to {self.points} points "
+            f"knee {self.concurrency} ({self.uncertainty}; fitted to {self.points} points "
             f"within ±{self.residual:.1%} RMS)"
         )
 

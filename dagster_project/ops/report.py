@@ -1,56 +1,36 @@
 """The operator's page: the six answers (`ops.status`) as sections of short Markdown and tables, the figures
-Dagster plots over time, and charts of the run so far.
+Dagster plots over time.
 
 `report_sections` is the `run_report` asset's page, one metadata entry per text and table so that Dagster's
 asset page shows each in place; `render_markdown` the same page as one document. `plot_metrics` is the fleet's
 numeric metadata (one series per key figure), `shard_progress_figures` a running shard's (named after the shard,
 so shards running side by side plot as lines of their own); unknown figures are left out rather than written
-as 0, so a plot never dips to a false zero. `progress_chart` is a PNG of progress against the plan and of the
-accept length over the run, drawn from the points earlier reports recorded; `inline_chart` the same as a small
-SVG inside a Markdown value, drawn on the asset page.
+as 0, so a plot never dips to a false zero. The charts of the run so far are `ops.report_chart`'s.
 """
 
 from __future__ import annotations
 
-import io
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from urllib.parse import quote
 
-from dagster_project.generation.heartbeat import read_heartbeats, run_is_alive
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.ops.answers.coverage import by_id_summary
 from dagster_project.ops.answers.multi_turn import generated_of_planned
 from dagster_project.ops.answers.progress import eta_text
 from dagster_project.ops.answers.shards import GREEN, ShardsAnswer, green_shards
-from dagster_project.ops.answers.text import dollars, shard_list
+from dagster_project.ops.answers.text import as_of, dollars, shard_list
 from dagster_project.ops.status import Status
-from dagster_project.store.storage import Store
 
-SERVER_COLUMNS = [
-    "server",
-    "client window",
-    "in flight",
-    "cap",
-    "running",
-    "queued",
-    "KV use",
-    "mamba use",
-    "what limits it",
-]
+# Key figures first, each cell a few characters, so the table fits the asset page's value column at 1,440 px; what
+# limits a server, in full, is in the next table, where the sentence can wrap.
+SERVER_COLUMNS = ["server", "running/cap", "queued", "KV", "mamba", "limit"]
 # Measured / planned within this band of 1 is "on plan".
 ON_PLAN_BAND = 0.1
 # Dagster 1.13's asset page shows a Markdown metadata value in place only while it is shorter than this; a longer
-# one hides behind a "[Show Markdown]" dialog. Each section's text and the inline chart stay under it.
+# one hides behind a "[Show Markdown]" dialog. Each section's text and each inline chart stay under it.
 INLINE_MARKDOWN_CHARS = 1000
 # Lists in a sentence (shards, settings) show this many items, then a count of the rest.
 SHOWN_IN_LINE = 12
-
-
-def as_of(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _num(value: float | int | None, digits: int = 0) -> str:
@@ -94,6 +74,17 @@ def _some(items: Sequence[object], limit: int = SHOWN_IN_LINE) -> str:
     return shown + (f" … (+{len(items) - limit:,} more)" if len(items) > limit else "")
 
 
+def server_name(url: str) -> str:
+    """A server as the tables show it: `http://10.0.0.12:30000` → `10.0.0.12:30000`."""
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+def limit_label(limited_by: str) -> str:
+    """What limits a server in a few words, for the servers table: the statement up to its detail (after ":" or
+    " (")."""
+    return limited_by.split(":", 1)[0].split(" (", 1)[0]
+
+
 def verdict(ratio: float | None, higher_is_better: bool = True) -> str:
     if ratio is None:
         return "—"
@@ -126,17 +117,17 @@ def _plan_table(status: Status) -> Table | None:
     req = p.window_req_per_s if running else p.lifetime_req_per_s or None
     tok = p.window_output_tok_per_s if running else p.lifetime_output_tok_per_s or None
     figures = [
-        ("requests / s", req, plan.req_per_s, 2, verdict),
-        ("output tokens / s", tok, plan.output_tok_per_s, 0, verdict),
+        ("req/s", req, plan.req_per_s, 2, verdict),
+        ("output tok/s", tok, plan.output_tok_per_s, 0, verdict),
         ("avg output tokens", p.avg_output_tokens, plan.avg_output_tokens, 0, length_verdict),
-        ("ETA for what remains (h)", p.eta_hours, p.plan_eta_hours, 2, lambda r: verdict(r, higher_is_better=False)),
+        ("ETA, rest (h)", p.eta_hours, p.plan_eta_hours, 2, lambda r: verdict(r, higher_is_better=False)),
     ]
     rows = []
     for name, measured, planned, digits, judge in figures:
         ratio = _ratio(measured, planned)
         rows.append([name, _num(measured, digits), _num(planned, digits), _num(ratio, 2), judge(ratio)])
-    measured_header = "measured (recent)" if running else "measured (lifetime)"
-    return _table(["figure", measured_header, "plan", "measured / plan", "verdict"], rows)
+    measured_header = "recent" if running else "lifetime"
+    return _table(["figure", measured_header, "plan", "×plan", "verdict"], rows)
 
 
 def _alerts(status: Status) -> Section:
@@ -231,9 +222,9 @@ def _mtp(status: Status) -> Section:
     if not mtp.speculative_algorithm:
         return Section("2. MTP (speculative decoding)", text)
     servers = _table(
-        ["server", "algorithm", "its own average accept length"],
+        ["server", "MTP", "accept length"],
         [
-            [url, name or "OFF", _num(mtp.server_avg_spec_accept_length.get(url), 2)]
+            [server_name(url), name or "OFF", _num(mtp.server_avg_spec_accept_length.get(url), 2)]
             for url, name in mtp.speculative_algorithm.items()
         ],
     )
@@ -249,25 +240,29 @@ def _concurrency(status: Status) -> Section:
         SERVER_COLUMNS,
         [
             [
-                url,
-                _num(row.client_window),
-                _num(row.in_flight),
-                _num(row.effective_cap),
-                _num(row.running),
+                server_name(url),
+                f"{_num(row.running)}/{_num(row.effective_cap)}",
                 _num(row.queued),
                 _percent(row.kv_usage),
                 _percent(row.mamba_usage),
-                row.limited_by,
+                limit_label(row.limited_by),
             ]
             for url, row in c.servers.items()
         ],
     )
-    tables = [("3. Servers", servers)]
-    capacity = [[url, row.capacity.explanation] for url, row in c.servers.items() if row.capacity is not None]
-    if capacity:
-        tables.append(
-            ("3. Capacity per server", _table(["server", "what binds its cap, what would raise it"], capacity))
-        )
+    why = _table(
+        ["server", "what limits it now; its cap"],
+        [
+            [
+                server_name(url),
+                f"Now: {row.limited_by}; ours in flight {_num(row.in_flight)} of a window of "
+                f"{_num(row.client_window)}. Cap: "
+                + (row.capacity.explanation if row.capacity else row.capacity_error or "—"),
+            ]
+            for url, row in c.servers.items()
+        ],
+    )
+    tables = [("3. Servers", servers), ("3. Capacity per server", why)]
     return Section(title, f"{len(c.servers)} servers; capacity at {c.lengths}.", tuple(tables))
 
 
@@ -327,26 +322,16 @@ def _cost(status: Status) -> Section:
         return Section(
             "Cost", "No price configured (the fleet resource's `cost_per_gpu_hour`, or DFLASH_COST_PER_GPU_HOUR)."
         )
+    # One figure a row (seven columns side by side would not fit the page's value column), the key ones first.
     figures = _table(
+        ["figure", "cost"],
         [
-            "fleet $/hour",
-            "GPUs",
-            "spent",
-            "to finish",
-            "to finish (plan)",
-            "$ / 1M output tokens",
-            "GPU-hours / 1K kept rows",
-        ],
-        [
-            [
-                f"${cost.cost_per_hour:,.2f}",
-                str(cost.gpus),
-                f"${cost.spent:,.2f}",
-                dollars(cost.to_finish),
-                dollars(cost.to_finish_plan),
-                dollars(cost.per_million_output_tokens),
-                _num(cost.gpu_hours_per_1k_rows, 3),
-            ]
+            ["spent", f"${cost.spent:,.2f}"],
+            ["to finish", dollars(cost.to_finish)],
+            ["to finish (plan)", dollars(cost.to_finish_plan)],
+            ["fleet $/hour", f"${cost.cost_per_hour:,.2f} ({cost.gpus} GPUs)"],
+            ["$ / 1M output tokens", dollars(cost.per_million_output_tokens)],
+            ["GPU-hours / 1K kept rows", _num(cost.gpu_hours_per_1k_rows, 3)],
         ],
     )
     return Section("Cost", tables=(("Cost", figures),))
@@ -417,7 +402,7 @@ def plot_metrics(status: Status) -> dict[str, float | int]:
         figures.update(
             cost_spent_usd=round(cost.spent, 2),
             cost_to_finish_usd=round(cost.to_finish, 2) if cost.to_finish is not None else None,
-            usd_per_million_output_tokens=cost.per_million_output_tokens,
+            usd_per_1m_output_tok=cost.per_million_output_tokens,
             gpu_hours_per_1k_rows=cost.gpu_hours_per_1k_rows,
         )
     for url, row in status.concurrency.servers.items():
@@ -447,148 +432,3 @@ def shard_progress_figures(shard_label: str, heartbeat: Heartbeat) -> dict[str, 
         "accept_length": round(heartbeat.spec.accept_length_window, 3) if heartbeat.spec.accept_length_window else None,
     }
     return {f"{shard_label}/{name}": value for name, value in figures.items() if value is not None}
-
-
-# ---- the chart ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReportPoint:
-    """One refresh of the report: what the chart draws."""
-
-    at: float
-    events_done: int
-    accept_length: float | None
-
-
-def progress_chart(points: Sequence[ReportPoint], status: Status) -> bytes:
-    """PNG: events done over time against the plan's line from the first point, and the accept length."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless: no display on a run worker
-    from matplotlib import pyplot as plt
-
-    points = sorted(points, key=lambda point: point.at)
-    start = points[0].at if points else status.collected_at
-    minutes = [(point.at - start) / 60 for point in points]
-    figure, (progress, accept) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    try:
-        progress.plot(minutes, [point.events_done for point in points], marker="o", label="events done")
-        plan = status.progress.plan
-        if plan and plan.req_per_s and points:
-            span = max(minutes[-1], 1.0)
-            first = points[0].events_done
-            planned_end = min(status.progress.events_planned, first + plan.req_per_s * span * 60)
-            progress.plot([0, span], [first, planned_end], linestyle="--", label=f"plan ({plan.req_per_s:g} req/s)")
-        progress.axhline(status.progress.events_planned, color="grey", linewidth=0.8, label="events planned")
-        progress.set_ylabel("events")
-        progress.set_title(f"Run progress as of {as_of(status.collected_at)}")
-        progress.legend(loc="lower right")
-        known = [(m, point.accept_length) for m, point in zip(minutes, points) if point.accept_length is not None]
-        if known:
-            accept.plot([m for m, _ in known], [a for _, a in known], marker="o", color="tab:green")
-        accept.set_ylabel("accept length")
-        accept.set_xlabel("minutes since the first report")
-        buffer = io.BytesIO()
-        figure.tight_layout()
-        figure.savefig(buffer, format="png", dpi=80)
-        return buffer.getvalue()
-    finally:
-        plt.close(figure)
-
-
-# The inline chart: an SVG small enough to travel as a data: URI inside a Markdown value that the asset page shows
-# in place (under INLINE_MARKDOWN_CHARS). Its axes are in the caption; the PNG in the store has the full chart.
-SPARK_WIDTH, SPARK_HEIGHT, SPARK_GAP = 360, 64, 8
-# Each line through at most this many points, fewer when the chart would not fit in place.
-SPARK_POINTS = (24, 12, 6, 2)
-ACCEPT_LENGTH_SCALE_TOP = 4.0
-# Left as they are in the data: URI (in a <...> Markdown destination spaces may stay); "<", ">" and "#" (a colour,
-# else read as the URI's fragment) are percent-encoded.
-SVG_URI_SAFE = " ,'=/:.-"
-
-
-def _spread(points: Sequence[ReportPoint], most: int) -> list[ReportPoint]:
-    """At most `most` points, evenly spaced over the run, the first and the last kept."""
-    if len(points) <= most:
-        return list(points)
-    step = (len(points) - 1) / (most - 1)
-    return [points[round(i * step)] for i in range(most)]
-
-
-def _polyline(xy: Sequence[tuple[float, float]], colour: str, dashed: bool = False) -> str:
-    coords = ",".join(f"{x:.0f},{y:.0f}" for x, y in xy)
-    dash = " stroke-dasharray='4'" if dashed else ""
-    return f"<polyline points='{coords}' fill='none' stroke='{colour}'{dash}/>"
-
-
-def _sparklines(points: Sequence[ReportPoint], most: int, status: Status) -> tuple[str, str]:
-    """SVG of events done (blue) against the plan (grey, dashed) above the accept length (green), each drawn
-    through at most `most` points; its caption."""
-    t0, t1 = points[0].at, max(points[-1].at, points[0].at + 60)
-    planned = max(status.progress.events_planned, 1)
-
-    def x(at: float) -> float:
-        return (at - t0) / (t1 - t0) * SPARK_WIDTH
-
-    def band(value: float, low: float, high: float, top: float) -> float:
-        return top + SPARK_HEIGHT - (value - low) / ((high - low) or 1) * SPARK_HEIGHT
-
-    done = _spread(points, most)
-    shapes = [_polyline([(x(p.at), band(p.events_done, 0, planned, 0)) for p in done], "#1f77b4")]
-    plan = status.progress.plan
-    if plan and plan.req_per_s:
-        first = points[0].events_done
-        end = min(planned, first + plan.req_per_s * (t1 - t0))
-        plan_end = (x(t0 + (end - first) / plan.req_per_s), band(end, 0, planned, 0))
-        shapes.insert(0, _polyline([(0, band(first, 0, planned, 0)), plan_end], "grey", dashed=True))
-    known = [(p.at, p.accept_length) for p in _spread([p for p in points if p.accept_length is not None], most)]
-    accept = ""
-    if known:
-        low, high = min(a for _, a in known), max(a for _, a in known)
-        top = SPARK_HEIGHT + SPARK_GAP
-        # From 1 (no draft token accepted), so a steady accept length draws flat rather than magnified noise.
-        scale_top = max(high, ACCEPT_LENGTH_SCALE_TOP)
-        shapes.append(_polyline([(x(at), band(a, 1.0, scale_top, top)) for at, a in known], "#2ca02c"))
-        accept = f"; accept length {low:.2f}–{high:.2f} (green, on a scale of 1 to {scale_top:.1f})"
-    height = 2 * SPARK_HEIGHT + SPARK_GAP
-    frames = "".join(
-        f"<rect y='{top}' width='{SPARK_WIDTH}' height='{SPARK_HEIGHT}' fill='none' stroke='#ccc'/>"
-        for top in (0, SPARK_HEIGHT + SPARK_GAP)
-    )
-    svg = (
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{SPARK_WIDTH}' height='{height}' "
-        f"viewBox='-2 -2 {SPARK_WIDTH + 4} {height + 4}'>" + frames + "".join(shapes) + "</svg>"
-    )
-    minutes = (points[-1].at - points[0].at) / 60
-    caption = (
-        f"Over {minutes:,.0f} min: events done {points[0].events_done:,} → {points[-1].events_done:,} of "
-        f"{status.progress.events_planned:,} (blue; plan dashed){accept}"
-    )
-    return svg, caption
-
-
-def inline_chart(points: Sequence[ReportPoint], status: Status) -> str | None:
-    """Markdown for the asset page: the run so far as an inline SVG image with its caption, or None before there
-    are two reports to draw a line between."""
-    points = sorted(points, key=lambda point: point.at)
-    if len(points) < 2:
-        return None
-    for most in SPARK_POINTS:
-        svg, caption = _sparklines(points, most, status)
-        markdown = f"![run so far](<data:image/svg+xml,{quote(svg, safe=SVG_URI_SAFE)}>)\n\n{caption}"
-        if len(markdown) < INLINE_MARKDOWN_CHARS:
-            break
-    return markdown  # at its fewest points still too long, Dagster shows it behind a dialog
-
-
-# ---- when to refresh ---------------------------------------------------------------------------------------------
-
-CHART_KEY = "report/progress.png"
-
-
-def shards_running(store: Store, now: float | None = None) -> list[int]:
-    """The shards whose runs are generating or publishing now (live heartbeats): while any is, the report is
-    worth refreshing."""
-    now = time.time() if now is None else now
-    return sorted(beat.shard for beat in read_heartbeats(store) if run_is_alive(beat, now))

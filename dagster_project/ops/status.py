@@ -36,7 +36,7 @@ from dagster_project.ops.answers.progress import ProgressAnswer, answer_progress
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.shards import ShardsAnswer, answer_shards, render_shards
 from dagster_project.ops.answers.storage import StorageAnswer, answer_storage, render_storage
-from dagster_project.ops.answers.text import ago
+from dagster_project.ops.answers.text import ago, as_of
 from dagster_project.ops.coverage import read_coverage
 from dagster_project.ops.plan import read_plan
 from dagster_project.ops.tune import read_report
@@ -170,6 +170,9 @@ def answer_all(
 def render_text(status: Status) -> str:
     return "\n".join(
         [
+            # Every answer below is from readings taken then (the store, the heartbeats, the fleet's probes); the
+            # coverage by id and the last publish say their own age.
+            f"As of {as_of(status.collected_at)}",
             *(render_shards(status.shards) if status.shards else []),
             *render_progress(status.progress, status.collected_at),
             *render_mtp(status.mtp),

@@ -351,7 +351,7 @@ def recommend(estimate: knee_fit.KneeEstimate | None, setting_flags: Sequence[st
     cap = estimate.fit.cap
     share = estimate.rate / estimate.peak if estimate.peak else 0.0
     head = (
-        f"knee at {estimate.concurrency} requests per server (80% interval {estimate.low}-{estimate.high}): "
+        f"knee at {estimate.concurrency} requests per server ({estimate.uncertainty}): "
         f"{estimate.rate:,.0f} output tok/s fitted, {share:.0%} of the fitted best {estimate.peak:,.0f} "
         f"({estimate.points} points, fit within ±{estimate.residual:.1%} RMS)"
     )

@@ -5,16 +5,20 @@ partition page, and reads what a person would see there.
 `run_report` is materialized with a plan and a price, one shard is generated, assembled and exported (the
 `shard_job`), and `run_report` is materialized again, all through the Dagster CLI on the instance `dagster dev`
 serves. The test asserts that the asset's overview shows, in place and without opening a dialog, the six answers,
-the per-server table, cost and the chart of the run between the two reports (an inline SVG image); screenshots
-and the pages' text are saved under `test-artifacts/browser/` (gitignored; CI keeps them).
+the per-server table, cost and the chart of the run (an inline SVG image with axes); that at 1,600 px nothing of
+the page needs sideways scrolling; screenshots and the pages' text are saved under `test-artifacts/browser/`
+(gitignored; CI keeps them).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -44,6 +48,9 @@ SIX_ANSWERS = (
     "6. Multi-turn",
 )
 PAGE_TIMEOUT_S = 60
+# An operator's screen: the page must read without sideways scrolling at this width (and up to 1,920 px).
+WINDOW_WIDTH = 1600
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 @pytest.fixture
@@ -57,7 +64,7 @@ def browser() -> Iterator:
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=2200,3200"):
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={WINDOW_WIDTH},4400"):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     try:
@@ -119,6 +126,35 @@ def _wait_for_inline_chart(driver) -> None:
     )
 
 
+def _clipped(driver, table) -> list[str]:
+    """What of the metadata table is cut off at the right: the table's scrolling container, or any element inside it,
+    whose content is wider than its box (scrollWidth > clientWidth), named by its row's key."""
+    return driver.execute_script(
+        """
+        const table = arguments[0], out = [];
+        const container = table.parentElement;
+        if (container.scrollWidth > container.clientWidth + 1)
+            out.push(`the metadata table: ${container.scrollWidth} px in ${container.clientWidth} px`);
+        for (const row of table.querySelectorAll(':scope > tbody > tr')) {
+            const key = row.children[0].innerText.trim();
+            for (const el of row.querySelectorAll('*'))
+                if (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1)
+                    out.push(`${key}: <${el.tagName.toLowerCase()}> ${el.scrollWidth} px in ${el.clientWidth} px`);
+        }
+        return out;
+        """,
+        table,
+    )
+
+
+def _chart(driver, alt: str) -> ET.Element:
+    """The inline chart's SVG, from its data: URI."""
+    from selenium.webdriver.common.by import By
+
+    source = driver.find_element(By.CSS_SELECTOR, f"img[alt='{alt}']").get_attribute("src")
+    return ET.fromstring(unquote(source.removeprefix("data:image/svg+xml,")))
+
+
 def _runs_with_purpose(dev: DagsterDev, purpose: str, count: int) -> list[dict] | None:
     """The runs tagged `dflash/purpose: <purpose>`, once there are `count` of them."""
     result = dev.query("{ runsOrError { ... on Runs { results { runId jobName tags { key value } } } } }")
@@ -138,12 +174,15 @@ def _dismiss_welcome(driver) -> None:
         pass
 
 
-def test_the_operator_page_renders_the_six_answers_and_the_per_server_table(sim_fleet, browser, tmp_path):
+def test_the_operator_page_renders_the_six_answers_and_the_per_server_table(sim_fleet, browser, tmp_path, request):
     from selenium.webdriver.common.by import By
 
     fleet = sim_fleet(2, **FAST_ANSWERS, enable_metrics=True)
     home = dagster_home(tmp_path / "dagster_home")
-    store = tmp_path / "store"
+    # A store path as long as a production one (s3://bucket/prefix): pytest's temporary path is twice that, and a
+    # path cannot wrap, so it alone would widen the page.
+    store = Path(tempfile.mkdtemp(prefix="store-"))
+    request.addfinalizer(lambda: shutil.rmtree(store, ignore_errors=True))
     env = pipeline_env(
         home=home,
         store=store,
@@ -179,21 +218,30 @@ def test_the_operator_page_renders_the_six_answers_and_the_per_server_table(sim_
             _dismiss_welcome(browser)  # it opens a while after the page: now, rather than in the screenshots
         finally:
             report = _save(browser, "run_report")
-        _save_element(browser, _metadata_table(browser), "operator_page")
+        table = _metadata_table(browser)
+        _save_element(browser, table, "operator_page")
+        # At 1,600 px every answer reads without sideways scrolling: no value cut off at the right.
+        assert browser.execute_script("return window.innerWidth") == WINDOW_WIDTH
+        assert _clipped(browser, table) == []
         # All of it in place, none in a dialog (the UI's newsletter dialog for a new browser may open any time).
         dialogs = browser.find_elements(By.CSS_SELECTOR, "[role='dialog']")
         assert not any(SIX_ANSWERS[0] in dialog.text for dialog in dialogs)
         for answer in SIX_ANSWERS:
             assert answer in report, answer
-        # The per-server table, drawn in place: its header and one row per server of the fleet.
-        assert "client window" in report and "what limits it" in report
+        # The per-server tables, drawn in place: their headers and one row per server of the fleet.
+        assert "running/cap" in report and "what limits it now; its cap" in report
         for url in fleet.urls:
-            assert url in report, url
+            assert url.removeprefix("http://") in report, url
         assert "$7.00" in report  # the fleet's $/hour: 2 servers at $3.50 per GPU-hour
-        assert "measured / plan" in report and " UTC" in report and "{" not in report
+        assert "×plan" in report and " UTC" in report and "{" not in report
         # Only the whole page in one document (the `report` entry, to copy) still opens in a dialog.
         assert report.count("[Show Markdown]") == 1
-        assert "events done" in report and "(blue; plan dashed)" in report  # the inline chart's caption
+        assert "Events done (blue)" in report and "dashed: the plan, 20 req/s" in report  # the chart's caption
+        # The chart has axes: their lines, round tick labels on both, the time's unit and the values' title.
+        chart = _chart(browser, "events done over time")
+        labels = [text.text for text in chart.iter(f"{SVG}text")]
+        assert chart.find(f"{SVG}path") is not None and labels[0] == "events done" and "0" in labels
+        assert any(label.endswith(" min") for label in labels), labels
 
         browser.get(f"{base}/assets/completions?partition=shard-00000")
         try:

@@ -35,7 +35,14 @@ from dagster_project.ops.status import collect_status
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.sglang.protocol import input_hash
 from dagster_project.store.storage import LocalStore
-from tests.support.dagster_helpers import DAGSTER, DEFS_MODULE, dagster_home, evaluations_by_check, pipeline_env
+from tests.support.dagster_helpers import (
+    DAGSTER,
+    DEFS_MODULE,
+    FAST_ANSWERS,
+    dagster_home,
+    evaluations_by_check,
+    pipeline_env,
+)
 from tests.support.journal_files import journal_records
 from tests.support.sglang_fixtures import wait_until
 
@@ -342,3 +349,85 @@ def test_the_same_shard_started_twice_at_once_runs_once(pipeline, sim_fleet):
     with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
         materialized = instance.fetch_materializations(dg.AssetKey("completions"), limit=10).records
         assert [record.partition_key for record in materialized] == ["shard-00002"]  # published once
+
+
+def backfill_run(env: dict, shard: int, backfill_id: str, fleet_urls: list[str]) -> subprocess.Popen:
+    """One run of a backfill of `shard_job`, as the daemon launches it: tagged with its partition and backfill."""
+    tags = {"dagster/partition": f"shard-{shard:05d}", "dagster/backfill": backfill_id}
+    config = Path(env["DFLASH_WORK_DIR"]).with_name("heartbeat_config.json")  # JSON is YAML, which `-c` reads
+    config.write_text(json.dumps({"ops": {"completions": {"config": {"heartbeat_interval_s": 0.5}}}}))
+    command = [DAGSTER, "job", "execute", "-m", DEFS_MODULE, "-j", "shard_job", "--tags", json.dumps(tags)]
+    return subprocess.Popen(
+        [*command, "-c", str(config)],
+        env={**env, "DFLASH_SGLANG_ENDPOINTS": ",".join(fleet_urls)} if fleet_urls else env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def progress_text(result: dg.ExecuteInProcessResult) -> str:
+    """The page's progress answer, as the asset page shows it."""
+    return result.asset_materializations_for_node("run_report")[0].metadata["1. Progress vs plan"].value
+
+
+def test_the_page_is_refreshed_at_the_first_tick_after_the_last_run_of_a_backfill_ends(pipeline, sim_fleet):
+    """A backfill of two shards: one run fails at once (no fleet), the other generates. The page refreshed while the
+    second runs says it runs; once it ends, with no heartbeat alive any more, the sensor's next tick asks for a
+    refresh (it used to wait for a heartbeat and leave the page saying "shards running: 0"), and that refresh's
+    page says none runs, counted after the run's end."""
+    store, env = pipeline
+    # Slow enough to refresh the page mid-shard; answers of varied lengths, so the shard passes its training gates.
+    fleet = sim_fleet(2, **{**SLOW_FLEET, "output_len": FAST_ANSWERS["output_len"]})
+    resources = {
+        "store": DatasetStore(root=store.uri, work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
+        "fleet": SGLangFleet(endpoints=fleet.urls),
+        "generation": GenerationConfig(),
+    }
+    failing = backfill_run(env, 1, "backfill-1", fleet_urls=[])
+    generating = backfill_run(env, 0, "backfill-1", fleet.urls)
+    output, _ = failing.communicate(timeout=300)
+    assert failing.returncode != 0 and "No SGLang endpoints configured" in output, output[-3000:]
+
+    def tick(instance: dg.DagsterInstance, cursor: str | None) -> dg.SensorResult:
+        with dg.build_sensor_context(instance=instance, resources=resources, cursor=cursor) as context:
+            return run_report_refresh(context)
+
+    def refresh(instance: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+        return dg.materialize(
+            [run_report], resources=resources, instance=instance, run_config=request.run_config, tags=request.tags
+        )
+
+    with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        try:
+            try:
+                wait_until(lambda: heartbeat(store, 0).get("done_events", 0) >= 2, timeout_s=300, what="2 events done")
+            except AssertionError as exc:
+                os.killpg(generating.pid, signal.SIGKILL)
+                exc.add_note(generating.communicate()[0][-4000:])
+                raise
+            for index in range(2):  # hold the run mid-shard while the page is refreshed, servers healthy
+                fleet.set_faults(index, slow=1e6)
+            mid = tick(instance, None)
+            (request,) = mid.run_requests
+            assert "a run ended" in request.tags["dflash/refresh_reason"]  # the failed run
+            assert "shards running: 0" in progress_text(refresh(instance, request))
+        finally:
+            for index in range(2):
+                fleet.clear_faults(index)
+        finished(generating)
+        runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": "backfill-1"}))
+        last_run = max(runs, key=lambda record: record.end_time)  # the generating one, ended after the failed one
+        assert len(runs) == 2 and last_run.dagster_run.tags["dagster/partition"] == "shard-00000"
+        assert last_run.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+
+        after = tick(instance, mid.cursor)  # the first tick after the backfill's last run ended
+        (request,) = after.run_requests
+        assert request.run_config["ops"]["run_report"]["config"]["recompute_coverage"]  # at rest: recounted by id
+        page = refresh(instance, request)
+        assert "shards running: none" in progress_text(page)
+        as_of = page.asset_materializations_for_node("run_report")[0].metadata["as_of"].value
+        assert as_of > last_run.end_time
+        # The refresh's own end asks for nothing more.
+        assert not tick(instance, after.cursor).run_requests

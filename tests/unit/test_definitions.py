@@ -167,7 +167,7 @@ def test_a_shard_regenerated_alone_is_assembled_and_exported_by_the_automation_s
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
 
 
-def test_the_report_refresh_asks_for_a_run_only_while_shards_run(tmp_path):
+def test_the_report_refresh_follows_running_shards_and_rests_when_nothing_runs_or_ended(tmp_path):
     from dagster_aws.s3 import S3Resource
 
     from dagster_project.generation.heartbeat import this_process
@@ -184,12 +184,18 @@ def test_the_report_refresh_asks_for_a_run_only_while_shards_run(tmp_path):
         with dg.build_sensor_context(instance=instance, resources=resources) as context:
             idle = sensor(context)
         assert not idle.run_requests and "no shard run" in idle.skip_reason.skip_message
+        assert idle.cursor  # kept from tick to tick: what the refreshes asked for so far covered
 
         host, pid, started = this_process()
         running = heartbeat(3, host=host, pid=pid, process_started_at=started, heartbeat_interval_s=5.0)
         store.put_bytes(progress_key(3), to_json(running))
-        with dg.build_sensor_context(instance=instance, resources=resources) as context:
+        with dg.build_sensor_context(instance=instance, resources=resources, cursor=idle.cursor) as context:
             busy = sensor(context)
-        assert len(busy.run_requests) == 1 and busy.run_requests[0].tags["dflash/shards_running"] == "1"
-        # The refreshes leave the recount of coverage by id (every shard's ids) to manual materializations.
+        assert (
+            len(busy.run_requests) == 1
+            and busy.run_requests[0].tags["dflash/refresh_reason"] == "shards [3] are running"
+        )
+        # While shards run, the refreshes leave the recount of coverage by id (every shard's ids) for later.
         assert busy.run_requests[0].run_config == {"ops": {"run_report": {"config": {"recompute_coverage": False}}}}
+        with dg.build_sensor_context(instance=instance, resources=resources, cursor=busy.cursor) as context:
+            assert not sensor(context).run_requests  # the next tick: not yet due again

@@ -16,6 +16,11 @@ def fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def as_of(timestamp: float) -> str:
+    """When a reading was taken: 2026-12-01 15:04:05 UTC."""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def ago(timestamp: float | None, now: float) -> str:
     return f"{now - timestamp:,.0f} s ago" if timestamp else "never"
 

@@ -45,3 +45,8 @@ def test_a_curve_that_falls_keeps_its_bend_and_noise_on_a_flat_top_does_not_make
     flat_top = [(1, 408), (2, 660), (4, 1000), (8, 1347), (16, 1568), (32, 1831), (64, 1826), (80, 1864)]
     assert knee.fit_saturation(flat_top, 64).gamma == 0
     assert knee.estimate_knee([(4, 0.0)], 64, 0.95) is None and knee.fit_saturation([], None) is None
+
+
+def test_one_point_gives_a_knee_but_no_interval():
+    estimate = knee.estimate_knee([(145, 17_000.0)], 116, 0.95)
+    assert estimate.concurrency == 145 and estimate.uncertainty == "no interval: 1 point(s) measured"
