@@ -22,6 +22,7 @@ from pathlib import Path
 
 from benchmarks.bench_status_scale import BUCKET, REAL_EVENTS, REAL_SHARDS, copy_store, dagster_home, local_store
 from benchmarks.report import write_section
+from dagster_project.ops.dagster_view import DagsterView, write_view
 from dagster_project.store.storage import LocalStore
 
 DFLASH = str(Path(sys.executable).with_name("dflash"))  # the console script an operator types
@@ -58,6 +59,7 @@ class Row:
     bare: Timing
     status: Timing
     with_home: Timing
+    asked: Timing  # `dflash status --dagster`: the instance opened in the process
     s3_client: Timing | None = None  # on S3: a process that only builds the store's boto3 client
 
 
@@ -75,6 +77,7 @@ def measure(where: str, env: dict[str, str], home: Path, repeats: int, *, s3: bo
         best_of([sys.executable, "-c", "pass"], env, repeats),
         best_of(status, {**env, "DAGSTER_HOME": ""}, repeats),
         best_of(status, {**env, "DAGSTER_HOME": str(home)}, repeats),
+        best_of([*status, "--dagster"], {**env, "DAGSTER_HOME": str(home)}, repeats),
         best_of([sys.executable, "-c", S3_CLIENT_ONLY], env, repeats) if s3 else None,
     )
     print(row, flush=True)
@@ -98,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     local = local_store(args.events, args.shards, args.work_dir)
     home = dagster_home(args.work_dir, args.shards)
+    # What the run_report asset records of the instance (every shard materialized): what `dflash status` shows.
+    write_view(local, DagsterView(taken_at=time.time(), materialized=list(range(args.shards))))
     base = {**os.environ, "DFLASH_WORK_DIR": str(args.work_dir / "work")}
     for name in ("DFLASH_SGLANG_ENDPOINTS", "DFLASH_SGLANG_ROUTER", "DFLASH_FLEET_DIR"):
         base.pop(name, None)  # no fleet: what is measured is the store's answers
@@ -134,8 +139,8 @@ def report(args: argparse.Namespace, rows: list[Row]) -> None:
         return f"{t.wall_s:.2f} s ({t.cpu_s:.2f} CPU-s, load {t.load:.1f})"
 
     table = "\n".join(
-        f"| {r.where} | {cell(r.bare)} | {cell(r.status)} | {cell(r.with_home)} | "
-        f"{'met' if r.status.cpu_s <= GOAL_S else 'NOT met'} |"
+        f"| {r.where} | {cell(r.bare)} | {cell(r.status)} | {cell(r.with_home)} | {cell(r.asked)} | "
+        f"{'met' if max(r.status.cpu_s, r.with_home.cpu_s) <= GOAL_S else 'NOT met'} |"
         for r in rows
     )
     s3_note = "".join(
@@ -155,8 +160,8 @@ core count stretches wall time, not CPU time. The goal (≤ {GOAL_S} s on an idl
 `dflash status`'s CPU time, which is what its wall time comes to on an idle machine (its waits on a local store
 or a loopback S3 server are small next to it).
 
-| store | `python -c pass` | `dflash status` | with `DAGSTER_HOME` (every shard materialized) | ≤ {GOAL_S} s idle |
-|---|---:|---:|---:|---|
+| store | `python -c pass` | `dflash status` | with `DAGSTER_HOME` | `dflash status --dagster` | ≤ {GOAL_S} s idle |
+|---|---:|---:|---:|---:|---|
 {table}
 
 * Without `DAGSTER_HOME`, `dflash status` imports neither Dagster nor transformers, botocore, pyarrow or
@@ -164,9 +169,11 @@ or a loopback S3 server are small next to it).
   the store's S3 client is built only for an `s3://` store, the SGLang client only when there are servers to
   probe. Before this, every `dflash` command imported Dagster and the resources first: about 3 CPU-s before
   any work, 3+ s on an idle 2-core machine.
-* With `DAGSTER_HOME`, status opens the Dagster instance (the shards it materialized, the runs whose process is
-  gone): that imports Dagster (and SQLAlchemy, Alembic), most of that column's CPU time. The goal is not met
-  there: Dagster's own import is above it.
+* With `DAGSTER_HOME` set, `dflash status` still imports no Dagster (`tests/unit/test_cli.py` checks it): it
+  shows what the `run_report` asset recorded of the instance (`reports/dagster_view.json`, here every shard
+  materialized), one more read. `dflash status --dagster` opens the instance (the shards it materialized, the
+  runs whose process is gone, pool slots): that imports Dagster (and SQLAlchemy, Alembic), most of that
+  column's CPU time, above the goal; the goal is judged on the two columns without it.
 {s3_note}"""
     if args.no_write:
         print(body)

@@ -69,94 +69,12 @@ class Resources:
         return self.__dict__[name]
 
 
-@contextlib.contextmanager
-def _dagster_instance() -> typing.Iterator[dg.DagsterInstance | None]:
-    """This node's Dagster instance (`DAGSTER_HOME`), opened once for the whole command; None without one (and
-    then Dagster is not imported)."""
-    home = os.environ.get("DAGSTER_HOME")
-    if not home or not Path(home).is_dir():
-        yield None
-        return
-    import dagster as dg
-
-    with dg.DagsterInstance.get() as instance:
-        yield instance
-
-
-def _materialized_shards(instance: dg.DagsterInstance | None) -> set[int] | None:
-    """Completions shards the Dagster instance recorded as materialized (None without an instance)."""
-    if instance is None:
-        return None
-    import dagster as dg
-
-    return {layout.shard_index(key) for key in instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))}
-
-
-def _fail_dead_runs(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -> list[str]:
-    """Mark failed the Dagster runs still STARTED whose process this host saw gone (killed: nothing else would
-    ever end them), and give back their pool slots; return their ids.
-
-    Two ways to know a run is dead: its shard's heartbeat names a pid on this host that is gone, or (before it
-    wrote any heartbeat: killed while starting, holding a slot of the fleet's pool) every process its events
-    came from is gone. The second is only sound when the instance's storage is this host's SQLite file, so
-    every run process of the instance ran here; runs on other hosts are left to their own run monitoring."""
-    if instance is None:
-        return []
-    import dagster as dg
-
-    from dagster_project.assets.pool_slots import processes_gone
-
-    marked = []
-    reasons = {
-        dead.run_id: f"the run's process (pid {dead.pid} on {dead.host}) is gone: it was killed while it "
-        f"generated shard {dead.shard} (seen by dflash status)"
-        for dead in dead_runs
-        if dead.process_checked and dead.run_id
-    }
-    for run_id in instance.event_log_storage.get_concurrency_run_ids() - reasons.keys():
-        pids = processes_gone(instance, run_id)  # None where it cannot be told from this host
-        if pids:
-            reasons[run_id] = (
-                f"the run's processes (pids {', '.join(map(str, sorted(pids)))}) are gone while it held a "
-                f"slot of a concurrency pool: it was killed (seen by dflash status)"
-            )
-    for run_id, reason in reasons.items():
-        run = instance.get_run_by_id(run_id)
-        if run is not None and run.status in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
-            instance.report_run_failed(run, f"{reason}. Materialize the shard again: it resumes from its journal.")
-            # A killed run never gives back its pool slot: without this, shard runs queue behind dead ones.
-            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
-            marked.append(run_id)
-    return marked
-
-
-def _pool_alerts(instance: dg.DagsterInstance | None, dead_runs: list[Any]) -> list[Any]:
-    """Runs waiting on a pool slot that dead runs hold (only with a Dagster instance to ask)."""
-    if instance is None:
-        return []
-    from dagster_project.assets.pool_slots import stuck_pools
-    from dagster_project.ops.pool_slots import pool_alerts
-
-    return pool_alerts(stuck_pools(instance, dead_runs))
-
-
 def cmd_free_slots(args: argparse.Namespace, resources: Any) -> int:
-    """Give back the pool slots of runs that will never do it themselves; a run still STARTED is marked failed."""
-    with _dagster_instance() as instance:
-        if instance is None:
-            raise SystemExit("dflash free-slots: no Dagster instance: set DAGSTER_HOME to the instance's directory")
-        import dagster as dg
+    from dagster_project.assets.dagster_instance import free_slots, open_instance
 
+    with open_instance("free-slots") as instance:
         for run_id in args.run_ids:
-            run = instance.get_run_by_id(run_id)
-            if run is None:
-                raise SystemExit(f"dflash free-slots: no run {run_id} in the instance at {os.environ['DAGSTER_HOME']}")
-            if run.status in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
-                instance.report_run_failed(
-                    run, "its pool slots were freed by the operator (`dflash free-slots`): its process was gone"
-                )
-            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
-            print(f"freed the pool slots of run {run_id} ({run.status.value})")
+            print(free_slots(instance, run_id))
     return 0
 
 
@@ -175,7 +93,7 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
     if args.watch is not None and args.watch <= 0:
         raise SystemExit(f"dflash status: --watch wants a positive number of seconds, got {args.watch}")
     store = _open_store()
-    with _dagster_instance() as instance:
+    with _dagster_side(args.dagster) as instance:
         if args.by_id:
             from dagster_project.conversations.shards import published_num_shards
             from dagster_project.ops.coverage import dataset_coverage, write_coverage
@@ -190,7 +108,7 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
 
             return watch(lambda: _status_text(store, instance), args.watch, store.uri)
         if args.json:
-            status, notes = _read_status(store, instance)
+            status, notes, _ = _read_status(store, instance)
             print(json.dumps(dataclasses.asdict(status), indent=2, default=str))
         else:
             text, notes = _status_text(store, instance)
@@ -200,10 +118,25 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
     return 0
 
 
-def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any, list[str]]:
-    """The answers, and what was done on the way (Dagster runs marked failed because their process is gone)."""
+@contextlib.contextmanager
+def _dagster_side(ask_instance: bool) -> typing.Iterator[dg.DagsterInstance | None]:
+    """With `--dagster`, this node's instance; otherwise None: the answers use the view the run_report asset
+    recorded in the store, and Dagster is not imported (5-7 CPU-s of a process that takes well under one)."""
+    if not ask_instance:
+        yield None
+        return
+    from dagster_project.assets.dagster_instance import open_instance
+
+    with open_instance("status --dagster") as instance:
+        yield instance
+
+
+def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any, list[str], Any]:
+    """The answers, what was done on the way (Dagster runs marked failed because their process is gone), and
+    without an instance the view of Dagster recorded in the store (None when none is)."""
     from dagster_project.generation import fleet_registry
     from dagster_project.ops.answers.cost import FleetCost
+    from dagster_project.ops.dagster_view import read_view, view_alerts
     from dagster_project.ops.status import collect_status
 
     stale_after_s = settings.fleet_stale_after_s()
@@ -211,27 +144,43 @@ def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any
     endpoints = fleet_registry.known_endpoints(
         [router] if router else settings.sglang_endpoints(), store, stale_after_s, str(settings.fleet_dir())
     )
+    view = None if instance else read_view(store)
+    if instance:
+        from dagster_project.assets.dagster_instance import materialized_shards
+
+        materialized: set[int] | None = materialized_shards(instance)
+    else:
+        materialized = set(view.materialized) if view else None
     status = collect_status(
         store,
         endpoints,
         api_key=os.environ.get("SGLANG_API_KEY") or None,
-        materialized=_materialized_shards(instance),
+        materialized=materialized,
         cost=FleetCost(cost_per_gpu_hour=settings.cost_per_gpu_hour()),
     )
     _, stale = fleet_registry.live_nodes(store, stale_after_s)
-    marked = _fail_dead_runs(instance, status.progress.dead_runs)
-    # After the runs found dead here gave their slots back: what still blocks a run needs the operator.
-    alerts = [*status.alerts, *_pool_alerts(instance, status.progress.dead_runs)]
-    status = dataclasses.replace(status, stale_nodes=stale, alerts=alerts)
-    return status, [f"marked Dagster run {run_id} failed: its process is gone" for run_id in marked]
+    dead_runs = status.progress.dead_runs
+    if instance:
+        from dagster_project.assets.dagster_instance import fail_dead_runs, instance_pool_alerts
+
+        marked = fail_dead_runs(instance, dead_runs)
+        # After the runs found dead here gave their slots back: what still blocks a run needs the operator.
+        dagster_alerts = instance_pool_alerts(instance, dead_runs)
+    else:
+        marked, dagster_alerts = [], view_alerts(view, dead_runs, status.collected_at)
+    status = dataclasses.replace(status, stale_nodes=stale, alerts=[*status.alerts, *dagster_alerts])
+    return status, [f"marked Dagster run {run_id} failed: its process is gone" for run_id in marked], view
 
 
 def _status_text(store: Store, instance: dg.DagsterInstance | None) -> tuple[str, list[str]]:
+    from dagster_project.ops.dagster_view import render_view
     from dagster_project.ops.status import render_text
 
-    status, notes = _read_status(store, instance)
+    status, notes, view = _read_status(store, instance)
     first = _what_to_materialize_first(store)
-    return (f"{first}\n\n" if first else "") + render_text(status), notes
+    text = (f"{first}\n\n" if first else "") + render_text(status)
+    # With --dagster the storage line's materialized count is the instance's, read now.
+    return (text if instance else f"{text}\n{render_view(view, status.collected_at)}"), notes
 
 
 def cmd_metrics(args: argparse.Namespace, resources: Any) -> int:
@@ -240,7 +189,7 @@ def cmd_metrics(args: argparse.Namespace, resources: Any) -> int:
     store = _open_store()
 
     def read() -> Any:
-        # Without the Dagster instance: a scrape reads, it never marks runs failed (`dflash status` does that).
+        # Without the Dagster instance: a scrape reads, never marks runs failed (`dflash status --dagster` does).
         return _read_status(store, None)[0]
 
     if args.once:
@@ -647,6 +596,13 @@ def _status_flags(status: argparse.ArgumentParser) -> None:
         const=10.0,
         metavar="SECONDS",
         help="a live view in the terminal, read again every SECONDS (default 10); Ctrl-C leaves it",
+    )
+    status.add_argument(
+        "--dagster",
+        action="store_true",
+        help="ask this node's Dagster instance (DAGSTER_HOME) now, rather than show what the run_report asset "
+        "recorded at its last refresh: which shards it materialized, runs waiting on pool slots that dead runs "
+        "hold; and mark the runs found dead failed and free their pool slots (imports Dagster: several seconds)",
     )
     status.set_defaults(func=cmd_status)
 

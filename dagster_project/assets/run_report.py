@@ -5,6 +5,7 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
+from dagster_project.assets.dagster_instance import materialized_shards
 from dagster_project.assets.pool_slots import stuck_pools, tell_waiting_runs
 from dagster_project.assets.run_tags import PURPOSE_TAG, tag_asset_run
 from dagster_project.conversations.shards import published_num_shards
@@ -12,6 +13,7 @@ from dagster_project.generation.heartbeat import read_heartbeats
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.alerts import AlertThresholds
 from dagster_project.ops.coverage import dataset_coverage, read_coverage, write_coverage
+from dagster_project.ops.dagster_view import take_view, write_view
 from dagster_project.ops.pool_slots import pool_alerts
 from dagster_project.ops.refresh import (
     REFRESH_INTERVAL_S,
@@ -126,20 +128,20 @@ def run_report(
         coverage = dataset_coverage(data, num_shards)
         write_coverage(data, coverage)
     endpoints = fleet.known_endpoints(data)  # none without a fleet: the report still answers from the store
-    materialized = context.instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))
+    materialized = materialized_shards(context.instance)
     status = collect_status(
         data,
         endpoints,
         api_key=fleet.api_key,
         current_fingerprint=generation.to_dataclass().fingerprint(),
-        materialized={layout.shard_index(key) for key in materialized},
+        materialized=materialized,
         cost=fleet.cost(),
         thresholds=config.to_dataclass(),
     )
-    known_dead = {
-        dead.run_id: "its shard's heartbeat says it died" for dead in status.progress.dead_runs if dead.run_id
-    }
-    status = replace(status, alerts=[*status.alerts, *pool_alerts(stuck_pools(context.instance, known_dead))])
+    stuck = stuck_pools(context.instance, status.progress.dead_runs)
+    status = replace(status, alerts=[*status.alerts, *pool_alerts(stuck)])
+    # What `dflash status` shows of Dagster without importing it.
+    write_view(data, take_view(status.collected_at, materialized, status.progress.dead_runs, stuck))
     context.log.info("\n" + render_text(status))
     figures = plot_metrics(status)
     points = run_history(

@@ -30,7 +30,7 @@ DEFAULT_THRESHOLDS = AlertThresholds()
 
 @dataclass(frozen=True)
 class Alert:
-    kind: str  # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export
+    kind: str  # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs
     message: str
 
 

@@ -102,10 +102,10 @@ def run_demo(root: Path) -> int:
         with ThreadPoolExecutor(CONCURRENT_SHARD_RUNS) as pool:  # shard runs share the fleet, as in production
             list(pool.map(lambda key: _materialize(env, SHARD_ASSETS, key), layout.partition_keys(DEMO_SHARDS)))
         _materialize(env, "run_report,mixture_report")
-        print("\n" + "=" * 100 + "\nThe six operator questions (`dflash status`):\n", flush=True)
+        print("\n" + "=" * 100 + "\nThe six operator questions (`dflash status --dagster`):\n", flush=True)
         # The command itself, as the operator runs it: it reads the same Dagster instance as the UI (`make dev`),
         # so its count of materialized shards is the UI's.
-        _dflash(env, "status")
+        _dflash(env, "status", "--dagster")
         print(
             f"\nTraining set: {store.url(layout.TRAINING_SET)}   exports (SpecForge JSONL, HF Parquet + card): "
             f"{store.url(layout.EXPORTS)}   mixture: the mixture_report asset, {store.url('reports/mixture.json')}"

@@ -56,7 +56,7 @@ def test_a_run_waiting_on_a_slot_held_by_a_dead_run_is_named_with_the_command_th
         ]
         assert told == [alert.message]
 
-    status = _dflash(env, "status", "--json")
+    status = _dflash(env, "status", "--json", "--dagster")
     assert status.returncode == 0, status.stderr[-3000:]
     assert [a["message"] for a in json.loads(status.stdout)["alerts"] if a["kind"] == "pool"] == [alert.message]
 

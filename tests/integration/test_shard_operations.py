@@ -181,7 +181,7 @@ def heartbeat(store, shard: int) -> dict:
 
 def dflash_status(env: dict, fleet_urls: list[str]) -> dict:
     result = subprocess.run(
-        [sys.executable, "-m", "dagster_project.cli", "status", "--json"],
+        [sys.executable, "-m", "dagster_project.cli", "status", "--json", "--dagster"],
         env={**env, "DFLASH_SGLANG_ENDPOINTS": ",".join(fleet_urls)},
         capture_output=True,
         text=True,

@@ -11,6 +11,7 @@ checks and specforge_export, as a backfill over every shard launches them.
 from __future__ import annotations
 
 import json
+import re
 
 import dagster as dg
 import pytest
@@ -116,6 +117,9 @@ def test_a_shard_blocked_by_a_training_gate_is_named_with_its_keys_and_done_is_n
     assert "override: override_failed_gates: true in specforge_export's config" in blocked_line
     assert f"ALERT [blocked]: shards {blocked} blocked by training_set gate gates/" in text
     assert "Alerts: none" not in text and "DONE" not in text
+    # DAGSTER_HOME is set and Dagster is not asked: the view the run_report asset recorded is shown, with its age
+    # (the completions were published without Dagster: it materialized none of them).
+    assert re.search(r"Dagster \(as of \d+ s ago, recorded by run_report\): 0 completions shards materialized", text)
 
     assert main(["status", "--json"]) == 0
     shards = json.loads(capsys.readouterr().out)["shards"]

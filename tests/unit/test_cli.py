@@ -7,16 +7,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from rich.console import Console
 
 from dagster_project import cli
+from dagster_project.generation.heartbeat import this_process
+from dagster_project.ops.dagster_view import DagsterView, write_view
+from dagster_project.ops.pool_slots import DeadHolder
 from dagster_project.ops.terminal import fleet_table, watch_view
-from dagster_project.store.storage import StoreLocationError, open_store
+from dagster_project.store.dataclass_json import to_json
+from dagster_project.store.layout import progress_key
+from dagster_project.store.storage import LocalStore, StoreLocationError, open_store
+from tests.support.heartbeats import heartbeat
 
 
 def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("dflash",)):
@@ -170,3 +179,59 @@ def test_status_on_an_empty_store_says_what_to_materialize_first_and_imports_no_
     first = report["out"].splitlines()[0]
     assert first.startswith("NOTHING TO REPORT YET") and "has no raw_prompts" in first
     assert "--select raw_prompts,conversations" in first
+
+
+def test_status_with_dagster_home_shows_the_recorded_view_with_its_age_and_imports_no_dagster(tmp_path):
+    """The head node's case: DAGSTER_HOME set. Without --dagster, status shows what the run_report asset recorded
+    (its age, the pool alert naming `dflash free-slots`) and names the command that ends a run seen dead now."""
+    store = LocalStore(tmp_path / "store")
+    write_view(
+        store,
+        DagsterView(
+            taken_at=time.time() - 120,
+            materialized=[0, 1, 2, 3],
+            dead_runs=[DeadHolder("killed-run", "ended (FAILURE)")],
+            pool_alerts=["run waiting-run waits for a slot ... Free their slots: `dflash free-slots killed-run`"],
+        ),
+    )
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(child.pid).create_time()
+    child.wait()  # the process the heartbeat names is gone: the run is dead
+    host, _, _ = this_process()
+    beat = heartbeat(0, host=host, pid=child.pid, process_started_at=started, run_id="dead-run")
+    store.put_bytes(progress_key(0), to_json(beat))
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    probe = (
+        "import sys, io, contextlib, json\n"
+        "from dagster_project import cli\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    code = cli.main(['status'])\n"
+        "print(json.dumps({'code': code, 'out': out.getvalue(), 'dagster': 'dagster' in sys.modules}))\n"
+    )
+    environment = {
+        **os.environ,
+        "DFLASH_STORE": str(store.root),
+        "DFLASH_WORK_DIR": str(tmp_path / "work"),
+        "DAGSTER_HOME": str(home),
+    }
+    result = subprocess.run([sys.executable, "-c", probe], env=environment, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["code"] == 0 and report["dagster"] is False
+    text = report["out"]
+    assert re.search(
+        r"Dagster \(as of 12\d s ago, recorded by run_report\): 4 completions shards materialized; "
+        r"dead runs: killed-run \(ended \(FAILURE\)\)",
+        text,
+    ), text
+    assert re.search(r"ALERT \[pool\]: .*`dflash free-slots killed-run` \(as of 12\d s ago\)", text), text
+    dead = next(line for line in text.splitlines() if "ALERT [dead_runs]" in line)
+    assert "dead-run" in dead and "`dflash status --dagster`" in dead and "`dflash free-slots dead-run`" in dead
+
+
+def test_status_without_a_recorded_view_says_so_and_what_reads_the_instance(tmp_path):
+    result = _dflash(tmp_path, "status")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Dagster: no view recorded yet" in result.stdout and "`dflash status --dagster`" in result.stdout

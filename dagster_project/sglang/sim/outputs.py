@@ -260,17 +260,19 @@ class OutputModel:
         self.no_think_suffix = [vocab.think_end, vocab.paragraph]
         close = [vocab.newline, vocab.think_end, vocab.paragraph]
         self.think_close = (close, vocab.decode(close))
-        self._tokenizer: Any = None  # the full tokenizer, only for tool calls: reading the tools, writing a call
+        # The full tokenizer, only for tool calls (reading the tools, writing a call): loaded at start, so no
+        # request stalls the server for the seconds it takes.
+        self._tokenizer: Any = None
+        if config.tool_call_share:
+            from dagster_project.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(vocab.tokenizer)
 
     def _tool_call(self, input_ids: list[int], prompt_hash: str, sample: int) -> tuple[list[int], str] | None:
         """The `<tool_call>` that answers this sample, if its prompt declares tools and it draws one."""
         rng = random.Random(f"{self.config.seed}:{prompt_hash}:{sample}:tool")  # the answers' own draws stay put
         if not self.config.tool_call_share or rng.random() >= self.config.tool_call_share:
             return None
-        if self._tokenizer is None:
-            from dagster_project.tokenizer import load_tokenizer
-
-            self._tokenizer = load_tokenizer(self.vocab.tokenizer)
         tools = tool_calls.declared_tools(self._tokenizer.decode(input_ids))
         if not tools:
             return None

@@ -575,6 +575,9 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     if len(config.accept_probs) != config.spec_draft_tokens:
         parser.error(f"--accept-probs needs {config.spec_draft_tokens} values (one per possible accepted-draft count)")
     parse_length_distribution(config.output_len)  # a bad spec fails here, before the slow vocabulary load
+    for name in ("tool_call_share", "malformed_tool_call_share"):
+        if not 0 <= getattr(config, name) <= 1:
+            parser.error(f"--{name.replace('_', '-')} is a share: between 0 and 1, got {getattr(config, name)}")
     try:  # a launch that would not fit the memory fails here, as the real server fails to start
         _ = config.pools
     except ValueError as exc:

@@ -121,3 +121,13 @@ def test_tool_calls_are_the_official_templates_rendering_of_the_parsed_call():
     # Without tools in the prompt, no call is ever written.
     plain = official_prompt_ids(tok, template, messages)
     assert not any("<tool_call>" in model.plan(plain, "plain", {}, 1024, sample).text for sample in range(20))
+
+
+def test_tool_call_shares_outside_zero_to_one_are_refused(capsys):
+    from dagster_project.sglang.sim.server import parse_args
+
+    for flag in ("--tool-call-share", "--malformed-tool-call-share"):
+        with pytest.raises(SystemExit):
+            parse_args([flag, "1.5"])
+        assert f"{flag} is a share: between 0 and 1, got 1.5" in capsys.readouterr().err
+    assert parse_args(["--tool-call-share", "0.3"]).tool_call_share == 0.3

@@ -1,0 +1,83 @@
+"""What the Dagster instance said at the last refresh of the operator's page, recorded in the store.
+
+Importing Dagster costs a `dflash status` process 5-7 CPU-s, far more than its answers. So the process that has
+the instance open anyway, the `run_report` asset (run at each refresh of the page: after every run of the pipeline
+ends, every few minutes while shards run), records here what only Dagster knows: the completions shards it
+materialized, the runs it still counts as alive whose process is gone, and the runs waiting on a pool slot that
+dead runs hold. `dflash status` shows that record with its age; `dflash status --dagster` asks the instance
+itself, and acts on what it finds (marks dead runs failed and frees their slots).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dagster_project.ops.alerts import Alert
+from dagster_project.ops.answers.progress import DeadRun
+from dagster_project.ops.answers.text import ago
+from dagster_project.ops.pool_slots import FREE_SLOTS_COMMAND, DeadHolder, StuckPool, pool_alerts
+from dagster_project.store.dataclass_json import read_record, to_json
+from dagster_project.store.storage import Store
+
+VIEW_KEY = "reports/dagster_view.json"
+# What acts on dead runs: opens the instance, marks them failed and frees their pool slots.
+ACTING_COMMAND = "dflash status --dagster"
+HEARTBEAT_SAYS_DEAD = "its shard's heartbeat says it died"
+
+
+@dataclass(frozen=True)
+class DagsterView:
+    taken_at: float
+    materialized: list[int]  # completions shards
+    dead_runs: list[DeadHolder] = field(default_factory=list)
+    pool_alerts: list[str] = field(default_factory=list)  # each names the `dflash free-slots` command
+
+
+def take_view(taken_at: float, materialized: set[int], dead_runs: list[DeadRun], stuck: list[StuckPool]) -> DagsterView:
+    """The record, from what the report already read: `dead_runs` from the heartbeats, `stuck` from the pools."""
+    holders = {run.run_id: DeadHolder(run.run_id, HEARTBEAT_SAYS_DEAD) for run in dead_runs if run.run_id}
+    holders.update((holder.run_id, holder) for pool in stuck for holder in pool.dead_holders)
+    return DagsterView(
+        taken_at=taken_at,
+        materialized=sorted(materialized),
+        dead_runs=sorted(holders.values(), key=lambda holder: holder.run_id),
+        pool_alerts=[alert.message for alert in pool_alerts(stuck)],
+    )
+
+
+def write_view(store: Store, view: DagsterView) -> None:
+    store.put_bytes(VIEW_KEY, to_json(view))
+
+
+def read_view(store: Store) -> DagsterView | None:
+    return read_record(store, VIEW_KEY, DagsterView)
+
+
+def render_view(view: DagsterView | None, now: float) -> str:
+    if view is None:
+        return (
+            "Dagster: no view recorded yet (the run_report asset records one at each refresh); "
+            f"`{ACTING_COMMAND}` reads the instance now"
+        )
+    dead = "; ".join(f"{holder.run_id} ({holder.why})" for holder in view.dead_runs) or "none"
+    return (
+        f"Dagster (as of {ago(view.taken_at, now)}, recorded by run_report): {len(view.materialized)} completions "
+        f"shards materialized; dead runs: {dead}; `{ACTING_COMMAND}` reads the instance now"
+    )
+
+
+def view_alerts(view: DagsterView | None, dead_runs: list[DeadRun], now: float) -> list[Alert]:
+    """The recorded pool alerts, with their age, and the runs seen dead now (their heartbeat) that only the
+    instance can end, with the commands that do it."""
+    alerts = [] if view is None else [Alert("pool", f"{m} (as of {ago(view.taken_at, now)})") for m in view.pool_alerts]
+    run_ids = sorted({run.run_id for run in dead_runs if run.run_id})
+    if run_ids:
+        alerts.append(
+            Alert(
+                "dead_runs",
+                f"runs {', '.join(run_ids)} died (their shard's heartbeat says so) and Dagster does not know it: "
+                f"`{ACTING_COMMAND}` marks them failed and frees their pool slots "
+                f"(or `{FREE_SLOTS_COMMAND} {' '.join(run_ids)}`)",
+            )
+        )
+    return alerts

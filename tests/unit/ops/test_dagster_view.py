@@ -1,0 +1,30 @@
+"""The view of Dagster the run_report asset records for `dflash status`: what it holds, read back as written."""
+
+from __future__ import annotations
+
+from dagster_project.ops.answers.progress import DeadRun
+from dagster_project.ops.dagster_view import DagsterView, read_view, render_view, take_view, write_view
+from dagster_project.ops.pool_slots import DeadHolder, StuckPool
+from dagster_project.store.storage import LocalStore
+
+
+def test_the_view_holds_every_dead_run_once_and_the_pool_alerts_with_their_command(tmp_path):
+    heartbeat_dead = [DeadRun(3, "run-3", "node-a", 12, 100.0, True), DeadRun(4, None, "node-a", 13, 100.0, True)]
+    stuck = StuckPool("sglang_fleet", 1, ["waiting"], [DeadHolder("run-3", "ended (FAILURE)"), DeadHolder("x", "gone")])
+    view = take_view(200.0, {2, 0, 1}, heartbeat_dead, stuck=[stuck])
+    assert view.materialized == [0, 1, 2]
+    # The pool's reason wins over the heartbeat's for a run seen both ways; a run without an id is not Dagster's.
+    assert view.dead_runs == [DeadHolder("run-3", "ended (FAILURE)"), DeadHolder("x", "gone")]
+    assert len(view.pool_alerts) == 1 and "`dflash free-slots run-3 x`" in view.pool_alerts[0]
+
+    store = LocalStore(tmp_path / "store")
+    assert read_view(store) is None
+    write_view(store, view)
+    assert read_view(store) == view
+    assert render_view(view, now=260.0).startswith(
+        "Dagster (as of 60 s ago, recorded by run_report): 3 completions shards materialized; "
+        "dead runs: run-3 (ended (FAILURE)); x (gone)"
+    )
+    assert render_view(DagsterView(taken_at=1.0, materialized=[]), now=2.0).endswith(
+        "dead runs: none; `dflash status --dagster` reads the instance now"
+    )
