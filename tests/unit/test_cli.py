@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from dagster_project import cli
+from dagster_project.cli.fleet import parse_sim_options
 from dagster_project.generation.heartbeat import this_process
 from dagster_project.ops.dagster_view import DagsterView, write_view
 from dagster_project.ops.pool_slots import DeadHolder
@@ -84,7 +85,7 @@ def test_sim_option_lists_every_simulator_setting_with_the_default_fleet_up_star
     assert "max_running_requests=16" in sim_option.help and "gpu_memory_gb=null" in sim_option.help
     assert "api_key" not in sim_option.help  # from SGLANG_API_KEY only
     with pytest.raises(SystemExit, match="NAME one of host, model_path"):
-        cli._parse_sim_options(["max_runing_requests=8"])
+        parse_sim_options(["max_runing_requests=8"])
 
 
 def test_demo_help_says_it_deletes_the_demo_directory(capsys):
