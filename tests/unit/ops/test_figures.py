@@ -100,7 +100,7 @@ def test_what_binds_a_servers_cap_is_one_statement_the_same_in_every_table_and_t
     servers_row = next(line for line in page.splitlines() if line.startswith(f"| {server} | 69/69 | 3 |"))
     capacity_row = next(line for line in page.splitlines() if line.startswith(f"| {server} | Now: "))
     assert servers_row.endswith("| the server's cap |") and capacity_row.count(binding) == 2
-    assert "| 21% | 100% |" in servers_row  # KV use is the KV pool's; the mamba pool is the full one
+    assert "| 21%/100% |" in servers_row  # KV use is the KV pool's; the mamba pool is the full one
     limit_line = next(line for line in text.splitlines() if line.startswith(f"   {URL}:"))
     assert binding in limit_line and f"capacity: {binding}" in text
     assert "server memory" not in servers_row + limit_line
