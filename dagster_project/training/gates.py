@@ -10,7 +10,8 @@ Two layers, both plain numpy over Arrow list columns, one chunk at a time:
   structure and answer text of generated outputs), `row_digests`, `split_by_mask`, `list_buffers`;
 * **gates over those figures** — `loss_sum_floor`, `loss_sum_concentration`, `consecutive_supervised`,
   `ids_in_vocabulary`, `thinking_structure`, `degenerate_answers`, `short_answers`, `ids_match_completions`,
-  `length_loss`.
+  `length_loss`; `malformed_tool_calls` (the model's own tool calls) lives beside them in
+  `training.tool_call_gate`.
 
 They serve completions (`output_ids` is the would-be supervised part) and training rows (the part under
 `loss_mask == 1`) alike; end to end, per shard:
@@ -34,6 +35,8 @@ Default thresholds, each a parameter:
   non-blank reasoning before it; at most 1% of finished answers may break this.
 * **degenerate answers**: no answer text on more than 5% of distinct prompts (once on 5 or more).
 * **short answers**: at most 10% of finished answers under 8 characters, at most 1% empty.
+* **malformed tool calls** (`training.tool_call_gate`): at most 5% of the tool calls written in finished answers
+  break the Qwen3.6 `<tool_call>` format.
 """
 
 from __future__ import annotations

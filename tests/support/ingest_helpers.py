@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,3 +73,13 @@ def run_stages(
     ]
     assert manifest.num_shards == num_shards and store.exists(layout.stage_manifest_key(layout.CONVERSATIONS))
     return Outcome(store, raw, manifest, conversations, quarantined)
+
+
+def questions_in_shards(root: Path, count: int = 6, num_shards: int = 2) -> LocalStore:
+    """A store whose conversations are `count` one-line questions (ids c0, c1, ...) in `num_shards` shards."""
+    source = root / "prompts.jsonl"
+    with open(source, "w") as handle:
+        for i in range(count):
+            handle.write(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"Question {i}?"}]}))
+            handle.write("\n")
+    return run_stages(root, [str(source)], num_shards=num_shards).store

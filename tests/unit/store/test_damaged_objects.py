@@ -3,8 +3,6 @@ message naming the object, never a bare decoder error."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from dagster_project import cli
@@ -13,19 +11,14 @@ from dagster_project.ops.coverage import dataset_coverage
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, shard_manifest_key, stage_manifest_key
 from dagster_project.store.storage import CorruptObject, LocalStore
 from dagster_project.training.stage import AssemblyOptions, assemble_shard
-from tests.support.ingest_helpers import run_stages
+from tests.support.ingest_helpers import questions_in_shards
 from tests.support.training_shards import healthy_rows, publish_completions
 
 
 @pytest.fixture
 def store(tmp_path) -> LocalStore:
     """Conversations in two shards, and completions published for shard 0."""
-    source = tmp_path / "prompts.jsonl"
-    with open(source, "w") as handle:
-        for i in range(6):
-            handle.write(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"Question {i}?"}]}))
-            handle.write("\n")
-    store = run_stages(tmp_path, [str(source)], num_shards=2).store
+    store = questions_in_shards(tmp_path)
     publish_completions(store, 0, healthy_rows(4))
     return store
 

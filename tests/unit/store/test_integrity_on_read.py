@@ -6,7 +6,6 @@ reads both."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -25,19 +24,14 @@ from dagster_project.training.hf_export import export_hf_shard
 from dagster_project.training.mixture import mixture_report
 from dagster_project.training.shards import iter_training_batches, read_training_manifest, training_manifest
 from dagster_project.training.stage import AssemblyOptions, assemble_shard
-from tests.support.ingest_helpers import run_stages
+from tests.support.ingest_helpers import questions_in_shards
 from tests.support.training_shards import healthy_rows, publish_completions
 
 
 @pytest.fixture
 def store(tmp_path) -> LocalStore:
     """Conversations in two shards; shard 0's completions and training shard published and cleared for export."""
-    source = tmp_path / "prompts.jsonl"
-    with open(source, "w") as handle:
-        for i in range(6):
-            handle.write(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"Question {i}?"}]}))
-            handle.write("\n")
-    store = run_stages(tmp_path, [str(source)], num_shards=2).store
+    store = questions_in_shards(tmp_path)
     publish_completions(store, 0, healthy_rows(12))
     assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")
     for check in REQUIRED_VERDICTS:
