@@ -81,7 +81,7 @@ def render_coverage(coverage: CoverageAnswer, now: float) -> list[str]:
         "5. Coverage",
         f"   input rows {fmt(c.input_rows)} → normalized {fmt(c.normalized)} + quarantined {fmt(c.quarantined)} "
         f"{c.quarantined_by_reason or ''}",
-        f"   conversations {fmt(c.conversations)} by source {by_source}; events planned {fmt(c.events_planned)}, "
+        f"   conversations {fmt(c.conversations)} by source {fmt(by_source)}; events planned {fmt(c.events_planned)}, "
         f"in published shards {fmt(c.events_in_published_shards)} (errors {fmt(c.errors_in_published_shards)})",
         f"   tool-calling conversations {fmt(c.tool_calling)}; ids renamed (own id taken, kept under a hash id) "
         f"{fmt(c.renamed_ids)}",

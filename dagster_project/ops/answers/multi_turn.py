@@ -40,6 +40,6 @@ def render_multi_turn(multi_turn: MultiTurnAnswer) -> list[str]:
     t = multi_turn
     return [
         "6. Multi-turn",
-        f"   policy {t.policy}: {fmt(t.multi_turn_conversations)} multi-turn of {fmt(t.conversations)} "
+        f"   policy {fmt(t.policy)}: {fmt(t.multi_turn_conversations)} multi-turn of {fmt(t.conversations)} "
         f"conversations; assistant turns generated {generated_of_planned(t)}",
     ]
