@@ -134,23 +134,31 @@ def _bic(fit: tuple[float, list[float]], n: int) -> float:
 
 
 def _least_squares(matrix: list[list[float]]) -> list[float] | None:
-    """The x minimizing |A x - 1|^2 by the normal equations (at most three unknowns); None if singular."""
+    """The x minimizing |A x - 1|^2 by the normal equations (at most three unknowns); None if singular.
+
+    The columns are scaled to unit length first, so that "singular" means the same for every curve: a cap that
+    folds several concurrencies onto one makes the (1/b, 1, b) columns dependent up to rounding noise, and that
+    noise must not pass for a pivot."""
     n = len(matrix[0])
     if len(matrix) < n:
         return None
+    norms = [math.sqrt(sum(row[i] * row[i] for row in matrix)) for i in range(n)]
+    if min(norms) == 0 or not all(math.isfinite(x) for x in norms):
+        return None
+    scaled = [[row[i] / norms[i] for i in range(n)] for row in matrix]
     normal = [
-        [sum(row[i] * row[j] for row in matrix) for j in range(n)] + [sum(row[i] for row in matrix)] for i in range(n)
+        [sum(row[i] * row[j] for row in scaled) for j in range(n)] + [sum(row[i] for row in scaled)] for i in range(n)
     ]
     for column in range(n):
         pivot = max(range(column, n), key=lambda r: abs(normal[r][column]))
-        if abs(normal[pivot][column]) < 1e-12 * max(1.0, abs(normal[column][column])):
+        if abs(normal[pivot][column]) < 1e-9:  # unit diagonal: this is a condition number past 1e9
             return None
         normal[column], normal[pivot] = normal[pivot], normal[column]
         for r in range(n):
             if r != column:
                 factor = normal[r][column] / normal[column][column]
                 normal[r] = [a - factor * b for a, b in zip(normal[r], normal[column])]
-    solution = [normal[i][n] / normal[i][i] for i in range(n)]
+    solution = [normal[i][n] / normal[i][i] / norms[i] for i in range(n)]
     return solution if all(math.isfinite(x) for x in solution) else None
 
 

@@ -50,3 +50,12 @@ def test_a_curve_that_falls_keeps_its_bend_and_noise_on_a_flat_top_does_not_make
 def test_one_point_gives_a_knee_but_no_interval():
     estimate = knee.estimate_knee([(145, 17_000.0)], 116, 0.95)
     assert estimate.concurrency == 145 and estimate.uncertainty == "no interval: 1 point(s) measured"
+
+
+def test_a_cap_that_folds_the_sweep_onto_two_concurrencies_gives_a_knee_not_a_crash():
+    # Swept at 1, 4 and 8 on servers capped at 4: the points sit at two concurrencies, where the bent curve's three
+    # terms cannot be told apart. The bootstrap's refits of such points divided by a rounding-noise pivot.
+    samples = [(1, 87.5), (1, 91.6), (1, 97.4), (4, 336.6), (4, 334.6), (4, 314.5), (8, 278.6), (8, 292.4), (8, 255.6)]
+    for seed in range(10):
+        estimate = knee.estimate_knee(samples, 4, 0.9, seed=seed)
+        assert estimate is not None and 1 <= estimate.low <= estimate.concurrency <= estimate.high <= 8
