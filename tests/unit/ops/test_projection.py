@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from dagster_project import cli
@@ -51,3 +53,8 @@ def test_dflash_plan_project_prints_the_seed_and_tuned_table(capsys):
 def test_dflash_plan_project_refuses_an_unknown_profile_in_one_line():
     with pytest.raises(SystemExit, match="unknown profile 'x200'"):
         cli.main(["plan", "--project", "--profile", "x200"])
+
+
+def test_the_readme_quotes_the_seed_jobs_projection_as_the_code_computes_it():
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    assert project(SEED_JOB).table() in readme
