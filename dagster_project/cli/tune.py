@@ -150,6 +150,8 @@ def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
     if args.shards:
         print(advise_shards(ShardSizing(**given_flags(args, ShardSizing))))
         return 0
+    if args.project:
+        return _project(args)
     store = open_configured_store()  # without the Dagster resources: nothing else here needs them
     if args.show:
         recorded = read_plan(store)
@@ -170,6 +172,17 @@ def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
     write_plan(store, plan)
     print(f"plan written to {store.url('plan.json')}: {plan}")
     print(plan.cost_summary())
+    return 0
+
+
+def _project(args: argparse.Namespace) -> int:
+    from dagster_project.ops.projection import Job, project
+
+    try:
+        projection = project(Job(**given_flags(args, Job)))
+    except (ValueError, KeyError, OSError) as exc:
+        raise SystemExit(f"dflash plan --project: {exc}") from None
+    print(projection.describe())
     return 0
 
 
@@ -200,6 +213,7 @@ def tune_flags(tune: argparse.ArgumentParser) -> None:
 
 def plan_flags(plan: argparse.ArgumentParser) -> None:
     from dagster_project.ops.plan import BRIEF_PLAN, Plan, ShardSizing
+    from dagster_project.ops.projection import Job
 
     plan.add_argument(
         "--brief",
@@ -212,4 +226,11 @@ def plan_flags(plan: argparse.ArgumentParser) -> None:
     add_flags(plan, Plan, skip={"source"})
     plan.add_argument("--shards", action="store_true", help="how many shards to use (the flags below; nothing written)")
     add_flags(plan, ShardSizing)
+    plan.add_argument(
+        "--project",
+        action="store_true",
+        help="project the whole job from a GPU profile at the seed's and tuned settings: hours, $, what binds "
+        "(--events, --gpus and the flags below; nothing written)",
+    )
+    add_flags(plan, Job, skip={"events", "gpus"})  # --events and --gpus are the shard sizing's and the plan's
     plan.set_defaults(func=cmd_plan)
