@@ -84,3 +84,12 @@ def step_factor(setting: SpecSetting | None, growth: float, batch: int) -> float
     fixed = (1 - growth) * _fixed_share(setting) / _fixed_share(RECIPE)
     per_request = growth * _per_request_share(setting) / _per_request_share(RECIPE)
     return fixed + batch * per_request
+
+
+def recipe_step(setting: SpecSetting | None, step_1: float, growth: float) -> tuple[float, float]:
+    """(decode_step_s, decode_step_growth) under 3/1/4 that `step_factor` prices `setting` (None: off) at, given
+    the step of `setting` itself: `step_1` at one running request, `growth` more per extra one (a curve computed
+    or measured under that setting, e.g. a GPU profile's). The inverse of `step_factor` for a linear step."""
+    fixed = step_1 * (1 - growth) * _fixed_share(RECIPE) / _fixed_share(setting)
+    per_request = step_1 * growth * _per_request_share(RECIPE) / _per_request_share(setting)
+    return fixed + per_request, per_request / (fixed + per_request)
