@@ -7,7 +7,9 @@ and every constant's source) are set beside the figures they must meet: on B200 
 per GPU logged over its decode batches, 6.1 answers/s over 7 GPUs end to end) and a public figure (Qwen3.5-27B
 FP8, MTP-1, ~11.5K total tok/s per B200 at ISL 1024 / OSL 512); no published figure of this model class on H200
 was found. Each profile is also run through the simulator's own rate formula (`sglang.sim.rates`) with the
-settings `GpuProfile.sim_options` gives it, which must agree with the profile's own rate.
+settings `GpuProfile.sim_options` gives it, which must agree with the profile's own rate; and the B200 bf16 profile
+drives a simulator process (`dflash tune --simulate 1`, 16 requests in flight, 600-token prompts, 2,472-token
+answers), whose measured output tok/s is set beside the profile's (about 2.5 minutes).
 
 The seed job (913,786 answers x 2,472 output tokens, 7 B200, $27/hour) is projected by `dflash plan --project`'s
 code (`ops.projection`), next to the simple alternative an operator reaches for first: throughput that grows with
@@ -18,12 +20,16 @@ Results go to the `profiles` section of BENCHMARKS.md.
 
 from __future__ import annotations
 
+import argparse
+import tempfile
 import time
+from pathlib import Path
 
+from benchmarks.bench_tune import dflash_tune
 from benchmarks.report import write_section
 from dagster_project.ops.projection import SEED_RUNNING, Job, project
 from dagster_project.sglang.profiles import anchors, constants
-from dagster_project.sglang.profiles.profile import PROFILES, SEED_SPEC, SPEC_OFF, build_profile
+from dagster_project.sglang.profiles.profile import PROFILES, SEED_SPEC, SPEC_OFF, ProfileSpec, build_profile
 from dagster_project.sglang.sim.config import SimConfig
 from dagster_project.sglang.sim.rates import steady_output_rate
 
@@ -70,6 +76,27 @@ def profiles_section() -> str:
     return "\n".join(lines)
 
 
+def simulator_section() -> str:
+    """The B200 bf16 profile's settings in a simulator process, measured at the seed's batch by `dflash tune`."""
+    profile = build_profile(ProfileSpec("b200"))
+    options = {**profile.sim_options(SEED_SPEC), "output_len": f"fixed:{OUTPUT:.0f}", "max_output_len": int(2 * OUTPUT)}
+    with tempfile.TemporaryDirectory() as tmp:
+        report = dflash_tune(
+            Path(tmp), profile.name, options,
+            "--concurrencies", str(SEED_RUNNING), "--refine", "0", "--rounds", "2",
+            "--max-new-tokens", f"{2 * OUTPUT:.0f}",
+        )  # fmt: skip
+    (point,) = report.points
+    expected = profile.output_rate(SEED_RUNNING, OUTPUT, PROMPT)
+    return (
+        f"A simulator process with the {profile.name} profile's settings (`dflash tune --simulate 1`, "
+        f"{SEED_RUNNING} requests in flight): **{point.output_tok_per_s:,.0f}** "
+        f"output tok/s at accept length {point.accept_length:.2f}, against the profile's {expected:,.0f} "
+        f"(ratio **{point.output_tok_per_s / expected:.3f}**) and the seed's {anchors.seed_end_to_end_rate():,.0f} "
+        "end to end."
+    )
+
+
 def projection_section(profile: str) -> str:
     projection = project(Job(profile=profile))
     # The simple alternative: the seed setting's hours shrink in proportion to the running requests.
@@ -100,10 +127,13 @@ def answer() -> str:
     )
 
 
-def run() -> str:
+def run(simulate: bool) -> str:
     started = time.perf_counter()
     flagged = [row for row in constants.TABLE if row.flagged]
     body = [
+        "## profiles: GPU profiles against their anchors; the seed job projected "
+        "(`python -m benchmarks.bench_profiles`)",
+        "",
         "Roofline profiles of Qwen3.6-27B (docs/GPU_PROFILES.md: the model, and every constant with its source and "
         "date). Ratios are the profile's figure over the anchor's. Flagged (assumptions and fitted values): "
         + "; ".join(f"`{row.name}` = {row.value:g} {row.unit} ({row.kind.value})" for row in flagged)
@@ -122,6 +152,8 @@ def run() -> str:
         "*Simulator at 16 / profile*: the simulator's closed-form rate (`sglang.sim.rates`) with the profile's "
         "`sim_options` (its curve fitted as a line over 1-64 running), over the profile's decode rate.",
         "",
+        simulator_section() if simulate else "(simulator process not run: `--no-simulator`)",
+        "",
         "### The seed job projected (`dflash plan --project`)",
         "",
         projection_section("b200-bf16"),
@@ -138,7 +170,9 @@ def run() -> str:
 
 
 def main() -> None:
-    markdown = run()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--no-simulator", action="store_true", help="skip the simulator process (2.5 minutes)")
+    markdown = run(not parser.parse_args().no_simulator)
     print(markdown)
     print(f"\nwritten to {write_section('profiles', markdown)}")
 
