@@ -31,7 +31,7 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
     target = launch.CapacityTarget(**given_flags(args, launch.CapacityTarget))
     fleet = resources.fleet
     endpoints: list[str] = []
-    launcher = None
+    launcher = spec_options = None
     if args.simulate:
         given = parse_sim_options(args.sim_option, defaults={})
         base = parse_sim_options(args.sim_option)
@@ -39,6 +39,7 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
             base.pop("max_running_requests", None)
         settings_grid = tune.launch_settings_grid(_sweeps(args.sweep, None), _launch_flag)
         launcher = _simulator_launcher(args.simulate, Path(fleet.fleet_dir).with_name("tune-fleet"), base, target)
+        spec_options = launch.sim_spec_options
     elif args.gpus:
         base_options = launch.ServerOptions(
             **given_flags(args, launch.ServerOptions), api_key=fleet.api_key, extra_args=tuple(args.extra_arg)
@@ -47,6 +48,7 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
         settings_grid = tune.launch_settings_grid(_sweeps(args.sweep, allowed), _launch_flag)
         gpus = [int(g) for g in args.gpus.split(",")]
         launcher = _gpu_launcher(gpus, Path(fleet.fleet_dir), base_options, target)
+        spec_options = launch.server_spec_options
     else:
         if args.sweep:
             raise SystemExit("--sweep restarts servers: give --simulate N or --gpus to tune in launch mode")
@@ -63,6 +65,7 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
         launcher=launcher,
         api_key=fleet.api_key,
         prompts_source=source,
+        spec_options=spec_options,
     )
     out = Path(args.out) if args.out else Path(resources.store.local_dir()) / "tune"
     written = tune.write_local(report, out)
@@ -70,6 +73,8 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
     print(report.recommendation)
     if report.recommended_flags:
         print(f"recommended flags: {' '.join(report.recommended_flags)}")
+    if report.speculative is not None:
+        print(f"speculative decoding: {report.speculative.verdict}")
     print(f"report: {written} (chart beside it); in the store: {store.url(tune.REPORT_KEY)}")
     return 0
 

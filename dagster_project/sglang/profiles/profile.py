@@ -27,6 +27,8 @@ import orjson
 from dagster_project.sglang import capacity
 from dagster_project.sglang.profiles import constants
 from dagster_project.sglang.profiles.roofline import Roofline, Workload, qwen3_6_27b_shapes, roofline_for
+from dagster_project.sglang.sim import speculation
+from dagster_project.sglang.speculative import SpecSetting
 
 FORMAT = 1
 # Running requests the roofline curves are tabulated at (a measured curve has its own).
@@ -130,7 +132,9 @@ class GpuProfile:
         (running - 1))` over `running_range`, acceptance per draft as a chain with this accept length, the memory
         model of this GPU and these weights."""
         curve = self.curve(spec)
-        step_1, growth = fit_linear_step(curve, running_range)
+        served = SpecSetting(spec.steps, spec.topk, spec.draft_tokens) if spec.enabled else None
+        # The simulator's step is the 3/1/4 one, other settings priced from it: this curve's step, expressed so.
+        step_1, growth = speculation.recipe_step(served, *fit_linear_step(curve, running_range))
         settings = self.launch_settings(spec)
         _, fraction = capacity.gpu_budget_bytes(self.gpu_memory, settings, model=_model_with_weights(self.weights_gib))
         options: dict[str, Any] = {
@@ -147,6 +151,8 @@ class GpuProfile:
         }
         if spec.enabled:
             options["spec_draft_tokens"] = spec.draft_tokens
+            options["speculative_num_steps"] = spec.steps
+            options["speculative_eagle_topk"] = spec.topk
             options["accept_probs"] = chain_accept_probs(curve.accept_length, spec.draft_tokens)
         return options
 

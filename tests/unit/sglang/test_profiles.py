@@ -9,6 +9,7 @@ from dagster_project.sglang.profiles.profile import (
     SPEC_OFF,
     GpuProfile,
     ProfileSpec,
+    SpecSettings,
     build_profile,
     chain_accept_probs,
     profile_named,
@@ -89,6 +90,11 @@ def test_the_simulator_with_a_profiles_options_runs_at_the_profiles_rate():
     assert simulated == pytest.approx(expected, rel=0.03)
     assert config.running_cap >= 16  # the memory model of the profile runs the seed's batch
     assert SimConfig(**profile.sim_options(SPEC_OFF)).speculative is False
+    # Every setting's own curve, though the simulator prices the others from its 3/1/4 step.
+    for spec in (SPEC_OFF, SpecSettings(1, 1, 2)):
+        config = SimConfig(**profile.sim_options(spec))
+        simulated = rates.steady_output_rate(config, 16, output)
+        assert simulated == pytest.approx(profile.curve(spec).decode_rate(16) * output / (output - 1), rel=0.03)
 
 
 def test_the_b200_profiles_meet_their_anchors():
