@@ -77,10 +77,10 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
         tune_flags,
     ),
     "plan": (
-        "record the estimates the run is compared against, or size the shards",
+        "record the estimates the run is compared against, size the shards, or project the job from a GPU profile",
         "Record the plan (--brief, or --req-per-s, --avg-output-tokens and --output-tok-per-s) in the store's "
         "plan.json, which `dflash status` compares the run against; --show prints it; --shards advises a shard "
-        "count and writes nothing.",
+        "count and --project projects the whole job's hours and cost from a GPU profile; both write nothing.",
         plan_flags,
     ),
     "metrics": (
