@@ -171,10 +171,16 @@ def run(simulate: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--no-simulator", action="store_true", help="skip the simulator process (2.5 minutes)")
-    markdown = run(not parser.parse_args().no_simulator)
+    parser.add_argument(
+        "--no-simulator",
+        action="store_true",
+        help="skip the simulator process (2.5 minutes); BENCHMARKS.md not written",
+    )
+    skip = parser.parse_args().no_simulator
+    markdown = run(not skip)
     print(markdown)
-    print(f"\nwritten to {write_section('profiles', markdown)}")
+    if not skip:
+        print(f"\nwritten to {write_section('profiles', markdown)}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ larger batch does not amortize), or the KV/mamba pools.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dagster_project.ops import knee
 from dagster_project.sglang.profiles import constants
@@ -103,15 +104,16 @@ class Projection:
         )
 
 
-def load_profile(name: str) -> GpuProfile:
-    """A built-in profile by name, or a profile JSON file (e.g. one measured by scripts/gpu_check.sh)."""
-    if name.endswith(".json"):
-        return GpuProfile.load(name)
-    return profile_named(name)
+def load_profile(job: Job) -> GpuProfile:
+    """The job's profile: a profile JSON file as measured (e.g. by scripts/gpu_check.sh), or a built-in one computed
+    at the job's mean decode context (its prompt and half its answer)."""
+    if job.profile.endswith(".json"):
+        return GpuProfile.load(Path(job.profile))
+    return profile_named(job.profile, context_tokens=job.prompt_tokens + job.output_tokens / 2)
 
 
 def project(job: Job, profile: GpuProfile | None = None, spec: SpecSettings = SEED_SPEC) -> Projection:
-    profile = profile or load_profile(job.profile)
+    profile = profile or load_profile(job)
     curve = profile.curve(spec)
 
     def setting(label: str, running: int, binds: str, flags: tuple[str, ...] = ()) -> ProjectedSetting:

@@ -297,10 +297,11 @@ def build_profile(spec: ProfileSpec, roofline: Roofline | None = None) -> GpuPro
 PROFILES = tuple(ProfileSpec(gpu, weights) for gpu in ("h200", "b200") for weights in ("bf16", "fp8"))
 
 
-def profile_named(name: str) -> GpuProfile:
-    """A built-in roofline profile by name (`b200-bf16`, `h200-fp8`, ...)."""
+def profile_named(name: str, context_tokens: float | None = None) -> GpuProfile:
+    """A built-in roofline profile by name (`b200-bf16`, `h200-fp8`, ...), its curves at `context_tokens` of mean
+    decode context (default: the seed's)."""
     for spec in PROFILES:
         if f"{spec.gpu}-{spec.weights}" == name:
-            return build_profile(spec)
+            return build_profile(spec if context_tokens is None else replace(spec, context_tokens=context_tokens))
     names = ", ".join(f"{s.gpu}-{s.weights}" for s in PROFILES)
     raise ValueError(f"unknown profile {name!r}: one of {names}")

@@ -58,3 +58,11 @@ def test_dflash_plan_project_refuses_an_unknown_profile_in_one_line():
 def test_the_readme_quotes_the_seed_jobs_projection_as_the_code_computes_it():
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     assert project(SEED_JOB).table() in readme
+
+
+def test_a_built_in_profile_is_computed_at_the_jobs_own_context():
+    long = project(Job(output_tokens=10_000, prompt_tokens=2_000))
+    assert long.profile.context_tokens == 2_000 + 5_000
+    # Longer contexts read more KV per step: the same batch decodes slower than at the seed's lengths.
+    seed_profile = project(SEED_JOB).profile
+    assert long.profile.curve().step_s(16) > seed_profile.curve().step_s(16)
