@@ -8,7 +8,8 @@ and buttons call — the test reads the assets, their checks and the shard parti
 partition backfill of `completions,training_set,specforge_export` over all shards (`launchPartitionBackfill`,
 the Materialize dialog's "launch backfill"), and waits for the daemon to run it.
 
-It checks: one run per shard, tagged `dagster/partition` and with the backfill's tag; every shard
+It checks: one run per shard (`DFLASH_SHARDS_PER_RUN=1`; the backfill policy tags each with a range of one
+shard) and with the backfill's tag; every shard
 materialized; every check evaluated on every shard and attributed to it (as the UI's check pages show it);
 and the pool: the two shards' `completions` steps never overlap in time.
 
@@ -35,6 +36,7 @@ from tests.support.dagster_helpers import (
     pipeline_env,
     publish_conversations,
     run_cli,
+    shard_of_run,
     step_windows,
 )
 from tests.support.sglang_fixtures import wait_until
@@ -82,7 +84,14 @@ def test_dagster_dev_shows_the_pipeline_and_a_backfill_runs_every_shard_under_th
     fleet = sim_fleet(2, **FAST_ANSWERS)
     home = dagster_home(tmp_path / "dagster_home")
     store = tmp_path / "store"
-    env = pipeline_env(home=home, store=store, work_dir=tmp_path / "work", num_shards=NUM_SHARDS, endpoints=fleet.urls)
+    env = pipeline_env(
+        home=home,
+        store=store,
+        work_dir=tmp_path / "work",
+        num_shards=NUM_SHARDS,
+        endpoints=fleet.urls,
+        extra={"DFLASH_SHARDS_PER_RUN": "1"},  # two runs, to see the pool make them take turns
+    )
     run_cli([DAGSTER, "instance", "concurrency", "set", POOL, "1"], env=env, cwd=tmp_path)
     publish_conversations(home, store, env)
 
@@ -115,10 +124,10 @@ def test_dagster_dev_shows_the_pipeline_and_a_backfill_runs_every_shard_under_th
 
         runs = wait_until(finished_runs, timeout_s=300, interval_s=1.0, what="the daemon to run the backfill")
         tags = [{t["key"]: t["value"] for t in run["tags"]} for run in runs]
-        assert len(runs) == NUM_SHARDS, [t.get("dagster/partition") for t in tags]
+        assert len(runs) == NUM_SHARDS, tags
         assert [run["status"] for run in runs] == ["SUCCESS"] * NUM_SHARDS, dev.log()[-5000:]
-        assert sorted(t["dagster/partition"] for t in tags) == SHARDS
-        partition_of_run = {run["runId"]: t["dagster/partition"] for run, t in zip(runs, tags)}
+        assert sorted(shard_of_run(t) for t in tags) == SHARDS
+        partition_of_run = {run["runId"]: shard_of_run(t) for run, t in zip(runs, tags)}
 
         # What the asset and check pages show per shard.
         status = dev.query(SHARD_STATUS, {"keys": [{"path": [a]} for a in SHARD_ASSETS]})["assetNodes"]
