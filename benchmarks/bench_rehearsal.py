@@ -48,6 +48,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -141,6 +142,7 @@ KINDS = (
     ("simulators", ("sglang.sim", "sglang_sim")),
     ("prometheus", ("prometheus",)),
     ("exporter", ("dflash metrics", "cli metrics")),
+    ("browser", ("chromium", "chromedriver")),
 )
 HEAD_NODE = ("daemon", "webserver", "code server", "dagster dev", "postgres")
 
@@ -167,7 +169,8 @@ class HeadSampler:
     ledger_root: Path
     postgres: PostgresServer
     ticks: list[Tick] = field(default_factory=list)
-    run_cpu: dict[int, float] = field(default_factory=dict)  # run worker pid -> the most CPU-s seen
+    # Run worker pid -> the most CPU-s seen (its own and its children's): short of its last SAMPLE_S at most.
+    run_cpu: dict[int, float] = field(default_factory=dict)
     run_rss: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -204,7 +207,7 @@ class HeadSampler:
                 cpu["runs" if kind == "code server" else kind] += reaped
                 rss[kind] += memory
                 if kind == "runs":
-                    self.run_cpu[process.pid] = max(self.run_cpu.get(process.pid, 0.0), own)
+                    self.run_cpu[process.pid] = max(self.run_cpu.get(process.pid, 0.0), own + reaped)
                     self.run_rss[process.pid] = max(self.run_rss.get(process.pid, 0), memory)
         states = [http_json(url + "/_sim/state") for url in self.urls]
         sample = Sample(
@@ -271,22 +274,29 @@ class RunRecord:
     backfill: str | None
     purpose: str | None
     materializations: int
+    pid: int | None  # of its worker process
 
 
 def run_records(postgres: PostgresServer) -> list[RunRecord]:
     rows = sql(
         postgres,
-        """
+        r"""
         SELECT r.run_id, r.status, extract(epoch FROM r.create_timestamp), r.end_time,
                max(CASE WHEN t.key = 'dagster/backfill' THEN t.value END),
                max(CASE WHEN t.key = 'dflash/purpose' THEN t.value END),
-               (SELECT count(*) FROM event_logs e WHERE e.run_id = r.run_id AND e.dagster_event_type = %s)
+               (SELECT count(*) FROM event_logs e WHERE e.run_id = r.run_id AND e.dagster_event_type = %s),
+               (SELECT substring(e.event FROM 'Started process for run \(pid: ([0-9]+)\)') FROM event_logs e
+                WHERE e.run_id = r.run_id AND e.dagster_event_type = 'ENGINE_EVENT'
+                  AND e.event LIKE '%%Started process for run%%' LIMIT 1)
         FROM runs r LEFT JOIN run_tags t ON t.run_id = r.run_id
         GROUP BY r.run_id, r.status, r.create_timestamp, r.end_time
         """,
         (MATERIALIZATION,),
     )
-    return [RunRecord(run_id, status, float(created), ended, *rest) for run_id, status, created, ended, *rest in rows]
+    return [
+        RunRecord(run_id, status, float(created), ended, backfill, purpose, materializations, pid and int(pid))
+        for run_id, status, created, ended, backfill, purpose, materializations, pid in rows
+    ]
 
 
 def failures(postgres: PostgresServer) -> dict[str, list[str]]:
@@ -527,6 +537,15 @@ class Result:
         return [run for run in self.runs if run.backfill == self.backfill_id]
 
     @property
+    def other_runs(self) -> list[RunRecord]:
+        """Runs launched after the backfill that are not its own: the sensors'."""
+        return [run for run in self.runs if run.backfill != self.backfill_id and run.created >= self.launched_at]
+
+    def cpu_of(self, runs: list[RunRecord]) -> float:
+        """CPU-s of these runs' worker processes (sampled; a run whose worker was not seen counts 0)."""
+        return sum(self.run_cpu.get(run.pid, 0.0) for run in runs)
+
+    @property
     def runs_without_work(self) -> list[RunRecord]:
         return [run for run in self.runs if run.materializations == 0]
 
@@ -585,7 +604,7 @@ def rehearse(settings: Settings, scratch: Path, postgres: PostgresServer, s3: S3
     """Publish the prompts, then one backfill of the shard job over every partition under `dagster dev`, measured."""
     shards = settings.shards
     partitions = layout.partition_keys(shards)
-    bucket = f"rehearsal-{os.getpid()}"
+    bucket = f"rehearsal-{uuid.uuid4().hex[:12]}"
     s3.client().create_bucket(Bucket=bucket)
     store_uri = f"s3://{bucket}/store"
     work = scratch / "work"
@@ -706,7 +725,7 @@ def render(result: Result) -> str:
     settings, runs = result.settings, result.backfill_runs
     partitions = len(result.partitions)
     cpu = result.cpu
-    runs_cpu = cpu.get("runs", 0.0)
+    runs_cpu = result.cpu_of(runs)
     everything = sum(cpu.values())
     at_cap = result.at_cap()
     enqueue = result.enqueue_rate()
@@ -716,11 +735,11 @@ def render(result: Result) -> str:
     statuses = defaultdict(int)
     for run in result.runs:
         statuses[run.status] += 1
-    others = [run for run in result.runs if run.backfill != result.backfill_id]
+    others = result.other_runs
     purposes = defaultdict(int)
     for run in others:
         purposes[run.purpose or "untagged"] += 1
-    per_run = [result.run_cpu[pid] for pid in result.run_cpu]
+    per_run = [result.run_cpu.get(run.pid, 0.0) for run in runs]
     mb = 1024 * 1024
     lines = [
         f"## Rehearsal: {partitions:,} partitions, one backfill through Dagster "
@@ -751,21 +770,21 @@ def render(result: Result) -> str:
             f"(rehearsal: **{result.ideal_s / result.wall_s:.3f}x** the ideal's speed) |"
         )
     lines += [
-        f"| backfill runs (runs of other purposes) | {len(runs):,} ({len(others)}: "
+        f"| backfill runs (and the sensors' runs during it) | {len(runs):,} ({len(others)}: "
         + (", ".join(f"{n} {p}" for p, n in sorted(purposes.items())) or "none")
         + ") |",
         f"| runs by status | {', '.join(f'{n} {s}' for s, n in sorted(statuses.items()))} |",
         f"| runs enqueued per second (backfill runs / launch to the last one's creation) | "
         f"{'—' if enqueue is None else f'{enqueue:.2f}'} |",
-        f"| CPU-s of the runs, per backfill run / per partition | {runs_cpu / max(1, len(runs)):.1f} / "
+        f"| CPU-s of the backfill's runs, per run (median, max) / per partition | {runs_cpu / max(1, len(runs)):.1f} "
+        f"({statistics.median(per_run) if per_run else 0:.1f}, {max(per_run, default=0):.1f}) / "
         f"**{runs_cpu / partitions:.2f}** |",
-        f"| CPU-s per run process (sampled alive: median, max) | "
-        f"{statistics.median(per_run) if per_run else 0:.1f}, {max(per_run, default=0):.1f} |",
+        f"| CPU-s of the sensors' runs during it | {result.cpu_of(others):,.0f} |",
         f"| CPU-s of everything started for the job, per partition | **{everything / partitions:.2f}** "
         f"({everything:,.0f} CPU-s) |",
     ]
     for kind in ("daemon", "webserver", "code server", "dagster dev", "runs", "postgres", "moto", "simulators",
-                 "prometheus", "exporter", "other"):  # fmt: skip
+                 "prometheus", "exporter", "browser", "other"):  # fmt: skip
         if kind in cpu or kind in result.rss:
             lines.append(
                 f"| {kind}: CPU-s, peak RSS (all its processes) | {cpu.get(kind, 0.0):,.0f}, "
@@ -779,9 +798,8 @@ def render(result: Result) -> str:
         f"| pool slots held after the end (leaked) | **{len(result.leaked_slots)}** |",
         f"| slot-seconds held without a request in flight / held | **{result.idle_slot_s:,.0f}** / "
         f"{result.slot_s:,.0f} |",
-        f"| each server at its cap while ≥ 2 runs generate ({result.generating_s(2):.0f} s of it) | "
-        + " / ".join("—" if v is None else f"{v:.1%}" for v in at_cap)
-        + " |",
+        f"| each server at its cap while ≥ 2 runs generate ({result.generating_s(2):.0f} s of it; ≥ 1 run: "
+        f"{result.generating_s(1):.0f} s) | " + " / ".join("—" if v is None else f"{v:.1%}" for v in at_cap) + " |",
         f"| coverage by id at the end (`dflash status --by-id`) | "
         f"**{'exact' if result.coverage.exactly_once else 'NOT exact'}** "
         f"({result.coverage.events_recorded:,} of {result.coverage.events_planned:,} events) |",
