@@ -47,6 +47,7 @@ class SpecComparison:
     noise: float = 0.0  # the knee fit's RMS relative residual
     verdict: str = ""
     best: str | None = None  # the fastest setting measured
+    launched: str = ""  # the setting the concurrency sweep ran (as its servers report it)
 
     def ratio(self, trial: SpecTrial) -> float | None:
         """Output tok/s of `trial` over the baseline's."""
@@ -57,8 +58,11 @@ class SpecComparison:
 def compare(concurrency: int, trials: Sequence[SpecTrial], noise: float) -> SpecComparison:
     """The verdict on measured `trials` (one of them the baseline): MTP on vs off, and the best setting."""
     ran = [t for t in trials if t.ran]
+    launched = next((t.setting for t in trials if t.baseline), "")
     if not ran:
-        return SpecComparison(concurrency, True, list(trials), noise, "no speculative setting produced output")
+        return SpecComparison(
+            concurrency, True, list(trials), noise, "no speculative setting produced output", launched=launched
+        )
     best = max(ran, key=lambda t: t.output_tok_per_s)
     off = next((t for t in ran if not t.mtp_on), None)
     on = max((t for t in ran if t.mtp_on), key=lambda t: t.output_tok_per_s, default=None)
@@ -91,7 +95,7 @@ def compare(concurrency: int, trials: Sequence[SpecTrial], noise: float) -> Spec
     failed = [t.setting for t in trials if not t.ran]
     if failed:
         verdict += f"; no output under {', '.join(failed)} (see the errors)"
-    return SpecComparison(concurrency, True, list(trials), noise, verdict, best.setting)
+    return SpecComparison(concurrency, True, list(trials), noise, verdict, best.setting, launched)
 
 
 def not_measured(concurrency: int, running: str, accept_length: float | None) -> SpecComparison:
@@ -102,7 +106,7 @@ def not_measured(concurrency: int, running: str, accept_length: float | None) ->
         "per server) and its flags cannot change from here; launch mode (`dflash tune --simulate N` or `--gpus`) "
         "relaunches the servers per speculative setting and measures it"
     )
-    return SpecComparison(concurrency, False, [], 0.0, verdict)
+    return SpecComparison(concurrency, False, [], 0.0, verdict, launched=running)
 
 
 def markdown(comparison: SpecComparison) -> list[str]:

@@ -78,7 +78,7 @@ class TuneOptions:
     seed: int = field(default=0, metadata={"help": "Seed of the prompt sample."})
     request_timeout_s: float = field(default=3600.0, metadata={"help": "Seconds one request may take."})
     spec_settings: str = field(
-        default="off,1/1/2,2/1/3,5/1/6",
+        default="off,1/1/2,2/1/3,4/1/5",
         metadata={
             "help": "Launch mode: speculative settings (off, or steps/topk/draft-tokens) measured at the knee "
             "against the one launched; empty: none."

@@ -14,11 +14,13 @@ run replaces.
 **Cost.** `decode_step_s` and `decode_step_growth` describe the server as the model card launches it (3/1/4):
 a step of b running requests takes T(b) = s (1 + g (b − 1)) = F + b R, a fixed part F = s (1 − g) (reading the
 weights, the target's and the drafts') and a part R = s g per running request (its KV and state reads and its
-tokens' compute). Another setting changes both: each of its `steps` draft passes reads the MTP layer and the
+tokens' compute). Another setting changes both: each of its steps + 1 MTP forwards reads the MTP layer and the
 LM head (`DRAFT_PASS_COST` of the target's weights) and runs top-k tokens per request; its verify pass runs
 draft-tokens tokens per request, each past the first costing `VERIFY_TOKEN_COST` of a request's share. Without
-MTP a step is one token per request and no draft pass. So MTP buys accept-length tokens per step for a step
-that grows faster with the batch, and at saturation it can stop paying.
+MTP a step is one token per request and no MTP forward. So MTP buys accept-length tokens per step for a step
+that grows faster with the batch, and at saturation it can stop paying. Both constants are fitted to the GPU
+profiles' roofline curves (`sglang.profiles`, docs/GPU_PROFILES.md), which compute every setting's step from
+the hardware and the model's shapes: a test keeps the two within a few percent.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from collections.abc import Sequence
 
 from dagster_project.sglang.speculative import RECIPE, SpecSetting
 
-# One draft pass (the MTP layer and the LM head, 248,320 x 5,120) over the target's weights: about 1.7 B of
-# 27 B parameters read per pass, a roofline estimate.
-DRAFT_PASS_COST = 0.06
-# A verified token past a request's first, in shares of that request's per-step cost: roughly half of it is
-# the request's KV and state reads (once per pass), half the token's compute (per token), a roofline estimate.
-VERIFY_TOKEN_COST = 0.5
+# One MTP forward (the MTP layer and the LM head, 248,320 x 5,120: 1.7 B of the 25.6 B weights streamed per
+# target forward) in shares of a plain decode step's fixed part: fitted to the roofline profiles, where MTP off
+# runs at 0.81 of the 3/1/4 step's fixed part and each step more adds 4.7%.
+DRAFT_PASS_COST = 0.0575
+# A verified token past a request's first, in shares of that request's per-step cost (its KV and state reads
+# happen once per pass; the state writes and compute per token): fitted to the roofline profiles, where a
+# request's share without MTP is 0.43 of its share under 3/1/4.
+VERIFY_TOKEN_COST = 0.36
 # Share of the misses of the best candidate that a further top-k candidate catches: an assumption.
 TOPK_CATCH = 0.4
 
@@ -67,7 +71,7 @@ def accept_probs(measured: Sequence[float], setting: SpecSetting) -> tuple[float
 
 def _fixed_share(setting: SpecSetting | None) -> float:
     """The fixed part of a step (weights read) relative to a plain decode step's."""
-    return 1 + (setting.steps * DRAFT_PASS_COST if setting is not None else 0.0)
+    return 1 + ((setting.steps + 1) * DRAFT_PASS_COST if setting is not None else 0.0)
 
 
 def _per_request_share(setting: SpecSetting | None) -> float:
@@ -75,7 +79,7 @@ def _per_request_share(setting: SpecSetting | None) -> float:
     if setting is None:
         return 1.0
     verify = 1 + (setting.draft_tokens - 1) * VERIFY_TOKEN_COST
-    return verify + setting.steps * DRAFT_PASS_COST * setting.topk
+    return verify + (setting.steps + 1) * DRAFT_PASS_COST * setting.topk
 
 
 def step_factor(setting: SpecSetting | None, growth: float, batch: int) -> float:

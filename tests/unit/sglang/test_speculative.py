@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dagster_project.sglang.launch import ServerOptions, server_command
+from dagster_project.sglang.profiles.profile import ROOFLINE_SPECS, SEED_SPEC, fit_linear_step, profile_named
 from dagster_project.sglang.sim import speculation
 from dagster_project.sglang.sim.config import SimConfig
 from dagster_project.sglang.sim.rates import steady_output_rate
@@ -80,3 +81,14 @@ def test_the_simulator_reports_the_setting_it_serves():
     assert (
         SimConfig(speculative=False).spec_setting is None and SimConfig(speculative=False).reserved_prompt_tokens == 0
     )
+
+
+@pytest.mark.parametrize(("name", "tolerance"), [("h200-bf16", 0.02), ("b200-bf16", 0.02), ("b200-fp8", 0.10)])
+def test_the_simulators_pricing_follows_the_gpu_profiles_roofline_for_every_setting(name, tolerance):
+    profile = profile_named(name)
+    step_1, growth = fit_linear_step(profile.curve(SEED_SPEC), (1, 64))
+    for spec in ROOFLINE_SPECS:
+        setting = SpecSetting(spec.steps, spec.topk, spec.draft_tokens) if spec.enabled else None
+        for running in (1, 16, 64):
+            priced = step_1 * speculation.step_factor(setting, growth, running)
+            assert priced == pytest.approx(profile.curve(spec).step_s(running), rel=tolerance), (spec.label, running)
