@@ -26,6 +26,7 @@ class SpecTrial:
     output_tok_per_s: float
     accept_length: float | None  # None without MTP: the server reports no spec stats
     errors: int = 0
+    running: int | None = None  # requests it ran at once, where its cap held it below the comparison's concurrency
     baseline: bool = False  # the setting the concurrency sweep ran
 
     @property
@@ -92,6 +93,9 @@ def compare(concurrency: int, trials: Sequence[SpecTrial], noise: float) -> Spec
         verdict += f"; the best speculative setting is {on.setting}, {over:+.0%} over {base.setting} as launched" + (
             " (within the noise)" if over < NOISE_MULTIPLE * noise else f" (`--speculative {on.setting}`)"
         )
+    capped = [f"{t.setting} ran {t.running}" for t in trials if t.running is not None and t.running < concurrency]
+    if capped:
+        verdict += f"; the servers' cap held some below {concurrency} at once: {', '.join(capped)}"
     failed = [t.setting for t in trials if not t.ran]
     if failed:
         verdict += f"; no output under {', '.join(failed)} (see the errors)"
