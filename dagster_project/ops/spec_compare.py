@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from dagster_project.sglang import speculative
 
 NOISE_MULTIPLE = 2.0  # a difference under this many RMS residuals of the knee fit is not told apart from noise
+# The least noise assumed: a sweep of one or two points leaves no residual, and one point per setting carries a
+# few percent (the knee benchmarks inject ±3%).
+NOISE_FLOOR = 0.02
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class SpecComparison:
 
 def compare(concurrency: int, trials: Sequence[SpecTrial], noise: float) -> SpecComparison:
     """The verdict on measured `trials` (one of them the baseline): MTP on vs off, and the best setting."""
+    noise = max(noise, NOISE_FLOOR)
     ran = [t for t in trials if t.ran]
     launched = next((t.setting for t in trials if t.baseline), "")
     if not ran:
