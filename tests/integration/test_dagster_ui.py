@@ -11,10 +11,10 @@ partitions and launches a partition backfill of the shard assets over all shards
 Materialize dialog's "launch backfill"), waits for the daemon to run it, then materializes `run_report` again
 through the CLI.
 
-The first test checks what the UI shows of it: the assets, their checks, pools and shards; one run per shard,
-tagged `dagster/partition` and with the backfill's tag; every shard materialized; every check evaluated on every
-shard and attributed to it (as the UI's check pages show it); and the pool: the two shards' `completions` steps
-never overlap in time.
+The first test checks what the UI shows of it: the assets, their checks, pools and shards; one run per shard
+(`DFLASH_SHARDS_PER_RUN=1`; the backfill policy tags each with a range of one shard) and with the backfill's tag;
+every shard materialized; every check evaluated on every shard and attributed to it (as the UI's check pages show
+it); and the pool: the two shards' `completions` steps never overlap in time.
 
 The second opens the `run_report` asset page and a completions partition page in headless Chromium
 (tests/support/browser.py) and asserts that the asset's overview shows, in place and without opening a dialog, the
@@ -59,6 +59,7 @@ from tests.support.dagster_helpers import (
     pipeline_env,
     publish_conversations,
     run_cli,
+    shard_of_run,
     step_windows,
 )
 from tests.support.paths import PROJECT_ROOT
@@ -131,7 +132,8 @@ def operator_ui(tmp_path_factory) -> Iterator[OperatorUI]:
                 work_dir=root / "work",
                 num_shards=NUM_SHARDS,
                 endpoints=fleet.urls,
-                extra={"DFLASH_COST_PER_GPU_HOUR": "3.50"},
+                # A run per shard, to see the pool make them take turns; a price, for the page's cost figures.
+                extra={"DFLASH_SHARDS_PER_RUN": "1", "DFLASH_COST_PER_GPU_HOUR": "3.50"},
             )
             run_cli([DAGSTER, "instance", "concurrency", "set", POOL, "1"], env=env, cwd=root)
             publish_conversations(home, store, env)
@@ -177,10 +179,10 @@ def test_dagster_dev_shows_the_pipeline_and_a_backfill_runs_every_shard_under_th
 
     # The backfill the fixture launched from the Materialize dialog: one run per shard, all succeeded.
     tags = [{t["key"]: t["value"] for t in run["tags"]} for run in runs]
-    assert len(runs) == NUM_SHARDS, [t.get("dagster/partition") for t in tags]
+    assert len(runs) == NUM_SHARDS, tags
     assert [run["status"] for run in runs] == ["SUCCESS"] * NUM_SHARDS, dev.log()[-5000:]
-    assert sorted(t["dagster/partition"] for t in tags) == SHARDS
-    partition_of_run = {run["runId"]: t["dagster/partition"] for run, t in zip(runs, tags)}
+    assert sorted(shard_of_run(t) for t in tags) == SHARDS
+    partition_of_run = {run["runId"]: shard_of_run(t) for run, t in zip(runs, tags)}
 
     # What the asset and check pages show per shard.
     status = dev.query(SHARD_STATUS, {"keys": [{"path": [a]} for a in SHARD_ASSETS]})["assetNodes"]
