@@ -60,6 +60,7 @@ benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_training_set
 	$(BIN)/python -m benchmarks.bench_tune
 	$(BIN)/python -m benchmarks.bench_profiles
+	$(BIN)/python -m benchmarks.bench_spec_tune
 	$(BIN)/python -m benchmarks.bench_status_scale
 	$(BIN)/python -m benchmarks.bench_status_process
 	$(BIN)/python -m benchmarks.bench_contamination
