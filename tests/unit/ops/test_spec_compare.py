@@ -34,11 +34,18 @@ def test_a_better_speculative_setting_is_named_and_a_gap_inside_the_noise_is_fla
     clear = compare(40, trials(700.0, ("5/1/6", 1200.0, 3.4)), noise=0.02)
     assert "the best speculative setting is 5/1/6, +20% over 3/1/4 as launched (`--speculative 5/1/6`)" in clear.verdict
     assert "noise" not in clear.verdict
+    # A sweep too short to have a residual still takes a few percent for noise.
+    assert (
+        "+3% over 3/1/4 as launched (within the noise)"
+        in compare(16, trials(500.0, ("4/1/5", 1030.0, 3.5)), 0.0).verdict
+    )
 
 
-def test_a_setting_without_output_is_named_not_counted():
+def test_a_setting_without_output_is_named_not_counted_and_one_held_below_the_concurrency_is_named():
     result = compare(40, trials(800.0, ("5/1/6", 0.0, None)), noise=0.02)
     assert result.best == "3/1/4" and "no output under 5/1/6" in result.verdict
+    capped = compare(40, [*trials(800.0), SpecTrial("4/1/5", 900.0, 3.2, running=31)], noise=0.02)
+    assert "the servers' cap held some below 40 at once: 4/1/5 ran 31" in capped.verdict
     table = "\n".join(markdown(result))
     assert "| off | 800 | -20.0% | — | 0 |" in table and "| 3/1/4 (as launched) | 1,000 | — | 2.90 | 0 |" in table
 
