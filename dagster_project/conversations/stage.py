@@ -38,6 +38,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,8 @@ STAGE = "conversations"
 QUARANTINE_KEY = f"{layout.CONVERSATIONS}/quarantine.jsonl.zst"
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # with 32K new tokens, multi-turn history still fits a 64K context
 DEFAULT_QUARANTINE_RATE_MAX = 0.10
+# Rows decided against one batch of lookups in the on-disk dedup index (`dedup.SeenIndex.prefetch`).
+BUILD_BATCH_ROWS = 4096
 # What is built from the conversations shards, shard for shard.
 DOWNSTREAM_STAGES = (layout.COMPLETIONS, layout.TRAINING_SET)
 
@@ -147,8 +150,18 @@ class ConversationBuilder:
         self.renamed_ids = 0  # rows kept under their hash id because their own id was taken
         self.tool_calling = 0
 
-    def build(self, row: PromptRow) -> Conversation | dict[str, Any]:
-        """The conversation of a snapshot row, or its quarantine record."""
+    def build_batch(self, rows: list[PromptRow]) -> list[Conversation | dict[str, Any]]:
+        """The conversation of each snapshot row, or its quarantine record, decided in order (one batch of
+        lookups in the on-disk index for all of them)."""
+        drafts = [self._draft(row) for row in rows]
+        candidates = [(row.source_id, hashed_id) for row, (hashed_id, _, _) in zip(rows, drafts, strict=True)]
+        self.seen.prefetch((digest for _, digest, _ in drafts), (i for pair in candidates for i in pair if i))
+        built = [self._decide(row, *draft) for row, draft in zip(rows, drafts, strict=True)]
+        self.seen.commit()
+        return built
+
+    def _draft(self, row: PromptRow) -> tuple[str, int, Conversation]:
+        """The row's hash id, its requests' digest and its conversation under its provisional id."""
         messages, generate_after, history = apply_policy(row.messages, self.settings.policy)
         hashed_id = content_id(row.messages, row.tools)
         provisional_id = row.source_id or hashed_id
@@ -169,7 +182,11 @@ class ConversationBuilder:
             },
             tools=row.tools,
         )
-        digest = digest64(request_key(conversation))
+        return hashed_id, digest64(request_key(conversation)), conversation
+
+    def _decide(
+        self, row: PromptRow, hashed_id: str, digest: int, conversation: Conversation
+    ) -> Conversation | dict[str, Any]:
         first = self.seen.first_with_content(digest)
         if first is not None:
             return self._reject(conversation, "duplicate", f"same generation requests as {first}", duplicate_of=first)
@@ -178,9 +195,9 @@ class ConversationBuilder:
             return self._reject(
                 conversation,
                 "empty_content",
-                f"assistant message {shown_empty} is empty and history {history} shows it in a prompt",
+                f"assistant message {shown_empty} is empty and history {conversation.history} shows it in a prompt",
             )
-        tokens = self.budget.tokens_over(messages[: generate_after[-1] + 1], row.tools)
+        tokens = self.budget.tokens_over(conversation.messages[: conversation.generate_after[-1] + 1], row.tools)
         if tokens is not None:
             return self._reject(
                 conversation, "too_long", f"prompt of {tokens} tokens > budget {self.budget.max_tokens}"
@@ -198,7 +215,7 @@ class ConversationBuilder:
         conversation.shard = shard_of(conversation.id, self.num_shards)
         self.accounting.keep(conversation.source)
         self.counts.add(conversation)
-        self.tool_calling += calls_tools(messages)
+        self.tool_calling += calls_tools(conversation.messages)
         return conversation
 
     def _reject(self, conversation: Conversation, reason: str, detail: str, **extra: Any) -> dict[str, Any]:
@@ -228,7 +245,7 @@ def _empty_shown_answer(conversation: Conversation) -> int | None:
 def build_conversations(
     store: Store,
     *,
-    tokenizer: Any,
+    load_tokenizer: Callable[[], Any],
     settings: GenerationSettings,
     num_shards: int,
     work_dir: Path,
@@ -239,6 +256,7 @@ def build_conversations(
 ) -> ConversationsManifest:
     """Build and publish every conversations shard from the ingest snapshot; return the stage manifest.
 
+    `load_tokenizer` is called only when a prompt may not fit the token budget (`budget.PromptBudget`).
     `supersede_shards`: when shards made from conversations of another shard count are published, withdraw
     them (refused otherwise; see `supersede_downstream`)."""
     raw = read_raw_prompts_manifest(store)
@@ -255,7 +273,7 @@ def build_conversations(
     store.delete(layout.stage_manifest_key(layout.CONVERSATIONS))
 
     budget = PromptBudget(
-        tokenizer,
+        load_tokenizer,
         max_prompt_tokens,
         enable_thinking=settings.enable_thinking,
         preserve_thinking=settings.preserve_thinking,
@@ -263,13 +281,14 @@ def build_conversations(
     buffers = ShardBuffers(workspace / "shards", num_shards)
     with SeenIndex(workspace / "seen.sqlite") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
         builder = ConversationBuilder(settings, budget, seen, num_shards)
-        for row in read_prompt_rows(snapshot):
-            built = builder.build(row)
-            if isinstance(built, Conversation):
-                # The same bytes as built.to_json(); orjson serializes the dataclass without asdict's deep copy.
-                buffers.write(built.shard, orjson.dumps(built))
-            else:
-                quarantine.write(built)
+        rows = read_prompt_rows(snapshot)
+        while batch := list(islice(rows, BUILD_BATCH_ROWS)):
+            for built in builder.build_batch(batch):
+                if isinstance(built, Conversation):
+                    # The same bytes as built.to_json(); orjson serializes the dataclass without asdict's deep copy.
+                    buffers.write(built.shard, orjson.dumps(built))
+                else:
+                    quarantine.write(built)
     buffers.flush()
     snapshot.unlink()
     built_s = time.perf_counter() - started

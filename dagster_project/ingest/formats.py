@@ -105,6 +105,8 @@ _ROLE_ALIASES = {
     "tool_response": "tool",
     "function_response": "tool",
 }
+# Exact role names whose `{role, content}` message needs no more than its role mapped (`_plain_message`).
+_PLAIN_ROLES = {name: role for name, role in _ROLE_ALIASES.items() if role in ("system", "user", "assistant")}
 # Roles whose message *is* a tool call (LLaMA-Factory's ShareGPT), its content the call's JSON.
 _CALL_ROLES = frozenset({"function_call", "tool_call"})
 _REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
@@ -300,6 +302,10 @@ def _message_list(items: Any) -> list[dict[str, Any]]:
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise Rejected("unrecognized_format", f"message {index} is a {type(item).__name__}, not an object")
+        plain = _plain_message(item)
+        if plain is not None:
+            messages.append(plain)
+            continue
         # Harmony writes one message per channel: a turn's reasoning, calls and answer are one assistant turn.
         harmony = item.get("channel") is not None
         for message in _messages(item, index):
@@ -312,6 +318,21 @@ def _message_list(items: Any) -> list[dict[str, Any]]:
             else:
                 messages.append(message)
     return messages
+
+
+def _plain_message(item: dict[str, Any]) -> dict[str, Any] | None:
+    """The canonical form of the commonest message, `{role, content}` or `{from, value}` with text content and
+    nothing else, without the general path's checks; None for any other message (the general path reads it)."""
+    if len(item) != 2:
+        return None
+    raw_role = item.get("role", item.get("from"))
+    content = item.get("content", item.get("value"))
+    if type(content) is not str or type(raw_role) is not str:
+        return None
+    role = _PLAIN_ROLES.get(raw_role)
+    if role is None or not (content.strip() if role != "assistant" else "<think>" not in content):
+        return None  # an empty text, a leading think block: the general path says or does what it must
+    return {"role": role, "content": content}
 
 
 def _merge_into(previous: dict[str, Any], message: dict[str, Any]) -> None:
