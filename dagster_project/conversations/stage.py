@@ -178,7 +178,7 @@ class ConversationBuilder:
                 **row.extra,  # the source's own annotations first: the pipeline's keys win a clash
                 "format": row.format,
                 "source_id": row.source_id,
-                "source_user_turns": sum(row.messages[i]["role"] == "user" for i in turn_ends(row.messages)),
+                "source_user_turns": _user_turns(row.messages, generate_after, self.settings.policy),
             },
             tools=row.tools,
         )
@@ -202,7 +202,9 @@ class ConversationBuilder:
             return self._reject(
                 conversation, "too_long", f"prompt of {tokens} tokens > budget {self.budget.max_tokens}"
             )
-        claimed = next((c for c in (row.source_id, hashed_id) if c and self.seen.claim_id(c)), None)
+        claimed = row.source_id if row.source_id and self.seen.claim_id(row.source_id) else None
+        if claimed is None and self.seen.claim_id(hashed_id):
+            claimed = hashed_id
         if claimed is None:
             return self._reject(
                 conversation, "duplicate_id", f"ids {row.source_id!r} and {hashed_id!r} are taken by earlier rows"
@@ -215,7 +217,8 @@ class ConversationBuilder:
         conversation.shard = shard_of(conversation.id, self.num_shards)
         self.accounting.keep(conversation.source)
         self.counts.add(conversation)
-        self.tool_calling += calls_tools(conversation.messages)
+        # A conversation that calls tools always has history `source` (`turns.apply_policy`).
+        self.tool_calling += conversation.history == HISTORY_SOURCE and calls_tools(conversation.messages)
         return conversation
 
     def _reject(self, conversation: Conversation, reason: str, detail: str, **extra: Any) -> dict[str, Any]:
@@ -230,6 +233,13 @@ class ConversationBuilder:
             source_row=conversation.source_row,
             **extra,
         )
+
+
+def _user_turns(source: list[dict[str, Any]], generate_after: list[int], policy: str) -> int:
+    """How many of the source's turns answer a user (not a tool result); under `all_turns` (the default)
+    the source's turn ends are `generate_after` already."""
+    ends = generate_after if policy == "all_turns" else turn_ends(source)
+    return sum(source[index]["role"] == "user" for index in ends)
 
 
 def _empty_shown_answer(conversation: Conversation) -> int | None:

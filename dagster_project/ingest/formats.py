@@ -56,6 +56,7 @@ render or raises `Rejected` with a reason:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -243,12 +244,17 @@ def _first_present(value: dict[str, Any], keys: tuple[str, ...]) -> Any:
 
 
 def _reject_media_fields(value: dict[str, Any]) -> None:
+    if value.keys().isdisjoint(_MEDIA_FIELDS):
+        return
     for key in _MEDIA_FIELDS:
         if value.get(key):
             raise Rejected("image_content", f"the row carries media ({key!r}); only text is sent to the fleet")
 
 
 def _reject_control_tokens(messages: list[dict[str, Any]]) -> None:
+    if not any(len(message) > 2 for message in messages):  # plain {role, content} messages: one search for all
+        if _CONTROL_TOKEN.search("\n".join([message["content"] for message in messages])) is None:
+            return
     for index, message in enumerate(messages):
         for key in ("content", "reasoning_content"):
             found = _CONTROL_TOKEN.search(message.get(key) or "")
@@ -503,10 +509,17 @@ def source_id(value: dict[str, Any]) -> str | None:
     return None
 
 
-def _extra_fields(value: dict[str, Any], fmt: str) -> dict[str, Any]:
+@functools.cache
+def _consumed_fields(fmt: str) -> frozenset[str]:
+    """The fields of a row of format `fmt` that become its messages, id or tools (not `extra`)."""
     consumed = {*ID_FIELDS, *_TOOL_FIELDS, "system", *_MESSAGE_LIST_FIELDS.get(fmt, ())}
     consumed |= {"instruction", "input", "output", "history"} if fmt == "alpaca" else set()
     consumed |= set(_PROMPT_FIELDS) if fmt == "prompt" else set()
+    return frozenset(consumed)
+
+
+def _extra_fields(value: dict[str, Any], fmt: str) -> dict[str, Any]:
+    consumed = _consumed_fields(fmt)
     extra: dict[str, Any] = {}
     for key, item in value.items():
         if key in consumed or len(extra) >= _EXTRA_MAX_FIELDS:
