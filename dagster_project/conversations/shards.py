@@ -3,8 +3,9 @@
 Rows arrive in input order, each for some shard. `ShardBuffers` keeps a bounded amount in memory and
 appends it to one local file per shard, opening one file at a time, so 1,830 shards never hit the
 open-file limit and memory does not grow with the dataset. `publish_shards` then uploads each shard's
-file and its manifest (`ConversationsShardManifest`), several shards at a time; the stage's own
-manifest (`ConversationsManifest`) comes last. `scan_shards` reads them back for the checks.
+file and its manifest (`ConversationsShardManifest`), the shards of one object-index block together (one
+index update per block) and several blocks at a time; the stage's own manifest (`ConversationsManifest`)
+comes last. `scan_shards` reads them back for the checks.
 """
 
 from __future__ import annotations
