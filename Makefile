@@ -49,15 +49,21 @@ dev: venv
 	DAGSTER_HOME=$(DEV_HOME) $(BIN)/dagster instance migrate >/dev/null
 	DAGSTER_HOME=$(DEV_HOME) $(BIN)/dagster dev -w workspace.yaml
 
-# About 1.5 h on 2 cores: bench_fleet alone runs each of its four rows for ~15 min at the real latency model
+# About 1.5-2 h on 2 cores: bench_fleet alone runs each of its four rows for ~15 min at the real latency model
 # (`--time-scale 0.2` for a ~20 min run of the same shape).
 benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_dispatcher
 	$(BIN)/python -m benchmarks.bench_fleet
 	$(BIN)/python -m benchmarks.bench_run_overhead
+	$(BIN)/python -m benchmarks.bench_shards_per_run
 	$(BIN)/python -m benchmarks.bench_ingest
 	$(BIN)/python -m benchmarks.bench_training_set
 	$(BIN)/python -m benchmarks.bench_tune
+	$(BIN)/python -m benchmarks.bench_profiles
+	$(BIN)/python -m benchmarks.bench_spec_tune
+	$(BIN)/python -m benchmarks.bench_status_scale
+	$(BIN)/python -m benchmarks.bench_status_process
+	$(BIN)/python -m benchmarks.bench_contamination
 
 # The fault-matrix soak (20-40 min; not part of `make test`): writes its table into RELIABILITY.md.
 soak: venv

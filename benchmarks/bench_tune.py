@@ -217,7 +217,8 @@ def shapes_section(seeds: int) -> str:
 
 
 def dflash_tune(workdir: Path, name: str, sim_options: dict, *extra: str) -> TuneReport:
-    """`dflash tune --simulate 1` with these simulator options; the report it wrote."""
+    """`dflash tune --simulate 1` with these simulator options; the report it wrote. The speculative settings are
+    compared only where `extra` asks (`--spec-settings`): the concurrency curve is what these benchmarks measure."""
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("DFLASH_", "SGLANG_", "DAGSTER_"))},
         "DFLASH_STORE": str(workdir / "store"),
@@ -228,7 +229,7 @@ def dflash_tune(workdir: Path, name: str, sim_options: dict, *extra: str) -> Tun
     command = [
         sys.executable, "-m", "dagster_project.cli", "tune", "--simulate", "1", *options,
         "--synthetic-prompt-tokens", str(PROMPT_TOKENS), "--sample", "256", "--max-new-tokens", str(MAX_NEW_TOKENS),
-        "--knee-fraction", str(KNEE_FRACTION), *extra, "--out", str(out),
+        "--knee-fraction", str(KNEE_FRACTION), "--spec-settings", "", *extra, "--out", str(out),
     ]  # fmt: skip
     print(f"\n$ dflash tune [{name}] {' '.join(extra)}", flush=True)
     subprocess.run(command, env=env, check=True)

@@ -1,12 +1,26 @@
-"""Shard partitions: one Dagster partition per shard of conversations.
+"""Shard partitions: one Dagster partition per shard of conversations, and runs that cover several of them.
 
 Dagster reads a partitions definition when the definitions load, so this one is static: its shard count is
 `DFLASH_NUM_SHARDS` of the process that loads them. The same setting decides how many shards `conversations`
 writes; every later stage takes the count from the conversations manifest (`published_num_shards`), and
-`open_shard` refuses a shard run whose partitions disagree with it.
+`open_store` refuses a shard run whose partitions disagree with it.
+
+A backfill of the shard assets launches one run per `DFLASH_SHARDS_PER_RUN` shards (`SHARD_BACKFILL_POLICY`):
+a run's fixed cost (process, imports, tokenizer, instance events) is paid once per range instead of once per
+shard. Each shard of the range keeps its own store prefix, manifest, lease and heartbeat, and gets its own
+materialization and check evaluations: `materialize_shards` and `check_shards` below. A run of one shard
+(`dagster asset materialize --partition`, the UI) works as before.
 """
 
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
 import dagster as dg
+
+# The one type Dagster gives for "this evaluation judged that materialization"; dagster does not export it at top level.
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
 
 from dagster_project import settings
 from dagster_project.conversations.shards import published_num_shards
@@ -16,16 +30,13 @@ from dagster_project.store.storage import Store
 
 NUM_SHARDS = settings.num_shards()
 shard_partitions = dg.StaticPartitionsDefinition(layout.partition_keys(NUM_SHARDS))
+SHARDS_PER_RUN = settings.shards_per_run()
+SHARD_BACKFILL_POLICY = dg.BackfillPolicy.multi_run(max_partitions_per_run=SHARDS_PER_RUN)
 
 
-def open_shard(
-    context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext, store: DatasetStore
-) -> tuple[int, Store]:
-    """The shard of this run's partition, and the opened store.
-
-    Refuses a store whose conversations are sharded otherwise than these partitions: runs over them would
-    leave shards out, or ask for shards that do not exist, without anything saying why.
-    """
+def open_store(store: DatasetStore) -> Store:
+    """The opened store, refused if its conversations are sharded otherwise than these partitions: runs over
+    them would leave shards out, or ask for shards that do not exist, without anything saying why."""
     data = store.open()
     published = published_num_shards(data)
     if published is not None and published != NUM_SHARDS:
@@ -34,7 +45,99 @@ def open_shard(
             f"were loaded with {NUM_SHARDS} shard partitions: load them with DFLASH_NUM_SHARDS={published}, or "
             f"re-materialize conversations with DFLASH_NUM_SHARDS={NUM_SHARDS}"
         )
-    return layout.shard_index(context.partition_key), data
+    return data
+
+
+@dataclass(frozen=True)
+class ShardMaterialized:
+    """What one shard of a run reports: its materialization's metadata, and its content's data version."""
+
+    metadata: dict[str, object] = field(default_factory=dict)
+    data_version: str | None = None
+
+
+def materialize_shards(
+    context: dg.AssetExecutionContext, store: DatasetStore, materialize: Callable[[int, Store], ShardMaterialized]
+) -> Iterator[dg.MaterializeResult | dg.AssetMaterialization]:
+    """Materialize each shard of the run's partitions in turn; one materialization per shard, with its metadata.
+
+    A shard that fails stops the run; the shards done before it are still recorded as materialized (their
+    data is published), so a retry of the range redoes only the rest in Dagster's view.
+    """
+    data = open_store(store)
+    keys = list(context.partition_keys)
+    done: list[tuple[str, ShardMaterialized]] = []
+    try:
+        for key in keys:
+            done.append((key, materialize(layout.shard_index(key), data)))
+    except BaseException:
+        for key, shard in done:
+            yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=shard.metadata)
+        raise
+    for key, shard in done:
+        context.add_asset_metadata(shard.metadata, partition_key=key)
+    # One output stands for every shard of the range and carries one data version: only a run of one shard can
+    # give its content's (downstream shards then go stale in the UI exactly when it changes); a range's shards
+    # take Dagster's own version (the run's).
+    version = done[0][1].data_version if len(done) == 1 else None
+    yield dg.MaterializeResult(data_version=dg.DataVersion(version) if version else None)
+
+
+# What a check of shards yields: its results (a run of one shard), or each shard's evaluation and then the
+# check's outputs (a range run).
+ShardCheck = dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output
+
+
+def check_shards(
+    context: dg.AssetCheckExecutionContext,
+    store: DatasetStore,
+    evaluate: Callable[[int, Store], Iterable[dg.AssetCheckResult]],
+) -> Iterator[ShardCheck]:
+    """Run a check on each shard of the run's partitions; one evaluation per shard and check.
+
+    Dagster stores an `AssetCheckResult` of a range run without a partition (even a range of one), which would
+    leave every shard's check unevaluated in the UI and to `all_deps_blocking_checks_passed`. In a range run each
+    result becomes an evaluation of its own shard instead, and the check's outputs are given once at the end.
+    A failed blocking evaluation fails the step as a result would: downstream steps of the run do not start.
+    """
+    data = open_store(store)
+    if not context.has_partition_key_range:
+        yield from evaluate(layout.shard_index(context.partition_key), data)
+        return
+    specs = {spec.name: spec for spec in context.check_specs}
+    for key in context.partition_keys:
+        target = _latest_materialization(context, key)
+        for result in evaluate(layout.shard_index(key), data):
+            spec = specs[result.check_name] if result.check_name else next(iter(specs.values()))
+            yield dg.AssetCheckEvaluation(
+                asset_key=spec.asset_key,
+                check_name=spec.name,
+                passed=result.passed,
+                metadata=result.metadata,
+                target_materialization_data=target,
+                severity=result.severity,
+                description=result.description,
+                blocking=spec.blocking,
+                partition=key,
+            )
+    for output in context.op_def.output_defs:
+        yield dg.Output(None, output_name=output.name)
+
+
+def _latest_materialization(
+    context: dg.AssetCheckExecutionContext, key: str
+) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The shard's materialization a check of it judges (the UI shows an evaluation against it as current)."""
+    (asset_key,) = {spec.asset_key for spec in context.check_specs}
+    records = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[key]), limit=1
+    ).records
+    if not records:
+        return None
+    latest = records[0]
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=latest.storage_id, run_id=latest.run_id, timestamp=latest.timestamp
+    )
 
 
 # A shard's later stages follow its completions: when a shard is (re)generated, from a shard run, the UI's

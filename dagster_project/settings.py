@@ -13,6 +13,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 DEMO_DATA_DIR = PACKAGE_DIR / "demo_data"
 
 DEFAULT_NUM_SHARDS = 4
+DEFAULT_SHARDS_PER_RUN = 16
 DEFAULT_FLEET_STALE_AFTER_S = 300.0
 
 
@@ -54,6 +55,14 @@ def num_shards() -> int:
     shards = env_int("DFLASH_NUM_SHARDS", DEFAULT_NUM_SHARDS)
     if shards < 1:
         raise SettingsError(f"DFLASH_NUM_SHARDS must be >= 1, got {shards}")
+    return shards
+
+
+def shards_per_run() -> int:
+    """Most shards one run of a backfill covers (`BackfillPolicy.multi_run`); see docs/OPERATIONS.md."""
+    shards = env_int("DFLASH_SHARDS_PER_RUN", DEFAULT_SHARDS_PER_RUN)
+    if shards < 1:
+        raise SettingsError(f"DFLASH_SHARDS_PER_RUN must be >= 1, got {shards}")
     return shards
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One real SGLang 0.5.23 server on one GPU, launched as `dflash fleet up` launches it (at the ceiling: radix cache
 # off, --max-running-requests planned from the GPU's memory), then the protocol tests that run against a real
-# server and a short `dflash tune`; prints the measured cap, output tok/s and accept length. Unattended, under
-# 9 minutes on one H200.
+# server and a short `dflash tune`; prints the measured cap, output tok/s and accept length, and writes the measured
+# curve as a GPU profile (measured_profile.json in the work dir) compared with the built-in profile of this GPU
+# (`dflash profile compare`: per point ratio and a verdict). Unattended, under 9 minutes on one H200.
 #
 #   scripts/gpu_check.sh                         # random weights (--load-format dummy), the shipped config.json
 #   scripts/gpu_check.sh --model /models/Qwen3.6-27B   # real weights
@@ -130,10 +131,44 @@ EOF
 )"
 HALF=$(( CAP / 2 > 8 ? CAP / 2 : 8 ))
 WINDOW=$(( (CAP * 5 + 3) / 4 ))
-say "3. dflash tune: 600-token prompts, 128-token answers, concurrency 8, $HALF, $CAP, $WINDOW (the dispatcher's window)"
+say "3. dflash tune: 600-token prompts, 128-token answers, concurrency 1 (the prefill alone), 8, $HALF, $CAP, $WINDOW (the dispatcher's window)"
 within 20 bash -c "cd '$ROOT' && '$PYTHON' -m dagster_project.cli tune --endpoints '$URL' --synthetic-prompt-tokens 600 \
-    --sample 256 --max-new-tokens 128 --ignore-eos --concurrencies 8,$HALF,$CAP,$WINDOW --rounds 3 --min-requests 8 \
+    --sample 256 --max-new-tokens 128 --ignore-eos --concurrencies 1,8,$HALF,$CAP,$WINDOW --rounds 3 --min-requests 8 \
     --refine 1 --request-timeout-s 300 --out '$WORK/tune'" || FAILED+=("dflash tune")
+
+# ---- 4. the measured curve as a GPU profile, against the built-in one ------------------------------------------
+# The tune's points in the profile format (decode step per running count: `dflash plan --project --profile` takes
+# it), then compared with the roofline profile of this GPU and weights: per point ratio and a verdict.
+if [[ -f "$WORK/tune/report.json" ]]; then
+    read -r PROFILE_GPU PROFILE_WEIGHTS MEMORY_GIB SERVED_WEIGHTS_GIB KV_DTYPE SSM_DTYPE < <("$PYTHON" - "$URL" "$MODEL" \
+        "$(nvidia-smi -i "$GPU" --query-gpu=name,memory.total --format=csv,noheader,nounits)" <<'EOF'
+import json, pathlib, sys, urllib.request
+url, model, smi = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
+name, total_mib = (part.strip() for part in smi.rsplit(",", 1))
+gpu = next((g for g in ("h200", "b200") if g in name.lower()), name.lower().replace(" ", "-"))
+config = json.loads((model / "config.json").read_text()) if (model / "config.json").is_file() else {}
+quant = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
+weights = "fp8" if "fp8" in json.dumps(quant).lower() else "bf16"
+info = json.load(urllib.request.urlopen(url + "/server_info", timeout=30))
+state = (info.get("internal_states") or [{}])[0]
+print(gpu, weights, float(total_mib) / 1024, (state.get("memory_usage") or {}).get("weight", 0.0),
+      info.get("kv_cache_dtype") or "auto", info.get("mamba_ssm_dtype") or "float32")
+EOF
+    )
+    DUMMY=()
+    if [[ ${#LOAD[@]} -gt 0 ]]; then DUMMY=(--random-weights); fi
+    say "4. measured curve -> $WORK/measured_profile.json, compared with profile $PROFILE_GPU-$PROFILE_WEIGHTS"
+    if dflash profile measure --tune-report "$WORK/tune/report.json" --gpu "$PROFILE_GPU" \
+            --weights "$PROFILE_WEIGHTS" --memory-gib "$MEMORY_GIB" --weights-gib "$SERVED_WEIGHTS_GIB" \
+            --kv-cache-dtype "$KV_DTYPE" --mamba-ssm-dtype "$SSM_DTYPE" "${DUMMY[@]}" \
+            --source "scripts/gpu_check.sh on $(hostname), $(date -u +%F), weights: $WEIGHTS" \
+            --out "$WORK/measured_profile.json"; then
+        dflash profile compare "$WORK/measured_profile.json" --profile "$PROFILE_GPU-$PROFILE_WEIGHTS" \
+            --json "$WORK/profile_comparison.json" || echo "no built-in profile for $PROFILE_GPU-$PROFILE_WEIGHTS"
+    else
+        FAILED+=("measured profile")
+    fi
+fi
 
 # ---- summary --------------------------------------------------------------------------------------------------
 say "summary"

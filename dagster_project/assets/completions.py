@@ -1,3 +1,5 @@
+from collections.abc import Iterator
+
 import dagster as dg
 from pydantic import Field
 
@@ -5,13 +7,15 @@ from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.generation.heartbeat import ReportIntervals
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
+from dagster_project.generation.slot_use import SlotUse
 from dagster_project.generation.stage import generate_shard
 from dagster_project.ops.report import shard_progress_figures
-from dagster_project.partitions import open_shard, shard_partitions
+from dagster_project.partitions import SHARD_BACKFILL_POLICY, ShardMaterialized, materialize_shards, shard_partitions
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
 from dagster_project.store.lease import LeaseOptions
+from dagster_project.store.storage import Store
 
 
 class CompletionsConfig(config_fields(ReportIntervals, config_fields(LeaseOptions, dg.Config))):
@@ -44,6 +48,7 @@ def _known(**figures: float | int | None) -> dict[str, float | int]:
 
 @dg.asset(
     partitions_def=shard_partitions,
+    backfill_policy=SHARD_BACKFILL_POLICY,
     deps=[layout.CONVERSATIONS],
     group_name="shards",
     kinds={"sglang", "parquet"},
@@ -58,42 +63,47 @@ def completions(
     tokenizer: TokenizerResource,
     fleet: SGLangFleet,
     generation: GenerationConfig,
-) -> dg.MaterializeResult:
+) -> Iterator[dg.MaterializeResult | dg.AssetMaterialization]:
     tag_asset_run(context)
-    shard, data = open_shard(context, store)
+    slot = SlotUse()  # the step holds its `sglang_fleet` slot from here to its end
 
-    def on_progress(heartbeat: Heartbeat) -> None:
-        context.log.info(_progress_line(heartbeat))
-        context.log_event(
-            dg.AssetObservation(
-                asset_key=context.asset_key,
-                partition=context.partition_key,
-                metadata=shard_progress_figures(context.partition_key, heartbeat),
+    def generate(shard: int, data: Store) -> ShardMaterialized:
+        key = layout.partition_key(shard)
+
+        def on_progress(heartbeat: Heartbeat) -> None:
+            context.log.info(f"{key}: {_progress_line(heartbeat)}")
+            context.log_event(
+                dg.AssetObservation(
+                    asset_key=context.asset_key, partition=key, metadata=shard_progress_figures(key, heartbeat)
+                )
             )
-        )
 
-    manifest = generate_shard(
-        data,
-        shard,
-        tokenizer=tokenizer.load(),
-        settings=generation.to_dataclass(),
-        dispatcher=fleet.dispatcher(registry=data),
-        work_dir=store.local_dir(),
-        intervals=config.to_dataclass(),
-        on_progress=on_progress,
-        log=context.log.info,
-        run_id=context.run_id,
-        lease=config.to_dataclass(LeaseOptions),
-        override_failed_gates=config.override_failed_gates,
-    )
-    return dg.MaterializeResult(
-        metadata={
+        manifest = generate_shard(
+            data,
+            shard,
+            tokenizer=tokenizer.load(),
+            settings=generation.to_dataclass(),
+            dispatcher=fleet.dispatcher(registry=data, slot_use=slot),
+            work_dir=store.local_dir(),
+            intervals=config.to_dataclass(),
+            on_progress=on_progress,
+            log=context.log.info,
+            run_id=context.run_id,
+            lease=config.to_dataclass(LeaseOptions),
+            override_failed_gates=config.override_failed_gates,
+        )
+        used = slot.take()
+        metadata = {
             **shard_metadata(manifest),
+            # Summed over a backfill's shards: the slot-seconds no request used (ops figure of the rehearsal).
+            "pool_slot_s": round(used.held_s, 3),
+            "pool_slot_idle_s": round(used.idle_s, 3),
             "uri": dg.MetadataValue.path(data.url(layout.shard_prefix(layout.COMPLETIONS, shard))),
-        },
+        }
         # Downstream shards go stale in the UI when this shard's content or settings change.
-        data_version=dg.DataVersion(manifest.data_version),
-    )
+        return ShardMaterialized(metadata, manifest.data_version)
+
+    yield from materialize_shards(context, store, generate)
 
 
 def shard_metadata(manifest: CompletionsShardManifest) -> dict[str, object]:

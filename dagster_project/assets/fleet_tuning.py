@@ -90,6 +90,7 @@ def fleet_tuning(
         metadata={
             "recommendation": report.recommendation,
             "recommended_flags": " ".join(report.recommended_flags),
+            "speculative": report.speculative.verdict if report.speculative else "",
             "knee_concurrency": estimate.concurrency if estimate else 0,
             "knee_interval": f"{estimate.low}-{estimate.high} (80%)" if estimate else "",
             "knee_output_tok_per_s": knee.output_tok_per_s if knee else 0.0,

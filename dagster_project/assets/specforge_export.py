@@ -1,5 +1,5 @@
 # No `from __future__ import annotations` here: Dagster 1.13 cannot resolve a string-annotated Config parameter.
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import dagster as dg
@@ -7,9 +7,16 @@ from pydantic import Field
 
 from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.assets.training_set import training_set
-from dagster_project.partitions import FOLLOWS_ITS_SHARD, open_shard, shard_partitions
+from dagster_project.partitions import (
+    FOLLOWS_ITS_SHARD,
+    SHARD_BACKFILL_POLICY,
+    ShardMaterialized,
+    materialize_shards,
+    shard_partitions,
+)
 from dagster_project.resources import DatasetStore
 from dagster_project.resources.config_fields import config_fields
+from dagster_project.store.storage import Store
 from dagster_project.training.export import ExportOptions, export_shard
 
 
@@ -23,27 +30,35 @@ class ExportConfig(config_fields(ExportOptions, dg.Config)):
     )
 
 
-def export_partition(
-    context: dg.AssetExecutionContext, config: ExportConfig, store: DatasetStore, export: Callable[..., Any]
-) -> tuple[Any, Any]:
-    """Run one exporter on the context's shard, warning about every failed gate the config overrode; return what
-    it wrote and the store it wrote to."""
+def export_shards(
+    context: dg.AssetExecutionContext,
+    config: ExportConfig,
+    store: DatasetStore,
+    export: Callable[..., Any],
+    metadata: Callable[[Any, Store], dict[str, object]],
+) -> Iterator[dg.MaterializeResult | dg.AssetMaterialization]:
+    """Run one exporter on each shard of the run, warning about every failed gate the config overrode; each
+    shard's materialization carries `metadata(what it wrote, the store)`."""
     tag_asset_run(context)
-    shard, data = open_shard(context, store)
-    written = export(
-        data,
-        shard,
-        store.local_dir() / "staging",
-        override_failed_gates=config.override_failed_gates,
-        options=config.to_dataclass(),
-    )
-    for gate, message in written.overridden.items():
-        context.log.warning(f"shard {shard}: failed training gate {gate} overridden by config: {message}")
-    return written, data
+
+    def export_one(shard: int, data: Store) -> ShardMaterialized:
+        written = export(
+            data,
+            shard,
+            store.local_dir() / "staging",
+            override_failed_gates=config.override_failed_gates,
+            options=config.to_dataclass(),
+        )
+        for gate, message in written.overridden.items():
+            context.log.warning(f"shard {shard}: failed training gate {gate} overridden by config: {message}")
+        return ShardMaterialized(metadata(written, data))
+
+    yield from materialize_shards(context, store, export_one)
 
 
 @dg.asset(
     partitions_def=shard_partitions,
+    backfill_policy=SHARD_BACKFILL_POLICY,
     deps=[training_set],
     group_name="shards",
     automation_condition=FOLLOWS_ITS_SHARD,
@@ -55,17 +70,18 @@ def export_partition(
 )
 def specforge_export(
     context: dg.AssetExecutionContext, config: ExportConfig, store: DatasetStore
-) -> dg.MaterializeResult:
-    written, data = export_partition(context, config, store, export_shard)
-    return dg.MaterializeResult(
-        metadata={
-            "rows": written.rows,
-            "tokens": written.tokens,
-            "loss_tokens": written.loss_tokens,
-            "bytes": written.size,
-            "sha256": written.sha256,
-            "training_ids_digest": written.training_ids_digest,
-            "gates_overridden": dg.MetadataValue.json(written.overridden),
-            "uri": dg.MetadataValue.path(data.url(written.key)),
-        }
-    )
+) -> Iterator[dg.MaterializeResult | dg.AssetMaterialization]:
+    yield from export_shards(context, config, store, export_shard, _specforge_metadata)
+
+
+def _specforge_metadata(written: Any, data: Store) -> dict[str, object]:
+    return {
+        "rows": written.rows,
+        "tokens": written.tokens,
+        "loss_tokens": written.loss_tokens,
+        "bytes": written.size,
+        "sha256": written.sha256,
+        "training_ids_digest": written.training_ids_digest,
+        "gates_overridden": dg.MetadataValue.json(written.overridden),
+        "uri": dg.MetadataValue.path(data.url(written.key)),
+    }

@@ -1,15 +1,23 @@
 # No `from __future__ import annotations` here: Dagster 1.13 cannot resolve a string-annotated Config parameter.
+from collections.abc import Iterator
 from dataclasses import asdict
 
 import dagster as dg
 from pydantic import Field
 
 from dagster_project.assets.run_tags import tag_asset_run
-from dagster_project.partitions import FOLLOWS_ITS_SHARD, open_shard, shard_partitions
+from dagster_project.partitions import (
+    FOLLOWS_ITS_SHARD,
+    SHARD_BACKFILL_POLICY,
+    ShardMaterialized,
+    materialize_shards,
+    shard_partitions,
+)
 from dagster_project.resources import DatasetStore
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
 from dagster_project.store.lease import LeaseOptions
+from dagster_project.store.storage import Store
 from dagster_project.training.shards import AssemblyOptions
 from dagster_project.training.stage import assemble_shard
 
@@ -26,6 +34,7 @@ class TrainingSetConfig(config_fields(AssemblyOptions, config_fields(LeaseOption
 
 @dg.asset(
     partitions_def=shard_partitions,
+    backfill_policy=SHARD_BACKFILL_POLICY,
     deps=[dg.AssetKey(layout.COMPLETIONS)],
     group_name="shards",
     automation_condition=FOLLOWS_ITS_SHARD,
@@ -34,9 +43,14 @@ class TrainingSetConfig(config_fields(AssemblyOptions, config_fields(LeaseOption
 )
 def training_set(
     context: dg.AssetExecutionContext, config: TrainingSetConfig, store: DatasetStore
-) -> dg.MaterializeResult:
+) -> Iterator[dg.MaterializeResult | dg.AssetMaterialization]:
     tag_asset_run(context)
-    shard, data = open_shard(context, store)
+    yield from materialize_shards(context, store, lambda shard, data: _assemble(context, config, store, shard, data))
+
+
+def _assemble(
+    context: dg.AssetExecutionContext, config: TrainingSetConfig, store: DatasetStore, shard: int, data: Store
+) -> ShardMaterialized:
     manifest = assemble_shard(
         data,
         shard,
@@ -52,8 +66,8 @@ def training_set(
         f"shard {shard}: {manifest.rows} rows, {manifest.loss_tokens} supervised tokens; "
         f"{manifest.excluded} of {manifest.rows_in} events excluded {manifest.exclusions or ''}"
     )
-    return dg.MaterializeResult(
-        metadata={
+    return ShardMaterialized(
+        {
             "rows": manifest.rows,
             "rows_in": manifest.rows_in,
             "excluded": manifest.excluded,

@@ -4,6 +4,7 @@ run too (unless its config overrides the failed gates).
 """
 
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -11,10 +12,11 @@ from pydantic import Field
 from dagster_project.assets.completions import completions
 from dagster_project.checks.gate_checks import GateConfig, check_result, reported
 from dagster_project.generation.shards import completions_manifest, iter_completion_batches, shard_coverage
-from dagster_project.partitions import open_shard, shard_partitions
+from dagster_project.partitions import ShardCheck, check_shards, shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
 from dagster_project.store import layout
 from dagster_project.store.manifest import verify_shard
+from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import record_verdict
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gate_messages, gates
@@ -64,9 +66,12 @@ def _share_gate(name: str, count: int, total: int, max_share: float, what: str, 
 
 
 @dg.asset_check(asset=completions, partitions_def=shard_partitions, blocking=True)
-def completions_exactly_once(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
+def completions_exactly_once(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> Iterator[ShardCheck]:
     """Every planned generation event of the shard has exactly one record: a result or an explicit error."""
-    shard, data = open_shard(context, store)
+    yield from check_shards(context, store, lambda shard, data: [_exactly_once(context, shard, data)])
+
+
+def _exactly_once(context: dg.AssetCheckExecutionContext, shard: int, data: Store) -> dg.AssetCheckResult:
     manifest = completions_manifest(data, shard)
     coverage = shard_coverage(data, shard)
     verdict = gate_messages.actionable(
@@ -88,13 +93,16 @@ def completions_exactly_once(context: dg.AssetCheckExecutionContext, store: Data
             "missing_sample": dg.MetadataValue.json(coverage.missing[:20]),
         },
     )
-    return reported(context, "completions_exactly_once", result)
+    return reported(context, "completions_exactly_once", result, shard)
 
 
 @dg.asset_check(asset=completions, partitions_def=shard_partitions, blocking=True)
-def completions_published(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
+def completions_published(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> Iterator[ShardCheck]:
     """The shard's manifest exists and every object it lists is in the store with its size and checksum."""
-    shard, data = open_shard(context, store)
+    yield from check_shards(context, store, lambda shard, data: [_published(context, shard, data)])
+
+
+def _published(context: dg.AssetCheckExecutionContext, shard: int, data: Store) -> dg.AssetCheckResult:
     manifest = completions_manifest(data, shard)
     problems = verify_shard(data, manifest)
     verdict = gate_messages.actionable(
@@ -113,17 +121,20 @@ def completions_published(context: dg.AssetCheckExecutionContext, store: Dataset
             "uri": dg.MetadataValue.path(data.url(layout.shard_manifest_key(layout.COMPLETIONS, manifest.shard))),
         },
     )
-    return reported(context, "completions_published", result)
+    return reported(context, "completions_published", result, shard)
 
 
 @dg.asset_check(asset=completions, partitions_def=shard_partitions)
-def completions_spec_decoding(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
+def completions_spec_decoding(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> Iterator[ShardCheck]:
     """MTP is on and pays off: accept length (completion tokens / verify passes) above a floor.
 
     A warning, not a gate: speculation changes speed, not the data.
     """
+    yield from check_shards(context, store, lambda shard, data: [_spec_decoding(shard, data)])
+
+
+def _spec_decoding(shard: int, data: Store) -> dg.AssetCheckResult:
     tokens = verify = without_stats = 0
-    shard, data = open_shard(context, store)
     for batch in iter_completion_batches(data, shard, columns=["status", "completion_tokens", "spec_verify_ct"]):
         for status, completion, passes in zip(*(batch.column(i).to_pylist() for i in range(3))):
             if status != "ok":
@@ -164,11 +175,16 @@ def completions_quality(
     config: CompletionsGateConfig,
     store: DatasetStore,
     tokenizer: TokenizerResource,
-) -> Iterator[dg.AssetCheckResult]:
+) -> Iterator[ShardCheck]:
     """What the model answered, judged before a training row exists: errors, length caps, thinking, degeneracy."""
-    shard, data = open_shard(context, store)
-    manifest = completions_manifest(data, shard)
     tok = tokenizer.load()
+    yield from check_shards(context, store, lambda shard, data: _quality(context, config, tok, shard, data))
+
+
+def _quality(
+    context: dg.AssetCheckExecutionContext, config: CompletionsGateConfig, tok: Any, shard: int, data: Store
+) -> Iterator[dg.AssetCheckResult]:
+    manifest = completions_manifest(data, shard)
     special = special_ids(tok)
     run = manifest.generation
     results = [
@@ -211,5 +227,5 @@ def completions_quality(
     record_verdict(data, manifest, "quality", {r.name: r.message for r in results if not r.passed})
     for result in results:
         if not result.passed:
-            context.log.error(f"{context.partition_key} {result.name}: {result.message}")
+            context.log.error(f"{layout.partition_key(shard)} {result.name}: {result.message}")
         yield check_result(completions.key, result)

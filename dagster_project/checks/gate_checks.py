@@ -3,6 +3,7 @@
 import dagster as dg
 
 from dagster_project.resources.config_fields import config_fields
+from dagster_project.store import layout
 from dagster_project.training import gates
 
 
@@ -20,10 +21,12 @@ def check_result(asset_key: dg.AssetKey, result: gates.GateResult) -> dg.AssetCh
     )
 
 
-def reported(context: dg.AssetCheckExecutionContext, check: str, result: dg.AssetCheckResult) -> dg.AssetCheckResult:
-    """The result, its failure also logged as an error: the terminal of `dagster asset materialize` shows the
-    reason, not only that a blocking check failed."""
+def reported(
+    context: dg.AssetCheckExecutionContext, check: str, result: dg.AssetCheckResult, shard: int | None = None
+) -> dg.AssetCheckResult:
+    """The result, its failure also logged as an error (naming the shard it judged): the terminal of
+    `dagster asset materialize` shows the reason, not only that a blocking check failed."""
     if not result.passed:
-        where = f"{context.partition_key} " if context.has_partition_key else ""
+        where = f"{layout.partition_key(shard)} " if shard is not None else ""
         context.log.error(f"{where}{check} failed: {result.description}")
     return result

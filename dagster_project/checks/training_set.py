@@ -7,17 +7,19 @@ shard, so an export in a later run refuses a shard that failed (see dagster_proj
 
 # No `from __future__ import annotations` here: Dagster 1.13 cannot resolve a string-annotated Config parameter.
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 
 from dagster_project.assets.training_set import training_set
 from dagster_project.checks.gate_checks import GateConfig, check_result, reported
 from dagster_project.generation.shards import completions_manifest
-from dagster_project.partitions import open_shard, shard_partitions
+from dagster_project.partitions import ShardCheck, check_shards, shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
 from dagster_project.store.manifest import iter_parquet_batches
+from dagster_project.store.storage import Store
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gate_messages, gates
 from dagster_project.training.export import record_verdict
@@ -58,10 +60,15 @@ def training_set_gates(
     config: TrainingGateConfig,
     store: DatasetStore,
     tokenizer: TokenizerResource,
-) -> Iterator[dg.AssetCheckResult]:
-    shard, data = open_shard(context, store)
-    manifest = training_manifest(data, shard)
+) -> Iterator[ShardCheck]:
     tok = tokenizer.load()
+    yield from check_shards(context, store, lambda shard, data: _gates(context, config, tok, shard, data))
+
+
+def _gates(
+    context: dg.AssetCheckExecutionContext, config: TrainingGateConfig, tok: Any, shard: int, data: Store
+) -> Iterator[dg.AssetCheckResult]:
+    manifest = training_manifest(data, shard)
     special = special_ids(tok)
     profile = gates.profile_training_batches(
         iter_training_batches(data, shard, gates.TRAINING_GATE_COLUMNS), special, tok.decode
@@ -100,9 +107,12 @@ def training_set_gates(
 
 
 @dg.asset_check(asset=training_set, partitions_def=shard_partitions, blocking=True, name="gx_suite")
-def training_set_gx_suite(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
+def training_set_gx_suite(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> Iterator[ShardCheck]:
     """Great Expectations 1.x suite on the shard's rows: counts agree with the token lists, ids unique, ranges."""
-    shard, data = open_shard(context, store)
+    yield from check_shards(context, store, lambda shard, data: [_gx_suite(context, shard, data)])
+
+
+def _gx_suite(context: dg.AssetCheckExecutionContext, shard: int, data: Store) -> dg.AssetCheckResult:
     manifest = training_manifest(data, shard)
     assembly = manifest.assembly
     outcome = validate_training_frame(
@@ -127,4 +137,4 @@ def training_set_gx_suite(context: dg.AssetCheckExecutionContext, store: Dataset
             "results": dg.MetadataValue.json(outcome.results),
         },
     )
-    return reported(context, "gx_suite", result)
+    return reported(context, "gx_suite", result, shard)

@@ -25,6 +25,7 @@ from typing import Any
 # of one to import. Each command imports what it uses.
 from dagster_project.cli.demo import demo_flags
 from dagster_project.cli.fleet import fleet_flags
+from dagster_project.cli.profile import profile_flags
 from dagster_project.cli.status import free_slots_flags, metrics_flags, status_flags
 from dagster_project.cli.tune import plan_flags, tune_flags
 
@@ -77,11 +78,18 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
         tune_flags,
     ),
     "plan": (
-        "record the estimates the run is compared against, or size the shards",
+        "record the estimates the run is compared against, size the shards, or project the job from a GPU profile",
         "Record the plan (--brief, or --req-per-s, --avg-output-tokens and --output-tok-per-s) in the store's "
         "plan.json, which `dflash status` compares the run against; --show prints it; --shards advises a shard "
-        "count and writes nothing.",
+        "count and --project projects the whole job's hours and cost from a GPU profile; both write nothing.",
         plan_flags,
+    ),
+    "profile": (
+        "a GPU run's measured curve as a GPU profile, and how it compares with one",
+        "`measure` writes a `dflash tune` report's curve in the GPU-profile format (scripts/gpu_check.sh does it "
+        "on a GPU node); `compare` puts it next to a profile: per point the measured decode step over the "
+        "profile's, and whether the profile holds.",
+        profile_flags,
     ),
     "metrics": (
         "serve the status answers as Prometheus metrics (events, ETA, accept length, servers, shards, cost)",

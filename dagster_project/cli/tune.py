@@ -31,7 +31,7 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
     target = launch.CapacityTarget(**given_flags(args, launch.CapacityTarget))
     fleet = resources.fleet
     endpoints: list[str] = []
-    launcher = None
+    launcher = spec_options = None
     if args.simulate:
         given = parse_sim_options(args.sim_option, defaults={})
         base = parse_sim_options(args.sim_option)
@@ -39,6 +39,7 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
             base.pop("max_running_requests", None)
         settings_grid = tune.launch_settings_grid(_sweeps(args.sweep, None), _launch_flag)
         launcher = _simulator_launcher(args.simulate, Path(fleet.fleet_dir).with_name("tune-fleet"), base, target)
+        spec_options = launch.sim_spec_options
     elif args.gpus:
         base_options = launch.ServerOptions(
             **given_flags(args, launch.ServerOptions), api_key=fleet.api_key, extra_args=tuple(args.extra_arg)
@@ -47,6 +48,7 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
         settings_grid = tune.launch_settings_grid(_sweeps(args.sweep, allowed), _launch_flag)
         gpus = [int(g) for g in args.gpus.split(",")]
         launcher = _gpu_launcher(gpus, Path(fleet.fleet_dir), base_options, target)
+        spec_options = launch.server_spec_options
     else:
         if args.sweep:
             raise SystemExit("--sweep restarts servers: give --simulate N or --gpus to tune in launch mode")
@@ -63,6 +65,7 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
         launcher=launcher,
         api_key=fleet.api_key,
         prompts_source=source,
+        spec_options=spec_options,
     )
     out = Path(args.out) if args.out else Path(resources.store.local_dir()) / "tune"
     written = tune.write_local(report, out)
@@ -70,6 +73,8 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
     print(report.recommendation)
     if report.recommended_flags:
         print(f"recommended flags: {' '.join(report.recommended_flags)}")
+    if report.speculative is not None:
+        print(f"speculative decoding: {report.speculative.verdict}")
     print(f"report: {written} (chart beside it); in the store: {store.url(tune.REPORT_KEY)}")
     return 0
 
@@ -145,6 +150,8 @@ def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
     if args.shards:
         print(advise_shards(ShardSizing(**given_flags(args, ShardSizing))))
         return 0
+    if args.project:
+        return _project(args)
     store = open_configured_store()  # without the Dagster resources: nothing else here needs them
     if args.show:
         recorded = read_plan(store)
@@ -165,6 +172,17 @@ def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
     write_plan(store, plan)
     print(f"plan written to {store.url('plan.json')}: {plan}")
     print(plan.cost_summary())
+    return 0
+
+
+def _project(args: argparse.Namespace) -> int:
+    from dagster_project.ops.projection import Job, project
+
+    try:
+        projection = project(Job(**given_flags(args, Job)))
+    except (ValueError, KeyError, OSError) as exc:
+        raise SystemExit(f"dflash plan --project: {exc}") from None
+    print(projection.describe())
     return 0
 
 
@@ -195,6 +213,7 @@ def tune_flags(tune: argparse.ArgumentParser) -> None:
 
 def plan_flags(plan: argparse.ArgumentParser) -> None:
     from dagster_project.ops.plan import BRIEF_PLAN, Plan, ShardSizing
+    from dagster_project.ops.projection import Job
 
     plan.add_argument(
         "--brief",
@@ -207,4 +226,11 @@ def plan_flags(plan: argparse.ArgumentParser) -> None:
     add_flags(plan, Plan, skip={"source"})
     plan.add_argument("--shards", action="store_true", help="how many shards to use (the flags below; nothing written)")
     add_flags(plan, ShardSizing)
+    plan.add_argument(
+        "--project",
+        action="store_true",
+        help="project the whole job from a GPU profile at the seed's and tuned settings: hours, $, what binds "
+        "(--events, --gpus and the flags below; nothing written)",
+    )
+    add_flags(plan, Job, skip={"events", "gpus"})  # --events and --gpus are the shard sizing's and the plan's
     plan.set_defaults(func=cmd_plan)

@@ -79,6 +79,7 @@ from dagster_project.generation.dispatch_types import (
 from dagster_project.generation.ledger import FleetLedger
 from dagster_project.generation.server_checks import HEALTHY, QUARANTINED, UNPROBED, ServerChecks
 from dagster_project.generation.server_watch import ServerWatch, WatchLimits
+from dagster_project.generation.slot_use import SlotUse
 from dagster_project.sglang.client import (
     ABORTED,
     BAD_RESPONSE,
@@ -186,6 +187,7 @@ class Dispatcher(ServerChecks):
         load_sources: Mapping[str, Sequence[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         connect: Callable[[str], SGLangClient] | None = None,
+        slot_use: SlotUse | None = None,
     ):
         """`windows` fixes the window of given endpoints (a router has no scheduler state of its own);
         `ledger` shares windows and server verdicts with the other runs on this node; `discover` (the fleet
@@ -193,7 +195,8 @@ class Dispatcher(ServerChecks):
         `load_sources` names, for an endpoint that does not report its own load (sglang-router), the servers
         whose `/metrics` do (its workers): their running + queued requests add up to the endpoint's load.
         `clock` and `connect` (the client of one endpoint; default an `SGLangClient` on the run's session) let
-        tests drive the dispatcher on a virtual clock with in-process servers."""
+        tests drive the dispatcher on a virtual clock with in-process servers. `slot_use` is told the requests in
+        flight as they change (the run's pool slot idles while none is)."""
         if not endpoints:
             raise ValueError("no endpoints")
         if len(set(endpoints)) != len(endpoints):
@@ -205,7 +208,7 @@ class Dispatcher(ServerChecks):
         self._session = session
         self.ledger = ledger
         self._discover = discover
-        self._clock, self._connect = clock, connect
+        self._clock, self._connect, self._slot_use = clock, connect, slot_use
         self._limits = WatchLimits(options.unserved_after_s, options.silence_s, options.watchdog_s)
         sources = {url.rstrip("/"): [u.rstrip("/") for u in urls] for url, urls in (load_sources or {}).items()}
         self._servers = [_Server(url, load_urls=sources.get(url, [url])) for url in self.endpoints]
@@ -373,6 +376,11 @@ class Dispatcher(ServerChecks):
         """The attempt no longer occupies a slot on its server (and in the node's budget)."""
         if attempt.server.in_flight.pop(attempt.rid, None) is not None and self.ledger is not None:
             self.ledger.release(attempt.server.url)
+        self._in_flight_changed()
+
+    def _in_flight_changed(self) -> None:
+        if self._slot_use is not None:
+            self._slot_use.in_flight(sum(len(server.in_flight) for server in self._servers))
 
     def _next_work(self) -> _Work | None:
         for queue in (self._retries, self._followups):
@@ -442,6 +450,7 @@ class Dispatcher(ServerChecks):
         if not self._ours(server):
             server.watch.became_busy(now)  # the watchdog measures silence while busy, not idle time
         server.in_flight[attempt.rid] = attempt
+        self._in_flight_changed()
         work.live.append(attempt)
         attempt.task = asyncio.create_task(self._attempt(attempt))
 
@@ -684,6 +693,7 @@ class Dispatcher(ServerChecks):
         for server in self._servers:
             server.in_flight.clear()
             server.probing = server.reading_load = False
+        self._in_flight_changed()
         if self.ledger is not None:
             self.ledger.leave(self.endpoints)
         if self._session is None:

@@ -4,7 +4,9 @@ Every run on the node keeps its own dispatcher, but they all draw from one budge
 `limit` (the server's running cap x oversubscription) requests in flight across all of them, so N runs hold
 about what one run would, and a run in its tail leaves slots that the others take at once. Among runs that
 want more, the one with the fewest requests left goes first: runs finish one after another instead of all
-reaching their tails together. Runs on other nodes do not share this file: each dispatcher lowers `limit` by
+reaching their tails together; but a run with nothing in flight on a server gets its first slot there before
+anyone gets more, so a run that holds a pool slot generates at the next slot freed instead of waiting, idle,
+for the others' tails. Runs on other nodes do not share this file: each dispatcher lowers `limit` by
 the load the server itself reports beyond this node's requests (see `Dispatcher`).
 
 A server that one run sets aside (garbage answers, a hang) is set aside for every run: the verdict, its
@@ -71,14 +73,18 @@ class FleetLedger:
             me = self._me(record)
             now = time.monotonic()
             room = limit - sum(m.in_flight for m in record.members.values())
-            ahead = sum(
-                m.wants
-                for name, m in record.members.items()
-                if name != self.member
-                and now - m.wants_at < WANT_TTL_S
-                and (m.remaining, name) < (me.remaining, self.member)
-            )
-            granted = max(0, min(want, room - ahead))
+            claims = [
+                claim
+                for name, member in record.members.items()
+                if name == self.member or now - member.wants_at < WANT_TTL_S
+                for claim in _claims(name, member, want if name == self.member else member.wants)
+            ]
+            granted = 0
+            for _, name, count in sorted(claims):
+                served = max(0, min(count, room))
+                room -= served
+                if name == self.member:
+                    granted += served
             me.in_flight += granted
             me.wants, me.wants_at = want - granted, now
             return granted
@@ -136,6 +142,14 @@ class FleetLedger:
             os.ftruncate(fd, len(data))
         finally:
             os.close(fd)  # releases the lock
+
+
+def _claims(name: str, member: _Member, wants: int) -> list[tuple[tuple[int, int], str, int]]:
+    """A member's wish as claims in serving order. A run with nothing in flight on the server claims one slot
+    before anyone's further wish: it holds a pool slot to generate, and must not wait, idle, for the runs ahead
+    of it to reach their tails. The rest is served fewest-remaining first (runs finish one after another)."""
+    first = 1 if member.in_flight == 0 and wants > 0 else 0
+    return [((0, member.remaining), name, first), ((1, member.remaining), name, wants - first)]
 
 
 def _load(raw: bytes) -> _ServerRecord:

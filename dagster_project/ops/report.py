@@ -218,6 +218,7 @@ def _mtp(status: Status) -> Section:
         f"MTP {'on' if mtp.mtp_on else 'OFF or unknown'}; accept length on our recent requests "
         f"**{_num(mtp.accept_length_window, 2)}**, over the published shards "
         f"{_num(mtp.accept_length_published_shards, 2)}"
+        f"; does it pay (last `dflash tune`): {mtp.tuned or 'not measured (no tuning sweep)'}"
     )
     if not mtp.speculative_algorithm:
         return Section("2. MTP (speculative decoding)", text)

@@ -35,8 +35,10 @@ from dagster_project.conversations.shards import read_conversations, read_conver
 from dagster_project.conversations.turns import prompt_messages
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops import knee as knee_fit
+from dagster_project.ops import spec_compare
 from dagster_project.ops.tune_point import TunePoint, run_point, summarize
-from dagster_project.sglang import capacity
+from dagster_project.ops.tune_render import render_markdown, render_svg
+from dagster_project.sglang import capacity, speculative
 from dagster_project.store.dataclass_json import from_json, to_json
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import render_prompt_ids
@@ -75,12 +77,20 @@ class TuneOptions:
     )
     seed: int = field(default=0, metadata={"help": "Seed of the prompt sample."})
     request_timeout_s: float = field(default=3600.0, metadata={"help": "Seconds one request may take."})
+    spec_settings: str = field(
+        default="off,1/1/2,2/1/3,4/1/5",
+        metadata={
+            "help": "Launch mode: speculative settings (off, or steps/topk/draft-tokens) measured at the knee "
+            "against the one launched; empty: none."
+        },
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.knee_fraction <= 1 or self.rounds < 1 or self.min_requests < 1:
             raise ValueError("knee_fraction must be in (0, 1], rounds and min_requests >= 1")
         if any(c < 1 for c in self.concurrencies):
             raise ValueError(f"concurrencies must be >= 1, got {self.concurrencies}")
+        speculative.parse_list(self.spec_settings)  # a bad setting fails before any server starts
 
     def requests_per_server(self, concurrency: int) -> int:
         return max(self.min_requests, self.rounds * concurrency)
@@ -204,6 +214,8 @@ class ServerSetting:
 
 # Launches the fleet under a setting, yields its endpoints, stops it on exit.
 Launcher = Callable[[ServerSetting], AbstractContextManager[list[str]]]
+# The launch options that serve a speculative setting (None: MTP off), in the launcher's terms.
+SpecOptions = Callable[[speculative.SpecSetting | None], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -224,6 +236,7 @@ class TuneReport:
     options: dict[str, Any] = field(default_factory=dict)
     knee_estimate: knee_fit.KneeEstimate | None = None  # the fitted knee, its interval and its fit
     estimates: list[knee_fit.KneeEstimate] = field(default_factory=list)  # every server setting's
+    speculative: spec_compare.SpecComparison | None = None  # MTP on vs off and other settings, at the knee
 
     def curve(self, server_setting: str | None = None) -> list[TunePoint]:
         """The points of one server setting (default: the knee's), by concurrency."""
@@ -231,18 +244,23 @@ class TuneReport:
         return sorted((p for p in self.points if p.server_setting == label), key=lambda p: p.concurrency)
 
     def throughput_at(self, concurrency: float, server_setting: str | None = None) -> tuple[float, float | None]:
-        """(output tok/s, accept length) at `concurrency`, interpolated between the measured points of one
-        setting (repeats averaged); outside the measured range, raises `LookupError`."""
-        curve = _averaged(self.curve(server_setting))
-        for low, high in zip(curve, curve[1:] or curve):
-            if low.concurrency <= concurrency <= high.concurrency:
-                span = high.concurrency - low.concurrency
-                weight = (concurrency - low.concurrency) / span if span else 0.0
-                rate = low.output_tok_per_s + weight * (high.output_tok_per_s - low.output_tok_per_s)
-                accepts = (low.accept_length, high.accept_length)
-                accept = accepts[0] + weight * (accepts[1] - accepts[0]) if None not in accepts else None
-                return rate, accept
-        raise LookupError(f"concurrency {concurrency} is outside the measured points")
+        """(output tok/s, accept length) at `concurrency` on one setting's curve (`interpolate`)."""
+        return interpolate(self.curve(server_setting), concurrency)
+
+
+def interpolate(curve: Sequence[TunePoint], concurrency: float) -> tuple[float, float | None]:
+    """(output tok/s, accept length) at `concurrency`, interpolated between the measured points of one setting's
+    curve, by concurrency (repeats averaged); outside the measured range, raises `LookupError`."""
+    merged = _averaged(curve)
+    for low, high in zip(merged, merged[1:] or merged):
+        if low.concurrency <= concurrency <= high.concurrency:
+            span = high.concurrency - low.concurrency
+            weight = (concurrency - low.concurrency) / span if span else 0.0
+            rate = low.output_tok_per_s + weight * (high.output_tok_per_s - low.output_tok_per_s)
+            accepts = (low.accept_length, high.accept_length)
+            accept = accepts[0] + weight * (accepts[1] - accepts[0]) if None not in accepts else None
+            return rate, accept
+    raise LookupError(f"concurrency {concurrency} is outside the measured points")
 
 
 def _averaged(curve: Sequence[TunePoint]) -> list[TunePoint]:
@@ -275,17 +293,31 @@ def sweep_concurrency(
     """`sweep_points` against the servers at `urls` as they run."""
 
     def measure(concurrency: int) -> TunePoint:
-        requests = options.requests_per_server(concurrency)
-        records = asyncio.run(
-            run_point(
-                urls, prompts, params, concurrency, requests, api_key=api_key, timeout_s=options.request_timeout_s
-            )
-        )
-        point = summarize(records, server_setting=label, concurrency=concurrency, cap=cap)
-        log(_point_line(point))
-        return point
+        return measure_point(urls, label, cap, concurrency, prompts, params, options, api_key=api_key, log=log)
 
     return sweep_points(label, cap, options, measure)
+
+
+def measure_point(
+    urls: Sequence[str],
+    label: str,
+    cap: int | None,
+    concurrency: int,
+    prompts: Sequence[Sequence[int]],
+    params: Mapping[str, Any],
+    options: TuneOptions,
+    *,
+    api_key: str | None = None,
+    log: Callable[[str], None] = print,
+) -> TunePoint:
+    """One point: `concurrency` requests in flight per server at `urls`, in steady state."""
+    requests = options.requests_per_server(concurrency)
+    records = asyncio.run(
+        run_point(urls, prompts, params, concurrency, requests, api_key=api_key, timeout_s=options.request_timeout_s)
+    )
+    point = summarize(records, server_setting=label, concurrency=concurrency, cap=cap)
+    log(_point_line(point))
+    return point
 
 
 def sweep(
@@ -298,20 +330,24 @@ def sweep(
     launcher: Launcher | None = None,
     api_key: str | None = None,
     prompts_source: str = "",
+    spec_options: SpecOptions | None = None,
     log: Callable[[str], None] = print,
 ) -> TuneReport:
     """Measure every server setting (launched in turn by `launcher`, or the running `endpoints` as they are),
-    narrow the knee down, and recommend."""
+    narrow the knee down, recommend, and compare speculative settings at the knee (`compare_speculative`)."""
     if launcher is None and not endpoints:
         raise ValueError("nothing to tune: no endpoints and no launcher")
     points: list[TunePoint] = []
     explained: dict[str, str] = {}
     used: list[str] = list(endpoints)
     flags_of = {setting.label: setting.flags for setting in settings}
+    spec_of: dict[str, str] = {}  # the speculative setting each server setting ran, as its server reports it
     for setting in settings or [ServerSetting(AS_RUNNING)]:
         with _serving(setting, launcher, endpoints) as urls:
             used = list(urls)
             infos = asyncio.run(_server_infos(urls, api_key))
+            running = speculative.of_server_info(next((i for i in infos if i), None))
+            spec_of[setting.label] = running if isinstance(running, str) else speculative.label(running)
             cap = min((c for c in map(_cap, infos) if c), default=None)
             log(f"tune [{setting.label}]: {len(urls)} servers, running cap {cap}")
             measured = sweep_concurrency(urls, setting.label, cap, prompts, params, options, api_key=api_key, log=log)
@@ -321,6 +357,14 @@ def sweep(
     estimate, estimates = choose_knee(points, options.knee_fraction)
     best = max((p.output_tok_per_s for p in points), default=0.0)
     flags, text = recommend(estimate, flags_of.get(estimate.server_setting, []) if estimate else [])
+    comparison = None
+    if estimate is not None:
+        setting = next((s for s in settings if s.label == estimate.server_setting), ServerSetting(AS_RUNNING))
+        comparison = compare_speculative(
+            points, estimate, setting, spec_of.get(setting.label, "unknown"), prompts, params, options,
+            launcher=launcher if spec_options is not None else None, spec_options=spec_options,
+            api_key=api_key, log=log,
+        )  # fmt: skip
     return TuneReport(
         created_at=time.time(),
         endpoints=used,
@@ -336,7 +380,48 @@ def sweep(
         options=asdict(options),
         knee_estimate=estimate,
         estimates=estimates,
+        speculative=comparison,
     )
+
+
+def compare_speculative(
+    points: Sequence[TunePoint],
+    estimate: knee_fit.KneeEstimate,
+    setting: ServerSetting,
+    launched: str,
+    prompts: Sequence[Sequence[int]],
+    params: Mapping[str, Any],
+    options: TuneOptions,
+    *,
+    launcher: Launcher | None,
+    spec_options: SpecOptions | None,
+    api_key: str | None = None,
+    log: Callable[[str], None] = print,
+) -> spec_compare.SpecComparison:
+    """The knee's server setting relaunched once per speculative setting of `options.spec_settings` (the one it
+    ran, `launched`, excepted), sized as the launcher sizes any launch, and measured at the recommended
+    concurrency against the sweep's own measurement there. Without a launcher (connect mode): not measured, and
+    said so."""
+    cap = estimate.fit.cap
+    running = min(estimate.concurrency, cap) if cap else estimate.concurrency
+    curve = sorted((p for p in points if p.server_setting == setting.label), key=lambda p: p.concurrency)
+    rate, accept = interpolate(curve, running)
+    if launcher is None or spec_options is None:
+        return spec_compare.not_measured(running, launched, accept)
+    trials = [spec_compare.SpecTrial(launched, rate, accept, baseline=True)]
+    for spec in speculative.parse_list(options.spec_settings):
+        name = speculative.label(spec)
+        if name == launched:
+            continue
+        trial = ServerSetting(f"{setting.label}, speculative {name}", {**setting.options, **spec_options(spec)})
+        with launcher(trial) as urls:
+            cap = min((c for c in map(_cap, asyncio.run(_server_infos(urls, api_key))) if c), default=None)
+            point = measure_point(urls, trial.label, cap, running, prompts, params, options, api_key=api_key, log=log)
+        ran = min(running, cap) if cap else running  # a setting whose memory runs fewer at once says so
+        trials.append(spec_compare.SpecTrial(name, point.output_tok_per_s, point.accept_length, point.errors, ran))
+    comparison = spec_compare.compare(running, trials, estimate.residual)
+    log(f"tune [speculative]: {comparison.verdict}")
+    return comparison
 
 
 def recommend(estimate: knee_fit.KneeEstimate | None, setting_flags: Sequence[str]) -> tuple[list[str], str]:
@@ -480,129 +565,6 @@ def write_local(report: TuneReport, directory: Path) -> Path:
 def read_report(store: Store) -> TuneReport | None:
     raw = store.get_bytes(REPORT_KEY) if store.exists(REPORT_KEY) else None
     return from_json(TuneReport, raw) if raw is not None else None
-
-
-def render_markdown(report: TuneReport, chart: str = "throughput.svg") -> str:
-    lines = [
-        "# Fleet tuning",
-        "",
-        f"{len(report.endpoints)} servers, {report.prompts} prompts ({report.prompts_source}); "
-        f"knee: the least concurrency reaching {report.knee_fraction:.0%} of the best throughput, on a saturating "
-        "curve fitted to the points (repeats included).",
-        "",
-        f"**{report.recommendation}**",
-        "",
-    ]
-    if report.recommended_flags:
-        lines += [f"Launch with: `{' '.join(report.recommended_flags)}`", ""]
-    for estimate in report.estimates:
-        lines.append(f"* fit [{estimate.server_setting}]: {estimate.describe()}, fitted best {estimate.peak:,.0f}")
-    for label, text in report.capacity.items():
-        lines.append(f"* capacity [{label}]: {text}")
-    lines += [
-        "",
-        f"![output tokens/s by concurrency]({chart})",
-        "",
-        "| server setting | concurrency | cap | output tok/s | req/s | accept length | TTFT p50 (ms) | TTFT p99 (ms) "
-        "| latency p50 (s) | latency p99 (s) | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for p in report.points:
-        mark = " **(knee)**" if report.knee == p else ""
-        lines.append(
-            f"| {p.server_setting} | {p.concurrency}{mark} | {_cell(p.cap)} | {p.output_tok_per_s:,.0f} | "
-            f"{p.req_per_s:.2f} | {_cell(p.accept_length, 2)} | {_ms(p.ttft_p50_s)} | {_ms(p.ttft_p99_s)} | "
-            f"{_cell(p.latency_p50_s, 2)} | {_cell(p.latency_p99_s, 2)} | {p.errors} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _cell(value: float | int | None, digits: int = 0) -> str:
-    if value is None:
-        return "—"
-    return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
-
-
-def _ms(seconds: float | None) -> str:
-    return "—" if seconds is None else f"{seconds * 1000:,.0f}"
-
-
-_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
-
-
-def render_svg(report: TuneReport, width: int = 720, height: int = 400) -> str:
-    """A line chart of output tok/s (solid) and accept length (dashed, right axis) by concurrency, one colour
-    per server setting, the knee marked: plain SVG, no plotting library needed."""
-    left, right, top, bottom = 70, 60, 30, 50
-    plot_w, plot_h = width - left - right, height - top - bottom
-    points = [p for p in report.points if p.output_tok_per_s > 0]
-    max_c = max((p.concurrency for p in points), default=1) * 1.08  # room for the last point's marks
-    max_t = max((p.output_tok_per_s for p in points), default=1.0) * 1.1
-    max_a = max((p.accept_length or 0 for p in points), default=0.0) * 1.1 or 1.0
-
-    def x(c: float) -> float:
-        return left + plot_w * c / max_c
-
-    def y(value: float, scale: float) -> float:
-        return top + plot_h * (1 - value / scale)
-
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-        'font-size="11">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{left}" y="18" font-size="13">output tok/s (solid) and accept length (dashed) by client '
-        "concurrency per server</text>",
-        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="black"/>',
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="black"/>',
-        f'<line x1="{left + plot_w}" y1="{top}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="gray"/>',
-        f'<text x="{left + plot_w / 2}" y="{height - 10}" text-anchor="middle">requests in flight per server</text>',
-    ]
-    for k in range(6):
-        t, a, c = max_t * k / 5, max_a * k / 5, max_c * k / 5
-        out.append(f'<text x="{left - 6}" y="{y(t, max_t) + 4:.1f}" text-anchor="end">{t:,.0f}</text>')
-        out.append(f'<text x="{left + plot_w + 6}" y="{y(a, max_a) + 4:.1f}" fill="gray">{a:.1f}</text>')
-        out.append(f'<text x="{x(c):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{c:.0f}</text>')
-    settings = list(dict.fromkeys(p.server_setting for p in points))
-    for index, label in enumerate(settings):
-        color = _COLORS[index % len(_COLORS)]
-        series = sorted((p for p in points if p.server_setting == label), key=lambda p: p.concurrency)
-        path = " ".join(f"{x(p.concurrency):.1f},{y(p.output_tok_per_s, max_t):.1f}" for p in series)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
-        out += [
-            f'<circle cx="{x(p.concurrency):.1f}" cy="{y(p.output_tok_per_s, max_t):.1f}" r="3" fill="{color}"/>'
-            for p in series
-        ]
-        accepts = [p for p in series if p.accept_length]
-        if accepts:
-            path = " ".join(f"{x(p.concurrency):.1f},{y(p.accept_length or 0, max_a):.1f}" for p in accepts)
-            out.append(
-                f'<polyline points="{path}" fill="none" stroke="{color}" stroke-dasharray="4 3" stroke-width="1"/>'
-            )
-        out.append(f'<text x="{left + 10}" y="{top + 14 + 14 * index}" fill="{color}">{_xml(label)}</text>')
-    estimate = report.knee_estimate
-    if estimate is not None:
-        low, high, kx = x(estimate.low), x(estimate.high), x(estimate.concurrency)
-        out.append(
-            f'<rect x="{low:.1f}" y="{top}" width="{max(high - low, 1):.1f}" height="{plot_h}" fill="gray" '
-            'fill-opacity="0.15"/>'
-        )
-        fitted = " ".join(
-            f"{x(c):.1f},{y(estimate.fit.rate(c), max_t):.1f}" for c in range(estimate.lowest, estimate.highest + 1)
-        )
-        out.append(f'<polyline points="{fitted}" fill="none" stroke="gray" stroke-width="1"/>')
-        out.append(
-            f'<line x1="{kx:.1f}" y1="{top}" x2="{kx:.1f}" y2="{top + plot_h}" stroke="black" stroke-dasharray="2 2"/>'
-        )
-        out.append(
-            f'<text x="{kx - 4:.1f}" y="{top + plot_h - 6}" text-anchor="end">knee {estimate.concurrency} '
-            f"({estimate.low}-{estimate.high})</text>"
-        )
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def _xml(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def gain(

@@ -6,6 +6,7 @@ from pydantic import Field
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
 from dagster_project.generation.fleet_registry import follow_registry, known_endpoints
 from dagster_project.generation.ledger import FleetLedger
+from dagster_project.generation.slot_use import SlotUse
 from dagster_project.ops.answers.cost import FleetCost
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.settings import DEFAULT_FLEET_STALE_AFTER_S
@@ -59,9 +60,10 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
             )
         return endpoints
 
-    def dispatcher(self, registry: Store | None = None) -> Dispatcher:
+    def dispatcher(self, registry: Store | None = None, slot_use: SlotUse | None = None) -> Dispatcher:
         """A dispatcher for one shard run; every run with the same fleet directory shares its ledger. Unless
-        endpoints or a router are configured, it follows `registry` while it runs: new nodes' servers join."""
+        endpoints or a router are configured, it follows `registry` while it runs: new nodes' servers join.
+        `slot_use` measures the run's pool slot held with nothing in flight."""
         follows_registry = registry is not None and not self._configured()
         return Dispatcher(
             self.resolve_endpoints(registry),
@@ -71,4 +73,5 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
             ledger=FleetLedger(Path(self.fleet_dir) / "ledger") if self.fleet_dir else None,
             discover=follow_registry(registry, self.stale_node_after_s) if follows_registry else None,
             load_sources={self.router_url: self.router_workers} if self.router_url and self.router_workers else None,
+            slot_use=slot_use,
         )

@@ -30,6 +30,8 @@ import psutil
 
 from dagster_project.sglang import capacity
 from dagster_project.sglang.protocol import parse_metrics
+from dagster_project.sglang.speculative import RECIPE, SpecSetting, parse_setting
+from dagster_project.sglang.speculative import label as spec_label
 
 if TYPE_CHECKING:  # the client imports aiohttp: only what talks to servers imports it, when it does
     from dagster_project.sglang.client import SGLangError
@@ -39,13 +41,6 @@ PID_FILE = "fleet.json"
 SIM_VOCAB_FILE = "sim_vocab.json"
 _LOG_TAIL_LINES = 40
 
-# MTP for Qwen3.6-27B (the model card's recipe): NEXTN is resolved to EAGLE; all three sizes must be set together.
-SPECULATIVE_ARGS = (
-    "--speculative-algorithm", "NEXTN",
-    "--speculative-num-steps", "3",
-    "--speculative-eagle-topk", "1",
-    "--speculative-num-draft-tokens", "4",
-)  # fmt: skip
 # Flags that 0.5.23 removed, deprecated or refuses for this model, with what to use.
 REJECTED_FLAGS = {
     "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
@@ -110,16 +105,25 @@ class ServerOptions:
         default=None, metadata={"help": "the model name the servers report (default: --model-path)"}
     )
     random_seed: int | None = field(default=0, metadata={"help": "the servers' sampling seed"})
+    speculative: str = field(
+        default=RECIPE.label,
+        metadata={"help": "MTP as steps/topk/draft-tokens (NEXTN; the model card's 3/1/4), or off"},
+    )
     api_key: str | None = field(default=None, repr=False)
     extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        parse_setting(self.speculative)  # a setting SGLang would refuse fails before any server starts
 
     @property
     def sized_by_hand(self) -> bool:
         return any(getattr(self, name) is not None for name in CAPACITY_FLAGS)
 
     def launch_settings(self) -> capacity.LaunchSettings:
-        """The capacity model's view of these flags (the model card's NEXTN 3/1/4 under speculative decoding)."""
+        """The capacity model's view of these flags."""
+        spec = parse_setting(self.speculative)
         return capacity.LaunchSettings(
+            speculative_draft_tokens=spec.draft_tokens if spec is not None else 0,
             max_running_requests=self.max_running_requests,
             mamba_full_memory_ratio=self.mamba_full_memory_ratio or capacity.LaunchSettings.mamba_full_memory_ratio,
             max_mamba_cache_size=self.max_mamba_cache_size,
@@ -169,6 +173,8 @@ def server_command(
         raise ValueError(
             ", ".join(f"{flag} is not an sglang 0.5.23 flag; use {REJECTED_FLAGS[flag]}" for flag in rejected)
         )
+    spec = parse_setting(options.speculative)
+    spec_args = spec.launch_args() if spec is not None else []  # NEXTN is resolved to EAGLE
     command = [
         python, "-m", "sglang.launch_server",
         "--model-path", options.model_path,
@@ -177,7 +183,7 @@ def server_command(
         "--tp-size", "1",
         "--context-length", str(options.context_length),
         "--reasoning-parser", "qwen3",
-        *SPECULATIVE_ARGS,
+        *spec_args,
         "--enable-metrics",
     ]  # fmt: skip
     valued = {
@@ -309,6 +315,23 @@ def plan_simulators(
     plan = replace(plan, mem_fraction_static=config.mem_fraction_static)
     options.update(disable_radix_cache=True, max_running_requests=plan.settings.max_running_requests)
     return options, plan
+
+
+def sim_spec_options(setting: SpecSetting | None) -> dict[str, Any]:
+    """The simulator options (`SimConfig` fields) that serve a speculative setting (None: MTP off)."""
+    if setting is None:
+        return {"speculative": False}
+    return {
+        "speculative": True,
+        "speculative_num_steps": setting.steps,
+        "speculative_eagle_topk": setting.topk,
+        "spec_draft_tokens": setting.draft_tokens,
+    }
+
+
+def server_spec_options(setting: SpecSetting | None) -> dict[str, Any]:
+    """The `ServerOptions` that launch a real server with a speculative setting (None: MTP off)."""
+    return {"speculative": spec_label(setting)}
 
 
 def describe_plan(plan: capacity.LaunchPlan | None) -> str:

@@ -50,8 +50,8 @@ from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET
 from dagster_project.store.manifest import rows_mismatch
 from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import REQUIRED_VERDICTS, read_verdict
-from dagster_project.training.gates import list_buffers, row_sums
 from dagster_project.training.lengths import MIN_OUTPUT_TOKENS
+from dagster_project.training.row_figures import list_buffers, row_sums
 from dagster_project.training.shards import TrainingShardManifest, iter_training_batches, training_manifest
 
 SPECFORGE_PREFIX = f"{EXPORTS}/specforge/"

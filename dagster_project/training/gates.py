@@ -6,8 +6,9 @@ one line a person understands at a glance, and every figure behind it.
 
 Two layers, both plain numpy over Arrow list columns, one chunk at a time:
 
-* **per-row figures** — `list_lengths`, `row_sums`, `supervised_pairs`, `id_bounds`, `profile_outputs` (thinking
-  structure and answer text of generated outputs), `row_digests`, `split_by_mask`, `list_buffers`;
+* **per-row figures** — `list_lengths`, `row_sums`, `supervised_pairs`, `id_bounds`, `row_digests`,
+  `split_by_mask` (in `training.row_figures`), and here `profile_outputs` (thinking structure and answer text of
+  generated outputs);
 * **gates over those figures** — `loss_sum_floor`, `loss_sum_concentration`, `consecutive_supervised`,
   `ids_in_vocabulary`, `thinking_structure`, `degenerate_answers`, `short_answers`, `ids_match_completions`,
   `length_loss`; `malformed_tool_calls` (the model's own tool calls) lives beside them in
@@ -41,9 +42,8 @@ Default thresholds, each a parameter:
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,20 @@ import numpy as np
 import pyarrow as pa
 
 from dagster_project.training.lengths import LengthFigures
+from dagster_project.training.row_figures import (
+    ListColumn,
+    adjacent_per_row,
+    id_bounds,
+    ids_digest,
+    list_buffers,
+    list_chunks,
+    list_lengths,
+    row_digests,
+    row_of,
+    row_sums,
+    split_by_mask,
+    supervised_pairs,
+)
 
 if TYPE_CHECKING:
     from dagster_project.tokenizer import SpecialIds
@@ -72,7 +86,6 @@ _HISTOGRAM_TOP = 10
 _SAMPLE = 5
 
 Decode = Callable[[Sequence[int]], str]
-ListColumn = pa.ListArray | pa.LargeListArray | pa.ChunkedArray | Sequence[Sequence[int]]
 
 
 @dataclass(frozen=True)
@@ -93,115 +106,6 @@ def _pct(part: int, whole: int) -> str:
 
 def _share(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
-
-
-# ---- per-row figures ------------------------------------------------------------------------------
-
-
-def _chunks(lists: ListColumn) -> Iterator[pa.Array]:
-    if isinstance(lists, pa.ChunkedArray):
-        yield from lists.chunks
-    elif isinstance(lists, pa.Array):
-        yield lists
-    else:
-        yield pa.array(lists, type=pa.list_(pa.int32()))
-
-
-def list_buffers(chunk: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets from 0, flat values) of a list array, zero-copy where Arrow allows.
-
-    `.values` ignores a slice's offset, so the values are cut to the rows' span and the offsets rebased.
-    """
-    offsets = chunk.offsets.to_numpy().astype(np.int64)
-    values = chunk.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-    return offsets - offsets[0], values
-
-
-def _per_row(lists: ListColumn, figure: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
-    parts = [figure(*list_buffers(chunk)) for chunk in _chunks(lists)]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
-def _row_of(offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    return np.searchsorted(offsets, positions, side="right") - 1
-
-
-def list_lengths(lists: ListColumn) -> np.ndarray:
-    return _per_row(lists, lambda offsets, values: np.diff(offsets))
-
-
-def row_sums(lists: ListColumn) -> np.ndarray:
-    """Per row, the sum of its values: for a loss mask, the supervised tokens as the mask itself says."""
-
-    def sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
-        running = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
-        return running[offsets[1:]] - running[offsets[:-1]]
-
-    return _per_row(lists, sums)
-
-
-def _adjacent_per_row(lists: ListColumn, holds: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
-    """Per row, how many positions i satisfy `holds(values[i], values[i+1])` with both inside the row."""
-
-    def count(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
-        at = holds(values[:-1], values[1:])
-        # A pair must not straddle two rows: drop the one that starts at each row's last position.
-        row_ends = offsets[1:-1] - 1
-        at[row_ends[(row_ends >= 0) & (row_ends < at.size)]] = False
-        return np.bincount(_row_of(offsets, np.flatnonzero(at)), minlength=offsets.size - 1)
-
-    return _per_row(lists, count)
-
-
-def supervised_pairs(loss_mask: ListColumn) -> np.ndarray:
-    """Per row, the positions i with loss_mask[i] == loss_mask[i+1] == 1: the anchors DFlash can use."""
-    return _adjacent_per_row(loss_mask, lambda here, after: (here == 1) & (after == 1))
-
-
-def id_bounds(lists: ListColumn) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the smallest and largest id (0 and -1 for an empty row)."""
-
-    def bound(reduce: np.ufunc, empty: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-        def figure(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
-            result = np.full(offsets.size - 1, empty, dtype=np.int64)
-            nonempty = np.flatnonzero(np.diff(offsets) > 0)
-            if nonempty.size:
-                result[nonempty] = reduce.reduceat(values.astype(np.int64), offsets[nonempty])
-            return result
-
-        return figure
-
-    return _per_row(lists, bound(np.minimum, 0)), _per_row(lists, bound(np.maximum, -1))
-
-
-def _digest(ids: np.ndarray) -> bytes:
-    return hashlib.blake2b(np.ascontiguousarray(ids, dtype=np.int32).tobytes(), digest_size=16).digest()
-
-
-def row_digests(lists: ListColumn) -> list[bytes]:
-    """A digest of each row's ids: equal digests, equal token sequences (e.g. "distinct prompts")."""
-    keys: list[bytes] = []
-    for chunk in _chunks(lists):
-        offsets, values = list_buffers(chunk)
-        keys.extend(_digest(values[offsets[i] : offsets[i + 1]]) for i in range(offsets.size - 1))
-    return keys
-
-
-def split_by_mask(input_ids: ListColumn, loss_mask: ListColumn) -> tuple[pa.ListArray, pa.ListArray]:
-    """(unsupervised part, supervised part) of each row: what the model read, and what it is trained to write."""
-    prompts, supervised = [], []
-    for ids_chunk, mask_chunk in zip(_chunks(input_ids), _chunks(loss_mask), strict=True):
-        offsets, ids = list_buffers(ids_chunk)
-        mask_offsets, mask = list_buffers(mask_chunk)
-        if not np.array_equal(offsets, mask_offsets):
-            raise ValueError("input_ids and loss_mask differ in length on some row")
-        on = mask.astype(bool)
-        supervised_offsets = np.concatenate([[0], np.cumsum(on)])[offsets].astype(np.int32)
-        prompt_offsets = (offsets - supervised_offsets).astype(np.int32)
-        supervised.append(pa.ListArray.from_arrays(pa.array(supervised_offsets), pa.array(ids[on], pa.int32())))
-        prompts.append(pa.ListArray.from_arrays(pa.array(prompt_offsets), pa.array(ids[~on], pa.int32())))
-    empty = pa.array([], pa.list_(pa.int32()))
-    return (pa.concat_arrays(prompts) if prompts else empty, pa.concat_arrays(supervised) if supervised else empty)
 
 
 @dataclass
@@ -241,13 +145,13 @@ def profile_outputs(outputs: ListColumn, special: SpecialIds, decode: Decode) ->
     """Thinking structure and answer text per output: completions' `output_ids` or training rows' supervised part."""
     profiles = []
     eos = set(special.eos_ids)
-    for chunk in _chunks(outputs):
+    for chunk in list_chunks(outputs):
         offsets, values = list_buffers(chunk)
         rows = offsets.size - 1
         end_positions = np.flatnonzero(values == special.think_end)
-        end_rows = _row_of(offsets, end_positions)
+        end_rows = row_of(offsets, end_positions)
         think_ends = np.bincount(end_rows, minlength=rows)
-        think_starts = np.bincount(_row_of(offsets, np.flatnonzero(values == special.think_start)), minlength=rows)
+        think_starts = np.bincount(row_of(offsets, np.flatnonzero(values == special.think_start)), minlength=rows)
         first_end = np.full(rows, -1)
         last_end = np.full(rows, -1)
         # Positions are ascending: assigning in order leaves the last one per row, reversed the first.
@@ -586,10 +490,11 @@ def ids_match_completions(rows: Mapping[str, RowDigest], completion_batches: Ite
             found.add(event)
             prompt = prompt_values[prompt_offsets[j] : prompt_offsets[j + 1]]
             output = output_values[output_offsets[j] : output_offsets[j + 1]]
-            if prompt.size != row.prompt_tokens or _digest(prompt) != row.prompt_digest:
+            if prompt.size != row.prompt_tokens or ids_digest(prompt) != row.prompt_digest:
                 problems["prompt_differs"].append(event)
             elif (
-                output.size < row.supervised_tokens or _digest(output[: row.supervised_tokens]) != row.supervised_digest
+                output.size < row.supervised_tokens
+                or ids_digest(output[: row.supervised_tokens]) != row.supervised_digest
             ):
                 problems["output_differs"].append(event)
     problems["not_in_completions"] = sorted(rows.keys() - found)
@@ -709,7 +614,7 @@ def profile_training_batches(batches: Iterable[pa.RecordBatch], special: Special
         prompts, supervised = split_by_mask(ids, mask)
         prompt_lengths, supervised_lengths = list_lengths(prompts), list_lengths(supervised)
         # Zeros then ones, never a one followed by a zero: the mask is exactly the prompt/output boundary.
-        boundary = _adjacent_per_row(mask, lambda here, after: (here == 1) & (after == 0)) == 0
+        boundary = adjacent_per_row(mask, lambda here, after: (here == 1) & (after == 0)) == 0
         min_ids, max_ids = id_bounds(ids)
         part = _part(
             prompts,

@@ -48,8 +48,9 @@ from dagster_project.store.lease import Lease, LeaseOptions, take_lease
 from dagster_project.store.manifest import ids_digest, iter_parquet_batches, publish_shard, rows_mismatch
 from dagster_project.store.storage import Store, sha256_bytes
 from dagster_project.store.verdicts import describe_failures, failed_gates
-from dagster_project.training.gates import GateResult, list_buffers
+from dagster_project.training.gates import GateResult
 from dagster_project.training.lengths import DROP, KEEP, MIN_OUTPUT_TOKENS, LengthFigures, kept_output
+from dagster_project.training.row_figures import list_buffers
 from dagster_project.training.shards import (
     TRAINING_FILE,
     AssemblyOptions,

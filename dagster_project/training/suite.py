@@ -22,8 +22,8 @@ import pandas as pd
 import pyarrow as pa
 
 from dagster_project.records import TRAINING_SCHEMA
-from dagster_project.training.gates import id_bounds, list_lengths, row_sums
 from dagster_project.training.lengths import MIN_OUTPUT_TOKENS
+from dagster_project.training.row_figures import id_bounds, list_lengths, row_sums
 
 SCALAR_COLUMNS = [
     "event_id",

@@ -46,6 +46,7 @@ from tests.support.dagster_helpers import (
     DagsterDev,
     pipeline_env,
     publish_conversations,
+    shard_of_run,
 )
 from tests.support.journal_files import journal_records
 from tests.support.node_launcher import NODE_TAG, PID_TAG
@@ -117,6 +118,7 @@ def test_a_backfill_survives_a_node_lost_mid_shard_and_resends_at_most_its_in_fl
             **s3_server.env,
             "PYTHONPATH": str(PROJECT_ROOT),
             "PATH": f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}",
+            "DFLASH_SHARDS_PER_RUN": "1",  # a run per shard: the lost node's run is the lost shard's
         },
     )
     publish_conversations(home, store_uri, env)
@@ -181,12 +183,12 @@ def test_a_backfill_survives_a_node_lost_mid_shard_and_resends_at_most_its_in_fl
 
     tags = {run["runId"]: {t["key"]: t["value"] for t in run["tags"]} for run in runs}
     statuses = {run["runId"]: run["status"] for run in runs}
-    killed = [run_id for run_id in on_a if tags[run_id]["dagster/partition"] == SHARDS[lost_shard]]
+    killed = [run_id for run_id in on_a if shard_of_run(tags[run_id]) == SHARDS[lost_shard]]
     assert len(killed) == 1 and statuses[killed[0]] == "FAILURE", (on_a, statuses)
     retries = [run_id for run_id, t in tags.items() if t.get(PARENT_RUN_TAG) in on_a]
     assert retries and all(tags[r][NODE_TAG] == "node-b" and statuses[r] == "SUCCESS" for r in retries), tags
     succeeded = [run_id for run_id, status in statuses.items() if status == "SUCCESS"]
-    assert sorted(tags[run_id]["dagster/partition"] for run_id in succeeded) == SHARDS, statuses
+    assert sorted(shard_of_run(tags[run_id]) for run_id in succeeded) == SHARDS, statuses
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert type(instance.run_storage).__name__ == "PostgresRunStorage"
@@ -198,7 +200,7 @@ def test_a_backfill_survives_a_node_lost_mid_shard_and_resends_at_most_its_in_fl
             enqueued, starting = dg.DagsterEventType.RUN_ENQUEUED, dg.DagsterEventType.RUN_STARTING
             assert enqueued in kinds and starting in kinds, (run_id, kinds)
             assert kinds.index(enqueued) < kinds.index(starting), (run_id, kinds)
-        retry = next(r for r in retries if tags[r]["dagster/partition"] == SHARDS[lost_shard])
+        retry = next(r for r in retries if shard_of_run(tags[r]) == SHARDS[lost_shard])
         retry_log = "\n".join(event.message or "" for event in instance.all_logs(retry))
         assert "journal restored from the store's checkpoint" in retry_log
 

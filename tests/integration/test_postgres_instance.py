@@ -2,7 +2,7 @@
 
 A PostgreSQL server on loopback (tests/support/postgres_server.py) holds the instance; its connection comes
 from the environment (DAGSTER_PG_*), as in production. `raw_prompts` and `conversations` run through
-`dagster asset materialize`; then every shard's `completions` run starts at once, as `make demo` starts them,
+`dagster asset materialize`; then two shards' `completions` runs start at once, as `make demo` starts them,
 against a simulator fleet, with the `sglang_fleet` pool set to one slot.
 
 It checks, all read back from Postgres: the runs are in its tables; the pool (its slots are Postgres rows
@@ -32,8 +32,10 @@ from tests.support.dagster_helpers import (
 )
 from tests.support.paths import PROJECT_ROOT
 
-NUM_SHARDS = 2
-SHARDS = [f"shard-{i:05d}" for i in range(NUM_SHARDS)]
+# The demo's four shards, two of them run: two runs are what the pool must keep apart, and a quarter of the demo
+# data each keeps their steps short yet long enough to overlap without the pool.
+NUM_SHARDS = 4
+SHARDS = [f"shard-{i:05d}" for i in range(2)]
 POOL = "sglang_fleet"
 INSTANCE_YAML = PROJECT_ROOT / "deploy" / "dagster-postgres.yaml"
 # Slow enough that the shards' completions steps, started at once, would overlap without the pool.
@@ -83,7 +85,7 @@ def test_the_demos_stages_on_postgres_with_the_pool_of_one_slot(postgres_server,
     run_cli([DAGSTER, "instance", "concurrency", "set", POOL, "1"], env=env, cwd=tmp_path)
     materialize(env, tmp_path, "raw_prompts,conversations")
 
-    with ThreadPoolExecutor(NUM_SHARDS) as pool:
+    with ThreadPoolExecutor(len(SHARDS)) as pool:
         list(pool.map(lambda shard: materialize(env, tmp_path, "completions", shard), SHARDS))
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -99,6 +101,6 @@ def test_the_demos_stages_on_postgres_with_the_pool_of_one_slot(postgres_server,
         for (_, first_end), (second_start, _) in zip(windows, windows[1:]):
             assert second_start >= first_end, f"completions steps overlapped under a pool of 1: {windows}"
 
-    for shard in range(NUM_SHARDS):
+    for shard in range(len(SHARDS)):
         coverage = shard_coverage(store, shard)
         assert coverage.exact and coverage.expected > 0, (shard, coverage)

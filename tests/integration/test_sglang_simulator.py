@@ -554,5 +554,6 @@ def test_decode_steps_slow_down_as_the_batch_grows(sim_fleet):
     alone = generate(fleet, 0, input_ids=[9, 0])[1]["meta_info"]["e2e_latency"]
     futures = [in_background(generate, fleet, 0, input_ids=[9, i]) for i in range(1, 10)]
     batch = [f.result(timeout=60)[1]["meta_info"]["e2e_latency"] for f in futures]
-    # 99 steps of 5 ms alone; a batch of nine steps 1 + 0.1 × 8 = 1.8 times slower.
-    assert 0.45 < alone < 0.8 and min(batch) > 1.4 * alone
+    # Without MTP a step is priced from the 3/1/4 one (`sim.speculation.step_factor`): 0.78 of it alone, 99 steps
+    # of 3.9 ms; a batch of nine steps 1.12, 1.45 times slower.
+    assert 0.35 < alone < 0.7 and min(batch) > 1.25 * alone

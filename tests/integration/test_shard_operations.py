@@ -11,6 +11,7 @@
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,8 +24,6 @@ import psutil
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from dagster_project.assets.conversations import conversations
-from dagster_project.assets.raw_prompts import raw_prompts
 from dagster_project.assets.run_report import run_report, run_report_refresh
 from dagster_project.conversations.shards import read_conversations
 from dagster_project.generation.shards import iter_completion_batches, shard_coverage
@@ -32,7 +31,7 @@ from dagster_project.generation.stage import journal_path
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops.plan import Plan, write_plan
 from dagster_project.ops.status import collect_status
-from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
+from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet
 from dagster_project.sglang.protocol import input_hash
 from dagster_project.store.storage import LocalStore
 from tests.support.dagster_helpers import (
@@ -42,32 +41,41 @@ from tests.support.dagster_helpers import (
     dagster_home,
     evaluations_by_check,
     pipeline_env,
+    publish_conversations,
 )
 from tests.support.journal_files import journal_records
-from tests.support.sglang_fixtures import wait_until
+from tests.support.sglang_fixtures import SimFleet, wait_until
 
 NUM_SHARDS = 4  # the demo data over 4 shards: ~65 events per shard, some multi-turn
 # Slow enough that a shard takes several seconds: ~0.5 s per answer, 2 running per server.
 SLOW_FLEET = {"output_len": "fixed:64", "decode_step_s": 0.02, "max_running_requests": 2, "enable_metrics": True}
+# A test needs its shard slow only while it acts mid-shard (a kill, a status read, a refresh); the rest of the shard
+# need not crawl. `slow_until_cleared` starts servers this many times faster than asked, slowed back by a `slow` fault
+# that the test's `clear_faults` after that moment lifts.
+FINISH_SPEEDUP = 10
 FINGERPRINT = GenerationSettings().fingerprint()
 
 
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> Path:
+    """Conversations of the demo data published once for the module: a local store and the instance that recorded
+    them (its SQLite storage initialised here, before CLI runs use it concurrently)."""
+    root = tmp_path_factory.mktemp("published")
+    home = dagster_home(root / "dagster_home")
+    env = pipeline_env(home=home, store=root / "store", work_dir=root / "work", num_shards=NUM_SHARDS)
+    publish_conversations(home, root / "store", env)
+    return root
+
+
 @pytest.fixture
-def pipeline(tmp_path, monkeypatch):
-    """Conversations of the demo data in a local store, and the environment a CLI run needs."""
+def pipeline(published, tmp_path):
+    """A copy of the published store and instance for this test alone, and the environment a CLI run needs."""
+    for part in ("store", "dagster_home"):
+        shutil.copytree(published / part, tmp_path / part)
     store = LocalStore(tmp_path / "store")
     env = pipeline_env(
-        home=dagster_home(tmp_path / "dagster_home"), store=store.uri, work_dir=tmp_path / "work", num_shards=NUM_SHARDS
+        home=tmp_path / "dagster_home", store=store.uri, work_dir=tmp_path / "work", num_shards=NUM_SHARDS
     )
-    monkeypatch.setenv("DFLASH_NUM_SHARDS", env["DFLASH_NUM_SHARDS"])  # what the in-process conversations read
-    resources = {
-        "store": DatasetStore(root=store.uri, work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
-        "tokenizer": TokenizerResource(),
-        "generation": GenerationConfig(),
-    }
-    # Creating the instance here initialises its SQLite storage once, before CLI runs use it concurrently.
-    with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
-        assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success
     return store, env
 
 
@@ -96,6 +104,12 @@ def materialize_shard(env: dict, shard: int, fleet_urls: list[str], config: dict
     )
 
 
+def slow_until_cleared(sim_fleet, **options) -> SimFleet:
+    """Two servers at `options`' speed until their faults are cleared, FINISH_SPEEDUP times faster from then on."""
+    fast = {**options, "decode_step_s": options["decode_step_s"] / FINISH_SPEEDUP}
+    return sim_fleet(2, **fast, faults={"slow": FINISH_SPEEDUP})
+
+
 def finished(process: subprocess.Popen, timeout_s: float = 180) -> str:
     output, _ = process.communicate(timeout=timeout_s)
     assert process.returncode == 0, output[-4000:]
@@ -114,7 +128,7 @@ def all_requests(fleet, since: list[int] | None = None) -> list[dict]:
 
 def test_sigkill_mid_shard_then_rerun_gives_every_event_exactly_once(pipeline, sim_fleet):
     store, env = pipeline
-    fleet = sim_fleet(2, **SLOW_FLEET)
+    fleet = slow_until_cleared(sim_fleet, **SLOW_FLEET)
     run = materialize_shard(env, 1, fleet.urls)
     wait_until(lambda: len(journaled(env, 1)) >= 12, timeout_s=120, interval_s=0.05, what="a dozen journaled events")
     for index in range(2):  # freeze the fleet so the kill lands mid-shard, with requests in flight
@@ -194,7 +208,7 @@ def dflash_status(env: dict, fleet_urls: list[str]) -> dict:
 def test_status_while_a_shard_runs_answers_the_six_questions(pipeline, sim_fleet):
     store, env = pipeline
     write_plan(store, Plan(source="test", req_per_s=5.0, avg_output_tokens=64, output_tok_per_s=320))
-    fleet = sim_fleet(2, **SLOW_FLEET)
+    fleet = slow_until_cleared(sim_fleet, **SLOW_FLEET)
     run = materialize_shard(env, 2, fleet.urls)
     try:
         wait_until(
@@ -241,7 +255,7 @@ def test_mtp_switched_off_mid_shard_raises_the_mtp_alert_within_one_refresh(pipe
     """The fault an operator must hear about: the servers stop accepting drafts while a shard runs. The next
     refresh the sensor asks for, the report's `operator_alerts` check warns, naming the accept length."""
     store, env = pipeline
-    fleet = sim_fleet(2, **{**SLOW_FLEET, "decode_step_s": 0.05})  # ~1 answer/s per running request
+    fleet = slow_until_cleared(sim_fleet, **{**SLOW_FLEET, "decode_step_s": 0.05})  # ~1 answer/s per running request
     resources = {
         "store": DatasetStore(root=store.uri, work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
         "fleet": SGLangFleet(endpoints=fleet.urls),
@@ -329,12 +343,14 @@ def test_two_shard_runs_share_one_fleet(pipeline, sim_fleet):
 
 def test_the_same_shard_started_twice_at_once_runs_once(pipeline, sim_fleet):
     store, env = pipeline
-    fleet = sim_fleet(2, **SLOW_FLEET)
+    fleet = slow_until_cleared(sim_fleet, **SLOW_FLEET)
     runs = [materialize_shard(env, 2, fleet.urls) for _ in range(2)]
     wait_until(lambda: any(run.poll() is not None for run in runs), timeout_s=120, interval_s=0.1, what="a refusal")
     refused = next(run for run in runs if run.poll() is not None)
     working = next(run for run in runs if run is not refused)
     assert working.poll() is None, "the refusal came only after the other run had finished"
+    for index in range(2):  # the refusal is in: the rest of the shard may run at full speed
+        fleet.clear_faults(index)
     refusal, _ = refused.communicate(timeout=60)
     assert refused.returncode != 0
     holder = heartbeat(store, 2)["run_id"]
@@ -379,7 +395,7 @@ def test_the_page_is_refreshed_at_the_first_tick_after_the_last_run_of_a_backfil
     page says none runs, counted after the run's end."""
     store, env = pipeline
     # Slow enough to refresh the page mid-shard; answers of varied lengths, so the shard passes its training gates.
-    fleet = sim_fleet(2, **{**SLOW_FLEET, "output_len": FAST_ANSWERS["output_len"]})
+    fleet = slow_until_cleared(sim_fleet, **{**SLOW_FLEET, "output_len": FAST_ANSWERS["output_len"]})
     resources = {
         "store": DatasetStore(root=store.uri, work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
         "fleet": SGLangFleet(endpoints=fleet.urls),
@@ -421,6 +437,7 @@ def test_the_page_is_refreshed_at_the_first_tick_after_the_last_run_of_a_backfil
         last_run = max(runs, key=lambda record: record.end_time)  # the generating one, ended after the failed one
         assert len(runs) == 2 and last_run.dagster_run.tags["dagster/partition"] == "shard-00000"
         assert last_run.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+        assert last_run.dagster_run.tags["dflash/purpose"] == "shard"  # what the runs list shows of shard_job's runs
 
         after = tick(instance, mid.cursor)  # the first tick after the backfill's last run ended
         (request,) = after.run_requests

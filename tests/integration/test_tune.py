@@ -53,12 +53,14 @@ def test_tune_sweeps_the_running_fleet_on_the_published_prompts(env, tmp_path, s
     assert len(fleet.requests(0)) == len(fleet.requests(1)) == sum(p["requests"] for p in report["points"]) // 2
     stored = tune.read_report(LocalStore(env["DFLASH_STORE"]))
     assert stored is not None and stored.knee is not None and stored.recommended_flags
+    # The running fleet's flags cannot change: MTP on vs off is not measured, and the report says so.
+    assert not stored.speculative.measured and "speculative decoding: MTP on vs off not measured" in out
 
 
 def test_tune_in_launch_mode_restarts_simulators_per_server_setting(env, tmp_path):
     options = [f"--sim-option={name}={json.dumps(value)}" for name, value in FAST.items()]
     out = dflash(
-        env, "tune", "--simulate", "1", *options, "--sweep", "max_running_requests=2,8",
+        env, "tune", "--simulate", "1", *options, "--sweep", "max_running_requests=2,8", "--spec-settings", "off,2/1/3",
         "--synthetic-prompt-tokens", "100", *SWEEP, "--out", str(tmp_path / "report"),
     )  # fmt: skip
     report = tune.read_report(LocalStore(env["DFLASH_STORE"]))
@@ -68,6 +70,17 @@ def test_tune_in_launch_mode_restarts_simulators_per_server_setting(env, tmp_pat
     assert report.knee.server_setting == "max_running_requests=8"
     assert report.recommended_flags[-2:] == ["--max-running-requests", str(min(report.knee.concurrency, 8))]
     assert "tune [max_running_requests=2]" in out and not (tmp_path / "work" / "tune-fleet" / "fleet.json").exists()
+    # MTP measured at the knee: the knee's setting relaunched without it and with a shorter chain, capped there.
+    spec = report.speculative
+    running = int(report.recommended_flags[-1])
+    assert spec.measured and spec.concurrency == running
+    assert [(t.setting, t.baseline) for t in spec.trials] == [("3/1/4", True), ("off", False), ("2/1/3", False)]
+    assert all(t.output_tok_per_s > 0 and t.errors == 0 for t in spec.trials)
+    off, shorter = spec.trials[1:]
+    assert off.accept_length is None and shorter.accept_length < spec.trials[0].accept_length  # no spec stats off
+    assert "tune [max_running_requests=8, speculative off]" in out
+    assert spec.verdict.startswith("MTP on: +") and f"speculative decoding: {spec.verdict}" in out
+    assert "## Speculative decoding" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_the_fleet_tuning_asset_records_the_sweep(tmp_path, sim_fleet):

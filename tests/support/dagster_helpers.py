@@ -522,5 +522,12 @@ def step_windows(instance: dg.DagsterInstance, run_id: str, step_key: str) -> tu
     return start, end
 
 
+def shard_of_run(tags: Mapping[str, str]) -> str | None:
+    """The one shard a run covers: its partition tag (a run of one shard), or a range of one (what a backfill
+    launches under `BackfillPolicy.multi_run(1)`); None for a run of no shard or of several."""
+    start, end = tags.get("dagster/asset_partition_range_start"), tags.get("dagster/asset_partition_range_end")
+    return tags.get("dagster/partition") or (start if start == end else None)
+
+
 def materialized_partitions(instance: dg.DagsterInstance, assets: Iterable[str]) -> dict[str, set[str]]:
     return {asset: set(instance.get_materialized_partitions(dg.AssetKey(asset))) for asset in assets}

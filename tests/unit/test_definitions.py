@@ -69,9 +69,9 @@ def test_assets_groups_dependencies_and_shard_partitions():
         if partitioned:
             assert node.partitions_def == shard_partitions, name
             assert node.partitions_def.get_partition_keys() == expected_keys, name
-            # No BackfillPolicy: a backfill makes one run per shard, tagged dagster/partition, which is what
-            # attributes every check evaluation to its shard (reference §2d, §3c).
-            assert node.backfill_policy is None, name
+            # One policy on every shard asset: a backfill of the shard job makes one run per
+            # DFLASH_SHARDS_PER_RUN shards (the job's policy is its assets' smallest).
+            assert node.backfill_policy == dg.BackfillPolicy.multi_run(settings.shards_per_run()), name
         else:
             assert node.partitions_def is None, name
     # The pool that caps how many runs use the fleet at once (OPERATIONS §4.3): the shards' completions, and the

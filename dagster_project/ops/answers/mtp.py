@@ -1,4 +1,4 @@
-"""2. MTP (speculative decoding): is it on, and its accept length."""
+"""2. MTP (speculative decoding): is it on, its accept length, and whether it pays (the last tuning sweep)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ class MtpAnswer:
     accept_length_window: float | None
     accept_length_published_shards: float | None
     server_avg_spec_accept_length: dict[str, float | None]
+    tuned: str | None = None  # the last `dflash tune`'s verdict on MTP at its recommended concurrency
 
 
 def answer_mtp(readings: Readings) -> MtpAnswer:
@@ -35,6 +36,7 @@ def answer_mtp(readings: Readings) -> MtpAnswer:
         accept_length_window=window_accept,
         accept_length_published_shards=published_accept,
         server_avg_spec_accept_length={url: s.get("avg_spec_accept_length") for url, s in readings.fleet.items()},
+        tuned=readings.tuning.speculative.verdict if readings.tuning and readings.tuning.speculative else None,
     )
 
 
@@ -46,4 +48,5 @@ def render_mtp(mtp: MtpAnswer) -> list[str]:
         f"   algorithm per server: {algorithms or 'no server reachable'}",
         f"   accept length: window {fmt(mtp.accept_length_window, 2)}, published shards "
         f"{fmt(mtp.accept_length_published_shards, 2)}, servers' own average: {servers or '—'}",
+        f"   does it pay (last dflash tune): {mtp.tuned or 'not measured (no tuning sweep)'}",
     ]

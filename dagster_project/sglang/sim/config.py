@@ -17,6 +17,8 @@ import orjson
 
 from dagster_project.sglang import capacity
 from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.sim import speculation
+from dagster_project.sglang.speculative import SpecSetting
 
 MODEL_PATH = "Qwen/Qwen3.6-27B"
 MODEL_VOCAB_SIZE = 248320  # padded embedding size: what the server range-checks input ids against
@@ -35,6 +37,9 @@ class SimConfig:
     enable_metrics: bool = False
     speculative: bool = True  # launched with NEXTN (reported as EAGLE)
     spec_draft_tokens: int = proto.SPEC_DRAFT_TOKENS
+    # Unset: a chain of draft tokens − 1 steps. With top-k 1 the draft tokens follow the steps, as SGLang forces.
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int = 1
     reasoning_parser: str | None = "qwen3"
     context_length: int = 65536
     # Without `gpu_memory_gb` the pools are given: KV tokens and the real cap (default: the configured one).
@@ -63,18 +68,42 @@ class SimConfig:
     # malformed on purpose (reading the tools needs the full tokenizer: it is loaded only when this is set).
     tool_call_share: float = 0.0
     malformed_tool_call_share: float = 0.0
-    accept_probs: tuple[float, ...] = (0.2, 0.2, 0.2, 0.4)  # P(k drafts accepted) per verify pass, k < D
+    # P(k drafts accepted) per verify pass, k = 0..len − 1, at a chain of len − 1 steps; other speculative
+    # settings keep its per-draft acceptance (`sim.speculation.accept_probs`).
+    accept_probs: tuple[float, ...] = (0.2, 0.2, 0.2, 0.4)
     accept_decay_tokens: int = 0  # context length at which acceptance has fallen halfway to none; 0: no decay
     ttft_s: float = 0.0
     prefill_s_per_token: float = 0.0
-    decode_step_s: float = 0.0  # one decode step of a batch of one
-    decode_step_growth: float = 0.0  # a decode step takes (1 + growth × (batch − 1)) × decode_step_s
+    # One decode step of a batch of one under the model card's MTP 3/1/4; it takes (1 + growth × (batch − 1)) ×
+    # decode_step_s at a larger batch. Other speculative settings, and none, are priced from it
+    # (`sim.speculation.step_factor`).
+    decode_step_s: float = 0.0
+    decode_step_growth: float = 0.0
     accept_decay_batch: int = 0  # batch size beyond one at which acceptance has fallen halfway to none; 0: no decay
     startup_s: float = 0.0  # /health answers 503 this long after start
     health_latency_s: float = 0.0  # real /health takes >= 1 s; 0 keeps tests fast
     health_check_timeout_s: float = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT: no output this long means 503
     request_log_limit: int = 1_000_000
     faults: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.speculative_num_steps is None:
+            self.speculative_num_steps = self.spec_draft_tokens - 1
+        elif self.speculative_eagle_topk == 1:
+            self.spec_draft_tokens = self.speculative_num_steps + 1
+
+    @property
+    def spec_setting(self) -> SpecSetting | None:
+        """The speculative setting served (None: MTP off); a `ValueError` for one SGLang would refuse."""
+        if not self.speculative:
+            return None
+        return SpecSetting(self.speculative_num_steps or 0, self.speculative_eagle_topk, self.spec_draft_tokens)
+
+    @property
+    def draft_accept_probs(self) -> tuple[float, ...]:
+        """P(k drafts accepted) per verify pass under the setting served (`accept_probs` without MTP)."""
+        setting = self.spec_setting
+        return speculation.accept_probs(self.accept_probs, setting) if setting else tuple(self.accept_probs)
 
     @property
     def launch_settings(self) -> capacity.LaunchSettings:
@@ -116,7 +145,9 @@ class SimConfig:
 
     @property
     def reserved_prompt_tokens(self) -> int:
-        return capacity.reserved_prompt_tokens(self.launch_settings)
+        """max(top-k × steps, draft tokens) under EAGLE/NEXTN, as SGLang adds to every prompt's length checks."""
+        setting = self.spec_setting
+        return setting.reserved_tokens if setting is not None else 0
 
     @property
     def model_name(self) -> str:

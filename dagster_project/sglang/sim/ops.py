@@ -139,8 +139,8 @@ def server_info(config: SimConfig, scheduler: Scheduler, stats: Stats) -> dict:
         "page_size": 1,
         "kv_cache_dtype": c.kv_cache_dtype,
         "speculative_algorithm": spec,
-        "speculative_num_steps": c.spec_draft_tokens - 1 if c.speculative else None,
-        "speculative_eagle_topk": 1 if c.speculative else None,
+        "speculative_num_steps": c.speculative_num_steps if c.speculative else None,
+        "speculative_eagle_topk": c.speculative_eagle_topk if c.speculative else None,
         "speculative_num_draft_tokens": c.spec_draft_tokens if c.speculative else None,
         "mamba_ssm_dtype": c.mamba_ssm_dtype,
         "max_mamba_cache_size": c.max_mamba_cache_size,  # the flag; internal_states has the computed size
@@ -209,7 +209,7 @@ class SimMetrics(Collector):
             draft = config.spec_draft_tokens
             gauges["spec_accept_length"] = tokens / verify if verify else 0.0
             gauges["spec_accept_rate"] = correct / (verify * (draft - 1)) if verify else 0.0
-            gauges["spec_num_steps"] = draft - 1
+            gauges["spec_num_steps"] = config.speculative_num_steps
             gauges["spec_num_draft_tokens"] = draft
         for name, value in gauges.items():
             yield _gauge(name, value, scheduler_labels)

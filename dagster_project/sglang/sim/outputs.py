@@ -253,7 +253,7 @@ class OutputModel:
         self.pool = WordPool(vocab, config.seed)
         self.lengths = parse_length_distribution(config.output_len)
         self.accept = AcceptModel(
-            config.accept_probs, config.accept_decay_tokens, config.seed, decay_batch=config.accept_decay_batch
+            config.draft_accept_probs, config.accept_decay_tokens, config.seed, decay_batch=config.accept_decay_batch
         )
         self.eos = vocab.eos_ids[0]
         # `<think>\n\n</think>\n\n` closes the thinking block in the prompt (enable_thinking=False).

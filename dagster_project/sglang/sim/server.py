@@ -490,6 +490,10 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     parser.add_argument(
         "--spec-draft-tokens", "--speculative-num-draft-tokens", type=int, default=defaults.spec_draft_tokens
     )
+    parser.add_argument(
+        "--speculative-num-steps", type=int, help="default: draft tokens − 1 (a chain); sets them under top-k 1"
+    )
+    parser.add_argument("--speculative-eagle-topk", type=int, default=defaults.speculative_eagle_topk)
     parser.add_argument("--reasoning-parser", default=defaults.reasoning_parser)
     parser.add_argument("--context-length", type=int, default=defaults.context_length)
     parser.add_argument("--token-capacity", type=int, default=defaults.token_capacity)
@@ -544,12 +548,18 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         "--accept-probs",
         type=_floats,
         default=defaults.accept_probs,
-        help="P(k drafts accepted) per verify pass, k=0..D-1",
+        help="P(k drafts accepted) per verify pass, k=0..N, measured at a chain of N steps (other settings keep its "
+        "per-draft acceptance)",
     )
     parser.add_argument("--accept-decay-tokens", type=int, default=defaults.accept_decay_tokens)
     parser.add_argument("--ttft-s", type=float, default=defaults.ttft_s)
     parser.add_argument("--prefill-s-per-token", type=float, default=defaults.prefill_s_per_token)
-    parser.add_argument("--decode-step-s", type=float, default=defaults.decode_step_s, help="at batch size one")
+    parser.add_argument(
+        "--decode-step-s",
+        type=float,
+        default=defaults.decode_step_s,
+        help="at batch size one under MTP 3/1/4 (other speculative settings and none are priced from it)",
+    )
     parser.add_argument(
         "--decode-step-growth",
         type=float,
@@ -572,8 +582,10 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     args = parser.parse_args(_merge_config_file(list(sys.argv[1:] if argv is None else argv), parser))
     del args.config
     config = SimConfig(**vars(args))
-    if len(config.accept_probs) != config.spec_draft_tokens:
-        parser.error(f"--accept-probs needs {config.spec_draft_tokens} values (one per possible accepted-draft count)")
+    try:  # a speculative setting SGLang would refuse fails here, as the real server refuses to start
+        _ = config.draft_accept_probs
+    except ValueError as exc:
+        parser.error(str(exc))
     parse_length_distribution(config.output_len)  # a bad spec fails here, before the slow vocabulary load
     for name in ("tool_call_share", "malformed_tool_call_share"):
         if not 0 <= getattr(config, name) <= 1:

@@ -81,3 +81,17 @@ def test_processes_racing_for_slots_never_exceed_the_budget(tmp_path):
     with ProcessPoolExecutor(4) as pool:
         grants = list(pool.map(_grab, [str(tmp_path)] * 4, ["p0", "p1", "p2", "p3"]))
     assert sum(grants) == 10
+
+
+def test_a_run_with_nothing_in_flight_gets_a_freed_slot_before_others_get_more(tmp_path):
+    """A new run (it holds a pool slot) must not wait, idle, until the run nearer its end stops wanting more."""
+    near_end, new = FleetLedger(tmp_path, "near_end"), FleetLedger(tmp_path, "new")
+    near_end.remaining, new.remaining = 50, 1000
+    assert near_end.acquire(SERVER, 20, limit=10) == 10  # full, and wanting more
+    assert new.acquire(SERVER, 10, limit=10) == 0
+    near_end.release(SERVER, 2)
+    assert near_end.acquire(SERVER, 12, limit=10) == 1  # the new run's first slot comes first
+    assert new.acquire(SERVER, 10, limit=10) == 1  # it generates
+    near_end.release(SERVER, 1)
+    assert new.acquire(SERVER, 9, limit=10) == 0  # beyond its first slot, the nearest to its end goes first
+    assert near_end.acquire(SERVER, 12, limit=10) == 1

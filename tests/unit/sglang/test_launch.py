@@ -144,7 +144,8 @@ def test_every_simulator_option_survives_the_command_line(tmp_path):
 
     options = {
         "model_path": "m", "served_model_name": "served", "tokenizer": "tok", "enable_metrics": True,
-        "speculative": False, "spec_draft_tokens": 3, "reasoning_parser": "qwen3", "context_length": 1000,
+        "speculative": False, "spec_draft_tokens": 3, "speculative_num_steps": 2, "speculative_eagle_topk": 2,
+        "reasoning_parser": "qwen3", "context_length": 1000,
         "token_capacity": 5000, "max_running_requests": 9, "effective_max_running_requests": 7,
         "gpu_memory_gb": 100.5, "weights_gb": 50.0, "mem_fraction_static": 0.85, "mamba_full_memory_ratio": 2.5,
         "max_mamba_cache_size": 300, "disable_radix_cache": True, "mamba_radix_cache_strategy": "extra_buffer_lazy",

@@ -9,7 +9,7 @@ import pytest
 from dagster_project.records import COMPLETION_SCHEMA
 from dagster_project.tokenizer import render_prompt_ids, special_ids
 from dagster_project.tool_calls import render_call
-from dagster_project.training import gates
+from dagster_project.training import gates, row_figures
 from dagster_project.training.lengths import TRUNCATE
 from dagster_project.training.stage import AssemblyOptions, assemble_batch
 from dagster_project.training.tool_call_gate import malformed_tool_calls
@@ -109,8 +109,8 @@ def test_loss_sum_concentration_needs_both_a_share_and_repeats():
 
 def test_consecutive_supervised_pairs_never_straddle_rows():
     masks = pa.array([[0, 0, 1, 0, 1], [0, 1], [1, 0, 0], [0, 1, 1, 1], []], pa.list_(pa.int8()))
-    assert gates.supervised_pairs(masks).tolist() == [0, 0, 0, 2, 0]
-    result = gates.consecutive_supervised(gates.supervised_pairs(masks))
+    assert row_figures.supervised_pairs(masks).tolist() == [0, 0, 0, 2, 0]
+    result = gates.consecutive_supervised(row_figures.supervised_pairs(masks))
     assert not result.passed
     assert result.message.startswith("BLOCKED: 4/5 rows have fewer than 1 pair(s) of consecutive supervised tokens")
     assert result.metadata["sample_rows"] == [0, 1, 2, 4]
@@ -119,11 +119,11 @@ def test_consecutive_supervised_pairs_never_straddle_rows():
 def test_per_row_figures_read_sliced_and_chunked_columns():
     lists = pa.array([[9, 9], [1, 2, 3], [], [7], [4, 1, 1, 1]], pa.list_(pa.int32()))
     chunked = pa.chunked_array([lists.slice(1, 2), lists.slice(3)])
-    assert gates.list_lengths(chunked).tolist() == [3, 0, 1, 4]
-    assert gates.row_sums(chunked).tolist() == [6, 0, 7, 7]
-    low, high = gates.id_bounds(chunked)
+    assert row_figures.list_lengths(chunked).tolist() == [3, 0, 1, 4]
+    assert row_figures.row_sums(chunked).tolist() == [6, 0, 7, 7]
+    low, high = row_figures.id_bounds(chunked)
     assert low.tolist() == [1, 0, 7, 1] and high.tolist() == [3, -1, 7, 4]
-    prompts, supervised = gates.split_by_mask(
+    prompts, supervised = row_figures.split_by_mask(
         lists.slice(1), pa.array([[0, 1, 1], [], [1], [0, 0, 1, 1]], pa.list_(pa.int8()))
     )
     assert prompts.to_pylist() == [[1], [], [], [4, 1]]
@@ -132,7 +132,7 @@ def test_per_row_figures_read_sliced_and_chunked_columns():
 
 def test_ids_outside_the_vocabulary_are_named():
     vocab = special_ids(tokenizer()).vocab_size
-    low, high = gates.id_bounds(pa.array([[1, 2], [3, vocab], [-1, 5]], pa.list_(pa.int32())))
+    low, high = row_figures.id_bounds(pa.array([[1, 2], [3, vocab], [-1, 5]], pa.list_(pa.int32())))
     result = gates.ids_in_vocabulary(low, high, vocab)
     assert not result.passed
     assert result.message == (
@@ -243,7 +243,7 @@ def test_a_mask_that_is_not_the_engine_boundary_is_blocked():
 
 def test_row_digests_distinguish_token_sequences():
     tok = tokenizer()
-    keys = gates.row_digests([render_prompt_ids(tok, question(i)) for i in (1, 2, 1)])
+    keys = row_figures.row_digests([render_prompt_ids(tok, question(i)) for i in (1, 2, 1)])
     assert keys[0] == keys[2] != keys[1]
 
 

@@ -1,0 +1,175 @@
+"""Reading a page of the Dagster UI as a person sees it: headless Chromium (Debian's `chromium` and its
+`chromedriver`, driven by Selenium; nothing downloads a browser). Screenshots and the pages' text are saved under
+`test-artifacts/browser/` (gitignored; CI keeps them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from tests.support.paths import PROJECT_ROOT
+
+CHROMIUM = Path(os.environ.get("CHROMIUM_BIN", "/usr/bin/chromium"))
+CHROMEDRIVER = Path(os.environ.get("CHROMEDRIVER_BIN", "/usr/bin/chromedriver"))
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", PROJECT_ROOT / "test-artifacts")) / "browser"
+SIX_ANSWERS = (
+    "1. Progress vs plan",
+    "2. MTP (speculative decoding)",
+    "3. Concurrency per server",
+    "4. Storage",
+    "5. Coverage",
+    "6. Multi-turn",
+)
+PAGE_TIMEOUT_S = 60
+# An operator's screen: the page must read without sideways scrolling at this width (and up to 1,920 px).
+WINDOW_WIDTH = 1600
+# The narrowest screen it must read on without sideways scrolling.
+NARROW_WIDTH = 1440
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@contextlib.contextmanager
+def headless_chromium() -> Iterator:
+    """A Selenium driver of headless Chromium, its window WINDOW_WIDTH wide; the test skips without Chromium (fails
+    where REQUIRE_BROWSER says it must run, as in CI)."""
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        if os.environ.get("REQUIRE_BROWSER"):
+            pytest.fail(f"no {CHROMIUM} or {CHROMEDRIVER}: apt-get install -y chromium chromium-driver")
+        pytest.skip(f"no {CHROMIUM} or {CHROMEDRIVER} (apt-get install -y chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={WINDOW_WIDTH},4400"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(driver, expected: str) -> None:
+    """Until `expected` is on the page: the UI fetches its data after the page loads."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5).until(
+        lambda d: expected in d.find_element(By.TAG_NAME, "body").text
+    )
+
+
+def click(driver, text: str) -> None:
+    """Click the first element whose own text is `text` (a button or link)."""
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.XPATH, f"//*[normalize-space(text())='{text}']").click()
+
+
+def save(driver, name: str) -> str:
+    """Screenshot and text of the page as test artifacts; returns the text."""
+    from selenium.webdriver.common.by import By
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+    text = driver.find_element(By.TAG_NAME, "body").text
+    (ARTIFACTS / f"{name}.txt").write_text(text)
+    return text
+
+
+def save_element(driver, element, name: str) -> None:
+    """Screenshot of one element (the README's picture of the operator page)."""
+    element.screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def metadata_table(driver):
+    """The table of the latest materialization's metadata on the asset's overview."""
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.XPATH, f"//table[.//*[normalize-space(text())='{SIX_ANSWERS[0]}']]")
+
+
+def wait_for_inline_chart(driver) -> None:
+    """Until the chart (an SVG data: URI in a Markdown entry) is drawn in place: loaded, with a size."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5).until(
+        lambda d: any(
+            d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image)
+            for image in d.find_elements(By.CSS_SELECTOR, "img[src^='data:image/svg+xml']")
+        )
+    )
+
+
+def clipped(driver, table) -> list[str]:
+    """What of the metadata table is cut off at the right: the table's scrolling container, or any element inside it,
+    whose content is wider than its box (scrollWidth > clientWidth), named by its row's key."""
+    return driver.execute_script(
+        """
+        const table = arguments[0], out = [];
+        const container = table.parentElement;
+        if (container.scrollWidth > container.clientWidth + 1)
+            out.push(`the metadata table: ${container.scrollWidth} px in ${container.clientWidth} px`);
+        for (const row of table.querySelectorAll(':scope > tbody > tr')) {
+            const key = row.children[0].innerText.trim();
+            for (const el of row.querySelectorAll('*'))
+                if (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1)
+                    out.push(`${key}: <${el.tagName.toLowerCase()}> ${el.scrollWidth} px in ${el.clientWidth} px`);
+        }
+        return out;
+        """,
+        table,
+    )
+
+
+def resize(driver, width: int) -> None:
+    """The window to `width` px wide, then until the UI has drawn two frames at that width (it lays out on resize)."""
+    driver.set_window_size(width, driver.get_window_size()["height"])
+    driver.execute_async_script(
+        "const done = arguments[0]; requestAnimationFrame(() => requestAnimationFrame(() => done()));"
+    )
+    assert driver.execute_script("return window.innerWidth") == width
+
+
+def column_widths(driver, table) -> str:
+    """The metadata table's width and its columns' (from its first row), and each image's and table's inside it."""
+    lines = driver.execute_script(
+        """
+        const table = arguments[0];
+        const cells = [...table.querySelector(':scope > tbody > tr').children].map(c => c.offsetWidth);
+        return [
+            `metadata table ${table.offsetWidth} px in ${table.parentElement.clientWidth} px; columns ${cells} px`,
+            ...[...table.querySelectorAll('img, table')].map(
+                e => `${e.tagName.toLowerCase()} ${e.getAttribute('alt') || ''} ${e.offsetWidth} px`),
+        ];
+        """,
+        table,
+    )
+    return "\n".join(lines) + "\n"
+
+
+def chart(driver, alt: str) -> ET.Element:
+    """The inline chart's SVG, from its data: URI."""
+    from selenium.webdriver.common.by import By
+
+    source = driver.find_element(By.CSS_SELECTOR, f"img[alt='{alt}']").get_attribute("src")
+    return ET.fromstring(unquote(source.removeprefix("data:image/svg+xml,")))
+
+
+def dismiss_welcome(driver) -> None:
+    """The UI greets a new browser with a newsletter dialog over the page."""
+    from selenium.common.exceptions import NoSuchElementException
+
+    try:
+        click(driver, "Skip")
+    except NoSuchElementException:
+        pass
