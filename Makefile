@@ -55,6 +55,7 @@ benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_dispatcher
 	$(BIN)/python -m benchmarks.bench_fleet
 	$(BIN)/python -m benchmarks.bench_run_overhead
+	$(BIN)/python -m benchmarks.bench_shards_per_run
 	$(BIN)/python -m benchmarks.bench_ingest
 	$(BIN)/python -m benchmarks.bench_training_set
 	$(BIN)/python -m benchmarks.bench_tune
