@@ -85,7 +85,8 @@ def compare(concurrency: int, trials: Sequence[SpecTrial], noise: float) -> Spec
         cost = 1 - on.output_tok_per_s / off.output_tok_per_s
         verdict = (
             f"MTP costs {cost:.0%} here ({concurrency} per server: the best setting {on.setting}, accept length "
-            f"{on.accept_length or 0:.2f}, against MTP off): launch without it (`--speculative off`)"
+            f"{on.accept_length or 0:.2f}, against MTP off): launch without it (`dflash fleet up --speculative off`, "
+            "no `--speculative-algorithm` flag)"
         )
     if on is not None and off is not None:
         gap = abs(on.output_tok_per_s / off.output_tok_per_s - 1)

@@ -1,8 +1,14 @@
-"""The verdict on MTP at the recommended concurrency, from measured speculative settings (no server involved)."""
+"""The verdict on MTP at the recommended concurrency, from measured speculative settings, and status question 2
+quoting it (no server involved)."""
 
 from __future__ import annotations
 
+import time
+
+from dagster_project.ops.answers.mtp import answer_mtp, render_mtp
+from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.spec_compare import SpecTrial, compare, markdown, not_measured
+from dagster_project.ops.tune import TuneReport
 
 
 def trials(off: float, *others: tuple[str, float, float]) -> list[SpecTrial]:
@@ -55,3 +61,12 @@ def test_connect_mode_says_it_did_not_measure_rather_than_guess():
     assert not result.measured and not result.trials and result.best is None
     assert result.verdict.startswith("MTP on vs off not measured: the fleet runs as launched (speculative 3/1/4")
     assert "accept length 3.10" in result.verdict
+
+
+def test_status_question_2_quotes_the_last_sweeps_verdict_or_says_there_was_none():
+    measured = compare(40, trials(800.0), noise=0.02)
+    tuning = TuneReport(1.0, [], "synthetic", 8, 0.95, [], None, 0.0, [], "", speculative=measured)
+    lines = render_mtp(answer_mtp(Readings(time.time(), 0, None, None, 0, {}, [], {}, None, None, tuning)))
+    assert lines[-1] == f"   does it pay (last dflash tune): {measured.verdict}"
+    bare = render_mtp(answer_mtp(Readings(time.time(), 0, None, None, 0, {}, [], {}, None, None, None)))
+    assert bare[-1] == "   does it pay (last dflash tune): not measured (no tuning sweep)"
