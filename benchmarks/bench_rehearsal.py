@@ -63,6 +63,7 @@ from benchmarks.report import write_section
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.generation.dispatch import Dispatcher
 from dagster_project.ops.coverage import DatasetCoverage, read_coverage
+from dagster_project.settings import DEFAULT_SHARDS_PER_RUN
 from dagster_project.sglang.launch import free_ports, launch_simulators, stop_fleet
 from dagster_project.store import layout
 from dagster_project.store.storage import open_store
@@ -753,7 +754,9 @@ def render(result: Result) -> str:
             "`dagster dev -w workspace.yaml` with the project's sensors as they ship ("
             + ", ".join(f"`{name}` {state.lower()}" for name, state in sorted(result.sensors.items()))
             + "); one `launchPartitionBackfill` of the shard job's assets "
-            f"({', '.join(SHARD_ASSETS)}) over every partition. A Prometheus scrapes `dflash metrics` every "
+            f"({', '.join(SHARD_ASSETS)}) over every partition, at most "
+            f"{settings.shards_per_run or DEFAULT_SHARDS_PER_RUN} partitions per run (`DFLASH_SHARDS_PER_RUN`), "
+            f"the `{POOL}` pool at dagster.yaml's limit. A Prometheus scrapes `dflash metrics` every "
             f"{SCRAPE_S} s. Processes are sampled from /proc every {SAMPLE_S} s (CPU: each process's own time and "
             "the children it reaped)."
         ),
@@ -823,6 +826,10 @@ def render(result: Result) -> str:
     lines += [
         "",
         (
+            "A slot held without a request in flight: the pool's slots held (PostgreSQL's `concurrency_slots`) beyond "
+            "the runs with requests in flight (the fleet's ledger), each sample weighted by its time. At cap: the "
+            "share of the time with two or more runs generating at once that each server ran its cap ('—': never "
+            "two at once). "
             f"Load average (1 min) at the launch / the end: {result.load[0]:.1f} / {result.load[1]:.1f} on 2 cores; "
             "the machine is shared with other work, so wall times are longer than on an idle one."
         ),

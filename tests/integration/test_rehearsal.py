@@ -3,9 +3,9 @@
 The harness is benchmarks/bench_rehearsal.py's (`rehearse`), without the browser, Prometheus and the ideal's
 dispatcher (the benchmark measures those): the instance of deploy/dagster-postgres.yaml on the session's PostgreSQL
 server, the store on the session's moto server, `dagster dev` with the project's sensors running as they ship, one
-`launchPartitionBackfill` over every partition as the UI sends it. 24 partitions, three runs of eight shards
-(`DFLASH_SHARDS_PER_RUN`'s default): about 200 CPU-s in all; 120 partitions would be ~5 CPU-minutes, more than
-`make test` can give one test. The full size is `make rehearsal`'s.
+`launchPartitionBackfill` over every partition as the UI sends it. 24 partitions, in runs of
+`DFLASH_SHARDS_PER_RUN` shards (its default): about 200 CPU-s in all (BENCHMARKS.md, `rehearsal`); 120 partitions
+would take ~5 CPU-minutes, more than `make test` can give one test. The full size is `make rehearsal`'s.
 
 It asserts the job's invariants, read back from PostgreSQL and the store: the backfill finishes and succeeds;
 coverage by id is exact (`dflash status --by-id`); every partition of every shard asset is materialized exactly
