@@ -55,10 +55,12 @@ benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_dispatcher
 	$(BIN)/python -m benchmarks.bench_fleet
 	$(BIN)/python -m benchmarks.bench_run_overhead
+	$(BIN)/python -m benchmarks.bench_shards_per_run
 	$(BIN)/python -m benchmarks.bench_ingest
 	$(BIN)/python -m benchmarks.bench_training_set
 	$(BIN)/python -m benchmarks.bench_tune
 	$(BIN)/python -m benchmarks.bench_profiles
+	$(BIN)/python -m benchmarks.bench_spec_tune
 	$(BIN)/python -m benchmarks.bench_status_scale
 	$(BIN)/python -m benchmarks.bench_status_process
 	$(BIN)/python -m benchmarks.bench_contamination

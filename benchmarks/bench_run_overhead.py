@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -59,6 +61,27 @@ def fresh_process_s(code: Path, line: str) -> float:
     env = with_code(dict(os.environ), code)
     subprocess.run([sys.executable, "-c", line], check=True, cwd=code, env=env, capture_output=True)
     return time.perf_counter() - started
+
+
+@contextmanager
+def tiny_shards(scratch: Path, shards: int, prompts: int) -> Iterator[dict[str, str]]:
+    """`prompts` single-turn prompts over `shards` shards, their conversations published in a local store, one
+    zero-latency simulator running: the environment of a shard run against them (`DAGSTER_HOME` its instance)."""
+    fleet = launch_simulators(1, scratch / "fleet", SIM)
+    try:
+        source = write_prompts(scratch / "prompts.jsonl", prompts)
+        env = pipeline_env(
+            home=dagster_home(scratch / "home"),
+            store=scratch / "store",
+            work_dir=scratch / "work",
+            num_shards=shards,
+            endpoints=fleet.urls,
+            extra={"DFLASH_SOURCES": str(source), "DFLASH_FLEET_DIR": str(scratch / "work" / "fleet")},
+        )
+        materialize(env, ROOT, "raw_prompts,conversations", timeout_s=1800)
+        yield env
+    finally:
+        stop_fleet(scratch / "fleet")
 
 
 def timed_run(env: dict[str, str], code: Path, home: Path, shard: int) -> dict[str, float]:
@@ -136,27 +159,11 @@ def main() -> None:
     if args.runs * len(codes) > SHARDS:
         raise SystemExit(f"at most {SHARDS // len(codes)} runs per code tree")
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in codes}
-    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
-        scratch = Path(tmp)
-        home = dagster_home(scratch / "home")
-        fleet = launch_simulators(1, scratch / "fleet", SIM)
-        try:
-            source = write_prompts(scratch / "prompts.jsonl", PROMPTS)
-            env = pipeline_env(
-                home=home,
-                store=scratch / "store",
-                work_dir=scratch / "work",
-                num_shards=SHARDS,
-                endpoints=fleet.urls,
-                extra={"DFLASH_SOURCES": str(source), "DFLASH_FLEET_DIR": str(scratch / "work" / "fleet")},
-            )
-            materialize(env, ROOT, "raw_prompts,conversations")
-            shards = iter(range(SHARDS))
-            for _ in range(args.runs):  # the trees take turns, so both see the same load on the machine
-                for name, code in codes.items():
-                    runs[name].append(timed_run(env, code, home, next(shards)))
-        finally:
-            stop_fleet(scratch / "fleet")
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp, tiny_shards(Path(tmp), SHARDS, PROMPTS) as env:
+        shards = iter(range(SHARDS))
+        for _ in range(args.runs):  # the trees take turns, so both see the same load on the machine
+            for name, code in codes.items():
+                runs[name].append(timed_run(env, code, Path(env["DAGSTER_HOME"]), next(shards)))
     pieces = {}
     for name, code in codes.items():
         bare = statistics.median(fresh_process_s(code, "pass") for _ in range(3))

@@ -93,7 +93,6 @@ def completions(
             override_failed_gates=config.override_failed_gates,
         )
         used = slot.take()
-        context.log.info(f"{key}: pool slot held {used.held_s:.1f} s, {used.idle_s:.1f} s of it with nothing in flight")
         metadata = {
             **shard_metadata(manifest),
             # Summed over a backfill's shards: the slot-seconds no request used (ops figure of the rehearsal).

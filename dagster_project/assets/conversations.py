@@ -59,7 +59,7 @@ def conversations(
     with tempfile.TemporaryDirectory(prefix="conversations-", dir=store.local_dir()) as work_dir:
         manifest = build_conversations(
             data,
-            tokenizer=tokenizer.load(),
+            load_tokenizer=tokenizer.load,
             settings=generation.to_dataclass(),
             num_shards=settings.num_shards(),
             work_dir=Path(work_dir),

@@ -1,28 +1,39 @@
 """The prompt token budget, counted with the real tokenizer and chat template, exactly and cheaply.
 
 A byte-level BPE token covers at least one byte of the (NFC-normalized) text, so a rendered prompt has
-at most as many tokens as bytes. That bound is the template's scaffolding for the same sequence of
-roles (rendered once per role sequence, with empty contents) plus the contents' bytes; the template
-only trims contents. Only prompts whose bound exceeds the budget are rendered and tokenized, which is
-a handful in a normal dataset: the decision is exact, the cost is that of a byte count.
+at most as many tokens as bytes. That bound is the template's scaffolding plus the contents' bytes (the
+template only trims contents). Only prompts whose bound exceeds the budget are rendered and tokenized, which
+is a handful in a normal dataset: the decision is exact, the cost is that of a byte count.
+
+The tokenizer is loaded on the first prompt that needs it, so a dataset that has none never pays the seconds
+of loading it. Until then the scaffolding of a prompt of plain messages is bounded without rendering it: at
+most `SCAFFOLD_BYTES_PER_MESSAGE` per message plus `SCAFFOLD_BYTES_FIXED` (the generation prompt and its think
+block), which the Qwen3.6 template never exceeds (`tests/unit/conversations/test_budget_and_dedup.py` checks
+every role sequence); once it is loaded, the scaffolding of each role sequence is rendered once, a tighter bound.
 """
 
 from __future__ import annotations
 
 import functools
 import unicodedata
+from collections.abc import Callable
 from typing import Any
 
 from dagster_project.tokenizer import render_prompt_ids, render_text
 
+SCAFFOLD_BYTES_PER_MESSAGE = 52
+SCAFFOLD_BYTES_FIXED = 48
 _ROLE_SEQUENCES_CACHED = 4096
 
 
 class PromptBudget:
-    def __init__(self, tokenizer: Any, max_tokens: int, *, enable_thinking: bool, preserve_thinking: bool):
+    def __init__(
+        self, load_tokenizer: Callable[[], Any], max_tokens: int, *, enable_thinking: bool, preserve_thinking: bool
+    ):
         if max_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {max_tokens}")
-        self.tokenizer = tokenizer
+        self.load_tokenizer = load_tokenizer
+        self.tokenizer: Any = None  # loaded by the first prompt that needs it
         self.max_tokens = max_tokens
         self.flags = {"enable_thinking": enable_thinking, "preserve_thinking": preserve_thinking}
         self.exact_counts = 0  # prompts that needed the tokenizer
@@ -33,14 +44,28 @@ class PromptBudget:
 
         Tools, tool calls and reasoning are laid out by the template in ways a byte bound does not follow
         cheaply, so prompts holding any of them are always rendered."""
-        structured = tools or any(m.get("tool_calls") or m.get("reasoning_content") for m in messages)
-        if not structured:
-            contents = sum(len(unicodedata.normalize("NFC", m["content"]).encode("utf-8")) for m in messages)
-            if contents + self._scaffold_bytes(tuple(m["role"] for m in messages)) <= self.max_tokens:
-                return None
+        structured = bool(tools) or any(
+            len(m) > 2 and (m.get("tool_calls") or m.get("reasoning_content")) for m in messages
+        )
+        if not structured and self._bytes_bound(messages) <= self.max_tokens:
+            return None
         self.exact_counts += 1
+        if self.tokenizer is None:
+            self.tokenizer = self.load_tokenizer()
         tokens = len(render_prompt_ids(self.tokenizer, messages, tools=tools, **self.flags))
         return tokens if tokens > self.max_tokens else None
+
+    def _bytes_bound(self, messages: list[dict[str, Any]]) -> int:
+        if self.tokenizer is None:
+            scaffold = SCAFFOLD_BYTES_FIXED + SCAFFOLD_BYTES_PER_MESSAGE * len(messages)
+        else:
+            scaffold = self._scaffold_bytes(tuple(m["role"] for m in messages))
+        contents = 0
+        for message in messages:
+            content = message["content"]
+            # ASCII text is NFC already and one byte per character: the common case costs no normalization.
+            contents += len(content) if content.isascii() else len(unicodedata.normalize("NFC", content).encode())
+        return scaffold + contents
 
     def _render_scaffold(self, roles: tuple[str, ...]) -> int:
         empty = [{"role": role, "content": ""} for role in roles]

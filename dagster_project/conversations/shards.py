@@ -3,16 +3,19 @@
 Rows arrive in input order, each for some shard. `ShardBuffers` keeps a bounded amount in memory and
 appends it to one local file per shard, opening one file at a time, so 1,830 shards never hit the
 open-file limit and memory does not grow with the dataset. `publish_shards` then uploads each shard's
-file and its manifest (`ConversationsShardManifest`), several shards at a time; the stage's own
-manifest (`ConversationsManifest`) comes last. `scan_shards` reads them back for the checks.
+file and its manifest (`ConversationsShardManifest`), the shards of one object-index block together (one
+index update per block) and several blocks at a time; the stage's own manifest (`ConversationsManifest`)
+comes last. `scan_shards` reads them back for the checks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import orjson
 
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.records import Conversation
@@ -22,7 +25,7 @@ from dagster_project.store.manifest import (
     StageManifest,
     StoredObject,
     ids_digest,
-    publish_shard,
+    publish_shards_together,
     read_shard_manifest,
     read_stage_manifest,
     verified_bytes,
@@ -183,24 +186,24 @@ def read_conversations(store: Store, shard: int) -> Iterator[Conversation]:
     yield from conversations_in(store, manifest)
 
 
-def read_local_shard(path: Path) -> Iterable[Conversation]:
-    with open(path, "rb") as handle:
-        for line in handle:
-            yield Conversation.from_json(line)
-
-
 def publish_shards(
     store: Store, buffers: ShardBuffers, *, policy: str, build_id: str, log: Callable[[str], None] = lambda _: None
 ) -> list[ConversationsShardManifest]:
-    """Publish every shard (data, then manifest); return the manifests in shard order."""
+    """Publish every shard (data, then manifest); return the manifests in shard order.
 
-    def publish(shard: int) -> ConversationsShardManifest:
-        path = buffers.path(shard)
+    The shards of one object-index block are published together (`publish_shards_together`), the blocks
+    side by side: no two workers update one index block."""
+
+    def shard_manifest(shard: int) -> ConversationsShardManifest:
         ids, counts = [], PolicyCounts()
-        for conversation in read_local_shard(path):
-            ids.append(conversation.id)
-            counts.add(conversation)
-        manifest = ConversationsShardManifest(
+        with open(buffers.path(shard), "rb") as handle:
+            for line in handle:
+                record = orjson.loads(line)  # the fields counted, without building the Conversation
+                ids.append(record["id"])
+                counts.conversations += 1
+                counts.multi_turn += record["extra"].get("source_user_turns", 1) > 1
+                counts.turns += len(record["generate_after"])
+        return ConversationsShardManifest(
             shard=shard,
             rows=counts.conversations,
             ids_digest=ids_digest(ids),
@@ -210,16 +213,20 @@ def publish_shards(
             multi_turn=counts.multi_turn,
             turns=counts.turns,
         )
-        published = publish_shard(store, manifest, [(SHARD_FILE, path)])
-        path.unlink()
+
+    def publish_block(shards: list[int]) -> list[ConversationsShardManifest]:
+        together = [(shard_manifest(shard), [(SHARD_FILE, buffers.path(shard))]) for shard in shards]
+        published = publish_shards_together(store, together)
+        for shard in shards:
+            buffers.path(shard).unlink()
         return published
 
+    blocks = object_index.shards_by_block(range(buffers.num_shards))
+    manifests: list[ConversationsShardManifest] = []
     with ThreadPoolExecutor(max_workers=PUBLISH_WORKERS) as pool:
-        manifests = []
-        for manifest in pool.map(publish, object_index.spread_over_blocks(range(buffers.num_shards))):
-            manifests.append(manifest)
-            if len(manifests) % 200 == 0:
-                log(f"published {len(manifests)}/{buffers.num_shards} shards")
+        for published in pool.map(publish_block, blocks):
+            manifests.extend(published)
+            log(f"published {len(manifests)}/{buffers.num_shards} shards")
     return sorted(manifests, key=lambda manifest: manifest.shard)
 
 

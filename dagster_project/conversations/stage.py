@@ -38,6 +38,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,8 @@ STAGE = "conversations"
 QUARANTINE_KEY = f"{layout.CONVERSATIONS}/quarantine.jsonl.zst"
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # with 32K new tokens, multi-turn history still fits a 64K context
 DEFAULT_QUARANTINE_RATE_MAX = 0.10
+# Rows decided against one batch of lookups in the on-disk dedup index (`dedup.SeenIndex.prefetch`).
+BUILD_BATCH_ROWS = 4096
 # What is built from the conversations shards, shard for shard.
 DOWNSTREAM_STAGES = (layout.COMPLETIONS, layout.TRAINING_SET)
 
@@ -147,8 +150,18 @@ class ConversationBuilder:
         self.renamed_ids = 0  # rows kept under their hash id because their own id was taken
         self.tool_calling = 0
 
-    def build(self, row: PromptRow) -> Conversation | dict[str, Any]:
-        """The conversation of a snapshot row, or its quarantine record."""
+    def build_batch(self, rows: list[PromptRow]) -> list[Conversation | dict[str, Any]]:
+        """The conversation of each snapshot row, or its quarantine record, decided in order (one batch of
+        lookups in the on-disk index for all of them)."""
+        drafts = [self._draft(row) for row in rows]
+        candidates = [(row.source_id, hashed_id) for row, (hashed_id, _, _) in zip(rows, drafts, strict=True)]
+        self.seen.prefetch((digest for _, digest, _ in drafts), (i for pair in candidates for i in pair if i))
+        built = [self._decide(row, *draft) for row, draft in zip(rows, drafts, strict=True)]
+        self.seen.commit()
+        return built
+
+    def _draft(self, row: PromptRow) -> tuple[str, int, Conversation]:
+        """The row's hash id, its requests' digest and its conversation under its provisional id."""
         messages, generate_after, history = apply_policy(row.messages, self.settings.policy)
         hashed_id = content_id(row.messages, row.tools)
         provisional_id = row.source_id or hashed_id
@@ -165,11 +178,15 @@ class ConversationBuilder:
                 **row.extra,  # the source's own annotations first: the pipeline's keys win a clash
                 "format": row.format,
                 "source_id": row.source_id,
-                "source_user_turns": sum(row.messages[i]["role"] == "user" for i in turn_ends(row.messages)),
+                "source_user_turns": _user_turns(row.messages, generate_after, self.settings.policy),
             },
             tools=row.tools,
         )
-        digest = digest64(request_key(conversation))
+        return hashed_id, digest64(request_key(conversation)), conversation
+
+    def _decide(
+        self, row: PromptRow, hashed_id: str, digest: int, conversation: Conversation
+    ) -> Conversation | dict[str, Any]:
         first = self.seen.first_with_content(digest)
         if first is not None:
             return self._reject(conversation, "duplicate", f"same generation requests as {first}", duplicate_of=first)
@@ -178,14 +195,16 @@ class ConversationBuilder:
             return self._reject(
                 conversation,
                 "empty_content",
-                f"assistant message {shown_empty} is empty and history {history} shows it in a prompt",
+                f"assistant message {shown_empty} is empty and history {conversation.history} shows it in a prompt",
             )
-        tokens = self.budget.tokens_over(messages[: generate_after[-1] + 1], row.tools)
+        tokens = self.budget.tokens_over(conversation.messages[: conversation.generate_after[-1] + 1], row.tools)
         if tokens is not None:
             return self._reject(
                 conversation, "too_long", f"prompt of {tokens} tokens > budget {self.budget.max_tokens}"
             )
-        claimed = next((c for c in (row.source_id, hashed_id) if c and self.seen.claim_id(c)), None)
+        claimed = row.source_id if row.source_id and self.seen.claim_id(row.source_id) else None
+        if claimed is None and self.seen.claim_id(hashed_id):
+            claimed = hashed_id
         if claimed is None:
             return self._reject(
                 conversation, "duplicate_id", f"ids {row.source_id!r} and {hashed_id!r} are taken by earlier rows"
@@ -198,7 +217,8 @@ class ConversationBuilder:
         conversation.shard = shard_of(conversation.id, self.num_shards)
         self.accounting.keep(conversation.source)
         self.counts.add(conversation)
-        self.tool_calling += calls_tools(messages)
+        # A conversation that calls tools always has history `source` (`turns.apply_policy`).
+        self.tool_calling += conversation.history == HISTORY_SOURCE and calls_tools(conversation.messages)
         return conversation
 
     def _reject(self, conversation: Conversation, reason: str, detail: str, **extra: Any) -> dict[str, Any]:
@@ -215,6 +235,13 @@ class ConversationBuilder:
         )
 
 
+def _user_turns(source: list[dict[str, Any]], generate_after: list[int], policy: str) -> int:
+    """How many of the source's turns answer a user (not a tool result); under `all_turns` (the default)
+    the source's turn ends are `generate_after` already."""
+    ends = generate_after if policy == "all_turns" else turn_ends(source)
+    return sum(source[index]["role"] == "user" for index in ends)
+
+
 def _empty_shown_answer(conversation: Conversation) -> int | None:
     """The index of an empty source answer that a prompt of the conversation shows, if any."""
     if conversation.history != HISTORY_SOURCE:
@@ -228,7 +255,7 @@ def _empty_shown_answer(conversation: Conversation) -> int | None:
 def build_conversations(
     store: Store,
     *,
-    tokenizer: Any,
+    load_tokenizer: Callable[[], Any],
     settings: GenerationSettings,
     num_shards: int,
     work_dir: Path,
@@ -239,6 +266,7 @@ def build_conversations(
 ) -> ConversationsManifest:
     """Build and publish every conversations shard from the ingest snapshot; return the stage manifest.
 
+    `load_tokenizer` is called only when a prompt may not fit the token budget (`budget.PromptBudget`).
     `supersede_shards`: when shards made from conversations of another shard count are published, withdraw
     them (refused otherwise; see `supersede_downstream`)."""
     raw = read_raw_prompts_manifest(store)
@@ -255,7 +283,7 @@ def build_conversations(
     store.delete(layout.stage_manifest_key(layout.CONVERSATIONS))
 
     budget = PromptBudget(
-        tokenizer,
+        load_tokenizer,
         max_prompt_tokens,
         enable_thinking=settings.enable_thinking,
         preserve_thinking=settings.preserve_thinking,
@@ -263,13 +291,14 @@ def build_conversations(
     buffers = ShardBuffers(workspace / "shards", num_shards)
     with SeenIndex(workspace / "seen.sqlite") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
         builder = ConversationBuilder(settings, budget, seen, num_shards)
-        for row in read_prompt_rows(snapshot):
-            built = builder.build(row)
-            if isinstance(built, Conversation):
-                # The same bytes as built.to_json(); orjson serializes the dataclass without asdict's deep copy.
-                buffers.write(built.shard, orjson.dumps(built))
-            else:
-                quarantine.write(built)
+        rows = read_prompt_rows(snapshot)
+        while batch := list(islice(rows, BUILD_BATCH_ROWS)):
+            for built in builder.build_batch(batch):
+                if isinstance(built, Conversation):
+                    # The same bytes as built.to_json(); orjson serializes the dataclass without asdict's deep copy.
+                    buffers.write(built.shard, orjson.dumps(built))
+                else:
+                    quarantine.write(built)
     buffers.flush()
     snapshot.unlink()
     built_s = time.perf_counter() - started

@@ -61,17 +61,20 @@ def apply_policy(messages: list[dict[str, Any]], policy: str) -> tuple[list[dict
 
 def calls_tools(messages: list[dict[str, Any]]) -> bool:
     """Whether the conversation calls a tool (defining tools alone does not count)."""
-    return any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    for message in messages:  # a loop, not any(): this runs for every row of the dataset
+        if message["role"] == "tool" or message.get("tool_calls"):
+            return True
+    return False
 
 
 def turn_ends(messages: list[dict[str, Any]]) -> list[int]:
     """Indices of user or tool-result messages that end their run: one per assistant turn."""
-    return [
-        index
-        for index, message in enumerate(messages)
-        if message["role"] in _ASKING_ROLES
-        and (index + 1 == len(messages) or messages[index + 1]["role"] == "assistant")
-    ]
+    ends = []
+    last = len(messages) - 1
+    for index, message in enumerate(messages):
+        if message["role"] in _ASKING_ROLES and (index == last or messages[index + 1]["role"] == "assistant"):
+            ends.append(index)
+    return ends
 
 
 def request_key(conversation: Conversation) -> bytes:

@@ -56,6 +56,7 @@ render or raises `Rejected` with a reason:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -105,6 +106,8 @@ _ROLE_ALIASES = {
     "tool_response": "tool",
     "function_response": "tool",
 }
+# Exact role names whose `{role, content}` message needs no more than its role mapped (`_plain_message`).
+_PLAIN_ROLES = {name: role for name, role in _ROLE_ALIASES.items() if role in ("system", "user", "assistant")}
 # Roles whose message *is* a tool call (LLaMA-Factory's ShareGPT), its content the call's JSON.
 _CALL_ROLES = frozenset({"function_call", "tool_call"})
 _REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
@@ -241,12 +244,17 @@ def _first_present(value: dict[str, Any], keys: tuple[str, ...]) -> Any:
 
 
 def _reject_media_fields(value: dict[str, Any]) -> None:
+    if value.keys().isdisjoint(_MEDIA_FIELDS):
+        return
     for key in _MEDIA_FIELDS:
         if value.get(key):
             raise Rejected("image_content", f"the row carries media ({key!r}); only text is sent to the fleet")
 
 
 def _reject_control_tokens(messages: list[dict[str, Any]]) -> None:
+    if not any(len(message) > 2 for message in messages):  # plain {role, content} messages: one search for all
+        if _CONTROL_TOKEN.search("\n".join([message["content"] for message in messages])) is None:
+            return
     for index, message in enumerate(messages):
         for key in ("content", "reasoning_content"):
             found = _CONTROL_TOKEN.search(message.get(key) or "")
@@ -300,6 +308,10 @@ def _message_list(items: Any) -> list[dict[str, Any]]:
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise Rejected("unrecognized_format", f"message {index} is a {type(item).__name__}, not an object")
+        plain = _plain_message(item)
+        if plain is not None:
+            messages.append(plain)
+            continue
         # Harmony writes one message per channel: a turn's reasoning, calls and answer are one assistant turn.
         harmony = item.get("channel") is not None
         for message in _messages(item, index):
@@ -312,6 +324,21 @@ def _message_list(items: Any) -> list[dict[str, Any]]:
             else:
                 messages.append(message)
     return messages
+
+
+def _plain_message(item: dict[str, Any]) -> dict[str, Any] | None:
+    """The canonical form of the commonest message, `{role, content}` or `{from, value}` with text content and
+    nothing else, without the general path's checks; None for any other message (the general path reads it)."""
+    if len(item) != 2:
+        return None
+    raw_role = item.get("role", item.get("from"))
+    content = item.get("content", item.get("value"))
+    if type(content) is not str or type(raw_role) is not str:
+        return None
+    role = _PLAIN_ROLES.get(raw_role)
+    if role is None or not (content.strip() if role != "assistant" else "<think>" not in content):
+        return None  # an empty text, a leading think block: the general path says or does what it must
+    return {"role": role, "content": content}
 
 
 def _merge_into(previous: dict[str, Any], message: dict[str, Any]) -> None:
@@ -482,10 +509,17 @@ def source_id(value: dict[str, Any]) -> str | None:
     return None
 
 
-def _extra_fields(value: dict[str, Any], fmt: str) -> dict[str, Any]:
+@functools.cache
+def _consumed_fields(fmt: str) -> frozenset[str]:
+    """The fields of a row of format `fmt` that become its messages, id or tools (not `extra`)."""
     consumed = {*ID_FIELDS, *_TOOL_FIELDS, "system", *_MESSAGE_LIST_FIELDS.get(fmt, ())}
     consumed |= {"instruction", "input", "output", "history"} if fmt == "alpaca" else set()
     consumed |= set(_PROMPT_FIELDS) if fmt == "prompt" else set()
+    return frozenset(consumed)
+
+
+def _extra_fields(value: dict[str, Any], fmt: str) -> dict[str, Any]:
+    consumed = _consumed_fields(fmt)
     extra: dict[str, Any] = {}
     for key, item in value.items():
         if key in consumed or len(extra) >= _EXTRA_MAX_FIELDS:

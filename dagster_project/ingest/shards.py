@@ -72,4 +72,7 @@ def read_raw_prompts_manifest(store: Store) -> RawPromptsManifest | None:
 def read_prompt_rows(path: Path) -> Iterator[PromptRow]:
     """The rows of a local copy of the snapshot (`PROMPTS_KEY`), streamed."""
     for record in read_jsonl_zst(path):
-        yield from_dict(PromptRow, record)
+        try:
+            yield PromptRow(**record)  # the snapshot of this version: a million rows, no field-by-field reading
+        except TypeError:  # a snapshot written by another version: fields added or missing
+            yield from_dict(PromptRow, record)

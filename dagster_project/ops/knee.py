@@ -45,6 +45,8 @@ class SaturationFit:
 
     def rate(self, concurrency: float) -> float:
         batch = min(concurrency, self.cap) if self.cap else concurrency
+        if batch <= 0:  # nothing running writes nothing (a fit of the bend alone turns at zero)
+            return 0.0
         inverse = self.alpha / batch + self.beta + self.gamma * batch
         return 1.0 / inverse if inverse > 0 else 0.0
 

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from dagster_project.sglang import speculative
 
 NOISE_MULTIPLE = 2.0  # a difference under this many RMS residuals of the knee fit is not told apart from noise
+# The least noise assumed: a sweep of one or two points leaves no residual, and one point per setting carries a
+# few percent (the knee benchmarks inject ±3%).
+NOISE_FLOOR = 0.02
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class SpecTrial:
     output_tok_per_s: float
     accept_length: float | None  # None without MTP: the server reports no spec stats
     errors: int = 0
+    running: int | None = None  # requests it ran at once, where its cap held it below the comparison's concurrency
     baseline: bool = False  # the setting the concurrency sweep ran
 
     @property
@@ -57,6 +61,7 @@ class SpecComparison:
 
 def compare(concurrency: int, trials: Sequence[SpecTrial], noise: float) -> SpecComparison:
     """The verdict on measured `trials` (one of them the baseline): MTP on vs off, and the best setting."""
+    noise = max(noise, NOISE_FLOOR)
     ran = [t for t in trials if t.ran]
     launched = next((t.setting for t in trials if t.baseline), "")
     if not ran:
@@ -80,7 +85,8 @@ def compare(concurrency: int, trials: Sequence[SpecTrial], noise: float) -> Spec
         cost = 1 - on.output_tok_per_s / off.output_tok_per_s
         verdict = (
             f"MTP costs {cost:.0%} here ({concurrency} per server: the best setting {on.setting}, accept length "
-            f"{on.accept_length or 0:.2f}, against MTP off): launch without it (`--speculative off`)"
+            f"{on.accept_length or 0:.2f}, against MTP off): launch without it (`dflash fleet up --speculative off`, "
+            "no `--speculative-algorithm` flag)"
         )
     if on is not None and off is not None:
         gap = abs(on.output_tok_per_s / off.output_tok_per_s - 1)
@@ -92,6 +98,9 @@ def compare(concurrency: int, trials: Sequence[SpecTrial], noise: float) -> Spec
         verdict += f"; the best speculative setting is {on.setting}, {over:+.0%} over {base.setting} as launched" + (
             " (within the noise)" if over < NOISE_MULTIPLE * noise else f" (`--speculative {on.setting}`)"
         )
+    capped = [f"{t.setting} ran {t.running}" for t in trials if t.running is not None and t.running < concurrency]
+    if capped:
+        verdict += f"; the servers' cap held some below {concurrency} at once: {', '.join(capped)}"
     failed = [t.setting for t in trials if not t.ran]
     if failed:
         verdict += f"; no output under {', '.join(failed)} (see the errors)"

@@ -399,8 +399,9 @@ def compare_speculative(
     log: Callable[[str], None] = print,
 ) -> spec_compare.SpecComparison:
     """The knee's server setting relaunched once per speculative setting of `options.spec_settings` (the one it
-    ran, `launched`, excepted), capped at the recommended concurrency and measured there, against the sweep's
-    own measurement at that concurrency. Without a launcher (connect mode): not measured, and said so."""
+    ran, `launched`, excepted), sized as the launcher sizes any launch, and measured at the recommended
+    concurrency against the sweep's own measurement there. Without a launcher (connect mode): not measured, and
+    said so."""
     cap = estimate.fit.cap
     running = min(estimate.concurrency, cap) if cap else estimate.concurrency
     curve = sorted((p for p in points if p.server_setting == setting.label), key=lambda p: p.concurrency)
@@ -412,15 +413,12 @@ def compare_speculative(
         name = speculative.label(spec)
         if name == launched:
             continue
-        trial = ServerSetting(
-            f"{setting.label}, speculative {name}",
-            {**setting.options, **spec_options(spec), "max_running_requests": running},
-        )
+        trial = ServerSetting(f"{setting.label}, speculative {name}", {**setting.options, **spec_options(spec)})
         with launcher(trial) as urls:
-            point = measure_point(
-                urls, trial.label, running, running, prompts, params, options, api_key=api_key, log=log
-            )
-        trials.append(spec_compare.SpecTrial(name, point.output_tok_per_s, point.accept_length, point.errors))
+            cap = min((c for c in map(_cap, asyncio.run(_server_infos(urls, api_key))) if c), default=None)
+            point = measure_point(urls, trial.label, cap, running, prompts, params, options, api_key=api_key, log=log)
+        ran = min(running, cap) if cap else running  # a setting whose memory runs fewer at once says so
+        trials.append(spec_compare.SpecTrial(name, point.output_tok_per_s, point.accept_length, point.errors, ran))
     comparison = spec_compare.compare(running, trials, estimate.residual)
     log(f"tune [speculative]: {comparison.verdict}")
     return comparison

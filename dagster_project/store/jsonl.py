@@ -14,6 +14,9 @@ import orjson
 import zstandard
 
 ZSTD_LEVEL = 3
+# Lines are handed to the compressor in blocks of about this size: one call per line costs more than the
+# compression itself when rows are small.
+WRITE_BLOCK_BYTES = 1 << 20
 
 
 class JsonlZstWriter:
@@ -25,13 +28,25 @@ class JsonlZstWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "wb")
         self._stream = zstandard.ZstdCompressor(level=ZSTD_LEVEL).stream_writer(self._file, closefd=False)
+        self._block: list[bytes] = []
+        self._block_bytes = 0
 
     def write(self, record: Any) -> None:
         """`record`: a dict, or a dataclass (written as the object of its fields)."""
-        self._stream.write(orjson.dumps(record) + b"\n")
+        line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        self._block.append(line)
+        self._block_bytes += len(line)
         self.rows += 1
+        if self._block_bytes >= WRITE_BLOCK_BYTES:
+            self._write_block()
+
+    def _write_block(self) -> None:
+        self._stream.write(b"".join(self._block))
+        self._block.clear()
+        self._block_bytes = 0
 
     def close(self) -> None:
+        self._write_block()
         self._stream.close()
         self._file.close()
 

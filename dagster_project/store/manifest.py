@@ -107,15 +107,30 @@ def put_object(store: Store, key: str, path: Path) -> StoredObject:
 
 def publish_shard(store: Store, manifest: ShardManifestT, files: list[tuple[str, Path]]) -> ShardManifestT:
     """Upload `files` (names relative to the shard prefix) then the manifest; return the manifest as published."""
-    prefix = shard_prefix(manifest.stage, manifest.shard)
-    manifest_key = shard_manifest_key(manifest.stage, manifest.shard)
-    store.delete(manifest_key)
-    object_index.forget(store, [manifest_key])
-    objects = tuple(put_object(store, prefix + name, path) for name, path in files)
-    published = replace(manifest, objects=objects, published_at=time.time())
-    data = to_json(published)
-    object_index.record(store, manifest_key, data, etag=store.put_bytes(manifest_key, data).etag)
-    _remove_unlisted(store, prefix, {o.key for o in objects} | {manifest_key})
+    return publish_shards_together(store, [(manifest, files)])[0]
+
+
+def publish_shards_together(
+    store: Store, shards: list[tuple[ShardManifestT, list[tuple[str, Path]]]]
+) -> list[ShardManifestT]:
+    """`publish_shard` for each of `shards` (each shard's files, then its manifest), with the object index
+    updated once per index block for all of them rather than twice per shard: a stage that publishes 1,830
+    shards at once would otherwise rewrite each 128-shard index block hundreds of times. Until the index is
+    updated at the end, readers of the index do not see these shards yet, never a stale copy of them."""
+    manifest_keys = [shard_manifest_key(manifest.stage, manifest.shard) for manifest, _ in shards]
+    for key in manifest_keys:
+        store.delete(key)
+    object_index.forget(store, manifest_keys)
+    published, written = [], {}
+    for (manifest, files), manifest_key in zip(shards, manifest_keys, strict=True):
+        prefix = shard_prefix(manifest.stage, manifest.shard)
+        objects = tuple(put_object(store, prefix + name, path) for name, path in files)
+        done = replace(manifest, objects=objects, published_at=time.time())
+        data = to_json(done)
+        written[manifest_key] = (data, store.put_bytes(manifest_key, data).etag)
+        _remove_unlisted(store, prefix, {o.key for o in objects} | {manifest_key})
+        published.append(done)
+    object_index.record_all(store, written)
     return published
 
 

@@ -55,6 +55,14 @@ def spread_over_blocks(shards: Iterable[int]) -> list[int]:
     return sorted(shards, key=lambda shard: (shard % BLOCK_SHARDS, shard))
 
 
+def shards_by_block(shards: Iterable[int]) -> list[list[int]]:
+    """`shards` grouped by the index block that holds their entries, in block order."""
+    blocks: dict[int, list[int]] = defaultdict(list)
+    for shard in shards:
+        blocks[shard // BLOCK_SHARDS].append(shard)
+    return [blocks[block] for block in sorted(blocks)]
+
+
 def _update(store: Store, block: str, change: Callable[[Entries], None]) -> None:
     for attempt in range(CAS_ATTEMPTS):
         current = store.get_versioned(block)
@@ -73,6 +81,15 @@ def record(store: Store, key: str, data: bytes, *, final: bool = True, etag: str
     (`final=False`: readers fetch it instead)."""
     entry = _entry(orjson.loads(data), etag) if final else {"final": False, "body": None}
     _update(store, block_key(key), lambda entries: entries.__setitem__(key, entry))
+
+
+def record_all(store: Store, written: dict[str, tuple[bytes, str | None]]) -> None:
+    """`record` for many objects just written (key → (data, ETag)): one update per index object, not per object."""
+    by_block: dict[str, Entries] = defaultdict(dict)
+    for key, (data, etag) in written.items():
+        by_block[block_key(key)][key] = _entry(orjson.loads(data), etag)
+    for block, added in by_block.items():
+        _update(store, block, lambda entries, added=added: entries.update(added))
 
 
 def _entry(body: Any, etag: str | None) -> dict[str, Any]:

@@ -84,6 +84,9 @@ def test_a_range_run_gives_each_shard_its_prefix_manifest_materializations_and_c
         uris = {materialized[key]["uri"].value for key in keys}
         assert len(uris) == len(keys), (asset.key, uris)
     rows = {m.partition: m.metadata["rows"].value for m in result.asset_materializations_for_node("completions")}
+    # The pool slot each shard's generation held, and of it the seconds with no request in flight.
+    slots = [m.metadata for m in result.asset_materializations_for_node("completions")]
+    assert all(0 <= m["pool_slot_idle_s"].value <= m["pool_slot_s"].value for m in slots), slots
     assert rows == {layout.partition_key(shard): manifests[shard].rows for shard in shards}
     for asset in ("completions", "training_set"):
         evaluations = [e for e in result.get_asset_check_evaluations() if e.asset_key == dg.AssetKey(asset)]

@@ -107,6 +107,8 @@ def test_the_fleet_tuning_asset_records_the_sweep(tmp_path, sim_fleet):
     assert metadata["knee_concurrency"].value == report.knee_estimate.concurrency == report.knee.concurrency
     assert metadata["knee_interval"].value == f"{report.knee_estimate.low}-{report.knee_estimate.high} (80%)"
     assert metadata["recommended_flags"].value == " ".join(report.recommended_flags)
+    assert metadata["speculative"].value == report.speculative.verdict  # the fleet as it runs: not measured
+    assert metadata["speculative"].value.startswith("MTP on vs off not measured")
     assert len(metadata["points"].value.records) == len(report.points) == len(observations) >= 3
     assert [o.metadata["concurrency"].value for o in observations] == sorted(p.concurrency for p in report.points)
     assert store.exists(tune.CHART_KEY) and store.exists(tune.MARKDOWN_KEY)

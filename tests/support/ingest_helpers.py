@@ -59,7 +59,7 @@ def run_stages(
     )
     manifest = build_conversations(
         store,
-        tokenizer=load_tokenizer(),
+        load_tokenizer=load_tokenizer,
         settings=GenerationSettings(policy=policy),
         num_shards=num_shards,
         work_dir=root / "work",

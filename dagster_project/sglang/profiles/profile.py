@@ -223,15 +223,8 @@ def chain_accept_probs(accept_length: float, draft_tokens: int) -> tuple[float, 
 
 
 def per_draft_acceptance(accept_length: float, drafts: int) -> float:
-    """The a with 1 + a + a^2 + ... + a^drafts = accept_length (bisection: the sum rises with a)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if 1 + sum(mid**i for i in range(1, drafts + 1)) < accept_length:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    """The a with 1 + a + a^2 + ... + a^drafts = accept_length."""
+    return speculation.per_draft_acceptance(accept_length - 1, drafts)
 
 
 def accept_length_for(spec: SpecSettings) -> float:

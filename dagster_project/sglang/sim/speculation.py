@@ -41,11 +41,9 @@ VERIFY_TOKEN_COST = 0.36
 TOPK_CATCH = 0.4
 
 
-def per_draft_acceptance(probs: Sequence[float]) -> float:
-    """p such that a chain of len(probs) − 1 drafts, each accepted with p given its predecessors, accepts on
-    average as many drafts as `probs` does (bisection: the mean grows with p)."""
-    drafts = len(probs) - 1
-    target = sum(k * q for k, q in enumerate(probs))
+def per_draft_acceptance(target: float, drafts: int) -> float:
+    """p such that a chain of `drafts` drafts, each accepted with p given its predecessors, accepts `target` drafts
+    on average: p + p^2 + ... + p^drafts = target (bisection: the sum grows with p)."""
     if drafts < 1 or target <= 0:
         return 0.0
     low, high = 0.0, 1.0
@@ -63,7 +61,7 @@ def accept_probs(measured: Sequence[float], setting: SpecSetting) -> tuple[float
     own chain (returned as is for that chain)."""
     if setting.topk == 1 and setting.steps == len(measured) - 1:
         return tuple(measured)
-    p = per_draft_acceptance(measured)
+    p = per_draft_acceptance(sum(k * q for k, q in enumerate(measured)), len(measured) - 1)
     p = 1 - (1 - p) * (1 - TOPK_CATCH) ** (setting.width - 1)
     depth = setting.depth
     return tuple(p**k * (1 - p) for k in range(depth)) + (p**depth,)

@@ -45,7 +45,7 @@ def publish_completions(store, tmp_path, shard: int, event_ids: list[str], made_
 def rebuild(store, tmp_path, num_shards: int, **options):
     return build_conversations(
         store,
-        tokenizer=load_tokenizer(),
+        load_tokenizer=load_tokenizer,
         settings=GenerationSettings(),
         num_shards=num_shards,
         work_dir=tmp_path / "rebuild",

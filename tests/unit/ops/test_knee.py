@@ -59,3 +59,11 @@ def test_a_cap_that_folds_the_sweep_onto_two_concurrencies_gives_a_knee_not_a_cr
     for seed in range(10):
         estimate = knee.estimate_knee(samples, 4, 0.9, seed=seed)
         assert estimate is not None and 1 <= estimate.low <= estimate.concurrency <= estimate.high <= 8
+
+
+def test_a_fit_of_the_bend_alone_gives_a_knee_not_a_crash():
+    # A rate falling as 1/concurrency is fitted exactly by the bend term alone, whose turn is at zero running: the
+    # fit's best was read at a batch of zero (a bootstrap of the fleet_tuning test's noisy points met it).
+    estimate = knee.estimate_knee([(1, 1000.0), (4, 250.0), (8, 125.0)], 8, 0.95)
+    assert estimate is not None and estimate.concurrency == 1
+    assert knee.SaturationFit(0.0, 0.0, 1e-4, 8).rate(0) == 0.0

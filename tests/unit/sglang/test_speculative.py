@@ -43,7 +43,7 @@ def test_a_launch_serves_the_setting_asked_and_none_when_off():
 
 def test_acceptance_is_the_measured_one_at_its_chain_and_keeps_its_per_draft_rate_elsewhere():
     assert speculation.accept_probs(MEASURED, RECIPE) == MEASURED
-    p = speculation.per_draft_acceptance(MEASURED)
+    p = speculation.per_draft_acceptance(mean_drafts(MEASURED), 3)
     assert p + p**2 + p**3 == pytest.approx(mean_drafts(MEASURED))
     chains = [speculation.accept_probs(MEASURED, SpecSetting(n, 1, n + 1)) for n in (1, 2, 5)]
     assert all(sum(probs) == pytest.approx(1) and len(probs) == n + 2 for n, probs in zip((0, 1, 4), chains))
