@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # The instance `make dev` shows and the demo's CLI runs write to (the tests make their own).
 DEV_HOME := $(CURDIR)/.dagster_home
 
-.PHONY: venv demo test test-fast lint dev benchmarks soak clean
+.PHONY: venv demo test test-fast lint dev benchmarks rehearsal soak clean
 
 venv: $(VENV)/.installed
 
@@ -64,6 +64,11 @@ benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_status_scale
 	$(BIN)/python -m benchmarks.bench_status_process
 	$(BIN)/python -m benchmarks.bench_contamination
+
+# The dress rehearsal (up to ~60 min on 2 cores): one backfill over 1,830 partitions on PostgreSQL and S3 with
+# `dagster dev`, sensors on, the head node measured; writes its table into BENCHMARKS.md (`--shards N` for fewer).
+rehearsal: venv
+	$(BIN)/python -m benchmarks.bench_rehearsal
 
 # The fault-matrix soak (20-40 min; not part of `make test`): writes its table into RELIABILITY.md.
 soak: venv

@@ -59,7 +59,7 @@ from dagster_project.generation.ledger import FleetLedger
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.sglang.launch import launch_simulators, stop_fleet
 from dagster_project.store import layout
-from dagster_project.store.storage import LocalStore
+from dagster_project.store.storage import LocalStore, Store
 from dagster_project.tokenizer import load_tokenizer
 from tests.support.dagster_helpers import (
     BACKFILL_RUNS,
@@ -173,14 +173,19 @@ class Sampler:
             self.samples.append(Sample(time.monotonic(), running, queued, generating))
 
     def _generating_runs(self) -> int:
-        members: set[str] = set()
-        for path in self.ledger_root.glob("**/ledger/*.json"):
-            with path.open("rb") as handle:
-                fcntl.flock(handle, fcntl.LOCK_SH)  # the ledger rewrites the file under an exclusive lock
-                raw = handle.read()
-            if raw:
-                members |= {name for name, m in orjson.loads(raw)["members"].items() if m["in_flight"] > 0}
-        return len(members)
+        return generating_runs(self.ledger_root)
+
+
+def generating_runs(ledger_root: Path) -> int:
+    """Runs (ledger members) with requests in flight, over every ledger under `ledger_root`."""
+    members: set[str] = set()
+    for path in ledger_root.glob("**/ledger/*.json"):
+        with path.open("rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)  # the ledger rewrites the file under an exclusive lock
+            raw = handle.read()
+        if raw:
+            members |= {name for name, m in orjson.loads(raw)["members"].items() if m["in_flight"] > 0}
+    return len(members)
 
 
 @dataclass(frozen=True, order=True)
@@ -203,6 +208,7 @@ class Row:
     samples: list[Sample]
     peaks: list[dict]
     runs: list[RunTimes] = field(default_factory=list)  # the daemon's rows: each run's timeline
+    cap: int = CAP  # each server's running cap
 
     def busy(self, min_runs: int) -> list[tuple[Sample, float]]:
         """Samples taken while at least `min_runs` runs were generating, each with the time until the next one
@@ -213,7 +219,7 @@ class Row:
     def at_cap(self, server: int, min_runs: int) -> float | None:
         busy = self.busy(min_runs)
         total = sum(dt for _, dt in busy)
-        return sum(dt for s, dt in busy if s.running[server] >= CAP) / total if total else None
+        return sum(dt for s, dt in busy if s.running[server] >= self.cap) / total if total else None
 
     def mean_running(self, min_runs: int) -> float:
         busy = self.busy(min_runs)
@@ -249,17 +255,16 @@ class Row:
 # ---- the three rows ----------------------------------------------------------------------------------------
 
 
-def shard_requests(store: Path, scratch: Path) -> list[list[GenRequest]]:
+def shard_requests(store: Path | Store, scratch: Path, shards: int = SHARDS) -> list[list[GenRequest]]:
     """Each shard's first requests, the prompts built exactly as a shard run builds them."""
     tokenizer, settings = load_tokenizer(), GenerationSettings()
-    shards = []
-    for shard in range(SHARDS):
+    store = LocalStore(store) if isinstance(store, Path) else store
+    requests = []
+    for shard in range(shards):
         with Journal(scratch / f"requests-{shard}.jsonl") as journal:
-            job = ShardGeneration(
-                shard, list(read_conversations(LocalStore(store), shard)), tokenizer, settings, journal
-            )
-            shards.append(list(job.initial_requests()))
-    return shards
+            job = ShardGeneration(shard, list(read_conversations(store, shard)), tokenizer, settings, journal)
+            requests.append(list(job.initial_requests()))
+    return requests
 
 
 def ideal(urls: list[str], store: Path, scratch: Path) -> Row:
