@@ -21,7 +21,7 @@ import dagster as dg
 import psycopg2
 import yaml
 
-from dagster_project.generation.shards import shard_coverage
+from dagster_project.generation.shards import read_completions_manifest, shard_coverage
 from dagster_project.store.storage import LocalStore
 from tests.support.dagster_helpers import (
     DAGSTER,
@@ -31,6 +31,7 @@ from tests.support.dagster_helpers import (
     step_windows,
 )
 from tests.support.paths import PROJECT_ROOT
+from tests.support.sglang_fixtures import slow_until_cleared, wait_until
 
 # The demo's four shards, two of them run: two runs are what the pool must keep apart, and a quarter of the demo
 # data each keeps their steps short yet long enough to overlap without the pool.
@@ -38,7 +39,8 @@ NUM_SHARDS = 4
 SHARDS = [f"shard-{i:05d}" for i in range(2)]
 POOL = "sglang_fleet"
 INSTANCE_YAML = PROJECT_ROOT / "deploy" / "dagster-postgres.yaml"
-# Slow enough that the shards' completions steps, started at once, would overlap without the pool.
+# Slow enough that the shards' completions steps, started at once, would overlap without the pool (until the first
+# step ends: `slow_until_cleared`).
 SLOW_FLEET = {"output_len": "fixed:64", "decode_step_s": 0.02, "max_running_requests": 2, "enable_metrics": True}
 PARENT_RUN_TAG = "dagster/parent_run_id"
 
@@ -66,7 +68,7 @@ def _run_table_count(server) -> int:
 
 
 def test_the_demos_stages_on_postgres_with_the_pool_of_one_slot(postgres_server, sim_fleet, tmp_path, monkeypatch):
-    fleet = sim_fleet(2, **SLOW_FLEET)
+    fleet = sim_fleet(2, **slow_until_cleared(SLOW_FLEET))
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copyfile(INSTANCE_YAML, home / "dagster.yaml")
@@ -86,7 +88,21 @@ def test_the_demos_stages_on_postgres_with_the_pool_of_one_slot(postgres_server,
     materialize(env, tmp_path, "raw_prompts,conversations")
 
     with ThreadPoolExecutor(len(SHARDS)) as pool:
-        list(pool.map(lambda shard: materialize(env, tmp_path, "completions", shard), SHARDS))
+        runs = [pool.submit(materialize, env, tmp_path, "completions", shard) for shard in SHARDS]
+        # Once a step has ended (its shard published), the other's speed proves nothing: it may run at full speed.
+        wait_until(
+            lambda: (
+                any(read_completions_manifest(store, shard) for shard in range(len(SHARDS)))
+                or any(run.done() for run in runs)
+            ),
+            timeout_s=300,
+            interval_s=0.2,
+            what="a shard's completions to be published",
+        )
+        for index in range(2):
+            fleet.clear_faults(index)
+        for run in runs:
+            run.result()
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert type(instance.run_storage).__name__ == "PostgresRunStorage"

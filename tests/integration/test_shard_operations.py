@@ -44,15 +44,14 @@ from tests.support.dagster_helpers import (
     publish_conversations,
 )
 from tests.support.journal_files import journal_records
-from tests.support.sglang_fixtures import SimFleet, wait_until
+from tests.support.sglang_fixtures import slow_until_cleared, wait_until
 
 NUM_SHARDS = 4  # the demo data over 4 shards: ~65 events per shard, some multi-turn
 # Slow enough that a shard takes several seconds: ~0.5 s per answer, 2 running per server.
 SLOW_FLEET = {"output_len": "fixed:64", "decode_step_s": 0.02, "max_running_requests": 2, "enable_metrics": True}
-# A test needs its shard slow only while it acts mid-shard (a kill, a status read, a refresh); the rest of the shard
-# need not crawl. `slow_until_cleared` starts servers this many times faster than asked, slowed back by a `slow` fault
-# that the test's `clear_faults` after that moment lifts.
-FINISH_SPEEDUP = 10
+# A test needs its shard slow only while it acts mid-shard (a kill, a status read, a refresh, a refusal);
+# its fleet runs at `slow_until_cleared` options, and the test's `clear_faults` after that moment lets the rest of
+# the shard finish at full speed.
 FINGERPRINT = GenerationSettings().fingerprint()
 
 
@@ -104,12 +103,6 @@ def materialize_shard(env: dict, shard: int, fleet_urls: list[str], config: dict
     )
 
 
-def slow_until_cleared(sim_fleet, **options) -> SimFleet:
-    """Two servers at `options`' speed until their faults are cleared, FINISH_SPEEDUP times faster from then on."""
-    fast = {**options, "decode_step_s": options["decode_step_s"] / FINISH_SPEEDUP}
-    return sim_fleet(2, **fast, faults={"slow": FINISH_SPEEDUP})
-
-
 def finished(process: subprocess.Popen, timeout_s: float = 180) -> str:
     output, _ = process.communicate(timeout=timeout_s)
     assert process.returncode == 0, output[-4000:]
@@ -128,7 +121,7 @@ def all_requests(fleet, since: list[int] | None = None) -> list[dict]:
 
 def test_sigkill_mid_shard_then_rerun_gives_every_event_exactly_once(pipeline, sim_fleet):
     store, env = pipeline
-    fleet = slow_until_cleared(sim_fleet, **SLOW_FLEET)
+    fleet = sim_fleet(2, **slow_until_cleared(SLOW_FLEET))
     run = materialize_shard(env, 1, fleet.urls)
     wait_until(lambda: len(journaled(env, 1)) >= 12, timeout_s=120, interval_s=0.05, what="a dozen journaled events")
     for index in range(2):  # freeze the fleet so the kill lands mid-shard, with requests in flight
@@ -208,7 +201,7 @@ def dflash_status(env: dict, fleet_urls: list[str]) -> dict:
 def test_status_while_a_shard_runs_answers_the_six_questions(pipeline, sim_fleet):
     store, env = pipeline
     write_plan(store, Plan(source="test", req_per_s=5.0, avg_output_tokens=64, output_tok_per_s=320))
-    fleet = slow_until_cleared(sim_fleet, **SLOW_FLEET)
+    fleet = sim_fleet(2, **slow_until_cleared(SLOW_FLEET))
     run = materialize_shard(env, 2, fleet.urls)
     try:
         wait_until(
@@ -255,7 +248,7 @@ def test_mtp_switched_off_mid_shard_raises_the_mtp_alert_within_one_refresh(pipe
     """The fault an operator must hear about: the servers stop accepting drafts while a shard runs. The next
     refresh the sensor asks for, the report's `operator_alerts` check warns, naming the accept length."""
     store, env = pipeline
-    fleet = slow_until_cleared(sim_fleet, **{**SLOW_FLEET, "decode_step_s": 0.05})  # ~1 answer/s per running request
+    fleet = sim_fleet(2, **slow_until_cleared({**SLOW_FLEET, "decode_step_s": 0.05}))  # ~1 answer/s per running request
     resources = {
         "store": DatasetStore(root=store.uri, work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
         "fleet": SGLangFleet(endpoints=fleet.urls),
@@ -343,7 +336,7 @@ def test_two_shard_runs_share_one_fleet(pipeline, sim_fleet):
 
 def test_the_same_shard_started_twice_at_once_runs_once(pipeline, sim_fleet):
     store, env = pipeline
-    fleet = slow_until_cleared(sim_fleet, **SLOW_FLEET)
+    fleet = sim_fleet(2, **slow_until_cleared(SLOW_FLEET))
     runs = [materialize_shard(env, 2, fleet.urls) for _ in range(2)]
     wait_until(lambda: any(run.poll() is not None for run in runs), timeout_s=120, interval_s=0.1, what="a refusal")
     refused = next(run for run in runs if run.poll() is not None)
@@ -395,7 +388,7 @@ def test_the_page_is_refreshed_at_the_first_tick_after_the_last_run_of_a_backfil
     page says none runs, counted after the run's end."""
     store, env = pipeline
     # Slow enough to refresh the page mid-shard; answers of varied lengths, so the shard passes its training gates.
-    fleet = slow_until_cleared(sim_fleet, **{**SLOW_FLEET, "output_len": FAST_ANSWERS["output_len"]})
+    fleet = sim_fleet(2, **slow_until_cleared({**SLOW_FLEET, "output_len": FAST_ANSWERS["output_len"]}))
     resources = {
         "store": DatasetStore(root=store.uri, work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
         "fleet": SGLangFleet(endpoints=fleet.urls),

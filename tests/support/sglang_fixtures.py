@@ -43,6 +43,13 @@ T = TypeVar("T")
 FAST_DEFAULTS: dict[str, Any] = {"output_len": "uniform:8:48", "max_running_requests": 8}
 
 
+def slow_until_cleared(options: Mapping[str, Any], speedup: float = 10.0) -> dict[str, Any]:
+    """Simulator options that run `speedup` times faster than `options`, held back to their speed by a `slow`
+    fault: a test that needs a slow fleet only up to some moment (a kill, a status read, a step that ended) clears
+    the servers' faults then (`clear_faults`), and the rest of the work runs at full speed."""
+    return {**options, "decode_step_s": options["decode_step_s"] / speedup, "faults": {"slow": speedup}}
+
+
 def wait_until(
     predicate: Callable[[], T], timeout_s: float = 10.0, interval_s: float = 0.01, what: str = "condition"
 ) -> T:
