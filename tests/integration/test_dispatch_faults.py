@@ -289,10 +289,11 @@ def test_the_run_nearest_its_end_takes_the_freed_slots_first(sim_fleet, tmp_path
 
     asyncio.run(scenario())
     assert len(long_ended) == 120 and len(short_ended) == 24
-    # Once the short run asks, every freed slot is its: the long run only finishes what it had in flight (one
-    # window of 4, and what it refilled while the short run was probing the server) until the short run is
-    # done. Sharing slots evenly, it would finish about as many as the short run: 24.
-    assert marks["long_done_when_short_finished"] - marks["long_done_when_short_started"] <= 8
+    # Once the short run asks, every freed slot but one is its: the long run finishes what it had in flight (one
+    # window of 4) and keeps one slot of the 4 (a run holding a pool slot always has a request in flight), so about
+    # 24 / 3 = 8 more while the short run's 24 go through three slots: 12, with 2 of slack for the window it
+    # refilled while the short run was probing the server. Sharing slots evenly, it would finish 24 or more.
+    assert marks["long_done_when_short_finished"] - marks["long_done_when_short_started"] <= 14
 
 
 # ---- load from other nodes: the servers' own running + queued counts ------------------------------------------
