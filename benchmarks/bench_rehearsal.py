@@ -301,17 +301,20 @@ def run_records(postgres: PostgresServer) -> list[RunRecord]:
 
 
 def failures(postgres: PostgresServer) -> dict[str, list[str]]:
-    """Run id -> the messages of its step and run failures (what the UI's run page shows first)."""
+    """Run id -> what went wrong in it: its step failures, its run failure (Dagster stores it as PIPELINE_FAILURE) and
+    engine events carrying an error (a launch that timed out, say), with the error's message."""
     rows = sql(
         postgres,
-        "SELECT run_id, event FROM event_logs WHERE dagster_event_type IN ('STEP_FAILURE', 'RUN_FAILURE') ORDER BY id",
+        "SELECT run_id, event FROM event_logs WHERE dagster_event_type IN ('STEP_FAILURE', 'PIPELINE_FAILURE') "
+        "OR (dagster_event_type = 'ENGINE_EVENT' AND event LIKE '%%SerializableErrorInfo%%') ORDER BY id",
     )
     found: dict[str, list[str]] = defaultdict(list)
     for run_id, event in rows:
         record = json.loads(event)
-        data = (record.get("dagster_event") or {}).get("event_specific_data") or {}
-        error = data.get("error") or {}
-        found[run_id].append(f"{record.get('step_key') or 'run'}: {error.get('message') or record.get('user_message')}")
+        dagster_event = record.get("dagster_event") or {}
+        error = (dagster_event.get("event_specific_data") or {}).get("error") or {}
+        said = " ".join(filter(None, (dagster_event.get("message"), error.get("message"))))
+        found[run_id].append(f"{record.get('step_key') or 'run'}: {said or record.get('user_message')}")
     return dict(found)
 
 
