@@ -67,6 +67,7 @@ from dagster_project.settings import DEFAULT_SHARDS_PER_RUN
 from dagster_project.sglang.launch import free_ports, launch_simulators, stop_fleet
 from dagster_project.store import layout
 from dagster_project.store.storage import open_store
+from tests.support.browser import chromium_driver
 from tests.support.dagster_helpers import (
     DAGSTER,
     FINISHED,
@@ -99,8 +100,6 @@ EVENTS_PER_SHARD = 8
 SAMPLE_S = 0.25
 PROMETHEUS = Path(os.environ.get("PROMETHEUS_BIN", "/usr/bin/prometheus"))
 SCRAPE_S = 10
-CHROMIUM = Path(os.environ.get("CHROMIUM_BIN", "/usr/bin/chromium"))
-CHROMEDRIVER = Path(os.environ.get("CHROMEDRIVER_BIN", "/usr/bin/chromedriver"))
 PAGE_TIMEOUT_S = 120
 # Browse once this share of the partitions is materialized: the pages then show a backfill in progress.
 BROWSE_AT = 0.3
@@ -436,22 +435,6 @@ def prometheus_matches_status(url: str, status: dict) -> dict[str, tuple[object,
 # ---- the browser -------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def chromium() -> Iterator:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1200"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
 def page_load_s(driver, url: str, shows: tuple[str, ...], artifacts: Path, name: str) -> float | None:
     """Seconds from asking for `url` until its body shows each of `shows` (the UI fetches its data after the page
     loads); None if it did not within PAGE_TIMEOUT_S."""
@@ -485,7 +468,7 @@ def browse(base: str, backfill_id: str, last_partition: str, artifacts: Path) ->
         "backfill page": (f"{base}/runs/b/{backfill_id}", ("Partition selection", "completions")),
         "run_report page": (f"{base}/assets/run_report", ("6. Multi-turn",)),
     }
-    with chromium() as driver:
+    with chromium_driver(1600, 1200) as driver:
         return {
             name: page_load_s(driver, url, shows, artifacts, f"page{index}")
             for index, (name, (url, shows)) in enumerate(pages.items())

@@ -43,12 +43,19 @@ def headless_chromium() -> Iterator:
         if os.environ.get("REQUIRE_BROWSER"):
             pytest.fail(f"no {CHROMIUM} or {CHROMEDRIVER}: apt-get install -y chromium chromium-driver")
         pytest.skip(f"no {CHROMIUM} or {CHROMEDRIVER} (apt-get install -y chromium chromium-driver)")
+    with chromium_driver(WINDOW_WIDTH, 4400) as driver:
+        yield driver
+
+
+@contextlib.contextmanager
+def chromium_driver(width: int, height: int) -> Iterator:
+    """A Selenium driver of headless Chromium with a window of width x height px, quit on leaving."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={WINDOW_WIDTH},4400"):
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     try:
