@@ -177,15 +177,16 @@ class Sampler:
 
 
 def generating_runs(ledger_root: Path) -> int:
-    """Runs (ledger members) with requests in flight, over every ledger under `ledger_root`."""
-    members: set[str] = set()
+    """Runs (processes: a range run's shards generating at once are ledger members of one) with requests in
+    flight, over every ledger under `ledger_root`."""
+    runs: set[int] = set()
     for path in ledger_root.glob("**/ledger/*.json"):
         with path.open("rb") as handle:
             fcntl.flock(handle, fcntl.LOCK_SH)  # the ledger rewrites the file under an exclusive lock
             raw = handle.read()
         if raw:
-            members |= {name for name, m in orjson.loads(raw)["members"].items() if m["in_flight"] > 0}
-    return len(members)
+            runs |= {m["pid"] for m in orjson.loads(raw)["members"].values() if m["in_flight"] > 0}
+    return len(runs)
 
 
 @dataclass(frozen=True, order=True)

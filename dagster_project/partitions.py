@@ -24,6 +24,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 
 from dagster_project import settings
 from dagster_project.conversations.shards import published_num_shards
+from dagster_project.generation.overlap import overlapped
 from dagster_project.resources import DatasetStore
 from dagster_project.store import layout
 from dagster_project.store.storage import Store
@@ -57,23 +58,25 @@ class ShardMaterialized:
 
 
 def materialize_shards(
-    context: dg.AssetExecutionContext, store: DatasetStore, materialize: Callable[[int, Store], ShardMaterialized]
+    context: dg.AssetExecutionContext,
+    store: DatasetStore,
+    materialize: Callable[[int, Store], ShardMaterialized],
+    at_once: int = 1,
 ) -> Iterator[dg.MaterializeResult | dg.AssetMaterialization]:
-    """Materialize each shard of the run's partitions in turn; one materialization per shard, with its metadata.
+    """Materialize each shard of the run's partitions, `at_once` at a time (`generation.overlap`); one
+    materialization per shard, with its metadata.
 
-    A shard that fails stops the run; the shards done before it are still recorded as materialized (their
-    data is published), so a retry of the range redoes only the rest in Dagster's view.
+    A shard that fails stops the run (no further shard starts); the shards done beside or before it are still
+    recorded as materialized (their data is published), so a retry of the range redoes only the rest in
+    Dagster's view.
     """
     data = open_store(store)
     keys = list(context.partition_keys)
-    done: list[tuple[str, ShardMaterialized]] = []
-    try:
-        for key in keys:
-            done.append((key, materialize(layout.shard_index(key), data)))
-    except BaseException:
+    done, error = overlapped(keys, lambda key: materialize(layout.shard_index(key), data), at_once)
+    if error is not None:
         for key, shard in done:
             yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=shard.metadata)
-        raise
+        raise error
     for key, shard in done:
         context.add_asset_metadata(shard.metadata, partition_key=key)
     # One output stands for every shard of the range and carries one data version: only a run of one shard can

@@ -1,4 +1,6 @@
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
@@ -16,6 +18,10 @@ from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
 from dagster_project.store.lease import LeaseOptions
 from dagster_project.store.storage import Store
+
+# A range run generates two shards at once: the next one's requests fill the servers while the current one's tail
+# ends and it is published (`generation.overlap`); memory holds two shards.
+SHARDS_AT_ONCE = 2
 
 
 class CompletionsConfig(config_fields(ReportIntervals, config_fields(LeaseOptions, dg.Config))):
@@ -66,6 +72,8 @@ def completions(
 ) -> Iterator[dg.MaterializeResult | dg.AssetMaterialization]:
     tag_asset_run(context)
     slot = SlotUse()  # the step holds its `sglang_fleet` slot from here to its end
+    # Without a fleet directory (endpoints configured) the shards generating at once share a ledger of the run's.
+    run_ledger = tempfile.TemporaryDirectory(prefix="dflash-run-ledger-")
 
     def generate(shard: int, data: Store) -> ShardMaterialized:
         key = layout.partition_key(shard)
@@ -83,7 +91,7 @@ def completions(
             shard,
             tokenizer=tokenizer.load(),
             settings=generation.to_dataclass(),
-            dispatcher=fleet.dispatcher(registry=data, slot_use=slot),
+            dispatcher=fleet.dispatcher(registry=data, slot_use=slot, ledger_dir=Path(run_ledger.name)),
             work_dir=store.local_dir(),
             intervals=config.to_dataclass(),
             on_progress=on_progress,
@@ -103,7 +111,8 @@ def completions(
         # Downstream shards go stale in the UI when this shard's content or settings change.
         return ShardMaterialized(metadata, manifest.data_version)
 
-    yield from materialize_shards(context, store, generate)
+    with run_ledger:
+        yield from materialize_shards(context, store, generate, at_once=SHARDS_AT_ONCE)
 
 
 def shard_metadata(manifest: CompletionsShardManifest) -> dict[str, object]:

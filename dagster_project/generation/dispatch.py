@@ -380,7 +380,7 @@ class Dispatcher(ServerChecks):
 
     def _in_flight_changed(self) -> None:
         if self._slot_use is not None:
-            self._slot_use.in_flight(sum(len(server.in_flight) for server in self._servers))
+            self._slot_use.in_flight(sum(len(server.in_flight) for server in self._servers), source=id(self))
 
     def _next_work(self) -> _Work | None:
         for queue in (self._retries, self._followups):

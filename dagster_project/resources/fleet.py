@@ -60,17 +60,21 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
             )
         return endpoints
 
-    def dispatcher(self, registry: Store | None = None, slot_use: SlotUse | None = None) -> Dispatcher:
+    def dispatcher(
+        self, registry: Store | None = None, slot_use: SlotUse | None = None, ledger_dir: Path | None = None
+    ) -> Dispatcher:
         """A dispatcher for one shard run; every run with the same fleet directory shares its ledger. Unless
         endpoints or a router are configured, it follows `registry` while it runs: new nodes' servers join.
-        `slot_use` measures the run's pool slot held with nothing in flight."""
+        `slot_use` measures the run's pool slot held with nothing in flight. `ledger_dir`: the ledger of the
+        dispatchers of one run's shards when there is no fleet directory (the shards share the windows)."""
         follows_registry = registry is not None and not self._configured()
+        ledger = Path(self.fleet_dir) / "ledger" if self.fleet_dir else ledger_dir
         return Dispatcher(
             self.resolve_endpoints(registry),
             self.to_dataclass(),
             api_key=self.api_key,
             windows={self.router_url: self.router_window} if self.router_url else None,
-            ledger=FleetLedger(Path(self.fleet_dir) / "ledger") if self.fleet_dir else None,
+            ledger=FleetLedger(ledger) if ledger else None,
             discover=follow_registry(registry, self.stale_node_after_s) if follows_registry else None,
             load_sources={self.router_url: self.router_workers} if self.router_url and self.router_workers else None,
             slot_use=slot_use,

@@ -33,3 +33,20 @@ def test_idle_seconds_are_the_held_seconds_with_nothing_in_flight():
     use.in_flight(0)
     clock.now += 2.0
     assert use.take().idle_s == pytest.approx(2.0)
+
+
+def test_the_slot_is_busy_while_any_of_the_shards_generating_at_once_has_a_request_in_flight():
+    """A range run generates two shards at once: the one ending reaching 0 in flight does not idle the slot
+    while the next one's requests are out."""
+    clock = Clock()
+    use = SlotUse(clock)
+    use.in_flight(5, source="shard 1")
+    clock.now += 2.0
+    use.in_flight(3, source="shard 2")  # the next shard starts beside the first one's tail
+    clock.now += 1.0
+    use.in_flight(0, source="shard 1")  # the first shard's last answer: published now
+    clock.now += 4.0
+    use.in_flight(0, source="shard 2")
+    clock.now += 0.5
+    used = use.take()
+    assert (used.held_s, used.idle_s) == pytest.approx((7.5, 0.5))
