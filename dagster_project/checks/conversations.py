@@ -18,7 +18,7 @@ from dagster_project.conversations.markers import marker_mismatch
 from dagster_project.conversations.shards import (
     ConversationsManifest,
     PolicyCounts,
-    read_conversations,
+    read_all_conversations,
     read_conversations_manifest,
     record_stage_verdict,
     scan_shards,
@@ -127,8 +127,8 @@ def conversations_turn_markers(
     flags = {"enable_thinking": manifest.enable_thinking, "preserve_thinking": manifest.preserve_thinking}
     loaded = tokenizer.load()
     checked, mismatches = 0, {}
-    for shard in range(manifest.num_shards):
-        for conversation in read_conversations(data, shard):
+    for _, shard_conversations in read_all_conversations(data, manifest.num_shards):
+        for conversation in shard_conversations:
             checked += 1
             problem = marker_mismatch(loaded, conversation, **flags)
             if problem is not None:
