@@ -10,7 +10,7 @@ comes last. `shard_contents` and `scan_shards` read them back for the checks, se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,7 +36,8 @@ from dagster_project.store.verdicts import record_verdicts
 
 SHARD_FILE = "conversations.jsonl"
 BUFFERED_BYTES = 32 << 20
-PUBLISH_WORKERS = 8
+# Index blocks published side by side, each publishing its shards several at a time (`publish_shards_together`).
+PUBLISH_WORKERS = 2
 
 
 @dataclass
@@ -211,12 +212,12 @@ def shard_contents(store: Store, num_shards: int) -> Iterator[ShardContents]:
     yield from map_in_order(store, read, range(num_shards))
 
 
-def read_all_conversations(store: Store, num_shards: int) -> Iterator[tuple[int, list[Conversation]]]:
-    """(shard, its conversations) of every shard in order; a shard that is not published raises LookupError."""
+def read_all_conversations(store: Store, num_shards: int) -> Iterator[ShardContents]:
+    """`shard_contents` of every shard, all published: a shard that is not raises LookupError."""
     for contents in shard_contents(store, num_shards):
         if contents.manifest is None:
             raise _not_published(store, contents.shard)
-        yield contents.shard, contents.conversations
+        yield contents
 
 
 def publish_shards(
@@ -288,6 +289,7 @@ class ShardScan:
     duplicate_ids: list[str] = field(default_factory=list)
     misplaced_ids: list[str] = field(default_factory=list)
     by_policy: dict[str, PolicyCounts] = field(default_factory=dict)
+    manifests: list[ConversationsShardManifest] = field(default_factory=list)  # of the shards read
 
 
 def scan_shards(store: Store, stage_manifest: ConversationsManifest, examples: int = 20) -> ShardScan:
@@ -299,6 +301,7 @@ def scan_shards(store: Store, stage_manifest: ConversationsManifest, examples: i
         if manifest is None:
             scan.missing_shards.append(shard)
             continue
+        scan.manifests.append(manifest)
         if manifest.build_id != stage_manifest.build_id:
             scan.other_build_shards.append(shard)
         if ids_digest(c.id for c in conversations) != manifest.ids_digest:
@@ -316,10 +319,17 @@ def scan_shards(store: Store, stage_manifest: ConversationsManifest, examples: i
 
 
 def record_stage_verdict(
-    store: Store, stage_manifest: ConversationsManifest, check: str, failures: dict[str, str]
+    store: Store,
+    stage_manifest: ConversationsManifest,
+    check: str,
+    failures: dict[str, str],
+    manifests: Iterable[ConversationsShardManifest | None] | None = None,
 ) -> int:
     """Record a check on the whole stage as its verdict on every shard of this build, so that completions refuses
-    a shard of gated conversations in any later run (`store.verdicts`). Returns the shards judged."""
-    manifests = map_in_order(store, partial(read_shard_conversations_manifest, store), range(stage_manifest.num_shards))
+    a shard of gated conversations in any later run (`store.verdicts`). `manifests`: those of the shards the check
+    read (read here when not given). Returns the shards judged."""
+    if manifests is None:
+        shards = range(stage_manifest.num_shards)
+        manifests = map_in_order(store, partial(read_shard_conversations_manifest, store), shards)
     judged = [m for m in manifests if m is not None and m.build_id == stage_manifest.build_id]
     return len(record_verdicts(store, judged, check, failures))

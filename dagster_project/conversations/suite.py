@@ -225,8 +225,8 @@ def _merge(summary: SuiteSummary, suite: str, outcome: Any) -> None:
 def shard_chunks(store: Store, num_shards: int, target_rows: int = CHUNK_ROWS) -> Iterator[list[Conversation]]:
     """The published conversations, in chunks of whole shards of about `target_rows`."""
     chunk: list[Conversation] = []
-    for _, conversations in read_all_conversations(store, num_shards):
-        chunk.extend(conversations)
+    for contents in read_all_conversations(store, num_shards):
+        chunk.extend(contents.conversations)
         if len(chunk) >= target_rows:
             yield chunk
             chunk = []

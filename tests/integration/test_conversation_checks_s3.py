@@ -47,7 +47,10 @@ def test_a_failed_stage_check_gates_every_shard_in_its_object_and_in_the_index(p
     scan = scan_shards(store, stage)
     assert (scan.rows, scan.missing_shards, scan.digest_mismatches) == (12, [], [])
 
-    assert record_stage_verdict(store, stage, "unique_ids", {"unique_ids": "duplicate ids: ['c1']"}) == SHARDS
+    assert scan.manifests == manifests
+    # As the check records it: on the shards its scan read.
+    failed = {"unique_ids": "duplicate ids: ['c1']"}
+    assert record_stage_verdict(store, stage, "unique_ids", failed, scan.manifests) == SHARDS
     records = read_stage_records(store, CONVERSATIONS, ConversationsShardManifest)
     for manifest in manifests:
         (verdict,) = records.verdicts[manifest.shard]
