@@ -41,13 +41,18 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
+# How long the daemon waits for the code server to start a run (Dagster's gRPC deadline, 60 s by default): the
+# code server answers once the run's new process has imported Dagster and opened the instance (~5 CPU-s), which
+# on 2 busy cores (8 runs starting or running) takes longer than 60 s; a launch past the deadline fails the run.
+LAUNCH_TIMEOUT_S ?= 300
+
 # The Dagster UI and daemon on the same instance the demo and CLI runs use (http://127.0.0.1:3000).
 # The UI and the daemon open the instance at once: its databases are made (or migrated) first, by one process
 # (processes that first use a fresh SQLite instance together race on its schema and break it).
 dev: venv
 	mkdir -p $(DEV_HOME) && cp dagster.yaml $(DEV_HOME)/dagster.yaml
 	DAGSTER_HOME=$(DEV_HOME) $(BIN)/dagster instance migrate >/dev/null
-	DAGSTER_HOME=$(DEV_HOME) $(BIN)/dagster dev -w workspace.yaml
+	DAGSTER_HOME=$(DEV_HOME) DAGSTER_GRPC_TIMEOUT_SECONDS=$(LAUNCH_TIMEOUT_S) $(BIN)/dagster dev -w workspace.yaml
 
 # About 1.5-2 h on 2 cores: bench_fleet alone runs each of its four rows for ~15 min at the real latency model
 # (`--time-scale 0.2` for a ~20 min run of the same shape).

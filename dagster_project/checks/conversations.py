@@ -17,8 +17,9 @@ from dagster_project.checks.gate_checks import reported
 from dagster_project.conversations.markers import marker_mismatch
 from dagster_project.conversations.shards import (
     ConversationsManifest,
+    ConversationsShardManifest,
     PolicyCounts,
-    read_conversations,
+    read_all_conversations,
     read_conversations_manifest,
     record_stage_verdict,
     scan_shards,
@@ -38,10 +39,16 @@ def _stage_manifest(store: Store) -> ConversationsManifest:
 
 
 def _judged(
-    context: dg.AssetCheckExecutionContext, store: Store, manifest: ConversationsManifest, check: str, result
+    context: dg.AssetCheckExecutionContext,
+    store: Store,
+    manifest: ConversationsManifest,
+    check: str,
+    result,
+    judged: list[ConversationsShardManifest] | None = None,
 ) -> dg.AssetCheckResult:
-    """Record the blocking check's verdict on the build's shards, log a failure, return the result."""
-    record_stage_verdict(store, manifest, check, {} if result.passed else {check: result.description})
+    """Record the blocking check's verdict on the build's shards (`judged`: the manifests of the shards it read, if
+    it read them), log a failure, return the result."""
+    record_stage_verdict(store, manifest, check, {} if result.passed else {check: result.description}, judged)
     return reported(context, f"conversations_{check}", result)
 
 
@@ -110,7 +117,7 @@ def conversations_unique_ids(context: dg.AssetCheckExecutionContext, store: Data
             "examples": dg.MetadataValue.json({name: values[:20] for name, values in found.items()}),
         },
     )
-    return _judged(context, data, manifest, "unique_ids", result)
+    return _judged(context, data, manifest, "unique_ids", result, scan.manifests)
 
 
 @dg.asset_check(
@@ -126,9 +133,10 @@ def conversations_turn_markers(
     manifest = _stage_manifest(data)
     flags = {"enable_thinking": manifest.enable_thinking, "preserve_thinking": manifest.preserve_thinking}
     loaded = tokenizer.load()
-    checked, mismatches = 0, {}
-    for shard in range(manifest.num_shards):
-        for conversation in read_conversations(data, shard):
+    checked, mismatches, judged = 0, {}, []
+    for contents in read_all_conversations(data, manifest.num_shards):
+        judged.append(contents.manifest)
+        for conversation in contents.conversations:
             checked += 1
             problem = marker_mismatch(loaded, conversation, **flags)
             if problem is not None:
@@ -143,7 +151,7 @@ def conversations_turn_markers(
         ),
         metadata={"prompts": checked, "mismatches": len(mismatches), "examples": dg.MetadataValue.json(examples)},
     )
-    return _judged(context, data, manifest, "turn_markers", result)
+    return _judged(context, data, manifest, "turn_markers", result, judged)
 
 
 @dg.asset_check(

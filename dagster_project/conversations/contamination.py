@@ -40,9 +40,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dagster_project.conversations.shards import (
-    conversations_in,
     read_conversations_manifest,
     read_shard_conversations_manifest,
+    shard_contents,
 )
 from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.storage import Store
@@ -400,12 +400,12 @@ def scan_conversations(store: Store, options: ContaminationOptions) -> Contamina
     scan = _Scan(index)
     stage = read_conversations_manifest(store)
     digests, conversations = {}, 0
-    for shard in range(stage.num_shards if stage is not None else 0):
-        manifest = read_shard_conversations_manifest(store, shard)
-        if manifest is None:
+    for contents in shard_contents(store, stage.num_shards if stage is not None else 0):
+        if contents.manifest is None:
             continue
-        digests[str(shard)] = manifest.ids_digest
-        for conversation in conversations_in(store, manifest):
+        shard = contents.shard
+        digests[str(shard)] = contents.manifest.ids_digest
+        for conversation in contents.conversations:
             conversations += 1
             for message in conversation.messages:
                 if message.get("role") == "user" and isinstance(message.get("content"), str):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster_project.conversations.sharding import shard_of
-from dagster_project.conversations.shards import read_conversations
+from dagster_project.conversations.shards import read_all_conversations
 from dagster_project.records import HISTORY_GENERATED, HISTORY_SOURCE, POLICIES, ROLES, Conversation
 from dagster_project.store.storage import Store
 
@@ -225,8 +225,8 @@ def _merge(summary: SuiteSummary, suite: str, outcome: Any) -> None:
 def shard_chunks(store: Store, num_shards: int, target_rows: int = CHUNK_ROWS) -> Iterator[list[Conversation]]:
     """The published conversations, in chunks of whole shards of about `target_rows`."""
     chunk: list[Conversation] = []
-    for shard in range(num_shards):
-        chunk.extend(read_conversations(store, shard))
+    for contents in read_all_conversations(store, num_shards):
+        chunk.extend(contents.conversations)
         if len(chunk) >= target_rows:
             yield chunk
             chunk = []

@@ -34,6 +34,7 @@ from dagster_project.store.storage import (
     StoreError,
     arrow_filesystem,
     local_copy,
+    map_in_order,
     sha256_bytes,
     sha256_file,
 )
@@ -117,21 +118,25 @@ def publish_shards_together(
     updated once per index block for all of them rather than twice per shard: a stage that publishes 1,830
     shards at once would otherwise rewrite each 128-shard index block hundreds of times. Until the index is
     updated at the end, readers of the index do not see these shards yet, never a stale copy of them."""
-    manifest_keys = [shard_manifest_key(manifest.stage, manifest.shard) for manifest, _ in shards]
-    for key in manifest_keys:
-        store.delete(key)
+    shard_key = {manifest.shard: shard_manifest_key(manifest.stage, manifest.shard) for manifest, _ in shards}
+    manifest_keys = list(shard_key.values())
+    list(map_in_order(store, store.delete, manifest_keys))
     object_index.forget(store, manifest_keys)
-    published, written = [], {}
-    for (manifest, files), manifest_key in zip(shards, manifest_keys, strict=True):
-        prefix = shard_prefix(manifest.stage, manifest.shard)
+
+    def publish(shard: tuple[ShardManifestT, list[tuple[str, Path]]]) -> tuple[ShardManifestT, bytes, str | None]:
+        manifest, files = shard
+        prefix, manifest_key = shard_prefix(manifest.stage, manifest.shard), shard_key[manifest.shard]
         objects = tuple(put_object(store, prefix + name, path) for name, path in files)
         done = replace(manifest, objects=objects, published_at=time.time())
         data = to_json(done)
-        written[manifest_key] = (data, store.put_bytes(manifest_key, data).etag)
+        etag = store.put_bytes(manifest_key, data).etag
         _remove_unlisted(store, prefix, {o.key for o in objects} | {manifest_key})
-        published.append(done)
-    object_index.record_all(store, written)
-    return published
+        return done, data, etag
+
+    # Each shard's requests in turn (its files, its manifest), the shards side by side on S3.
+    done = list(map_in_order(store, publish, shards))
+    object_index.record_all(store, {shard_key[m.shard]: (data, etag) for m, data, etag in done})
+    return [manifest for manifest, _, _ in done]
 
 
 def _remove_unlisted(store: Store, prefix: str, keep: set[str]) -> None:

@@ -15,17 +15,24 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 SHA256_METADATA_KEY = "sha256"
 _CHUNK = 1 << 20
+# Requests one reader or writer keeps in flight on S3: enough to hide the round trips, few enough for a small
+# machine (and within `bounded_client`'s connection pool).
+S3_WORKERS = 16
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -499,6 +506,30 @@ def local_files(store: Store, keys: list[str], directory: Path, workers: int = 1
     targets = [directory / f"{number:06d}-{Path(key).name}" for number, key in enumerate(keys)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(store.download, keys, targets))
+
+
+def map_in_order(
+    store: Store, function: Callable[[T], R], items: Iterable[T], workers: int = S3_WORKERS
+) -> Iterator[R]:
+    """`map(function, items)`, in order; on S3 with up to `workers` calls in flight (each one or a few round trips,
+    which threads hide; a boto3 client is thread-safe) and no more than `workers` results made ahead of the
+    consumer, so memory stays bounded by `workers` results. A local store's calls run in turn (no round trip to
+    hide). The first call that raises raises here, in its turn; calls not started yet are cancelled."""
+    if isinstance(store, LocalStore):
+        yield from map(function, items)
+        return
+    pending: deque[Future[R]] = deque()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        try:
+            for item in items:
+                pending.append(pool.submit(function, item))
+                if len(pending) >= workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def arrow_filesystem(store: Store) -> tuple[Any, str]:

@@ -318,6 +318,9 @@ WORKSPACE_QUERY = """
 """
 
 
+LAUNCH_TIMEOUT_S = "300"  # the Makefile's LAUNCH_TIMEOUT_S
+
+
 @dataclass
 class DagsterDev:
     """`dagster dev -w workspace.yaml` (webserver, daemon, code server) on a free port: the repository's
@@ -343,9 +346,12 @@ class DagsterDev:
         port = free_ports(1)[0]
         log_path = cwd / "dagster_dev.log"
         command = [DAGSTER, "dev", "-w", str(WORKSPACE), "-h", "127.0.0.1", "-p", str(port)]
+        # As `make dev` runs it: the daemon's wait for the code server to start a run, past Dagster's 60 s (a
+        # launch is answered once the run's process has imported Dagster, which takes longer on busy cores).
+        env = {"DAGSTER_GRPC_TIMEOUT_SECONDS": LAUNCH_TIMEOUT_S, **env}
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                command, env=dict(env), cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         dev = cls(process, port, log_path)
         try:

@@ -187,3 +187,18 @@ def test_an_api_key_comes_from_a_secret_and_never_into_the_manifest(secret):
         assert container["env"] == [
             {"name": "SGLANG_API_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": "api-key"}}}
         ]
+
+
+def test_make_dev_gives_run_launches_longer_than_dagsters_default_grpc_deadline():
+    """On one node the daemon waits for the code server to start each run, which answers once the run's process
+    has imported Dagster: on 2 busy cores past Dagster's 60 s, failing the run. `make dev` and the tests' and
+    benchmarks' `dagster dev` wait longer, by the same setting."""
+    from dagster._grpc.utils import _DEFAULT_GRPC_TIMEOUT_IF_NO_ENV_VAR_SET
+
+    from tests.support.dagster_helpers import LAUNCH_TIMEOUT_S
+
+    makefile = (PROJECT_ROOT / "Makefile").read_text()
+    dev_target = makefile.split("\ndev:", 1)[1].split("\n\n", 1)[0]
+    assert "DAGSTER_GRPC_TIMEOUT_SECONDS=$(LAUNCH_TIMEOUT_S) $(BIN)/dagster dev" in dev_target
+    assert f"\nLAUNCH_TIMEOUT_S ?= {LAUNCH_TIMEOUT_S}\n" in makefile
+    assert int(LAUNCH_TIMEOUT_S) > _DEFAULT_GRPC_TIMEOUT_IF_NO_ENV_VAR_SET
