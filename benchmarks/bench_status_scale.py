@@ -113,7 +113,7 @@ def build_store(store: Store, events: int, num_shards: int, work: Path) -> None:
     multi = rows = 0
     for conversation in conversations(events):
         conversation.shard = shard_of(conversation.id, num_shards)
-        buffers.write(conversation.shard, conversation.to_json())
+        buffers.write(conversation, conversation.to_json())
         by_shard[conversation.shard].append(conversation)
         multi += conversation.num_turns > 1
         rows += 1

@@ -12,7 +12,7 @@ materialization and check evaluations: `materialize_shards` and `check_shards` b
 (`dagster asset materialize --partition`, the UI) works as before.
 """
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
@@ -108,8 +108,9 @@ def check_shards(
         yield from evaluate(layout.shard_index(context.partition_key), data)
         return
     specs = {spec.name: spec for spec in context.check_specs}
+    targets = _latest_materializations(context, context.partition_keys)
     for key in context.partition_keys:
-        target = _latest_materialization(context, key)
+        target = targets.get(key)
         for result in evaluate(layout.shard_index(key), data):
             spec = specs[result.check_name] if result.check_name else next(iter(specs.values()))
             yield dg.AssetCheckEvaluation(
@@ -127,20 +128,27 @@ def check_shards(
         yield dg.Output(None, output_name=output.name)
 
 
-def _latest_materialization(
-    context: dg.AssetCheckExecutionContext, key: str
-) -> AssetCheckEvaluationTargetMaterializationData | None:
-    """The shard's materialization a check of it judges (the UI shows an evaluation against it as current)."""
+def _latest_materializations(
+    context: dg.AssetCheckExecutionContext, keys: Sequence[str]
+) -> dict[str, AssetCheckEvaluationTargetMaterializationData]:
+    """Each shard's materialization a check of it judges (the UI shows an evaluation against it as current): two
+    instance queries for the range, not one per shard and check step."""
     (asset_key,) = {spec.asset_key for spec in context.check_specs}
-    records = context.instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[key]), limit=1
-    ).records
-    if not records:
-        return None
-    latest = records[0]
-    return AssetCheckEvaluationTargetMaterializationData(
-        storage_id=latest.storage_id, run_id=latest.run_id, timestamp=latest.timestamp
+    latest = context.instance.get_latest_storage_id_by_partition(
+        asset_key, dg.DagsterEventType.ASSET_MATERIALIZATION, set(keys)
     )
+    if not latest:
+        return {}
+    records = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, storage_ids=list(latest.values())), limit=len(latest)
+    ).records
+    return {
+        record.partition_key: AssetCheckEvaluationTargetMaterializationData(
+            storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp
+        )
+        for record in records
+        if record.partition_key is not None
+    }
 
 
 # A shard's later stages follow its completions: when a shard is (re)generated, from a shard run, the UI's

@@ -133,22 +133,35 @@ def published_num_shards(store: Store) -> int | None:
 
 
 class ShardBuffers:
+    """Each shard's conversations on local disk, and what its manifest counts (kept as they are written, so
+    publishing never parses a conversation again): its counts in memory, its ids in a file beside the shard."""
+
     def __init__(self, directory: Path, num_shards: int, max_buffered_bytes: int = BUFFERED_BYTES):
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.num_shards = num_shards
         self.max_buffered_bytes = max_buffered_bytes
+        self.counts = [PolicyCounts() for _ in range(num_shards)]
         self._buffers: list[list[bytes]] = [[] for _ in range(num_shards)]
+        self._ids: list[list[str]] = [[] for _ in range(num_shards)]
         self._buffered = 0
         for shard in range(num_shards):
             self.path(shard).write_bytes(b"")  # every shard exists, even an empty one
+            self.ids_path(shard).write_bytes(b"")
 
     def path(self, shard: int) -> Path:
         return self.directory / f"shard={shard:0{layout.SHARD_DIGITS}d}.jsonl"
 
-    def write(self, shard: int, line: bytes) -> None:
+    def ids_path(self, shard: int) -> Path:
+        return self.directory / f"shard={shard:0{layout.SHARD_DIGITS}d}.ids"
+
+    def write(self, conversation: Conversation, line: bytes) -> None:
+        """Append `line` (the conversation's JSON) to the conversation's shard."""
+        shard = conversation.shard
         self._buffers[shard].append(line)
-        self._buffered += len(line) + 1
+        self._ids[shard].append(conversation.id)
+        self.counts[shard].add(conversation)
+        self._buffered += len(line) + len(conversation.id) + 2
         if self._buffered >= self.max_buffered_bytes:
             self.flush()
 
@@ -157,8 +170,16 @@ class ShardBuffers:
             if lines:
                 with open(self.path(shard), "ab") as handle:
                     handle.write(b"\n".join(lines) + b"\n")
+                ids = self._ids[shard]
+                with open(self.ids_path(shard), "ab") as handle:
+                    handle.write(orjson.dumps(ids, option=orjson.OPT_APPEND_NEWLINE))  # an id may hold any text
                 lines.clear()
+                ids.clear()
         self._buffered = 0
+
+    def ids(self, shard: int) -> list[str]:
+        """The ids written to `shard` (after `flush`)."""
+        return [i for batch in self.ids_path(shard).read_bytes().splitlines() for i in orjson.loads(batch)]
 
 
 def conversations_in(store: Store, manifest: ShardManifest) -> Iterator[Conversation]:
@@ -229,18 +250,11 @@ def publish_shards(
     side by side: no two workers update one index block."""
 
     def shard_manifest(shard: int) -> ConversationsShardManifest:
-        ids, counts = [], PolicyCounts()
-        with open(buffers.path(shard), "rb") as handle:
-            for line in handle:
-                record = orjson.loads(line)  # the fields counted, without building the Conversation
-                ids.append(record["id"])
-                counts.conversations += 1
-                counts.multi_turn += record["extra"].get("source_user_turns", 1) > 1
-                counts.turns += len(record["generate_after"])
+        counts = buffers.counts[shard]
         return ConversationsShardManifest(
             shard=shard,
             rows=counts.conversations,
-            ids_digest=ids_digest(ids),
+            ids_digest=ids_digest(buffers.ids(shard)),
             num_shards=buffers.num_shards,
             policy=policy,
             build_id=build_id,
@@ -253,6 +267,7 @@ def publish_shards(
         published = publish_shards_together(store, together)
         for shard in shards:
             buffers.path(shard).unlink()
+            buffers.ids_path(shard).unlink()
         return published
 
     blocks = object_index.shards_by_block(range(buffers.num_shards))

@@ -146,7 +146,6 @@ class ConversationBuilder:
         self.seen = seen
         self.num_shards = num_shards
         self.accounting = Accounting()
-        self.counts = PolicyCounts()
         self.renamed_ids = 0  # rows kept under their hash id because their own id was taken
         self.tool_calling = 0
 
@@ -216,7 +215,6 @@ class ConversationBuilder:
         self.seen.add_content(digest, conversation.id)
         conversation.shard = shard_of(conversation.id, self.num_shards)
         self.accounting.keep(conversation.source)
-        self.counts.add(conversation)
         # A conversation that calls tools always has history `source` (`turns.apply_policy`).
         self.tool_calling += conversation.history == HISTORY_SOURCE and calls_tools(conversation.messages)
         return conversation
@@ -296,7 +294,7 @@ def build_conversations(
             for built in builder.build_batch(batch):
                 if isinstance(built, Conversation):
                     # The same bytes as built.to_json(); orjson serializes the dataclass without asdict's deep copy.
-                    buffers.write(built.shard, orjson.dumps(built))
+                    buffers.write(built, orjson.dumps(built))
                 else:
                     quarantine.write(built)
     buffers.flush()
@@ -313,6 +311,7 @@ def build_conversations(
     quarantine.path.unlink()
     accounting = builder.accounting
     rows = sum(m.rows for m in shard_manifests)
+    counts = PolicyCounts(rows, sum(c.multi_turn for c in buffers.counts), sum(c.turns for c in buffers.counts))
     _check_accounting(raw, accounting, rows)
     quarantined_by_reason = Counter(raw.quarantined_by_reason) + accounting.by_reason
     quarantined = sum(quarantined_by_reason.values())
@@ -331,11 +330,11 @@ def build_conversations(
             quarantined_by_stage={"ingest": raw.quarantined, STAGE: accounting.quarantined},
             by_source=_by_source(raw.by_source, accounting.by_source),
             history=POLICY_HISTORY[settings.policy],
-            multi_turn=builder.counts.multi_turn,
+            multi_turn=counts.multi_turn,
             renamed_ids=builder.renamed_ids,
             tool_calling=builder.tool_calling,
-            turns=builder.counts.turns,
-            by_policy={settings.policy: builder.counts},
+            turns=counts.turns,
+            by_policy={settings.policy: counts},
             ids_digest=hashlib.sha256("".join(m.ids_digest for m in shard_manifests).encode()).hexdigest(),
             quarantine_rate_max=quarantine_rate_max,
             max_prompt_tokens=max_prompt_tokens,

@@ -111,6 +111,19 @@ class Accounting:
         counts.by_reason[reason] = counts.by_reason.get(reason, 0) + 1
         self.by_reason[reason] += 1
 
+    def add(self, other: Accounting) -> None:
+        """Count `other`'s rows too (the rows of a later file: reasons keep the order they first appeared in)."""
+        self.rows += other.rows
+        self.kept += other.kept
+        self.by_reason.update(other.by_reason)
+        for source, theirs in other.by_source.items():
+            counts = self.by_source.setdefault(source, SourceCounts())
+            counts.rows += theirs.rows
+            counts.kept += theirs.kept
+            counts.quarantined += theirs.quarantined
+            for reason, count in theirs.by_reason.items():
+                counts.by_reason[reason] = counts.by_reason.get(reason, 0) + count
+
     def _count_row(self, source: str) -> SourceCounts:
         self.rows += 1
         counts = self.by_source.setdefault(source, SourceCounts())

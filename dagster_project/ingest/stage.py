@@ -19,9 +19,13 @@ What it publishes, and the manifest that accounts for every row, are described i
 from __future__ import annotations
 
 import json
+import multiprocessing
 import re
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -48,6 +52,11 @@ from dagster_project.store.storage import Store
 
 STAGE = "ingest"
 DETECTION_ROWS = 200
+# Files are read side by side by this many processes once the local input is this large (a smaller input
+# would spend more on starting the processes than it saves).
+INGEST_WORKERS = 2
+PARALLEL_MIN_BYTES = 16 << 20
+_PARTS = "ingest_parts"
 _ID_IN_TEXT = re.compile(rf'"(?:{"|".join(ID_FIELDS)})"\s*:\s*"([^"\\]{{1,200}})"')
 
 
@@ -68,37 +77,99 @@ def ingest_files(
     work_dir: Path,
     s3_client: Callable[[], Any] | None = None,
     log: Callable[[str], None] = lambda _: None,
+    parallel_min_bytes: int = PARALLEL_MIN_BYTES,
 ) -> IngestResult:
-    """Normalize every row of `files` into `prompts` or `quarantine`; return the accounting."""
+    """Normalize every row of `files` into `prompts` or `quarantine`; return the accounting.
+
+    Files are independent, so when there are several and their local bytes reach `parallel_min_bytes`, each
+    is read in a worker process (`INGEST_WORKERS` at a time) into its own part files, which are appended to
+    `prompts` and `quarantine` in file order: the same records in the same order as one process writes."""
     if fmt != AUTO and fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose auto or one of {', '.join(FORMATS)}")
     started = time.perf_counter()
     result = IngestResult(Accounting())
-    for file in files:
-        if file.skip is not None:
-            result.files.append(IngestedFile(file.uri, file.source, "skipped", 0, 0, 0, note=file.skip))
-            log(f"{file.uri}: skipped ({file.skip})")
-            continue
-        before = (result.accounting.rows, result.accounting.kept)
-        file_reader = _FileIngest(file, file.format or fmt, prompts, quarantine, result.accounting)
-        file_reader.control_tokens = control_tokens.for_source(file.source)
-        with local_copy(file, work_dir, s3_client) as path:
-            file_reader.run(path)
-        rows, kept = result.accounting.rows - before[0], result.accounting.kept - before[1]
-        ingested = IngestedFile(
-            file.uri,
-            file.source,
-            file_reader.format,
-            rows=rows,
-            kept=kept,
-            quarantined=rows - kept,
-            note=file_reader.note,
-        )
-        result.files.append(ingested)
-        note = f" ({ingested.note})" if ingested.note else ""
-        log(f"{file.uri}: {ingested.format}, {ingested.rows} rows, {ingested.quarantined} quarantined{note}")
+    readable = [file for file in files if file.skip is None]
+    local_bytes = sum(Path(file.uri).stat().st_size for file in readable if not file.uri.startswith("s3://"))
+    parallel = len(readable) > 1 and local_bytes >= parallel_min_bytes
+    with ExitStack() as stack:
+        pool = None
+        if parallel:
+            # spawn, not fork: a Dagster run process has threads, and a forked child could inherit a held lock.
+            context = multiprocessing.get_context("spawn")
+            pool = stack.enter_context(ProcessPoolExecutor(INGEST_WORKERS, mp_context=context))
+        running: deque[tuple[SourceFile, Future[_FilePart] | _FilePart | None, ExitStack]] = deque()
+        for index, file in enumerate(files):
+            if len(running) >= INGEST_WORKERS:
+                _finish(*running.popleft(), result, prompts, quarantine, log)
+            copy = ExitStack()
+            if file.skip is not None:
+                running.append((file, None, copy))
+                continue
+            path = copy.enter_context(local_copy(file, work_dir, s3_client))
+            part = work_dir / _PARTS / f"{index:05d}"
+            mode = control_tokens.for_source(file.source)
+            job = (file, file.format or fmt, mode, path, part)
+            running.append((file, pool.submit(_ingest_file, *job) if pool else _ingest_file(*job), copy))
+        while running:
+            _finish(*running.popleft(), result, prompts, quarantine, log)
+    if (work_dir / _PARTS).is_dir():
+        (work_dir / _PARTS).rmdir()
     result.seconds = time.perf_counter() - started
     return result
+
+
+@dataclass
+class _FilePart:
+    """One file read into its own part files (`prompts`, `quarantine`), with its accounting."""
+
+    accounting: Accounting
+    format: str
+    note: str
+    prompts: Path
+    quarantine: Path
+
+
+def _ingest_file(file: SourceFile, fmt: str, control_tokens: str, path: Path, part: Path) -> _FilePart:
+    """Read one file's rows into part files under `part` (in a worker process, or in this one)."""
+    accounting = Accounting()
+    with (
+        JsonlZstWriter(part / "prompts.jsonl.zst") as prompts,
+        JsonlZstWriter(part / "quarantine.jsonl.zst") as quarantine,
+    ):
+        file_reader = _FileIngest(file, fmt, prompts, quarantine, accounting)
+        file_reader.control_tokens = control_tokens
+        file_reader.run(path)
+    return _FilePart(accounting, file_reader.format, file_reader.note, prompts.path, quarantine.path)
+
+
+def _finish(
+    file: SourceFile,
+    done: Future[_FilePart] | _FilePart | None,
+    copy: ExitStack,
+    result: IngestResult,
+    prompts: JsonlZstWriter,
+    quarantine: JsonlZstWriter,
+    log: Callable[[str], None],
+) -> None:
+    """Append one file's parts to the stage's files and count it, in file order; remove its download."""
+    with copy:
+        if done is None:
+            result.files.append(IngestedFile(file.uri, file.source, "skipped", 0, 0, 0, note=file.skip))
+            log(f"{file.uri}: skipped ({file.skip})")
+            return
+        part = done.result() if isinstance(done, Future) else done
+    for writer, part_path in ((prompts, part.prompts), (quarantine, part.quarantine)):
+        writer.append_frames(part_path)
+        part_path.unlink()
+    part.prompts.parent.rmdir()
+    result.accounting.add(part.accounting)
+    rows, kept = part.accounting.rows, part.accounting.kept
+    ingested = IngestedFile(
+        file.uri, file.source, part.format, rows=rows, kept=kept, quarantined=rows - kept, note=part.note
+    )
+    result.files.append(ingested)
+    note = f" ({ingested.note})" if ingested.note else ""
+    log(f"{file.uri}: {ingested.format}, {ingested.rows} rows, {ingested.quarantined} quarantined{note}")
 
 
 class _FileIngest:

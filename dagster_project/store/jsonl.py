@@ -6,6 +6,7 @@ Both are streamed, one record at a time, so neither writing nor reading holds a 
 from __future__ import annotations
 
 import io
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,6 @@ class JsonlZstWriter:
 
     def __init__(self, path: Path):
         self.path = path
-        self.rows = 0
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "wb")
         self._stream = zstandard.ZstdCompressor(level=ZSTD_LEVEL).stream_writer(self._file, closefd=False)
@@ -36,7 +36,6 @@ class JsonlZstWriter:
         line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
         self._block.append(line)
         self._block_bytes += len(line)
-        self.rows += 1
         if self._block_bytes >= WRITE_BLOCK_BYTES:
             self._write_block()
 
@@ -44,6 +43,13 @@ class JsonlZstWriter:
         self._stream.write(b"".join(self._block))
         self._block.clear()
         self._block_bytes = 0
+
+    def append_frames(self, path: Path) -> None:
+        """Append the records of another `.jsonl.zst` file (as its compressed frames, not recompressed)."""
+        self._write_block()
+        self._stream.flush(zstandard.FLUSH_FRAME)
+        with open(path, "rb") as source:
+            shutil.copyfileobj(source, self._file, WRITE_BLOCK_BYTES)
 
     def close(self) -> None:
         self._write_block()
@@ -59,7 +65,8 @@ class JsonlZstWriter:
 
 def read_jsonl_zst(path: Path) -> Iterator[dict[str, Any]]:
     with open(path, "rb") as handle:
-        lines = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(handle))
+        # A file may hold several frames (`JsonlZstWriter.append_frames`).
+        lines = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(handle, read_across_frames=True))
         for line in lines:
             if line.strip():
                 yield orjson.loads(line)

@@ -176,9 +176,13 @@ class LocalStore:
 
     def put_file(self, key: str, path: Path) -> ObjectInfo:
         target = self._path(key)
+        digest = hashlib.sha256()  # hashed while written: the object is not read back
         with _written_in_place(target) as tmp, open(path, "rb") as source:
-            shutil.copyfileobj(source, tmp, _CHUNK)
-        return ObjectInfo(key, target.stat().st_size, sha256_file(target), target.stat().st_mtime)
+            while chunk := source.read(_CHUNK):
+                digest.update(chunk)
+                tmp.write(chunk)
+        stat = target.stat()
+        return ObjectInfo(key, stat.st_size, digest.hexdigest(), stat.st_mtime)
 
     def get_bytes(self, key: str) -> bytes:
         try:

@@ -35,7 +35,7 @@ def published(s3_bucket, tmp_path):
     buffers = ShardBuffers(tmp_path / "buffers", SHARDS)
     for shard in range(SHARDS):
         for conversation in read_conversations(local, shard):
-            buffers.write(shard, orjson.dumps(conversation))
+            buffers.write(conversation, orjson.dumps(conversation))
     buffers.flush()
     manifests = publish_shards(store, buffers, policy=stage.policy, build_id=stage.build_id)
     write_stage_manifest(store, stage)

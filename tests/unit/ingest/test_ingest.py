@@ -12,8 +12,13 @@ from moto import mock_aws
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.conversations.shards import SHARD_FILE, ShardBuffers, SourceTotals
 from dagster_project.conversations.stage import content_id
+from dagster_project.ingest.quarantine import Accounting
+from dagster_project.ingest.shards import IngestedFile
 from dagster_project.ingest.sources import SourceError, resolve_sources
+from dagster_project.ingest.stage import ingest_files
+from dagster_project.records import Conversation
 from dagster_project.store import layout
+from dagster_project.store.jsonl import JsonlZstWriter, read_jsonl_zst
 from tests.support.ingest_helpers import run_stages
 
 BUDGET = 300  # tokens; small so that one test row can exceed it
@@ -272,9 +277,52 @@ def test_s3_sources_by_glob_and_prefix(tmp_path: Path) -> None:
 def test_shard_buffers_flush_often_and_keep_every_shard(tmp_path: Path) -> None:
     buffers = ShardBuffers(tmp_path / "shards", num_shards=4, max_buffered_bytes=16)
     written = {0: [b"a" * 10, b"b"], 2: [b"c" * 20, b"d", b"e"]}
+    ids = {0: ["x\ny", "b"], 2: ["c\u2028", "d", "e"]}  # ids hold any text, line breaks too
     for index in range(3):
         for shard, lines in written.items():
             if index < len(lines):
-                buffers.write(shard, lines[index])
+                conversation = Conversation(ids[shard][index], [], [1] * (index + 1), shard=shard)
+                buffers.write(conversation, lines[index])
     buffers.flush()
     assert [buffers.path(s).read_bytes().splitlines() for s in range(4)] == [written[0], [], written[2], []]
+    assert [buffers.ids(s) for s in range(4)] == [ids[0], [], ids[2], []]
+    assert [(c.conversations, c.turns) for c in buffers.counts] == [(2, 3), (0, 0), (3, 6), (0, 0)]
+
+
+def test_files_read_in_worker_processes_give_the_same_snapshot_as_one_process(tmp_path: Path) -> None:
+    """Each file read side by side into its own parts, appended in file order: the records, their order and
+    the accounting are those of one process reading the files one after the other."""
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    rows = adversarial_rows()
+    (sources / "a.jsonl").write_bytes(b"\n".join(line for line, _, _ in rows) + b"\n")
+    (sources / "b.jsonl").write_bytes(b"\n".join(line for line, _, _ in reversed(rows)) + b"\nnot json\n")
+    (sources / "c.json").write_text(json.dumps([{"instruction": "Name a prime.", "output": "7"}, {"output": "x"}]))
+    files = resolve_sources([f"first={sources}", f"second={sources / 'c.json'}"])
+
+    def ingest(parallel_min_bytes: int) -> tuple[list[dict], list[dict], Accounting, list[IngestedFile]]:
+        out = tmp_path / f"min-{parallel_min_bytes}"
+        with JsonlZstWriter(out / "p.jsonl.zst") as prompts, JsonlZstWriter(out / "q.jsonl.zst") as quarantine:
+            result = ingest_files(
+                files, prompts, quarantine, work_dir=out / "work", parallel_min_bytes=parallel_min_bytes
+            )
+        assert not list((out / "work").iterdir()), "no part file is left behind"
+        return (
+            list(read_jsonl_zst(prompts.path)),
+            list(read_jsonl_zst(quarantine.path)),
+            result.accounting,
+            result.files,
+        )
+
+    one_process, side_by_side = ingest(parallel_min_bytes=1 << 40), ingest(parallel_min_bytes=0)
+    assert side_by_side == one_process
+    prompts, quarantined, accounting, ingested = side_by_side
+    assert {row["source_file"] for row in prompts} == {str(sources / name) for name in ("a.jsonl", "b.jsonl", "c.json")}
+    assert [(Path(file.uri).name, file.format) for file in ingested] == [
+        ("a.jsonl", "openai"),
+        ("b.jsonl", "openai"),
+        ("c.json", "alpaca"),
+        ("c.json", "alpaca"),
+    ]
+    assert ingested[1].rows == ingested[0].rows + 1 and ingested[1].quarantined == ingested[0].quarantined + 1
+    assert accounting.rows == len(prompts) + len(quarantined)
