@@ -9,7 +9,7 @@ from dagster_project.assets.training_set import training_set
 from dagster_project.partitions import FOLLOWS_ITS_SHARD, SHARD_BACKFILL_POLICY, shard_partitions
 from dagster_project.resources import DatasetStore
 from dagster_project.store.storage import Store
-from dagster_project.training.hf_export import CARD_KEY, export_hf_shard
+from dagster_project.training.hf_export import CARD_KEY, export_hf_shard, write_dataset_card
 
 
 @dg.asset(
@@ -21,7 +21,7 @@ from dagster_project.training.hf_export import CARD_KEY, export_hf_shard
     kinds={"parquet"},
     description=(
         "Hugging Face `datasets` Parquet layout of one training shard (exports/hf/data/), and the dataset card "
-        "(exports/hf/README.md) rewritten over every exported shard. "
+        "(exports/hf/README.md) rebuilt over every exported shard once the run's shards are exported. "
         'Load with load_dataset("parquet", data_files="exports/hf/data/*.parquet").'
     ),
 )
@@ -29,6 +29,7 @@ def hf_export(
     context: dg.AssetExecutionContext, config: ExportConfig, store: DatasetStore
 ) -> Iterator[dg.MaterializeResult | dg.AssetMaterialization]:
     yield from export_shards(context, config, store, export_hf_shard, _hf_metadata)
+    write_dataset_card(store.open())
 
 
 def _hf_metadata(written: Any, data: Store) -> dict[str, object]:

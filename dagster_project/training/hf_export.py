@@ -11,9 +11,10 @@ split="train")`, or `load_dataset("<local copy of the prefix>")`, which reads th
 shards are refused as for SpecForge (`export.cleared_manifest`, `export.ThinMasks`): one not cleared by its
 checks, and one holding a row under the loss-token minimum.
 
-Each shard's export rewrites the card from every shard record present, so the card lists what the prefix
-holds once the last shard is exported (two exports finishing together may leave a card missing the other;
-re-materializing any shard rewrites it).
+Each export step rebuilds the card once, after its shards, from every shard record present (a rebuild reads
+every record: once per shard would make a backfill's exports quadratic), so the card lists what the prefix
+holds once the last step ends. Steps of runs side by side may replace each other's card; a step whose upload
+was replaced before its check rebuilds it from the records as they then stand.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dagster_project.generation_settings import GenerationSettings
 from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import EXPORTS, SHARD_DIGITS
 from dagster_project.store.manifest import rows_mismatch
-from dagster_project.store.storage import Store
+from dagster_project.store.storage import Store, StoreError
 from dagster_project.store.verdicts import REQUIRED_VERDICTS, read_verdict
 from dagster_project.training.export import ExportOptions, ThinMasks, cleared_manifest
 from dagster_project.training.lengths import LengthFigures
@@ -41,6 +42,7 @@ HF_PREFIX = f"{EXPORTS}/hf/"
 CARD_KEY = f"{HF_PREFIX}README.md"
 DATA_PATTERN = "data/train-*.parquet"
 _RECORDS = f"{HF_PREFIX}_shards/"
+CARD_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def export_hf_shard(
     override_failed_gates: bool = False,
     options: ExportOptions | None = None,
 ) -> HfShardExport:
-    """Write the shard's Parquet file and record, then rewrite the dataset card; return the record."""
+    """Write the shard's Parquet file and its record; return the record (the card: `write_dataset_card`)."""
     manifest, overridden = cleared_manifest(
         store, shard, override_failed_gates=override_failed_gates, asset="hf_export"
     )
@@ -120,8 +122,23 @@ def export_hf_shard(
         exported_at=time.time(),
     )
     store.put_bytes(record_key(shard), to_json(record))
-    store.put_bytes(CARD_KEY, dataset_card(exported_records(store)).encode())
     return record
+
+
+def write_dataset_card(store: Store) -> str:
+    """Rebuild the dataset card from every shard record present and upload it; return it. Another run's step
+    may upload its card between this upload and its check (the check then sees other bytes): the card is then
+    rebuilt from the records as they stand, at most `CARD_ATTEMPTS` times, so a damaged upload still fails."""
+    attempt = 1
+    while True:
+        card = dataset_card(exported_records(store))
+        try:
+            store.put_bytes(CARD_KEY, card.encode())
+            return card
+        except StoreError:
+            if attempt == CARD_ATTEMPTS:
+                raise
+            attempt += 1
 
 
 def exported_records(store: Store) -> list[HfShardExport]:

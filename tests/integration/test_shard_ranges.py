@@ -25,6 +25,7 @@ from dagster_project.generation.shards import read_completions_manifest
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
+from dagster_project.training.hf_export import CARD_KEY
 from tests.support.dagster_helpers import FAST_ANSWERS, asset_check_keys
 
 SHARD_ASSETS = [completions, training_set, specforge_export, hf_export]
@@ -88,6 +89,8 @@ def test_a_range_run_gives_each_shard_its_prefix_manifest_materializations_and_c
     slots = [m.metadata for m in result.asset_materializations_for_node("completions")]
     assert all(0 <= m["pool_slot_idle_s"].value <= m["pool_slot_s"].value for m in slots), slots
     assert rows == {layout.partition_key(shard): manifests[shard].rows for shard in shards}
+    # The range's export step rebuilt the dataset card once, over every shard it exported.
+    assert f"{len(shards)} of {len(shards)} shards passed every check" in store.get_bytes(CARD_KEY).decode()
     for asset in ("completions", "training_set"):
         evaluations = [e for e in result.get_asset_check_evaluations() if e.asset_key == dg.AssetKey(asset)]
         by_check = {(e.check_name, e.partition) for e in evaluations}

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dagster_project.store.storage import LocalStore
+from dagster_project.store.storage import LocalStore, StoreError
 from dagster_project.training.export import (
     REQUIRED_VERDICTS,
     ExportOptions,
@@ -24,7 +24,14 @@ from dagster_project.training.export import (
     record_verdict,
     specforge_key,
 )
-from dagster_project.training.hf_export import CARD_KEY, DATA_PATTERN, data_key, export_hf_shard
+from dagster_project.training.hf_export import (
+    CARD_ATTEMPTS,
+    CARD_KEY,
+    DATA_PATTERN,
+    data_key,
+    export_hf_shard,
+    write_dataset_card,
+)
 from dagster_project.training.shards import TrainingShardNotPublished, iter_training_batches, training_manifest
 from dagster_project.training.stage import AssemblyOptions, assemble_shard
 from tests.support.published import republish_as_edited
@@ -162,6 +169,7 @@ def test_the_parquet_export_loads_with_datasets_and_its_card_describes_it(store,
     datasets = pytest.importorskip("datasets")  # a [dev] dependency
     for shard in (0, 2):
         export_hf_shard(store, shard, tmp_path / "staging")
+    write_dataset_card(store)
     root = store.root / "exports" / "hf"
     training = [row for shard in (0, 2) for batch in iter_training_batches(store, shard) for row in batch.to_pylist()]
 
@@ -191,3 +199,21 @@ def test_the_parquet_export_refuses_what_the_jsonl_export_refuses(store, tmp_pat
     with pytest.raises(ShardNotCleared, match="set override_failed_gates: true in hf_export's config"):
         export_hf_shard(store, 0, tmp_path / "staging")
     assert not store.exists(data_key(2)) and not store.exists(data_key(0)) and not store.exists(CARD_KEY)
+
+
+def test_the_card_is_rebuilt_when_another_runs_card_replaced_it_and_a_lasting_failure_still_fails(store, tmp_path):
+    export_hf_shard(store, 0, tmp_path / "staging")
+    put_bytes = store.put_bytes
+    replaced = {"times": 1}
+
+    def another_run_wrote_the_card_first(key, data):
+        put_bytes(key, data)
+        if key == CARD_KEY and replaced["times"]:
+            replaced["times"] -= 1
+            raise StoreError(f"upload of {key} did not verify")
+
+    store.put_bytes = another_run_wrote_the_card_first
+    assert "| 1 | 12 |" in write_dataset_card(store) and replaced["times"] == 0
+    replaced["times"] = CARD_ATTEMPTS
+    with pytest.raises(StoreError, match="did not verify"):
+        write_dataset_card(store)
