@@ -70,7 +70,7 @@ benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_status_process
 	$(BIN)/python -m benchmarks.bench_contamination
 
-# The dress rehearsal (up to ~60 min on 2 cores): one backfill over 1,830 partitions on PostgreSQL and S3 with
+# The dress rehearsal (stops after 60 min): one backfill over 1,830 partitions on PostgreSQL and S3 with
 # `dagster dev`, sensors on, the head node measured; writes its table into BENCHMARKS.md (`--shards N` for fewer).
 rehearsal: venv
 	$(BIN)/python -m benchmarks.bench_rehearsal
