@@ -5,8 +5,8 @@ dispatcher (the benchmark measures those): the instance of deploy/dagster-postgr
 server, the store on the session's moto server, `dagster dev` with the project's sensors running as they ship, one
 `launchPartitionBackfill` over every partition as the UI sends it. 24 partitions, in runs of 12 shards
 (`DFLASH_SHARDS_PER_RUN`; its default, 64, would make one run of them, leaving the pool and the queue nothing to
-order): about 200 CPU-s in all (measured by the benchmark at 24 partitions); 120 partitions would take ~5 CPU-minutes, more than
-`make test` can give one test. The full size is `make rehearsal`'s.
+order): about 200 CPU-s in all (measured by the benchmark at 24 partitions); 120 partitions would take ~5
+CPU-minutes, more than `make test` can give one test. The full size is `make rehearsal`'s.
 
 It asserts the job's invariants, read back from PostgreSQL and the store: the backfill finishes and succeeds;
 coverage by id is exact (`dflash status --by-id`); every partition of every shard asset is materialized exactly
