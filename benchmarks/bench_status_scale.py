@@ -59,7 +59,7 @@ from dagster_project.records import COMPLETION_SCHEMA, Conversation
 from dagster_project.store import layout, object_index
 from dagster_project.store.layout import MANIFEST_NAME
 from dagster_project.store.manifest import StoredObject, ids_digest, publish_shard, write_stage_manifest
-from dagster_project.store.storage import LocalStore, S3Store, Store, arrow_filesystem
+from dagster_project.store.storage import S3_WORKERS, LocalStore, S3Store, Store, arrow_filesystem
 
 REAL_EVENTS, REAL_SHARDS = 913_786, 1_830
 PUBLISH_WORKERS = 8
@@ -178,7 +178,7 @@ def build_store(store: Store, events: int, num_shards: int, work: Path) -> None:
         list(pool.map(publish, object_index.spread_over_blocks(range(num_shards))))
 
 
-def copy_store(source: LocalStore, target: Store, workers: int = object_index.READ_WORKERS) -> None:
+def copy_store(source: LocalStore, target: Store, workers: int = S3_WORKERS) -> None:
     """`target` as publishing the same shards there would have left it, from a copy of `source`'s objects (writing
     a store of 1,830 shards to moto through the stages' writers takes most of an hour on a small machine).
 

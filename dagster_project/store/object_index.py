@@ -20,13 +20,19 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import orjson
 
 from dagster_project.store.dataclass_json import from_dict, parse_record
-from dagster_project.store.storage import CorruptObject, LocalStore, PreconditionFailed, Store, StoreError
+from dagster_project.store.storage import (
+    CorruptObject,
+    LocalStore,
+    PreconditionFailed,
+    Store,
+    StoreError,
+    map_in_order,
+)
 
 T = TypeVar("T")
 
@@ -34,8 +40,6 @@ INDEX_PREFIX = "_index"
 BLOCK_SHARDS = 128
 # Shard runs that publish at the same moment race for one block: each retry re-reads it.
 CAS_ATTEMPTS = 50
-# Concurrent GETs of one reader: enough to hide S3 round trips, few enough for a small machine.
-READ_WORKERS = 16
 _SHARD = re.compile(r"shard=(\d+)")
 
 Entries = dict[str, dict[str, Any]]
@@ -150,10 +154,7 @@ def fetch_all(store: Store, keys: list[str]) -> list[bytes | None]:
 
 def fetch_all_versioned(store: Store, keys: list[str]) -> list[tuple[bytes, str] | None]:
     """The objects' bytes and versions (on S3, their ETags), fetched concurrently from S3, in `keys` order."""
-    if len(keys) < 2 or isinstance(store, LocalStore):  # local reads have no round trip to hide
-        return [store.get_versioned(key) for key in keys]
-    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
-        return list(pool.map(store.get_versioned, keys))
+    return list(map_in_order(store, store.get_versioned, keys))
 
 
 def read_records(store: Store, prefix: str, kind: type[T], wanted: Callable[[str], bool]) -> dict[str, T]:
