@@ -191,7 +191,7 @@ def test_a_backfill_survives_a_node_lost_mid_shard_and_resends_at_most_its_in_fl
     assert sorted(shard_of_run(tags[run_id]) for run_id in succeeded) == SHARDS, statuses
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert type(instance.run_storage).__name__ == "PooledPostgresRunStorage"
         assert set(instance.get_materialized_partitions(dg.AssetKey("completions"))) == set(SHARDS)
         # The run queue: every run of the backfill, the retry too, was enqueued, then launched by the queued run
         # coordinator's daemon.

@@ -48,9 +48,15 @@ PARENT_RUN_TAG = "dagster/parent_run_id"
 def test_the_postgres_instance_keeps_every_setting_of_the_repositorys_instance_but_storage():
     postgres = yaml.safe_load(INSTANCE_YAML.read_text())
     local = yaml.safe_load((PROJECT_ROOT / "dagster.yaml").read_text())
-    storage = postgres.pop("storage")
+    storages = [postgres.pop(kind) for kind in ("run_storage", "event_log_storage", "schedule_storage")]
     assert postgres == local
-    db = storage["postgres"]["postgres_db"]
+    assert [storage["class"] for storage in storages] == [
+        "PooledPostgresRunStorage",
+        "PooledPostgresEventLogStorage",
+        "PooledPostgresScheduleStorage",
+    ]
+    assert storages[0]["config"] == storages[1]["config"] == storages[2]["config"]
+    db = storages[0]["config"]["postgres_db"]
     assert {name: db[name] for name in ("hostname", "port", "username", "password", "db_name")} == {
         "hostname": {"env": "DAGSTER_PG_HOST"},
         "port": {"env": "DAGSTER_PG_PORT"},
@@ -65,6 +71,34 @@ def _run_table_count(server) -> int:
         cursor = connection.cursor()
         cursor.execute("SELECT count(*) FROM runs")
         return cursor.fetchone()[0]
+
+
+def _sessions_opened(server) -> int:
+    """Connections PostgreSQL has accepted since it started (one backend process each)."""
+    with contextlib.closing(psycopg2.connect(server.psql_url())) as connection:
+        cursor = connection.cursor()
+        cursor.execute("SELECT sum(sessions) FROM pg_stat_database")
+        return int(cursor.fetchone()[0])
+
+
+def test_the_instance_keeps_its_connections_instead_of_connecting_per_query(postgres_server, tmp_path, monkeypatch):
+    """dagster-postgres's own storages connect anew for every query; a backfill's thousands of queries each paid a
+    PostgreSQL backend's start. The instance's storages keep one connection each."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copyfile(INSTANCE_YAML, home / "dagster.yaml")
+    for name, value in postgres_server.env.items():
+        monkeypatch.setenv(name, value)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.get_runs(limit=1)  # the tables exist and each storage has connected once
+        instance.get_latest_materialization_event(dg.AssetKey("completions"))
+        before = _sessions_opened(postgres_server)
+        for _ in range(20):
+            instance.get_runs(limit=1)
+            instance.get_latest_materialization_event(dg.AssetKey("completions"))
+            instance.event_log_storage.has_table("concurrency_slots")
+        opened = _sessions_opened(postgres_server) - before
+    assert opened <= 2, f"{opened} new connections for 60 queries: the storages connect per query"
 
 
 def test_the_demos_stages_on_postgres_with_the_pool_of_one_slot(postgres_server, sim_fleet, tmp_path, monkeypatch):
@@ -105,7 +139,7 @@ def test_the_demos_stages_on_postgres_with_the_pool_of_one_slot(postgres_server,
             run.result()
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert type(instance.run_storage).__name__ == "PooledPostgresRunStorage"
         assert _run_table_count(postgres_server) == len(instance.get_runs())
         assert set(instance.get_materialized_partitions(dg.AssetKey("completions"))) == set(SHARDS)
         # The pool: one slot, held by one completions step at a time.
