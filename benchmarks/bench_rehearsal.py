@@ -97,7 +97,10 @@ FAST_PROFILE = {
 }
 # Enough for one run to fill both servers' caps (2 x 4) with a shard's events.
 EVENTS_PER_SHARD = 8
-SAMPLE_S = 0.25
+# Each sample walks every process under this one and asks PostgreSQL for the pool's slots: every second is enough
+# for shares of time over a backfill of minutes, and keeps the benchmark's own load off the two cores.
+SAMPLE_S = 1.0
+PROGRESS_S = 10
 PROMETHEUS = Path(os.environ.get("PROMETHEUS_BIN", "/usr/bin/prometheus"))
 SCRAPE_S = 10
 PAGE_TIMEOUT_S = 120
@@ -138,7 +141,7 @@ KINDS = (
     ("code server", ("code-server", "api grpc", "grpc-health-check")),
     ("dagster dev", (" dev ",)),
     ("postgres", ("postgres",)),
-    ("moto", ("moto_server",)),
+    ("moto", ("moto_s3_server",)),
     ("simulators", ("sglang.sim", "sglang_sim")),
     ("prometheus", ("prometheus",)),
     ("exporter", ("dflash metrics", "cli metrics")),
@@ -657,7 +660,7 @@ def rehearse(settings: Settings, scratch: Path, postgres: PostgresServer, s3: S3
                 pages = browse(base, backfill_id, partitions[-1], scratch / "browser")
                 log(f"pages: {pages}")
             log(f"backfill {status}: {done} partitions generated, {len(in_progress)} runs in progress")
-            time.sleep(5)  # a progress poll for the log, not synchronization: the loop's condition decides
+            time.sleep(PROGRESS_S)  # a progress poll for the log, not synchronization: the loop's condition decides
         end_tick = sampler.tick()
         busy_at_end = cpu_seconds_busy()
         runs = run_records(postgres)

@@ -1,8 +1,8 @@
-"""A real S3-protocol server for tests: moto in server mode, as its own process on loopback."""
+"""A real S3-protocol server for tests: moto's S3 in server mode, as its own process on loopback
+(tests/support/moto_s3_server.py: moto's S3 app alone, without per-request logging)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from dagster_project.sglang.launch import free_ports
+from tests.support.paths import PROJECT_ROOT
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing-key",
@@ -46,22 +47,24 @@ def _wait_until_up(endpoint: str, process: subprocess.Popen, timeout_s: float = 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"moto_server exited with {process.returncode}")
+            raise RuntimeError(f"the S3 server exited with {process.returncode}")
         try:
             urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
             return
         except OSError:
             time.sleep(0.05)  # polling a condition with a deadline, not synchronising by sleep
-    raise TimeoutError(f"moto_server did not answer on {endpoint} within {timeout_s}s")
+    raise TimeoutError(f"the S3 server did not answer on {endpoint} within {timeout_s}s")
 
 
 @contextmanager
 def running_s3_server() -> Iterator[S3Server]:
     port = free_ports(1)[0]
     endpoint = f"http://127.0.0.1:{port}"
-    moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
     process = subprocess.Popen(
-        [moto, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "tests.support.moto_s3_server", "-H", "127.0.0.1", "-p", str(port)],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         _wait_until_up(endpoint, process)
