@@ -167,12 +167,16 @@ def validate_training_frames(shards: Sequence[ShardFrame]) -> dict[int, SuiteOut
     fails, each of its shards is validated on its own, so a failing shard gets exactly its own verdict and
     message. A shard whose row count differs from its manifest's (an empty one included) is validated alone,
     and shards are combined only with shards of the same settings and column types, so concatenation changes
-    nothing a per-shard validation would see.
+    nothing a per-shard validation would see. A shard that passed together lists its own expectations in the
+    suite's order, under the combined validation's batch id. The step holds its shards' frames (scalar
+    columns only, no token lists) at once.
     """
-    alone = [s for s in shards if len(s.frame) != s.rows or s.rows == 0]
+    alone: list[ShardFrame] = []
     groups: dict[tuple[Any, ...], list[ShardFrame]] = {}
     for s in shards:
-        if len(s.frame) == s.rows > 0:
+        if len(s.frame) != s.rows or s.rows == 0:
+            alone.append(s)
+        else:
             key = (s.max_length, tuple(s.finish_reasons), tuple(s.frame.dtypes.astype(str)))
             groups.setdefault(key, []).append(s)
     outcomes: dict[int, SuiteOutcome] = {}
