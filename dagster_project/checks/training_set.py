@@ -24,9 +24,15 @@ from dagster_project.tokenizer import special_ids
 from dagster_project.training import gate_messages, gates
 from dagster_project.training.export import record_verdict
 from dagster_project.training.lengths import KEEP, LengthGateOptions
-from dagster_project.training.shards import iter_training_batches, training_manifest
+from dagster_project.training.shards import TrainingShardManifest, iter_training_batches, training_manifest
 from dagster_project.training.stage import source_is_current
-from dagster_project.training.suite import FRAME_COLUMNS, training_frame, validate_training_frame
+from dagster_project.training.suite import (
+    FRAME_COLUMNS,
+    ShardFrame,
+    SuiteOutcome,
+    training_frame,
+    validate_training_frames,
+)
 from dagster_project.training.tool_call_gate import ToolCallGateOptions, malformed_tool_calls
 
 GATE_DESCRIPTIONS = {
@@ -109,19 +115,32 @@ def _gates(
 @dg.asset_check(asset=training_set, partitions_def=shard_partitions, blocking=True, name="gx_suite")
 def training_set_gx_suite(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> Iterator[ShardCheck]:
     """Great Expectations 1.x suite on the shard's rows: counts agree with the token lists, ids unique, ranges."""
-    yield from check_shards(context, store, lambda shard, data: [_gx_suite(context, shard, data)])
+    manifests: dict[int, TrainingShardManifest] = {}
+    outcomes: dict[int, SuiteOutcome] = {}
+
+    def evaluate(shard: int, data: Store) -> list[dg.AssetCheckResult]:
+        if not outcomes:  # the first shard's evaluation validates every shard of the run at once
+            manifests.update({s: training_manifest(data, s) for s in map(layout.shard_index, context.partition_keys)})
+            outcomes.update(validate_training_frames([_shard_frame(data, m) for m in manifests.values()]))
+        return [_gx_result(context, data, manifests[shard], outcomes[shard])]
+
+    yield from check_shards(context, store, evaluate)
 
 
-def _gx_suite(context: dg.AssetCheckExecutionContext, shard: int, data: Store) -> dg.AssetCheckResult:
-    manifest = training_manifest(data, shard)
+def _shard_frame(data: Store, manifest: TrainingShardManifest) -> ShardFrame:
     assembly = manifest.assembly
-    outcome = validate_training_frame(
-        training_frame(iter_training_batches(data, shard, FRAME_COLUMNS)),
-        shard=shard,
+    return ShardFrame(
+        shard=manifest.shard,
+        frame=training_frame(iter_training_batches(data, manifest.shard, FRAME_COLUMNS)),
         rows=manifest.rows,
         max_length=None if assembly.length_policy == KEEP else assembly.max_length,
         finish_reasons=["stop"] if assembly.exclude_length_capped else ["stop", "length"],
     )
+
+
+def _gx_result(
+    context: dg.AssetCheckExecutionContext, data: Store, manifest: TrainingShardManifest, outcome: SuiteOutcome
+) -> dg.AssetCheckResult:
     verdict = gate_messages.actionable(
         gates.GateResult("gx_suite", outcome.success, outcome.message), limits=None, where=gate_messages.TRAINING_GATES
     )
@@ -137,4 +156,4 @@ def _gx_suite(context: dg.AssetCheckExecutionContext, shard: int, data: Store) -
             "results": dg.MetadataValue.json(outcome.results),
         },
     )
-    return reported(context, "gx_suite", result, shard)
+    return reported(context, "gx_suite", result, manifest.shard)
