@@ -12,12 +12,13 @@ at a time, every run on one shared ledger. Rows, in the same run against the
 same servers:
 
 * ideal: one long-lived dispatcher in this process over every shard's events (the same prompt ids);
-* backfill: `dagster dev` on an instance with the project's dagster.yaml, a `launchPartitionBackfill` over
-  every shard (the UI's Materialize dialog), the daemon's queue launching the runs; timed from the launch to
-  the last run's end (its run record);
+* backfill: `dagster dev` on an instance with the project's dagster.yaml and the definitions' sensors running as
+  they ship (their follow-up runs share the cores), a `launchPartitionBackfill` over every shard (the UI's
+  Materialize dialog), the daemon's queue launching the runs; timed from the launch to the last backfill run's
+  end (its run record);
 * backfill before: the same without the pool's `op_granularity_run_buffer` (Dagster's default, 0);
 * materialize: each shard one `dagster asset materialize` process, `RUNS_AT_ONCE` at a time, a new one as soon
-  as one ends.
+  as one ends; with the CPU-s each process used.
 
 A sampler polls each simulator's `/_sim/state` (running, queued) and the runs' ledgers (which runs hold
 requests in flight) every `SAMPLE_S`. Results go to the `fleet` section of BENCHMARKS.md.
@@ -34,6 +35,7 @@ import argparse
 import asyncio
 import fcntl
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -210,6 +212,8 @@ class Row:
     peaks: list[dict]
     runs: list[RunTimes] = field(default_factory=list)  # the daemon's rows: each run's timeline
     cap: int = CAP  # each server's running cap
+    cpu_per_run: float | None = None  # the materialize row: CPU-s (user + system) per shard run's process tree
+    other_runs: int = 0  # the daemon's rows: runs the sensors launched meanwhile (follow-ups, report refreshes)
 
     def busy(self, min_runs: int) -> list[tuple[Sample, float]]:
         """Samples taken while at least `min_runs` runs were generating, each with the time until the next one
@@ -313,11 +317,19 @@ def shard_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, even
         materialize(env, ROOT, "completions", layout.partition_key(shard), timeout_s=1800)
 
     with Sampler(urls, work) as sampler:
-        started = time.monotonic()
+        started, children_before = time.monotonic(), children_cpu_s()
         with ThreadPoolExecutor(RUNS_AT_ONCE) as pool:
             list(pool.map(run, range(SHARDS)))
         wall = time.monotonic() - started
-    return Row(name, events, started, wall, sampler.samples, sampler.peaks)
+        cpu_per_run = (children_cpu_s() - children_before) / SHARDS
+    return Row(name, events, started, wall, sampler.samples, sampler.peaks, cpu_per_run=cpu_per_run)
+
+
+def children_cpu_s() -> float:
+    """CPU-s of this process's children that ended and were waited for, their own children included (the
+    kernel's accounting): during the materialize row, only its `dagster asset materialize` processes end."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def daemon_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, events: int, ahead: bool) -> Row:
@@ -330,8 +342,7 @@ def daemon_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, eve
     instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
     try:
         instance.event_log_storage.set_concurrency_slots(POOL, RUNS_AT_ONCE)
-        with DagsterDev.running(env, run_dir) as dev:
-            stop_sensors(dev)
+        with DagsterDev.running(env, run_dir) as dev:  # the sensors on, as the definitions ship them
             params = {
                 "partitionNames": [layout.partition_key(shard) for shard in range(SHARDS)],
                 "assetSelection": [{"path": ["completions"]}],
@@ -358,38 +369,14 @@ def daemon_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, eve
                 runs = wait_until(succeeded, timeout_s=1800, interval_s=0.2, what="the daemon to run the backfill")
                 polled_wall = time.monotonic() - started
         times = sorted(run_times(instance, run["runId"], launched_at) for run in runs)
+        backfill_runs = {run["runId"] for run in runs}
+        other_runs = len([run for run in instance.get_runs() if run.run_id not in backfill_runs])
     finally:
         instance.dispose()
     wall = max(t.ended for t in times)  # the run records' end, not when the poll saw it
     if not 0 < wall <= polled_wall:
         raise RuntimeError(f"{name}: the runs ended {wall:.1f} s after launch, the poll saw {polled_wall:.1f} s")
-    return Row(name, events, started, wall, sampler.samples, sampler.peaks, times)
-
-
-SENSORS = """
-{
-  sensorsOrError(repositorySelector: {repositoryLocationName: "dagster_project", repositoryName: "__repository__"}) {
-    ... on Sensors { results { name sensorState { id selectorId status } } }
-  }
-}
-"""
-STOP_SENSOR = """
-mutation Stop($id: String!, $selector: String!) {
-  stopSensor(id: $id, jobSelectorId: $selector) {
-    ... on StopSensorMutationResult { instigationState { status } }
-  }
-}
-"""
-
-
-def stop_sensors(dev: DagsterDev) -> None:
-    """Stop the definitions' sensors (shard follow-ups, the report's refresh): their runs would share the cores
-    with the shard runs, and the ideal builds no training set either."""
-    for sensor in dev.query(SENSORS)["sensorsOrError"]["results"]:
-        state = sensor["sensorState"]
-        stopped = dev.query(STOP_SENSOR, {"id": state["id"], "selector": state["selectorId"]})["stopSensor"]
-        if stopped["instigationState"]["status"] != "STOPPED":
-            raise RuntimeError(f"sensor {sensor['name']} did not stop: {stopped}")
+    return Row(name, events, started, wall, sampler.samples, sampler.peaks, times, other_runs=other_runs)
 
 
 def run_times(instance: dg.DagsterInstance, run_id: str, launched_at: float) -> RunTimes:
@@ -478,8 +465,8 @@ def render(rows: list[Row], shard_sizes: list[int], load: tuple[float, float], t
             f"{last - first:.1f} | {span(best) / (last - first):.2f}x | {row.wall_s - last:.1f} | "
             f"**{at_cap}** | {peaks} |"
         )
-    if any(row.runs for row in rows):
-        lines += ["", "The backfills' runs, seconds after the launch:", ""]
+    if any(row.runs or row.cpu_per_run is not None for row in rows):
+        lines += ["", "The shard runs (the backfills': seconds after the launch):", ""]
     for row in rows:
         if row.runs:
             short, until = row.pool_short()
@@ -487,7 +474,14 @@ def render(rows: list[Row], shard_sizes: list[int], load: tuple[float, float], t
                 f"* {row.name}: runs created {row.runs[0].created:.1f}–{max(t.created for t in row.runs):.1f}, "
                 f"processes started {', '.join(f'{t.started:.0f}' for t in row.runs)}; completions steps (pool "
                 f"slots) {', '.join(f'{t.slot:.0f}–{t.released:.0f}' for t in row.runs)}; fewer than "
-                f"{RUNS_AT_ONCE} slots held for {short:.1f} of the {until:.1f} s until the last run took its slot."
+                f"{RUNS_AT_ONCE} slots held for {short:.1f} of the {until:.1f} s until the last run took its slot; "
+                f"{row.other_runs} runs launched by the sensors meanwhile (shard follow-ups, report refreshes)."
+            )
+    for row in rows:
+        if row.cpu_per_run is not None:
+            lines.append(
+                f"* {row.name}: **{row.cpu_per_run:.1f} CPU-s per shard run** (each process and its children, user + "
+                "system, from the kernel's accounting of the processes this benchmark waited for)."
             )
     lines.append("")
     for product in rows[1:]:
