@@ -827,8 +827,8 @@ def render(result: Result) -> str:
             "the runs with requests in flight (the fleet's ledger), each sample weighted by its time. At cap: the "
             "share of the time with two or more runs generating at once that each server ran its cap ('—': never "
             "two at once). "
-            f"Load average (1 min) at the launch / the end: {result.load[0]:.1f} / {result.load[1]:.1f} on 2 cores; "
-            "the machine is shared with other work, so wall times are longer than on an idle one."
+            f"Load average (1 min) at the launch / the end: {result.load[0]:.1f} / {result.load[1]:.1f} on 2 cores "
+            "(at the launch: what else the machine ran; the busy share above counts every process on it)."
         ),
     ]
     return "\n".join(lines)
