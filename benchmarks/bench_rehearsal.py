@@ -58,7 +58,7 @@ import orjson
 import psutil
 import psycopg2
 
-from benchmarks.bench_fleet import SENSORS, Row, Sample, generating_runs, http_json, shard_requests
+from benchmarks.bench_fleet import Row, Sample, generating_runs, http_json, shard_requests
 from benchmarks.report import write_section
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.generation.dispatch import Dispatcher
@@ -587,6 +587,15 @@ def ideal_s(urls: list[str], store_uri: str, s3: S3Server, shards: int, scratch:
     if not all(outcome.ok for outcome in outcomes) or len(outcomes) != len(requests):
         raise RuntimeError(f"ideal: {sum(not o.ok for o in outcomes)} of {len(requests)} requests failed")
     return wall
+
+
+SENSORS = """
+{
+  sensorsOrError(repositorySelector: {repositoryLocationName: "dagster_project", repositoryName: "__repository__"}) {
+    ... on Sensors { results { name sensorState { id selectorId status } } }
+  }
+}
+"""
 
 
 def sensor_states(dev: DagsterDev) -> dict[str, str]:
