@@ -3,6 +3,7 @@ tests of tests/unit/store/test_storage.py run again here, and what only S3 has (
 
 from __future__ import annotations
 
+import signal
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from dagster_project.store.dataclass_json import to_json
 from dagster_project.store.layout import COMPLETIONS, shard_manifest_key
 from dagster_project.store.manifest import ShardManifest, read_manifests_from_objects
 from dagster_project.store.storage import Store
+from tests.support.s3_server import running_s3_server
 from tests.unit.store import test_storage
 from tests.unit.store.test_object_index import publish
 
@@ -56,3 +58,14 @@ def test_on_s3_the_coverage_check_reads_only_the_manifests_its_listing_shows_cha
     object_index.record(store, shard_manifest_key(COMPLETIONS, 2), to_json(published[2]))
     assert manifests_read() == ({**published, 1: changed}, {shard_manifest_key(COMPLETIONS, 2)})
     assert manifests_read()[1] == set()
+
+
+def test_the_s3_server_stops_when_its_parent_ignores_sigterm():
+    """An ignored SIGTERM is inherited through exec: the server must still stop on the fixture's terminate()
+    (the teardown raises after 10 s otherwise), as a test suite that ignores SIGTERM somewhere once showed."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with running_s3_server() as server:
+            server.client().create_bucket(Bucket="stops-on-sigterm")
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -12,6 +12,8 @@ Run as `python -m tests.support.moto_s3_server -H 127.0.0.1 -p PORT`.
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from typing import Any
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
@@ -39,6 +41,9 @@ def main() -> None:
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, required=True)
     args = parser.parse_args()
+    # As moto_server does: a parent that ignores SIGTERM passes that on to its children through exec, and the
+    # fixture's terminate() must still stop this server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     run_simple(args.host, args.port, S3Application(), threaded=True, request_handler=QuietRequestHandler)
 
 
