@@ -477,7 +477,6 @@ def render(rows: list[Row], shard_sizes: list[int], load: tuple[float, float], t
                 f"{RUNS_AT_ONCE} slots held for {short:.1f} of the {until:.1f} s until the last run took its slot; "
                 f"{row.other_runs} runs launched by the sensors meanwhile (shard follow-ups, report refreshes)."
             )
-    for row in rows:
         if row.cpu_per_run is not None:
             lines.append(
                 f"* {row.name}: **{row.cpu_per_run:.1f} CPU-s per shard run** (each process and its children, user + "

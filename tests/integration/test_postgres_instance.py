@@ -66,19 +66,20 @@ def test_the_postgres_instance_keeps_every_setting_of_the_repositorys_instance_b
     }
 
 
-def _run_table_count(server) -> int:
+def _scalar(server, query: str) -> int:
     with contextlib.closing(psycopg2.connect(server.psql_url())) as connection:
         cursor = connection.cursor()
-        cursor.execute("SELECT count(*) FROM runs")
-        return cursor.fetchone()[0]
+        cursor.execute(query)
+        return int(cursor.fetchone()[0])
+
+
+def _run_table_count(server) -> int:
+    return _scalar(server, "SELECT count(*) FROM runs")
 
 
 def _sessions_opened(server) -> int:
     """Connections PostgreSQL has accepted since it started (one backend process each)."""
-    with contextlib.closing(psycopg2.connect(server.psql_url())) as connection:
-        cursor = connection.cursor()
-        cursor.execute("SELECT sum(sessions) FROM pg_stat_database")
-        return int(cursor.fetchone()[0])
+    return _scalar(server, "SELECT sum(sessions) FROM pg_stat_database")
 
 
 def test_the_instance_keeps_its_connections_instead_of_connecting_per_query(postgres_server, tmp_path, monkeypatch):
