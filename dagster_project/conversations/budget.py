@@ -40,14 +40,9 @@ class PromptBudget:
         self._scaffold_bytes = functools.lru_cache(maxsize=_ROLE_SEQUENCES_CACHED)(self._render_scaffold)
 
     def tokens_over(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int | None:
-        """The prompt's token count when it exceeds the budget, else None.
-
-        Tools, tool calls and reasoning are laid out by the template in ways a byte bound does not follow
-        cheaply, so prompts holding any of them are always rendered."""
-        structured = bool(tools) or any(
-            len(m) > 2 and (m.get("tool_calls") or m.get("reasoning_content")) for m in messages
-        )
-        if not structured and self._bytes_bound(messages) <= self.max_tokens:
+        """The prompt's token count when it exceeds the budget, else None (prompts with tools, tool calls or
+        reasoning are always rendered: `_structured`)."""
+        if not _structured(messages, tools) and self._bytes_bound(messages) <= self.max_tokens:
             return None
         self.exact_counts += 1
         if self.tokenizer is None:
@@ -60,13 +55,30 @@ class PromptBudget:
             scaffold = SCAFFOLD_BYTES_FIXED + SCAFFOLD_BYTES_PER_MESSAGE * len(messages)
         else:
             scaffold = self._scaffold_bytes(tuple(m["role"] for m in messages))
-        contents = 0
-        for message in messages:
-            content = message["content"]
-            # ASCII text is NFC already and one byte per character: the common case costs no normalization.
-            contents += len(content) if content.isascii() else len(unicodedata.normalize("NFC", content).encode())
-        return scaffold + contents
+        return scaffold + _content_bytes(messages)
 
     def _render_scaffold(self, roles: tuple[str, ...]) -> int:
         empty = [{"role": role, "content": ""} for role in roles]
         return len(render_text(self.tokenizer, empty, add_generation_prompt=True, **self.flags).encode("utf-8"))
+
+
+def may_exceed(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_tokens: int) -> bool:
+    """Whether `PromptBudget.tokens_over` may return a count for this prompt, decided without a tokenizer: when
+    False it returns None, tokenizer loaded or not (the bound it uses once one is loaded is tighter)."""
+    scaffold = SCAFFOLD_BYTES_FIXED + SCAFFOLD_BYTES_PER_MESSAGE * len(messages)
+    return _structured(messages, tools) or scaffold + _content_bytes(messages) > max_tokens
+
+
+def _structured(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
+    """Tools, tool calls and reasoning are laid out by the template in ways a byte bound does not follow
+    cheaply, so prompts holding any of them are always rendered."""
+    return bool(tools) or any(len(m) > 2 and (m.get("tool_calls") or m.get("reasoning_content")) for m in messages)
+
+
+def _content_bytes(messages: list[dict[str, Any]]) -> int:
+    contents = 0
+    for message in messages:
+        content = message["content"]
+        # ASCII text is NFC already and one byte per character: the common case costs no normalization.
+        contents += len(content) if content.isascii() else len(unicodedata.normalize("NFC", content).encode())
+    return contents

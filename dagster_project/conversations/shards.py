@@ -49,9 +49,12 @@ class PolicyCounts:
     turns: int = 0
 
     def add(self, conversation: Conversation) -> None:
+        self.count(conversation.extra.get("source_user_turns", 1) > 1, conversation.num_turns)
+
+    def count(self, multi_turn: bool, turns: int) -> None:
         self.conversations += 1
-        self.multi_turn += conversation.extra.get("source_user_turns", 1) > 1
-        self.turns += conversation.num_turns
+        self.multi_turn += multi_turn
+        self.turns += turns
 
 
 @dataclass(frozen=True)
@@ -157,11 +160,15 @@ class ShardBuffers:
 
     def write(self, conversation: Conversation, line: bytes) -> None:
         """Append `line` (the conversation's JSON) to the conversation's shard."""
-        shard = conversation.shard
+        multi_turn = conversation.extra.get("source_user_turns", 1) > 1
+        self.append(conversation.shard, conversation.id, line, multi_turn, conversation.num_turns)
+
+    def append(self, shard: int, row_id: str, line: bytes, multi_turn: bool, turns: int) -> None:
+        """Append `line`, the JSON of conversation `row_id`, to `shard`."""
         self._buffers[shard].append(line)
-        self._ids[shard].append(conversation.id)
-        self.counts[shard].add(conversation)
-        self._buffered += len(line) + len(conversation.id) + 2
+        self._ids[shard].append(row_id)
+        self.counts[shard].count(multi_turn, turns)
+        self._buffered += len(line) + len(row_id) + 2
         if self._buffered >= self.max_buffered_bytes:
             self.flush()
 

@@ -38,14 +38,14 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from dagster_project.conversations.budget import PromptBudget
-from dagster_project.conversations.dedup import SeenIndex, digest64
+from dagster_project.conversations.dedup import SeenIndex
+from dagster_project.conversations.drafts import Draft, drafted_batches
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.conversations.shards import (
     ConversationsManifest,
@@ -57,17 +57,14 @@ from dagster_project.conversations.shards import (
     read_shard_conversations_manifest,
     remove_stale_shards,
 )
-from dagster_project.conversations.turns import POLICY_HISTORY, apply_policy, calls_tools, request_key, turn_ends
+from dagster_project.conversations.turns import POLICY_HISTORY
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ingest.quarantine import Accounting, SourceCounts, quarantine_record
 from dagster_project.ingest.shards import (
     PROMPTS_KEY,
-    PromptRow,
     RawPromptsManifest,
-    read_prompt_rows,
     read_raw_prompts_manifest,
 )
-from dagster_project.records import HISTORY_SOURCE, Conversation
 from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
 from dagster_project.store.manifest import published_shards, put_object, withdraw_shards, write_stage_manifest
@@ -77,8 +74,6 @@ STAGE = "conversations"
 QUARANTINE_KEY = f"{layout.CONVERSATIONS}/quarantine.jsonl.zst"
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # with 32K new tokens, multi-turn history still fits a 64K context
 DEFAULT_QUARANTINE_RATE_MAX = 0.10
-# Rows decided against one batch of lookups in the on-disk dedup index (`dedup.SeenIndex.prefetch`).
-BUILD_BATCH_ROWS = 4096
 # What is built from the conversations shards, shard for shard.
 DOWNSTREAM_STAGES = (layout.COMPLETIONS, layout.TRAINING_SET)
 
@@ -131,14 +126,18 @@ def supersede_downstream(
     return {**withdrawn, layout.EXPORTS: len(exports)}
 
 
-def content_id(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
-    """`h-` + a hash of the normalized row (its tools too, when it has any: they are part of every prompt)."""
-    hashed = orjson.dumps(messages if tools is None else [tools, messages])
-    return "h-" + hashlib.blake2b(hashed, digest_size=8).hexdigest()
+class Kept(NamedTuple):
+    """A conversation kept: its shard, id and JSON line, and what its shard's manifest counts."""
+
+    shard: int
+    id: str
+    line: bytes
+    multi_turn: bool
+    turns: int
 
 
 class ConversationBuilder:
-    """Turns snapshot rows into conversations, one at a time; `accounting` counts every row."""
+    """Decides drafted snapshot rows (`drafts.Draft`), one at a time in input order; `accounting` counts every row."""
 
     def __init__(self, settings: GenerationSettings, budget: PromptBudget, seen: SeenIndex, num_shards: int):
         self.settings = settings
@@ -149,105 +148,62 @@ class ConversationBuilder:
         self.renamed_ids = 0  # rows kept under their hash id because their own id was taken
         self.tool_calling = 0
 
-    def build_batch(self, rows: list[PromptRow]) -> list[Conversation | dict[str, Any]]:
-        """The conversation of each snapshot row, or its quarantine record, decided in order (one batch of
+    def build_batch(self, drafts: list[Draft]) -> list[Kept | dict[str, Any]]:
+        """Each drafted row kept or its quarantine record, decided in order (one batch of
         lookups in the on-disk index for all of them)."""
-        drafts = [self._draft(row) for row in rows]
-        candidates = [(row.source_id, hashed_id) for row, (hashed_id, _, _) in zip(rows, drafts, strict=True)]
-        self.seen.prefetch((digest for _, digest, _ in drafts), (i for pair in candidates for i in pair if i))
-        built = [self._decide(row, *draft) for row, draft in zip(rows, drafts, strict=True)]
+        candidates = (i for d in drafts for i in (d.source_id, d.hashed_id) if i)
+        self.seen.prefetch((d.digest for d in drafts), candidates)
+        built = [self._decide(d) for d in drafts]
         self.seen.commit()
         return built
 
-    def _draft(self, row: PromptRow) -> tuple[str, int, Conversation]:
-        """The row's hash id, its requests' digest and its conversation under its provisional id."""
-        messages, generate_after, history = apply_policy(row.messages, self.settings.policy)
-        hashed_id = content_id(row.messages, row.tools)
-        provisional_id = row.source_id or hashed_id
-        conversation = Conversation(
-            id=provisional_id,
-            messages=messages,
-            generate_after=generate_after,
-            policy=self.settings.policy,
-            history=history,
-            source=row.source,
-            source_file=row.source_file,
-            source_row=row.source_row,
-            extra={
-                **row.extra,  # the source's own annotations first: the pipeline's keys win a clash
-                "format": row.format,
-                "source_id": row.source_id,
-                "source_user_turns": _user_turns(row.messages, generate_after, self.settings.policy),
-            },
-            tools=row.tools,
-        )
-        return hashed_id, digest64(request_key(conversation)), conversation
-
-    def _decide(
-        self, row: PromptRow, hashed_id: str, digest: int, conversation: Conversation
-    ) -> Conversation | dict[str, Any]:
-        first = self.seen.first_with_content(digest)
+    def _decide(self, draft: Draft) -> Kept | dict[str, Any]:
+        first = self.seen.first_with_content(draft.digest)
         if first is not None:
-            return self._reject(conversation, "duplicate", f"same generation requests as {first}", duplicate_of=first)
-        shown_empty = _empty_shown_answer(conversation)
-        if shown_empty is not None:
+            return self._reject(draft, "duplicate", f"same generation requests as {first}", duplicate_of=first)
+        if draft.empty_shown is not None:
             return self._reject(
-                conversation,
+                draft,
                 "empty_content",
-                f"assistant message {shown_empty} is empty and history {conversation.history} shows it in a prompt",
+                f"assistant message {draft.empty_shown} is empty and history {draft.history} shows it in a prompt",
             )
-        tokens = self.budget.tokens_over(conversation.messages[: conversation.generate_after[-1] + 1], row.tools)
-        if tokens is not None:
-            return self._reject(
-                conversation, "too_long", f"prompt of {tokens} tokens > budget {self.budget.max_tokens}"
-            )
-        claimed = row.source_id if row.source_id and self.seen.claim_id(row.source_id) else None
+        if draft.may_exceed_budget:
+            conversation = draft.conversation()
+            prompt = conversation.messages[: conversation.generate_after[-1] + 1]
+            tokens = self.budget.tokens_over(prompt, conversation.tools)
+            if tokens is not None:
+                return self._reject(draft, "too_long", f"prompt of {tokens} tokens > budget {self.budget.max_tokens}")
+        source_id, hashed_id = draft.source_id, draft.hashed_id
+        claimed = source_id if source_id and self.seen.claim_id(source_id) else None
         if claimed is None and self.seen.claim_id(hashed_id):
             claimed = hashed_id
         if claimed is None:
-            return self._reject(
-                conversation, "duplicate_id", f"ids {row.source_id!r} and {hashed_id!r} are taken by earlier rows"
-            )
+            return self._reject(draft, "duplicate_id", f"ids {source_id!r} and {hashed_id!r} are taken by earlier rows")
+        self.seen.add_content(draft.digest, claimed)
+        self.accounting.keep(draft.source)
+        self.tool_calling += draft.calls_tools
+        if claimed == draft.provisional_id:
+            return Kept(draft.shard, claimed, draft.line, draft.multi_turn, draft.turns)
+        # Kept under its hash id: its own id was taken by an earlier row (a handful of rows are parsed again).
+        conversation = draft.conversation()
         conversation.id = claimed
-        if row.source_id is not None and claimed != row.source_id:
-            conversation.extra["renamed_from"] = row.source_id
-            self.renamed_ids += 1
-        self.seen.add_content(digest, conversation.id)
-        conversation.shard = shard_of(conversation.id, self.num_shards)
-        self.accounting.keep(conversation.source)
-        # A conversation that calls tools always has history `source` (`turns.apply_policy`).
-        self.tool_calling += conversation.history == HISTORY_SOURCE and calls_tools(conversation.messages)
-        return conversation
+        conversation.shard = shard_of(claimed, self.num_shards)
+        conversation.extra["renamed_from"] = source_id
+        self.renamed_ids += 1
+        return Kept(conversation.shard, claimed, orjson.dumps(conversation), draft.multi_turn, draft.turns)
 
-    def _reject(self, conversation: Conversation, reason: str, detail: str, **extra: Any) -> dict[str, Any]:
-        self.accounting.reject(conversation.source, reason)
+    def _reject(self, draft: Draft, reason: str, detail: str, **extra: Any) -> dict[str, Any]:
+        self.accounting.reject(draft.source, reason)
         return quarantine_record(
             stage=STAGE,
             reason=reason,
             detail=detail,
-            id=conversation.id,
-            source=conversation.source,
-            source_file=conversation.source_file,
-            source_row=conversation.source_row,
+            id=draft.provisional_id,
+            source=draft.source,
+            source_file=draft.source_file,
+            source_row=draft.source_row,
             **extra,
         )
-
-
-def _user_turns(source: list[dict[str, Any]], generate_after: list[int], policy: str) -> int:
-    """How many of the source's turns answer a user (not a tool result); under `all_turns` (the default)
-    the source's turn ends are `generate_after` already."""
-    ends = generate_after if policy == "all_turns" else turn_ends(source)
-    return sum(source[index]["role"] == "user" for index in ends)
-
-
-def _empty_shown_answer(conversation: Conversation) -> int | None:
-    """The index of an empty source answer that a prompt of the conversation shows, if any."""
-    if conversation.history != HISTORY_SOURCE:
-        return None
-    for index, message in enumerate(conversation.messages[: conversation.generate_after[-1]]):
-        if message["role"] == "assistant" and not message["content"].strip() and not message.get("tool_calls"):
-            return index
-    return None
 
 
 def build_conversations(
@@ -289,12 +245,10 @@ def build_conversations(
     buffers = ShardBuffers(workspace / "shards", num_shards)
     with SeenIndex(workspace / "seen.sqlite") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
         builder = ConversationBuilder(settings, budget, seen, num_shards)
-        rows = read_prompt_rows(snapshot)
-        while batch := list(islice(rows, BUILD_BATCH_ROWS)):
-            for built in builder.build_batch(batch):
-                if isinstance(built, Conversation):
-                    # The same bytes as built.to_json(); orjson serializes the dataclass without asdict's deep copy.
-                    buffers.write(built, orjson.dumps(built))
+        for drafts in drafted_batches(snapshot, settings.policy, num_shards, max_prompt_tokens):
+            for built in builder.build_batch(drafts):
+                if isinstance(built, Kept):
+                    buffers.append(*built)
                 else:
                     quarantine.write(built)
     buffers.flush()

@@ -7,15 +7,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dagster_project.ingest.quarantine import SourceCounts
 from dagster_project.store import layout
 from dagster_project.store.dataclass_json import from_dict
-from dagster_project.store.jsonl import read_jsonl_zst
 from dagster_project.store.manifest import StageManifest, StoredObject, read_stage_manifest
 from dagster_project.store.storage import Store
 
@@ -69,10 +66,9 @@ def read_raw_prompts_manifest(store: Store) -> RawPromptsManifest | None:
     return read_stage_manifest(store, layout.RAW_PROMPTS, RawPromptsManifest)
 
 
-def read_prompt_rows(path: Path) -> Iterator[PromptRow]:
-    """The rows of a local copy of the snapshot (`PROMPTS_KEY`), streamed."""
-    for record in read_jsonl_zst(path):
-        try:
-            yield PromptRow(**record)  # the snapshot of this version: a million rows, no field-by-field reading
-        except TypeError:  # a snapshot written by another version: fields added or missing
-            yield from_dict(PromptRow, record)
+def prompt_row(record: dict[str, Any]) -> PromptRow:
+    """One parsed line of the snapshot."""
+    try:
+        return PromptRow(**record)  # the snapshot of this version: a million rows, no field-by-field reading
+    except TypeError:  # a snapshot written by another version: fields added or missing
+        return from_dict(PromptRow, record)

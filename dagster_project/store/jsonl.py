@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import shutil
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +65,20 @@ class JsonlZstWriter:
 
 
 def read_jsonl_zst(path: Path) -> Iterator[dict[str, Any]]:
+    for line in _lines(path):
+        if line.strip():
+            yield orjson.loads(line)
+
+
+def jsonl_zst_blocks(path: Path, lines_per_block: int) -> Iterator[bytes]:
+    """The file's lines, unparsed, `lines_per_block` at a time, each block one bytes object (cheap to hand to
+    another process); blank lines are kept, for the reader to skip."""
+    lines = _lines(path)
+    while block := b"".join(islice(lines, lines_per_block)):
+        yield block
+
+
+def _lines(path: Path) -> Iterator[bytes]:
     with open(path, "rb") as handle:
         # A file may hold several frames (`JsonlZstWriter.append_frames`).
-        lines = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(handle, read_across_frames=True))
-        for line in lines:
-            if line.strip():
-                yield orjson.loads(line)
+        yield from io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(handle, read_across_frames=True))

@@ -9,9 +9,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from dagster_project.conversations.drafts import content_id
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.conversations.shards import SHARD_FILE, ShardBuffers, SourceTotals
-from dagster_project.conversations.stage import content_id
 from dagster_project.ingest.quarantine import Accounting
 from dagster_project.ingest.shards import IngestedFile
 from dagster_project.ingest.sources import SourceError, resolve_sources

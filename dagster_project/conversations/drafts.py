@@ -1,0 +1,163 @@
+"""Snapshot rows → draft conversations, in a worker process beside the stage's ordered decisions.
+
+A row's draft (the multi-turn policy applied, its hash id, the digest of its generation requests, its
+conversation under a provisional id) depends on the row alone. What depends on the rows before it (is it a
+duplicate, which id it gets) is decided by the stage, in input order, in its own process. So the snapshot's
+lines are handed out a batch at a time, raw, to one worker process that parses and drafts them while the stage
+decides the batch before: the two halves of the work run on two cores. At most `BATCHES_AHEAD` batches are in
+flight, so memory stays bounded by a few batches whatever the row count. A snapshot too small to repay
+starting a process is drafted in the stage's own process, with the same results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import orjson
+
+from dagster_project.conversations.budget import may_exceed
+from dagster_project.conversations.dedup import digest64
+from dagster_project.conversations.sharding import shard_of
+from dagster_project.conversations.turns import apply_policy, calls_tools, request_key, turn_ends
+from dagster_project.ingest.shards import PromptRow, prompt_row
+from dagster_project.records import HISTORY_SOURCE, Conversation
+from dagster_project.store.jsonl import jsonl_zst_blocks
+
+# Rows decided against one batch of lookups in the on-disk dedup index (`dedup.SeenIndex.prefetch`).
+BATCH_ROWS = 4096
+# Two workers: together they draft faster than the stage decides, so the stage never waits for them.
+DRAFT_WORKERS = 2
+BATCHES_AHEAD = 2 * DRAFT_WORKERS
+# A smaller snapshot (compressed bytes) is drafted in-process: starting a worker costs about a second.
+PARALLEL_MIN_BYTES = 4 << 20
+
+
+class Draft(NamedTuple):
+    """A snapshot row as a conversation under its provisional id (the source's id, else its hash id), with what
+    the stage's decisions about it read, so that the stage never parses it again (unless it is renamed or its
+    prompt may exceed the token budget: a handful of rows)."""
+
+    hashed_id: str
+    digest: int  # of its generation requests (`turns.request_key`)
+    source_id: str | None
+    line: bytes  # the conversation's JSON, under its provisional id and that id's shard
+    shard: int
+    source: str
+    source_file: str
+    source_row: int
+    history: str
+    empty_shown: int | None  # the index of an empty source answer a prompt shows (`empty_shown_answer`)
+    may_exceed_budget: bool  # its last prompt's byte bound exceeds the token budget (`budget.PromptBudget`)
+    calls_tools: bool  # with history `source` (always, when it calls tools: `turns.apply_policy`)
+    multi_turn: bool
+    turns: int
+
+    @property
+    def provisional_id(self) -> str:
+        return self.source_id or self.hashed_id
+
+    def conversation(self) -> Conversation:
+        return Conversation.from_json(self.line)
+
+
+def content_id(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    """`h-` + a hash of the normalized row (its tools too, when it has any: they are part of every prompt)."""
+    hashed = orjson.dumps(messages if tools is None else [tools, messages])
+    return "h-" + hashlib.blake2b(hashed, digest_size=8).hexdigest()
+
+
+def draft(row: PromptRow, policy: str, num_shards: int, max_prompt_tokens: int) -> Draft:
+    messages, generate_after, history = apply_policy(row.messages, policy)
+    hashed_id = content_id(row.messages, row.tools)
+    conversation = Conversation(
+        id=row.source_id or hashed_id,
+        messages=messages,
+        generate_after=generate_after,
+        policy=policy,
+        history=history,
+        source=row.source,
+        source_file=row.source_file,
+        source_row=row.source_row,
+        extra={
+            **row.extra,  # the source's own annotations first: the pipeline's keys win a clash
+            "format": row.format,
+            "source_id": row.source_id,
+            "source_user_turns": _user_turns(row.messages, generate_after, policy),
+        },
+        tools=row.tools,
+    )
+    conversation.shard = shard_of(conversation.id, num_shards)
+    prompt = messages[: generate_after[-1] + 1]
+    return Draft(
+        hashed_id=hashed_id,
+        digest=digest64(request_key(conversation)),
+        source_id=row.source_id,
+        # The same bytes as conversation.to_json(); orjson serializes the dataclass without asdict's deep copy.
+        line=orjson.dumps(conversation),
+        shard=conversation.shard,
+        source=row.source,
+        source_file=row.source_file,
+        source_row=row.source_row,
+        history=history,
+        empty_shown=empty_shown_answer(conversation),
+        may_exceed_budget=may_exceed(prompt, row.tools, max_prompt_tokens),
+        calls_tools=history == HISTORY_SOURCE and calls_tools(messages),
+        multi_turn=conversation.extra["source_user_turns"] > 1,
+        turns=len(generate_after),
+    )
+
+
+def empty_shown_answer(conversation: Conversation) -> int | None:
+    """The index of an empty source answer that a prompt of the conversation shows, if any."""
+    if conversation.history != HISTORY_SOURCE:
+        return None
+    for index, message in enumerate(conversation.messages[: conversation.generate_after[-1]]):
+        if message["role"] == "assistant" and not message["content"].strip() and not message.get("tool_calls"):
+            return index
+    return None
+
+
+def draft_block(block: bytes, policy: str, num_shards: int, max_prompt_tokens: int) -> list[Draft]:
+    """The drafts of a block of snapshot lines (run in the worker process)."""
+    rows = (prompt_row(orjson.loads(line)) for line in block.splitlines() if line.strip())
+    return [draft(row, policy, num_shards, max_prompt_tokens) for row in rows]
+
+
+def drafted_batches(
+    snapshot: Path, policy: str, num_shards: int, max_prompt_tokens: int, *, parallel: bool | None = None
+) -> Iterator[list[Draft]]:
+    """The drafts of the snapshot's rows, in order, `BATCH_ROWS` at a time. `parallel`: draft in a worker
+    process (default: when the snapshot is at least `PARALLEL_MIN_BYTES`)."""
+    blocks = jsonl_zst_blocks(snapshot, BATCH_ROWS)
+    if parallel is None:
+        parallel = snapshot.stat().st_size >= PARALLEL_MIN_BYTES
+    if not parallel:
+        for block in blocks:
+            yield draft_block(block, policy, num_shards, max_prompt_tokens)
+        return
+    # spawn, not fork: a Dagster run process has threads, and a forked child could inherit a held lock.
+    with ProcessPoolExecutor(DRAFT_WORKERS, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending: deque[Future[list[Draft]]] = deque()
+        try:
+            for block in blocks:
+                pending.append(pool.submit(draft_block, block, policy, num_shards, max_prompt_tokens))
+                if len(pending) > BATCHES_AHEAD:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:  # the stage stopped early: drop what is queued
+                future.cancel()
+
+
+def _user_turns(source: list[dict[str, Any]], generate_after: list[int], policy: str) -> int:
+    """How many of the source's turns answer a user (not a tool result); under `all_turns` (the default)
+    the source's turn ends are `generate_after` already."""
+    ends = generate_after if policy == "all_turns" else turn_ends(source)
+    return sum(source[index]["role"] == "user" for index in ends)

@@ -1,0 +1,60 @@
+"""Drafting snapshot rows in worker processes gives what drafting them in-process gives, in order."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from dagster_project.conversations import drafts
+from dagster_project.conversations.budget import SCAFFOLD_BYTES_FIXED, SCAFFOLD_BYTES_PER_MESSAGE, may_exceed
+from dagster_project.ingest.shards import PromptRow
+from dagster_project.store.jsonl import JsonlZstWriter
+
+
+def _row(index: int) -> PromptRow:
+    messages = [{"role": "user", "content": f"question {index % 7}"}]
+    if index % 3 == 0:  # multi-turn, with an empty source answer shown under `last_turn`
+        messages += [{"role": "assistant", "content": "" if index % 2 else "answer"}, {"role": "user", "content": "?"}]
+    source_id = f"id-{index % 11}" if index % 5 else None
+    return PromptRow("src", "f.jsonl", index, "sharegpt", source_id, messages, extra={"n": index})
+
+
+def _snapshot(path, rows):
+    with JsonlZstWriter(path) as writer:
+        for row in rows:
+            writer.write(row)
+    return path
+
+
+@pytest.mark.parametrize("policy", ["all_turns", "last_turn"])
+def test_worker_drafts_equal_in_process_drafts_batch_for_batch(tmp_path, monkeypatch, policy) -> None:
+    monkeypatch.setattr(drafts, "BATCH_ROWS", 4)  # several batches, more than the workers have in flight
+    snapshot = _snapshot(tmp_path / "prompts.jsonl.zst", [_row(i) for i in range(41)])
+    args = (snapshot, policy, 16, 120)  # a budget of 120 tokens: one-turn rows fit its byte bound, others not
+    in_workers = list(drafts.drafted_batches(*args, parallel=True))
+    in_process = list(drafts.drafted_batches(*args, parallel=False))
+    assert in_workers == in_process
+    assert [len(batch) for batch in in_process] == [4] * 10 + [1]
+    flat = [d for batch in in_process for d in batch]
+    assert [d.source_row for d in flat] == list(range(41))
+    assert {d.may_exceed_budget for d in flat} == {True, False}
+    assert all(d.conversation().id == d.provisional_id and orjson.loads(d.line)["shard"] == d.shard for d in flat)
+    if policy == "last_turn":
+        assert {d.empty_shown for d in flat} == {None, 1}
+
+
+def test_a_damaged_snapshot_line_fails_the_stage_from_a_worker(tmp_path) -> None:
+    snapshot = _snapshot(tmp_path / "prompts.jsonl.zst", [_row(0)])
+    with JsonlZstWriter(tmp_path / "bad.jsonl.zst") as writer:
+        writer.append_frames(snapshot)
+        writer._stream.write(b"{not json\n")
+    with pytest.raises(orjson.JSONDecodeError):
+        list(drafts.drafted_batches(tmp_path / "bad.jsonl.zst", "all_turns", 4, 100, parallel=True))
+
+
+def test_may_exceed_is_the_scaffold_bound_against_the_budget_and_always_true_for_tools() -> None:
+    messages = [{"role": "user", "content": "x" * 100}]
+    bound = SCAFFOLD_BYTES_FIXED + SCAFFOLD_BYTES_PER_MESSAGE + 100
+    assert not may_exceed(messages, None, bound)
+    assert may_exceed(messages, None, bound - 1)
+    assert may_exceed(messages, [{"type": "function", "function": {"name": "f"}}], 10**6)
