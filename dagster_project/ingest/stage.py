@@ -56,6 +56,10 @@ DETECTION_ROWS = 200
 # would spend more on starting the processes than it saves).
 INGEST_WORKERS = 2
 PARALLEL_MIN_BYTES = 16 << 20
+# Files handed to the workers ahead of the one being appended: a worker that finishes a small file starts the
+# next one while a large file before it is still being read (appending stays in file order). Each holds its
+# local copy (an S3 file's download) until it is appended, so this also bounds the disk they use.
+FILES_AHEAD = 2 * INGEST_WORKERS
 _PARTS = "ingest_parts"
 _ID_IN_TEXT = re.compile(rf'"(?:{"|".join(ID_FIELDS)})"\s*:\s*"([^"\\]{{1,200}})"')
 
@@ -99,7 +103,7 @@ def ingest_files(
             pool = stack.enter_context(ProcessPoolExecutor(INGEST_WORKERS, mp_context=context))
         running: deque[tuple[SourceFile, Future[_FilePart] | _FilePart | None, ExitStack]] = deque()
         for index, file in enumerate(files):
-            if len(running) >= INGEST_WORKERS:
+            if len(running) >= (FILES_AHEAD if pool else 1):
                 _finish(*running.popleft(), result, prompts, quarantine, log)
             copy = ExitStack()
             if file.skip is not None:

@@ -102,8 +102,8 @@ def ids_digest(ids: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-def put_object(store: Store, key: str, path: Path) -> StoredObject:
-    return StoredObject.of(store.put_file(key, path))
+def put_object(store: Store, key: str, path: Path, *, synced: bool = True) -> StoredObject:
+    return StoredObject.of(store.put_file(key, path, synced=synced))
 
 
 def publish_shard(store: Store, manifest: ShardManifestT, files: list[tuple[str, Path]]) -> ShardManifestT:
@@ -117,24 +117,41 @@ def publish_shards_together(
     """`publish_shard` for each of `shards` (each shard's files, then its manifest), with the object index
     updated once per index block for all of them rather than twice per shard: a stage that publishes 1,830
     shards at once would otherwise rewrite each 128-shard index block hundreds of times. Until the index is
-    updated at the end, readers of the index do not see these shards yet, never a stale copy of them."""
+    updated at the end, readers of the index do not see these shards yet, never a stale copy of them.
+
+    Durability is paid once per phase, not once per object (`Store.sync`; on a local disk one syncfs instead of
+    an fsync per file, each of which waits for its own journal commit): every shard's files are written, then
+    made durable together, and only then are the manifests written, then made durable together, before the
+    index names them. So a manifest that survives a crash always describes files that survived it (a reader
+    never trusts a shard whose data is not durable), and the caller's commit point that follows (a stage
+    manifest, written synced) is durable only after every manifest it sums up. A crash in between leaves
+    shards without a manifest, which do not exist for readers, or a manifest torn by the crash, which its
+    reader reports as damaged, naming the object to re-materialize (`parse_record`); never a manifest that
+    names missing or partial data."""
     shard_key = {manifest.shard: shard_manifest_key(manifest.stage, manifest.shard) for manifest, _ in shards}
     manifest_keys = list(shard_key.values())
     list(map_in_order(store, store.delete, manifest_keys))
     object_index.forget(store, manifest_keys)
 
-    def publish(shard: tuple[ShardManifestT, list[tuple[str, Path]]]) -> tuple[ShardManifestT, bytes, str | None]:
+    def put_files(shard: tuple[ShardManifestT, list[tuple[str, Path]]]) -> ShardManifestT:
         manifest, files = shard
+        prefix = shard_prefix(manifest.stage, manifest.shard)
+        objects = tuple(put_object(store, prefix + name, path, synced=False) for name, path in files)
+        return replace(manifest, objects=objects)
+
+    def put_manifest(manifest: ShardManifestT) -> tuple[ShardManifestT, bytes, str | None]:
         prefix, manifest_key = shard_prefix(manifest.stage, manifest.shard), shard_key[manifest.shard]
-        objects = tuple(put_object(store, prefix + name, path) for name, path in files)
-        done = replace(manifest, objects=objects, published_at=time.time())
+        done = replace(manifest, published_at=time.time())
         data = to_json(done)
-        etag = store.put_bytes(manifest_key, data).etag
-        _remove_unlisted(store, prefix, {o.key for o in objects} | {manifest_key})
+        etag = store.put_bytes(manifest_key, data, synced=False).etag
+        _remove_unlisted(store, prefix, {o.key for o in done.objects} | {manifest_key})
         return done, data, etag
 
-    # Each shard's requests in turn (its files, its manifest), the shards side by side on S3.
-    done = list(map_in_order(store, publish, shards))
+    # Each phase's requests side by side on S3.
+    with_objects = list(map_in_order(store, put_files, shards))
+    store.sync()
+    done = list(map_in_order(store, put_manifest, with_objects))
+    store.sync()
     object_index.record_all(store, {shard_key[m.shard]: (data, etag) for m, data, etag in done})
     return [manifest for manifest, _, _ in done]
 

@@ -8,6 +8,7 @@ before the call returns.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import hashlib
 import os
@@ -87,8 +88,11 @@ class RetryPolicy:
 class Store(Protocol):
     uri: str
 
-    def put_bytes(self, key: str, data: bytes) -> ObjectInfo: ...
-    def put_file(self, key: str, path: Path) -> ObjectInfo: ...
+    # `synced=False`: the object is not made durable on its own (on a local disk, no fsync of its own); `sync()`
+    # then makes every object written so far durable at once, before the writer publishes what points at them.
+    def put_bytes(self, key: str, data: bytes, *, synced: bool = True) -> ObjectInfo: ...
+    def put_file(self, key: str, path: Path, *, synced: bool = True) -> ObjectInfo: ...
+    def sync(self) -> None: ...
     def get_bytes(self, key: str) -> bytes: ...
     def download(self, key: str, path: Path) -> Path: ...
     def exists(self, key: str) -> bool: ...
@@ -116,6 +120,17 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _load_syncfs() -> Callable[[int], int] | None:
+    """syncfs(2) from the C library (Linux); None where it has none."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+
+
+_syncfs = _load_syncfs()
+
+
 @cache
 def _file_mode() -> int:
     """The mode a plain `open()` would give a new file under this process's umask (temporary files get 0600)."""
@@ -125,8 +140,9 @@ def _file_mode() -> int:
 
 
 @contextmanager
-def _written_in_place(path: Path) -> Iterator[Any]:
-    """A temporary file beside `path` to write the object into; renamed to `path` once written and synced.
+def _written_in_place(path: Path, synced: bool = True) -> Iterator[Any]:
+    """A temporary file beside `path` to write the object into; renamed to `path` once written (and synced,
+    unless `synced` is False: the caller makes it durable later, `LocalStore.sync`).
 
     A write that fails (a full disk, no permission, a file size limit) removes the temporary file and raises
     `StoreError` naming `path` and the cause: nothing is left behind, and the operator knows where to look.
@@ -138,7 +154,8 @@ def _written_in_place(path: Path) -> Iterator[Any]:
             tmp_name = tmp.name
             yield tmp
             tmp.flush()
-            os.fsync(tmp.fileno())
+            if synced:
+                os.fsync(tmp.fileno())
         os.chmod(tmp_name, _file_mode())
         os.replace(tmp_name, path)
         tmp_name = None
@@ -168,21 +185,34 @@ class LocalStore:
             raise StoreError(f"key escapes the store root: {key!r}")
         return Path(path)
 
-    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+    def put_bytes(self, key: str, data: bytes, *, synced: bool = True) -> ObjectInfo:
         path = self._path(key)
-        with _written_in_place(path) as tmp:
+        with _written_in_place(path, synced) as tmp:
             tmp.write(data)
         return ObjectInfo(key, len(data), sha256_bytes(data), path.stat().st_mtime)
 
-    def put_file(self, key: str, path: Path) -> ObjectInfo:
+    def put_file(self, key: str, path: Path, *, synced: bool = True) -> ObjectInfo:
         target = self._path(key)
         digest = hashlib.sha256()  # hashed while written: the object is not read back
-        with _written_in_place(target) as tmp, open(path, "rb") as source:
+        with _written_in_place(target, synced) as tmp, open(path, "rb") as source:
             while chunk := source.read(_CHUNK):
                 digest.update(chunk)
                 tmp.write(chunk)
         stat = target.stat()
         return ObjectInfo(key, stat.st_size, digest.hexdigest(), stat.st_mtime)
+
+    def sync(self) -> None:
+        """Every object written so far durable, with the renames that named them: one syncfs(2) of the store's
+        file system (one journal commit, not one per object), or where the C library lacks it, sync(2)."""
+        try:
+            fd = os.open(self.root, os.O_RDONLY)
+        except OSError as exc:
+            raise StoreError(f"syncing {self.uri} failed: {exc}") from exc
+        try:
+            if _syncfs is None or _syncfs(fd) != 0:
+                os.sync()
+        finally:
+            os.close(fd)
 
     def get_bytes(self, key: str) -> bytes:
         try:
@@ -299,7 +329,11 @@ class S3Store:
             )
         return info
 
-    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+    # An object is durable once its PUT returns: `synced` changes nothing here, and `sync` has nothing to do.
+    def sync(self) -> None:
+        pass
+
+    def put_bytes(self, key: str, data: bytes, *, synced: bool = True) -> ObjectInfo:
         digest = sha256_bytes(data)
         self._retrying(
             "PUT",
@@ -310,7 +344,7 @@ class S3Store:
         )
         return self._verify(key, len(data), digest)
 
-    def put_file(self, key: str, path: Path) -> ObjectInfo:
+    def put_file(self, key: str, path: Path, *, synced: bool = True) -> ObjectInfo:
         digest, size = sha256_file(path), path.stat().st_size
         self._retrying(
             "upload",
