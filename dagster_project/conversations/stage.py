@@ -20,6 +20,10 @@ For each snapshot row, in input order:
 6. **shard** = `sharding.shard_of(id, num_shards)`; rows are buffered per shard on local disk, then every
    shard is published (data, then its manifest), then the stage manifest.
 
+What a row's steps read of the row alone (1, its digest for 2, a byte bound for 3, 4, its hash id for 5) is
+drafted beside the stage in worker processes (`drafts`); what depends on the rows before it is decided here, in
+input order.
+
 **The shard count belongs to the conversations**: every later stage takes it from their manifest, and the
 shards of completions and training sets are made from these shards. Rebuilding with another count while any
 of those are published is refused (`ShardCountChanged`) unless the operator supersedes them
@@ -139,8 +143,7 @@ class Kept(NamedTuple):
 class ConversationBuilder:
     """Decides drafted snapshot rows (`drafts.Draft`), one at a time in input order; `accounting` counts every row."""
 
-    def __init__(self, settings: GenerationSettings, budget: PromptBudget, seen: SeenIndex, num_shards: int):
-        self.settings = settings
+    def __init__(self, budget: PromptBudget, seen: SeenIndex, num_shards: int):
         self.budget = budget
         self.seen = seen
         self.num_shards = num_shards
@@ -244,7 +247,7 @@ def build_conversations(
     )
     buffers = ShardBuffers(workspace / "shards", num_shards)
     with SeenIndex(workspace / "seen.sqlite") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
-        builder = ConversationBuilder(settings, budget, seen, num_shards)
+        builder = ConversationBuilder(budget, seen, num_shards)
         for drafts in drafted_batches(snapshot, settings.policy, num_shards, max_prompt_tokens):
             for built in builder.build_batch(drafts):
                 if isinstance(built, Kept):
