@@ -38,6 +38,7 @@ import os
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -65,6 +66,7 @@ from dagster_project.store.storage import LocalStore, Store
 from dagster_project.tokenizer import load_tokenizer
 from tests.support.dagster_helpers import (
     BACKFILL_RUNS,
+    DAGSTER,
     LAUNCH_BACKFILL,
     DagsterDev,
     materialize,
@@ -309,12 +311,14 @@ def shard_run_env(urls: list[str], seed_store: Path, run_dir: Path, **home_optio
     return env, work
 
 
-def shard_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, events: int) -> Row:
-    """Every shard as its own `dagster asset materialize`, RUNS_AT_ONCE at a time, on a copy of the input."""
+def shard_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, events: int, checkout: Path = ROOT) -> Row:
+    """Every shard as its own `dagster asset materialize`, RUNS_AT_ONCE at a time, on a copy of the input;
+    `checkout`: whose code the runs are (its own `.venv`), this one's unless measuring an earlier commit."""
     env, work = shard_run_env(urls, seed_store, run_dir)
+    cli = str(checkout / ".venv" / "bin" / "dagster") if checkout != ROOT else DAGSTER
 
     def run(shard: int) -> None:
-        materialize(env, ROOT, "completions", layout.partition_key(shard), timeout_s=1800)
+        materialize(env, checkout, "completions", layout.partition_key(shard), timeout_s=1800, dagster=cli)
 
     with Sampler(urls, work) as sampler:
         started, children_before = time.monotonic(), children_cpu_s()
@@ -323,6 +327,12 @@ def shard_runs(name: str, urls: list[str], seed_store: Path, run_dir: Path, even
         wall = time.monotonic() - started
         cpu_per_run = (children_cpu_s() - children_before) / SHARDS
     return Row(name, events, started, wall, sampler.samples, sampler.peaks, cpu_per_run=cpu_per_run)
+
+
+def commit_of(checkout: Path) -> str:
+    return subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def children_cpu_s() -> float:
@@ -596,6 +606,12 @@ def main() -> None:
         help=f"the shard-run rows to measure beside the ideal, comma-separated among {', '.join(ROWS)} (default: all)",
     )
     parser.add_argument(
+        "--before",
+        type=Path,
+        help="a checkout of an earlier commit with its own .venv: its `dagster asset materialize` processes are "
+        "measured as one more row, after this checkout's materialize row (the CPU-s per shard run before and after)",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -646,6 +662,11 @@ def main() -> None:
                     ahead = key == "backfill"
                     rows.append(daemon_runs(ROWS[key], fleet.urls, seed_store, run_dir, events, ahead))
                 print(f"{time.strftime('%X')} {ROWS[key]}: {rows[-1].wall_s:.1f} s", file=sys.stderr, flush=True)
+            if args.before:
+                name = f"{MATERIALIZE_ROW}, before ({commit_of(args.before)})"
+                run_dir = scratch / "materialize-before"
+                rows.append(shard_runs(name, fleet.urls, seed_store, run_dir, events, checkout=args.before))
+                print(f"{time.strftime('%X')} {name}: {rows[-1].wall_s:.1f} s", file=sys.stderr, flush=True)
         finally:
             stop_fleet(scratch / "fleet")
     markdown = render(rows, shard_sizes, (load_at_start, os.getloadavg()[0]), args.time_scale)

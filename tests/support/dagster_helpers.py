@@ -194,10 +194,12 @@ def materialize(
     *,
     run_config: Mapping[str, Any] | None = None,
     timeout_s: float = 300,
+    dagster: str = DAGSTER,
 ) -> subprocess.CompletedProcess:
-    """`dagster asset materialize -m dagster_project.definitions --select ... [--partition ...] [--config-json ...]`."""
+    """`dagster asset materialize -m dagster_project.definitions --select ... [--partition ...] [--config-json ...]`;
+    `dagster`: the CLI of another checkout (run with `cwd` there), to measure its code."""
     select = select if isinstance(select, str) else ",".join(select)
-    command = [DAGSTER, "asset", "materialize", "-m", DEFS_MODULE, "--select", select]
+    command = [dagster, "asset", "materialize", "-m", DEFS_MODULE, "--select", select]
     if partition is not None:
         command += ["--partition", partition]
     if run_config is not None:
