@@ -29,8 +29,9 @@ from dagster_project.ingest.shards import PromptRow, prompt_row
 from dagster_project.records import HISTORY_SOURCE, Conversation
 from dagster_project.store.jsonl import jsonl_zst_blocks
 
-# Rows decided against one batch of lookups in the on-disk dedup index (`dedup.SeenIndex.prefetch`).
-BATCH_ROWS = 4096
+# The snapshot's lines handed out and decided against one batch of lookups in the on-disk dedup index
+# (`dedup.SeenIndex.prefetch`) at a time: about 4,000 rows of the usual size.
+BATCH_BYTES = 4 << 20
 # Two workers: together they draft faster than the stage decides, so the stage never waits for them.
 DRAFT_WORKERS = 2
 BATCHES_AHEAD = 2 * DRAFT_WORKERS
@@ -133,9 +134,9 @@ def draft_block(block: bytes, policy: str, num_shards: int, max_prompt_tokens: i
 def drafted_batches(
     snapshot: Path, policy: str, num_shards: int, max_prompt_tokens: int, *, parallel: bool | None = None
 ) -> Iterator[list[Draft]]:
-    """The drafts of the snapshot's rows, in order, `BATCH_ROWS` at a time. `parallel`: draft in a worker
+    """The drafts of the snapshot's rows, in order, a block of `BATCH_BYTES` at a time. `parallel`: draft in a worker
     process (default: when the snapshot is at least `PARALLEL_MIN_BYTES`)."""
-    blocks = jsonl_zst_blocks(snapshot, BATCH_ROWS)
+    blocks = jsonl_zst_blocks(snapshot, BATCH_BYTES)
     if parallel is None:
         parallel = snapshot.stat().st_size >= PARALLEL_MIN_BYTES
     if not parallel:

@@ -8,9 +8,8 @@ from __future__ import annotations
 import io
 import shutil
 from collections.abc import Iterator
-from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 import zstandard
@@ -65,20 +64,29 @@ class JsonlZstWriter:
 
 
 def read_jsonl_zst(path: Path) -> Iterator[dict[str, Any]]:
-    for line in _lines(path):
-        if line.strip():
-            yield orjson.loads(line)
-
-
-def jsonl_zst_blocks(path: Path, lines_per_block: int) -> Iterator[bytes]:
-    """The file's lines, unparsed, `lines_per_block` at a time, each block one bytes object (cheap to hand to
-    another process); blank lines are kept, for the reader to skip."""
-    lines = _lines(path)
-    while block := b"".join(islice(lines, lines_per_block)):
-        yield block
-
-
-def _lines(path: Path) -> Iterator[bytes]:
     with open(path, "rb") as handle:
-        # A file may hold several frames (`JsonlZstWriter.append_frames`).
-        yield from io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(handle, read_across_frames=True))
+        for line in _decompressed(handle):
+            if line.strip():
+                yield orjson.loads(line)
+
+
+def jsonl_zst_blocks(path: Path, block_bytes: int) -> Iterator[bytes]:
+    """The file's lines, unparsed, in blocks of whole lines of about `block_bytes` (more when one line is longer),
+    each one bytes object (cheap to hand to another process, and cut without a Python step per line); blank lines
+    are kept, for the reader to skip."""
+    with open(path, "rb") as handle:
+        stream = _decompressed(handle)
+        rest = b""
+        while chunk := stream.read(block_bytes):
+            block = rest + chunk
+            end = block.rfind(b"\n") + 1
+            rest = block[end:]
+            if end:
+                yield block[:end]
+        if rest:
+            yield rest
+
+
+def _decompressed(handle: BinaryIO) -> BinaryIO:
+    # A file may hold several frames (`JsonlZstWriter.append_frames`).
+    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(handle, read_across_frames=True))

@@ -8,7 +8,7 @@ import pytest
 from dagster_project.conversations import drafts
 from dagster_project.conversations.budget import SCAFFOLD_BYTES_FIXED, SCAFFOLD_BYTES_PER_MESSAGE, may_exceed
 from dagster_project.ingest.shards import PromptRow
-from dagster_project.store.jsonl import JsonlZstWriter
+from dagster_project.store.jsonl import JsonlZstWriter, jsonl_zst_blocks
 
 
 def _row(index: int) -> PromptRow:
@@ -28,13 +28,13 @@ def _snapshot(path, rows):
 
 @pytest.mark.parametrize("policy", ["all_turns", "last_turn"])
 def test_worker_drafts_equal_in_process_drafts_batch_for_batch(tmp_path, monkeypatch, policy) -> None:
-    monkeypatch.setattr(drafts, "BATCH_ROWS", 4)  # several batches, more than the workers have in flight
+    monkeypatch.setattr(drafts, "BATCH_BYTES", 500)  # several batches, more than the workers have in flight
     snapshot = _snapshot(tmp_path / "prompts.jsonl.zst", [_row(i) for i in range(41)])
     args = (snapshot, policy, 16, 120)  # a budget of 120 tokens: one-turn rows fit its byte bound, others not
     in_workers = list(drafts.drafted_batches(*args, parallel=True))
     in_process = list(drafts.drafted_batches(*args, parallel=False))
     assert in_workers == in_process
-    assert [len(batch) for batch in in_process] == [4] * 10 + [1]
+    assert len(in_process) > drafts.BATCHES_AHEAD and all(in_process)
     flat = [d for batch in in_process for d in batch]
     assert [d.source_row for d in flat] == list(range(41))
     assert {d.may_exceed_budget for d in flat} == {True, False}
@@ -58,3 +58,15 @@ def test_may_exceed_is_the_scaffold_bound_against_the_budget_and_always_true_for
     assert not may_exceed(messages, None, bound)
     assert may_exceed(messages, None, bound - 1)
     assert may_exceed(messages, [{"type": "function", "function": {"name": "f"}}], 10**6)
+
+
+def test_snapshot_blocks_are_whole_lines_across_frames_whatever_the_block_size(tmp_path) -> None:
+    first = _snapshot(tmp_path / "first.jsonl.zst", [_row(i) for i in range(5)])
+    with JsonlZstWriter(tmp_path / "both.jsonl.zst") as writer:
+        writer.append_frames(first)  # a second frame after the first, as the ingest stage writes the snapshot
+        writer.write({"long": "x" * 3000})
+    expected = b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in [*map(_row, range(5))])
+    expected += b'{"long":"' + b"x" * 3000 + b'"}\n'
+    for block_bytes in (1, 100, 1 << 20):
+        blocks = list(jsonl_zst_blocks(tmp_path / "both.jsonl.zst", block_bytes))
+        assert b"".join(blocks) == expected and all(block.endswith(b"\n") for block in blocks)
