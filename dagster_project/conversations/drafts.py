@@ -1,11 +1,11 @@
-"""Snapshot rows → draft conversations, in a worker process beside the stage's ordered decisions.
+"""Snapshot rows → draft conversations, in worker processes beside the stage's ordered decisions.
 
 A row's draft (the multi-turn policy applied, its hash id, the digest of its generation requests, its
 conversation under a provisional id) depends on the row alone. What depends on the rows before it (is it a
 duplicate, which id it gets) is decided by the stage, in input order, in its own process. So the snapshot's
-lines are handed out a batch at a time, raw, to one worker process that parses and drafts them while the stage
-decides the batch before: the two halves of the work run on two cores. At most `BATCHES_AHEAD` batches are in
-flight, so memory stays bounded by a few batches whatever the row count. A snapshot too small to repay
+lines are handed out a batch at a time, raw, to `DRAFT_WORKERS` processes that parse and draft them while the
+stage decides the batch before: drafting and deciding run on different cores. At most `BATCHES_AHEAD` batches
+are in flight, so memory stays bounded by a few batches whatever the row count. A snapshot too small to repay
 starting a process is drafted in the stage's own process, with the same results.
 """
 
