@@ -52,7 +52,7 @@ class PromptBudget:
 
     def _bytes_bound(self, messages: list[dict[str, Any]]) -> int:
         if self.tokenizer is None:
-            scaffold = SCAFFOLD_BYTES_FIXED + SCAFFOLD_BYTES_PER_MESSAGE * len(messages)
+            scaffold = _scaffold_bound(messages)
         else:
             scaffold = self._scaffold_bytes(tuple(m["role"] for m in messages))
         return scaffold + _content_bytes(messages)
@@ -65,8 +65,12 @@ class PromptBudget:
 def may_exceed(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_tokens: int) -> bool:
     """Whether `PromptBudget.tokens_over` may return a count for this prompt, decided without a tokenizer: when
     False it returns None, tokenizer loaded or not (the bound it uses once one is loaded is tighter)."""
-    scaffold = SCAFFOLD_BYTES_FIXED + SCAFFOLD_BYTES_PER_MESSAGE * len(messages)
-    return _structured(messages, tools) or scaffold + _content_bytes(messages) > max_tokens
+    return _structured(messages, tools) or _scaffold_bound(messages) + _content_bytes(messages) > max_tokens
+
+
+def _scaffold_bound(messages: list[dict[str, Any]]) -> int:
+    """The template's bytes around the messages, bounded without a tokenizer to render them."""
+    return SCAFFOLD_BYTES_FIXED + SCAFFOLD_BYTES_PER_MESSAGE * len(messages)
 
 
 def _structured(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:

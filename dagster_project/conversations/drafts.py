@@ -24,6 +24,7 @@ import orjson
 from dagster_project.conversations.budget import may_exceed
 from dagster_project.conversations.dedup import digest64
 from dagster_project.conversations.sharding import shard_of
+from dagster_project.conversations.shards import is_multi_turn
 from dagster_project.conversations.turns import apply_policy, calls_tools, request_key, turn_ends
 from dagster_project.ingest.shards import PromptRow, prompt_row
 from dagster_project.records import HISTORY_SOURCE, Conversation
@@ -109,7 +110,7 @@ def draft(row: PromptRow, policy: str, num_shards: int, max_prompt_tokens: int) 
         empty_shown=empty_shown_answer(conversation),
         may_exceed_budget=may_exceed(prompt, row.tools, max_prompt_tokens),
         calls_tools=history == HISTORY_SOURCE and calls_tools(messages),
-        multi_turn=conversation.extra["source_user_turns"] > 1,
+        multi_turn=is_multi_turn(conversation),
         turns=len(generate_after),
     )
 

@@ -40,6 +40,11 @@ BUFFERED_BYTES = 32 << 20
 PUBLISH_WORKERS = 2
 
 
+def is_multi_turn(conversation: Conversation) -> bool:
+    """Whether the source conversation answered more than one user turn (what the manifests count as multi-turn)."""
+    return conversation.extra.get("source_user_turns", 1) > 1
+
+
 @dataclass
 class PolicyCounts:
     """Conversations under one multi-turn policy, the multi-turn ones among them, and the turns to generate."""
@@ -49,7 +54,7 @@ class PolicyCounts:
     turns: int = 0
 
     def add(self, conversation: Conversation) -> None:
-        self.count(conversation.extra.get("source_user_turns", 1) > 1, conversation.num_turns)
+        self.count(is_multi_turn(conversation), conversation.num_turns)
 
     def count(self, multi_turn: bool, turns: int) -> None:
         self.conversations += 1
@@ -160,8 +165,7 @@ class ShardBuffers:
 
     def write(self, conversation: Conversation, line: bytes) -> None:
         """Append `line` (the conversation's JSON) to the conversation's shard."""
-        multi_turn = conversation.extra.get("source_user_turns", 1) > 1
-        self.append(conversation.shard, conversation.id, line, multi_turn, conversation.num_turns)
+        self.append(conversation.shard, conversation.id, line, is_multi_turn(conversation), conversation.num_turns)
 
     def append(self, shard: int, row_id: str, line: bytes, multi_turn: bool, turns: int) -> None:
         """Append `line`, the JSON of conversation `row_id`, to `shard`."""
