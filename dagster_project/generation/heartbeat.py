@@ -28,10 +28,11 @@ from typing import Any
 
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.progress import Heartbeat
+from dagster_project.processes import live_process, this_process
 from dagster_project.store import object_index
 from dagster_project.store.dataclass_json import to_json
 from dagster_project.store.layout import PROGRESS, SHARD_DIGITS, progress_key
-from dagster_project.store.lease import Lease, LeaseLost, process_exists, this_process
+from dagster_project.store.lease import Lease, LeaseLost
 from dagster_project.store.storage import Store, StoreError
 
 HEARTBEATS_PREFIX = PROGRESS + "/shard="
@@ -77,7 +78,7 @@ def run_is_alive(heartbeat: Heartbeat, now: float, host: str | None = None) -> b
     if heartbeat.state not in ACTIVE_STATES:
         return False
     if heartbeat.pid and heartbeat.host == (host or socket.gethostname()):
-        return process_exists(heartbeat.pid, heartbeat.process_started_at)
+        return live_process(heartbeat.pid, heartbeat.process_start) is not None
     silent_for = now - heartbeat.updated_at
     if heartbeat.heartbeat_interval_s:
         return silent_for <= MISSED_BEATS * heartbeat.heartbeat_interval_s
@@ -148,13 +149,13 @@ class ShardReporter:
     _beaten: bool = field(default=False, init=False)  # a heartbeat of this run is in the store
 
     def report(self) -> Heartbeat:
-        host, pid, started_at = this_process()
+        host, pid, start = this_process()
         return replace(
             self.snapshot(),
             upload_failures=self.upload_failures,
             host=host,
             pid=pid,
-            process_started_at=started_at,
+            process_start=start,
             run_id=self.run_id,
             heartbeat_interval_s=self.intervals.heartbeat_interval_s,
         )

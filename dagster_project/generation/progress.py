@@ -71,11 +71,11 @@ class Heartbeat:
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     upload_failures: int = 0
     # Who writes it, so `status` can tell a live run from a dead one (`heartbeat.run_is_alive`): the process
-    # (host, pid and its start time, which tells it from a later process given the same pid), the Dagster run,
-    # and how often it beats.
+    # (host, pid and its start mark, which tells it from a later process given the same pid: `processes`), the
+    # Dagster run, and how often it beats.
     host: str = ""
     pid: int = 0
-    process_started_at: float | None = None
+    process_start: str = ""
     run_id: str | None = None
     heartbeat_interval_s: float | None = None
 

@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psutil
 
+from dagster_project.processes import live_process, process_start
 from dagster_project.sglang import capacity
 from dagster_project.sglang.protocol import parse_metrics
 from dagster_project.sglang.speculative import RECIPE, SpecSetting, parse_setting
 from dagster_project.sglang.speculative import label as spec_label
+from dagster_project.store.dataclass_json import from_dict
 
 if TYPE_CHECKING:  # the client imports aiohttp: only what talks to servers imports it, when it does
     from dagster_project.sglang.client import SGLangError
@@ -465,20 +467,14 @@ class Member:
     url: str
     port: int
     pid: int
-    created: float  # the process's start time: a recycled pid is never mistaken for our server
     log: str
     command: list[str]
     gpu: int | None = None
+    start: str = ""  # the process's start mark (`processes`): a recycled pid is never mistaken for our server
 
     def process(self) -> psutil.Process | None:
         """The live server process, or None if it is gone."""
-        try:
-            process = psutil.Process(self.pid)
-            if abs(process.create_time() - self.created) > 1.0 or process.status() == psutil.STATUS_ZOMBIE:
-                return None
-            return process
-        except psutil.NoSuchProcess:
-            return None
+        return live_process(self.pid, self.start)
 
 
 @dataclass
@@ -510,7 +506,7 @@ class Fleet:
         if not path.is_file():
             return None
         record = orjson.loads(path.read_bytes())
-        members = [Member(**member) for member in record.pop("members")]
+        members = [from_dict(Member, member) for member in record.pop("members")]
         return cls(**{**record, "run_dir": Path(record["run_dir"]), "members": members})
 
     def alive(self) -> list[Member]:
@@ -693,10 +689,10 @@ def _start(
                     f"http://{connect_host}:{port}",
                     port,
                     process.pid,
-                    process.create_time(),
                     str(log),
                     command,
                     gpu,
+                    process_start(process.pid),
                 )
             )
             fleet.save()

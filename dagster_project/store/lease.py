@@ -11,7 +11,6 @@ over, and stops before it publishes.
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import time
@@ -20,8 +19,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Self
 
 import orjson
-import psutil
 
+from dagster_project.processes import live_process, this_process
+from dagster_project.store.dataclass_json import from_json
 from dagster_project.store.storage import PreconditionFailed, Store, StoreError
 
 DEFAULT_TTL_S = 300.0
@@ -36,33 +36,16 @@ class LeaseLost(StoreError):
     """This run's lease expired and another run took the shard: it must not publish."""
 
 
-@functools.cache
-def this_process() -> tuple[str, int, float]:
-    """(host, pid, start time) of this process: the start time tells it from a later process given the same pid."""
-    return socket.gethostname(), os.getpid(), psutil.Process().create_time()
-
-
-def process_exists(pid: int, started_at: float | None) -> bool:
-    """Whether the process `pid` of this host, started at `started_at`, still runs (a zombie does not)."""
-    try:
-        process = psutil.Process(pid)
-        if started_at is not None and abs(process.create_time() - started_at) > 1.0:
-            return False  # the pid was given to a later process
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:  # no such process, or it ended while we looked
-        return False
-
-
 @dataclass(frozen=True)
 class LeaseRecord:
     holder: str
     token: int  # fencing token: grows by one with every take-over
     acquired_at: float
     expires_at: float
-    # The holder's process; records written without it are judged by their expiry alone.
+    # The holder's process (`processes.this_process`); records written without it are judged by their expiry alone.
     host: str = ""
     pid: int = 0
-    process_started_at: float | None = None
+    process_start: str = ""
 
     def describe(self) -> str:
         expires = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.expires_at))
@@ -71,9 +54,7 @@ class LeaseRecord:
     def holder_died_here(self) -> bool:
         """The holder ran on this host and its process is gone: it was killed without releasing the lease."""
         return (
-            bool(self.pid)
-            and self.host == socket.gethostname()
-            and not process_exists(self.pid, self.process_started_at)
+            bool(self.pid) and self.host == socket.gethostname() and live_process(self.pid, self.process_start) is None
         )
 
 
@@ -139,7 +120,7 @@ class Lease:
         now = self.clock()
         token = 1
         if current is not None:
-            held = LeaseRecord(**orjson.loads(current[0]))
+            held = from_json(LeaseRecord, current[0])
             if held.expires_at > now and held.holder != self.holder and not held.holder_died_here():
                 raise LeaseHeld(
                     f"{self.store.url(self.key)} is held by {held.describe()}: another run is working on this "
@@ -165,7 +146,7 @@ class Lease:
             self._version = self.store.put_if(self.key, orjson.dumps(asdict(record)), self._version)
         except PreconditionFailed as exc:
             current = self.store.get_versioned(self.key)
-            now_held = LeaseRecord(**orjson.loads(current[0])).describe() if current else "nobody"
+            now_held = from_json(LeaseRecord, current[0]).describe() if current else "nobody"
             raise LeaseLost(
                 f"lost {self.store.url(self.key)} (lease #{self.record.token} of {self.holder}): it is now held by "
                 f"{now_held}; this run stops without publishing"

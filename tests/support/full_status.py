@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from dagster_project.generation.heartbeat import this_process
 from dagster_project.generation.progress import Rates, SpecDecodingStats
 from dagster_project.generation.shards import CompletionsShardManifest, GenerationSummary
 from dagster_project.ops.alerts import DEFAULT_THRESHOLDS
@@ -15,6 +14,7 @@ from dagster_project.ops.answers.cost import NO_PRICE, FleetCost
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.status import Status, answer_all
+from dagster_project.processes import this_process
 from dagster_project.sglang import capacity
 from dagster_project.sglang.capacity import LaunchSettings
 from dagster_project.store.storage import LocalStore
@@ -40,9 +40,7 @@ def full_readings(now: float) -> Readings:
         "kv_usage": 0.41,
         "mamba_usage": 0.87,
     }
-    running = heartbeat(
-        1, done=4, updated_at=now, host=HOST, pid=PID, process_started_at=STARTED, heartbeat_interval_s=10.0
-    )
+    running = heartbeat(1, done=4, updated_at=now, host=HOST, pid=PID, process_start=STARTED, heartbeat_interval_s=10.0)
     rates = Rates(seconds=600.0, req_per_s=0.05, output_tok_per_s=20.0)
     running = running.__class__(
         **{

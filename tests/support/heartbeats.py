@@ -11,7 +11,7 @@ from dagster_project.generation.progress import Heartbeat
 def heartbeat(
     shard: int, *, state: str = "running", done: int = 4, updated_at: float | None = None, **process: Any
 ) -> Heartbeat:
-    """`process`: who writes it (host, pid, process_started_at, run_id, heartbeat_interval_s)."""
+    """`process`: who writes it (host, pid, process_start, run_id, heartbeat_interval_s)."""
     updated_at = time.time() if updated_at is None else updated_at
     return Heartbeat(
         shard=shard,

@@ -13,16 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from rich.console import Console
 
 from dagster_project import cli
 from dagster_project.cli.fleet import parse_sim_options
-from dagster_project.generation.heartbeat import this_process
 from dagster_project.ops.dagster_view import DagsterView, write_view
 from dagster_project.ops.pool_slots import DeadHolder
 from dagster_project.ops.terminal import fleet_table, watch_view
+from dagster_project.processes import process_start, this_process
 from dagster_project.store.dataclass_json import to_json
 from dagster_project.store.layout import progress_key
 from dagster_project.store.storage import LocalStore, StoreLocationError, open_store
@@ -196,10 +195,10 @@ def test_status_with_dagster_home_shows_the_recorded_view_with_its_age_and_impor
         ),
     )
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    started = psutil.Process(child.pid).create_time()
+    started = process_start(child.pid)
     child.wait()  # the process the heartbeat names is gone: the run is dead
     host, _, _ = this_process()
-    beat = heartbeat(0, host=host, pid=child.pid, process_started_at=started, run_id="dead-run")
+    beat = heartbeat(0, host=host, pid=child.pid, process_start=started, run_id="dead-run")
     store.put_bytes(progress_key(0), to_json(beat))
     home = tmp_path / "dagster_home"
     home.mkdir()

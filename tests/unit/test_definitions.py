@@ -170,7 +170,7 @@ def test_a_shard_regenerated_alone_is_assembled_and_exported_by_the_automation_s
 def test_the_report_refresh_follows_running_shards_and_rests_when_nothing_runs_or_ended(tmp_path):
     from dagster_aws.s3 import S3Resource
 
-    from dagster_project.generation.heartbeat import this_process
+    from dagster_project.processes import this_process
     from dagster_project.resources import DatasetStore
     from dagster_project.store.dataclass_json import to_json
     from dagster_project.store.layout import progress_key
@@ -187,7 +187,7 @@ def test_the_report_refresh_follows_running_shards_and_rests_when_nothing_runs_o
         assert idle.cursor  # kept from tick to tick: what the refreshes asked for so far covered
 
         host, pid, started = this_process()
-        running = heartbeat(3, host=host, pid=pid, process_started_at=started, heartbeat_interval_s=5.0)
+        running = heartbeat(3, host=host, pid=pid, process_start=started, heartbeat_interval_s=5.0)
         store.put_bytes(progress_key(3), to_json(running))
         with dg.build_sensor_context(instance=instance, resources=resources, cursor=idle.cursor) as context:
             busy = sensor(context)

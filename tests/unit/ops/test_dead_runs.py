@@ -10,10 +10,9 @@ import subprocess
 import sys
 import time
 
-import psutil
-
-from dagster_project.generation.heartbeat import MISSED_BEATS, run_is_alive, this_process
+from dagster_project.generation.heartbeat import MISSED_BEATS, run_is_alive
 from dagster_project.ops.status import collect_status, render_text
+from dagster_project.processes import process_start, this_process
 from dagster_project.store.dataclass_json import to_json
 from dagster_project.store.layout import progress_key
 from dagster_project.store.storage import LocalStore
@@ -23,23 +22,23 @@ HOST, PID, STARTED = this_process()
 INTERVAL_S = 5.0
 
 
-def heartbeat(shard: int, *, host: str, pid: int, started_at: float | None, updated_at: float, state="running"):
+def heartbeat(shard: int, *, host: str, pid: int, start: str, updated_at: float, state="running"):
     return run_heartbeat(
         shard,
         state=state,
         updated_at=updated_at,
         host=host,
         pid=pid,
-        process_started_at=started_at,
+        process_start=start,
         run_id=f"run-{shard}",
         heartbeat_interval_s=INTERVAL_S,
     )
 
 
-def gone_process() -> tuple[int, float]:
-    """The pid and start time of a process that has exited."""
+def gone_process() -> tuple[int, str]:
+    """The pid and start mark of a process that has exited."""
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    started = psutil.Process(child.pid).create_time()
+    started = process_start(child.pid)
     child.wait()
     return child.pid, started
 
@@ -47,19 +46,19 @@ def gone_process() -> tuple[int, float]:
 def test_on_this_host_a_run_is_dead_as_soon_as_its_process_is_gone():
     now = time.time()
     pid, started = gone_process()
-    assert run_is_alive(heartbeat(0, host=HOST, pid=PID, started_at=STARTED, updated_at=now), now)
-    assert not run_is_alive(heartbeat(0, host=HOST, pid=pid, started_at=started, updated_at=now), now)
+    assert run_is_alive(heartbeat(0, host=HOST, pid=PID, start=STARTED, updated_at=now), now)
+    assert not run_is_alive(heartbeat(0, host=HOST, pid=pid, start=started, updated_at=now), now)
     # The pid handed to a later process (here: this one) does not bring the run back to life.
-    assert not run_is_alive(heartbeat(0, host=HOST, pid=PID, started_at=STARTED - 100, updated_at=now), now)
+    assert not run_is_alive(heartbeat(0, host=HOST, pid=PID, start=started, updated_at=now), now)
 
 
 def test_elsewhere_a_run_is_dead_after_two_missed_heartbeats():
     now = time.time()
     limit = MISSED_BEATS * INTERVAL_S
-    beat = heartbeat(0, host="another-node", pid=1, started_at=None, updated_at=now - limit + 1)
+    beat = heartbeat(0, host="another-node", pid=1, start="", updated_at=now - limit + 1)
     assert run_is_alive(beat, now)
-    assert not run_is_alive(heartbeat(0, host="another-node", pid=1, started_at=None, updated_at=now - limit - 1), now)
-    assert not run_is_alive(heartbeat(0, host=HOST, pid=PID, started_at=STARTED, updated_at=now, state="failed"), now)
+    assert not run_is_alive(heartbeat(0, host="another-node", pid=1, start="", updated_at=now - limit - 1), now)
+    assert not run_is_alive(heartbeat(0, host=HOST, pid=PID, start=STARTED, updated_at=now, state="failed"), now)
 
 
 def test_status_shows_killed_runs_dead_and_live_ones_running(tmp_path):
@@ -67,9 +66,9 @@ def test_status_shows_killed_runs_dead_and_live_ones_running(tmp_path):
     now = time.time()
     pid, started = gone_process()
     beats = [
-        heartbeat(0, host=HOST, pid=PID, started_at=STARTED, updated_at=now),  # this process: alive
-        heartbeat(1, host=HOST, pid=pid, started_at=started, updated_at=now),  # killed a moment ago
-        heartbeat(2, host="another-node", pid=7, started_at=None, updated_at=now - 3 * INTERVAL_S),
+        heartbeat(0, host=HOST, pid=PID, start=STARTED, updated_at=now),  # this process: alive
+        heartbeat(1, host=HOST, pid=pid, start=started, updated_at=now),  # killed a moment ago
+        heartbeat(2, host="another-node", pid=7, start="", updated_at=now - 3 * INTERVAL_S),
     ]
     for beat in beats:
         store.put_bytes(progress_key(beat.shard), to_json(beat))

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import time
 
-from dagster_project.generation.heartbeat import this_process
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.ops.coverage import DatasetCoverage
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.report import render_markdown
 from dagster_project.ops.status import DEFAULT_THRESHOLDS, NO_PRICE, Readings, Status, answer_all, render_text
+from dagster_project.processes import this_process
 from dagster_project.sglang import capacity
 from dagster_project.sglang.capacity import LaunchSettings
 from dagster_project.store.dataclass_json import from_dict
@@ -45,7 +45,7 @@ def live_shard(done: int, **figures) -> Heartbeat:
             "window": {"seconds": 120, "req_per_s": 1.0, "output_tok_per_s": 373.0},
             "host": HOST,
             "pid": PID,
-            "process_started_at": STARTED,
+            "process_start": STARTED,
             "heartbeat_interval_s": 5.0,
             **figures,
         },

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-from dagster_project.generation.heartbeat import this_process
 from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
 from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, AlertThresholds
 from dagster_project.ops.answers.cost import NO_PRICE, FleetCost
@@ -25,6 +24,7 @@ from dagster_project.ops.report import (
     verdict,
 )
 from dagster_project.ops.status import Status, answer_all, collect_status, render_text
+from dagster_project.processes import this_process
 from dagster_project.store.storage import LocalStore
 
 HOST, PID, STARTED = this_process()
@@ -58,7 +58,7 @@ def beat(*, accept: float | None = 2.8, req_per_s: float = 2.0, done: int = 40, 
         servers={url: {"window": 4, "in_flight": 4} for url in URLS},
         host=HOST,
         pid=PID,
-        process_started_at=STARTED,
+        process_start=STARTED,
         heartbeat_interval_s=5.0,
     )
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 from dagster_project.generation import server_checks
-from dagster_project.generation.heartbeat import this_process
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, raise_alerts
@@ -30,6 +29,7 @@ from dagster_project.ops.answers.shards import (
 from dagster_project.ops.answers.storage import answer_storage
 from dagster_project.ops.answers.text import shard_list
 from dagster_project.ops.coverage import DamagedShard, DatasetCoverage
+from dagster_project.processes import this_process
 from dagster_project.store.layout import COMPLETIONS, TRAINING_SET
 from dagster_project.store.storage import LocalStore
 from dagster_project.store.verdicts import ExportOutcome, Verdict
@@ -203,7 +203,7 @@ def test_a_server_set_aside_by_a_running_shard_is_named_with_why_and_when():
     beat = Heartbeat(
         shard=3, state="running", settings_fingerprint="f", started_at=now - 60, updated_at=now, total_events=10,
         resumed_events=0, done_events=1, remaining_events=9, ok_events=1, host=HOST, pid=PID,
-        process_started_at=STARTED, servers={ASIDE: view, "http://127.0.0.1:30002": {"state": "healthy"}},
+        process_start=STARTED, servers={ASIDE: view, "http://127.0.0.1:30002": {"state": "healthy"}},
     )  # fmt: skip
     concurrency = answer_concurrency(readings(4, **{**store_of({}), "heartbeats": [beat]}))
     (aside,) = concurrency.set_aside

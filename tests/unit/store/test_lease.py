@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 import orjson
-import psutil
 import pytest
 
+from dagster_project.processes import process_start
 from dagster_project.store.lease import Lease, LeaseHeld, LeaseLost, LeaseRecord
 from dagster_project.store.storage import LocalStore
 
@@ -81,7 +81,7 @@ def test_a_waiting_writer_takes_the_lease_when_the_holder_releases_it(store):
 
 def test_a_lease_whose_holder_died_on_this_host_is_taken_over_at_once(store):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    started = psutil.Process(child.pid).create_time()
+    started = process_start(child.pid)
     child.wait()  # killed, say: it never released its lease
 
     def held_by(host: str) -> None:
