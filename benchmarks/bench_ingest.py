@@ -185,8 +185,8 @@ def report(results: list[dict], shards: int, repeats: int) -> str:
         "",
         f"Worst wall ratio {worst:.2f}×: {verdict} the {TARGET_RATIO}× target. What the project pays beyond the "
         "simple script: the snapshot between the two stages (written, compressed, read back: so a change of "
-        "multi-turn policy never re-reads the sources), the dedup index on disk (read and written once per block of "
-        "4 MiB of rows; a fixed 8 MiB bitmap spares the lookups of keys never written), and per shard a checksum, an "
+        "multi-turn policy never re-reads the sources), the dedup index on disk (sorted runs of 64-bit keys, searched "
+        "and written once per block of 4 MiB of rows), and per shard a checksum, an "
         "object and a manifest (1,830 of each; made durable once per phase, the files then the manifests, not an "
         "fsync each: on an idle disk the 3,700 fsyncs had cost only 0.3-0.6 s by strace -c, but each waits for a "
         "journal commit, which a busy shared disk delays). The project "

@@ -3,13 +3,14 @@
 Rows arrive in input order, each for some shard. `ShardBuffers` keeps a bounded amount in memory and
 appends it to one local file per shard, opening one file at a time, so 1,830 shards never hit the
 open-file limit and memory does not grow with the dataset. `publish_shards` then uploads each shard's
-file and its manifest (`ConversationsShardManifest`), the shards of one object-index block together (one
+file (on a local store: moves it into place) and its manifest (`ConversationsShardManifest`), the shards of one object-index block together (one
 index update per block) and several blocks at a time; the stage's own manifest (`ConversationsManifest`)
 comes last. `shard_contents` and `scan_shards` read them back for the checks, several shards at a time on S3.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -142,7 +143,9 @@ def published_num_shards(store: Store) -> int | None:
 
 class ShardBuffers:
     """Each shard's conversations on local disk, and what its manifest counts (kept as they are written, so
-    publishing never parses a conversation again): its counts in memory, its ids in a file beside the shard."""
+    publishing never parses a conversation again): its counts in memory, its ids in a file per object-index block
+    (`object_index.BLOCK_SHARDS` shards: the shards published together; one file to create and remove per block,
+    not per shard, on a file system where creating a file costs more than writing it)."""
 
     def __init__(self, directory: Path, num_shards: int, max_buffered_bytes: int = BUFFERED_BYTES):
         directory.mkdir(parents=True, exist_ok=True)
@@ -153,15 +156,18 @@ class ShardBuffers:
         self._buffers: list[list[bytes]] = [[] for _ in range(num_shards)]
         self._ids: list[list[str]] = [[] for _ in range(num_shards)]
         self._buffered = 0
-        for shard in range(num_shards):
-            self.path(shard).write_bytes(b"")  # every shard exists, even an empty one
-            self.ids_path(shard).write_bytes(b"")
+        # Each flush appends to most of the files: their names are made once, not per flush.
+        self._paths = [str(self.path(shard)) for shard in range(num_shards)]
+        blocks = object_index.shards_by_block(range(num_shards))
+        self._ids_paths = [str(self.ids_path(block[0] // object_index.BLOCK_SHARDS)) for block in blocks]
+        for path in (*self._paths, *self._ids_paths):
+            _append(path, b"")  # every shard exists, even an empty one
 
     def path(self, shard: int) -> Path:
         return self.directory / f"shard={shard:0{layout.SHARD_DIGITS}d}.jsonl"
 
-    def ids_path(self, shard: int) -> Path:
-        return self.directory / f"shard={shard:0{layout.SHARD_DIGITS}d}.ids"
+    def ids_path(self, block: int) -> Path:
+        return self.directory / f"block={block:05d}.ids"
 
     def write(self, conversation: Conversation, line: bytes) -> None:
         """Append `line` (the conversation's JSON) to the conversation's shard."""
@@ -171,26 +177,50 @@ class ShardBuffers:
         """Append `line`, the JSON of conversation `row_id`, to `shard`."""
         self._buffers[shard].append(line)
         self._ids[shard].append(row_id)
-        self.counts[shard].count(multi_turn, turns)
+        counts = self.counts[shard]  # inline `PolicyCounts.count`: this runs for every row
+        counts.conversations += 1
+        counts.multi_turn += multi_turn
+        counts.turns += turns
         self._buffered += len(line) + len(row_id) + 2
         if self._buffered >= self.max_buffered_bytes:
             self.flush()
 
     def flush(self) -> None:
-        for shard, lines in enumerate(self._buffers):
+        ids_by_block: dict[int, list[tuple[int, list[str]]]] = {}
+        for shard, (path, lines, ids) in enumerate(zip(self._paths, self._buffers, self._ids, strict=True)):
             if lines:
-                with open(self.path(shard), "ab") as handle:
-                    handle.write(b"\n".join(lines) + b"\n")
-                ids = self._ids[shard]
-                with open(self.ids_path(shard), "ab") as handle:
-                    handle.write(orjson.dumps(ids, option=orjson.OPT_APPEND_NEWLINE))  # an id may hold any text
+                lines.append(b"")
+                _append(path, b"\n".join(lines))
                 lines.clear()
-                ids.clear()
+                ids_by_block.setdefault(shard // object_index.BLOCK_SHARDS, []).append((shard, ids))
+                self._ids[shard] = []
+        for block, ids in ids_by_block.items():  # an id may hold any text: JSON, one line per flush
+            _append(self._ids_paths[block], orjson.dumps(ids, option=orjson.OPT_APPEND_NEWLINE))
         self._buffered = 0
+
+    def block_ids(self, block: int) -> dict[int, list[str]]:
+        """The ids written to each shard of object-index block `block` (after `flush`)."""
+        ids: dict[int, list[str]] = {}
+        with open(self._ids_paths[block], "rb") as handle:
+            for line in handle:
+                for shard, written in orjson.loads(line):
+                    ids.setdefault(shard, []).extend(written)
+        return ids
 
     def ids(self, shard: int) -> list[str]:
         """The ids written to `shard` (after `flush`)."""
-        return [i for batch in self.ids_path(shard).read_bytes().splitlines() for i in orjson.loads(batch)]
+        return self.block_ids(shard // object_index.BLOCK_SHARDS).get(shard, [])
+
+
+def _append(path: str, data: bytes) -> None:
+    # os-level: a buffered file object per write costs more than the write, and a flush makes thousands.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def conversations_in(store: Store, manifest: ShardManifest) -> Iterator[Conversation]:
@@ -260,12 +290,12 @@ def publish_shards(
     The shards of one object-index block are published together (`publish_shards_together`), the blocks
     side by side: no two workers update one index block."""
 
-    def shard_manifest(shard: int) -> ConversationsShardManifest:
+    def shard_manifest(shard: int, ids: list[str]) -> ConversationsShardManifest:
         counts = buffers.counts[shard]
         return ConversationsShardManifest(
             shard=shard,
             rows=counts.conversations,
-            ids_digest=ids_digest(buffers.ids(shard)),
+            ids_digest=ids_digest(ids),
             num_shards=buffers.num_shards,
             policy=policy,
             build_id=build_id,
@@ -274,11 +304,13 @@ def publish_shards(
         )
 
     def publish_block(shards: list[int]) -> list[ConversationsShardManifest]:
-        together = [(shard_manifest(shard), [(SHARD_FILE, buffers.path(shard))]) for shard in shards]
-        published = publish_shards_together(store, together)
-        for shard in shards:
-            buffers.path(shard).unlink()
-            buffers.ids_path(shard).unlink()
+        block = shards[0] // object_index.BLOCK_SHARDS
+        ids = buffers.block_ids(block)
+        together = [
+            (shard_manifest(shard, ids.get(shard, [])), [(SHARD_FILE, buffers.path(shard))]) for shard in shards
+        ]
+        published = publish_shards_together(store, together, consume_files=True)  # the files move, not copied
+        buffers.ids_path(block).unlink()
         return published
 
     blocks = object_index.shards_by_block(range(buffers.num_shards))

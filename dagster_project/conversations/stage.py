@@ -158,6 +158,9 @@ class ConversationBuilder:
         self.seen.prefetch((d.digest for d in drafts), candidates)
         built = [self._decide(d) for d in drafts]
         self.seen.commit()
+        # Counted per batch: a call per kept row costs more than the rest of the accounting.
+        for source, kept in Counter(d.source for d, b in zip(drafts, built, strict=True) if type(b) is Kept).items():
+            self.accounting.keep(source, kept)
         return built
 
     def _decide(self, draft: Draft) -> Kept | dict[str, Any]:
@@ -183,7 +186,6 @@ class ConversationBuilder:
         if claimed is None:
             return self._reject(draft, "duplicate_id", f"ids {source_id!r} and {hashed_id!r} are taken by earlier rows")
         self.seen.add_content(draft.digest, claimed)
-        self.accounting.keep(draft.source)
         self.tool_calling += draft.calls_tools
         if claimed == draft.provisional_id:
             return Kept(draft.shard, claimed, draft.line, draft.multi_turn, draft.turns)
@@ -246,7 +248,7 @@ def build_conversations(
         preserve_thinking=settings.preserve_thinking,
     )
     buffers = ShardBuffers(workspace / "shards", num_shards)
-    with SeenIndex(workspace / "seen.sqlite") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
+    with SeenIndex(workspace / "seen") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
         builder = ConversationBuilder(budget, seen, num_shards)
         for drafts in drafted_batches(snapshot, settings.policy, num_shards, max_prompt_tokens):
             for built in builder.build_batch(drafts):

@@ -101,9 +101,9 @@ class Accounting:
     def quarantined(self) -> int:
         return sum(self.by_reason.values())
 
-    def keep(self, source: str) -> None:
-        self._count_row(source).kept += 1
-        self.kept += 1
+    def keep(self, source: str, rows: int = 1) -> None:
+        self._count_row(source, rows).kept += rows
+        self.kept += rows
 
     def reject(self, source: str, reason: str) -> None:
         counts = self._count_row(source)
@@ -124,8 +124,8 @@ class Accounting:
             for reason, count in theirs.by_reason.items():
                 counts.by_reason[reason] = counts.by_reason.get(reason, 0) + count
 
-    def _count_row(self, source: str) -> SourceCounts:
-        self.rows += 1
+    def _count_row(self, source: str, rows: int = 1) -> SourceCounts:
+        self.rows += rows
         counts = self.by_source.setdefault(source, SourceCounts())
-        counts.rows += 1
+        counts.rows += rows
         return counts

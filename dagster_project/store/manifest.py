@@ -35,6 +35,7 @@ from dagster_project.store.storage import (
     arrow_filesystem,
     local_copy,
     map_in_order,
+    put_file_moving,
     sha256_bytes,
     sha256_file,
 )
@@ -102,8 +103,10 @@ def ids_digest(ids: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-def put_object(store: Store, key: str, path: Path, *, synced: bool = True) -> StoredObject:
-    return StoredObject.of(store.put_file(key, path, synced=synced))
+def put_object(store: Store, key: str, path: Path, *, synced: bool = True, consume: bool = False) -> StoredObject:
+    """Upload the local file at `path` as `key`; `consume`: the file is given up (`put_file_moving`)."""
+    info = put_file_moving(store, key, path, synced=synced) if consume else store.put_file(key, path, synced=synced)
+    return StoredObject.of(info)
 
 
 def publish_shard(store: Store, manifest: ShardManifestT, files: list[tuple[str, Path]]) -> ShardManifestT:
@@ -112,7 +115,7 @@ def publish_shard(store: Store, manifest: ShardManifestT, files: list[tuple[str,
 
 
 def publish_shards_together(
-    store: Store, shards: list[tuple[ShardManifestT, list[tuple[str, Path]]]]
+    store: Store, shards: list[tuple[ShardManifestT, list[tuple[str, Path]]]], *, consume_files: bool = False
 ) -> list[ShardManifestT]:
     """`publish_shard` for each of `shards` (each shard's files, then its manifest), with the object index
     updated once per index block for all of them rather than twice per shard: a stage that publishes 1,830
@@ -127,7 +130,8 @@ def publish_shards_together(
     manifest, written synced) is durable only after every manifest it sums up. A crash in between leaves
     shards without a manifest, which do not exist for readers, or a manifest torn by the crash, which its
     reader reports as damaged, naming the object to re-materialize (`parse_record`); never a manifest that
-    names missing or partial data."""
+    names missing or partial data. `consume_files`: the local files are given up (moved into a local store, not
+    copied)."""
     shard_key = {manifest.shard: shard_manifest_key(manifest.stage, manifest.shard) for manifest, _ in shards}
     manifest_keys = list(shard_key.values())
     list(map_in_order(store, store.delete, manifest_keys))
@@ -136,7 +140,9 @@ def publish_shards_together(
     def put_files(shard: tuple[ShardManifestT, list[tuple[str, Path]]]) -> ShardManifestT:
         manifest, files = shard
         prefix = shard_prefix(manifest.stage, manifest.shard)
-        objects = tuple(put_object(store, prefix + name, path, synced=False) for name, path in files)
+        objects = tuple(
+            put_object(store, prefix + name, path, synced=False, consume=consume_files) for name, path in files
+        )
         return replace(manifest, objects=objects)
 
     def put_manifest(manifest: ShardManifestT) -> tuple[ShardManifestT, bytes, str | None]:

@@ -9,6 +9,7 @@ before the call returns.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import hashlib
 import os
@@ -200,6 +201,25 @@ class LocalStore:
                 tmp.write(chunk)
         stat = target.stat()
         return ObjectInfo(key, stat.st_size, digest.hexdigest(), stat.st_mtime)
+
+    def move_in(self, key: str, path: Path, *, synced: bool = True) -> ObjectInfo | None:
+        """The local file at `path` renamed to be the object `key` (hashed first): no copy, and no second file to
+        create and later delete. None, and the file left where it is, when it lies on another file system."""
+        target = self._path(key)
+        digest = sha256_file(path)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(path, _file_mode())
+            if synced:
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+            os.replace(path, target)
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                return None
+            raise StoreError(f"writing {target} failed: {exc}") from exc
+        stat = target.stat()
+        return ObjectInfo(key, stat.st_size, digest, stat.st_mtime)
 
     def sync(self) -> None:
         """Every object written so far durable, with the renames that named them: one syncfs(2) of the store's
@@ -540,6 +560,17 @@ def local_files(store: Store, keys: list[str], directory: Path, workers: int = 1
     targets = [directory / f"{number:06d}-{Path(key).name}" for number, key in enumerate(keys)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(store.download, keys, targets))
+
+
+def put_file_moving(store: Store, key: str, path: Path, *, synced: bool = True) -> ObjectInfo:
+    """`store.put_file`, giving the local file up: on a local store on the file system of `path` the file is renamed
+    into place (`LocalStore.move_in`); elsewhere it is uploaded, then removed."""
+    moved = store.move_in(key, path, synced=synced) if isinstance(store, LocalStore) else None
+    if moved is not None:
+        return moved
+    uploaded = store.put_file(key, path, synced=synced)
+    path.unlink()
+    return uploaded
 
 
 def map_in_order(

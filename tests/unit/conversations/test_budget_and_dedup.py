@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from dagster_project.conversations import dedup
 from dagster_project.conversations.budget import SCAFFOLD_BYTES_FIXED, SCAFFOLD_BYTES_PER_MESSAGE, PromptBudget
 from dagster_project.conversations.dedup import SeenIndex
 from dagster_project.tokenizer import load_tokenizer, render_text
@@ -55,7 +56,7 @@ def test_a_prompt_near_the_budget_is_counted_with_the_tokenizer() -> None:
 
 
 def test_the_batched_index_decides_as_row_by_row_lookups_would(tmp_path) -> None:
-    with SeenIndex(tmp_path / "seen.sqlite") as seen:
+    with SeenIndex(tmp_path / "seen") as seen:
         seen.prefetch([1, 2], ["a", "b"])
         assert seen.first_with_content(1) is None
         seen.add_content(1, "a")
@@ -68,3 +69,23 @@ def test_the_batched_index_decides_as_row_by_row_lookups_would(tmp_path) -> None
         assert seen.first_with_content(3) is None and seen.claim_id("c")
         seen.commit()
         assert not seen.claim_id("c")
+
+
+def test_the_index_answers_alike_across_many_runs_on_disk_and_colliding_id_hashes(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(dedup, "IN_MEMORY_KEYS", 8)  # every merged run goes to disk
+    monkeypatch.setattr(dedup, "MAX_MERGED_KEYS", 64)  # and runs stop merging, so several are searched
+    monkeypatch.setattr(dedup, "_id_key", lambda row_id: len(row_id))  # ids of one length share a key
+    with SeenIndex(tmp_path / "seen") as seen:
+        for batch in range(40):
+            ids = [f"id-{batch:03d}-{i}" for i in range(5)]
+            seen.prefetch(range(batch * 5, batch * 5 + 5), ids)
+            for offset, row_id in enumerate(ids):
+                assert seen.first_with_content(batch * 5 + offset) is None and seen.claim_id(row_id)
+                seen.add_content(batch * 5 + offset, row_id)
+            seen.commit()
+        assert len(list((tmp_path / "seen").glob("*.npy"))) > 4
+        seen.prefetch([7, 199, 200], ["id-001-2", "id-039-4", "id-040-0"])
+        assert seen.first_with_content(7) == "id-001-2" and seen.first_with_content(199) == "id-039-4"
+        assert seen.first_with_content(200) is None
+        assert not seen.claim_id("id-001-2") and not seen.claim_id("id-039-4") and seen.claim_id("id-040-0")
+    assert not (tmp_path / "seen").exists()
