@@ -2,10 +2,11 @@
 
 Rows arrive in input order, each for some shard. `ShardBuffers` keeps a bounded amount in memory and
 appends it to one local file per shard, opening one file at a time, so 1,830 shards never hit the
-open-file limit and memory does not grow with the dataset. `publish_shards` then uploads each shard's
-file (on a local store: moves it into place) and its manifest (`ConversationsShardManifest`), the shards of one object-index block together (one
-index update per block) and several blocks at a time; the stage's own manifest (`ConversationsManifest`)
-comes last. `shard_contents` and `scan_shards` read them back for the checks, several shards at a time on S3.
+open-file limit and memory does not grow with the dataset. `publish_shards` then uploads each shard's file
+(a local store takes it by rename) and its manifest (`ConversationsShardManifest`), the shards of one
+object-index block together (one index update per block) and several blocks at a time; the stage's own
+manifest (`ConversationsManifest`) comes last. `shard_contents` and `scan_shards` read them back for the
+checks, several shards at a time on S3.
 """
 
 from __future__ import annotations
