@@ -188,6 +188,7 @@ class _FileIngest:
         self.control_tokens = QUARANTINE_CONTROL_TOKENS.default
         self.note = ""
         self.rows_read = 0
+        self.kept = 0  # counted in `accounting` once the file is read: a call per row costs more than the count
 
     def run(self, path: Path) -> None:
         rows = iter_rows(path, self.file.uri)
@@ -209,6 +210,8 @@ class _FileIngest:
         if broken is not None:
             self.note = f"unreadable after {self.rows_read} rows: {broken}"
             self._quarantine("unreadable_file", str(broken), {"source_row": -1, "id": None, "raw": None})
+        if self.kept:
+            self.accounting.keep(self.file.source, self.kept)
 
     def _decide_format(self, head: list[RawRow]) -> str:
         """Set `format` from the request or the first rows; the reason rows cannot be parsed, if so."""
@@ -242,7 +245,7 @@ class _FileIngest:
         except Rejected as rejected:
             self._quarantine(rejected.reason, rejected.detail, {"source_row": raw.row, **_evidence(raw)})
             return
-        self.accounting.keep(self.file.source)
+        self.kept += 1
         self.prompts.write(
             PromptRow(
                 source=self.file.source,
