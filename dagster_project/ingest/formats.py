@@ -81,6 +81,8 @@ CONTROL_TOKENS_KEY = "control_tokens"
 
 _MESSAGE_LIST_FIELDS = {"openai": ("messages", "conversation"), "sharegpt": ("conversations",)}
 _PROMPT_FIELDS = ("prompt", "question", "query")
+# The fields a row of each format needs one of.
+_FORMAT_FIELDS = {**_MESSAGE_LIST_FIELDS, "alpaca": ("instruction",), "prompt": _PROMPT_FIELDS}
 _TEXT_FIELDS = ("text", "content")
 # The field a source's `field` mapping renames to, per format.
 MAIN_FIELD = {"openai": "messages", "sharegpt": "conversations", "alpaca": "instruction", "prompt": "prompt"}
@@ -214,11 +216,13 @@ def check_structure(messages: list[dict[str, Any]]) -> None:
     roles = [m["role"] for m in messages]
     if "user" not in roles:
         raise Rejected("no_user_turn", f"roles {roles[:8]}" if roles else "no messages")
-    if "system" in roles[1:]:
+    if roles.count("system") > (roles[0] == "system"):
         raise Rejected("misplaced_system", f"system message at index {roles.index('system', 1)}")
     first_turn = roles[1] if roles[0] == "system" else roles[0]
     if first_turn != "user":
         raise Rejected("starts_with_assistant", f"the first message after the system prompt is a {first_turn} message")
+    if "tool" not in roles:
+        return
     for index, message in enumerate(messages):
         if message["role"] != "tool":
             continue
@@ -228,19 +232,21 @@ def check_structure(messages: list[dict[str, Any]]) -> None:
 
 
 def _has_fields_of(value: dict[str, Any], fmt: str) -> bool:
-    if fmt in _MESSAGE_LIST_FIELDS:
-        return any(value.get(key) is not None for key in _MESSAGE_LIST_FIELDS[fmt])
-    keys = ("instruction",) if fmt == "alpaca" else _PROMPT_FIELDS
-    return any(value.get(key) is not None for key in keys)
+    return _first_present(value, _FORMAT_FIELDS[fmt]) is not None
 
 
 def _expected_fields(fmt: str) -> str:
-    keys = _MESSAGE_LIST_FIELDS.get(fmt) or (("instruction",) if fmt == "alpaca" else _PROMPT_FIELDS)
-    return " or ".join(keys)
+    return " or ".join(_FORMAT_FIELDS[fmt])
 
 
 def _first_present(value: dict[str, Any], keys: tuple[str, ...]) -> Any:
-    return next(value[key] for key in keys if value.get(key) is not None)
+    """The first of `keys` that the row holds (not null); None if none. (Loops, not generators, in the helpers
+    that every row passes through: a generator costs more than the lookups it makes.)"""
+    for key in keys:
+        found = value.get(key)
+        if found is not None:
+            return found
+    return None
 
 
 def _reject_media_fields(value: dict[str, Any]) -> None:
@@ -252,7 +258,10 @@ def _reject_media_fields(value: dict[str, Any]) -> None:
 
 
 def _reject_control_tokens(messages: list[dict[str, Any]]) -> None:
-    if not any(len(message) > 2 for message in messages):  # plain {role, content} messages: one search for all
+    for message in messages:
+        if len(message) > 2:
+            break
+    else:  # plain {role, content} messages: one search for all
         if _CONTROL_TOKEN.search("\n".join([message["content"] for message in messages])) is None:
             return
     for index, message in enumerate(messages):
@@ -281,9 +290,9 @@ def _parsed_json(value: Any, what: str, reason: str) -> Any:
 
 
 def _tools(value: dict[str, Any]) -> list[dict[str, Any]] | None:
-    key = next((key for key in _TOOL_FIELDS if value.get(key) is not None), None)
-    if key is None:
+    if _first_present(value, _TOOL_FIELDS) is None:
         return None
+    key = next(key for key in _TOOL_FIELDS if value.get(key) is not None)
     tools = _parsed_json(value[key], f"{key!r}", "bad_tool_definition")
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
         raise Rejected("bad_tool_definition", f"{key!r} is not a list of tool objects")
@@ -336,7 +345,8 @@ def _plain_message(item: dict[str, Any]) -> dict[str, Any] | None:
     if type(content) is not str or type(raw_role) is not str:
         return None
     role = _PLAIN_ROLES.get(raw_role)
-    if role is None or not (content.strip() if role != "assistant" else "<think>" not in content):
+    # `not content.isspace()` is `content.strip()` without the copy (an empty text is not a space)
+    if role is None or not (content and not content.isspace() if role != "assistant" else "<think>" not in content):
         return None  # an empty text, a leading think block: the general path says or does what it must
     return {"role": role, "content": content}
 
