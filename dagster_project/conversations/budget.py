@@ -76,7 +76,12 @@ def _scaffold_bound(messages: list[dict[str, Any]]) -> int:
 def _structured(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
     """Tools, tool calls and reasoning are laid out by the template in ways a byte bound does not follow
     cheaply, so prompts holding any of them are always rendered."""
-    return bool(tools) or any(len(m) > 2 and (m.get("tool_calls") or m.get("reasoning_content")) for m in messages)
+    if tools:
+        return True
+    for message in messages:  # a loop, not any(): this runs for every row
+        if len(message) > 2 and (message.get("tool_calls") or message.get("reasoning_content")):
+            return True
+    return False
 
 
 def _content_bytes(messages: list[dict[str, Any]]) -> int:

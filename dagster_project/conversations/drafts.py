@@ -171,4 +171,4 @@ def _user_turns(source: list[dict[str, Any]], generate_after: list[int], policy:
     """How many of the source's turns answer a user (not a tool result); under `all_turns` (the default)
     the source's turn ends are `generate_after` already."""
     ends = generate_after if policy == "all_turns" else turn_ends(source)
-    return sum(source[index]["role"] == "user" for index in ends)
+    return [source[index]["role"] for index in ends].count("user")  # not sum(generator): this runs for every row

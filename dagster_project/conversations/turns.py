@@ -69,12 +69,14 @@ def calls_tools(messages: list[dict[str, Any]]) -> bool:
 
 def turn_ends(messages: list[dict[str, Any]]) -> list[int]:
     """Indices of user or tool-result messages that end their run: one per assistant turn."""
-    ends = []
-    last = len(messages) - 1
-    for index, message in enumerate(messages):
-        if message["role"] in _ASKING_ROLES and (index == last or messages[index + 1]["role"] == "assistant"):
-            ends.append(index)
-    return ends
+    roles = [message["role"] for message in messages]
+    after = roles[1:]
+    after.append("assistant")  # the conversation's end ends the last run too
+    return [
+        index
+        for index, (role, next_role) in enumerate(zip(roles, after))
+        if next_role == "assistant" and role in _ASKING_ROLES
+    ]
 
 
 def request_key(conversation: Conversation) -> bytes:
