@@ -1,7 +1,12 @@
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from dagster_project.store.manifest import ShardManifest, publish_shard, read_shard_manifest, verify_shard
-from dagster_project.store.storage import LocalStore, StoreError, local_copy, open_store
+from dagster_project.store.storage import LocalStore, StoreError, local_copy, open_store, put_file_moving
 
 
 # The same tests run on S3 (the moto server) in tests/integration/test_store_s3.py.
@@ -79,3 +84,25 @@ def test_a_store_root_that_is_a_file_fails_the_step_naming_the_setting(tmp_path)
     resource = DatasetStore(root=str(root), work_dir=str(tmp_path / "work"), s3=S3Resource())
     with pytest.raises(dg.Failure, match=r"root \(DFLASH_STORE\): the store root .* is not a directory"):
         resource.open()
+
+
+def test_a_file_given_up_is_moved_into_a_local_store_or_copied_from_another_file_system(store, tmp_path):
+    moved = tmp_path / "moved.jsonl"
+    moved.write_bytes(b"line\n" * 100)
+    inode = moved.stat().st_ino
+    info = put_file_moving(store, "conversations/shard=00001/conversations.jsonl", moved, synced=False)
+    target = store.root / "conversations/shard=00001/conversations.jsonl"
+    assert not moved.exists() and target.stat().st_ino == inode  # renamed, not copied
+    assert (info.size, info.sha256) == (500, hashlib.sha256(b"line\n" * 100).hexdigest())
+    assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:  # tmpfs: another file system than tmp_path's
+        copied = Path(other) / "copied.jsonl"
+        copied.write_bytes(b"other\n")
+        info = put_file_moving(store, "conversations/shard=00002/conversations.jsonl", copied)
+        assert not copied.exists() and store.get_bytes(info.key) == b"other\n"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
