@@ -334,6 +334,4 @@ def ingest_to_store(
 
 
 def _upload(store: Store, key: str, path: Path) -> StoredObject:
-    uploaded = put_object(store, key, path)
-    path.unlink()
-    return uploaded
+    return put_object(store, key, path, consume=True)  # a local store takes the file by rename
