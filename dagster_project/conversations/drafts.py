@@ -16,6 +16,7 @@ import multiprocessing
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -140,31 +141,41 @@ def draft_block(block: bytes, policy: str, num_shards: int, max_prompt_tokens: i
     return drafted
 
 
-def drafted_batches(
-    snapshot: Path, policy: str, num_shards: int, max_prompt_tokens: int, *, parallel: bool | None = None
-) -> Iterator[list[Draft]]:
-    """The drafts of the snapshot's rows, in order, a block of `BATCH_BYTES` at a time. `parallel`: draft in a worker
-    process (default: when the snapshot is at least `PARALLEL_MIN_BYTES`)."""
-    blocks = jsonl_zst_blocks(snapshot, BATCH_BYTES)
+@contextmanager
+def worker_pool(snapshot: Path, *, parallel: bool | None = None) -> Iterator[ProcessPoolExecutor | None]:
+    """`DRAFT_WORKERS` processes to draft the snapshot in (and publish its shards after: `shards.publish_shards`),
+    or None to do it in this process. `parallel`: default, when the snapshot is at least `PARALLEL_MIN_BYTES`."""
     if parallel is None:
         parallel = snapshot.stat().st_size >= PARALLEL_MIN_BYTES
     if not parallel:
-        for block in blocks:
-            yield list(map(Draft._make, draft_block(block, policy, num_shards, max_prompt_tokens)))
+        yield None
         return
     # spawn, not fork: a Dagster run process has threads, and a forked child could inherit a held lock.
     with ProcessPoolExecutor(DRAFT_WORKERS, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pending: deque[Future[list[tuple]]] = deque()
-        try:
-            for block in blocks:
-                pending.append(pool.submit(draft_block, block, policy, num_shards, max_prompt_tokens))
-                if len(pending) > BATCHES_AHEAD:
-                    yield list(map(Draft._make, pending.popleft().result()))
-            while pending:
+        yield pool
+
+
+def drafted_batches(
+    snapshot: Path, policy: str, num_shards: int, max_prompt_tokens: int, *, pool: ProcessPoolExecutor | None
+) -> Iterator[list[Draft]]:
+    """The drafts of the snapshot's rows, in order, a block of `BATCH_BYTES` at a time, drafted in `pool` (at most
+    `BATCHES_AHEAD` blocks ahead of the reader), or in this process when it is None (`worker_pool`)."""
+    blocks = jsonl_zst_blocks(snapshot, BATCH_BYTES)
+    if pool is None:
+        for block in blocks:
+            yield list(map(Draft._make, draft_block(block, policy, num_shards, max_prompt_tokens)))
+        return
+    pending: deque[Future[list[tuple]]] = deque()
+    try:
+        for block in blocks:
+            pending.append(pool.submit(draft_block, block, policy, num_shards, max_prompt_tokens))
+            if len(pending) > BATCHES_AHEAD:
                 yield list(map(Draft._make, pending.popleft().result()))
-        finally:
-            for future in pending:  # the stage stopped early: drop what is queued
-                future.cancel()
+        while pending:
+            yield list(map(Draft._make, pending.popleft().result()))
+    finally:
+        for future in pending:  # the stage stopped early: drop what is queued
+            future.cancel()
 
 
 def _user_turns(source: list[dict[str, Any]], generate_after: list[int], policy: str) -> int:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,7 +34,7 @@ from dagster_project.store.manifest import (
     read_stage_manifest,
     verified_bytes,
 )
-from dagster_project.store.storage import CorruptObject, Store, map_in_order
+from dagster_project.store.storage import CorruptObject, LocalStore, Store, map_in_order
 from dagster_project.store.verdicts import record_verdicts
 
 SHARD_FILE = "conversations.jsonl"
@@ -284,43 +285,54 @@ def read_all_conversations(store: Store, num_shards: int) -> Iterator[ShardConte
 
 
 def publish_shards(
-    store: Store, buffers: ShardBuffers, *, policy: str, build_id: str, log: Callable[[str], None] = lambda _: None
+    store: Store,
+    buffers: ShardBuffers,
+    *,
+    policy: str,
+    build_id: str,
+    pool: Executor | None = None,
+    log: Callable[[str], None] = lambda _: None,
 ) -> list[ConversationsShardManifest]:
     """Publish every shard (data, then manifest); return the manifests in shard order.
 
     The shards of one object-index block are published together (`publish_shards_together`), the blocks
-    side by side: no two workers update one index block."""
+    side by side (no two workers update one index block): on a local store in `pool`'s processes when one is
+    given (the work is on this machine's CPU), else in threads (on S3 they wait on requests)."""
+    blocks = object_index.shards_by_block(range(buffers.num_shards))
+    publish = partial(_publish_block, store, buffers, policy=policy, build_id=build_id)
+    manifests: list[ConversationsShardManifest] = []
+    with ExitStack() as stack:
+        if pool is None or not isinstance(store, LocalStore):
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=PUBLISH_WORKERS))
+        for published in pool.map(publish, blocks):
+            manifests.extend(published)
+            log(f"published {len(manifests)}/{buffers.num_shards} shards")
+    return sorted(manifests, key=lambda manifest: manifest.shard)
 
-    def shard_manifest(shard: int, ids: list[str]) -> ConversationsShardManifest:
+
+def _publish_block(
+    store: Store, buffers: ShardBuffers, shards: list[int], *, policy: str, build_id: str
+) -> list[ConversationsShardManifest]:
+    """Publish `shards`, the shards of one object-index block (in a worker process or thread)."""
+    block = shards[0] // object_index.BLOCK_SHARDS
+    ids = buffers.block_ids(block)
+    together = []
+    for shard in shards:
         counts = buffers.counts[shard]
-        return ConversationsShardManifest(
+        manifest = ConversationsShardManifest(
             shard=shard,
             rows=counts.conversations,
-            ids_digest=ids_digest(ids),
+            ids_digest=ids_digest(ids.get(shard, [])),
             num_shards=buffers.num_shards,
             policy=policy,
             build_id=build_id,
             multi_turn=counts.multi_turn,
             turns=counts.turns,
         )
-
-    def publish_block(shards: list[int]) -> list[ConversationsShardManifest]:
-        block = shards[0] // object_index.BLOCK_SHARDS
-        ids = buffers.block_ids(block)
-        together = [
-            (shard_manifest(shard, ids.get(shard, [])), [(SHARD_FILE, buffers.path(shard))]) for shard in shards
-        ]
-        published = publish_shards_together(store, together, consume_files=True)  # the files move, not copied
-        buffers.ids_path(block).unlink()
-        return published
-
-    blocks = object_index.shards_by_block(range(buffers.num_shards))
-    manifests: list[ConversationsShardManifest] = []
-    with ThreadPoolExecutor(max_workers=PUBLISH_WORKERS) as pool:
-        for published in pool.map(publish_block, blocks):
-            manifests.extend(published)
-            log(f"published {len(manifests)}/{buffers.num_shards} shards")
-    return sorted(manifests, key=lambda manifest: manifest.shard)
+        together.append((manifest, [(SHARD_FILE, buffers.path(shard))]))
+    published = publish_shards_together(store, together, consume_files=True)  # the files move, not copied
+    buffers.ids_path(block).unlink()
+    return published
 
 
 def remove_stale_shards(store: Store, num_shards: int) -> int:

@@ -49,7 +49,7 @@ import orjson
 
 from dagster_project.conversations.budget import PromptBudget
 from dagster_project.conversations.dedup import SeenIndex
-from dagster_project.conversations.drafts import Draft, drafted_batches
+from dagster_project.conversations.drafts import Draft, drafted_batches, worker_pool
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.conversations.shards import (
     ConversationsManifest,
@@ -248,23 +248,23 @@ def build_conversations(
         preserve_thinking=settings.preserve_thinking,
     )
     buffers = ShardBuffers(workspace / "shards", num_shards)
-    with SeenIndex(workspace / "seen") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
-        builder = ConversationBuilder(budget, seen, num_shards)
-        for drafts in drafted_batches(snapshot, settings.policy, num_shards, max_prompt_tokens):
-            for built in builder.build_batch(drafts):
-                if isinstance(built, Kept):
-                    buffers.append(*built)
-                else:
-                    quarantine.write(built)
-    buffers.flush()
-    snapshot.unlink()
-    built_s = time.perf_counter() - started
-    log(
-        f"{builder.accounting.kept} conversations, {builder.accounting.quarantined} quarantined, "
-        f"{builder.renamed_ids} kept under a hash id because their own id was taken, in {built_s:.1f}s"
-    )
-
-    shard_manifests = publish_shards(store, buffers, policy=settings.policy, build_id=build_id, log=log)
+    with worker_pool(snapshot) as pool:  # drafting, then publishing
+        with SeenIndex(workspace / "seen") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
+            builder = ConversationBuilder(budget, seen, num_shards)
+            for drafts in drafted_batches(snapshot, settings.policy, num_shards, max_prompt_tokens, pool=pool):
+                for built in builder.build_batch(drafts):
+                    if isinstance(built, Kept):
+                        buffers.append(*built)
+                    else:
+                        quarantine.write(built)
+        buffers.flush()
+        snapshot.unlink()
+        built_s = time.perf_counter() - started
+        log(
+            f"{builder.accounting.kept} conversations, {builder.accounting.quarantined} quarantined, "
+            f"{builder.renamed_ids} kept under a hash id because their own id was taken, in {built_s:.1f}s"
+        )
+        shard_manifests = publish_shards(store, buffers, policy=settings.policy, build_id=build_id, pool=pool, log=log)
     stale = remove_stale_shards(store, num_shards)
     quarantine_object = put_object(store, QUARANTINE_KEY, quarantine.path)
     quarantine.path.unlink()

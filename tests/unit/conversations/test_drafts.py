@@ -31,8 +31,11 @@ def test_worker_drafts_equal_in_process_drafts_batch_for_batch(tmp_path, monkeyp
     monkeypatch.setattr(drafts, "BATCH_BYTES", 500)  # several batches, more than the workers have in flight
     snapshot = _snapshot(tmp_path / "prompts.jsonl.zst", [_row(i) for i in range(41)])
     args = (snapshot, policy, 16, 120)  # a budget of 120 tokens: one-turn rows fit its byte bound, others not
-    in_workers = list(drafts.drafted_batches(*args, parallel=True))
-    in_process = list(drafts.drafted_batches(*args, parallel=False))
+    with drafts.worker_pool(snapshot, parallel=True) as pool:
+        in_workers = list(drafts.drafted_batches(*args, pool=pool))
+    with drafts.worker_pool(snapshot, parallel=False) as pool:
+        assert pool is None
+        in_process = list(drafts.drafted_batches(*args, pool=pool))
     assert in_workers == in_process
     assert len(in_process) > drafts.BATCHES_AHEAD and all(in_process)
     flat = [d for batch in in_process for d in batch]
@@ -48,8 +51,8 @@ def test_a_damaged_snapshot_line_fails_the_stage_from_a_worker(tmp_path) -> None
     with JsonlZstWriter(tmp_path / "bad.jsonl.zst") as writer:
         writer.append_frames(snapshot)
         writer._stream.write(b"{not json\n")
-    with pytest.raises(orjson.JSONDecodeError):
-        list(drafts.drafted_batches(tmp_path / "bad.jsonl.zst", "all_turns", 4, 100, parallel=True))
+    with pytest.raises(orjson.JSONDecodeError), drafts.worker_pool(snapshot, parallel=True) as pool:
+        list(drafts.drafted_batches(tmp_path / "bad.jsonl.zst", "all_turns", 4, 100, pool=pool))
 
 
 def test_may_exceed_is_the_scaffold_bound_against_the_budget_and_always_true_for_tools() -> None:
