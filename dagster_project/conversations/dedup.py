@@ -74,11 +74,12 @@ class _SortedRuns:
         order = np.argsort(keys)
         needles = keys[order]  # sorted: each search starts from the one before, not from the whole run
         for run_keys, run_values in self._runs:
-            first = np.searchsorted(run_keys, needles, "left")
-            last = np.searchsorted(run_keys, needles, "right")
-            for found in np.flatnonzero(last > first).tolist():
-                for at in range(int(first[found]), int(last[found])):
+            first = np.searchsorted(run_keys, needles)
+            hits = np.flatnonzero(run_keys[np.minimum(first, run_keys.size - 1)] == needles)
+            for found, at in zip(hits.tolist(), first[hits].tolist(), strict=True):
+                while at < run_keys.size and run_keys[at] == needles[found]:  # equal keys lie side by side
                     yield int(order[found]), int(run_values[at])
+                    at += 1
 
     def _sorted(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # Stable: two concatenated sorted runs are merged in one pass.

@@ -38,7 +38,7 @@ from dagster_project.store.storage import CorruptObject, LocalStore, Store, map_
 from dagster_project.store.verdicts import record_verdicts
 
 SHARD_FILE = "conversations.jsonl"
-BUFFERED_BYTES = 32 << 20
+BUFFERED_BYTES = 64 << 20  # 64 MiB: each flush opens every shard file; fewer flushes, fewer opens
 # Index blocks published side by side, each publishing its shards several at a time (`publish_shards_together`).
 PUBLISH_WORKERS = 2
 

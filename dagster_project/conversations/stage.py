@@ -43,7 +43,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
@@ -130,40 +130,35 @@ def supersede_downstream(
     return {**withdrawn, layout.EXPORTS: len(exports)}
 
 
-class Kept(NamedTuple):
-    """A conversation kept: its shard, id and JSON line, and what its shard's manifest counts."""
-
-    shard: int
-    id: str
-    line: bytes
-    multi_turn: bool
-    turns: int
-
-
 class ConversationBuilder:
-    """Decides drafted snapshot rows (`drafts.Draft`), one at a time in input order; `accounting` counts every row."""
+    """Decides drafted snapshot rows (`drafts.Draft`), one at a time in input order: a kept row goes to its shard's
+    buffer, a rejected one to the quarantine; `accounting` counts every row."""
 
-    def __init__(self, budget: PromptBudget, seen: SeenIndex, num_shards: int):
+    def __init__(self, budget: PromptBudget, seen: SeenIndex, buffers: ShardBuffers, quarantine: JsonlZstWriter):
         self.budget = budget
         self.seen = seen
-        self.num_shards = num_shards
+        self.num_shards = buffers.num_shards
+        self.keep = buffers.append
+        self.quarantine = quarantine
         self.accounting = Accounting()
         self.renamed_ids = 0  # rows kept under their hash id because their own id was taken
         self.tool_calling = 0
+        self._kept_from: Counter[str] = Counter()  # this batch's kept rows per source
 
-    def build_batch(self, drafts: list[Draft]) -> list[Kept | dict[str, Any]]:
-        """Each drafted row kept or its quarantine record, decided in order (one batch of
-        lookups in the on-disk index for all of them)."""
+    def build_batch(self, drafts: list[Draft]) -> None:
+        """Keep or quarantine each drafted row, decided in order (one batch of lookups in the on-disk index for all
+        of them)."""
         candidates = (i for d in drafts for i in (d.source_id, d.hashed_id) if i)
         self.seen.prefetch((d.digest for d in drafts), candidates)
-        built = [self._decide(d) for d in drafts]
+        for draft in drafts:
+            self._decide(draft)
         self.seen.commit()
         # Counted per batch: a call per kept row costs more than the rest of the accounting.
-        for source, kept in Counter(d.source for d, b in zip(drafts, built, strict=True) if type(b) is Kept).items():
+        for source, kept in self._kept_from.items():
             self.accounting.keep(source, kept)
-        return built
+        self._kept_from.clear()
 
-    def _decide(self, draft: Draft) -> Kept | dict[str, Any]:
+    def _decide(self, draft: Draft) -> None:
         first = self.seen.first_with_content(draft.digest)
         if first is not None:
             return self._reject(draft, "duplicate", f"same generation requests as {first}", duplicate_of=first)
@@ -187,27 +182,30 @@ class ConversationBuilder:
             return self._reject(draft, "duplicate_id", f"ids {source_id!r} and {hashed_id!r} are taken by earlier rows")
         self.seen.add_content(draft.digest, claimed)
         self.tool_calling += draft.calls_tools
-        if claimed == draft.provisional_id:
-            return Kept(draft.shard, claimed, draft.line, draft.multi_turn, draft.turns)
+        self._kept_from[draft.source] += 1
+        if claimed == (source_id or hashed_id):  # its provisional id
+            return self.keep(draft.shard, claimed, draft.line, draft.multi_turn, draft.turns)
         # Kept under its hash id: its own id was taken by an earlier row (a handful of rows are parsed again).
         conversation = draft.conversation()
         conversation.id = claimed
         conversation.shard = shard_of(claimed, self.num_shards)
         conversation.extra["renamed_from"] = source_id
         self.renamed_ids += 1
-        return Kept(conversation.shard, claimed, orjson.dumps(conversation), draft.multi_turn, draft.turns)
+        return self.keep(conversation.shard, claimed, orjson.dumps(conversation), draft.multi_turn, draft.turns)
 
-    def _reject(self, draft: Draft, reason: str, detail: str, **extra: Any) -> dict[str, Any]:
+    def _reject(self, draft: Draft, reason: str, detail: str, **extra: Any) -> None:
         self.accounting.reject(draft.source, reason)
-        return quarantine_record(
-            stage=STAGE,
-            reason=reason,
-            detail=detail,
-            id=draft.provisional_id,
-            source=draft.source,
-            source_file=draft.source_file,
-            source_row=draft.source_row,
-            **extra,
+        self.quarantine.write(
+            quarantine_record(
+                stage=STAGE,
+                reason=reason,
+                detail=detail,
+                id=draft.provisional_id,
+                source=draft.source,
+                source_file=draft.source_file,
+                source_row=draft.source_row,
+                **extra,
+            )
         )
 
 
@@ -250,13 +248,9 @@ def build_conversations(
     buffers = ShardBuffers(workspace / "shards", num_shards)
     with worker_pool(snapshot) as pool:  # drafting, then publishing
         with SeenIndex(workspace / "seen") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
-            builder = ConversationBuilder(budget, seen, num_shards)
+            builder = ConversationBuilder(budget, seen, buffers, quarantine)
             for drafts in drafted_batches(snapshot, settings.policy, num_shards, max_prompt_tokens, pool=pool):
-                for built in builder.build_batch(drafts):
-                    if isinstance(built, Kept):
-                        buffers.append(*built)
-                    else:
-                        quarantine.write(built)
+                builder.build_batch(drafts)
         buffers.flush()
         snapshot.unlink()
         built_s = time.perf_counter() - started
