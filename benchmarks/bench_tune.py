@@ -53,7 +53,7 @@ from dagster_project.ops import knee as knee_fit
 from dagster_project.ops import tune
 from dagster_project.ops.tune import TuneOptions, TuneReport
 from dagster_project.ops.tune_point import TunePoint
-from dagster_project.sglang.launch import CapacityTarget, plan_simulators
+from dagster_project.sglang.launch_plan import CapacityTarget, plan_simulators
 from dagster_project.sglang.sim.config import SimConfig
 from dagster_project.sglang.sim.rates import steady_output_rate
 from dagster_project.store.dataclass_json import from_json

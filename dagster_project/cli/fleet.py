@@ -66,20 +66,20 @@ def parse_sim_options(pairs: list[str], defaults: dict | None = None) -> dict:
 
 
 def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
-    from dagster_project.sglang import launch
+    from dagster_project.sglang import launch, launch_plan
 
     fleet = resources.fleet
     run_dir = Path(fleet.fleet_dir)
-    target = launch.CapacityTarget(**given_flags(args, launch.CapacityTarget))
+    target = launch_plan.CapacityTarget(**given_flags(args, launch_plan.CapacityTarget))
     if args.simulate:
         given = parse_sim_options(args.sim_option, defaults={})
         options = parse_sim_options(args.sim_option)
-        if "gpu_memory_gb" in given and not set(given) & set(launch.SIM_CAPACITY_OPTIONS):
+        if "gpu_memory_gb" in given and not set(given) & set(launch_plan.SIM_CAPACITY_OPTIONS):
             options.pop("max_running_requests", None)  # a memory model and no cap given: the plan sets it
         if fleet.api_key:  # simulators guard their routes like servers started with --api-key
             options["api_key"] = fleet.api_key
-        options, plan = launch.plan_simulators(options, target)
-        print(launch.describe_plan(plan), flush=True)
+        options, plan = launch_plan.plan_simulators(options, target)
+        print(launch_plan.describe_plan(plan), flush=True)
         up = launch.launch_simulators(args.simulate, run_dir, options, **given_flags(args, {"host"}))
     else:
         if not args.gpus:
@@ -88,12 +88,12 @@ def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
             **given_flags(args, launch.ServerOptions), api_key=fleet.api_key, extra_args=tuple(args.extra_arg)
         )
         gpus = [int(g) for g in args.gpus.split(",")]
-        options, plan = launch.plan_capacity(options, target, launch.fleet_gpu(gpus, target))
-        print(launch.describe_plan(plan), flush=True)
+        options, plan = launch_plan.plan_capacity(options, target, launch_plan.fleet_gpu(gpus, target))
+        print(launch_plan.describe_plan(plan), flush=True)
         up = launch.launch_fleet(gpus, run_dir, options, **given_flags(args, LAUNCH_FLAGS))
     print(f"fleet up ({up.kind}): {', '.join(up.urls)}; record and logs in {run_dir}")
     # The cap each server computed, next to the plan's: a server that found other memory says so here.
-    for line in launch.capacity_report(up.urls, plan, target, api_key=fleet.api_key):
+    for line in launch_plan.capacity_report(up.urls, plan, target, api_key=fleet.api_key):
         print(f"  {line}")
     _register(args, resources, up)
     return 0
@@ -194,7 +194,7 @@ LAUNCH_FLAGS = {"base_port", "startup_timeout_s"}
 
 
 def fleet_flags(fleet: argparse.ArgumentParser) -> None:
-    from dagster_project.sglang import launch
+    from dagster_project.sglang import launch, launch_plan
 
     actions = fleet.add_subparsers(dest="action", required=True, metavar="ACTION")
     node = {
@@ -213,7 +213,7 @@ def fleet_flags(fleet: argparse.ArgumentParser) -> None:
     up.add_argument("--sim-option", action="append", default=[], metavar="NAME=VALUE", help=sim_option_help())
     up.add_argument("--gpus", help="comma-separated GPU indices: one server per GPU")
     add_flags(up, launch.ServerOptions, skip={"api_key", "extra_args"}, aliases={"model_path": ["--model"]})
-    add_flags(up, launch.CapacityTarget)
+    add_flags(up, launch_plan.CapacityTarget)
     up.add_argument(
         "--extra-arg", action="append", default=[], help="passed to sglang.launch_server as is (repeat for several)"
     )

@@ -16,7 +16,7 @@ from dagster_project.cli.fleet import parse_sim_options, sim_option_help
 
 def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
     from dagster_project.ops import tune
-    from dagster_project.sglang import launch
+    from dagster_project.sglang import launch, launch_plan
 
     options = tune.TuneOptions(**given_flags(args, tune.TuneOptions))
     store = resources.store.open()
@@ -28,18 +28,18 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
         prompts = tune.conversation_prompts(store, resources.tokenizer.load(), settings, options.sample, options.seed)
         source = "published conversations, first turns rendered as generation renders them"
     params = tune.request_params(settings, options)
-    target = launch.CapacityTarget(**given_flags(args, launch.CapacityTarget))
+    target = launch_plan.CapacityTarget(**given_flags(args, launch_plan.CapacityTarget))
     fleet = resources.fleet
     endpoints: list[str] = []
     launcher = spec_options = None
     if args.simulate:
         given = parse_sim_options(args.sim_option, defaults={})
         base = parse_sim_options(args.sim_option)
-        if "gpu_memory_gb" in given and not set(given) & set(launch.SIM_CAPACITY_OPTIONS):
+        if "gpu_memory_gb" in given and not set(given) & set(launch_plan.SIM_CAPACITY_OPTIONS):
             base.pop("max_running_requests", None)
         settings_grid = tune.launch_settings_grid(_sweeps(args.sweep, None), _launch_flag)
         launcher = _simulator_launcher(args.simulate, Path(fleet.fleet_dir).with_name("tune-fleet"), base, target)
-        spec_options = launch.sim_spec_options
+        spec_options = launch_plan.sim_spec_options
     elif args.gpus:
         base_options = launch.ServerOptions(
             **given_flags(args, launch.ServerOptions), api_key=fleet.api_key, extra_args=tuple(args.extra_arg)
@@ -48,7 +48,7 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
         settings_grid = tune.launch_settings_grid(_sweeps(args.sweep, allowed), _launch_flag)
         gpus = [int(g) for g in args.gpus.split(",")]
         launcher = _gpu_launcher(gpus, Path(fleet.fleet_dir), base_options, target)
-        spec_options = launch.server_spec_options
+        spec_options = launch_plan.server_spec_options
     else:
         if args.sweep:
             raise SystemExit("--sweep restarts servers: give --simulate N or --gpus to tune in launch mode")
@@ -106,12 +106,12 @@ def _launch_flag(name: str, value: Any) -> list[str]:
 
 def _launcher(run_dir: Path, plan: Any, start: Any) -> Any:
     """A context manager per sweep setting: plan the servers for it, start them, yield their URLs, stop them."""
-    from dagster_project.sglang import launch
+    from dagster_project.sglang import launch, launch_plan
 
     @contextlib.contextmanager
     def serve(setting: Any) -> Any:
-        options, launch_plan = plan(setting)
-        print(f"tune [{setting.label}]: {launch.describe_plan(launch_plan)}", flush=True)
+        options, planned = plan(setting)
+        print(f"tune [{setting.label}]: {launch_plan.describe_plan(planned)}", flush=True)
         fleet = start(options)
         try:
             yield fleet.urls
@@ -122,23 +122,23 @@ def _launcher(run_dir: Path, plan: Any, start: Any) -> Any:
 
 
 def _simulator_launcher(count: int, run_dir: Path, base: dict, target: Any) -> Any:
-    from dagster_project.sglang import launch
+    from dagster_project.sglang import launch, launch_plan
 
     return _launcher(
         run_dir,
-        lambda setting: launch.plan_simulators({**base, **setting.options}, target),
+        lambda setting: launch_plan.plan_simulators({**base, **setting.options}, target),
         lambda options: launch.launch_simulators(count, run_dir, options),
     )
 
 
 def _gpu_launcher(gpus: list[int], run_dir: Path, base: Any, target: Any) -> Any:
-    from dagster_project.sglang import launch
+    from dagster_project.sglang import launch, launch_plan
 
     # The fleet's own run directory: a fleet already running on these GPUs is refused, not doubled.
     return _launcher(
         run_dir,
-        lambda setting: launch.plan_capacity(
-            dataclasses.replace(base, **setting.options), target, launch.fleet_gpu(gpus, target)
+        lambda setting: launch_plan.plan_capacity(
+            dataclasses.replace(base, **setting.options), target, launch_plan.fleet_gpu(gpus, target)
         ),
         lambda options: launch.launch_fleet(gpus, run_dir, options),
     )
@@ -188,7 +188,7 @@ def _project(args: argparse.Namespace) -> int:
 
 def tune_flags(tune: argparse.ArgumentParser) -> None:
     from dagster_project.ops.tune import TuneOptions
-    from dagster_project.sglang import launch
+    from dagster_project.sglang import launch, launch_plan
 
     tune.add_argument("--endpoints", help="servers to tune (default: the recorded fleet or DFLASH_SGLANG_ENDPOINTS)")
     tune.add_argument("--simulate", type=int, metavar="N", help="launch N simulators per server setting")
@@ -203,7 +203,7 @@ def tune_flags(tune: argparse.ArgumentParser) -> None:
     )
     add_flags(tune, TuneOptions)
     add_flags(tune, launch.ServerOptions, skip={"api_key", "extra_args"}, aliases={"model_path": ["--model"]})
-    add_flags(tune, launch.CapacityTarget)
+    add_flags(tune, launch_plan.CapacityTarget)
     tune.add_argument(
         "--extra-arg", action="append", default=[], help="passed to sglang.launch_server as is (repeat for several)"
     )

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import orjson
-import psutil
+
+from dagster_project.processes import live_process, this_process
 
 WANT_TTL_S = 2.0  # a run that stopped asking is no longer ahead of the others after this long
 
@@ -38,6 +39,8 @@ WANT_TTL_S = 2.0  # a run that stopped asking is no longer ahead of the others a
 class _Member:
     pid: int
     in_flight: int = 0
+    # The process's start mark (`processes`): a killed run whose pid went to a later process still lets go.
+    start: str = ""
     remaining: int = 0  # requests this run still has to finish: the fewest goes first
     wants: int = 0  # slots it asked for and did not get
     wants_at: float = 0.0
@@ -122,7 +125,8 @@ class FleetLedger:
     # ---- the file ----------------------------------------------------------------------------------
 
     def _me(self, record: _ServerRecord) -> _Member:
-        me = record.members.setdefault(self.member, _Member(pid=os.getpid()))
+        _, pid, start = this_process()
+        me = record.members.setdefault(self.member, _Member(pid=pid, start=start))
         me.remaining = self.remaining
         return me
 
@@ -156,23 +160,24 @@ def _load(raw: bytes) -> _ServerRecord:
     if not raw:
         return _ServerRecord()
     stored = orjson.loads(raw)
-    members = {name: _Member(**member) for name, member in stored.get("members", {}).items() if _alive(member["pid"])}
+    members = {
+        name: _Member(**member)
+        for name, member in stored.get("members", {}).items()
+        if _alive(member["pid"], member.get("start", ""))
+    }
     return _ServerRecord(members, stored.get("set_aside_reason"), stored.get("set_aside_by"))
 
 
-_liveness: dict[int, tuple[bool, float]] = {}
+_liveness: dict[tuple[int, str], tuple[bool, float]] = {}
 _LIVENESS_TTL_S = 1.0  # looking a process up costs more than the rest of an admission: once a second is enough
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
+def _alive(pid: int, start: str) -> bool:
+    _, my_pid, my_start = this_process()
+    if pid == my_pid and start in ("", my_start):
         return True
     now = time.monotonic()
-    known = _liveness.get(pid)
+    known = _liveness.get((pid, start))
     if known is None or now - known[1] > _LIVENESS_TTL_S:
-        try:
-            alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            alive = False
-        known = _liveness[pid] = (alive, now)
+        known = _liveness[(pid, start)] = (live_process(pid, start) is not None, now)
     return known[0]

@@ -20,7 +20,8 @@ from typing import Any
 import yaml
 
 from dagster_project.sglang import capacity
-from dagster_project.sglang.launch import CapacityTarget, ServerOptions, plan_capacity, server_command
+from dagster_project.sglang.launch import ServerOptions, server_command
+from dagster_project.sglang.launch_plan import CapacityTarget, plan_capacity
 
 NAME = "sglang"
 PORT = 30000

@@ -13,7 +13,7 @@ import pytest
 
 from dagster_project.cli import main
 from dagster_project.settings import DEMO_DATA_DIR
-from dagster_project.sglang import launch
+from dagster_project.sglang import launch, launch_plan
 from tests.support.ingest_helpers import run_stages
 
 SECRET = "sk-test-4f1d9a7c"
@@ -174,7 +174,7 @@ def test_fleet_up_plans_the_cap_from_gpu_memory_and_the_expected_lengths(monkeyp
         return SimpleNamespace(kind="sglang", urls=[], members=[])
 
     monkeypatch.setattr(launch, "launch_fleet", launch_fleet)
-    monkeypatch.setattr(launch, "gpu_memory", lambda gpus: launch.parse_nvidia_smi("0, 143771, 143771\n"))
+    monkeypatch.setattr(launch_plan, "gpu_memory", lambda gpus: launch_plan.parse_nvidia_smi("0, 143771, 143771\n"))
     assert main(["fleet", "up", "--gpus", "0"]) == 0
     # An H200 at 600 + 2,000 tokens per request: the radix cache off and 68 running (69 less the plan's margin).
     assert launched["options"].max_running_requests == 68 and not launched["options"].radix_cache
@@ -182,7 +182,7 @@ def test_fleet_up_plans_the_cap_from_gpu_memory_and_the_expected_lengths(monkeyp
     assert main(["fleet", "up", "--gpus", "0", "--expected-output-tokens", "8000"]) == 0
     assert launched["options"].max_running_requests == 47
     # Without nvidia-smi and without a figure, the plan cannot be made: the operator is told what to pass.
-    monkeypatch.setattr(launch, "gpu_memory", lambda gpus: {})
+    monkeypatch.setattr(launch_plan, "gpu_memory", lambda gpus: {})
     with pytest.raises(SystemExit, match="--gpu-memory-gib"):
         main(["fleet", "up", "--gpus", "0"])
 

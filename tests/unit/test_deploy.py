@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from dagster_project.sglang import k8s_manifest
-from dagster_project.sglang.launch import ServerOptions, plan_capacity, server_command
+from dagster_project.sglang.launch import ServerOptions, server_command
+from dagster_project.sglang.launch_plan import plan_capacity
 from tests.support.paths import PROJECT_ROOT
 
 DEPLOY = PROJECT_ROOT / "deploy"

@@ -9,6 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 import orjson
 
 from dagster_project.generation.ledger import WANT_TTL_S, FleetLedger
+from dagster_project.processes import process_start
 
 SERVER = "http://127.0.0.1:30000"
 
@@ -54,6 +55,23 @@ def test_slots_of_a_dead_run_are_reclaimed(tmp_path):
     record["members"]["killed"] = {"pid": dead_pid, "in_flight": 9, "remaining": 1, "wants": 5, "wants_at": 0.0}
     path.write_bytes(orjson.dumps(record))
     assert ledger.acquire(SERVER, 9, limit=10) == 9
+
+
+def test_slots_of_a_dead_run_whose_pid_went_to_a_later_process_are_reclaimed(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_start = process_start(dead.pid)
+    dead.wait()
+    with subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE) as later:
+        ledger = FleetLedger(tmp_path, "alive")
+        assert ledger.acquire(SERVER, 1, limit=10) == 1
+        path = ledger._path(SERVER)
+        record = orjson.loads(path.read_bytes())
+        member = {"in_flight": 4, "remaining": 1, "wants": 0, "wants_at": 0.0}
+        record["members"]["running"] = {**member, "pid": later.pid, "start": process_start(later.pid)}
+        record["members"]["killed"] = {**member, "pid": later.pid, "start": dead_start}  # its pid, reused
+        path.write_bytes(orjson.dumps(record))
+        assert ledger.acquire(SERVER, 9, limit=10) == 5  # the killed run's 4 are free, the running one's are not
+        later.communicate(b"\n")
 
 
 def test_leaving_returns_the_slots(tmp_path):

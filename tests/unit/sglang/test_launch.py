@@ -13,18 +13,14 @@ import pytest
 import yaml
 
 from dagster_project.sglang import capacity
-from dagster_project.sglang.launch import (
+from dagster_project.sglang.launch import FleetError, ServerOptions, connect, server_command, write_secrets_config
+from dagster_project.sglang.launch_plan import (
     CapacityTarget,
-    FleetError,
-    ServerOptions,
-    connect,
     describe_plan,
     fleet_gpu,
     parse_nvidia_smi,
     plan_capacity,
     plan_simulators,
-    server_command,
-    write_secrets_config,
 )
 
 # Every flag `server_command` may emit, each checked to exist in the sglang 0.5.23 wheel
