@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psutil
 
-from dagster_project.processes import live_process, process_start
+from dagster_project.processes import live_process, process_start, this_process
 from dagster_project.sglang import capacity
 from dagster_project.sglang.protocol import parse_metrics
 from dagster_project.sglang.speculative import RECIPE, parse_setting
@@ -268,7 +268,8 @@ class Fleet:
     kind: str  # "sglang" or "simulator"
     members: list[Member] = field(default_factory=list)
     state: str = "starting"  # "up" once every member answered its readiness probe
-    launcher_pid: int = field(default_factory=os.getpid)
+    launcher_pid: int = field(default_factory=lambda: this_process()[1])
+    launcher_start: str = field(default_factory=lambda: this_process()[2])  # `processes`: its pid may be reused
 
     @property
     def urls(self) -> list[str]:
@@ -292,13 +293,14 @@ class Fleet:
             return None
         record = orjson.loads(path.read_bytes())
         members = [from_dict(Member, member) for member in record.pop("members")]
-        return cls(**{**record, "run_dir": Path(record["run_dir"]), "members": members})
+        # A record written before launchers had a start mark is judged by the pid alone.
+        return cls(**{"launcher_start": "", **record, "run_dir": Path(record["run_dir"]), "members": members})
 
     def alive(self) -> list[Member]:
         return [member for member in self.members if member.process() is not None]
 
     def launcher_alive(self) -> bool:
-        return self.launcher_pid != os.getpid() and psutil.pid_exists(self.launcher_pid)
+        return self.launcher_pid != os.getpid() and live_process(self.launcher_pid, self.launcher_start) is not None
 
 
 # ---- processes --------------------------------------------------------------------------------------------------
