@@ -133,7 +133,7 @@ def draft_block(block: bytes, policy: str, num_shards: int, max_prompt_tokens: i
     names: dict[str, str] = {}
     drafted = []
     for line in block.splitlines():
-        if line.strip():
+        if line and not line.isspace():  # not line.strip(): that copies every line
             row = prompt_row(orjson.loads(line))
             row.source = names.setdefault(row.source, row.source)
             row.source_file = names.setdefault(row.source_file, row.source_file)

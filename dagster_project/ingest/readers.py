@@ -115,7 +115,7 @@ def _first_byte(stream: BinaryIO) -> bytes:
 
 def _jsonl_rows(stream: BinaryIO) -> Iterator[RawRow]:
     for index, line in enumerate(stream):
-        if not line.strip():
+        if not line or line.isspace():  # not line.strip(): that copies every line
             continue
         try:
             yield RawRow(index, value=orjson.loads(line))
