@@ -42,10 +42,14 @@ def process_start(pid: int) -> str:
     return f"boot {_boot_id()} tick {int(start_ticks)}"
 
 
-@functools.cache
 def this_process() -> tuple[str, int, str]:
-    """(host, pid, start mark) of this process."""
-    return socket.gethostname(), os.getpid(), process_start(os.getpid())
+    """(host, pid, start mark) of this process (a forked child is a process of its own)."""
+    return _this_process(os.getpid())
+
+
+@functools.cache
+def _this_process(pid: int) -> tuple[str, int, str]:
+    return socket.gethostname(), pid, process_start(pid)
 
 
 def live_process(pid: int, start: str) -> psutil.Process | None:

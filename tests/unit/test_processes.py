@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import psutil
 import pytest
 
@@ -52,3 +53,17 @@ def test_the_start_mark_is_read_past_a_command_name_with_spaces_and_parentheses(
     assert live_process(child.pid, "") is None
     with pytest.raises(psutil.NoSuchProcess):
         process_start(child.pid)
+
+
+def test_a_forked_child_names_itself_not_its_parent():
+    parent = this_process()
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: report what it calls itself, then leave without running the parent's cleanup
+        os.write(writer, orjson.dumps(this_process()))
+        os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as pipe:
+        host, pid, start = orjson.loads(pipe.read())
+    os.waitpid(child, 0)
+    assert (host, pid) == (parent[0], child) and start != parent[2]
