@@ -22,7 +22,6 @@ it would quarantine one row as a duplicate, visibly, never merge two rows.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Iterable, Iterator
@@ -39,11 +38,6 @@ _END = b"\xff"  # ends each id in the ids file: no UTF-8 text holds this byte
 
 # The key of an id: hash() varies between processes, never within one, and the index lives in one process.
 _id_key = hash
-
-
-def digest64(data: bytes) -> int:
-    """A signed 64-bit digest."""
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big", signed=True)
 
 
 class _SortedRuns:

@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 import orjson
 
 from dagster_project.conversations.budget import may_exceed
-from dagster_project.conversations.dedup import digest64
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.conversations.shards import is_multi_turn
 from dagster_project.conversations.turns import apply_policy, calls_tools, request_key, turn_ends
@@ -67,6 +66,12 @@ class Draft(NamedTuple):
 
     def conversation(self) -> Conversation:
         return Conversation.from_json(self.line)
+
+
+def digest64(data: bytes) -> int:
+    """A signed 64-bit digest (the content key of `dedup.SeenIndex`; defined here, not there, so that the drafting
+    workers never import numpy: that took longer than drafting a batch)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big", signed=True)
 
 
 def content_id(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
