@@ -185,6 +185,8 @@ class SeenIndex:
             end = data.find(_END)
             if end >= 0:
                 return data[:end].decode("utf-8", "surrogatepass")
+            if len(data) < size:  # the file ends before the id does: never written so
+                raise RuntimeError(f"the dedup index's ids file {self._ids_file.name} ends inside an id at {offset}")
             size *= 4
 
     def close(self) -> None:

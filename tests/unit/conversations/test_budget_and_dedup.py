@@ -89,3 +89,11 @@ def test_the_index_answers_alike_across_many_runs_on_disk_and_colliding_id_hashe
         assert seen.first_with_content(200) is None
         assert not seen.claim_id("id-001-2") and not seen.claim_id("id-039-4") and seen.claim_id("id-040-0")
     assert not (tmp_path / "seen").exists()
+
+
+def test_an_id_read_past_the_end_of_the_ids_file_is_an_error_not_an_endless_read(tmp_path):
+    with SeenIndex(tmp_path / "seen") as seen:
+        assert seen.claim_id("row-1")
+        seen.commit()
+        with pytest.raises(RuntimeError, match="ends inside an id"):
+            seen._read_id(len(b"row-1") + 1)  # past the only id: nothing ends there
