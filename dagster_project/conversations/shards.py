@@ -179,10 +179,7 @@ class ShardBuffers:
         """Append `line`, the JSON of conversation `row_id`, to `shard`."""
         self._buffers[shard].append(line)
         self._ids[shard].append(row_id)
-        counts = self.counts[shard]  # inline `PolicyCounts.count`: this runs for every row
-        counts.conversations += 1
-        counts.multi_turn += multi_turn
-        counts.turns += turns
+        self.counts[shard].count(multi_turn, turns)
         self._buffered += len(line) + len(row_id) + 2
         if self._buffered >= self.max_buffered_bytes:
             self.flush()
