@@ -183,7 +183,7 @@ class ConversationBuilder:
         self.seen.add_content(draft.digest, claimed)
         self.tool_calling += draft.calls_tools
         self._kept_from[draft.source] += 1
-        if claimed == (source_id or hashed_id):  # its provisional id
+        if claimed == draft.provisional_id:
             return self.keep(draft.shard, claimed, draft.line, draft.multi_turn, draft.turns)
         # Kept under its hash id: its own id was taken by an earlier row (a handful of rows are parsed again).
         conversation = draft.conversation()
