@@ -21,9 +21,11 @@ from dagster_project.ops.answers.shards import GREEN, ShardsAnswer, green_shards
 from dagster_project.ops.answers.text import as_of, dollars, shard_list
 from dagster_project.ops.status import Status
 
-# Key figures first, each cell a few characters (the two pool usages in one column), so the table fits the asset
-# page's value column at 1,440 px; what limits a server, in full, is in the next table, where the sentence can wrap.
-SERVER_COLUMNS = ["server", "running/cap", "queued", "KV/mamba", "limit"]
+# Key figures first, each cell and header a few characters (the two pool usages in one column), so the table fits the
+# asset page's value column at 1,440 px: Dagster does not wrap a table's headers, and the page's timestamp column
+# beside it widens with a two-digit hour or day. What limits a server, in full, is in the next table, where the
+# sentence can wrap.
+SERVER_COLUMNS = ["server", "busy/cap", "queued", "KV/mamba", "limit"]
 # Measured / planned within this band of 1 is "on plan".
 ON_PLAN_BAND = 0.1
 # Dagster 1.13's asset page shows a Markdown metadata value in place only while it is shorter than this; a longer
@@ -297,7 +299,7 @@ def _coverage(status: Status) -> Section:
     tables = ()
     if cov.by_source:
         sources = _table(
-            ["source", "input rows", "conversations", "quarantined"],
+            ["source", "rows in", "conversations", "quarantined"],  # short headers: see SERVER_COLUMNS
             [
                 [name, _num(t.input_rows), _num(t.conversations), _num(t.quarantined)]
                 for name, t in cov.by_source.items()

@@ -120,7 +120,7 @@ def test_a_healthy_run_on_plan_raises_no_alert_and_its_page_has_the_six_answers_
         assert heading in page, heading
     # Short values, key figures first: the server's own figures, what limits it in a few words; the full
     # statements in the next table, where they can wrap.
-    assert "| server | running/cap | queued | KV/mamba | limit |" in page
+    assert "| server | busy/cap | queued | KV/mamba | limit |" in page
     assert "| gpu0:30000 | 8/8 | 0 | 42%/— | balanced at the cap |" in page
     assert (
         "| gpu0:30000 | Now: balanced at the cap (cap 8 per server); ours in flight 4 of a window of 4. Cap: " in page
