@@ -8,6 +8,10 @@ array that does not close, a corrupt Parquet footer) cannot be split into rows a
 
 `row` is the 0-based index of the row in its file; for JSON Lines it is the line index (blank lines
 are not rows but still count), so `sed -n "$((row + 1))p"` shows the line.
+
+A plain (uncompressed) JSON Lines file can be read in parts (`line_ranges`), each cut after a line break
+and knowing the index of its first line, so that several processes read one large file with the same
+rows and row indices as one process reading it whole.
 """
 
 from __future__ import annotations
@@ -70,9 +74,44 @@ def is_supported(name: str) -> bool:
     return True
 
 
-def iter_rows(path: Path, name: str | None = None) -> Iterator[RawRow]:
-    """The rows of the file at `path`; `name` (default: the path) decides the format and appears in errors."""
+@dataclass(frozen=True)
+class LineRange:
+    """Bytes [start, end) of a plain JSON Lines file, cut after a line break; `first_row`: its first line's index."""
+
+    start: int
+    end: int
+    first_row: int
+
+
+def splits_into_ranges(path: Path, name: str, range_bytes: int) -> bool:
+    """Whether the file at `path` can be read in ranges (`line_ranges`): a plain JSON Lines file longer than one."""
+    if not is_supported(name):
+        return False
+    kind, compression = file_kind(name)
+    return kind == "jsonl" and compression is None and path.stat().st_size > range_bytes
+
+
+def line_ranges(path: Path, range_bytes: int) -> Iterator[LineRange]:
+    """A plain JSON Lines file in ranges of about `range_bytes` each (`LineRange`), found as they are yielded."""
+    start, first_row = 0, 0
+    with open(path, "rb") as handle:
+        while block := handle.read(range_bytes):
+            block += handle.readline()  # to the end of the line the range would cut
+            yield LineRange(start, start + len(block), first_row)
+            start += len(block)
+            first_row += block.count(b"\n")
+
+
+def iter_rows(path: Path, name: str | None = None, line_range: LineRange | None = None) -> Iterator[RawRow]:
+    """The rows of the file at `path`; `name` (default: the path) decides the format and appears in errors.
+    `line_range`: only the rows of that part of a plain JSON Lines file (`line_ranges`)."""
     name = name or str(path)
+    if line_range is not None:
+        with open(path, "rb") as handle:
+            handle.seek(line_range.start)
+            part = io.BytesIO(handle.read(line_range.end - line_range.start))  # a range's bytes, not the file's
+        yield from _jsonl_rows(part, line_range.first_row)
+        return
     kind, compression = file_kind(name)
     if kind == "parquet":
         yield from _parquet_rows(path, name)
@@ -113,8 +152,8 @@ def _first_byte(stream: BinaryIO) -> bytes:
         stream.read(len(head))
 
 
-def _jsonl_rows(stream: BinaryIO) -> Iterator[RawRow]:
-    for index, line in enumerate(stream):
+def _jsonl_rows(stream: BinaryIO, first_row: int = 0) -> Iterator[RawRow]:
+    for index, line in enumerate(stream, first_row):
         if not line or line.isspace():  # not line.strip(): that copies every line
             continue
         try:

@@ -23,7 +23,7 @@ import multiprocessing
 import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -42,7 +42,14 @@ from dagster_project.ingest.formats import (
     source_id,
 )
 from dagster_project.ingest.quarantine import Accounting, Rejected, quarantine_record
-from dagster_project.ingest.readers import FileFormatError, RawRow, iter_rows
+from dagster_project.ingest.readers import (
+    FileFormatError,
+    LineRange,
+    RawRow,
+    iter_rows,
+    line_ranges,
+    splits_into_ranges,
+)
 from dagster_project.ingest.shards import PROMPTS_KEY, QUARANTINE_KEY, IngestedFile, PromptRow, RawPromptsManifest
 from dagster_project.ingest.sources import SourceError, SourceFile, local_copy, resolve_sources
 from dagster_project.store import layout
@@ -56,10 +63,14 @@ DETECTION_ROWS = 200
 # would spend more on starting the processes than it saves).
 INGEST_WORKERS = 2
 PARALLEL_MIN_BYTES = 16 << 20
-# Files handed to the workers ahead of the one being appended: a worker that finishes a small file starts the
-# next one while a large file before it is still being read (appending stays in file order). Each holds its
-# local copy (an S3 file's download) until it is appended, so this also bounds the disk they use.
-FILES_AHEAD = 2 * INGEST_WORKERS
+# A plain JSON Lines file longer than this is read in ranges of this size side by side (`readers.line_ranges`):
+# one large file keeps every worker busy, and the workers end together instead of one reading a last file alone.
+RANGE_BYTES = 8 << 20
+# Parts (files, or ranges of one) handed to the workers ahead of the one being appended: a worker that finishes
+# a part starts the next one while a large one before it is still being read (appending stays in order). A part
+# waits on disk, compressed, until it is appended; a file holds its local copy (an S3 file's download) until its
+# last part is, so this also bounds the disk they use.
+PARTS_AHEAD = 4 * INGEST_WORKERS
 _PARTS = "ingest_parts"
 _ID_IN_TEXT = re.compile(rf'"(?:{"|".join(ID_FIELDS)})"\s*:\s*"([^"\\]{{1,200}})"')
 
@@ -82,49 +93,76 @@ def ingest_files(
     s3_client: Callable[[], Any] | None = None,
     log: Callable[[str], None] = lambda _: None,
     parallel_min_bytes: int = PARALLEL_MIN_BYTES,
+    range_bytes: int = RANGE_BYTES,
 ) -> IngestResult:
     """Normalize every row of `files` into `prompts` or `quarantine`; return the accounting.
 
-    Files are independent, so when there are several and their local bytes reach `parallel_min_bytes`, each
+    Files are independent, and so are the ranges of a plain JSON Lines file longer than `range_bytes`. So when
+    there are several files or such a file, and their local bytes reach `parallel_min_bytes`, each file or range
     is read in a worker process (`INGEST_WORKERS` at a time) into its own part files, which are appended to
-    `prompts` and `quarantine` in file order: the same records in the same order as one process writes."""
+    `prompts` and `quarantine` in order: the same records in the same order as one process writes."""
     if fmt != AUTO and fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose auto or one of {', '.join(FORMATS)}")
     started = time.perf_counter()
     result = IngestResult(Accounting())
     readable = [file for file in files if file.skip is None]
-    local_bytes = sum(Path(file.uri).stat().st_size for file in readable if not file.uri.startswith("s3://"))
-    parallel = len(readable) > 1 and local_bytes >= parallel_min_bytes
+    local = [file for file in readable if not file.uri.startswith("s3://")]
+    splits = any(splits_into_ranges(Path(file.uri), file.uri, range_bytes) for file in local)
+    local_bytes = sum(Path(file.uri).stat().st_size for file in local)
+    parallel = (len(readable) > 1 or splits) and local_bytes >= parallel_min_bytes
+    appender = _Appender(result, prompts, quarantine, log)
     with ExitStack() as stack:
         pool = None
         if parallel:
             # spawn, not fork: a Dagster run process has threads, and a forked child could inherit a held lock.
             context = multiprocessing.get_context("spawn")
             pool = stack.enter_context(ProcessPoolExecutor(INGEST_WORKERS, mp_context=context))
-        running: deque[tuple[SourceFile, Future[_FilePart] | _FilePart | None, ExitStack]] = deque()
+        running: deque[_Part] = deque()
+
+        def make_room() -> None:
+            while len(running) >= (PARTS_AHEAD if pool else 1):
+                appender.append(running.popleft())
+
         for index, file in enumerate(files):
-            if len(running) >= (FILES_AHEAD if pool else 1):
-                _finish(*running.popleft(), result, prompts, quarantine, log)
-            copy = ExitStack()
+            make_room()  # before the file's copy is made
+            reading = _Reading(file)
             if file.skip is not None:
-                running.append((file, None, copy))
+                running.append(_Part(reading, None, last=True))
                 continue
-            path = copy.enter_context(local_copy(file, work_dir, s3_client))
-            part = work_dir / _PARTS / f"{index:05d}"
+            path = reading.copy.enter_context(local_copy(file, work_dir, s3_client))
             mode = control_tokens.for_source(file.source)
-            job = (file, file.format or fmt, mode, path, part)
-            running.append((file, pool.submit(_ingest_file, *job) if pool else _ingest_file(*job), copy))
+            file_format, ranges = _ranges(file, path, file.format or fmt, range_bytes if pool else None)
+            for number, line_range in enumerate(ranges):
+                make_room()
+                job = (file, file_format, mode, path, work_dir / _PARTS / f"{index:05d}-{number:05d}", line_range)
+                running.append(_Part(reading, pool.submit(_ingest_file, *job) if pool else _ingest_file(*job)))
+            running[-1].last = True
         while running:
-            _finish(*running.popleft(), result, prompts, quarantine, log)
+            appender.append(running.popleft())
     if (work_dir / _PARTS).is_dir():
         (work_dir / _PARTS).rmdir()
     result.seconds = time.perf_counter() - started
     return result
 
 
+def _ranges(file: SourceFile, path: Path, fmt: str, range_bytes: int | None) -> tuple[str, Iterable[LineRange | None]]:
+    """The format to read the file at `path` with, and its ranges (None: the whole file). A plain JSON Lines file
+    longer than `range_bytes` is read in ranges when its format is known: set, or detected here from its first
+    rows as reading it whole would (one whose format cannot be told is read whole, its rows quarantined)."""
+    if range_bytes is None or not splits_into_ranges(path, file.uri, range_bytes):
+        return fmt, [None]
+    if fmt == AUTO:
+        head = islice(iter_rows(path, file.uri), DETECTION_ROWS)
+        detected = detect_format([raw.value for raw in head if raw.reason is None])
+        if detected is None:
+            return fmt, [None]
+        fmt = detected
+    return fmt, line_ranges(path, range_bytes)
+
+
 @dataclass
 class _FilePart:
-    """One file read into its own part files (`prompts`, `quarantine`), with its accounting."""
+    """One file, or a range of it, read into its own part files (`prompts`, `quarantine`), with its accounting."""
 
     accounting: Accounting
     format: str
@@ -133,8 +171,27 @@ class _FilePart:
     quarantine: Path
 
 
-def _ingest_file(file: SourceFile, fmt: str, control_tokens: str, path: Path, part: Path) -> _FilePart:
-    """Read one file's rows into part files under `part` (in a worker process, or in this one)."""
+@dataclass
+class _Reading:
+    """A file whose parts are being read: what they counted so far, and its local copy."""
+
+    file: SourceFile
+    copy: ExitStack = field(default_factory=ExitStack)  # removed once its last part is appended
+    accounting: Accounting = field(default_factory=Accounting)
+
+
+@dataclass
+class _Part:
+    reading: _Reading
+    done: Future[_FilePart] | _FilePart | None  # None: a skipped file
+    last: bool = False  # the file's last part
+
+
+def _ingest_file(
+    file: SourceFile, fmt: str, control_tokens: str, path: Path, part: Path, line_range: LineRange | None = None
+) -> _FilePart:
+    """Read one file's rows (`line_range`'s only, when given) into part files under `part` (in a worker process,
+    or in this one)."""
     accounting = Accounting()
     with (
         JsonlZstWriter(part / "prompts.jsonl.zst") as prompts,
@@ -142,38 +199,43 @@ def _ingest_file(file: SourceFile, fmt: str, control_tokens: str, path: Path, pa
     ):
         file_reader = _FileIngest(file, fmt, prompts, quarantine, accounting)
         file_reader.control_tokens = control_tokens
-        file_reader.run(path)
+        file_reader.run(path, line_range)
     return _FilePart(accounting, file_reader.format, file_reader.note, prompts.path, quarantine.path)
 
 
-def _finish(
-    file: SourceFile,
-    done: Future[_FilePart] | _FilePart | None,
-    copy: ExitStack,
-    result: IngestResult,
-    prompts: JsonlZstWriter,
-    quarantine: JsonlZstWriter,
-    log: Callable[[str], None],
-) -> None:
-    """Append one file's parts to the stage's files and count it, in file order; remove its download."""
-    with copy:
-        if done is None:
-            result.files.append(IngestedFile(file.uri, file.source, "skipped", 0, 0, 0, note=file.skip))
-            log(f"{file.uri}: skipped ({file.skip})")
+class _Appender:
+    """Appends the parts read to the stage's files in the order they were handed out, and counts each file once
+    its last part is in."""
+
+    def __init__(
+        self, result: IngestResult, prompts: JsonlZstWriter, quarantine: JsonlZstWriter, log: Callable[[str], None]
+    ):
+        self.result, self.prompts, self.quarantine, self.log = result, prompts, quarantine, log
+
+    def append(self, part: _Part) -> None:
+        reading, file = part.reading, part.reading.file
+        if part.done is None:  # a skipped file
+            reading.copy.close()
+            self.result.files.append(IngestedFile(file.uri, file.source, "skipped", 0, 0, 0, note=file.skip))
+            self.log(f"{file.uri}: skipped ({file.skip})")
             return
-        part = done.result() if isinstance(done, Future) else done
-    for writer, part_path in ((prompts, part.prompts), (quarantine, part.quarantine)):
-        writer.append_frames(part_path)
-        part_path.unlink()
-    part.prompts.parent.rmdir()
-    result.accounting.add(part.accounting)
-    rows, kept = part.accounting.rows, part.accounting.kept
-    ingested = IngestedFile(
-        file.uri, file.source, part.format, rows=rows, kept=kept, quarantined=rows - kept, note=part.note
-    )
-    result.files.append(ingested)
-    note = f" ({ingested.note})" if ingested.note else ""
-    log(f"{file.uri}: {ingested.format}, {ingested.rows} rows, {ingested.quarantined} quarantined{note}")
+        read = part.done.result() if isinstance(part.done, Future) else part.done
+        for writer, part_path in ((self.prompts, read.prompts), (self.quarantine, read.quarantine)):
+            writer.append_frames(part_path)
+            part_path.unlink()
+        read.prompts.parent.rmdir()
+        self.result.accounting.add(read.accounting)
+        reading.accounting.add(read.accounting)
+        if not part.last:
+            return
+        reading.copy.close()
+        rows, kept = reading.accounting.rows, reading.accounting.kept
+        ingested = IngestedFile(
+            file.uri, file.source, read.format, rows=rows, kept=kept, quarantined=rows - kept, note=read.note
+        )
+        self.result.files.append(ingested)
+        note = f" ({ingested.note})" if ingested.note else ""
+        self.log(f"{file.uri}: {ingested.format}, {ingested.rows} rows, {ingested.quarantined} quarantined{note}")
 
 
 class _FileIngest:
@@ -190,8 +252,8 @@ class _FileIngest:
         self.rows_read = 0
         self.kept = 0  # counted in `accounting` once the file is read: a call per row costs more than the count
 
-    def run(self, path: Path) -> None:
-        rows = iter_rows(path, self.file.uri)
+    def run(self, path: Path, line_range: LineRange | None = None) -> None:
+        rows = iter_rows(path, self.file.uri, line_range)
         head: list[RawRow] = []
         broken = None
         try:

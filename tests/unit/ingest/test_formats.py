@@ -14,7 +14,7 @@ import zstandard
 from dagster_project.ingest import readers
 from dagster_project.ingest.formats import detect_format, parse_row
 from dagster_project.ingest.quarantine import Rejected
-from dagster_project.ingest.readers import FileFormatError, file_kind, iter_rows
+from dagster_project.ingest.readers import FileFormatError, file_kind, iter_rows, line_ranges, splits_into_ranges
 
 ROWS = [
     {"id": "a", "prompt": "first", "n": 12345678901234},
@@ -59,6 +59,32 @@ def test_json_array_streams_across_any_window_size(
     )
     assert values(path) == ROWS
     assert [row.row for row in iter_rows(path)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("range_bytes", [1, 5, 17, 64, 1 << 20])
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b""])
+def test_a_json_lines_file_read_in_ranges_gives_the_rows_of_reading_it_whole(
+    tmp_path: Path, range_bytes: int, ending: bytes
+) -> None:
+    """Blank lines, undecodable lines, CRLF and a last line without a break, whatever the ranges cut: the same
+    rows with the same line indices, each row read once."""
+    path = tmp_path / "rows.jsonl"
+    lines = [json.dumps(r).encode() for r in ROWS] + [b"", b"  ", b"{not json", b"caf\xe9", b'{"id": "last"}']
+    path.write_bytes(b"\n".join(line + (b"\r" if ending == b"\r\n" else b"") for line in lines) + ending)
+    ranges = list(line_ranges(path, range_bytes))
+    assert ranges[0].start == 0 and ranges[-1].end == path.stat().st_size
+    assert all(a.end == b.start for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(path.read_bytes()[r.end - 1 : r.end] == b"\n" for r in ranges[:-1]), "cut after a line break"
+    in_ranges = [row for r in ranges for row in iter_rows(path, line_range=r)]
+    assert in_ranges == list(iter_rows(path))
+    assert [row.row for row in in_ranges] == [0, 1, 2, 5, 6, 7]
+    assert splits_into_ranges(path, path.name, range_bytes) == (path.stat().st_size > range_bytes)
+
+
+def test_only_plain_json_lines_files_are_read_in_ranges(tmp_path: Path) -> None:
+    for name in ("rows.jsonl.zst", "rows.json", "rows.parquet", "rows.txt"):
+        (tmp_path / name).write_bytes(b"x" * 100)
+        assert not splits_into_ranges(tmp_path / name, name, 10), name
 
 
 def test_json_array_quarantines_only_the_element_with_invalid_utf8(tmp_path: Path) -> None:

@@ -13,9 +13,10 @@ from dagster_project.conversations.drafts import content_id
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.conversations.shards import SHARD_FILE, ShardBuffers, SourceTotals
 from dagster_project.ingest.quarantine import Accounting
+from dagster_project.ingest.readers import line_ranges
 from dagster_project.ingest.shards import IngestedFile
 from dagster_project.ingest.sources import SourceError, resolve_sources
-from dagster_project.ingest.stage import ingest_files
+from dagster_project.ingest.stage import RANGE_BYTES, ingest_files
 from dagster_project.records import Conversation
 from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter, read_jsonl_zst
@@ -290,8 +291,8 @@ def test_shard_buffers_flush_often_and_keep_every_shard(tmp_path: Path) -> None:
 
 
 def test_files_read_in_worker_processes_give_the_same_snapshot_as_one_process(tmp_path: Path) -> None:
-    """Each file read side by side into its own parts, appended in file order: the records, their order and
-    the accounting are those of one process reading the files one after the other."""
+    """Each file (or each range of a JSON Lines file) read side by side into its own parts, appended in file order:
+    the records, their order and the accounting are those of one process reading the files one after the other."""
     sources = tmp_path / "sources"
     sources.mkdir()
     rows = adversarial_rows()
@@ -300,11 +301,18 @@ def test_files_read_in_worker_processes_give_the_same_snapshot_as_one_process(tm
     (sources / "c.json").write_text(json.dumps([{"instruction": "Name a prime.", "output": "7"}, {"output": "x"}]))
     files = resolve_sources([f"first={sources}", f"second={sources / 'c.json'}"])
 
-    def ingest(parallel_min_bytes: int) -> tuple[list[dict], list[dict], Accounting, list[IngestedFile]]:
-        out = tmp_path / f"min-{parallel_min_bytes}"
+    def ingest(
+        parallel_min_bytes: int, range_bytes: int = RANGE_BYTES
+    ) -> tuple[list[dict], list[dict], Accounting, list[IngestedFile]]:
+        out = tmp_path / f"min-{parallel_min_bytes}-{range_bytes}"
         with JsonlZstWriter(out / "p.jsonl.zst") as prompts, JsonlZstWriter(out / "q.jsonl.zst") as quarantine:
             result = ingest_files(
-                files, prompts, quarantine, work_dir=out / "work", parallel_min_bytes=parallel_min_bytes
+                files,
+                prompts,
+                quarantine,
+                work_dir=out / "work",
+                parallel_min_bytes=parallel_min_bytes,
+                range_bytes=range_bytes,
             )
         assert not list((out / "work").iterdir()), "no part file is left behind"
         return (
@@ -316,6 +324,8 @@ def test_files_read_in_worker_processes_give_the_same_snapshot_as_one_process(tm
 
     one_process, side_by_side = ingest(parallel_min_bytes=1 << 40), ingest(parallel_min_bytes=0)
     assert side_by_side == one_process
+    assert len(list(line_ranges(sources / "a.jsonl", 500))) > 3
+    assert ingest(parallel_min_bytes=0, range_bytes=500) == one_process
     prompts, quarantined, accounting, ingested = side_by_side
     assert {row["source_file"] for row in prompts} == {str(sources / name) for name in ("a.jsonl", "b.jsonl", "c.json")}
     assert [(Path(file.uri).name, file.format) for file in ingested] == [
