@@ -205,7 +205,7 @@ def report(results: list[dict], shards: int, repeats: int) -> str:
         "on disk (sorted runs of 64-bit keys, searched and written once per block of 4 MiB of rows), and per shard a "
         "checksum, an object and a manifest (1,830 of each; a shard's file is moved into the local store, not "
         "copied; made durable once per phase, the files then the manifests, not an fsync each). The project reads "
-        "the source files in two worker processes; the conversations stage drafts the snapshot's rows in two more "
+        "the source files (a large file in ranges) in two worker processes; the conversations stage drafts the snapshot's rows in two more "
         "while it decides duplicates and ids in order, and then publishes the shards from them (CPU above counts "
         "them all: wait4 includes the children a process reaped). So on two cores its wall time is about half its "
         "CPU time only when nothing else runs; at a load average near 1 it is closer to its CPU time, and the ratio "

@@ -9,9 +9,10 @@ array that does not close, a corrupt Parquet footer) cannot be split into rows a
 `row` is the 0-based index of the row in its file; for JSON Lines it is the line index (blank lines
 are not rows but still count), so `sed -n "$((row + 1))p"` shows the line.
 
-A plain (uncompressed) JSON Lines file can be read in parts (`line_ranges`), each cut after a line break
-and knowing the index of its first line, so that several processes read one large file with the same
-rows and row indices as one process reading it whole.
+A large plain (uncompressed) JSON Lines file or Parquet file of several row groups can be read in parts
+(`row_ranges`: byte ranges cut after a line break, runs of row groups), each knowing the index of its first
+row, so that several processes read one large file with the same rows and row indices as one process
+reading it whole.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ def is_supported(name: str) -> bool:
 
 
 @dataclass(frozen=True)
-class LineRange:
-    """Bytes [start, end) of a plain JSON Lines file, cut after a line break; `first_row`: its first line's index."""
+class RowRange:
+    """A part of a file that is read on its own (`row_ranges`): bytes [start, end) of a plain JSON Lines file, cut
+    after a line break, or row groups [start, end) of a Parquet file; `first_row`: the index of its first row."""
 
     start: int
     end: int
@@ -84,37 +86,68 @@ class LineRange:
 
 
 def splits_into_ranges(path: Path, name: str, range_bytes: int) -> bool:
-    """Whether the file at `path` can be read in ranges (`line_ranges`): a plain JSON Lines file longer than one."""
+    """Whether the file at `path` is read in more than one range (`row_ranges`): a plain JSON Lines file longer than
+    `range_bytes`, or a Parquet file of several row groups holding more than `range_bytes` of data."""
     if not is_supported(name):
         return False
     kind, compression = file_kind(name)
+    if kind == "parquet":
+        groups = _parquet_group_sizes(path)
+        return len(groups) > 1 and sum(size for _, size in groups) > range_bytes
     return kind == "jsonl" and compression is None and path.stat().st_size > range_bytes
 
 
-def line_ranges(path: Path, range_bytes: int) -> Iterator[LineRange]:
-    """A plain JSON Lines file in ranges of about `range_bytes` each (`LineRange`), found as they are yielded."""
+def row_ranges(path: Path, name: str, range_bytes: int) -> Iterator[RowRange]:
+    """The file at `path` (one `splits_into_ranges` accepts) in ranges of about `range_bytes` each, found as they
+    are yielded: of its bytes for JSON Lines, of its row groups' data for Parquet."""
+    if file_kind(name)[0] == "parquet":
+        yield from _row_group_ranges(_parquet_group_sizes(path), range_bytes)
+        return
     start, first_row = 0, 0
     with open(path, "rb") as handle:
         while block := handle.read(range_bytes):
             block += handle.readline()  # to the end of the line the range would cut
-            yield LineRange(start, start + len(block), first_row)
+            yield RowRange(start, start + len(block), first_row)
             start += len(block)
             first_row += block.count(b"\n")
 
 
-def iter_rows(path: Path, name: str | None = None, line_range: LineRange | None = None) -> Iterator[RawRow]:
+def _parquet_group_sizes(path: Path) -> list[tuple[int, int]]:
+    """(rows, bytes of data) of each row group of a Parquet file; none when its footer cannot be read (reading it
+    whole then reports why)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.ParquetFile(path).metadata
+    except (pa.ArrowInvalid, OSError):
+        return []
+    groups = (metadata.row_group(index) for index in range(metadata.num_row_groups))
+    return [(group.num_rows, group.total_byte_size) for group in groups]
+
+
+def _row_group_ranges(groups: list[tuple[int, int]], range_bytes: int) -> Iterator[RowRange]:
+    start, first_row, rows, size = 0, 0, 0, 0
+    for index, (group_rows, group_bytes) in enumerate(groups):
+        rows, size = rows + group_rows, size + group_bytes
+        if size >= range_bytes or index == len(groups) - 1:
+            yield RowRange(start, index + 1, first_row)
+            start, first_row, rows, size = index + 1, first_row + rows, 0, 0
+
+
+def iter_rows(path: Path, name: str | None = None, row_range: RowRange | None = None) -> Iterator[RawRow]:
     """The rows of the file at `path`; `name` (default: the path) decides the format and appears in errors.
-    `line_range`: only the rows of that part of a plain JSON Lines file (`line_ranges`)."""
+    `row_range`: only the rows of that part of the file (`row_ranges`)."""
     name = name or str(path)
-    if line_range is not None:
-        with open(path, "rb") as handle:
-            handle.seek(line_range.start)
-            part = io.BytesIO(handle.read(line_range.end - line_range.start))  # a range's bytes, not the file's
-        yield from _jsonl_rows(part, line_range.first_row)
-        return
     kind, compression = file_kind(name)
     if kind == "parquet":
-        yield from _parquet_rows(path, name)
+        yield from _parquet_rows(path, name, row_range)
+        return
+    if row_range is not None:
+        with open(path, "rb") as handle:
+            handle.seek(row_range.start)
+            part = io.BytesIO(handle.read(row_range.end - row_range.start))  # a range's bytes, not the file's
+        yield from _jsonl_rows(part, row_range.first_row)
         return
     with _open_decompressed(path, compression) as stream:
         if kind == "json" and _first_byte(stream) == b"[":
@@ -272,7 +305,7 @@ def _may_be_cut_short(exc: json.JSONDecodeError, window_end: int) -> bool:
     return exc.msg.startswith("Unterminated string") or exc.pos >= window_end - 16
 
 
-def _parquet_rows(path: Path, name: str) -> Iterator[RawRow]:
+def _parquet_rows(path: Path, name: str, row_range: RowRange | None = None) -> Iterator[RawRow]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -280,8 +313,9 @@ def _parquet_rows(path: Path, name: str) -> Iterator[RawRow]:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise FileFormatError(f"{name}: not a readable Parquet file ({exc})") from exc
-    index = 0
-    for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+    groups = range(row_range.start, row_range.end) if row_range is not None else None
+    index = row_range.first_row if row_range is not None else 0
+    for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=groups):
         try:
             rows = batch.to_pylist()
         except UnicodeDecodeError:

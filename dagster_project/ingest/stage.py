@@ -44,10 +44,10 @@ from dagster_project.ingest.formats import (
 from dagster_project.ingest.quarantine import Accounting, Rejected, quarantine_record
 from dagster_project.ingest.readers import (
     FileFormatError,
-    LineRange,
     RawRow,
+    RowRange,
     iter_rows,
-    line_ranges,
+    row_ranges,
     splits_into_ranges,
 )
 from dagster_project.ingest.shards import PROMPTS_KEY, QUARANTINE_KEY, IngestedFile, PromptRow, RawPromptsManifest
@@ -63,8 +63,9 @@ DETECTION_ROWS = 200
 # would spend more on starting the processes than it saves).
 INGEST_WORKERS = 2
 PARALLEL_MIN_BYTES = 16 << 20
-# A plain JSON Lines file longer than this is read in ranges of this size side by side (`readers.line_ranges`):
-# one large file keeps every worker busy, and the workers end together instead of one reading a last file alone.
+# A plain JSON Lines file longer than this, or a Parquet file of several row groups holding more data, is read in
+# ranges of about this size side by side (`readers.row_ranges`): one large file keeps every worker busy, and the
+# workers end together instead of one reading a last file alone.
 RANGE_BYTES = 8 << 20
 # Parts (files, or ranges of one) handed to the workers ahead of the one being appended: a worker that finishes
 # a part starts the next one while a large one before it is still being read (appending stays in order). A part
@@ -97,10 +98,10 @@ def ingest_files(
 ) -> IngestResult:
     """Normalize every row of `files` into `prompts` or `quarantine`; return the accounting.
 
-    Files are independent, and so are the ranges of a plain JSON Lines file longer than `range_bytes`. So when
-    there are several files or such a file, and their local bytes reach `parallel_min_bytes`, each file or range
-    is read in a worker process (`INGEST_WORKERS` at a time) into its own part files, which are appended to
-    `prompts` and `quarantine` in order: the same records in the same order as one process writes."""
+    Files are independent, and so are the ranges of a large file (`readers.row_ranges`). So when there are several
+    files or such a file, and their local bytes reach `parallel_min_bytes`, each file or range is read in a worker
+    process (`INGEST_WORKERS` at a time) into its own part files, which are appended to `prompts` and `quarantine`
+    in order: the same records in the same order as one process writes."""
     if fmt != AUTO and fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose auto or one of {', '.join(FORMATS)}")
     started = time.perf_counter()
@@ -132,9 +133,9 @@ def ingest_files(
             path = reading.copy.enter_context(local_copy(file, work_dir, s3_client))
             mode = control_tokens.for_source(file.source)
             file_format, ranges = _ranges(file, path, file.format or fmt, range_bytes if pool else None)
-            for number, line_range in enumerate(ranges):
+            for number, row_range in enumerate(ranges):
                 make_room()
-                job = (file, file_format, mode, path, work_dir / _PARTS / f"{index:05d}-{number:05d}", line_range)
+                job = (file, file_format, mode, path, work_dir / _PARTS / f"{index:05d}-{number:05d}", row_range)
                 running.append(_Part(reading, pool.submit(_ingest_file, *job) if pool else _ingest_file(*job)))
             running[-1].last = True
         while running:
@@ -145,10 +146,10 @@ def ingest_files(
     return result
 
 
-def _ranges(file: SourceFile, path: Path, fmt: str, range_bytes: int | None) -> tuple[str, Iterable[LineRange | None]]:
-    """The format to read the file at `path` with, and its ranges (None: the whole file). A plain JSON Lines file
-    longer than `range_bytes` is read in ranges when its format is known: set, or detected here from its first
-    rows as reading it whole would (one whose format cannot be told is read whole, its rows quarantined)."""
+def _ranges(file: SourceFile, path: Path, fmt: str, range_bytes: int | None) -> tuple[str, Iterable[RowRange | None]]:
+    """The format to read the file at `path` with, and its ranges (None: the whole file). A file that
+    `readers.splits_into_ranges` accepts is read in ranges when its format is known: set, or detected here from
+    its first rows as reading it whole would (one whose format cannot be told is read whole, its rows quarantined)."""
     if range_bytes is None or not splits_into_ranges(path, file.uri, range_bytes):
         return fmt, [None]
     if fmt == AUTO:
@@ -157,7 +158,7 @@ def _ranges(file: SourceFile, path: Path, fmt: str, range_bytes: int | None) -> 
         if detected is None:
             return fmt, [None]
         fmt = detected
-    return fmt, line_ranges(path, range_bytes)
+    return fmt, row_ranges(path, file.uri, range_bytes)
 
 
 @dataclass
@@ -188,9 +189,9 @@ class _Part:
 
 
 def _ingest_file(
-    file: SourceFile, fmt: str, control_tokens: str, path: Path, part: Path, line_range: LineRange | None = None
+    file: SourceFile, fmt: str, control_tokens: str, path: Path, part: Path, row_range: RowRange | None = None
 ) -> _FilePart:
-    """Read one file's rows (`line_range`'s only, when given) into part files under `part` (in a worker process,
+    """Read one file's rows (`row_range`'s only, when given) into part files under `part` (in a worker process,
     or in this one)."""
     accounting = Accounting()
     with (
@@ -199,7 +200,7 @@ def _ingest_file(
     ):
         file_reader = _FileIngest(file, fmt, prompts, quarantine, accounting)
         file_reader.control_tokens = control_tokens
-        file_reader.run(path, line_range)
+        file_reader.run(path, row_range)
     return _FilePart(accounting, file_reader.format, file_reader.note, prompts.path, quarantine.path)
 
 
@@ -252,8 +253,8 @@ class _FileIngest:
         self.rows_read = 0
         self.kept = 0  # counted in `accounting` once the file is read: a call per row costs more than the count
 
-    def run(self, path: Path, line_range: LineRange | None = None) -> None:
-        rows = iter_rows(path, self.file.uri, line_range)
+    def run(self, path: Path, row_range: RowRange | None = None) -> None:
+        rows = iter_rows(path, self.file.uri, row_range)
         head: list[RawRow] = []
         broken = None
         try:

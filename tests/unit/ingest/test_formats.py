@@ -14,7 +14,7 @@ import zstandard
 from dagster_project.ingest import readers
 from dagster_project.ingest.formats import detect_format, parse_row
 from dagster_project.ingest.quarantine import Rejected
-from dagster_project.ingest.readers import FileFormatError, file_kind, iter_rows, line_ranges, splits_into_ranges
+from dagster_project.ingest.readers import FileFormatError, file_kind, iter_rows, row_ranges, splits_into_ranges
 
 ROWS = [
     {"id": "a", "prompt": "first", "n": 12345678901234},
@@ -71,19 +71,38 @@ def test_a_json_lines_file_read_in_ranges_gives_the_rows_of_reading_it_whole(
     path = tmp_path / "rows.jsonl"
     lines = [json.dumps(r).encode() for r in ROWS] + [b"", b"  ", b"{not json", b"caf\xe9", b'{"id": "last"}']
     path.write_bytes(b"\n".join(line + (b"\r" if ending == b"\r\n" else b"") for line in lines) + ending)
-    ranges = list(line_ranges(path, range_bytes))
+    ranges = list(row_ranges(path, path.name, range_bytes))
     assert ranges[0].start == 0 and ranges[-1].end == path.stat().st_size
     assert all(a.end == b.start for a, b in zip(ranges, ranges[1:], strict=False))
     assert all(path.read_bytes()[r.end - 1 : r.end] == b"\n" for r in ranges[:-1]), "cut after a line break"
-    in_ranges = [row for r in ranges for row in iter_rows(path, line_range=r)]
+    in_ranges = [row for r in ranges for row in iter_rows(path, row_range=r)]
     assert in_ranges == list(iter_rows(path))
     assert [row.row for row in in_ranges] == [0, 1, 2, 5, 6, 7]
     assert splits_into_ranges(path, path.name, range_bytes) == (path.stat().st_size > range_bytes)
 
 
-def test_only_plain_json_lines_files_are_read_in_ranges(tmp_path: Path) -> None:
+@pytest.mark.parametrize("range_bytes", [1, 200, 1 << 20])
+def test_a_parquet_file_read_in_runs_of_row_groups_gives_the_rows_of_reading_it_whole(
+    tmp_path: Path, range_bytes: int
+) -> None:
+    path = tmp_path / "rows.parquet"
+    rows = [{"id": f"r{i}", "prompt": "word " * i} for i in range(11)]
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=3)  # 4 row groups: 3, 3, 3, 2 rows
+    splits = splits_into_ranges(path, path.name, range_bytes)
+    assert splits == (range_bytes < 1 << 20)
+    ranges = list(row_ranges(path, path.name, range_bytes)) if splits else [None]
+    if splits:  # runs of whole row groups, in order, every group once
+        assert [(r.start, r.end) for r in ranges][:: len(ranges) - 1] == [(0, ranges[0].end), (ranges[-1].start, 4)]
+        assert all(a.end == b.start for a, b in zip(ranges, ranges[1:], strict=False))
+        assert len(ranges) == 4 if range_bytes == 1 else 1 < len(ranges) < 4
+    in_ranges = [row for r in ranges for row in iter_rows(path, row_range=r)]
+    assert in_ranges == list(iter_rows(path))
+    assert [(row.row, row.value) for row in in_ranges] == list(enumerate(rows))
+
+
+def test_compressed_json_lines_json_arrays_and_unreadable_files_are_read_whole(tmp_path: Path) -> None:
     for name in ("rows.jsonl.zst", "rows.json", "rows.parquet", "rows.txt"):
-        (tmp_path / name).write_bytes(b"x" * 100)
+        (tmp_path / name).write_bytes(b"x" * 100)  # the Parquet file's footer is broken: reading it whole says so
         assert not splits_into_ranges(tmp_path / name, name, 10), name
 
 

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import boto3
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from moto import mock_aws
 
@@ -13,7 +15,7 @@ from dagster_project.conversations.drafts import content_id
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.conversations.shards import SHARD_FILE, ShardBuffers, SourceTotals
 from dagster_project.ingest.quarantine import Accounting
-from dagster_project.ingest.readers import line_ranges
+from dagster_project.ingest.readers import row_ranges
 from dagster_project.ingest.shards import IngestedFile
 from dagster_project.ingest.sources import SourceError, resolve_sources
 from dagster_project.ingest.stage import RANGE_BYTES, ingest_files
@@ -299,6 +301,8 @@ def test_files_read_in_worker_processes_give_the_same_snapshot_as_one_process(tm
     (sources / "a.jsonl").write_bytes(b"\n".join(line for line, _, _ in rows) + b"\n")
     (sources / "b.jsonl").write_bytes(b"\n".join(line for line, _, _ in reversed(rows)) + b"\nnot json\n")
     (sources / "c.json").write_text(json.dumps([{"instruction": "Name a prime.", "output": "7"}, {"output": "x"}]))
+    chats = [{"id": f"pq-{i}", "messages": [{"role": "user", "content": f"Question {i % 5}?"}]} for i in range(40)]
+    pq.write_table(pa.Table.from_pylist(chats), sources / "d.parquet", row_group_size=7)  # 6 row groups
     files = resolve_sources([f"first={sources}", f"second={sources / 'c.json'}"])
 
     def ingest(
@@ -324,15 +328,20 @@ def test_files_read_in_worker_processes_give_the_same_snapshot_as_one_process(tm
 
     one_process, side_by_side = ingest(parallel_min_bytes=1 << 40), ingest(parallel_min_bytes=0)
     assert side_by_side == one_process
-    assert len(list(line_ranges(sources / "a.jsonl", 500))) > 3
+    assert len(list(row_ranges(sources / "a.jsonl", "a.jsonl", 500))) > 3
+    assert len(list(row_ranges(sources / "d.parquet", "d.parquet", 500))) > 2
     assert ingest(parallel_min_bytes=0, range_bytes=500) == one_process
     prompts, quarantined, accounting, ingested = side_by_side
-    assert {row["source_file"] for row in prompts} == {str(sources / name) for name in ("a.jsonl", "b.jsonl", "c.json")}
-    assert [(Path(file.uri).name, file.format) for file in ingested] == [
+    names = ("a.jsonl", "b.jsonl", "c.json", "d.parquet")
+    assert {row["source_file"] for row in prompts} == {str(sources / name) for name in names}
+    assert [(Path(file.uri).name, file.format, file.rows) for file in ingested][2:] == [
+        ("c.json", "alpaca", 2),
+        ("d.parquet", "openai", 40),
+        ("c.json", "alpaca", 2),
+    ]
+    assert [(Path(file.uri).name, file.format) for file in ingested][:2] == [
         ("a.jsonl", "openai"),
         ("b.jsonl", "openai"),
-        ("c.json", "alpaca"),
-        ("c.json", "alpaca"),
     ]
     assert ingested[1].rows == ingested[0].rows + 1 and ingested[1].quarantined == ingested[0].quarantined + 1
     assert accounting.rows == len(prompts) + len(quarantined)
