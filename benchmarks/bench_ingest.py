@@ -199,18 +199,18 @@ def report(results: list[dict], shards: int, repeats: int) -> str:
     verdict = "within" if worst <= TARGET_RATIO else "**not** within"
     lines += [
         "",
-        f"Worst wall ratio {worst:.2f}×: {verdict} the {TARGET_RATIO}× target. What the project pays beyond the "
-        "simple script: the snapshot between the two stages (each row written as JSON, compressed at zstd level 1, "
-        "read back and parsed again: so a change of multi-turn policy never re-reads the sources), the dedup index "
-        "on disk (sorted runs of 64-bit keys, searched and written once per block of 4 MiB of rows), and per shard a "
-        "checksum, an object and a manifest (1,830 of each; a shard's file is moved into the local store, not "
-        "copied; made durable once per phase, the files then the manifests, not an fsync each). The project reads "
-        "the source files (a large file in ranges) in two worker processes; the conversations stage drafts the snapshot's rows in two more "
-        "while it decides duplicates and ids in order, and then publishes the shards from them (CPU above counts "
-        "them all: wait4 includes the children a process reaped). So on two cores its wall time is about half its "
-        "CPU time only when nothing else runs; at a load average near 1 it is closer to its CPU time, and the ratio "
-        "to the one-process script nears the CPU ratio. The tokenizer is loaded only when a prompt's byte bound "
-        "comes near the token budget; none does here.",
+        f"Worst wall ratio {worst:.2f}×: {verdict} the {TARGET_RATIO}× target. What the project pays beyond the simple"
+        " script: the snapshot between the two stages (each row written as JSON, compressed at zstd level 1, read "
+        "back and parsed again: so a change of multi-turn policy never re-reads the sources), the dedup index on disk"
+        " (sorted runs of 64-bit keys, searched and written once per block of 4 MiB of rows), and per shard a "
+        "checksum, an object and a manifest (1,830 of each; a shard's file is moved into the local store, not copied;"
+        " made durable once per phase, the files then the manifests, not an fsync each). The project reads the source"
+        " files (a large file in ranges) in two worker processes; the conversations stage drafts the snapshot's rows "
+        "in two more while it decides duplicates and ids in order, and then publishes the shards from them (CPU above"
+        " counts them all: wait4 includes the children a process reaped). So on two cores its wall time is about half"
+        " its CPU time only when nothing else runs; at a load average near 1 it is closer to its CPU time, and the "
+        "ratio to the one-process script nears the CPU ratio. The tokenizer is loaded only when a prompt's byte bound"
+        " comes near the token budget; none does here.",
     ]
     return "\n".join(lines)
 
