@@ -206,10 +206,6 @@ class ShardBuffers:
                     ids.setdefault(shard, []).extend(written)
         return ids
 
-    def ids(self, shard: int) -> list[str]:
-        """The ids written to `shard` (after `flush`)."""
-        return self.block_ids(shard // object_index.BLOCK_SHARDS).get(shard, [])
-
 
 def _append(path: str, data: bytes) -> None:
     # os-level: a buffered file object per write costs more than the write, and a flush makes thousands.
