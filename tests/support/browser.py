@@ -172,11 +172,3 @@ def chart(driver, alt: str) -> ET.Element:
     return ET.fromstring(unquote(source.removeprefix("data:image/svg+xml,")))
 
 
-def dismiss_welcome(driver) -> None:
-    """The UI greets a new browser with a newsletter dialog over the page."""
-    from selenium.common.exceptions import NoSuchElementException
-
-    try:
-        click(driver, "Skip")
-    except NoSuchElementException:
-        pass
