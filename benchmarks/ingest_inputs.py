@@ -132,16 +132,16 @@ def _rows(kind: str, rows: _Rows, start: int, count: int) -> Iterator[dict[str, 
             yield _alpaca(rows, index)
 
 
-def make_inputs(folder: Path, rows: int, seed: int = 7) -> dict[str, int]:
-    """Write the folder for `rows` rows in all; returns rows per file."""
+def make_inputs(folder: Path, rows: int, seed: int = 7, files: tuple[tuple[str, float], ...] = FILES) -> dict[str, int]:
+    """Write the folder for `rows` rows in all, shared out as `files` says; returns rows per file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     folder.mkdir(parents=True, exist_ok=True)
     generator = _Rows(seed)
     counts, start = {}, 0
-    for number, (name, share) in enumerate(FILES):
-        count = rows - start if number == len(FILES) - 1 else int(rows * share)
+    for number, (name, share) in enumerate(files):
+        count = rows - start if number == len(files) - 1 else int(rows * share)
         counts[name] = count
         path = folder / name
         if name.endswith(".parquet"):
