@@ -170,5 +170,3 @@ def chart(driver, alt: str) -> ET.Element:
 
     source = driver.find_element(By.CSS_SELECTOR, f"img[alt='{alt}']").get_attribute("src")
     return ET.fromstring(unquote(source.removeprefix("data:image/svg+xml,")))
-
-
