@@ -225,11 +225,11 @@ class _Appender:
             writer.append_frames(part_path)
             part_path.unlink()
         read.prompts.parent.rmdir()
-        self.result.accounting.add(read.accounting)
         reading.accounting.add(read.accounting)
         if not part.last:
             return
         reading.copy.close()
+        self.result.accounting.add(reading.accounting)
         rows, kept = reading.accounting.rows, reading.accounting.kept
         ingested = IngestedFile(
             file.uri, file.source, read.format, rows=rows, kept=kept, quarantined=rows - kept, note=read.note
