@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
@@ -162,8 +162,12 @@ class ShardBuffers:
         self._paths = [str(self.path(shard)) for shard in range(num_shards)]
         blocks = object_index.shards_by_block(range(num_shards))
         self._ids_paths = [str(self.ids_path(block[0] // object_index.BLOCK_SHARDS)) for block in blocks]
-        for path in (*self._paths, *self._ids_paths):
-            _append(path, b"")  # every shard exists, even an empty one
+        # Every shard exists, even an empty one. The files are created in a thread while the first rows are decided,
+        # not before: on a disk still writing back the snapshot, creating 1,830 files can wait half a second on
+        # its journal, which would hold up the stage's start.
+        creating = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-files")
+        self._created: Future[None] | None = creating.submit(_create_files, (*self._paths, *self._ids_paths))
+        creating.shutdown(wait=False)  # the thread ends when they are made
 
     def path(self, shard: int) -> Path:
         return self.directory / f"shard={shard:0{layout.SHARD_DIGITS}d}.jsonl"
@@ -185,6 +189,9 @@ class ShardBuffers:
             self.flush()
 
     def flush(self) -> None:
+        if self._created is not None:
+            self._created.result()  # raises what creating them raised
+            self._created = None  # (and sending the buffers to the publishing workers does not pickle a Future)
         ids_by_block: dict[int, list[tuple[int, list[str]]]] = {}
         for shard, (path, lines, ids) in enumerate(zip(self._paths, self._buffers, self._ids, strict=True)):
             if lines:
@@ -205,6 +212,11 @@ class ShardBuffers:
                 for shard, written in orjson.loads(line):
                     ids.setdefault(shard, []).extend(written)
         return ids
+
+
+def _create_files(paths: Iterable[str]) -> None:
+    for path in paths:
+        _append(path, b"")
 
 
 def _append(path: str, data: bytes) -> None:

@@ -292,6 +292,15 @@ def test_shard_buffers_flush_often_and_keep_every_shard(tmp_path: Path) -> None:
     assert [(c.conversations, c.turns) for c in buffers.counts] == [(2, 3), (0, 0), (3, 6), (0, 0)]
 
 
+def test_a_shard_file_that_cannot_be_created_fails_the_flush(tmp_path: Path) -> None:
+    """The empty shard files are created in a thread: what stops it must stop the stage, not pass unseen."""
+    (tmp_path / "shards" / "shard=00001.jsonl").mkdir(parents=True)  # a directory where shard 1's file goes
+    buffers = ShardBuffers(tmp_path / "shards", num_shards=4)
+    buffers.write(Conversation("a", [], [1], shard=0), b"{}")
+    with pytest.raises(IsADirectoryError):
+        buffers.flush()
+
+
 def test_files_read_in_worker_processes_give_the_same_snapshot_as_one_process(tmp_path: Path) -> None:
     """Each file (or each range of a JSON Lines file) read side by side into its own parts, appended in file order:
     the records, their order and the accounting are those of one process reading the files one after the other."""
