@@ -1,9 +1,9 @@
 """Dataclasses as the JSON objects the store holds: manifests, heartbeats, reports.
 
-Writing is `dataclasses.asdict`, so the JSON keys are the field names. Reading tolerates change in both
-directions, so stores written by other versions still read: keys a newer writer added are ignored, and
-fields an older writer did not know take their defaults. Nested dataclasses (also inside lists, tuples,
-dict values and `X | None`) are rebuilt from the field annotations.
+Writing is orjson's own dataclass serialization (the JSON of `dataclasses.asdict`), so the JSON keys are the
+field names. Reading tolerates change in both directions, so stores written by other versions still read: keys a
+newer writer added are ignored, and fields an older writer did not know take their defaults. Nested dataclasses
+(also inside lists, tuples, dict values and `X | None`) are rebuilt from the field annotations.
 
 `read_record` reads one from the store; an object that is not a valid record (truncated, hand-edited, another
 kind) raises `CorruptObject` naming the object, never a bare JSON error.
@@ -15,7 +15,7 @@ import functools
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -26,7 +26,9 @@ T = TypeVar("T")
 
 
 def to_json(record: Any) -> bytes:
-    return orjson.dumps(asdict(record), option=orjson.OPT_INDENT_2)
+    # orjson writes a dataclass as the object of its fields, in order: asdict()'s JSON without its deep copy
+    # (which was a fifth of publishing 1,830 shard manifests).
+    return orjson.dumps(record, option=orjson.OPT_INDENT_2)
 
 
 def from_json(kind: type[T], raw: bytes) -> T:

@@ -96,11 +96,10 @@ StageManifestT = TypeVar("StageManifestT", bound=StageManifest)
 
 def ids_digest(ids: Iterable[str]) -> str:
     """Order-independent digest of a set of ids: two shards with the same ids have the same digest."""
-    digest = hashlib.sha256()
-    for item in sorted(ids):
-        digest.update(item.encode("utf-8"))
-        digest.update(b"\n")
-    return digest.hexdigest()
+    # Each id followed by a line break, hashed in one call (two calls per id were most of publishing's hashing).
+    ordered = sorted(ids)
+    ordered.append("")
+    return hashlib.sha256("\n".join(ordered).encode("utf-8")).hexdigest()
 
 
 def put_object(store: Store, key: str, path: Path, *, synced: bool = True, consume: bool = False) -> StoredObject:

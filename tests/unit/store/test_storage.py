@@ -1,11 +1,22 @@
+import dataclasses
 import hashlib
 import os
 import tempfile
 from pathlib import Path
 
+import orjson
 import pytest
 
-from dagster_project.store.manifest import ShardManifest, publish_shard, read_shard_manifest, verify_shard
+from dagster_project.conversations.shards import ConversationsManifest, PolicyCounts, SourceTotals
+from dagster_project.store.dataclass_json import from_json, to_json
+from dagster_project.store.manifest import (
+    ShardManifest,
+    StoredObject,
+    ids_digest,
+    publish_shard,
+    read_shard_manifest,
+    verify_shard,
+)
 from dagster_project.store.storage import LocalStore, StoreError, local_copy, open_store, put_file_moving
 
 
@@ -106,3 +117,38 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_records_are_written_as_the_json_of_asdict_and_read_back_equal():
+    """A record is written by orjson from the dataclass itself: the same JSON as `asdict`, nested ones included."""
+    manifest = ConversationsManifest(
+        num_shards=2,
+        policy="all_turns",
+        build_id="b",
+        input_rows=3,
+        rows=2,
+        normalized=2,
+        quarantined=1,
+        quarantine_rate=1 / 3,
+        quarantined_by_reason={"duplicate": 1},
+        by_source={"chat": SourceTotals(3, 2, 1, {"duplicate": 1})},
+        history="generated",
+        multi_turn=1,
+        turns=3,
+        by_policy={"all_turns": PolicyCounts(2, 1, 3)},
+        ids_digest="d",
+        quarantine_rate_max=0.1,
+        max_prompt_tokens=16384,
+        quarantine_object=StoredObject("conversations/quarantine.jsonl.zst", 10, "s", None),
+        superseded={"completions": 2},
+    )
+    written = to_json(manifest)
+    assert written == orjson.dumps(dataclasses.asdict(manifest), option=orjson.OPT_INDENT_2)
+    assert from_json(ConversationsManifest, written) == manifest
+
+
+def test_the_ids_digest_is_that_of_the_sorted_ids_each_on_its_line():
+    """Manifests of earlier builds hold it: the same ids must keep giving the same digest, in any order."""
+    assert ids_digest(["b", "a\nz", "é"]) == hashlib.sha256("a\nz\nb\né\n".encode()).hexdigest()
+    assert ids_digest([]) == hashlib.sha256(b"").hexdigest()
+    assert ids_digest(["x", "y"]) == ids_digest(iter(["y", "x"]))
