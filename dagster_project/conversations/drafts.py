@@ -3,7 +3,7 @@
 A row's draft (the multi-turn policy applied, its hash id, the digest of its generation requests, its
 conversation under a provisional id) depends on the row alone. What depends on the rows before it (is it a
 duplicate, which id it gets) is decided by the stage, in input order, in its own process. So the snapshot's
-lines are handed out a batch at a time, raw, to `DRAFT_WORKERS` processes that parse and draft them while the
+lines are handed out a batch at a time, raw, to the worker processes (`workers`) that parse and draft them while the
 stage decides the batch before: drafting and deciding run on different cores. At most `BATCHES_AHEAD` batches
 are in flight, so memory stays bounded by a few batches whatever the row count. A snapshot too small to repay
 starting a process is drafted in the stage's own process, with the same results.
@@ -12,7 +12,6 @@ starting a process is drafted in the stage's own process, with the same results.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -29,13 +28,12 @@ from dagster_project.conversations.turns import apply_policy, calls_tools, reque
 from dagster_project.ingest.shards import PromptRow, prompt_row
 from dagster_project.records import HISTORY_SOURCE, Conversation
 from dagster_project.store.jsonl import jsonl_zst_blocks
+from dagster_project.workers import WORKERS, worker_processes
 
 # The snapshot's lines handed out and decided against one batch of lookups in the on-disk dedup index
 # (`dedup.SeenIndex.prefetch`) at a time: about 4,000 rows of the usual size.
 BATCH_BYTES = 4 << 20
-# Two workers: together they draft faster than the stage decides, so the stage never waits for them.
-DRAFT_WORKERS = 2
-BATCHES_AHEAD = 2 * DRAFT_WORKERS
+BATCHES_AHEAD = 2 * WORKERS
 # A smaller snapshot (compressed bytes) is drafted in-process: starting a worker costs about a second.
 PARALLEL_MIN_BYTES = 4 << 20
 
@@ -148,15 +146,14 @@ def draft_block(block: bytes, policy: str, num_shards: int, max_prompt_tokens: i
 
 @contextmanager
 def worker_pool(snapshot: Path, *, parallel: bool | None = None) -> Iterator[ProcessPoolExecutor | None]:
-    """`DRAFT_WORKERS` processes to draft the snapshot in (and publish its shards after: `shards.publish_shards`),
-    or None to do it in this process. `parallel`: default, when the snapshot is at least `PARALLEL_MIN_BYTES`."""
+    """The worker processes to draft the snapshot in (and publish its shards after: `shards.publish_shards`), or
+    None to do it in this process. `parallel`: default, when the snapshot is at least `PARALLEL_MIN_BYTES`."""
     if parallel is None:
         parallel = snapshot.stat().st_size >= PARALLEL_MIN_BYTES
     if not parallel:
         yield None
         return
-    # spawn, not fork: a Dagster run process has threads, and a forked child could inherit a held lock.
-    with ProcessPoolExecutor(DRAFT_WORKERS, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with worker_processes() as pool:
         yield pool
 
 

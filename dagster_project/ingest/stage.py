@@ -19,12 +19,11 @@ What it publishes, and the manifest that accounts for every row, are described i
 from __future__ import annotations
 
 import json
-import multiprocessing
 import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from itertools import islice
@@ -56,12 +55,12 @@ from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
 from dagster_project.store.manifest import StoredObject, put_object, write_stage_manifest
 from dagster_project.store.storage import Store
+from dagster_project.workers import WORKERS, worker_processes
 
 STAGE = "ingest"
 DETECTION_ROWS = 200
-# Files are read side by side by this many processes once the local input is this large (a smaller input
-# would spend more on starting the processes than it saves).
-INGEST_WORKERS = 2
+# Files are read side by side in the worker processes (`workers`) once the local input is this large (a smaller
+# input would spend more on starting the processes than it saves).
 PARALLEL_MIN_BYTES = 16 << 20
 # A plain JSON Lines file longer than this, or a Parquet file of several row groups holding more data, is read in
 # ranges of about this size side by side (`readers.row_ranges`): one large file keeps every worker busy, and the
@@ -71,7 +70,7 @@ RANGE_BYTES = 8 << 20
 # a part starts the next one while a large one before it is still being read (appending stays in order). A part
 # waits on disk, compressed, until it is appended; a file holds its local copy (an S3 file's download) until its
 # last part is, so this also bounds the disk they use.
-PARTS_AHEAD = 4 * INGEST_WORKERS
+PARTS_AHEAD = 4 * WORKERS
 _PARTS = "ingest_parts"
 _ID_IN_TEXT = re.compile(rf'"(?:{"|".join(ID_FIELDS)})"\s*:\s*"([^"\\]{{1,200}})"')
 
@@ -100,7 +99,7 @@ def ingest_files(
 
     Files are independent, and so are the ranges of a large file (`readers.row_ranges`). So when there are several
     files or such a file, and their local bytes reach `parallel_min_bytes`, each file or range is read in a worker
-    process (`INGEST_WORKERS` at a time) into its own part files, which are appended to `prompts` and `quarantine`
+    process (`workers.WORKERS` at a time) into its own part files, which are appended to `prompts` and `quarantine`
     in order: the same records in the same order as one process writes."""
     if fmt != AUTO and fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose auto or one of {', '.join(FORMATS)}")
@@ -113,11 +112,7 @@ def ingest_files(
     parallel = (len(readable) > 1 or splits) and local_bytes >= parallel_min_bytes
     appender = _Appender(result, prompts, quarantine, log)
     with ExitStack() as stack:
-        pool = None
-        if parallel:
-            # spawn, not fork: a Dagster run process has threads, and a forked child could inherit a held lock.
-            context = multiprocessing.get_context("spawn")
-            pool = stack.enter_context(ProcessPoolExecutor(INGEST_WORKERS, mp_context=context))
+        pool = stack.enter_context(worker_processes()) if parallel else None
         running: deque[_Part] = deque()
 
         def make_room() -> None:
