@@ -78,7 +78,9 @@ def content_id(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
     return "h-" + hashlib.blake2b(hashed, digest_size=8).hexdigest()
 
 
-def draft(row: PromptRow, policy: str, num_shards: int, max_prompt_tokens: int) -> Draft:
+def draft(row: PromptRow, policy: str, num_shards: int, max_prompt_tokens: int) -> tuple:
+    """The row's `Draft`, as the plain tuple of its fields in order: what a worker sends (`draft_block`); building
+    the NamedTuple from keywords, then a tuple from it to send, took a tenth of drafting."""
     messages, generate_after, history = apply_policy(row.messages, policy)
     hashed_id = content_id(row.messages, row.tools)
     conversation = Conversation(
@@ -100,22 +102,22 @@ def draft(row: PromptRow, policy: str, num_shards: int, max_prompt_tokens: int) 
     )
     conversation.shard = shard_of(conversation.id, num_shards)
     prompt = messages[: generate_after[-1] + 1]
-    return Draft(
-        hashed_id=hashed_id,
-        digest=digest64(request_key(conversation)),
-        source_id=row.source_id,
-        # The same bytes as conversation.to_json(); orjson serializes the dataclass without asdict's deep copy.
-        line=orjson.dumps(conversation),
-        shard=conversation.shard,
-        source=row.source,
-        source_file=row.source_file,
-        source_row=row.source_row,
-        history=history,
-        empty_shown=empty_shown_answer(conversation),
-        may_exceed_budget=may_exceed(prompt, row.tools, max_prompt_tokens),
-        calls_tools=history == HISTORY_SOURCE and calls_tools(messages),
-        multi_turn=is_multi_turn(conversation),
-        turns=len(generate_after),
+    return (
+        hashed_id,
+        digest64(request_key(conversation)),  # digest
+        row.source_id,
+        # line: the same bytes as conversation.to_json(); orjson serializes the dataclass without asdict's copy.
+        orjson.dumps(conversation),
+        conversation.shard,
+        row.source,
+        row.source_file,
+        row.source_row,
+        history,
+        empty_shown_answer(conversation),
+        may_exceed(prompt, row.tools, max_prompt_tokens),  # may_exceed_budget
+        history == HISTORY_SOURCE and calls_tools(messages),  # calls_tools
+        is_multi_turn(conversation),
+        len(generate_after),  # turns
     )
 
 
@@ -130,8 +132,8 @@ def empty_shown_answer(conversation: Conversation) -> int | None:
 
 
 def draft_block(block: bytes, policy: str, num_shards: int, max_prompt_tokens: int) -> list[tuple]:
-    """The drafts of a block of snapshot lines (run in the worker process), as plain tuples: a NamedTuple is
-    pickled and unpickled through Python calls, a tuple in C (4x faster, the most of what crossing costs).
+    """The drafts of a block of snapshot lines (run in the worker process), as plain tuples (`draft`): a NamedTuple
+    is pickled and unpickled through Python calls, a tuple in C (4x faster, the most of what crossing costs).
     The source names of the block's rows are one object each, which pickle then sends once, not per row."""
     names: dict[str, str] = {}
     drafted = []
@@ -140,7 +142,7 @@ def draft_block(block: bytes, policy: str, num_shards: int, max_prompt_tokens: i
             row = prompt_row(orjson.loads(line))
             row.source = names.setdefault(row.source, row.source)
             row.source_file = names.setdefault(row.source_file, row.source_file)
-            drafted.append(tuple(draft(row, policy, num_shards, max_prompt_tokens)))
+            drafted.append(draft(row, policy, num_shards, max_prompt_tokens))
     return drafted
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from dagster_project.conversations import drafts
 from dagster_project.conversations.budget import SCAFFOLD_BYTES_FIXED, SCAFFOLD_BYTES_PER_MESSAGE, may_exceed
+from dagster_project.conversations.sharding import shard_of
+from dagster_project.conversations.turns import request_key
 from dagster_project.ingest.shards import PromptRow
 from dagster_project.store.jsonl import JsonlZstWriter, jsonl_zst_blocks
 
@@ -44,6 +46,32 @@ def test_worker_drafts_equal_in_process_drafts_batch_for_batch(tmp_path, monkeyp
     assert all(d.conversation().id == d.provisional_id and orjson.loads(d.line)["shard"] == d.shard for d in flat)
     if policy == "last_turn":
         assert {d.empty_shown for d in flat} == {None, 1}
+
+
+def test_each_field_of_a_draft_holds_what_its_name_says() -> None:
+    """A draft travels as a plain tuple: a field out of order would hand the stage another field's value."""
+    row = PromptRow(
+        "src",
+        "f.jsonl",
+        7,
+        "openai",
+        "id-7",
+        [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": "b"},
+        ],
+        extra={"n": 7},
+    )
+    draft = drafts.Draft._make(drafts.draft(row, "last_turn", 16, 10))
+    conversation = draft.conversation()
+    assert (draft.source_id, draft.provisional_id, conversation.id) == ("id-7", "id-7", "id-7")
+    assert draft.hashed_id == drafts.content_id(row.messages) != draft.source_id
+    assert draft.digest == drafts.digest64(request_key(conversation))
+    assert draft.shard == conversation.shard == shard_of("id-7", 16)
+    assert (draft.source, draft.source_file, draft.source_row) == ("src", "f.jsonl", 7)
+    assert (draft.history, draft.empty_shown, draft.may_exceed_budget) == ("source", 1, True)
+    assert (draft.calls_tools, draft.multi_turn, draft.turns) == (False, True, 1)
 
 
 def test_a_damaged_snapshot_line_fails_the_stage_from_a_worker(tmp_path) -> None:
