@@ -10,6 +10,7 @@ They are spawned, not forked: a Dagster run process has threads, and a forked ch
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import threading
 from collections.abc import Iterator
@@ -42,3 +43,21 @@ def worker_processes() -> Iterator[ProcessPoolExecutor]:
                 _shared = None
         pool.shutdown(wait=True, cancel_futures=True)
         raise
+
+
+@contextmanager
+def cycle_collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector switched off for a loop over rows, and back on after it.
+
+    Reading, normalizing, drafting and deciding rows makes many short-lived objects and almost no reference cycles
+    (reference counting frees each object as soon as it is dropped; the futures a batch travels in leave about three
+    per batch), so the collector's passes over them are pure cost: 8% of the conversations stage's own process, 2%
+    of a worker's. What cycles there are wait for the end of the loop."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

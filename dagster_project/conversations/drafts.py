@@ -28,7 +28,7 @@ from dagster_project.conversations.turns import apply_policy, calls_tools, reque
 from dagster_project.ingest.shards import PromptRow, prompt_row
 from dagster_project.records import HISTORY_SOURCE, Conversation
 from dagster_project.store.jsonl import jsonl_zst_blocks
-from dagster_project.workers import WORKERS, worker_processes
+from dagster_project.workers import WORKERS, cycle_collector_paused, worker_processes
 
 # The snapshot's lines handed out and decided against one batch of lookups in the on-disk dedup index
 # (`dedup.SeenIndex.prefetch`) at a time: about 4,000 rows of the usual size.
@@ -137,12 +137,13 @@ def draft_block(block: bytes, policy: str, num_shards: int, max_prompt_tokens: i
     The source names of the block's rows are one object each, which pickle then sends once, not per row."""
     names: dict[str, str] = {}
     drafted = []
-    for line in block.splitlines():
-        if line and not line.isspace():  # not line.strip(): that copies every line
-            row = prompt_row(orjson.loads(line))
-            row.source = names.setdefault(row.source, row.source)
-            row.source_file = names.setdefault(row.source_file, row.source_file)
-            drafted.append(draft(row, policy, num_shards, max_prompt_tokens))
+    with cycle_collector_paused():
+        for line in block.splitlines():
+            if line and not line.isspace():  # not line.strip(): that copies every line
+                row = prompt_row(orjson.loads(line))
+                row.source = names.setdefault(row.source, row.source)
+                row.source_file = names.setdefault(row.source_file, row.source_file)
+                drafted.append(draft(row, policy, num_shards, max_prompt_tokens))
     return drafted
 
 

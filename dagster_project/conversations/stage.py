@@ -73,6 +73,7 @@ from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
 from dagster_project.store.manifest import published_shards, put_object, withdraw_shards, write_stage_manifest
 from dagster_project.store.storage import Store
+from dagster_project.workers import cycle_collector_paused
 
 STAGE = "conversations"
 QUARANTINE_KEY = f"{layout.CONVERSATIONS}/quarantine.jsonl.zst"
@@ -249,8 +250,10 @@ def build_conversations(
     with worker_pool(snapshot) as pool:  # drafting, then publishing
         with SeenIndex(workspace / "seen") as seen, JsonlZstWriter(workspace / "quarantine.jsonl.zst") as quarantine:
             builder = ConversationBuilder(budget, seen, buffers, quarantine)
-            for drafts in drafted_batches(snapshot, settings.policy, num_shards, max_prompt_tokens, pool=pool):
-                builder.build_batch(drafts)
+            batches = drafted_batches(snapshot, settings.policy, num_shards, max_prompt_tokens, pool=pool)
+            with cycle_collector_paused():
+                for drafts in batches:
+                    builder.build_batch(drafts)
         buffers.flush()
         snapshot.unlink()
         built_s = time.perf_counter() - started

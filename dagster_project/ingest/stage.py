@@ -55,7 +55,7 @@ from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
 from dagster_project.store.manifest import StoredObject, put_object, write_stage_manifest
 from dagster_project.store.storage import Store
-from dagster_project.workers import WORKERS, worker_processes
+from dagster_project.workers import WORKERS, cycle_collector_paused, worker_processes
 
 STAGE = "ingest"
 DETECTION_ROWS = 200
@@ -192,6 +192,7 @@ def _ingest_file(
     with (
         JsonlZstWriter(part / "prompts.jsonl.zst") as prompts,
         JsonlZstWriter(part / "quarantine.jsonl.zst") as quarantine,
+        cycle_collector_paused(),
     ):
         file_reader = _FileIngest(file, fmt, prompts, quarantine, accounting)
         file_reader.control_tokens = control_tokens
