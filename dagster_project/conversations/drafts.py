@@ -80,7 +80,7 @@ def content_id(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
 
 def draft(row: PromptRow, policy: str, num_shards: int, max_prompt_tokens: int) -> tuple:
     """The row's `Draft`, as the plain tuple of its fields in order: what a worker sends (`draft_block`); building
-    the NamedTuple from keywords, then a tuple from it to send, took a tenth of drafting."""
+    the NamedTuple from keywords, then a tuple from it to send, took ~1.3 µs of the ~20 a row's drafting takes."""
     messages, generate_after, history = apply_policy(row.messages, policy)
     hashed_id = content_id(row.messages, row.tools)
     conversation = Conversation(
