@@ -19,6 +19,7 @@ from dagster_project.assets import (  # noqa: E402
     fleet_tuning,
     hf_export,
     mixture_report,
+    pilot,
     raw_prompts,
     run_report,
     specforge_export,
@@ -40,6 +41,7 @@ atexit.register(gc.freeze)
 STAGES = [
     raw_prompts,
     conversations,
+    pilot,
     completions,
     training_set,
     specforge_export,

@@ -107,3 +107,14 @@ def tokenizer_name() -> str:
     from dagster_project.tokenizer import BUILTIN_TOKENIZER
 
     return env_str("DFLASH_TOKENIZER", BUILTIN_TOKENIZER)
+
+
+def skip_pilot() -> bool:
+    """`DFLASH_SKIP_PILOT=1`: the shards generate without a passed pilot of their settings (recorded in each
+    completions manifest); read when a run starts."""
+    value = os.environ.get("DFLASH_SKIP_PILOT", "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise SettingsError(f"DFLASH_SKIP_PILOT must be 1 or 0, got {value!r}")

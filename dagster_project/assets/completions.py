@@ -10,11 +10,13 @@ from dagster_project.generation.heartbeat import ReportIntervals
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.generation.slot_use import SlotUse
-from dagster_project.generation.stage import generate_shard
+from dagster_project.generation.stage import PilotNote, generate_shard
 from dagster_project.ops.report import shard_progress_figures
 from dagster_project.partitions import SHARD_BACKFILL_POLICY, ShardMaterialized, materialize_shards, shard_partitions
+from dagster_project.pilot.record import clearance
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.resources.config_fields import config_fields
+from dagster_project.settings import skip_pilot
 from dagster_project.store import layout
 from dagster_project.store.lease import LeaseOptions
 from dagster_project.store.storage import Store
@@ -31,6 +33,11 @@ class CompletionsConfig(config_fields(ReportIntervals, config_fields(LeaseOption
         default=False,
         description="Generate from a conversations shard that failed blocking conversations checks in an earlier "
         "run (refused otherwise).",
+    )
+    skip_pilot: bool = Field(
+        default=False,
+        description="Generate although no pilot of these generation settings has passed (as DFLASH_SKIP_PILOT=1); "
+        "recorded in each shard's manifest.",
     )
 
 
@@ -71,6 +78,11 @@ def completions(
     generation: GenerationConfig,
 ) -> Iterator[dg.MaterializeResult | dg.AssetMaterialization]:
     tag_asset_run(context)
+    settings = generation.to_dataclass()
+    cleared = clearance(store.open(), settings.fingerprint(), skip=config.skip_pilot or skip_pilot())
+    if not cleared.allowed:
+        raise dg.Failure(description=cleared.message, allow_retries=False)
+    context.log.info(cleared.message)
     slot = SlotUse()  # the step holds its `sglang_fleet` slot from here to its end
     # Without a fleet directory (endpoints configured) the shards generating at once share a ledger of the run's.
     run_ledger = tempfile.TemporaryDirectory(prefix="dflash-run-ledger-")
@@ -90,7 +102,7 @@ def completions(
             data,
             shard,
             tokenizer=tokenizer.load(),
-            settings=generation.to_dataclass(),
+            settings=settings,
             dispatcher=fleet.dispatcher(registry=data, slot_use=slot, ledger_dir=Path(run_ledger.name)),
             work_dir=store.local_dir(),
             intervals=config.to_dataclass(),
@@ -99,6 +111,7 @@ def completions(
             run_id=context.run_id,
             lease=config.to_dataclass(LeaseOptions),
             override_failed_gates=config.override_failed_gates,
+            pilot=PilotNote(cleared.message, cleared.skipped),
         )
         used = slot.take()
         metadata = {

@@ -7,26 +7,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
 
 from dagster_project.assets.completions import completions
 from dagster_project.checks.gate_checks import GateConfig, check_result, reported
 from dagster_project.generation.shards import completions_manifest, iter_completion_batches, shard_coverage
 from dagster_project.partitions import ShardCheck, check_shards, shard_partitions
 from dagster_project.resources import DatasetStore, TokenizerResource
+from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
 from dagster_project.store.manifest import verify_shard
 from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import record_verdict
 from dagster_project.tokenizer import special_ids
-from dagster_project.training import gate_messages, gates
+from dagster_project.training import gate_messages, gate_sets, gates
 
 SPEC_ACCEPT_LENGTH_FLOOR = 1.5
-MAX_ERROR_SHARE = 0.02
-MAX_LENGTH_CAPPED_SHARE = 0.10
 
-# The answer gates judge completions as the training rows they would become, before any row is assembled.
-ANSWER_GATES = ("thinking_structure", "degenerate_answers", "short_answers", "ids_in_vocabulary")
 QUALITY_DESCRIPTIONS = {
     "error_rate": "Few generation events ended in an error (each is recorded with its reason, never as an answer).",
     "length_capped_rate": "Few answers hit max_new_tokens (they are unfinished, and excluded from training).",
@@ -37,32 +33,8 @@ QUALITY_DESCRIPTIONS = {
 }
 
 
-class CompletionsGateConfig(GateConfig):
-    """Thresholds of the answer gates (see GateConfig) plus the completions' own."""
-
-    max_error_share: float = Field(default=MAX_ERROR_SHARE, description="Largest tolerated share of error events.")
-    max_length_capped_share: float = Field(
-        default=MAX_LENGTH_CAPPED_SHARE, description="Largest tolerated share of answers that hit max_new_tokens."
-    )
-
-
-def _share_gate(name: str, count: int, total: int, max_share: float, what: str, by_kind: dict) -> gates.GateResult:
-    share = count / total if total else 0.0
-    passed = share <= max_share
-    verdict = "ok" if passed else "BLOCKED"
-    return gates.GateResult(
-        name,
-        passed,
-        f"{verdict}: {share:.1%} of events ({count}/{total}) {what} (limit {max_share:.0%})"
-        + (f"; by kind {by_kind}" if by_kind else ""),
-        {
-            "count": count,
-            "events": total,
-            "share": share,
-            "max_share": max_share,
-            "by_kind": dg.MetadataValue.json(by_kind),
-        },
-    )
+class CompletionsGateConfig(config_fields(gate_sets.CompletionShareLimits, GateConfig)):
+    """Thresholds of the answer gates (see GateConfig) plus the completions' own (error and length-capped shares)."""
 
 
 @dg.asset_check(asset=completions, partitions_def=shard_partitions, blocking=True)
@@ -187,34 +159,24 @@ def _quality(
     manifest = completions_manifest(data, shard)
     special = special_ids(tok)
     run = manifest.generation
-    results = [
-        _share_gate(
-            "error_rate",
-            manifest.errors,
-            manifest.rows,
-            config.max_error_share,
-            "ended in an error",
-            run.errors_by_kind,
-        ),
-        _share_gate(
-            "length_capped_rate",
-            run.finish_reasons.get("length", 0),
-            manifest.rows,
-            config.max_length_capped_share,
-            f"hit max_new_tokens={manifest.settings.max_new_tokens}",
-            {},
-        ),
-    ]
     profile = gates.profile_completion_batches(
         iter_completion_batches(data, shard, gates.COMPLETION_GATE_COLUMNS), special, tok.decode
     )
-    answer_gates = gates.shard_gates(
+    counts = gate_sets.EventCounts(
+        rows=manifest.rows,
+        errors=manifest.errors,
+        errors_by_kind=run.errors_by_kind,
+        length_capped=run.finish_reasons.get("length", 0),
+        max_new_tokens=manifest.settings.max_new_tokens,
+    )
+    results = gate_sets.completions_gates(
+        counts,
         profile,
         vocab_size=special.vocab_size,
         enable_thinking=manifest.settings.enable_thinking,
-        thresholds=config.to_dataclass(),
+        thresholds=config.to_dataclass(gates.GateThresholds),
+        limits=config.to_dataclass(),
     )
-    results += [result for result in answer_gates if result.name in ANSWER_GATES]
     results = [
         gate_messages.actionable(
             r,

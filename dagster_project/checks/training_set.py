@@ -21,7 +21,7 @@ from dagster_project.store import layout
 from dagster_project.store.manifest import iter_parquet_batches
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import special_ids
-from dagster_project.training import gate_messages, gates
+from dagster_project.training import gate_messages, gate_sets, gates
 from dagster_project.training.export import record_verdict
 from dagster_project.training.lengths import KEEP, LengthGateOptions
 from dagster_project.training.shards import TrainingShardManifest, iter_training_batches, training_manifest
@@ -33,7 +33,7 @@ from dagster_project.training.suite import (
     training_frame,
     validate_training_frames,
 )
-from dagster_project.training.tool_call_gate import ToolCallGateOptions, malformed_tool_calls
+from dagster_project.training.tool_call_gate import ToolCallGateOptions
 
 GATE_DESCRIPTIONS = {
     "loss_sum_floor": "Few rows under the supervised-token floor (default 32 = 2 × the DFlash block size).",
@@ -79,27 +79,20 @@ def _gates(
     profile = gates.profile_training_batches(
         iter_training_batches(data, shard, gates.TRAINING_GATE_COLUMNS), special, tok.decode
     )
-    results = gates.shard_gates(
-        profile,
-        vocab_size=special.vocab_size,
-        enable_thinking=manifest.source.settings.enable_thinking,
-        thresholds=config.to_dataclass(gates.GateThresholds),
-    )
     completion_batches = iter_parquet_batches(
         data, completions_manifest(data, shard), ["event_id", "prompt_ids", "output_ids"]
     )
-    results += [
-        malformed_tool_calls(
-            profile.outputs.answer_texts,
-            profile.finished,
-            max_share=config.to_dataclass(ToolCallGateOptions).max_malformed_tool_call_share,
-        ),
-        gates.ids_match_completions(profile.digests, completion_batches),
-        gates.length_loss(
-            manifest.lengths, max_lost_share=config.to_dataclass(LengthGateOptions).max_lost_supervised_share
-        ),
-        source_is_current(data, manifest),
-    ]
+    results = gate_sets.training_gates(
+        profile,
+        completion_batches,
+        manifest.lengths,
+        vocab_size=special.vocab_size,
+        enable_thinking=manifest.source.settings.enable_thinking,
+        thresholds=config.to_dataclass(gates.GateThresholds),
+        tool_calls=config.to_dataclass(ToolCallGateOptions),
+        length=config.to_dataclass(LengthGateOptions),
+    )
+    results.append(source_is_current(data, manifest))
     where = gate_messages.TRAINING_GATES
     results = [
         gate_messages.actionable(r, limits=config, where=where, examples=gate_messages.example_ids(r, profile, config))

@@ -177,12 +177,23 @@ def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
 
 def _project(args: argparse.Namespace) -> int:
     from dagster_project.ops.projection import Job, project
+    from dagster_project.pilot.record import PILOT_COMMAND, read_latest_pilot
 
+    pilot = read_latest_pilot(open_configured_store())
+    measured = pilot.job_inputs() if pilot is not None and pilot.passed else {}
     try:
-        projection = project(Job(**given_flags(args, Job)))
+        projection = project(Job(**{**measured, **given_flags(args, Job)}))
     except (ValueError, KeyError, OSError) as exc:
         raise SystemExit(f"dflash plan --project: {exc}") from None
     print(projection.describe())
+    if measured:
+        print(f"inputs from the {pilot.summary()}")
+        print(
+            f"answer lengths and prompt tokens are the pilot's (flags override them); accept length: the pilot "
+            f"measured {pilot.accept_length or '— (MTP off)'}, the profile assumes {projection.seed.accept_length:.2f}"
+        )
+    else:
+        print(f"inputs: the seed run's figures (no passed pilot in the store: `{PILOT_COMMAND}`)")
     return 0
 
 
@@ -223,7 +234,7 @@ def plan_flags(plan: argparse.ArgumentParser) -> None:
         f"per answer, {BRIEF_PLAN.output_tok_per_s:,.0f} tok/s, ${BRIEF_PLAN.cost_per_hour:.0f}/hour)",
     )
     plan.add_argument("--show", action="store_true", help="print the plan recorded in the store, change nothing")
-    add_flags(plan, Plan, skip={"source"})
+    add_flags(plan, Plan, skip={"source", "output_tokens_percentiles"})
     plan.add_argument("--shards", action="store_true", help="how many shards to use (the flags below; nothing written)")
     add_flags(plan, ShardSizing)
     plan.add_argument(

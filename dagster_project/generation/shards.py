@@ -70,6 +70,9 @@ class CompletionsShardManifest(ShardManifest):
     # A manifest that did not record its settings was made with the defaults.
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     generation: GenerationSummary = field(default_factory=GenerationSummary)
+    # What let the shard generate: the passed pilot of its settings, or the operator's skip (`pilot.record`).
+    pilot: str = ""
+    pilot_skipped: bool = False
 
     @property
     def avg_output_tokens(self) -> float:

@@ -112,6 +112,14 @@ def write_completions_parquet(journal: Journal, path: Path, planned: set[str]) -
     return written
 
 
+@dataclass(frozen=True)
+class PilotNote:
+    """What cleared the shard's settings for generation (`pilot.record.clearance`), for its manifest."""
+
+    message: str = ""
+    skipped: bool = False
+
+
 class ConversationsGated(RuntimeError):
     """The conversations shard failed a blocking gate: no generation from it unless the operator overrides it."""
 
@@ -130,9 +138,10 @@ def generate_shard(
     run_id: str | None = None,
     lease: LeaseOptions = LeaseOptions(),
     override_failed_gates: bool = False,
+    pilot: PilotNote = PilotNote(),
 ) -> CompletionsShardManifest:
     """Generate and publish `completions/shard=NNNNN/`; return its manifest. `run_id`: the Dagster run, named
-    in the shard's lease and heartbeats.
+    in the shard's lease and heartbeats. `pilot`: what cleared the settings (recorded in the manifest).
 
     Refuses a conversations shard that failed a blocking conversations check (their verdicts on this build),
     naming the gate, unless `override_failed_gates`."""
@@ -205,6 +214,8 @@ def generate_shard(
                 generation=GenerationSummary.of(
                     last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint)
                 ),
+                pilot=pilot.message,
+                pilot_skipped=pilot.skipped,
             )
             held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
             published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])

@@ -99,6 +99,7 @@ def run_demo(root: Path) -> int:
     _dflash(env, "fleet", "up", "--simulate", str(DEMO_SERVERS))
     try:
         _materialize(env, "raw_prompts,conversations")
+        _materialize(env, "pilot")  # the shards refuse to start until a pilot of their settings has passed
         with ThreadPoolExecutor(CONCURRENT_SHARD_RUNS) as pool:  # shard runs share the fleet, as in production
             list(pool.map(lambda key: _materialize(env, SHARD_ASSETS, key), layout.partition_keys(DEMO_SHARDS)))
         _materialize(env, "run_report,mixture_report")

@@ -1,4 +1,5 @@
-"""The estimates a run is compared against: from a pilot sweep or from configuration.
+"""The estimates a run is compared against: measured by the pilot (`pilot.stage.plan_from_pilot`: "pilot of N
+answers at TIME"), or from configuration (`dflash plan`).
 
 The plan lives in the store (`plan.json`) so every `status` reader compares against the same numbers.
 """
@@ -24,6 +25,10 @@ class Plan:
     gpus: int = field(default=1, metadata={"help": "GPUs the fleet holds"})
     cost_per_hour: float | None = field(default=None, metadata={"help": "US$ per hour of the whole fleet"})
     prompts: int | None = field(default=None, metadata={"help": "prompts in the whole job (for its cost and ETA)"})
+    # Measured by a pilot: what the job's answers should look like.
+    accept_length: float | None = field(default=None, metadata={"help": "planned spec-decoding accept length"})
+    error_share: float | None = field(default=None, metadata={"help": "planned share of events ending in an error"})
+    output_tokens_percentiles: dict[str, float] = field(default_factory=dict)  # "p10" ... "max"
 
     def eta_hours(self, remaining_requests: int) -> float:
         return remaining_requests / self.req_per_s / 3600 if self.req_per_s else float("inf")

@@ -139,8 +139,11 @@ def pipeline_env(
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment of a pipeline process: this interpreter's, minus any DFLASH_/DAGSTER_/SGLANG_ setting
-    inherited from the shell, plus the given ones."""
+    inherited from the shell, plus the given ones; the tests' skip of the pilot (tests/conftest.py) stays, unless
+    the test took it away."""
     env = {name: value for name, value in os.environ.items() if not name.startswith(_PIPELINE_PREFIXES)}
+    if "DFLASH_SKIP_PILOT" in os.environ:
+        env["DFLASH_SKIP_PILOT"] = os.environ["DFLASH_SKIP_PILOT"]
     env.update(
         DAGSTER_HOME=str(home),
         DFLASH_STORE=str(store),

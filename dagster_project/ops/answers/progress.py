@@ -136,6 +136,18 @@ def render_progress(progress: ProgressAnswer, now: float) -> list[str]:
     if p.plan:
         lines.append(
             f"   plan ({p.plan.source}): {p.plan.req_per_s} req/s, {p.plan.avg_output_tokens} avg out tokens, "
-            f"{p.plan.output_tok_per_s} out tok/s → ETA {fmt(p.plan_eta_hours, 2)} h for what remains"
+            f"{p.plan.output_tok_per_s} out tok/s{_measured(p.plan)} → ETA {fmt(p.plan_eta_hours, 2)} h for what "
+            "remains"
         )
     return lines
+
+
+def _measured(plan: Plan) -> str:
+    """What a pilot measured beyond the rates: the answers' lengths, accept length and error share."""
+    percentiles = plan.output_tokens_percentiles
+    parts = [f"out tokens p50 {fmt(percentiles['p50'], 0)}, p90 {fmt(percentiles['p90'], 0)}"] if percentiles else []
+    if plan.accept_length:
+        parts.append(f"accept length {plan.accept_length:.2f}")
+    if plan.error_share is not None:
+        parts.append(f"errors {plan.error_share:.1%}")
+    return "".join(f", {part}" for part in parts)
