@@ -66,6 +66,7 @@ FAST_ANSWERS = {"output_len": "uniform:48:160", "max_running_requests": 8}
 EXPECTED_ASSETS = {
     "raw_prompts": ("prompts", False, set()),
     "conversations": ("prompts", False, {"raw_prompts"}),
+    "pilot": ("shards", False, {"conversations"}),
     "completions": ("shards", True, {"conversations"}),
     "training_set": ("shards", True, {"completions"}),
     "specforge_export": ("shards", True, {"training_set"}),

@@ -1,10 +1,13 @@
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dagster_project import cli
 from dagster_project.ops.projection import SEED_RUNNING, Job, project
+from dagster_project.pilot.record import LengthDistribution, PilotRecord, write_pilot
 from dagster_project.sglang.profiles.profile import profile_named
+from dagster_project.store.storage import LocalStore
 
 SEED_JOB = Job()  # 913,786 answers x 2,472 tokens on 7 B200 at $27/hour for the node
 
@@ -43,11 +46,25 @@ def test_a_job_without_events_is_refused():
         Job(events=0)
 
 
-def test_dflash_plan_project_prints_the_seed_and_tuned_table(capsys):
+def test_dflash_plan_project_prints_the_seed_and_tuned_table(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_STORE", str(tmp_path))  # no pilot there
     assert cli.main(["plan", "--project", "--profile", "b200-bf16", "--gpus", "7", "--events", "913786"]) == 0
     out = capsys.readouterr().out
     assert "| seed launch | 16 |" in out and "| tuned (knee) |" in out
     assert "assumptions (flagged):" in out and "request_bandwidth_efficiency" in out
+    assert "inputs: the seed run's figures (no passed pilot in the store" in out
+
+
+def test_dflash_plan_project_takes_a_passed_pilots_answer_and_prompt_lengths(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_STORE", str(tmp_path))
+    lengths = LengthDistribution.of(np.full(50, 1800))
+    record = PilotRecord(True, "f1", finished_at=1.8e9, answers=50, avg_prompt_tokens=900.0, output_lengths=lengths)
+    write_pilot(LocalStore(tmp_path), record)
+    assert cli.main(["plan", "--project", "--gpus", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "x 1,800 output tokens (900-token prompts)" in out and f"inputs from the {record.label()}" in out
+    assert cli.main(["plan", "--project", "--output-tokens", "2000"]) == 0  # a flag still overrides it
+    assert "x 2,000 output tokens (900-token prompts)" in capsys.readouterr().out
 
 
 def test_dflash_plan_project_refuses_an_unknown_profile_in_one_line():
