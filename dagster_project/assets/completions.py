@@ -62,7 +62,9 @@ def _known(**figures: float | int | None) -> dict[str, float | int]:
 @dg.asset(
     partitions_def=shard_partitions,
     backfill_policy=SHARD_BACKFILL_POLICY,
-    deps=[layout.CONVERSATIONS],
+    # The pilot of the job's settings: its data version is their fingerprint, so the shards go stale in the UI when
+    # the settings change, and "Materialize all" runs the pilot first.
+    deps=[layout.CONVERSATIONS, layout.PILOT],
     group_name="shards",
     kinds={"sglang", "parquet"},
     pool="sglang_fleet",

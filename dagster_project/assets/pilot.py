@@ -60,7 +60,7 @@ def pilot(
     data = store.open()
     # Without a fleet directory (endpoints configured) the pilot's dispatcher keeps its ledger here.
     with tempfile.TemporaryDirectory(prefix="dflash-pilot-ledger-") as ledger:
-        outcome = run_pilot(
+        record = run_pilot(
             data,
             tokenizer=tokenizer.load(),
             settings=generation.to_dataclass(),
@@ -71,7 +71,6 @@ def pilot(
             log=context.log.info,
             run_id=context.run_id,
         )
-    record = outcome.record
     metadata = {
         **pilot_metadata(record),
         "uri": dg.MetadataValue.path(data.url(pilot_key(record.settings_fingerprint))),
@@ -86,7 +85,8 @@ def pilot(
             metadata=metadata,
             allow_retries=False,
         )
-    return dg.MaterializeResult(metadata=metadata)
+    # Its version is the settings' fingerprint: a new pilot of the same settings leaves the shards current.
+    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(record.settings_fingerprint))
 
 
 def pilot_metadata(record: PilotRecord) -> dict[str, object]:

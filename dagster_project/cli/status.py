@@ -129,7 +129,7 @@ def _what_to_materialize_first(store: Store) -> str | None:
     return (
         f"NOTHING TO REPORT YET: {store.uri} has no {missing}. Materialize {select.replace(',', ' and ')} first "
         f"(`dagster asset materialize -m dagster_project.definitions --select {select}`, or Materialize in the "
-        "UI), start a fleet (`dflash fleet up`), then materialize the completions shards."
+        "UI), start a fleet (`dflash fleet up`), materialize the pilot (`--select pilot`), then the completions shards."
     )
 
 

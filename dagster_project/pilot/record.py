@@ -15,10 +15,10 @@ import numpy as np
 
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.store.dataclass_json import read_record, to_json
+from dagster_project.store.layout import PILOT
 from dagster_project.store.storage import Store
 
-PILOT_PREFIX = "pilot"
-LATEST_KEY = f"{PILOT_PREFIX}/latest.json"
+LATEST_KEY = f"{PILOT}/latest.json"
 # What the operator runs; the README's and the demo's form.
 PILOT_COMMAND = "dagster asset materialize -m dagster_project.definitions --select pilot"
 SKIP_SWITCH = "DFLASH_SKIP_PILOT=1 (or skip_pilot: true in completions' run config)"
@@ -26,7 +26,7 @@ PERCENTILES = (10, 50, 90, 99)
 
 
 def pilot_key(fingerprint: str) -> str:
-    return f"{PILOT_PREFIX}/{fingerprint}.json"
+    return f"{PILOT}/{fingerprint}.json"
 
 
 @dataclass(frozen=True)

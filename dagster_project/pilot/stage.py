@@ -78,15 +78,6 @@ class PilotLimits:
         )
 
 
-@dataclass(frozen=True)
-class PilotOutcome:
-    record: PilotRecord
-    results: list[
-        gates.GateResult
-    ]  # completions' gates (prefixed `completions/`), then training rows' (`training_set/`)
-    plan: Plan | None  # the plan written from it (a passed pilot)
-
-
 def run_pilot(
     store: Store,
     *,
@@ -98,8 +89,9 @@ def run_pilot(
     limits: PilotLimits = PilotLimits(),
     log: Callable[[str], None] = lambda message: None,
     run_id: str | None = None,
-) -> PilotOutcome:
-    """Sample, generate, gate; record the outcome in the store (and the plan, when it passed)."""
+) -> PilotRecord:
+    """Sample, generate, gate; record the outcome in the store (and the plan, when it passed). The record names
+    each gate `completions/<gate>` or `training_set/<gate>`, after the check whose gates it ran."""
     conversations, choice = sample_conversations(store, options)
     if not conversations:
         raise LookupError("the published conversations are empty: there is nothing for a pilot to generate")
@@ -160,10 +152,9 @@ def run_pilot(
         failed_gates=failed,
     )
     write_pilot(store, record)
-    plan = plan_from_pilot(record, read_plan(store)) if record.passed else None
-    if plan is not None:
-        write_plan(store, plan)
-    return PilotOutcome(record, results, plan)
+    if record.passed:
+        write_plan(store, plan_from_pilot(record, read_plan(store)))
+    return record
 
 
 def plan_from_pilot(record: PilotRecord, previous: Plan | None) -> Plan:

@@ -10,6 +10,7 @@ MANIFEST_NAME = "_manifest.json"
 
 RAW_PROMPTS = "raw_prompts"
 CONVERSATIONS = "conversations"
+PILOT = "pilot"  # the pilot before the job: its records (`pilot/<fingerprint>.json`), and its asset
 COMPLETIONS = "completions"
 TRAINING_SET = "training_set"
 EXPORTS = "exports"

@@ -25,7 +25,7 @@ from dagster_project.assets.specforge_export import specforge_export
 from dagster_project.assets.training_set import training_set
 from dagster_project.checks import completions as completions_checks
 from dagster_project.checks import training_set as training_set_checks
-from dagster_project.generation.shards import iter_completion_batches
+from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest
 from dagster_project.resources import (
     DatasetStore,
     GenerationConfig,
@@ -174,6 +174,9 @@ def test_a_healthy_fleet_passes_every_completions_check_and_the_shard_goes_throu
         "specforge_export",
     }
     assert read_training_manifest(prepared.store, shard).rows > 10
+    # Generated without a pilot (the tests' DFLASH_SKIP_PILOT=1), and its manifest says so.
+    skipped = read_completions_manifest(prepared.store, shard)
+    assert skipped.pilot_skipped and skipped.pilot.startswith("pilot skipped (DFLASH_SKIP_PILOT=1")
 
 
 def _is_blocking(key: dg.AssetCheckKey) -> bool:

@@ -67,7 +67,7 @@ EXPECTED_ASSETS = {
     "raw_prompts": ("prompts", False, set()),
     "conversations": ("prompts", False, {"raw_prompts"}),
     "pilot": ("shards", False, {"conversations"}),
-    "completions": ("shards", True, {"conversations"}),
+    "completions": ("shards", True, {"conversations", "pilot"}),
     "training_set": ("shards", True, {"completions"}),
     "specforge_export": ("shards", True, {"training_set"}),
     "hf_export": ("shards", True, {"training_set"}),
@@ -140,11 +140,10 @@ def pipeline_env(
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment of a pipeline process: this interpreter's, minus any DFLASH_/DAGSTER_/SGLANG_ setting
-    inherited from the shell, plus the given ones; the tests' skip of the pilot (tests/conftest.py) stays, unless
-    the test took it away."""
+    inherited from the shell, plus the given ones. Its shards generate without a pilot (`DFLASH_SKIP_PILOT=1`, as
+    every test's own process: tests/conftest.py); `extra={"DFLASH_SKIP_PILOT": "0"}` makes them wait for one."""
     env = {name: value for name, value in os.environ.items() if not name.startswith(_PIPELINE_PREFIXES)}
-    if "DFLASH_SKIP_PILOT" in os.environ:
-        env["DFLASH_SKIP_PILOT"] = os.environ["DFLASH_SKIP_PILOT"]
+    env["DFLASH_SKIP_PILOT"] = "1"
     env.update(
         DAGSTER_HOME=str(home),
         DFLASH_STORE=str(store),
