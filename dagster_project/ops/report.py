@@ -124,6 +124,15 @@ def _plan_table(status: Status) -> Table | None:
         ("avg output tokens", p.avg_output_tokens, plan.avg_output_tokens, 0, length_verdict),
         ("ETA, rest (h)", p.eta_hours, p.plan_eta_hours, 2, lambda r: verdict(r, higher_is_better=False)),
     ]
+    # What a pilot measured besides the rates (`pilot.stage.plan_from_pilot`); a plan by hand has neither.
+    if plan.accept_length:
+        mtp = status.mtp
+        accept = mtp.accept_length_window if running else mtp.accept_length_published_shards
+        figures.append(("accept length", accept, plan.accept_length, 2, verdict))
+    if plan.error_share is not None:
+        errors = 1 - p.events_ok / p.events_done if p.events_ok is not None and p.events_done else None
+        # Fewer errors than planned is ahead; a plan of none gives no ratio (the error_rate gate judges them).
+        figures.append(("error share", errors, plan.error_share, 3, lambda r: verdict(r, higher_is_better=False)))
     rows = []
     for name, measured, planned, digits, judge in figures:
         ratio = _ratio(measured, planned)

@@ -131,6 +131,21 @@ def test_a_healthy_run_on_plan_raises_no_alert_and_its_page_has_the_six_answers_
     assert "{" not in page and "2.7745" not in page  # no Python dicts, no unrounded floats
 
 
+def test_a_pilots_plan_is_compared_on_accept_length_and_error_share_too(tmp_path):
+    pilot = replace(PLAN, source="pilot of 40 answers at 2026-12-04 21:29 UTC", accept_length=2.8, error_share=0.02)
+    pilot = replace(pilot, output_tokens_percentiles={"p10": 20.0, "p50": 90.0, "p90": 210.0, "p99": 400.0})
+    status = status_of([beat()], HEALTHY, plan=pilot, tmp_path=tmp_path)
+    page = render_markdown(status)
+    assert "| accept length | 2.80 | 2.80 | 1.00 | on plan |" in page
+    assert "| error share | 0.000 | 0.020 | 0.00 | ahead of plan |" in page  # no error so far
+    assert (
+        "plan (pilot of 40 answers at 2026-12-04 21:29 UTC): 2.0 req/s, 100 avg out tokens, 200 out tok/s, out tokens "
+        "p50 90, p90 210, accept length 2.80, errors 2.0% → ETA" in render_text(status)
+    )
+    plain = render_markdown(status_of([beat()], HEALTHY, tmp_path=tmp_path))  # a plan by hand has neither figure
+    assert "| accept length | 2.80 | 2.80 |" not in plain and "| error share |" not in plain
+
+
 def test_plotted_figures_leave_unknown_values_out_instead_of_writing_zero(tmp_path):
     known = plot_metrics(status_of([beat()], HEALTHY, tmp_path=tmp_path))
     assert known["accept_length"] == 2.8 and known["req_per_s"] == 2.0 and known["output_tok_per_s"] == 200.0
