@@ -74,10 +74,11 @@ def test_assets_groups_dependencies_and_shard_partitions():
             assert node.backfill_policy == dg.BackfillPolicy.multi_run(settings.shards_per_run()), name
         else:
             assert node.partitions_def is None, name
-    # The pool that caps how many runs use the fleet at once (OPERATIONS §4.3): the shards' completions, and the
-    # tuning sweep, which would disturb them.
+    # The pool that caps how many runs use the fleet at once (OPERATIONS §4.3): the shards' completions, their
+    # pilot, and the tuning sweep, which would disturb them.
     pools = {name: graph.get(dg.AssetKey(name)).pools for name in EXPECTED_ASSETS}
     assert {name: pool for name, pool in pools.items() if pool} == {
+        "pilot": {"sglang_fleet"},
         "completions": {"sglang_fleet"},
         "fleet_tuning": {"sglang_fleet"},
     }
