@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops.plan import Plan
@@ -16,6 +17,7 @@ from dagster_project.pilot.record import (
     write_pilot,
 )
 from dagster_project.pilot.stage import plan_from_pilot
+from dagster_project.settings import SettingsError, skip_pilot
 from dagster_project.store.storage import LocalStore
 
 SETTINGS = GenerationSettings()
@@ -83,3 +85,15 @@ def test_a_passed_pilot_becomes_the_plan_keeping_the_fleet_and_price_of_the_earl
     assert plan.accept_length == 2.75 and plan.error_share == 0.025
     assert plan.output_tokens_percentiles["p50"] == 200.0
     assert plan_from_pilot(record, None).gpus == 2  # a GPU per server the pilot used
+
+
+@pytest.mark.parametrize(("value", "skips"), [("", False), ("0", False), ("1", True), ("true", True)])
+def test_the_skip_switch_is_read_from_the_environment_when_a_run_starts(monkeypatch, value, skips):
+    monkeypatch.setenv("DFLASH_SKIP_PILOT", value)
+    assert skip_pilot() is skips
+
+
+def test_a_skip_switch_that_is_neither_on_nor_off_is_refused_naming_it(monkeypatch):
+    monkeypatch.setenv("DFLASH_SKIP_PILOT", "maybe")
+    with pytest.raises(SettingsError, match="DFLASH_SKIP_PILOT must be 1 or 0"):
+        skip_pilot()
