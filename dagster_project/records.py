@@ -20,6 +20,8 @@ HISTORY_SOURCE = "source"
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
+# Why a conversation matched to an evaluation set is kept out of training (`conversations.contamination`).
+EVAL_CONTAMINATION = "eval_contamination"
 
 
 @dataclass

@@ -34,6 +34,9 @@ class GenerationSummary:
     spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
     finish_reasons: dict[str, int] = field(default_factory=dict)
     errors_by_kind: dict[str, int] = field(default_factory=dict)
+    # Output tokens of answers that arrived after another attempt of their request had won (lost hedges): paid
+    # for, in no row. Attempts cancelled before they answered report no tokens.
+    lost_hedge_output_tokens: int = 0
 
     @classmethod
     def of(cls, heartbeat: Heartbeat, rows: RowCounts, earlier: GenerationSummary | None = None) -> GenerationSummary:
@@ -42,9 +45,17 @@ class GenerationSummary:
         generated = heartbeat.done_events > heartbeat.resumed_events
         if generated or earlier is None:
             lifetime, spec = (heartbeat.lifetime if generated else None), heartbeat.spec
+            lost = lost_hedge_tokens(heartbeat) if generated else 0
         else:
-            lifetime, spec = earlier.lifetime, earlier.spec
-        return cls(lifetime, spec, dict(rows.finish_reasons), dict(rows.errors_by_kind))
+            lifetime, spec, lost = earlier.lifetime, earlier.spec, earlier.lost_hedge_output_tokens
+        return cls(lifetime, spec, dict(rows.finish_reasons), dict(rows.errors_by_kind), lost)
+
+
+def lost_hedge_tokens(heartbeat: Heartbeat) -> int:
+    """What the run's servers answered (their dispatcher's count, late answers included) beyond the answers it
+    recorded: the tokens of answers that lost to another attempt of their request."""
+    answered = sum(int(view.get("completion_tokens") or 0) for view in heartbeat.servers.values())
+    return max(answered - heartbeat.output_tokens, 0)
 
 
 @dataclass

@@ -93,13 +93,21 @@ JOB_FIGURES = [
     Figure("cost_per_hour_dollars", "The fleet's price per hour; absent without a price.",
            _cost(lambda c: c.cost_per_hour)),
     Figure("cost_gpus", "GPUs the price counts.", _cost(lambda c: c.gpus)),
-    Figure("cost_spent_dollars", "Spent over the hours some shard was generating.", _cost(lambda c: c.spent)),
+    Figure("cost_spent_dollars", "Spent: the fleet's GPU-hours at the price recorded at `fleet up`.",
+           _cost(lambda c: c.spent)),
     Figure("cost_to_finish_dollars", "To finish at the measured rate.", _cost(lambda c: c.to_finish)),
     Figure("cost_to_finish_plan_dollars", "To finish at the plan's rate.", _cost(lambda c: c.to_finish_plan)),
-    Figure("cost_per_million_output_tokens_dollars", "Per million output tokens at the current rate.",
+    Figure("cost_per_million_output_tokens_dollars", "Spent per million output tokens generated.",
            _cost(lambda c: c.per_million_output_tokens)),
     Figure("cost_gpu_hours_per_1k_rows", "GPU-hours per thousand answers kept.",
            _cost(lambda c: c.gpu_hours_per_1k_rows)),
+    Figure("cost_gpu_hours", "GPU-hours paid: the fleet's up-time (or, with no `fleet up` recorded, generation time).",
+           _cost(lambda c: c.gpu_hours)),
+    Figure("cost_per_million_trained_tokens_dollars", "Spent per million supervised tokens of the training set.",
+           _cost(lambda c: c.per_million_trained_tokens)),
+    Figure("cost_fleet_idle_seconds", "The fleet up while no shard was generating.",
+           _cost(lambda c: _seconds(c.idle_hours))),
+    Figure("cost_fleet_idle_dollars", "What the fleet's idle up-time cost.", _cost(lambda c: c.idle_cost)),
 ]  # fmt: skip
 
 # Per server (label `server`, its URL): the dispatchers' view beside the server's own.
@@ -148,10 +156,41 @@ def status_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
             for state, count in getattr(status.shards, stage).items():
                 shards.add_metric([stage, state], count)
     yield shards
+    yield from waste_metrics(status)
     alerts = GaugeMetricFamily(PREFIX + "alerts", "Alerts `dflash status` raises now, by kind.", labels=["kind"])
     for kind, count in sorted(Counter(alert.kind for alert in status.alerts).items()):
         alerts.add_metric([kind], count)
     yield alerts
+
+
+def waste_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
+    """The waste ledger (`answers.waste`) by cause, and what was generated, trained and is pending."""
+    waste = status.waste
+    by_cause = [
+        ("waste_output_tokens", "Output tokens generated and not trained, by cause.",
+         waste.output_tokens if waste else {}),
+        ("waste_gpu_seconds", "Estimated GPU-seconds of the output tokens not trained, by cause.",
+         waste.gpu_seconds if waste else {}),
+        ("waste_dollars", "Estimated dollars of the output tokens not trained, by cause.",
+         waste.dollars if waste else {}),
+    ]  # fmt: skip
+    for name, help_, values in by_cause:
+        family = GaugeMetricFamily(PREFIX + name, help_, labels=["cause"])
+        for cause, value in values.items():
+            family.add_metric([cause], value)
+        yield family
+    for name, help_, read in [
+        ("generated_output_tokens", "Output tokens generated: trained + pending + every waste cause.",
+         lambda w: w.generated_output_tokens),
+        ("trained_output_tokens", "Output tokens in the training set (within max_length).",
+         lambda w: w.trained_output_tokens),
+        ("pending_output_tokens", "Output tokens of shards not assembled yet or still generating.",
+         lambda w: w.pending_output_tokens),
+    ]:  # fmt: skip
+        family = GaugeMetricFamily(PREFIX + name, help_)
+        if waste is not None:
+            family.add_metric([], read(waste))
+        yield family
 
 
 class StatusCollector(Collector):

@@ -114,6 +114,9 @@ class TrainingShardManifest(ShardManifest):
     exclusions: dict[str, int] = field(default_factory=dict)
     exclusions_by_group: list[GroupExclusions] = field(default_factory=list)
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    # Every output token of the completions rows by where it went: `trained` (within max_length), `past_max_length`
+    # (of kept rows), each exclusion reason; they sum to the shard's generated output. Empty: assembled before.
+    output_tokens_by_outcome: dict[str, int] = field(default_factory=dict)
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
     # Rows against max_length: how many are longer, the supervised tokens lost past it, a length histogram.
     lengths: LengthFigures = field(default_factory=LengthFigures)

@@ -50,6 +50,18 @@ from dagster_project.store.storage import Store, sha256_bytes
 from dagster_project.store.verdicts import describe_failures, failed_gates
 from dagster_project.training.gates import GateResult
 from dagster_project.training.lengths import DROP, KEEP, MIN_OUTPUT_TOKENS, LengthFigures, kept_output
+from dagster_project.training.outcomes import (
+    ABORTED,
+    DUPLICATE_EVENT,
+    EMPTY_OUTPUT,
+    ERROR,
+    LENGTH_CAPPED,
+    OVER_MAX_LENGTH,
+    PAST_MAX_LENGTH,
+    PROMPT_FILLS_MAX_LENGTH,
+    TRAINED,
+    UNKNOWN_FINISH_REASON,
+)
 from dagster_project.training.row_figures import list_buffers
 from dagster_project.training.shards import (
     TRAINING_FILE,
@@ -60,14 +72,6 @@ from dagster_project.training.shards import (
     TrainingSource,
 )
 
-ERROR = "error"
-ABORTED = "aborted"
-UNKNOWN_FINISH_REASON = "unknown_finish_reason"
-LENGTH_CAPPED = "length_capped"
-EMPTY_OUTPUT = "empty_output"
-DUPLICATE_EVENT = "duplicate_event"
-OVER_MAX_LENGTH = "over_max_length"
-PROMPT_FILLS_MAX_LENGTH = "prompt_fills_max_length"
 UNKNOWN_SOURCE = "unknown"  # completions written before the source was recorded
 
 COMPLETION_COLUMNS = [
@@ -103,6 +107,7 @@ class AssemblyCounts:
     finish_reasons: Counter = field(default_factory=Counter)
     lengths: LengthFigures = field(default_factory=LengthFigures)
     groups: Counter = field(default_factory=Counter)  # excluded rows by (source, turn index, reason)
+    output_tokens: Counter = field(default_factory=Counter)  # by outcome: trained, past_max_length, each reason
 
     def add(self, batch: pa.RecordBatch) -> None:
         self.rows += batch.num_rows
@@ -197,10 +202,12 @@ def assemble_batch(
     lengths: LengthFigures | None = None,
     contaminated: Set[str] = frozenset(),
     groups: Counter | None = None,
+    output_tokens: Counter | None = None,
 ) -> tuple[pa.RecordBatch, Counter]:
     """Training rows (TRAINING_SCHEMA) for one batch of completions, and the excluded rows counted by reason;
     the rows' figures against `max_length` are added to `lengths`; rows of `contaminated` conversations are
-    excluded as `eval_contamination`; `groups` counts the excluded rows by (source, turn index, reason)."""
+    excluded as `eval_contamination`; `groups` counts the excluded rows by (source, turn index, reason);
+    `output_tokens` every output token of the batch by where it went (`count_output_tokens`)."""
     lengths = lengths if lengths is not None else LengthFigures(options.max_length, options.length_policy)
     reasons = _exclusion_reasons(batch, options, seen, lengths, contaminated)
     if groups is not None:
@@ -210,10 +217,10 @@ def assemble_batch(
     kept = batch.filter(pa.array(reasons == None))  # noqa: E711
     prompt_len = pc.list_value_length(kept.column("prompt_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
     output_len = pc.list_value_length(kept.column("output_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
-    if options.length_policy == KEEP:
-        output_keep = output_len
-    else:
-        output_keep = kept_output(prompt_len, output_len, options.max_length)
+    within = kept_output(prompt_len, output_len, options.max_length)
+    output_keep = output_len if options.length_policy == KEEP else within
+    if output_tokens is not None:
+        count_output_tokens(output_tokens, batch, reasons, int(within.sum()), int(output_len.sum()))
     input_ids, loss_mask = _join(kept.column("prompt_ids"), kept.column("output_ids"), output_keep)
     rows = kept.num_rows
     training = pa.RecordBatch.from_arrays(
@@ -237,6 +244,17 @@ def assemble_batch(
     return training, Counter(reason for reason in reasons if reason is not None)
 
 
+def count_output_tokens(counted: Counter, batch: pa.RecordBatch, reasons: np.ndarray, within: int, kept: int) -> None:
+    """Every output token of `batch` under one outcome, so that they add up to what was generated: an excluded
+    row's under its reason, a kept row's under `trained` up to `max_length` and `past_max_length` beyond it (cut
+    here, or by the trainer under `keep`). What the waste ledger (`ops.answers.waste`) reads."""
+    output_len = pc.list_value_length(batch.column("output_ids")).fill_null(0).to_numpy(zero_copy_only=False)
+    for reason in set(reasons[reasons != None]):  # noqa: E711 (elementwise over an object array)
+        counted[reason] += int(output_len[reasons == reason].sum())
+    counted[TRAINED] += within
+    counted[PAST_MAX_LENGTH] += kept - within
+
+
 def assemble_batches(
     batches: Iterable[pa.RecordBatch],
     shard: int,
@@ -244,11 +262,12 @@ def assemble_batches(
     lengths: LengthFigures,
     contaminated: Set[str] = frozenset(),
     groups: Counter | None = None,
+    output_tokens: Counter | None = None,
 ) -> Iterator[tuple[pa.RecordBatch, Counter, list[str]]]:
     """Stream `assemble_batch` over a shard; also yields each input batch's event ids (for the source digest)."""
     seen: set[str] = set()
     for batch in batches:
-        training, excluded = assemble_batch(batch, shard, options, seen, lengths, contaminated, groups)
+        training, excluded = assemble_batch(batch, shard, options, seen, lengths, contaminated, groups, output_tokens)
         yield training, excluded, batch.column("event_id").to_pylist()
 
 
@@ -322,7 +341,7 @@ def _assemble(
         with TrainingShardWriter(path) as writer:
             batches = iter_parquet_batches(store, source, COMPLETION_COLUMNS)
             for training, excluded, events in assemble_batches(
-                batches, shard, options, counts.lengths, contaminated, counts.groups
+                batches, shard, options, counts.lengths, contaminated, counts.groups, counts.output_tokens
             ):
                 writer.write(training)
                 counts.add(training)
@@ -346,6 +365,7 @@ def _assemble(
             exclusions=dict(sorted(counts.exclusions.items())),
             exclusions_by_group=[GroupExclusions(*key, rows) for key, rows in sorted(counts.groups.items())],
             finish_reasons=dict(sorted(counts.finish_reasons.items())),
+            output_tokens_by_outcome=dict(sorted(counts.output_tokens.items())),
             assembly=options,
             lengths=counts.lengths,
             contamination_report_at=contamination_report_at,
