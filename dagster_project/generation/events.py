@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,14 @@ from dagster_project.generation.heartbeat import ShardReporter
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.progress import Heartbeat, ShardProgress
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.records import HISTORY_GENERATED, STATUS_ERROR, STATUS_OK, Conversation, empty_completion_row
+from dagster_project.records import (
+    HISTORY_GENERATED,
+    STATUS_ERROR,
+    STATUS_EXCLUDED,
+    STATUS_OK,
+    Conversation,
+    empty_completion_row,
+)
 from dagster_project.tokenizer import SpecialIds, render_prompt_ids, special_ids
 
 PREVIOUS_TURN_FAILED = "previous_turn_failed"
@@ -49,8 +56,12 @@ class ShardGeneration:
         tokenizer: Any,
         settings: GenerationSettings,
         journal: Journal,
+        excluded: Mapping[str, tuple[str, str]] | None = None,
     ):
+        """`excluded`: conversation id → (reason, why) of the conversations not to send (matched to an evaluation
+        set): each of their turns ends as an `excluded` record with its reason, and nothing is requested."""
         self.shard = shard
+        self.excluded = dict(excluded or {})
         self.conversations = conversations
         self.tokenizer = tokenizer
         self.special: SpecialIds = special_ids(tokenizer)
@@ -121,8 +132,18 @@ class ShardGeneration:
             )
             self._journal(row)
 
+    def _exclude(self, conversation: Conversation) -> None:
+        reason, why = self.excluded[conversation.id]
+        for turn in range(conversation.num_turns):
+            row = self._base_row(conversation, turn)
+            row.update(status=STATUS_EXCLUDED, error_kind=reason, error_message=f"not generated: {why}")
+            self._journal(row)  # a turn journaled before (generated, then quarantined) keeps its record
+
     def initial_requests(self) -> Iterator[GenRequest]:
         for conversation in self.conversations:
+            if conversation.id in self.excluded:
+                self._exclude(conversation)
+                continue
             request = self._next_request(conversation)
             if request is not None:
                 yield request

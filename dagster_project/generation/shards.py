@@ -37,6 +37,7 @@ class GenerationSummary:
     # Output tokens of answers that arrived after another attempt of their request had won (lost hedges): paid
     # for, in no row. Attempts cancelled before they answered report no tokens.
     lost_hedge_output_tokens: int = 0
+    excluded_by_reason: dict[str, int] = field(default_factory=dict)  # events not sent, by reason
 
     @classmethod
     def of(cls, heartbeat: Heartbeat, rows: RowCounts, earlier: GenerationSummary | None = None) -> GenerationSummary:
@@ -48,7 +49,9 @@ class GenerationSummary:
             lost = lost_hedge_tokens(heartbeat) if generated else 0
         else:
             lifetime, spec, lost = earlier.lifetime, earlier.spec, earlier.lost_hedge_output_tokens
-        return cls(lifetime, spec, dict(rows.finish_reasons), dict(rows.errors_by_kind), lost)
+        return cls(
+            lifetime, spec, dict(rows.finish_reasons), dict(rows.errors_by_kind), lost, dict(rows.excluded_by_reason)
+        )
 
 
 def lost_hedge_tokens(heartbeat: Heartbeat) -> int:
@@ -60,19 +63,21 @@ def lost_hedge_tokens(heartbeat: Heartbeat) -> int:
 
 @dataclass
 class RowCounts:
-    """Finish reasons of the answers and kinds of the errors, over a shard's rows."""
+    """Finish reasons of the answers, kinds of the errors and reasons of the events not sent, over a shard's rows."""
 
     finish_reasons: Counter = field(default_factory=Counter)
     errors_by_kind: Counter = field(default_factory=Counter)
+    excluded_by_reason: Counter = field(default_factory=Counter)
 
 
 @dataclass(frozen=True, kw_only=True)
 class CompletionsShardManifest(ShardManifest):
-    """rows = ok + errors: one record per planned event. `ids_digest` is over event ids."""
+    """rows = ok + errors + excluded: one record per planned event. `ids_digest` is over event ids."""
 
     stage: str = COMPLETIONS
     ok: int = 0
     errors: int = 0
+    excluded: int = 0  # not sent, by design (`records.STATUS_EXCLUDED`): matched to an evaluation set
     prompt_tokens: int = 0
     output_tokens: int = 0
     conversations: int = 0

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 
 from dagster_project.conversations.contamination import EVAL_CONTAMINATION, quarantined_ids
 from dagster_project.generation.shards import CompletionsShardManifest
-from dagster_project.records import PROVENANCE_FIELDS, STATUS_OK, TRAINING_SCHEMA
+from dagster_project.records import PROVENANCE_FIELDS, STATUS_EXCLUDED, STATUS_OK, TRAINING_SCHEMA
 from dagster_project.store.dataclass_json import parse_record
 from dagster_project.store.layout import COMPLETIONS, TRAINING_SET, lease_key, shard_manifest_key
 from dagster_project.store.lease import Lease, LeaseOptions, take_lease
@@ -79,6 +79,7 @@ COMPLETION_COLUMNS = [
     "conversation_id",
     "turn_index",
     "status",
+    "error_kind",
     "prompt_ids",
     "output_ids",
     "finish_reason",
@@ -141,6 +142,11 @@ def _exclusion_reasons(
     if contaminated:
         conversations = batch.column("conversation_id").to_pylist()
         exclude(np.array([c in contaminated for c in conversations], dtype=bool), EVAL_CONTAMINATION)
+    not_sent = status == STATUS_EXCLUDED
+    if not_sent.any():  # each under the reason its record names (eval_contamination)
+        kinds = np.asarray(_column_or_nulls(batch, "error_kind", pa.string()).to_pylist(), dtype=object)
+        for reason in set(kinds[not_sent]):
+            exclude(not_sent & (kinds == reason), reason or STATUS_EXCLUDED)
     exclude(status != STATUS_OK, ERROR)
     exclude(finish == "abort", ABORTED)
     exclude(np.array([reason not in ("stop", "length") for reason in finish], dtype=bool), UNKNOWN_FINISH_REASON)
