@@ -176,13 +176,18 @@ def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
 
 
 def _project(args: argparse.Namespace) -> int:
+    from dagster_project.ops.length_fit import FitOptions, LengthSample, project_caps
     from dagster_project.ops.projection import Job, project
 
     try:
-        projection = project(Job(**given_flags(args, Job)))
+        job = Job(**given_flags(args, Job))
+        projection = project(job)
+        caps = FitOptions(**given_flags(args, FitOptions))
+        by_cap = project_caps(job, caps, LengthSample.configured(caps.output_len))
     except (ValueError, KeyError, OSError) as exc:
         raise SystemExit(f"dflash plan --project: {exc}") from None
     print(projection.describe())
+    print(f"\n{by_cap.table()}")
     return 0
 
 
@@ -212,6 +217,7 @@ def tune_flags(tune: argparse.ArgumentParser) -> None:
 
 
 def plan_flags(plan: argparse.ArgumentParser) -> None:
+    from dagster_project.ops.length_fit import FitOptions
     from dagster_project.ops.plan import BRIEF_PLAN, Plan, ShardSizing
     from dagster_project.ops.projection import Job
 
@@ -233,4 +239,5 @@ def plan_flags(plan: argparse.ArgumentParser) -> None:
         "(--events, --gpus and the flags below; nothing written)",
     )
     add_flags(plan, Job, skip={"events", "gpus"})  # --events and --gpus are the shard sizing's and the plan's
+    add_flags(plan, FitOptions)
     plan.set_defaults(func=cmd_plan)
