@@ -25,6 +25,9 @@ STATUS_ERROR = "error"
 STATUS_EXCLUDED = "excluded"
 # Why a conversation matched to an evaluation set is kept out of training (`conversations.contamination`).
 EVAL_CONTAMINATION = "eval_contamination"
+# Why a turn whose prompt leaves no room for an answer in the trainer's max_length is not trained (or, under
+# `max_new_tokens: fit`, not sent).
+PROMPT_FILLS_MAX_LENGTH = "prompt_fills_max_length"
 
 
 @dataclass

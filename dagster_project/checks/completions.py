@@ -198,7 +198,7 @@ def _quality(
         ),
         _share_gate(
             "length_capped_rate",
-            run.finish_reasons.get("length", 0),
+            run.finish_reasons.get("length", 0) - run.cut_by_fit,  # cut by fit where the trainer cuts: not capped
             manifest.rows,
             config.max_length_capped_share,
             f"hit max_new_tokens={manifest.settings.max_new_tokens}",

@@ -38,6 +38,8 @@ class GenerationSummary:
     # for, in no row. Attempts cancelled before they answered report no tokens.
     lost_hedge_output_tokens: int = 0
     excluded_by_reason: dict[str, int] = field(default_factory=dict)  # events not sent, by reason
+    # Of the `length` finish reasons, the answers cut at their fitted cap (where the trainer would cut them).
+    cut_by_fit: int = 0
 
     @classmethod
     def of(cls, heartbeat: Heartbeat, rows: RowCounts, earlier: GenerationSummary | None = None) -> GenerationSummary:
@@ -50,7 +52,13 @@ class GenerationSummary:
         else:
             lifetime, spec, lost = earlier.lifetime, earlier.spec, earlier.lost_hedge_output_tokens
         return cls(
-            lifetime, spec, dict(rows.finish_reasons), dict(rows.errors_by_kind), lost, dict(rows.excluded_by_reason)
+            lifetime,
+            spec,
+            dict(rows.finish_reasons),
+            dict(rows.errors_by_kind),
+            lost,
+            dict(rows.excluded_by_reason),
+            rows.cut_by_fit,
         )
 
 
@@ -68,6 +76,7 @@ class RowCounts:
     finish_reasons: Counter = field(default_factory=Counter)
     errors_by_kind: Counter = field(default_factory=Counter)
     excluded_by_reason: Counter = field(default_factory=Counter)
+    cut_by_fit: int = 0  # answers that stopped at their `max_new_tokens: fit` cap (finish_reason length)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -72,11 +72,13 @@ class JournalMismatch(RuntimeError):
     """The journal's final records are not exactly one per planned event: the shard must not be published."""
 
 
-def write_completions_parquet(journal: Journal, path: Path, planned: set[str]) -> WrittenCompletions:
+def write_completions_parquet(
+    journal: Journal, path: Path, planned: set[str], settings: GenerationSettings | None = None
+) -> WrittenCompletions:
     """Stream the journal's final record of each `planned` event into one Parquet file; return counts for the
     manifest. A journal may hold events the shard no longer plans (its conversations were rebuilt: another shard
     count, other sources): they are left out. The check before publishing: `JournalMismatch` unless the file
-    holds exactly one row per planned event."""
+    holds exactly one row per planned event. `settings`: what tells the answers `max_new_tokens: fit` cut."""
     columns = COMPLETION_SCHEMA.names
     written = WrittenCompletions()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,6 +97,12 @@ def write_completions_parquet(journal: Journal, path: Path, planned: set[str]) -
                 written.ok += 1
                 written.output_tokens += int(record.get("completion_tokens") or 0)
                 written.counts.finish_reasons[record.get("finish_reason") or "unknown"] += 1
+                if settings is not None and settings.cut_by_fit(
+                    int(record.get("prompt_tokens") or 0),
+                    int(record.get("completion_tokens") or 0),
+                    record.get("finish_reason"),
+                ):
+                    written.counts.cut_by_fit += 1
             elif record["status"] == STATUS_EXCLUDED:
                 written.excluded += 1
                 written.counts.excluded_by_reason[record.get("error_kind") or "unknown"] += 1
@@ -210,7 +218,7 @@ def generate_shard(
         with tempfile.TemporaryDirectory(dir=work_dir) as staging:
             parquet = Path(staging) / PARQUET_NAME
             expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
-            written = write_completions_parquet(journal, parquet, expected)
+            written = write_completions_parquet(journal, parquet, expected, settings)
             manifest = CompletionsShardManifest(
                 shard=shard,
                 rows=written.rows,

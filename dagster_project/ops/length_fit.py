@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from dagster_project.ops.projection import Job, Projection, project
 from dagster_project.sglang.sim.outputs import parse_length_distribution
 
-# The issue's reading of the brief: lognormal answers around its 2,472-token mean with σ 0.8 (median
+# The seed run's answers, assumed lognormal around their 2,472-token mean with σ 0.8 (median
 # 2,472 / e^(0.8²/2) = 1,795).
 DEFAULT_OUTPUT_LEN = "lognormal:1795:0.8"
 DEFAULT_MAX_NEW_TOKENS = 32768
@@ -34,7 +34,7 @@ class FitOptions:
         default=DEFAULT_OUTPUT_LEN,
         metadata={
             "help": "the answers' natural lengths, as the simulator's output_len: fixed:N, uniform:A:B or "
-            "lognormal:MEDIAN:SIGMA (default: the brief's 2,472-token mean at sigma 0.8)"
+            "lognormal:MEDIAN:SIGMA (default: the seed run's 2,472-token mean answer at sigma 0.8)"
         },
     )
     max_new_tokens: int = field(default=DEFAULT_MAX_NEW_TOKENS, metadata={"help": "the plain cap compared with fit"})

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dagster_project.records import EVAL_CONTAMINATION
+from dagster_project.records import EVAL_CONTAMINATION, PROMPT_FILLS_MAX_LENGTH
 
 ERROR = "error"
 ABORTED = "aborted"
@@ -13,7 +13,6 @@ LENGTH_CAPPED = "length_capped"
 EMPTY_OUTPUT = "empty_output"
 DUPLICATE_EVENT = "duplicate_event"
 OVER_MAX_LENGTH = "over_max_length"
-PROMPT_FILLS_MAX_LENGTH = "prompt_fills_max_length"
 TRAINED = "trained"
 PAST_MAX_LENGTH = "past_max_length"
 

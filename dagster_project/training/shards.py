@@ -109,6 +109,7 @@ class TrainingShardManifest(ShardManifest):
     loss_tokens: int
     prompt_tokens: int
     truncated_rows: int = 0
+    truncated_by_fit: int = 0  # of those, cut when generated (`max_new_tokens: fit`), not here
     max_row_tokens: int = 0
     row_groups: int = 0
     exclusions: dict[str, int] = field(default_factory=dict)

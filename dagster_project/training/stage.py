@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 
 from dagster_project.conversations.contamination import EVAL_CONTAMINATION, quarantined_ids
 from dagster_project.generation.shards import CompletionsShardManifest
+from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import PROVENANCE_FIELDS, STATUS_EXCLUDED, STATUS_OK, TRAINING_SCHEMA
 from dagster_project.store.dataclass_json import parse_record
 from dagster_project.store.layout import COMPLETIONS, TRAINING_SET, lease_key, shard_manifest_key
@@ -103,6 +104,7 @@ class AssemblyCounts:
     loss_tokens: int = 0
     prompt_tokens: int = 0
     truncated_rows: int = 0
+    truncated_by_fit: int = 0
     max_row_tokens: int = 0
     exclusions: Counter = field(default_factory=Counter)
     finish_reasons: Counter = field(default_factory=Counter)
@@ -116,6 +118,9 @@ class AssemblyCounts:
         self.loss_tokens += int(pc.sum(batch.column("num_loss_tokens")).as_py() or 0)
         self.prompt_tokens += int(pc.sum(batch.column("prompt_tokens")).as_py() or 0)
         self.truncated_rows += int(pc.sum(batch.column("truncated")).as_py() or 0)
+        # Truncated with its whole answer in the row: cut by `max_new_tokens: fit` when generated, not here.
+        whole = pc.equal(batch.column("num_loss_tokens"), batch.column("completion_tokens"))
+        self.truncated_by_fit += int(pc.sum(pc.and_(batch.column("truncated"), whole)).as_py() or 0)
         self.max_row_tokens = max(self.max_row_tokens, int(pc.max(batch.column("num_tokens")).as_py() or 0))
         self.finish_reasons.update(batch.column("finish_reason").to_pylist())
 
@@ -126,9 +131,11 @@ def _exclusion_reasons(
     seen: set[str],
     lengths: LengthFigures,
     contaminated: Set[str] = frozenset(),
+    cut_by_fit: np.ndarray | None = None,
 ) -> np.ndarray:
     """The exclusion reason of each row (None = kept); `seen` carries event ids across batches. The rows no other
-    reason excluded are judged against `max_length` and added to `lengths`."""
+    reason excluded are judged against `max_length` and added to `lengths`. `cut_by_fit`: the answers
+    `max_new_tokens: fit` cut where the trainer would cut them: kept (truncated), not length-capped."""
     rows = batch.num_rows
     reasons = np.full(rows, None, dtype=object)
     status = np.asarray(batch.column("status").to_pylist(), dtype=object)
@@ -151,7 +158,7 @@ def _exclusion_reasons(
     exclude(finish == "abort", ABORTED)
     exclude(np.array([reason not in ("stop", "length") for reason in finish], dtype=bool), UNKNOWN_FINISH_REASON)
     if options.exclude_length_capped:
-        exclude(finish == "length", LENGTH_CAPPED)
+        exclude((finish == "length") & ~(cut_by_fit if cut_by_fit is not None else False), LENGTH_CAPPED)
     exclude(output_len == 0, EMPTY_OUTPUT)
     for row, event in enumerate(batch.column("event_id").to_pylist()):
         if reasons[row] is None:
@@ -209,13 +216,16 @@ def assemble_batch(
     contaminated: Set[str] = frozenset(),
     groups: Counter | None = None,
     output_tokens: Counter | None = None,
+    settings: GenerationSettings | None = None,
 ) -> tuple[pa.RecordBatch, Counter]:
     """Training rows (TRAINING_SCHEMA) for one batch of completions, and the excluded rows counted by reason;
     the rows' figures against `max_length` are added to `lengths`; rows of `contaminated` conversations are
     excluded as `eval_contamination`; `groups` counts the excluded rows by (source, turn index, reason);
-    `output_tokens` every output token of the batch by where it went (`count_output_tokens`)."""
+    `output_tokens` every output token of the batch by where it went (`count_output_tokens`); `settings`: the
+    completions' generation settings (what tells the answers `max_new_tokens: fit` cut)."""
     lengths = lengths if lengths is not None else LengthFigures(options.max_length, options.length_policy)
-    reasons = _exclusion_reasons(batch, options, seen, lengths, contaminated)
+    fit_cut = _cut_by_fit(batch, settings)
+    reasons = _exclusion_reasons(batch, options, seen, lengths, contaminated, fit_cut)
     if groups is not None:
         sources = _column_or_nulls(batch, "source", pa.string()).fill_null(UNKNOWN_SOURCE).to_pylist()
         turns = batch.column("turn_index").to_pylist()
@@ -242,12 +252,22 @@ def assemble_batch(
             pa.array(prompt_len.astype(np.int32)),
             pa.array(output_len.astype(np.int32)),
             kept.column("finish_reason"),
-            pa.array(output_keep < output_len),
+            pa.array((output_keep < output_len) | fit_cut[reasons == None]),  # noqa: E711 (cut here, or by fit)
             *(_column_or_nulls(kept, name, kind) for name, kind in PROVENANCE_FIELDS),
         ],
         schema=TRAINING_SCHEMA,
     )
     return training, Counter(reason for reason in reasons if reason is not None)
+
+
+def _cut_by_fit(batch: pa.RecordBatch, settings: GenerationSettings | None) -> np.ndarray:
+    """Each row: whether its answer stopped at its `max_new_tokens: fit` cap."""
+    if settings is None or settings.fit_max_length is None:
+        return np.zeros(batch.num_rows, dtype=bool)
+    prompt = pc.list_value_length(batch.column("prompt_ids")).fill_null(0).to_pylist()
+    output = pc.list_value_length(batch.column("output_ids")).fill_null(0).to_pylist()
+    finish = batch.column("finish_reason").to_pylist()
+    return np.array([settings.cut_by_fit(*row) for row in zip(prompt, output, finish, strict=True)], dtype=bool)
 
 
 def count_output_tokens(counted: Counter, batch: pa.RecordBatch, reasons: np.ndarray, within: int, kept: int) -> None:
@@ -269,11 +289,14 @@ def assemble_batches(
     contaminated: Set[str] = frozenset(),
     groups: Counter | None = None,
     output_tokens: Counter | None = None,
+    settings: GenerationSettings | None = None,
 ) -> Iterator[tuple[pa.RecordBatch, Counter, list[str]]]:
     """Stream `assemble_batch` over a shard; also yields each input batch's event ids (for the source digest)."""
     seen: set[str] = set()
     for batch in batches:
-        training, excluded = assemble_batch(batch, shard, options, seen, lengths, contaminated, groups, output_tokens)
+        training, excluded = assemble_batch(
+            batch, shard, options, seen, lengths, contaminated, groups, output_tokens, settings
+        )
         yield training, excluded, batch.column("event_id").to_pylist()
 
 
@@ -347,7 +370,14 @@ def _assemble(
         with TrainingShardWriter(path) as writer:
             batches = iter_parquet_batches(store, source, COMPLETION_COLUMNS)
             for training, excluded, events in assemble_batches(
-                batches, shard, options, counts.lengths, contaminated, counts.groups, counts.output_tokens
+                batches,
+                shard,
+                options,
+                counts.lengths,
+                contaminated,
+                counts.groups,
+                counts.output_tokens,
+                source.settings,
             ):
                 writer.write(training)
                 counts.add(training)
@@ -366,6 +396,7 @@ def _assemble(
             loss_tokens=counts.loss_tokens,
             prompt_tokens=counts.prompt_tokens,
             truncated_rows=counts.truncated_rows,
+            truncated_by_fit=counts.truncated_by_fit,
             max_row_tokens=counts.max_row_tokens,
             row_groups=writer.row_groups,
             exclusions=dict(sorted(counts.exclusions.items())),
