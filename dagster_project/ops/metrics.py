@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from dagster_project.ops.answers.concurrency import ServerConcurrency
     from dagster_project.ops.answers.cost import CostAnswer
+    from dagster_project.ops.answers.waste import WasteAnswer
     from dagster_project.ops.status import Status
 
 PREFIX = "dflash_"
@@ -52,6 +53,10 @@ def _seconds(hours: float | None) -> float | None:
 def _cost(read: Callable[[CostAnswer], float | None]) -> Callable[[Status], float | None]:
     """A cost figure: absent while no price is configured."""
     return lambda status: None if status.cost is None else read(status.cost)
+
+
+def _waste(read: Callable[[WasteAnswer], float | None]) -> Callable[[Status], float | None]:
+    return lambda status: None if status.waste is None else read(status.waste)
 
 
 JOB_FIGURES = [
@@ -108,6 +113,12 @@ JOB_FIGURES = [
     Figure("cost_fleet_idle_seconds", "The fleet up while no shard was generating.",
            _cost(lambda c: _seconds(c.idle_hours))),
     Figure("cost_fleet_idle_dollars", "What the fleet's idle up-time cost.", _cost(lambda c: c.idle_cost)),
+    Figure("generated_output_tokens", "Output tokens generated: trained + pending + every waste cause.",
+           _waste(lambda w: w.generated_output_tokens)),
+    Figure("trained_output_tokens", "Output tokens in the training set (within max_length).",
+           _waste(lambda w: w.trained_output_tokens)),
+    Figure("pending_output_tokens", "Output tokens of shards not assembled yet or still generating.",
+           _waste(lambda w: w.pending_output_tokens)),
 ]  # fmt: skip
 
 # Per server (label `server`, its URL): the dispatchers' view beside the server's own.
@@ -164,7 +175,7 @@ def status_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
 
 
 def waste_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
-    """The waste ledger (`answers.waste`) by cause, and what was generated, trained and is pending."""
+    """The waste ledger (`answers.waste`) by cause (its totals are job figures)."""
     waste = status.waste
     by_cause = [
         ("waste_output_tokens", "Output tokens generated and not trained, by cause.",
@@ -178,18 +189,6 @@ def waste_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(PREFIX + name, help_, labels=["cause"])
         for cause, value in values.items():
             family.add_metric([cause], value)
-        yield family
-    for name, help_, read in [
-        ("generated_output_tokens", "Output tokens generated: trained + pending + every waste cause.",
-         lambda w: w.generated_output_tokens),
-        ("trained_output_tokens", "Output tokens in the training set (within max_length).",
-         lambda w: w.trained_output_tokens),
-        ("pending_output_tokens", "Output tokens of shards not assembled yet or still generating.",
-         lambda w: w.pending_output_tokens),
-    ]:  # fmt: skip
-        family = GaugeMetricFamily(PREFIX + name, help_)
-        if waste is not None:
-            family.add_metric([], read(waste))
         yield family
 
 
