@@ -38,7 +38,7 @@ from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.shards import BLOCKED, ShardsAnswer, answer_shards, render_shards
 from dagster_project.ops.answers.storage import StorageAnswer, answer_storage, render_storage
 from dagster_project.ops.answers.text import ago, as_of
-from dagster_project.ops.answers.waste import WasteAnswer, answer_waste, render_waste
+from dagster_project.ops.answers.waste import WasteAnswer, answer_waste, price_waste, render_waste
 from dagster_project.ops.coverage import read_coverage
 from dagster_project.ops.plan import read_plan
 from dagster_project.ops.tune import read_report
@@ -156,7 +156,8 @@ def answer_all(
     progress, mtp, concurrency = answer_progress(readings), answer_mtp(readings), answer_concurrency(readings)
     storage = answer_storage(store, readings, current_fingerprint, materialized)
     shards = answer_shards(readings)
-    priced = answer_cost(cost, progress, servers=len(readings.fleet), inputs=cost_inputs(readings))
+    waste = answer_waste(readings, shards.not_green.get(f"training_set {BLOCKED}", []))
+    priced = answer_cost(cost, progress, servers=len(readings.fleet), inputs=cost_inputs(readings, waste))
     return Status(
         collected_at=readings.now,
         progress=progress,
@@ -166,7 +167,7 @@ def answer_all(
         coverage=answer_coverage(readings),
         multi_turn=answer_multi_turn(readings),
         cost=priced,
-        waste=answer_waste(readings, shards.not_green.get(f"training_set {BLOCKED}", []), priced),
+        waste=price_waste(waste, priced),
         shards=shards,
         alerts=raise_alerts(
             progress, mtp, concurrency, storage, shards, endpoints_known=endpoints_known, thresholds=thresholds
@@ -174,12 +175,14 @@ def answer_all(
     )
 
 
-def cost_inputs(readings: Readings) -> CostInputs:
+def cost_inputs(readings: Readings, waste: WasteAnswer) -> CostInputs:
+    """What the cost is computed from: the fleet's life, when shards generated, and what was trained (the
+    ledger's: within max_length, of shards no gate stops)."""
     return CostInputs(
         lives=readings.fleet_lives,
         busy=[(b.started_at, b.updated_at) for b in readings.heartbeats],
         output_tokens=readings.output_tokens,
-        trained_tokens=sum(m.loss_tokens for m in readings.training_set.values()),
+        trained_tokens=waste.trained_output_tokens,
         now=readings.now,
     )
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from dagster_project.generation.shards import lost_hedge_tokens
@@ -58,6 +58,8 @@ class WasteAnswer:
     gpu_seconds: dict[str, float] = field(default_factory=dict)  # cause → estimated GPU-seconds (with a cost)
     dollars: dict[str, float] = field(default_factory=dict)
     blocked_or_held_shards: list[int] = field(default_factory=list)
+    # Events not sent at all (no tokens, nothing paid), by reason: what the ledger saved.
+    not_sent: dict[str, int] = field(default_factory=dict)
 
     @property
     def wasted_output_tokens(self) -> int:
@@ -65,9 +67,10 @@ class WasteAnswer:
 
 
 def answer_waste(
-    readings: Readings, blocked: Collection[int], cost: CostAnswer | None, held: Collection[int] = ()
+    readings: Readings, blocked: Collection[int], cost: CostAnswer | None = None, held: Collection[int] = ()
 ) -> WasteAnswer:
-    """`blocked`: the shards a blocking gate stops (`ShardsAnswer`); `held`: the shards a hold stops."""
+    """`blocked`: the shards a blocking gate stops (`ShardsAnswer`); `held`: the shards a hold stops. Without a
+    `cost`, tokens only (`price_waste` adds the GPU-seconds and dollars)."""
     stopped = set(blocked) | set(held)
     tokens: Counter = Counter(dict.fromkeys(WasteCause, 0))
     trained = pending = 0
@@ -99,26 +102,30 @@ def answer_waste(
     for beat in readings.live_unpublished:
         pending += beat.output_tokens
         tokens[WasteCause.LOST_HEDGES] += lost_hedge_tokens(beat)
-    generated = trained + pending + sum(tokens.values())
-    per_token_s, per_token_usd = _per_output_token(cost, generated)
-    return WasteAnswer(
-        generated_output_tokens=generated,
+    not_sent = sum((Counter(m.generation.excluded_by_reason) for m in readings.published.values()), Counter())
+    waste = WasteAnswer(
+        generated_output_tokens=trained + pending + sum(tokens.values()),
         trained_output_tokens=trained,
         pending_output_tokens=pending,
         output_tokens={str(cause): count for cause, count in tokens.items()},
-        gpu_seconds={str(c): n * per_token_s for c, n in tokens.items()} if per_token_s is not None else {},
-        dollars={str(c): n * per_token_usd for c, n in tokens.items()} if per_token_usd is not None else {},
         blocked_or_held_shards=sorted(stopped & (readings.published.keys())),
+        not_sent=dict(not_sent),
     )
+    return price_waste(waste, cost)
 
 
-def _per_output_token(cost: CostAnswer | None, generated: int) -> tuple[float | None, float | None]:
-    """The fleet's busy GPU-seconds and dollars per output token generated."""
+def price_waste(waste: WasteAnswer, cost: CostAnswer | None) -> WasteAnswer:
+    """Each cause's share of the fleet's busy GPU-seconds and dollars, by its output tokens."""
+    generated = waste.generated_output_tokens
     if cost is None or not generated:
-        return None, None
-    busy_gpu_s = (cost.gpu_hours - cost.idle_gpu_hours) * 3600
-    busy_usd = cost.spent - (cost.idle_cost or 0.0)
-    return busy_gpu_s / generated, busy_usd / generated
+        return waste
+    per_token_s = (cost.gpu_hours - cost.idle_gpu_hours) * 3600 / generated
+    per_token_usd = (cost.spent - (cost.idle_cost or 0.0)) / generated
+    return replace(
+        waste,
+        gpu_seconds={cause: n * per_token_s for cause, n in waste.output_tokens.items()},
+        dollars={cause: n * per_token_usd for cause, n in waste.output_tokens.items()},
+    )
 
 
 def render_waste(waste: WasteAnswer) -> list[str]:
@@ -132,5 +139,6 @@ def render_waste(waste: WasteAnswer) -> list[str]:
     return [
         f"   waste: {wasted:,} of {generated:,} output tokens generated{share} are not trained; "
         f"trained {waste.trained_output_tokens:,}, pending {waste.pending_output_tokens:,}",
-        f"   by cause: {causes or 'none'}",
+        f"   by cause: {causes or 'none'}"
+        + "".join(f"; not sent: {reason} {n:,} events" for reason, n in sorted(waste.not_sent.items())),
     ]
