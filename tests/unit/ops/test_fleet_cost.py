@@ -78,3 +78,39 @@ def test_mtp_on_with_the_fleet_down_comes_from_the_measured_accept_length_in_jso
     assert "MTP on" in render_text(live) and "MTP on" in render_markdown(live)
     assert samples(render_metrics(live))[("dflash_mtp_on", ())] == 1.0
     assert not down.mtp.mtp_on and down.mtp.mtp_on_from == "unknown"  # nothing measured: not claimed
+
+
+def test_every_figure_of_question_7_is_the_same_in_the_text_the_page_and_prometheus(tmp_path):
+    store = LocalStore(tmp_path)
+    record_fleet_up(store, "node-a", "sglang", gpus=2, cost_per_gpu_hour=13.5, now=T0)
+    running = replace(beat(), started_at=T0 + 2 * MINUTE, updated_at=T0 + 10 * MINUTE)  # generating now
+    status = status_at(store, T0 + 10 * MINUTE, [running])
+    cost = status.cost
+    assert cost.per_million_output_tokens and cost.idle_cost  # every figure known: none compared as absent
+    text, page, found = render_text(status), render_markdown(status), samples(render_metrics(status))
+    for shown in (
+        f"${cost.spent:,.2f}",
+        f"${cost.cost_per_hour:,.2f}",
+        f"({cost.gpus} GPUs",
+        f"${cost.per_million_output_tokens:,.2f}",
+        f"{cost.gpu_hours_per_1k_rows:,.3f}",
+        f"${cost.idle_cost:,.2f}",
+        f"{cost.gpu_hours:,.2f} GPU-hours",
+        f"fleet idle {cost.idle_hours * 60:,.1f} min",
+    ):
+        assert shown in text and shown in page, shown
+    gauges = {
+        "spent_dollars": cost.spent,
+        "per_hour_dollars": cost.cost_per_hour,
+        "gpus": cost.gpus,
+        "per_million_output_tokens_dollars": cost.per_million_output_tokens,
+        "gpu_hours_per_1k_rows": cost.gpu_hours_per_1k_rows,
+        "gpu_hours": cost.gpu_hours,
+        "fleet_idle_dollars": cost.idle_cost,
+        "fleet_idle_seconds": cost.idle_hours * 3600,
+    }
+    for name, value in gauges.items():
+        assert found[(f"dflash_cost_{name}", ())] == pytest.approx(value), name
+    for cause, tokens in status.waste.output_tokens.items():
+        assert found[("dflash_waste_output_tokens", (("cause", cause),))] == tokens
+        assert f"| {cause} | {tokens:,} |" in page
