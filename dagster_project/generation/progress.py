@@ -164,6 +164,7 @@ class ShardProgress:
         window_spec_tokens = sum(f.output_tokens for f in window if f.verify_passes)
         window_verify = sum(f.verify_passes for f in window)
         generated_here = self.done_events
+        answered_here = generated_here - sum(self.excluded_by_reason.values())  # what was sent: the rate's
         remaining = self.remaining_events()
         avg_output = self.output_tokens / self.ok_events if self.ok_events else None
         window_tok_s = window_tokens / window_span if window else 0.0
@@ -193,7 +194,7 @@ class ShardProgress:
             output_tokens=self.output_tokens,
             avg_output_tokens=avg_output,
             lifetime=Rates(
-                seconds=elapsed, req_per_s=generated_here / elapsed, output_tok_per_s=self.output_tokens / elapsed
+                seconds=elapsed, req_per_s=answered_here / elapsed, output_tok_per_s=self.output_tokens / elapsed
             ),
             window=Rates(
                 seconds=window_span,

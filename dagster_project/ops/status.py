@@ -108,11 +108,11 @@ class Status:
     coverage: CoverageAnswer
     multi_turn: MultiTurnAnswer
     cost: CostAnswer | None = None  # None: no price configured
-    waste: WasteAnswer | None = None  # output tokens generated and not trained, by cause
     shards: ShardsAnswer | None = None  # every shard's state at each stage
     alerts: list[Alert] = field(default_factory=list)
     # Registered nodes lost without `fleet down`: their servers accept no connection and they did not `fleet up` again.
     stale_nodes: list[NodeRecord] = field(default_factory=list)
+    waste: WasteAnswer | None = None  # output tokens generated and not trained, by cause (question 7)
 
 
 def collect_status(
