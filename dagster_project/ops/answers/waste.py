@@ -21,6 +21,7 @@ from enum import StrEnum
 from dagster_project.generation.shards import lost_hedge_tokens
 from dagster_project.ops.answers.cost import CostAnswer
 from dagster_project.ops.answers.readings import Readings
+from dagster_project.ops.answers.shards import current_training
 from dagster_project.ops.answers.text import dollars
 from dagster_project.training import outcomes
 
@@ -76,9 +77,7 @@ def answer_waste(
     trained = pending = 0
     for shard, published in readings.published.items():
         tokens[WasteCause.LOST_HEDGES] += published.generation.lost_hedge_output_tokens
-        training = readings.training_set.get(shard)
-        if training is not None and training.source.completions_ids_digest not in ("", published.ids_digest):
-            training = None  # assembled from an earlier publication: not what was generated last
+        training = current_training(readings.training_set.get(shard), published)
         split = training.output_tokens_by_outcome if training is not None else {}
         if training is not None and not split:
             tokens[WasteCause.BLOCKED_OR_HELD if shard in stopped else WasteCause.NOT_ITEMIZED] += (
