@@ -15,6 +15,13 @@ import orjson
 from dagster_project.records import POLICIES
 from dagster_project.sglang.protocol import sampling_params
 
+# DFlash needs two consecutive supervised tokens for an anchor: a row with less room is not worth a request.
+MIN_OUTPUT_TOKENS = 2
+# What the chat template writes after an answer that a training row holds and the model does not generate: none.
+# The model writes the turn's closing `<|im_end|>` itself, as its last output token (counted by max_new_tokens),
+# and a row is prompt + output, so the template's "\n" after it is in no row.
+TEMPLATE_CLOSING_TOKENS = 0
+
 
 @dataclass(frozen=True)
 class GenerationSettings:
@@ -29,12 +36,37 @@ class GenerationSettings:
     enable_thinking: bool = field(default=True, metadata={"help": "Ask for reasoning before the answer."})
     preserve_thinking: bool = field(default=False, metadata={"help": "Keep earlier turns' reasoning in prompts."})
     policy: str = field(default="all_turns", metadata={"help": f"Multi-turn policy: {', '.join(POLICIES)}."})
+    fit_max_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "max_new_tokens: fit. The trainer's max_length (e.g. 4096): each request's max_new_tokens becomes "
+            "that minus its prompt's tokens (never above max_new_tokens), so nothing is generated that the trainer "
+            "cuts, and a prompt that leaves no room is not sent; the set then cannot be trained at a longer "
+            "max_length. Unset: max_new_tokens for every request."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown multi-turn policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.fit_max_length is not None and self.fit_max_length <= MIN_OUTPUT_TOKENS:
+            raise ValueError(
+                f"fit_max_length must leave room for {MIN_OUTPUT_TOKENS} output tokens, got {self.fit_max_length}"
+            )
+
+    def request_cap(self, prompt_tokens: int) -> int:
+        """A request's max_new_tokens: the cap, or under fit what the trainer's row leaves after the prompt (and the
+        template's closing tokens) if less. Under `MIN_OUTPUT_TOKENS`: the prompt fills the row, nothing to send."""
+        if self.fit_max_length is None:
+            return self.max_new_tokens
+        return min(self.max_new_tokens, self.fit_max_length - prompt_tokens - TEMPLATE_CLOSING_TOKENS)
+
+    def cut_by_fit(self, prompt_tokens: int, output_tokens: int, finish_reason: str | None) -> bool:
+        """Whether an answer stopped at its fitted cap (below max_new_tokens): cut where the trainer would cut it."""
+        cap = self.request_cap(prompt_tokens)
+        return finish_reason == "length" and cap < self.max_new_tokens and output_tokens >= cap
 
     def sampling_params(self) -> dict:
         """Every sampling parameter explicit: /generate applies no generation_config defaults."""
@@ -49,4 +81,7 @@ class GenerationSettings:
         )
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+        settings = asdict(self)
+        if settings["fit_max_length"] is None:  # unset, the settings fingerprint as they did before fit existed
+            del settings["fit_max_length"]
+        return hashlib.sha256(orjson.dumps(settings, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]

@@ -20,6 +20,14 @@ HISTORY_SOURCE = "source"
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
+# Not sent, by design: its reason in `error_kind` (`eval_contamination`: a conversation the contamination report
+# quarantines). A final record, so exactly-once coverage counts it, and never an error or an answer.
+STATUS_EXCLUDED = "excluded"
+# Why a conversation matched to an evaluation set is kept out of training (`conversations.contamination`).
+EVAL_CONTAMINATION = "eval_contamination"
+# Why a turn whose prompt leaves no room for an answer in the trainer's max_length is not trained (or, under
+# `max_new_tokens: fit`, not sent).
+PROMPT_FILLS_MAX_LENGTH = "prompt_fills_max_length"
 
 
 @dataclass

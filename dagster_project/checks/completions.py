@@ -166,7 +166,7 @@ def _quality(
         rows=manifest.rows,
         errors=manifest.errors,
         errors_by_kind=run.errors_by_kind,
-        length_capped=run.finish_reasons.get("length", 0),
+        length_capped=run.finish_reasons.get("length", 0) - run.cut_by_fit,  # cut by fit: the trainer cuts there
         max_new_tokens=manifest.settings.max_new_tokens,
     )
     results = gate_sets.completions_gates(

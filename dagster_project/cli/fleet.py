@@ -100,13 +100,15 @@ def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
 
 
 def cmd_fleet_down(args: argparse.Namespace, resources: Any) -> int:
-    from dagster_project.generation import fleet_registry
+    from dagster_project.generation import fleet_life, fleet_registry
     from dagster_project.sglang import launch
 
     stopped = launch.stop_fleet(Path(resources.fleet.fleet_dir))
     print(f"stopped {', '.join(stopped) or 'nothing (no fleet recorded)'}")
     try:
-        if fleet_registry.deregister_node(resources.store.open(), args.node):
+        store = resources.store.open()
+        fleet_life.close_lives(store, args.node)  # what the GPUs cost stays known: their life ends now
+        if fleet_registry.deregister_node(store, args.node):
             print(f"node {args.node} removed from the fleet registry")
     except StoreError as exc:  # the servers are stopped; the record stays until a `fleet down` reaches the store
         print(f"node {args.node} could not be removed from the fleet registry: {exc}", file=sys.stderr)
@@ -115,9 +117,11 @@ def cmd_fleet_down(args: argparse.Namespace, resources: Any) -> int:
 
 
 def cmd_fleet_forget(args: argparse.Namespace, resources: Any) -> int:
-    from dagster_project.generation import fleet_registry
+    from dagster_project.generation import fleet_life, fleet_registry
 
-    removed = fleet_registry.deregister_node(open_configured_store(), args.node)
+    store = open_configured_store()
+    fleet_life.close_lives(store, args.node)  # a lost node's GPUs are counted up to now, no further
+    removed = fleet_registry.deregister_node(store, args.node)
     print(f"node {args.node} {'removed from' if removed else 'was not in'} the fleet registry")
     return 0
 
@@ -165,8 +169,9 @@ def cmd_fleet_router(args: argparse.Namespace, resources: Any) -> int:
 
 
 def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet) -> None:
-    """Record this node's servers in the store's fleet registry, where shard runs on every host find them."""
-    from dagster_project.generation import fleet_registry
+    """Record this node's servers in the store's fleet registry, where shard runs on every host find them, and
+    the start of their life with the price configured here (what `dflash status` counts as spent)."""
+    from dagster_project.generation import fleet_life, fleet_registry
     from dagster_project.sglang import launch
 
     caps = {
@@ -183,6 +188,9 @@ def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet) -> Non
         raise SystemExit(f"fleet up: {exc}; the servers were stopped") from None
     key = store.url(fleet_registry.node_key(record.node))
     print(f"registered node {record.node} ({', '.join(record.urls)}) in {key}")
+    price = resources.fleet.cost_per_gpu_hour
+    fleet_life.record_fleet_up(store, record.node, up.kind, len(up.members), price)
+    print(f"  its {len(up.members)} GPUs are counted from now at {f'${price:,.2f}/GPU-hour' if price else 'no price'}")
 
 
 def _default_advertise_host(up: launch.Fleet) -> str:

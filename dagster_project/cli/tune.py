@@ -176,6 +176,7 @@ def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
 
 
 def _project(args: argparse.Namespace) -> int:
+    from dagster_project.ops.length_fit import FitOptions, LengthSample, project_caps
     from dagster_project.ops.projection import Job, project
     from dagster_project.pilot.record import PILOT_COMMAND, read_latest_pilot
     from dagster_project.store.storage import StoreError
@@ -187,7 +188,10 @@ def _project(args: argparse.Namespace) -> int:
         pilot = None
     measured = pilot.job_inputs() if pilot is not None and pilot.passed else {}
     try:
-        projection = project(Job(**{**measured, **given_flags(args, Job)}))
+        job = Job(**{**measured, **given_flags(args, Job)})
+        projection = project(job)
+        caps = FitOptions(**given_flags(args, FitOptions))
+        by_cap = project_caps(job, caps, LengthSample.configured(caps.output_len))
     except (ValueError, KeyError, OSError) as exc:
         raise SystemExit(f"dflash plan --project: {exc}") from None
     print(projection.describe())
@@ -199,6 +203,7 @@ def _project(args: argparse.Namespace) -> int:
         )
     else:
         print(f"inputs: the seed run's figures (no passed pilot in the store: `{PILOT_COMMAND}`)")
+    print(f"\n{by_cap.table()}")
     return 0
 
 
@@ -228,6 +233,7 @@ def tune_flags(tune: argparse.ArgumentParser) -> None:
 
 
 def plan_flags(plan: argparse.ArgumentParser) -> None:
+    from dagster_project.ops.length_fit import FitOptions
     from dagster_project.ops.plan import BRIEF_PLAN, Plan, ShardSizing
     from dagster_project.ops.projection import Job
 
@@ -249,4 +255,5 @@ def plan_flags(plan: argparse.ArgumentParser) -> None:
         "(--events, --gpus and the flags below; nothing written)",
     )
     add_flags(plan, Job, skip={"events", "gpus"})  # --events and --gpus are the shard sizing's and the plan's
+    add_flags(plan, FitOptions)
     plan.set_defaults(func=cmd_plan)

@@ -44,13 +44,13 @@ from dagster_project.conversations.shards import (
     read_shard_conversations_manifest,
     shard_contents,
 )
+from dagster_project.records import EVAL_CONTAMINATION as EVAL_CONTAMINATION  # its reason, named where all read it
 from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.storage import Store
 
 QUARANTINE = "quarantine"
 REPORT = "report"
 ACTIONS = (QUARANTINE, REPORT)
-EVAL_CONTAMINATION = "eval_contamination"
 DEFAULT_NGRAM = 8
 TEXT_FIELDS = ("prompt", "question", "instruction", "text", "input")
 NO_MATCH = -1

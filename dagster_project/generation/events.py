@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +19,16 @@ from dagster_project.generation.dispatch import Dispatcher, GenRequest, Outcome
 from dagster_project.generation.heartbeat import ShardReporter
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.progress import Heartbeat, ShardProgress
-from dagster_project.generation_settings import GenerationSettings
-from dagster_project.records import HISTORY_GENERATED, STATUS_ERROR, STATUS_OK, Conversation, empty_completion_row
+from dagster_project.generation_settings import MIN_OUTPUT_TOKENS, GenerationSettings
+from dagster_project.records import (
+    HISTORY_GENERATED,
+    PROMPT_FILLS_MAX_LENGTH,
+    STATUS_ERROR,
+    STATUS_EXCLUDED,
+    STATUS_OK,
+    Conversation,
+    empty_completion_row,
+)
 from dagster_project.tokenizer import SpecialIds, render_prompt_ids, special_ids
 
 PREVIOUS_TURN_FAILED = "previous_turn_failed"
@@ -49,8 +57,12 @@ class ShardGeneration:
         tokenizer: Any,
         settings: GenerationSettings,
         journal: Journal,
+        excluded: Mapping[str, tuple[str, str]] | None = None,
     ):
+        """`excluded`: conversation id → (reason, why) of the conversations not to send (matched to an evaluation
+        set): each of their turns ends as an `excluded` record with its reason, and nothing is requested."""
         self.shard = shard
+        self.excluded = dict(excluded or {})
         self.conversations = conversations
         self.tokenizer = tokenizer
         self.special: SpecialIds = special_ids(tokenizer)
@@ -83,7 +95,9 @@ class ShardGeneration:
                 return None
         return None
 
-    def _request(self, conversation: Conversation, turn: int) -> GenRequest:
+    def _request(self, conversation: Conversation, turn: int) -> GenRequest | None:
+        """The turn's request; under `max_new_tokens: fit` capped at what the trainer's row leaves after its prompt,
+        and None (the rest of the conversation excluded: later prompts are longer) when that is too little."""
         messages = prompt_messages(conversation, turn, self._history(conversation, turn))
         input_ids = render_prompt_ids(
             self.tokenizer,
@@ -92,10 +106,21 @@ class ShardGeneration:
             preserve_thinking=self.settings.preserve_thinking,
             tools=conversation.tools,
         )
+        cap = self.settings.request_cap(len(input_ids))
+        if cap < MIN_OUTPUT_TOKENS:
+            fit = self.settings.fit_max_length
+            why = f"its {len(input_ids):,}-token prompt leaves no room for an answer in fit_max_length {fit:,}"
+            self._exclude(conversation, PROMPT_FILLS_MAX_LENGTH, why, from_turn=turn)
+            return None
+        params = (
+            self.sampling_params
+            if cap == self.settings.max_new_tokens
+            else {**self.sampling_params, "max_new_tokens": cap}
+        )
         return GenRequest(
             key=conversation.event_id(turn),
             input_ids=input_ids,
-            sampling_params=self.sampling_params,
+            sampling_params=params,
             payload=_Pending(conversation, turn),
         )
 
@@ -121,8 +146,17 @@ class ShardGeneration:
             )
             self._journal(row)
 
+    def _exclude(self, conversation: Conversation, reason: str, why: str, from_turn: int = 0) -> None:
+        for turn in range(from_turn, conversation.num_turns):
+            row = self._base_row(conversation, turn)
+            row.update(status=STATUS_EXCLUDED, error_kind=reason, error_message=f"not generated: {why}")
+            self._journal(row)  # a turn journaled before (generated, then quarantined) keeps its record
+
     def initial_requests(self) -> Iterator[GenRequest]:
         for conversation in self.conversations:
+            if conversation.id in self.excluded:
+                self._exclude(conversation, *self.excluded[conversation.id])
+                continue
             request = self._next_request(conversation)
             if request is not None:
                 yield request
@@ -222,7 +256,8 @@ class ShardGeneration:
         if _needs_own_history(conversation) and (row["status"] != STATUS_OK or row["history_message"] is None):
             self._end_remaining(conversation, pending.turn, row["status"], row["finish_reason"], row["retryable"])
             return []
-        return [self._request(conversation, next_turn)]
+        request = self._request(conversation, next_turn)
+        return [request] if request is not None else []
 
     # ---- driving ----------------------------------------------------------------------------------
 

@@ -180,5 +180,6 @@ def check_before_dispatch(
             "no conversations manifest: its max_prompt_tokens is what the servers are checked against; "
             "materialize `conversations` first"
         )
-    budget = RequestBudget(conversations.max_prompt_tokens, settings.max_new_tokens)
+    # Under `max_new_tokens: fit` no answer asks for more than the row holds (`request_cap` of an empty prompt).
+    budget = RequestBudget(conversations.max_prompt_tokens, settings.request_cap(0))
     check_fleet(dispatcher.endpoints, budget, api_key=dispatcher.api_key, log=log)

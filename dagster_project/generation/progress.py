@@ -11,6 +11,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagster_project.records import STATUS_EXCLUDED
+
 DEFAULT_WINDOW_S = 120.0
 # The ETA's window. Answers end in waves (a batch started together ends over about one request lifetime, long
 # answers last), so a rate over less than a few lifetimes swings with each wave: over 120 s, an ETA fell from
@@ -56,6 +58,7 @@ class Heartbeat:
     ok_events: int
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    excluded_by_reason: dict[str, int] = field(default_factory=dict)  # events not sent, by design (`excluded`)
     prompt_tokens: int = 0
     output_tokens: int = 0
     avg_output_tokens: float | None = None
@@ -100,6 +103,7 @@ class ShardProgress:
     ok_events: int = 0
     errors_by_kind: Counter = field(default_factory=Counter)
     finish_reasons: Counter = field(default_factory=Counter)
+    excluded_by_reason: Counter = field(default_factory=Counter)
     prompt_tokens: int = 0
     output_tokens: int = 0
     spec_tokens: int = 0  # completion tokens of requests that reported spec stats
@@ -113,6 +117,9 @@ class ShardProgress:
     def record(self, row: dict[str, Any], now: float | None = None) -> None:
         now = time.time() if now is None else now
         self.done_events += 1
+        if row["status"] == STATUS_EXCLUDED:
+            self.excluded_by_reason[row.get("error_kind") or "unknown"] += 1
+            return
         if row["status"] != "ok":
             self.errors_by_kind[row.get("error_kind") or "unknown"] += 1
             return
@@ -157,6 +164,7 @@ class ShardProgress:
         window_spec_tokens = sum(f.output_tokens for f in window if f.verify_passes)
         window_verify = sum(f.verify_passes for f in window)
         generated_here = self.done_events
+        answered_here = generated_here - sum(self.excluded_by_reason.values())  # what was sent: the rate's
         remaining = self.remaining_events()
         avg_output = self.output_tokens / self.ok_events if self.ok_events else None
         window_tok_s = window_tokens / window_span if window else 0.0
@@ -181,11 +189,12 @@ class ShardProgress:
             ok_events=self.ok_events,
             errors_by_kind=dict(self.errors_by_kind),
             finish_reasons=dict(self.finish_reasons),
+            excluded_by_reason=dict(self.excluded_by_reason),
             prompt_tokens=self.prompt_tokens,
             output_tokens=self.output_tokens,
             avg_output_tokens=avg_output,
             lifetime=Rates(
-                seconds=elapsed, req_per_s=generated_here / elapsed, output_tok_per_s=self.output_tokens / elapsed
+                seconds=elapsed, req_per_s=answered_here / elapsed, output_tok_per_s=self.output_tokens / elapsed
             ),
             window=Rates(
                 seconds=window_span,

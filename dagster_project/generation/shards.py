@@ -34,6 +34,12 @@ class GenerationSummary:
     spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
     finish_reasons: dict[str, int] = field(default_factory=dict)
     errors_by_kind: dict[str, int] = field(default_factory=dict)
+    # Output tokens of answers that arrived after another attempt of their request had won (lost hedges): paid
+    # for, in no row. Attempts cancelled before they answered report no tokens.
+    lost_hedge_output_tokens: int = 0
+    excluded_by_reason: dict[str, int] = field(default_factory=dict)  # events not sent, by reason
+    # Of the `length` finish reasons, the answers cut at their fitted cap (where the trainer would cut them).
+    cut_by_fit: int = 0
 
     @classmethod
     def of(cls, heartbeat: Heartbeat, rows: RowCounts, earlier: GenerationSummary | None = None) -> GenerationSummary:
@@ -42,26 +48,45 @@ class GenerationSummary:
         generated = heartbeat.done_events > heartbeat.resumed_events
         if generated or earlier is None:
             lifetime, spec = (heartbeat.lifetime if generated else None), heartbeat.spec
+            lost = lost_hedge_tokens(heartbeat) if generated else 0
         else:
-            lifetime, spec = earlier.lifetime, earlier.spec
-        return cls(lifetime, spec, dict(rows.finish_reasons), dict(rows.errors_by_kind))
+            lifetime, spec, lost = earlier.lifetime, earlier.spec, earlier.lost_hedge_output_tokens
+        return cls(
+            lifetime,
+            spec,
+            dict(rows.finish_reasons),
+            dict(rows.errors_by_kind),
+            lost,
+            dict(rows.excluded_by_reason),
+            rows.cut_by_fit,
+        )
+
+
+def lost_hedge_tokens(heartbeat: Heartbeat) -> int:
+    """What the run's servers answered (their dispatcher's count, late answers included) beyond the answers it
+    recorded: the tokens of answers that lost to another attempt of their request."""
+    answered = sum(int(view.get("completion_tokens") or 0) for view in heartbeat.servers.values())
+    return max(answered - heartbeat.output_tokens, 0)
 
 
 @dataclass
 class RowCounts:
-    """Finish reasons of the answers and kinds of the errors, over a shard's rows."""
+    """Finish reasons of the answers, kinds of the errors and reasons of the events not sent, over a shard's rows."""
 
     finish_reasons: Counter = field(default_factory=Counter)
     errors_by_kind: Counter = field(default_factory=Counter)
+    excluded_by_reason: Counter = field(default_factory=Counter)
+    cut_by_fit: int = 0  # answers that stopped at their `max_new_tokens: fit` cap (finish_reason length)
 
 
 @dataclass(frozen=True, kw_only=True)
 class CompletionsShardManifest(ShardManifest):
-    """rows = ok + errors: one record per planned event. `ids_digest` is over event ids."""
+    """rows = ok + errors + excluded: one record per planned event. `ids_digest` is over event ids."""
 
     stage: str = COMPLETIONS
     ok: int = 0
     errors: int = 0
+    excluded: int = 0  # not sent, by design (`records.STATUS_EXCLUDED`): matched to an evaluation set
     prompt_tokens: int = 0
     output_tokens: int = 0
     conversations: int = 0

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dagster_project.conversations.contamination import ContaminationReportStale, quarantined_ids
 from dagster_project.conversations.shards import read_conversations, read_shard_conversations_manifest
 from dagster_project.generation.dispatch import Dispatcher
 from dagster_project.generation.events import ShardGeneration
@@ -37,7 +38,7 @@ from dagster_project.generation.shards import (
     read_completions_manifest,
 )
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.records import COMPLETION_SCHEMA, STATUS_OK
+from dagster_project.records import COMPLETION_SCHEMA, EVAL_CONTAMINATION, STATUS_EXCLUDED, STATUS_OK
 from dagster_project.store.layout import COMPLETIONS, lease_key, shard_prefix
 from dagster_project.store.lease import LeaseOptions, take_lease
 from dagster_project.store.manifest import ids_digest, publish_shard
@@ -55,11 +56,12 @@ def journal_path(work_dir: Path, shard: int, fingerprint: str) -> Path:
 
 @dataclass
 class WrittenCompletions:
-    """What the Parquet file holds, for the manifest: rows = ok + errors, one per event id."""
+    """What the Parquet file holds, for the manifest: rows = ok + errors + excluded, one per event id."""
 
     rows: int = 0
     ok: int = 0
     errors: int = 0
+    excluded: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
     event_ids: list[str] = field(default_factory=list)
@@ -70,11 +72,13 @@ class JournalMismatch(RuntimeError):
     """The journal's final records are not exactly one per planned event: the shard must not be published."""
 
 
-def write_completions_parquet(journal: Journal, path: Path, planned: set[str]) -> WrittenCompletions:
+def write_completions_parquet(
+    journal: Journal, path: Path, planned: set[str], settings: GenerationSettings | None = None
+) -> WrittenCompletions:
     """Stream the journal's final record of each `planned` event into one Parquet file; return counts for the
     manifest. A journal may hold events the shard no longer plans (its conversations were rebuilt: another shard
     count, other sources): they are left out. The check before publishing: `JournalMismatch` unless the file
-    holds exactly one row per planned event."""
+    holds exactly one row per planned event. `settings`: what tells the answers `max_new_tokens: fit` cut."""
     columns = COMPLETION_SCHEMA.names
     written = WrittenCompletions()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,6 +97,15 @@ def write_completions_parquet(journal: Journal, path: Path, planned: set[str]) -
                 written.ok += 1
                 written.output_tokens += int(record.get("completion_tokens") or 0)
                 written.counts.finish_reasons[record.get("finish_reason") or "unknown"] += 1
+                if settings is not None and settings.cut_by_fit(
+                    int(record.get("prompt_tokens") or 0),
+                    int(record.get("completion_tokens") or 0),
+                    record.get("finish_reason"),
+                ):
+                    written.counts.cut_by_fit += 1
+            elif record["status"] == STATUS_EXCLUDED:
+                written.excluded += 1
+                written.counts.excluded_by_reason[record.get("error_kind") or "unknown"] += 1
             else:
                 written.errors += 1
                 written.counts.errors_by_kind[record.get("error_kind") or "unknown"] += 1
@@ -118,6 +131,21 @@ class PilotNote:
 
     message: str = ""
     skipped: bool = False
+
+
+def not_to_send(store: Store, shard: int, log: Callable[[str], None]) -> dict[str, tuple[str, str]]:
+    """The shard's conversations the contamination report quarantines (action `quarantine`), read before anything
+    is sent: paying for answers `training_set` would exclude buys nothing. A report that scanned another
+    publication of the shard names other conversations: then everything is sent, and `training_set` (which
+    refuses such a report) decides once the check has run again."""
+    try:
+        ids, _ = quarantined_ids(store, shard)
+    except ContaminationReportStale as stale:
+        log(f"sending every conversation: {stale}")
+        return {}
+    if ids:
+        log(f"shard {shard}: {len(ids)} conversations matched to evaluation sets are not sent ({EVAL_CONTAMINATION})")
+    return dict.fromkeys(ids, (EVAL_CONTAMINATION, "matched to an evaluation set by the contamination report"))
 
 
 class ConversationsGated(RuntimeError):
@@ -166,6 +194,7 @@ def generate_shard(
             f"configured with {settings.policy!r}: re-materialize `conversations` with the same policy"
         )
     check_before_dispatch(store, settings, dispatcher, log)  # every server holds the longest request, or stop
+    excluded = not_to_send(store, shard, log)
 
     with (
         take_lease(store, lease_key(COMPLETIONS, shard), run_id=run_id, options=lease) as held,
@@ -173,7 +202,7 @@ def generate_shard(
     ):
         if journal.torn_bytes_dropped:
             log(f"journal: dropped a torn last line ({journal.torn_bytes_dropped} bytes) left by a killed run")
-        job = ShardGeneration(shard, conversations, tokenizer, settings, journal)
+        job = ShardGeneration(shard, conversations, tokenizer, settings, journal, excluded)
         reporter = ShardReporter(
             store,
             shard,
@@ -198,13 +227,14 @@ def generate_shard(
         with tempfile.TemporaryDirectory(dir=work_dir) as staging:
             parquet = Path(staging) / PARQUET_NAME
             expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
-            written = write_completions_parquet(journal, parquet, expected)
+            written = write_completions_parquet(journal, parquet, expected, settings)
             manifest = CompletionsShardManifest(
                 shard=shard,
                 rows=written.rows,
                 ids_digest=ids_digest(written.event_ids),
                 ok=written.ok,
                 errors=written.errors,
+                excluded=written.excluded,
                 prompt_tokens=written.prompt_tokens,
                 output_tokens=written.output_tokens,
                 conversations=len(conversations),

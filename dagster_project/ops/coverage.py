@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from dagster_project.conversations.shards import ConversationsShardManifest, conversations_in
 from dagster_project.generation.shards import CompletionsShardManifest
+from dagster_project.records import STATUS_EXCLUDED, STATUS_OK
 from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS
 from dagster_project.store.manifest import (
@@ -276,10 +277,12 @@ def _load_planned(
 
 
 # Straight from the objects to one row per recorded event id (the records themselves are never kept).
-_PER_EVENT = """
+# An event not sent by design (`excluded`, with its reason) has its record and no error.
+_PER_EVENT = f"""
     CREATE TABLE per_event AS
-    SELECT event_id, count(*) AS records, count(*) FILTER (WHERE status <> 'ok') AS errors
-    FROM {source} GROUP BY event_id
+    SELECT event_id, count(*) AS records,
+           count(*) FILTER (WHERE status NOT IN ('{STATUS_OK}', '{STATUS_EXCLUDED}')) AS errors
+    FROM {{source}} GROUP BY event_id
 """
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from dagster_project.ops.answers.concurrency import ServerConcurrency
     from dagster_project.ops.answers.cost import CostAnswer
+    from dagster_project.ops.answers.waste import WasteAnswer
     from dagster_project.ops.status import Status
 
 PREFIX = "dflash_"
@@ -52,6 +53,10 @@ def _seconds(hours: float | None) -> float | None:
 def _cost(read: Callable[[CostAnswer], float | None]) -> Callable[[Status], float | None]:
     """A cost figure: absent while no price is configured."""
     return lambda status: None if status.cost is None else read(status.cost)
+
+
+def _waste(read: Callable[[WasteAnswer], float | None]) -> Callable[[Status], float | None]:
+    return lambda status: None if status.waste is None else read(status.waste)
 
 
 JOB_FIGURES = [
@@ -93,13 +98,27 @@ JOB_FIGURES = [
     Figure("cost_per_hour_dollars", "The fleet's price per hour; absent without a price.",
            _cost(lambda c: c.cost_per_hour)),
     Figure("cost_gpus", "GPUs the price counts.", _cost(lambda c: c.gpus)),
-    Figure("cost_spent_dollars", "Spent over the hours some shard was generating.", _cost(lambda c: c.spent)),
+    Figure("cost_spent_dollars", "Spent: the fleet's GPU-hours at the price recorded at `fleet up`.",
+           _cost(lambda c: c.spent)),
     Figure("cost_to_finish_dollars", "To finish at the measured rate.", _cost(lambda c: c.to_finish)),
     Figure("cost_to_finish_plan_dollars", "To finish at the plan's rate.", _cost(lambda c: c.to_finish_plan)),
-    Figure("cost_per_million_output_tokens_dollars", "Per million output tokens at the current rate.",
+    Figure("cost_per_million_output_tokens_dollars", "Spent per million output tokens generated.",
            _cost(lambda c: c.per_million_output_tokens)),
     Figure("cost_gpu_hours_per_1k_rows", "GPU-hours per thousand answers kept.",
            _cost(lambda c: c.gpu_hours_per_1k_rows)),
+    Figure("cost_gpu_hours", "GPU-hours paid: the fleet's up-time (or, with no `fleet up` recorded, generation time).",
+           _cost(lambda c: c.gpu_hours)),
+    Figure("cost_per_million_trained_tokens_dollars", "Spent per million supervised tokens of the training set.",
+           _cost(lambda c: c.per_million_trained_tokens)),
+    Figure("cost_fleet_idle_seconds", "The fleet up while no shard was generating.",
+           _cost(lambda c: _seconds(c.idle_hours))),
+    Figure("cost_fleet_idle_dollars", "What the fleet's idle up-time cost.", _cost(lambda c: c.idle_cost)),
+    Figure("generated_output_tokens", "Output tokens generated: trained + pending + every waste cause.",
+           _waste(lambda w: w.generated_output_tokens)),
+    Figure("trained_output_tokens", "Output tokens in the training set (within max_length).",
+           _waste(lambda w: w.trained_output_tokens)),
+    Figure("pending_output_tokens", "Output tokens of shards not assembled yet or still generating.",
+           _waste(lambda w: w.pending_output_tokens)),
 ]  # fmt: skip
 
 # Per server (label `server`, its URL): the dispatchers' view beside the server's own.
@@ -148,10 +167,29 @@ def status_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
             for state, count in getattr(status.shards, stage).items():
                 shards.add_metric([stage, state], count)
     yield shards
+    yield from waste_metrics(status)
     alerts = GaugeMetricFamily(PREFIX + "alerts", "Alerts `dflash status` raises now, by kind.", labels=["kind"])
     for kind, count in sorted(Counter(alert.kind for alert in status.alerts).items()):
         alerts.add_metric([kind], count)
     yield alerts
+
+
+def waste_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
+    """The waste ledger (`answers.waste`) by cause (its totals are job figures)."""
+    waste = status.waste
+    by_cause = [
+        ("waste_output_tokens", "Output tokens generated and not trained, by cause.",
+         waste.output_tokens if waste else {}),
+        ("waste_gpu_seconds", "Estimated GPU-seconds of the output tokens not trained, by cause.",
+         waste.gpu_seconds if waste else {}),
+        ("waste_dollars", "Estimated dollars of the output tokens not trained, by cause.",
+         waste.dollars if waste else {}),
+    ]  # fmt: skip
+    for name, help_, values in by_cause:
+        family = GaugeMetricFamily(PREFIX + name, help_, labels=["cause"])
+        for cause, value in values.items():
+            family.add_metric([cause], value)
+        yield family
 
 
 class StatusCollector(Collector):

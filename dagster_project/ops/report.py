@@ -14,11 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dagster_project.generation.progress import Heartbeat
+from dagster_project.ops.answers.cost import idle_line, render_cost, spent_line
 from dagster_project.ops.answers.coverage import by_id_summary
+from dagster_project.ops.answers.mtp import mtp_verdict
 from dagster_project.ops.answers.multi_turn import generated_of_planned
 from dagster_project.ops.answers.progress import eta_text
 from dagster_project.ops.answers.shards import GREEN, ShardsAnswer, green_shards
 from dagster_project.ops.answers.text import as_of, dollars, shard_list
+from dagster_project.ops.answers.waste import WasteAnswer
 from dagster_project.ops.status import Status
 
 # Key figures first, each cell and header a few characters (the two pool usages in one column), so the table fits the
@@ -226,7 +229,7 @@ def _progress(status: Status) -> Section:
 def _mtp(status: Status) -> Section:
     mtp = status.mtp
     text = (
-        f"MTP {'on' if mtp.mtp_on else 'OFF or unknown'}; accept length on our recent requests "
+        f"{mtp_verdict(mtp)}; accept length on our recent requests "
         f"**{_num(mtp.accept_length_window, 2)}**, over the published shards "
         f"{_num(mtp.accept_length_published_shards, 2)}"
         f"; does it pay (last `dflash tune`): {mtp.tuned or 'not measured (no tuning sweep)'}"
@@ -327,12 +330,15 @@ def _multi_turn(status: Status) -> Section:
     )
 
 
+def _sentence(text: str) -> str:
+    return f"{text[:1].upper()}{text[1:]}."
+
+
 def _cost(status: Status) -> Section:
     cost = status.cost
+    waste = (("Waste by cause", _waste(status.waste)),) if status.waste else ()
     if cost is None:
-        return Section(
-            "Cost", "No price configured (the fleet resource's `cost_per_gpu_hour`, or DFLASH_COST_PER_GPU_HOUR)."
-        )
+        return Section("Cost", _sentence(render_cost(None)[0].removeprefix("7. Cost: ")), waste)
     # One figure a row (seven columns side by side would not fit the page's value column), the key ones first.
     figures = _table(
         ["figure", "cost"],
@@ -342,10 +348,28 @@ def _cost(status: Status) -> Section:
             ["to finish (plan)", dollars(cost.to_finish_plan)],
             ["fleet $/hour", f"${cost.cost_per_hour:,.2f} ({cost.gpus} GPUs)"],
             ["$ / 1M output tokens", dollars(cost.per_million_output_tokens)],
+            ["$ / 1M trained tokens", dollars(cost.per_million_trained_tokens)],
             ["GPU-hours / 1K kept rows", _num(cost.gpu_hours_per_1k_rows, 3)],
+            ["fleet idle", dollars(cost.idle_cost)],
         ],
     )
-    return Section("Cost", tables=(("Cost", figures),))
+    idle = idle_line(cost)
+    return Section("Cost", _sentence(f"{spent_line(cost)}{f'; {idle}' if idle else ''}"), (("Cost", figures), *waste))
+
+
+def _waste(waste: WasteAnswer) -> Table:
+    """The waste ledger as the text says it: each cause's output tokens, GPU-seconds and dollars, then what was
+    trained and what is pending, which with the causes make up what was generated."""
+    rows = [
+        [cause, _num(count), _num(waste.gpu_seconds.get(cause), 0), dollars(waste.dollars.get(cause))]
+        for cause, count in waste.output_tokens.items()
+    ]
+    rows += [
+        ["trained", _num(waste.trained_output_tokens), "", ""],
+        ["pending", _num(waste.pending_output_tokens), "", ""],
+        ["generated", _num(waste.generated_output_tokens), "", ""],
+    ]
+    return _table(["cause", "output tokens", "GPU-s", "cost"], rows)
 
 
 def report_sections(status: Status) -> list[Section]:

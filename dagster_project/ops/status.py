@@ -22,21 +22,23 @@ from dagster_project.conversations.shards import (
     ConversationsShardManifest,
     read_conversations_manifest,
 )
+from dagster_project.generation.fleet_life import read_fleet_lives
 from dagster_project.generation.fleet_registry import NodeRecord
 from dagster_project.generation.heartbeat import read_heartbeats
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ingest.shards import read_raw_prompts_manifest
 from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, Alert, AlertThresholds, raise_alerts, render_alerts
 from dagster_project.ops.answers.concurrency import ConcurrencyAnswer, answer_concurrency, render_concurrency
-from dagster_project.ops.answers.cost import NO_PRICE, CostAnswer, FleetCost, answer_cost, render_cost
+from dagster_project.ops.answers.cost import NO_PRICE, CostAnswer, CostInputs, FleetCost, answer_cost, render_cost
 from dagster_project.ops.answers.coverage import CoverageAnswer, answer_coverage, render_coverage
 from dagster_project.ops.answers.mtp import MtpAnswer, answer_mtp, render_mtp
 from dagster_project.ops.answers.multi_turn import MultiTurnAnswer, answer_multi_turn, render_multi_turn
 from dagster_project.ops.answers.progress import ProgressAnswer, answer_progress, render_progress
 from dagster_project.ops.answers.readings import Readings
-from dagster_project.ops.answers.shards import ShardsAnswer, answer_shards, render_shards
+from dagster_project.ops.answers.shards import BLOCKED, ShardsAnswer, answer_shards, render_shards
 from dagster_project.ops.answers.storage import StorageAnswer, answer_storage, render_storage
 from dagster_project.ops.answers.text import ago, as_of
+from dagster_project.ops.answers.waste import WasteAnswer, answer_waste, price_waste, render_waste
 from dagster_project.ops.coverage import read_coverage
 from dagster_project.ops.plan import read_plan
 from dagster_project.ops.tune import read_report
@@ -67,6 +69,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
         coverage_by_id = pool.submit(read_coverage, store)
         tuning = pool.submit(read_report, store)
         assembled = pool.submit(read_stage_records, store, TRAINING_SET, TrainingShardManifest)
+        lives = pool.submit(read_fleet_lives, store)
         stage = conversations.result()
         shards = stage.num_shards if stage else 0  # as published: the environment has no say
         # The stage manifest is written last: while it is missing, the shards published so far tell the plan.
@@ -91,6 +94,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
             training_set=training.manifests,
             verdicts={COMPLETIONS: completions.verdicts, TRAINING_SET: training.verdicts},
             exports=training.exports,
+            fleet_lives=lives.result(),
         )
 
 
@@ -108,6 +112,7 @@ class Status:
     alerts: list[Alert] = field(default_factory=list)
     # Registered nodes lost without `fleet down`: their servers accept no connection and they did not `fleet up` again.
     stale_nodes: list[NodeRecord] = field(default_factory=list)
+    waste: WasteAnswer | None = None  # output tokens generated and not trained, by cause (question 7)
 
 
 def collect_status(
@@ -151,6 +156,8 @@ def answer_all(
     progress, mtp, concurrency = answer_progress(readings), answer_mtp(readings), answer_concurrency(readings)
     storage = answer_storage(store, readings, current_fingerprint, materialized)
     shards = answer_shards(readings)
+    waste = answer_waste(readings, shards.not_green.get(f"training_set {BLOCKED}", []))
+    priced = answer_cost(cost, progress, servers=len(readings.fleet), inputs=cost_inputs(readings, waste))
     return Status(
         collected_at=readings.now,
         progress=progress,
@@ -159,11 +166,24 @@ def answer_all(
         storage=storage,
         coverage=answer_coverage(readings),
         multi_turn=answer_multi_turn(readings),
-        cost=answer_cost(cost, progress, servers=len(readings.fleet)),
+        cost=priced,
+        waste=price_waste(waste, priced),
         shards=shards,
         alerts=raise_alerts(
             progress, mtp, concurrency, storage, shards, endpoints_known=endpoints_known, thresholds=thresholds
         ),
+    )
+
+
+def cost_inputs(readings: Readings, waste: WasteAnswer) -> CostInputs:
+    """What the cost is computed from: the fleet's life, when shards generated, and what was trained (the
+    ledger's: within max_length, of shards no gate stops)."""
+    return CostInputs(
+        lives=readings.fleet_lives,
+        busy=[(b.started_at, b.updated_at) for b in readings.heartbeats],
+        output_tokens=readings.output_tokens,
+        trained_tokens=waste.trained_output_tokens,
+        now=readings.now,
     )
 
 
@@ -181,6 +201,7 @@ def render_text(status: Status) -> str:
             *render_coverage(status.coverage, status.collected_at),
             *render_multi_turn(status.multi_turn),
             *render_cost(status.cost),
+            *(render_waste(status.waste) if status.waste else []),
             *render_alerts(status.alerts),
             *render_stale_nodes(status.stale_nodes, status.collected_at),
         ]

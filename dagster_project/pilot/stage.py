@@ -120,7 +120,7 @@ def run_pilot(
             rows=written.rows,
             errors=written.errors,
             errors_by_kind=dict(written.counts.errors_by_kind),
-            length_capped=written.counts.finish_reasons.get("length", 0),
+            length_capped=written.counts.finish_reasons.get("length", 0) - written.counts.cut_by_fit,
             max_new_tokens=settings.max_new_tokens,
         )
         results, lengths = _judge(pq.ParquetFile(parquet), counts, settings, tokenizer, limits)

@@ -62,6 +62,7 @@ class HfShardExport:
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
     lengths: LengthFigures = field(default_factory=LengthFigures)
+    output_tokens_by_outcome: dict[str, int] = field(default_factory=dict)  # the training manifest's
     checks_passed: list[str] = field(default_factory=list)
     overridden: dict[str, str] = field(default_factory=dict)  # failed gates exported anyway: `check/gate` → message
     exported_at: float = 0.0
@@ -115,6 +116,7 @@ def export_hf_shard(
         settings=manifest.source.settings,
         assembly=manifest.assembly,
         lengths=manifest.lengths,
+        output_tokens_by_outcome=manifest.output_tokens_by_outcome,
         checks_passed=[
             check for check in REQUIRED_VERDICTS if (verdict := read_verdict(store, manifest, check)) and verdict.passed
         ],
@@ -153,6 +155,19 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
     return "\n".join(lines)
 
 
+def _generated_not_trained(outcomes: Counter) -> str:
+    """The exported shards' output tokens by where they went (`training.outcomes`): trained, or why not."""
+    generated = sum(outcomes.values())
+    if not generated:
+        return "Not recorded for these shards (assembled before the split of their output was)."
+    rows = [[outcome, f"{n:,}", f"{n / generated:.1%}"] for outcome, n in sorted(outcomes.items(), key=lambda i: -i[1])]
+    return (
+        f"Of the {generated:,} output tokens the target model generated for these shards' rows, where each went "
+        "(shards a gate blocked are not exported; `dflash status` has the whole job's ledger):\n\n"
+        + _table(["outcome", "output tokens", "share"], rows)
+    )
+
+
 def dataset_card(records: list[HfShardExport]) -> str:
     """The README.md of the export: the `datasets` header, then what the rows are and what made them."""
     rows = sum(r.rows for r in records)
@@ -162,7 +177,9 @@ def dataset_card(records: list[HfShardExport]) -> str:
     shards_per_settings: Counter = Counter()
     assembly: Counter = Counter()
     lengths = LengthFigures()
+    outcomes: Counter = Counter()
     for record in records:
+        outcomes.update(record.output_tokens_by_outcome)
         sources.update(record.rows_by_source)
         settings[record.settings_fingerprint] = record.settings
         shards_per_settings[record.settings_fingerprint] += 1
@@ -219,6 +236,8 @@ def dataset_card(records: list[HfShardExport]) -> str:
         f"{lengths.supervised_tokens_beyond:,} of {lengths.supervised_tokens:,} supervised tokens "
         f"({lengths.lost_share:.1%}) lie beyond it (cut, dropped, or left for the trainer to cut under `keep`).\n\n"
         + _table(["row length (tokens)", "rows"], [[label, n] for label, n in lengths.histogram.items()]),
+        "## Generated, not trained",
+        _generated_not_trained(outcomes),
         "## Checks",
         f"{len(cleared)} of {len(records)} shards passed every check ({', '.join(REQUIRED_VERDICTS)}: the "
         "row-level gates — loss-mask floor and concentration, DFlash anchors, vocabulary, thinking structure, "

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dagster_project.generation_settings import MIN_OUTPUT_TOKENS as MIN_OUTPUT_TOKENS  # one rule, its own module
+
 if TYPE_CHECKING:  # readers of training manifests alone (`dflash status`) never load numpy
     import numpy as np
 
@@ -21,8 +23,6 @@ KEEP = "keep"
 TRUNCATE = "truncate"
 DROP = "drop"
 LENGTH_POLICIES = (KEEP, TRUNCATE, DROP)
-# DFlash needs two consecutive supervised tokens for an anchor.
-MIN_OUTPUT_TOKENS = 2
 HISTOGRAM_EDGES = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 

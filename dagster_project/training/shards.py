@@ -109,11 +109,15 @@ class TrainingShardManifest(ShardManifest):
     loss_tokens: int
     prompt_tokens: int
     truncated_rows: int = 0
+    truncated_by_fit: int = 0  # of those, cut when generated (`max_new_tokens: fit`), not here
     max_row_tokens: int = 0
     row_groups: int = 0
     exclusions: dict[str, int] = field(default_factory=dict)
     exclusions_by_group: list[GroupExclusions] = field(default_factory=list)
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    # Every output token of the completions rows by where it went: `trained` (within max_length), `past_max_length`
+    # (of kept rows), each exclusion reason; they sum to the shard's generated output. Empty: assembled before.
+    output_tokens_by_outcome: dict[str, int] = field(default_factory=dict)
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
     # Rows against max_length: how many are longer, the supervised tokens lost past it, a length histogram.
     lengths: LengthFigures = field(default_factory=LengthFigures)

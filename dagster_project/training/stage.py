@@ -41,7 +41,8 @@ import pyarrow.compute as pc
 
 from dagster_project.conversations.contamination import EVAL_CONTAMINATION, quarantined_ids
 from dagster_project.generation.shards import CompletionsShardManifest
-from dagster_project.records import PROVENANCE_FIELDS, STATUS_OK, TRAINING_SCHEMA
+from dagster_project.generation_settings import GenerationSettings
+from dagster_project.records import PROVENANCE_FIELDS, STATUS_EXCLUDED, STATUS_OK, TRAINING_SCHEMA
 from dagster_project.store.dataclass_json import parse_record
 from dagster_project.store.layout import COMPLETIONS, TRAINING_SET, lease_key, shard_manifest_key
 from dagster_project.store.lease import Lease, LeaseOptions, take_lease
@@ -50,6 +51,18 @@ from dagster_project.store.storage import Store, sha256_bytes
 from dagster_project.store.verdicts import describe_failures, failed_gates
 from dagster_project.training.gates import GateResult
 from dagster_project.training.lengths import DROP, KEEP, MIN_OUTPUT_TOKENS, LengthFigures, kept_output
+from dagster_project.training.outcomes import (
+    ABORTED,
+    DUPLICATE_EVENT,
+    EMPTY_OUTPUT,
+    ERROR,
+    LENGTH_CAPPED,
+    OVER_MAX_LENGTH,
+    PAST_MAX_LENGTH,
+    PROMPT_FILLS_MAX_LENGTH,
+    TRAINED,
+    UNKNOWN_FINISH_REASON,
+)
 from dagster_project.training.row_figures import list_buffers
 from dagster_project.training.shards import (
     TRAINING_FILE,
@@ -60,14 +73,6 @@ from dagster_project.training.shards import (
     TrainingSource,
 )
 
-ERROR = "error"
-ABORTED = "aborted"
-UNKNOWN_FINISH_REASON = "unknown_finish_reason"
-LENGTH_CAPPED = "length_capped"
-EMPTY_OUTPUT = "empty_output"
-DUPLICATE_EVENT = "duplicate_event"
-OVER_MAX_LENGTH = "over_max_length"
-PROMPT_FILLS_MAX_LENGTH = "prompt_fills_max_length"
 UNKNOWN_SOURCE = "unknown"  # completions written before the source was recorded
 
 COMPLETION_COLUMNS = [
@@ -75,6 +80,7 @@ COMPLETION_COLUMNS = [
     "conversation_id",
     "turn_index",
     "status",
+    "error_kind",
     "prompt_ids",
     "output_ids",
     "finish_reason",
@@ -98,11 +104,13 @@ class AssemblyCounts:
     loss_tokens: int = 0
     prompt_tokens: int = 0
     truncated_rows: int = 0
+    truncated_by_fit: int = 0
     max_row_tokens: int = 0
     exclusions: Counter = field(default_factory=Counter)
     finish_reasons: Counter = field(default_factory=Counter)
     lengths: LengthFigures = field(default_factory=LengthFigures)
     groups: Counter = field(default_factory=Counter)  # excluded rows by (source, turn index, reason)
+    output_tokens: Counter = field(default_factory=Counter)  # by outcome: trained, past_max_length, each reason
 
     def add(self, batch: pa.RecordBatch) -> None:
         self.rows += batch.num_rows
@@ -110,6 +118,9 @@ class AssemblyCounts:
         self.loss_tokens += int(pc.sum(batch.column("num_loss_tokens")).as_py() or 0)
         self.prompt_tokens += int(pc.sum(batch.column("prompt_tokens")).as_py() or 0)
         self.truncated_rows += int(pc.sum(batch.column("truncated")).as_py() or 0)
+        # Truncated with its whole answer in the row: cut by `max_new_tokens: fit` when generated, not here.
+        whole = pc.equal(batch.column("num_loss_tokens"), batch.column("completion_tokens"))
+        self.truncated_by_fit += int(pc.sum(pc.and_(batch.column("truncated"), whole)).as_py() or 0)
         self.max_row_tokens = max(self.max_row_tokens, int(pc.max(batch.column("num_tokens")).as_py() or 0))
         self.finish_reasons.update(batch.column("finish_reason").to_pylist())
 
@@ -120,9 +131,11 @@ def _exclusion_reasons(
     seen: set[str],
     lengths: LengthFigures,
     contaminated: Set[str] = frozenset(),
+    cut_by_fit: np.ndarray | None = None,
 ) -> np.ndarray:
     """The exclusion reason of each row (None = kept); `seen` carries event ids across batches. The rows no other
-    reason excluded are judged against `max_length` and added to `lengths`."""
+    reason excluded are judged against `max_length` and added to `lengths`. `cut_by_fit`: the answers
+    `max_new_tokens: fit` cut where the trainer would cut them: kept (truncated), not length-capped."""
     rows = batch.num_rows
     reasons = np.full(rows, None, dtype=object)
     status = np.asarray(batch.column("status").to_pylist(), dtype=object)
@@ -136,11 +149,16 @@ def _exclusion_reasons(
     if contaminated:
         conversations = batch.column("conversation_id").to_pylist()
         exclude(np.array([c in contaminated for c in conversations], dtype=bool), EVAL_CONTAMINATION)
+    not_sent = status == STATUS_EXCLUDED
+    if not_sent.any():  # each under the reason its record names (eval_contamination)
+        kinds = np.asarray(_column_or_nulls(batch, "error_kind", pa.string()).to_pylist(), dtype=object)
+        for reason in set(kinds[not_sent]):
+            exclude(not_sent & (kinds == reason), reason or STATUS_EXCLUDED)
     exclude(status != STATUS_OK, ERROR)
     exclude(finish == "abort", ABORTED)
     exclude(np.array([reason not in ("stop", "length") for reason in finish], dtype=bool), UNKNOWN_FINISH_REASON)
     if options.exclude_length_capped:
-        exclude(finish == "length", LENGTH_CAPPED)
+        exclude((finish == "length") & ~(cut_by_fit if cut_by_fit is not None else False), LENGTH_CAPPED)
     exclude(output_len == 0, EMPTY_OUTPUT)
     for row, event in enumerate(batch.column("event_id").to_pylist()):
         if reasons[row] is None:
@@ -197,12 +215,17 @@ def assemble_batch(
     lengths: LengthFigures | None = None,
     contaminated: Set[str] = frozenset(),
     groups: Counter | None = None,
+    output_tokens: Counter | None = None,
+    settings: GenerationSettings | None = None,
 ) -> tuple[pa.RecordBatch, Counter]:
     """Training rows (TRAINING_SCHEMA) for one batch of completions, and the excluded rows counted by reason;
     the rows' figures against `max_length` are added to `lengths`; rows of `contaminated` conversations are
-    excluded as `eval_contamination`; `groups` counts the excluded rows by (source, turn index, reason)."""
+    excluded as `eval_contamination`; `groups` counts the excluded rows by (source, turn index, reason);
+    `output_tokens` every output token of the batch by where it went (`count_output_tokens`); `settings`: the
+    completions' generation settings (what tells the answers `max_new_tokens: fit` cut)."""
     lengths = lengths if lengths is not None else LengthFigures(options.max_length, options.length_policy)
-    reasons = _exclusion_reasons(batch, options, seen, lengths, contaminated)
+    fit_cut = _cut_by_fit(batch, settings)
+    reasons = _exclusion_reasons(batch, options, seen, lengths, contaminated, fit_cut)
     if groups is not None:
         sources = _column_or_nulls(batch, "source", pa.string()).fill_null(UNKNOWN_SOURCE).to_pylist()
         turns = batch.column("turn_index").to_pylist()
@@ -210,10 +233,10 @@ def assemble_batch(
     kept = batch.filter(pa.array(reasons == None))  # noqa: E711
     prompt_len = pc.list_value_length(kept.column("prompt_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
     output_len = pc.list_value_length(kept.column("output_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
-    if options.length_policy == KEEP:
-        output_keep = output_len
-    else:
-        output_keep = kept_output(prompt_len, output_len, options.max_length)
+    within = kept_output(prompt_len, output_len, options.max_length)
+    output_keep = output_len if options.length_policy == KEEP else within
+    if output_tokens is not None:
+        count_output_tokens(output_tokens, batch, reasons, int(within.sum()), int(output_len.sum()))
     input_ids, loss_mask = _join(kept.column("prompt_ids"), kept.column("output_ids"), output_keep)
     rows = kept.num_rows
     training = pa.RecordBatch.from_arrays(
@@ -229,12 +252,33 @@ def assemble_batch(
             pa.array(prompt_len.astype(np.int32)),
             pa.array(output_len.astype(np.int32)),
             kept.column("finish_reason"),
-            pa.array(output_keep < output_len),
+            pa.array((output_keep < output_len) | fit_cut[reasons == None]),  # noqa: E711 (cut here, or by fit)
             *(_column_or_nulls(kept, name, kind) for name, kind in PROVENANCE_FIELDS),
         ],
         schema=TRAINING_SCHEMA,
     )
     return training, Counter(reason for reason in reasons if reason is not None)
+
+
+def _cut_by_fit(batch: pa.RecordBatch, settings: GenerationSettings | None) -> np.ndarray:
+    """Each row: whether its answer stopped at its `max_new_tokens: fit` cap."""
+    if settings is None or settings.fit_max_length is None:
+        return np.zeros(batch.num_rows, dtype=bool)
+    prompt = pc.list_value_length(batch.column("prompt_ids")).fill_null(0).to_pylist()
+    output = pc.list_value_length(batch.column("output_ids")).fill_null(0).to_pylist()
+    finish = batch.column("finish_reason").to_pylist()
+    return np.array([settings.cut_by_fit(*row) for row in zip(prompt, output, finish, strict=True)], dtype=bool)
+
+
+def count_output_tokens(counted: Counter, batch: pa.RecordBatch, reasons: np.ndarray, within: int, kept: int) -> None:
+    """Every output token of `batch` under one outcome, so that they add up to what was generated: an excluded
+    row's under its reason, a kept row's under `trained` up to `max_length` and `past_max_length` beyond it (cut
+    here, or by the trainer under `keep`). What the waste ledger (`ops.answers.waste`) reads."""
+    output_len = pc.list_value_length(batch.column("output_ids")).fill_null(0).to_numpy(zero_copy_only=False)
+    for reason in set(reasons[reasons != None]):  # noqa: E711 (elementwise over an object array)
+        counted[reason] += int(output_len[reasons == reason].sum())
+    counted[TRAINED] += within
+    counted[PAST_MAX_LENGTH] += kept - within
 
 
 def assemble_batches(
@@ -244,11 +288,15 @@ def assemble_batches(
     lengths: LengthFigures,
     contaminated: Set[str] = frozenset(),
     groups: Counter | None = None,
+    output_tokens: Counter | None = None,
+    settings: GenerationSettings | None = None,
 ) -> Iterator[tuple[pa.RecordBatch, Counter, list[str]]]:
     """Stream `assemble_batch` over a shard; also yields each input batch's event ids (for the source digest)."""
     seen: set[str] = set()
     for batch in batches:
-        training, excluded = assemble_batch(batch, shard, options, seen, lengths, contaminated, groups)
+        training, excluded = assemble_batch(
+            batch, shard, options, seen, lengths, contaminated, groups, output_tokens, settings
+        )
         yield training, excluded, batch.column("event_id").to_pylist()
 
 
@@ -322,7 +370,14 @@ def _assemble(
         with TrainingShardWriter(path) as writer:
             batches = iter_parquet_batches(store, source, COMPLETION_COLUMNS)
             for training, excluded, events in assemble_batches(
-                batches, shard, options, counts.lengths, contaminated, counts.groups
+                batches,
+                shard,
+                options,
+                counts.lengths,
+                contaminated,
+                counts.groups,
+                counts.output_tokens,
+                source.settings,
             ):
                 writer.write(training)
                 counts.add(training)
@@ -341,11 +396,13 @@ def _assemble(
             loss_tokens=counts.loss_tokens,
             prompt_tokens=counts.prompt_tokens,
             truncated_rows=counts.truncated_rows,
+            truncated_by_fit=counts.truncated_by_fit,
             max_row_tokens=counts.max_row_tokens,
             row_groups=writer.row_groups,
             exclusions=dict(sorted(counts.exclusions.items())),
             exclusions_by_group=[GroupExclusions(*key, rows) for key, rows in sorted(counts.groups.items())],
             finish_reasons=dict(sorted(counts.finish_reasons.items())),
+            output_tokens_by_outcome=dict(sorted(counts.output_tokens.items())),
             assembly=options,
             lengths=counts.lengths,
             contamination_report_at=contamination_report_at,

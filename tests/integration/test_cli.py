@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,7 +39,8 @@ def dflash(env: dict, *args: str) -> str:
     return result.stdout
 
 
-def test_fleet_up_status_down_never_shows_the_api_key(env, tmp_path):
+def test_fleet_up_status_down_never_shows_the_api_key_and_what_it_cost_outlives_it(env, tmp_path):
+    env["DFLASH_COST_PER_GPU_HOUR"] = "13.5"  # where the fleet starts: recorded with its life
     try:
         assert "fleet up (simulator)" in dflash(
             env, "fleet", "up", "--simulate", "2", "--sim-option", "output_len=fixed:8"
@@ -79,8 +81,18 @@ def test_fleet_up_status_down_never_shows_the_api_key(env, tmp_path):
             json.loads(line) for line in dflash({**env, "SGLANG_API_KEY": ""}, "fleet", "status", "--json").splitlines()
         ]
         assert all("unauthorized" in s["error"] for s in servers_without_key)
+        before = json.loads(dflash(env, "status", "--json"))["cost"]
+        asked_at = time.time()
+        assert before["basis"] == "fleet_life" and before["gpus"] == 2 and before["fleet_up"]
     finally:
         assert "stopped sim0, sim1" in dflash(env, "fleet", "down")
+    # Later, in processes with no price configured: what the fleet cost, at the price it was started with.
+    elsewhere = {name: value for name, value in env.items() if name != "DFLASH_COST_PER_GPU_HOUR"}
+    after = json.loads(dflash(elsewhere, "status", "--json"))["cost"]
+    assert not after["fleet_up"]
+    # The same as just before `fleet down`, plus the seconds the GPUs stayed up between the two.
+    assert before["spent"] <= after["spent"] <= before["spent"] + 2 * 13.5 * (time.time() - asked_at) / 3600
+    assert f"spent ${after['spent']:,.2f}" in dflash(elsewhere, "status")
     assert "nothing" in dflash(env, "fleet", "down")
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 
 from dagster_project.conversations.shards import SourceTotals
 from dagster_project.ops.answers.readings import Readings
@@ -26,6 +27,8 @@ class CoverageAnswer:
     errors_in_published_shards: int
     # By id, across shards: written by the run_report asset or `dflash status --by-id`.
     by_id: DatasetCoverage | None
+    # Events with a record that says why they were not sent (matched to an evaluation set), by reason.
+    excluded_in_published_shards: dict[str, int] = field(default_factory=dict)
 
 
 def answer_coverage(readings: Readings) -> CoverageAnswer:
@@ -46,6 +49,9 @@ def answer_coverage(readings: Readings) -> CoverageAnswer:
         events_in_published_shards=sum(m.rows for m in readings.published.values()),
         errors_in_published_shards=sum(m.errors for m in readings.published.values()),
         by_id=readings.coverage_by_id,
+        excluded_in_published_shards=dict(
+            sum((Counter(m.generation.excluded_by_reason) for m in readings.published.values()), Counter())
+        ),
     )
 
 
@@ -82,7 +88,9 @@ def render_coverage(coverage: CoverageAnswer, now: float) -> list[str]:
         f"   input rows {fmt(c.input_rows)} → normalized {fmt(c.normalized)} + quarantined {fmt(c.quarantined)} "
         f"{c.quarantined_by_reason or ''}",
         f"   conversations {fmt(c.conversations)} by source {fmt(by_source)}; events planned {fmt(c.events_planned)}, "
-        f"in published shards {fmt(c.events_in_published_shards)} (errors {fmt(c.errors_in_published_shards)})",
+        f"in published shards {fmt(c.events_in_published_shards)} (errors {fmt(c.errors_in_published_shards)}"
+        + "".join(f", not sent: {reason} {n:,}" for reason, n in sorted(c.excluded_in_published_shards.items()))
+        + ")",
         f"   tool-calling conversations {fmt(c.tool_calling)}; ids renamed (own id taken, kept under a hash id) "
         f"{fmt(c.renamed_ids)}",
         *_by_id_lines(c.by_id, now),

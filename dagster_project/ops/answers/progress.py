@@ -62,7 +62,7 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
     """Published shards are exact; running shards report through their heartbeats."""
     published, running, beats = readings.published.values(), readings.live_unpublished, readings.heartbeats
     done = readings.events_done
-    output_tokens = sum(m.output_tokens for m in published) + sum(b.output_tokens for b in running)
+    output_tokens = readings.output_tokens
     ok_events = sum(m.ok for m in published) + sum(b.ok_events for b in running)
     window_tok_s = sum(b.window.output_tok_per_s for b in readings.live)
     # Lifetime: every shard run that reported, over the time some shard was generating (gaps between runs,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster_project.conversations.shards import ConversationsManifest
+from dagster_project.generation.fleet_life import FleetLife
 from dagster_project.generation.heartbeat import ACTIVE_STATES, run_is_alive
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
@@ -37,6 +38,7 @@ class Readings:
     # Stage → shard → the verdicts its blocking checks recorded (some may judge an earlier publication).
     verdicts: dict[str, dict[int, list[Verdict]]] = field(default_factory=dict)
     exports: dict[int, ExportOutcome] = field(default_factory=dict)  # the SpecForge export's last outcome
+    fleet_lives: list[FleetLife] = field(default_factory=list)  # every `fleet up` to its `fleet down`, priced
 
     @property
     def live(self) -> list[Heartbeat]:
@@ -67,6 +69,13 @@ class Readings:
     def live_unpublished(self) -> list[Heartbeat]:
         """Running shards whose work is not yet counted in a published manifest."""
         return [b for b in self.live if b.shard not in self.published]
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens generated so far: the published shards' and what running shards generated since."""
+        return sum(m.output_tokens for m in self.published.values()) + sum(
+            b.output_tokens for b in self.live_unpublished
+        )
 
     @property
     def events_done(self) -> int:

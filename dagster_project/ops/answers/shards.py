@@ -119,6 +119,16 @@ def completions_state(shard: int, published: bool, runs: dict[str, set[int]], da
     return next((state for state in (RUNNING, DEAD, FAILED) if shard in runs[state]), NOT_STARTED)
 
 
+def current_training(
+    training: TrainingShardManifest | None, published: CompletionsShardManifest
+) -> TrainingShardManifest | None:
+    """The training shard, unless it was assembled from an earlier publication of the completions (it is
+    assembled again)."""
+    if training is not None and training.source.completions_ids_digest not in ("", published.ids_digest):
+        return None
+    return training
+
+
 def shard_state(
     shard: int,
     completions: str,
@@ -134,8 +144,7 @@ def shard_state(
     what the coverage check found wrong with its completions' objects."""
     if published is None:
         return ShardState(shard, completions, WAITING, NOT_EXPORTED, damaged_objects=damaged)
-    if training is not None and training.source.completions_ids_digest not in ("", published.ids_digest):
-        training = None  # assembled from an earlier publication of the completions: it is assembled again
+    training = current_training(training, published)
     if training is None:
         blocked = _failures(COMPLETIONS, completions_verdicts, published)
         return ShardState(

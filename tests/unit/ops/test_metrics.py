@@ -22,6 +22,14 @@ COST_FIGURES = {
     "dflash_cost_to_finish_plan_dollars": "to_finish_plan",
     "dflash_cost_per_million_output_tokens_dollars": "per_million_output_tokens",
     "dflash_cost_gpu_hours_per_1k_rows": "gpu_hours_per_1k_rows",
+    "dflash_cost_gpu_hours": "gpu_hours",
+    "dflash_cost_per_million_trained_tokens_dollars": "per_million_trained_tokens",
+    "dflash_cost_fleet_idle_dollars": "idle_cost",
+}
+WASTE_FIGURES = {
+    "dflash_generated_output_tokens": "generated_output_tokens",
+    "dflash_trained_output_tokens": "trained_output_tokens",
+    "dflash_pending_output_tokens": "pending_output_tokens",
 }
 SERVER_FIGURES = {
     "dflash_server_client_window": "client_window",
@@ -67,8 +75,15 @@ def expected_from_json(answers: dict) -> dict[tuple[str, tuple], float]:
         "dflash_accept_length_window": mtp["accept_length_window"],
         "dflash_accept_length_published_shards": mtp["accept_length_published_shards"],
         **{name: answers["cost"][key] for name, key in COST_FIGURES.items()},
+        "dflash_cost_fleet_idle_seconds": (
+            None if answers["cost"]["idle_hours"] is None else answers["cost"]["idle_hours"] * 3600
+        ),
+        **{name: answers["waste"][key] for name, key in WASTE_FIGURES.items()},
     }
-    expected = {(name, ()): float(value) for name, value in job.items()}
+    expected = {(name, ()): float(value) for name, value in job.items() if value is not None}
+    for key in ("output_tokens", "gpu_seconds", "dollars"):
+        for cause, value in answers["waste"][key].items():
+            expected[(f"dflash_waste_{key}", (("cause", cause),))] = value
     for url, row in answers["concurrency"]["servers"].items():
         for name, key in SERVER_FIGURES.items():
             expected[(name, (("server", url),))] = float(row[key])

@@ -18,6 +18,7 @@ from dagster_project.conversations.contamination import (
     scan_conversations,
     write_report,
 )
+from dagster_project.generation.stage import not_to_send
 from dagster_project.tokenizer import render_prompt_ids
 from dagster_project.training.shards import iter_training_batches
 from dagster_project.training.stage import AssemblyOptions, assemble_shard
@@ -25,6 +26,7 @@ from tests.support.ingest_helpers import run_stages
 from tests.support.paths import require_shared
 from tests.support.training_shards import completion_row, healthy_output, publish_completions, tokenizer
 
+NOT_SENT_WHY = "matched to an evaluation set by the contamination report"
 MT_BENCH_81 = (
     "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
     "and must-see attractions."
@@ -64,12 +66,15 @@ def test_a_contaminated_conversation_is_quarantined_from_the_training_set(outcom
     kept, exclusions = _assemble_all(outcome, tmp_path)
     assert exclusions == {EVAL_CONTAMINATION: 1}
     assert kept == {c.id for c in outcome.conversations} - {contaminated}
+    # Generation reads the same verdict before it sends anything: the match is not sent.
+    assert not_to_send(outcome.store, 0, print) == {contaminated: (EVAL_CONTAMINATION, NOT_SENT_WHY)}
 
     write_report(
         outcome.store, replace(report, options=ContaminationOptions(eval_files=[str(eval_file)], action=REPORT))
     )
     kept, exclusions = _assemble_all(outcome, tmp_path)
     assert exclusions == {} and contaminated in kept
+    assert not_to_send(outcome.store, 0, print) == {}  # listed only: generated
 
 
 def test_a_report_about_other_conversations_is_refused(outcome, tmp_path):
@@ -78,3 +83,5 @@ def test_a_report_about_other_conversations_is_refused(outcome, tmp_path):
     assert read_report(outcome.store).matches == []
     with pytest.raises(ContaminationReportStale, match="run the conversations check eval_contamination again"):
         _assemble_all(outcome, tmp_path)
+    said: list[str] = []  # generation sends everything, saying why; training_set refuses the report (above)
+    assert not_to_send(outcome.store, 0, said.append) == {} and "sending every conversation" in said[0]

@@ -188,6 +188,9 @@ def test_the_parquet_export_loads_with_datasets_and_its_card_describes_it(store,
     assert "| demo | 24 | 100.0% |" in card  # sources
     assert "2 of 2 shards passed every check (gates, gx_suite" in card
     assert "| 4096 | keep | 2 |" in card
+    # Where the generated output tokens went, as the training manifests counted them (the waste ledger's source).
+    trained = sum(training_manifest(store, shard).output_tokens_by_outcome["trained"] for shard in (0, 2))
+    assert "## Generated, not trained" in card and f"| trained | {trained:,} |" in card
     assert data_key(2) == "exports/hf/data/train-00002.parquet"
 
 

@@ -1,0 +1,143 @@
+"""7b. The waste ledger: output tokens generated (and paid for) that are not in the training set, by cause.
+
+Exact by construction: every output token of a published completions shard is counted once, under where it went
+when its training shard was assembled (`training.outcomes`, recorded in the training manifest) — trained, or a
+cause — and the shard's whole output goes to `blocked_or_held` while a blocking gate stops it; a shard not
+assembled yet, and what running shards generated so far, is `pending`. So trained + pending + every cause =
+generated, always.
+
+GPU-seconds and dollars are estimated: the fleet's busy GPU-time (its up-time less its idle time, `answers.cost`)
+is shared among the output tokens generated, each request's share its output tokens (decoding dominates a long
+answer; prefill is not told apart), so a cause's GPU-seconds are its tokens' share of the busy time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from dagster_project.generation.shards import lost_hedge_tokens
+from dagster_project.ops.answers.cost import CostAnswer
+from dagster_project.ops.answers.readings import Readings
+from dagster_project.ops.answers.shards import current_training
+from dagster_project.ops.answers.text import dollars
+from dagster_project.training import outcomes
+
+
+class WasteCause(StrEnum):
+    # A shard a blocking gate stops (and, with a hold on the fleet, a held one): its whole output.
+    BLOCKED_OR_HELD = "blocked_or_held"
+    EVAL_MATCH = "eval_match"  # conversations matched to an evaluation set
+    ERRORS_AND_RETRIES = "errors_and_retries"  # error rows (a failed attempt reports no tokens)
+    LOST_HEDGES = "lost_hedges"  # answers that arrived after another attempt of their request won
+    ABORTS = "aborts"
+    LENGTH_CAPPED = "length_capped"  # answers cut by max_new_tokens
+    PAST_MAX_LENGTH = "past_max_length"  # past the trainer's sequence length (cut, dropped or cut by the trainer)
+    OTHER_EXCLUSIONS = "other_exclusions"  # empty outputs, events recorded twice, unknown finish reasons
+    NOT_ITEMIZED = "not_itemized"  # training shards assembled before their output's split was recorded
+
+
+_CAUSE_OF_OUTCOME = {
+    outcomes.EVAL_CONTAMINATION: WasteCause.EVAL_MATCH,
+    outcomes.ERROR: WasteCause.ERRORS_AND_RETRIES,
+    outcomes.ABORTED: WasteCause.ABORTS,
+    outcomes.LENGTH_CAPPED: WasteCause.LENGTH_CAPPED,
+    outcomes.OVER_MAX_LENGTH: WasteCause.PAST_MAX_LENGTH,
+    outcomes.PROMPT_FILLS_MAX_LENGTH: WasteCause.PAST_MAX_LENGTH,
+    outcomes.PAST_MAX_LENGTH: WasteCause.PAST_MAX_LENGTH,
+}
+
+
+@dataclass(frozen=True)
+class WasteAnswer:
+    generated_output_tokens: int
+    trained_output_tokens: int
+    pending_output_tokens: int  # not assembled yet, or still generating: neither trained nor wasted so far
+    output_tokens: dict[str, int]  # cause → output tokens, every cause listed
+    gpu_seconds: dict[str, float] = field(default_factory=dict)  # cause → estimated GPU-seconds (with a cost)
+    dollars: dict[str, float] = field(default_factory=dict)
+    blocked_or_held_shards: list[int] = field(default_factory=list)
+    # Events not sent at all (no tokens, nothing paid), by reason: what the ledger saved.
+    not_sent: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def wasted_output_tokens(self) -> int:
+        return sum(self.output_tokens.values())
+
+
+def answer_waste(
+    readings: Readings, blocked: Collection[int], cost: CostAnswer | None = None, held: Collection[int] = ()
+) -> WasteAnswer:
+    """`blocked`: the shards a blocking gate stops (`ShardsAnswer`); `held`: the shards a hold stops. Without a
+    `cost`, tokens only (`price_waste` adds the GPU-seconds and dollars)."""
+    stopped = set(blocked) | set(held)
+    tokens: Counter = Counter(dict.fromkeys(WasteCause, 0))
+    trained = pending = 0
+    for shard, published in readings.published.items():
+        tokens[WasteCause.LOST_HEDGES] += published.generation.lost_hedge_output_tokens
+        training = current_training(readings.training_set.get(shard), published)
+        split = training.output_tokens_by_outcome if training is not None else {}
+        if training is not None and not split:
+            tokens[WasteCause.BLOCKED_OR_HELD if shard in stopped else WasteCause.NOT_ITEMIZED] += (
+                published.output_tokens
+            )
+            continue
+        if training is None:
+            if shard in stopped:
+                tokens[WasteCause.BLOCKED_OR_HELD] += published.output_tokens
+            else:
+                pending += published.output_tokens
+            continue
+        for outcome, count in split.items():
+            if outcome == outcomes.TRAINED:
+                if shard in stopped:
+                    tokens[WasteCause.BLOCKED_OR_HELD] += count
+                else:
+                    trained += count
+            else:
+                tokens[_CAUSE_OF_OUTCOME.get(outcome, WasteCause.OTHER_EXCLUSIONS)] += count
+    for beat in readings.live_unpublished:
+        pending += beat.output_tokens
+        tokens[WasteCause.LOST_HEDGES] += lost_hedge_tokens(beat)
+    not_sent = sum((Counter(m.generation.excluded_by_reason) for m in readings.published.values()), Counter())
+    waste = WasteAnswer(
+        generated_output_tokens=trained + pending + sum(tokens.values()),
+        trained_output_tokens=trained,
+        pending_output_tokens=pending,
+        output_tokens={str(cause): count for cause, count in tokens.items()},
+        blocked_or_held_shards=sorted(stopped & (readings.published.keys())),
+        not_sent=dict(not_sent),
+    )
+    return price_waste(waste, cost)
+
+
+def price_waste(waste: WasteAnswer, cost: CostAnswer | None) -> WasteAnswer:
+    """Each cause's share of the fleet's busy GPU-seconds and dollars, by its output tokens."""
+    generated = waste.generated_output_tokens
+    if cost is None or not generated:
+        return waste
+    per_token_s = (cost.gpu_hours - cost.idle_gpu_hours) * 3600 / generated
+    per_token_usd = (cost.spent - (cost.idle_cost or 0.0)) / generated
+    return replace(
+        waste,
+        gpu_seconds={cause: n * per_token_s for cause, n in waste.output_tokens.items()},
+        dollars={cause: n * per_token_usd for cause, n in waste.output_tokens.items()},
+    )
+
+
+def render_waste(waste: WasteAnswer) -> list[str]:
+    wasted, generated = waste.wasted_output_tokens, waste.generated_output_tokens
+    share = f" ({wasted / generated:.1%})" if generated else ""
+    causes = "; ".join(
+        f"{cause} {count:,}" + (f" {dollars(waste.dollars[cause])}" if cause in waste.dollars else "")
+        for cause, count in waste.output_tokens.items()
+        if count
+    )
+    return [
+        f"   waste: {wasted:,} of {generated:,} output tokens generated{share} are not trained; "
+        f"trained {waste.trained_output_tokens:,}, pending {waste.pending_output_tokens:,}",
+        f"   by cause: {causes or 'none'}"
+        + "".join(f"; not sent: {reason} {n:,} events" for reason, n in sorted(waste.not_sent.items())),
+    ]
