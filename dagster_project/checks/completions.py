@@ -19,7 +19,7 @@ from dagster_project.store.manifest import verify_shard
 from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import record_verdict
 from dagster_project.tokenizer import special_ids
-from dagster_project.training import gate_messages, gates
+from dagster_project.training import evidence, gate_messages, gates
 
 SPEC_ACCEPT_LENGTH_FLOOR = 1.5
 MAX_ERROR_SHARE = 0.02
@@ -46,20 +46,31 @@ class CompletionsGateConfig(GateConfig):
     )
 
 
-def _share_gate(name: str, count: int, total: int, max_share: float, what: str, by_kind: dict) -> gates.GateResult:
-    share = count / total if total else 0.0
-    passed = share <= max_share
+def _share_gate(
+    name: str,
+    count: int,
+    total: int,
+    max_share: float,
+    what: str,
+    by_kind: dict,
+    *,
+    false_block_rate: float = evidence.FALSE_BLOCK_RATE,
+) -> gates.GateResult:
+    """Blocks on evidence that more than `max_share` of the events `what` (`training.evidence`)."""
+    weighed = evidence.weigh(count, total, max_share, false_block_rate=false_block_rate)
+    passed = not weighed.blocks
     verdict = "ok" if passed else "BLOCKED"
     return gates.GateResult(
         name,
         passed,
-        f"{verdict}: {share:.1%} of events ({count}/{total}) {what} (limit {max_share:.0%})"
+        f"{verdict}: {weighed.share:.1%} of events ({count}/{total}) {what} ({weighed.bound_text('events')})"
         + (f"; by kind {by_kind}" if by_kind else ""),
         {
             "count": count,
             "events": total,
-            "share": share,
+            "share": weighed.share,
             "max_share": max_share,
+            **weighed.metadata(),
             "by_kind": dg.MetadataValue.json(by_kind),
         },
     )
