@@ -357,3 +357,14 @@ def test_error_and_length_capped_shares_block_on_evidence_too():
     assert blocked.message.startswith(
         "BLOCKED: 12.5% of events (8/64) ended in an error (limit 2%; true share at least 2."
     ) and blocked.message.endswith("(false-block rate 1 in 10,000)); by kind {'timeout': 8}")
+
+
+def test_a_caller_sets_the_false_block_rate_of_every_share_gate():
+    """The watch weighs its own looks: the rate it passes reaches every gate that decides on evidence."""
+    rows = disaster_rows(64, broken_share=0.05)  # 3 of 64: over the floor's and thinking's limits, by chance
+    assert all(result.passed for result in _evaluate(rows).values())
+    lenient = _evaluate(rows, false_block_rate=0.2)
+    assert not lenient["thinking_structure"].passed and not lenient["loss_sum_floor"].passed
+    deciding = ("loss_sum_floor", "loss_sum_concentration", "thinking_structure", "degenerate_answers")
+    assert {lenient[name].metadata["false_block_rate"] for name in deciding} == {0.2}
+    assert lenient["short_answers"].metadata["short_false_block_rate"] == 0.2
