@@ -8,7 +8,8 @@ from dagster_project.training import gates
 
 
 class GateConfig(config_fields(gates.GateThresholds, dg.Config)):
-    """Gate thresholds; their defaults and reasons are in dagster_project/training/gates.py."""
+    """Gate thresholds; their defaults and reasons are in dagster_project/training/gates.py. A share limit is the
+    largest true share a healthy shard may have: a gate blocks only on evidence above it (training/evidence.py)."""
 
 
 def check_result(asset_key: dg.AssetKey, result: gates.GateResult) -> dg.AssetCheckResult:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from dagster_project.training import gates
+from dagster_project.training import evidence, gates
 from dagster_project.training.lengths import LengthFigures, LengthGateOptions
 from dagster_project.training.tool_call_gate import ToolCallGateOptions, malformed_tool_calls
 
@@ -48,16 +48,33 @@ class EventCounts:
     max_new_tokens: int
 
 
-def share_gate(name: str, count: int, total: int, max_share: float, what: str, by_kind: Mapping) -> gates.GateResult:
-    share = count / total if total else 0.0
-    passed = share <= max_share
+def share_gate(
+    name: str,
+    count: int,
+    total: int,
+    max_share: float,
+    what: str,
+    by_kind: Mapping,
+    *,
+    false_block_rate: float = evidence.FALSE_BLOCK_RATE,
+) -> gates.GateResult:
+    """Blocks on evidence that more than `max_share` of the events `what` (`training.evidence`)."""
+    weighed = evidence.weigh(count, total, max_share, false_block_rate=false_block_rate)
+    passed = not weighed.blocks
     verdict = "ok" if passed else "BLOCKED"
     return gates.GateResult(
         name,
         passed,
-        f"{verdict}: {share:.1%} of events ({count}/{total}) {what} (limit {max_share:.0%})"
+        f"{verdict}: {weighed.share:.1%} of events ({count}/{total}) {what} ({weighed.bound_text('events')})"
         + (f"; by kind {dict(by_kind)}" if by_kind else ""),
-        {"count": count, "events": total, "share": share, "max_share": max_share, "by_kind": dict(by_kind)},
+        {
+            "count": count,
+            "events": total,
+            "share": weighed.share,
+            "max_share": max_share,
+            **weighed.metadata(),
+            "by_kind": dict(by_kind),
+        },
     )
 
 

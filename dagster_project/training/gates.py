@@ -7,8 +7,8 @@ one line a person understands at a glance, and every figure behind it.
 Two layers, both plain numpy over Arrow list columns, one chunk at a time:
 
 * **per-row figures** — `list_lengths`, `row_sums`, `supervised_pairs`, `id_bounds`, `row_digests`,
-  `split_by_mask` (in `training.row_figures`), and here `profile_outputs` (thinking structure and answer text of
-  generated outputs);
+  `split_by_mask` (in `training.row_figures`), and `profile_outputs` (in `training.output_profile`: thinking
+  structure and answer text of generated outputs);
 * **gates over those figures** — `loss_sum_floor`, `loss_sum_concentration`, `consecutive_supervised`,
   `ids_in_vocabulary`, `thinking_structure`, `degenerate_answers`, `short_answers`, `ids_match_completions`,
   `length_loss`; `malformed_tool_calls` (the model's own tool calls) lives beside them in
@@ -22,19 +22,25 @@ They serve completions (`output_ids` is the would-be supervised part) and traini
 
 Nothing here imports dagster or a tokenizer: callers pass `SpecialIds` and a `decode(ids) -> str` function.
 
-Default thresholds, each a parameter:
+Default thresholds, each a parameter. A share limit is the largest true share a healthy shard may have: a gate
+blocks only on evidence that the shard's true share is above it, at a false-block rate of 1 in 10,000 at the limit
+itself (`training.evidence`: the exact binomial tail for the sample at hand, so one rule serves a 20-row shard, a
+500-row one and a watch over the first answers of a run). A broken shard is far over its limits: the seed's 87% of
+"OK." blocks every one of these gates from 20 rows.
 
 * **loss floor 32 supervised tokens, at most 2% of rows below it.** DFlash predicts a block of 16 (the
   anchor plus 15 targets), so a row needs more than 16 supervised tokens for one full block; 32 = 2 × the
   block size leaves at least 17 anchors with full targets. Thinking-on answers average ~2,400 tokens, so a
   row under 32 is an anomaly, and a few per cent of them is a broken shard.
-* **no single loss_mask sum on more than 5% of rows** (once it occurs at least 5 times, so tiny shards are
-  not blocked by chance). Natural lengths spread over thousands of values; one value on 87% is a template.
+* **no single loss_mask sum on more than 5% of rows** (and never on fewer than 5 rows). Natural lengths spread
+  over thousands of values; one value on 87% is a template. Any sum could be the top one, so its evidence is
+  weighed among many values.
 * **every row has a supervised pair** (two consecutive supervised tokens): SpecForge's DFlash rejects a
   row without one, and a batch without any raises.
 * **thinking structure** (thinking on): in a finished answer, exactly one `</think>`, no `<think>`, and
   non-blank reasoning before it; at most 1% of finished answers may break this.
-* **degenerate answers**: no answer text on more than 5% of distinct prompts (once on 5 or more).
+* **degenerate answers**: no answer text on more than 5% of distinct prompts (never on fewer than 5), weighed
+  among many answers like the loss sums.
 * **short answers**: at most 10% of finished answers under 8 characters, at most 1% empty.
 * **malformed tool calls** (`training.tool_call_gate`): at most 5% of the tool calls written in finished answers
   break the Qwen3.6 `<tool_call>` format.
@@ -43,24 +49,23 @@ Default thresholds, each a parameter:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
+from dagster_project.training.evidence import FALSE_BLOCK_RATE, weigh
 from dagster_project.training.lengths import LengthFigures
+from dagster_project.training.output_profile import Decode, OutputProfile, profile_outputs
 from dagster_project.training.row_figures import (
-    ListColumn,
     adjacent_per_row,
     id_bounds,
     ids_digest,
     list_buffers,
-    list_chunks,
     list_lengths,
     row_digests,
-    row_of,
     row_sums,
     split_by_mask,
     supervised_pairs,
@@ -80,12 +85,8 @@ SHORT_ANSWER_CHARS = 8
 MAX_SHORT_ANSWER_SHARE = 0.10
 MAX_EMPTY_ANSWER_SHARE = 0.01
 
-# Reasoning is judged blank from its first tokens; only an all-whitespace start needs the whole decoded.
-_BLANK_PROBE_TOKENS = 64
 _HISTOGRAM_TOP = 10
 _SAMPLE = 5
-
-Decode = Callable[[Sequence[int]], str]
 
 
 @dataclass(frozen=True)
@@ -108,69 +109,6 @@ def _share(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
 
 
-@dataclass
-class OutputProfile:
-    """Per-row structure of generated outputs: where `</think>` is, and what the answer after it says."""
-
-    lengths: np.ndarray
-    think_ends: np.ndarray  # how many `</think>`
-    think_starts: np.ndarray  # how many `<think>` (the prompt opens the block; the model never should)
-    blank_reasoning: np.ndarray  # nothing but whitespace before the first `</think>`
-    answer_texts: list[str]  # decoded text after the last `</think>` (whole output if none), EOS dropped, stripped
-
-    def __len__(self) -> int:
-        return int(self.lengths.size)
-
-    @classmethod
-    def concat(cls, profiles: Sequence[OutputProfile]) -> OutputProfile:
-        def joined(name: str, dtype: Any) -> np.ndarray:
-            return np.concatenate([getattr(p, name) for p in profiles]) if profiles else np.zeros(0, dtype)
-
-        return cls(
-            lengths=joined("lengths", np.int64),
-            think_ends=joined("think_ends", np.int64),
-            think_starts=joined("think_starts", np.int64),
-            blank_reasoning=joined("blank_reasoning", bool),
-            answer_texts=[text for p in profiles for text in p.answer_texts],
-        )
-
-
-def _is_blank(ids: np.ndarray, decode: Decode) -> bool:
-    if decode(ids[:_BLANK_PROBE_TOKENS].tolist()).strip():
-        return False
-    return ids.size <= _BLANK_PROBE_TOKENS or not decode(ids.tolist()).strip()
-
-
-def profile_outputs(outputs: ListColumn, special: SpecialIds, decode: Decode) -> OutputProfile:
-    """Thinking structure and answer text per output: completions' `output_ids` or training rows' supervised part."""
-    profiles = []
-    eos = set(special.eos_ids)
-    for chunk in list_chunks(outputs):
-        offsets, values = list_buffers(chunk)
-        rows = offsets.size - 1
-        end_positions = np.flatnonzero(values == special.think_end)
-        end_rows = row_of(offsets, end_positions)
-        think_ends = np.bincount(end_rows, minlength=rows)
-        think_starts = np.bincount(row_of(offsets, np.flatnonzero(values == special.think_start)), minlength=rows)
-        first_end = np.full(rows, -1)
-        last_end = np.full(rows, -1)
-        # Positions are ascending: assigning in order leaves the last one per row, reversed the first.
-        last_end[end_rows] = end_positions
-        first_end[end_rows[::-1]] = end_positions[::-1]
-        blank = np.zeros(rows, dtype=bool)
-        answers = []
-        for row in range(rows):
-            start, stop = offsets[row], offsets[row + 1]
-            if first_end[row] >= 0:
-                blank[row] = _is_blank(values[start : first_end[row]], decode)
-            answer = values[(last_end[row] + 1 if last_end[row] >= 0 else start) : stop]
-            while answer.size and int(answer[-1]) in eos:
-                answer = answer[:-1]
-            answers.append(decode(answer.tolist()).strip())
-        profiles.append(OutputProfile(np.diff(offsets), think_ends, think_starts, blank, answers))
-    return OutputProfile.concat(profiles)
-
-
 # ---- gates ----------------------------------------------------------------------------------------
 
 
@@ -189,25 +127,31 @@ def _quantiles(values: np.ndarray) -> dict[str, float]:
 
 
 def loss_sum_floor(
-    loss_sums: np.ndarray, *, floor: int = LOSS_FLOOR, max_share_below: float = MAX_SHARE_BELOW_FLOOR
+    loss_sums: np.ndarray,
+    *,
+    floor: int = LOSS_FLOOR,
+    max_share_below: float = MAX_SHARE_BELOW_FLOOR,
+    false_block_rate: float = FALSE_BLOCK_RATE,
 ) -> GateResult:
     """Few rows may have fewer than `floor` supervised tokens; none at all means the shard is empty."""
     sums = np.asarray(loss_sums)
     rows, below = int(sums.size), int((sums < floor).sum())
+    evidence = weigh(below, rows, max_share_below, false_block_rate=false_block_rate)
     metadata = {
         "rows": rows,
         "floor": floor,
         "rows_below_floor": below,
         "share_below_floor": _share(below, rows),
         "max_share_below_floor": max_share_below,
+        **evidence.metadata(),
         "loss_sum_quantiles": _quantiles(sums),
     }
     if not rows:
         return GateResult("loss_sum_floor", False, _verdict(False, "the shard has no rows"), metadata)
-    passed = _share(below, rows) <= max_share_below
+    passed = not evidence.blocks
     text = (
         f"{_pct(below, rows)} of rows ({below}/{rows}) have fewer than {floor} supervised tokens "
-        f"(median {np.median(sums):.0f}); limit {max_share_below:.0%}"
+        f"(median {np.median(sums):.0f}); {evidence.bound_text()}"
     )
     return GateResult("loss_sum_floor", passed, _verdict(passed, text), metadata)
 
@@ -218,8 +162,14 @@ def loss_sum_concentration(
     max_top_share: float = MAX_TOP_LOSS_SUM_SHARE,
     min_repeats: int = MIN_REPEATS,
     floor: int = LOSS_FLOOR,
+    false_block_rate: float = FALSE_BLOCK_RATE,
 ) -> GateResult:
-    """No single loss_mask sum may dominate: natural answer lengths spread; a template does not."""
+    """No single loss_mask sum may dominate: natural answer lengths spread; a template does not.
+
+    Any sum could be the most common one, so the evidence is weighed among many (`training.evidence`): whatever
+    the healthy spread of lengths, a shard where no sum's true share exceeds `max_top_share` is blocked at most
+    once in 1 / `false_block_rate`; and never below `min_repeats` rows on the sum.
+    """
     sums = np.asarray(loss_sums)
     rows = int(sums.size)
     histogram = loss_sum_histogram(sums)
@@ -233,17 +183,21 @@ def loss_sum_concentration(
     if not rows:
         return GateResult("loss_sum_concentration", True, _verdict(True, "no rows to check"), metadata)
     top_value, top_count = next((int(v), c) for v, c in histogram.items())
-    metadata.update(top_sum=top_value, top_count=top_count, top_share=_share(top_count, rows))
-    passed = top_count < min_repeats or _share(top_count, rows) <= max_top_share
+    evidence = weigh(
+        top_count, rows, max_top_share, false_block_rate=false_block_rate, among_many=True, min_count=min_repeats
+    )
+    metadata.update(top_sum=top_value, top_count=top_count, top_share=_share(top_count, rows), **evidence.metadata())
+    passed = not evidence.blocks
     covered = f"{_pct(top_count, rows)} of rows ({top_count}/{rows})"
     if passed:
-        text = f"the most common loss_mask sum ({top_value}) covers {covered}; limit {max_top_share:.0%}"
+        text = f"the most common loss_mask sum ({top_value}) covers {covered}; {evidence.bound_text()}"
     else:
         text = f"{covered} have loss_mask sum exactly {top_value} — " + (
             "the signature of empty reasoning + a one-word answer such as 'OK.'"
             if top_value < floor
             else "one output shape repeated across the shard"
         )
+        text += f"; {evidence.bound_text()}"
     return GateResult("loss_sum_concentration", passed, _verdict(passed, text), metadata)
 
 
@@ -297,6 +251,7 @@ def thinking_structure(
     *,
     enable_thinking: bool = True,
     max_bad_share: float = MAX_BAD_THINKING_SHARE,
+    false_block_rate: float = FALSE_BLOCK_RATE,
 ) -> GateResult:
     """Finished answers close the think block once after real reasoning (thinking on), or carry no markers (off).
 
@@ -321,6 +276,7 @@ def thinking_structure(
     bad = np.logical_or.reduce(list(problems.values()))
     bad_rows = int(bad.sum())
     counts = {name: int(rows.sum()) for name, rows in problems.items()}
+    evidence = weigh(bad_rows, judged, max_bad_share, false_block_rate=false_block_rate)
     metadata = {
         "enable_thinking": enable_thinking,
         "rows": len(profile),
@@ -328,16 +284,18 @@ def thinking_structure(
         "bad_rows": bad_rows,
         "bad_share": _share(bad_rows, judged),
         "max_bad_share": max_bad_share,
+        **evidence.metadata(),
         **counts,
         "sample_rows": np.flatnonzero(bad)[:_SAMPLE].tolist(),
     }
     if not judged:
         text = f"no finished answers to check ({len(profile)} rows, all length-capped or truncated)"
         return GateResult("thinking_structure", True, _verdict(True, text), metadata)
-    passed = _share(bad_rows, judged) <= max_bad_share
+    passed = not evidence.blocks
     if passed:
         shape = "close </think> once after non-blank reasoning" if enable_thinking else "carry no think markers"
-        text = f"{judged - bad_rows}/{judged} finished answers {shape}; limit {max_bad_share:.0%} bad"
+        text = f"{judged - bad_rows}/{judged} finished answers {shape}; {bad_rows} bad, "
+        text += evidence.bound_text("answers")
     else:
         worst = max(counts, key=counts.get)
         described = {
@@ -350,6 +308,7 @@ def thinking_structure(
         text = f"{_pct(counts[worst], judged)} of finished answers ({counts[worst]}/{judged}) {described}"
         if len(counts) > 1 and bad_rows > counts[worst]:
             text += f" ({bad_rows} bad in all)"
+        text += f"; {evidence.bound_text()}"
     return GateResult("thinking_structure", passed, _verdict(passed, text), metadata)
 
 
@@ -359,11 +318,13 @@ def degenerate_answers(
     *,
     max_share: float = MAX_DEGENERATE_SHARE,
     min_repeats: int = MIN_REPEATS,
+    false_block_rate: float = FALSE_BLOCK_RATE,
 ) -> GateResult:
     """No answer text may recur across many distinct prompts (the "OK." for everything failure).
 
     The same answer to the same prompt (duplicated source rows) is not degenerate, so answers are counted
-    over distinct prompts.
+    over distinct prompts. Any answer could be the most repeated one: the evidence is weighed among many, as
+    for `loss_sum_concentration`.
     """
     prompts_per_answer: dict[str, set[bytes]] = {}
     for text, prompt in zip(answer_texts, prompt_digests, strict=True):
@@ -381,14 +342,20 @@ def degenerate_answers(
     if not top:
         return GateResult("degenerate_answers", True, _verdict(True, "no answers to check"), metadata)
     answer, count = top[0]
-    metadata.update(top_answer_prompts=count, top_answer_share=_share(count, distinct_prompts))
-    passed = count < min_repeats or _share(count, distinct_prompts) <= max_share
+    evidence = weigh(
+        count, distinct_prompts, max_share, false_block_rate=false_block_rate, among_many=True, min_count=min_repeats
+    )
+    metadata.update(top_answer_prompts=count, top_answer_share=_share(count, distinct_prompts), **evidence.metadata())
+    passed = not evidence.blocks
     shown = repr(answer[:60] + ("…" if len(answer) > 60 else ""))
     covered = f"{_pct(count, distinct_prompts)} of distinct prompts ({count}/{distinct_prompts})"
     if passed:
-        text = f"the most repeated answer covers {covered}; limit {max_share:.0%}"
+        text = f"the most repeated answer covers {covered}; {evidence.bound_text('distinct prompts')}"
     else:
-        text = f"{covered} got the same answer {shown} — one answer for everything, whatever was asked"
+        text = (
+            f"{covered} got the same answer {shown} — one answer for everything, whatever was asked; "
+            f"{evidence.bound_text('distinct prompts')}"
+        )
     return GateResult("degenerate_answers", passed, _verdict(passed, text), metadata)
 
 
@@ -398,12 +365,15 @@ def short_answers(
     min_chars: int = SHORT_ANSWER_CHARS,
     max_short_share: float = MAX_SHORT_ANSWER_SHARE,
     max_empty_share: float = MAX_EMPTY_ANSWER_SHARE,
+    false_block_rate: float = FALSE_BLOCK_RATE,
 ) -> GateResult:
     """Empty and very short visible answers, as a share of the finished answers given."""
     rows = len(answer_texts)
     empty = sum(1 for text in answer_texts if not text)
     short = sum(1 for text in answer_texts if len(text) < min_chars)
     examples = Counter(text for text in answer_texts if len(text) < min_chars).most_common(_SAMPLE)
+    empty_evidence = weigh(empty, rows, max_empty_share, false_block_rate=false_block_rate)
+    short_evidence = weigh(short, rows, max_short_share, false_block_rate=false_block_rate)
     metadata = {
         "rows": rows,
         "empty_answers": empty,
@@ -413,22 +383,22 @@ def short_answers(
         "min_chars": min_chars,
         "max_short_share": max_short_share,
         "max_empty_share": max_empty_share,
+        **empty_evidence.metadata("empty_"),
+        **short_evidence.metadata("short_"),
         "common_short_answers": {text: n for text, n in examples},
     }
     if not rows:
         return GateResult("short_answers", True, _verdict(True, "no finished answers to check"), metadata)
-    empty_ok = _share(empty, rows) <= max_empty_share
-    short_ok = _share(short, rows) <= max_short_share
-    if not empty_ok:
+    if empty_evidence.blocks:
         text = f"{_pct(empty, rows)} of finished answers ({empty}/{rows}) are empty after </think>"
-        text += f"; limit {max_empty_share:.0%}"
+        text += f"; {empty_evidence.bound_text('answers')}"
     else:
         text = (
             f"{_pct(short, rows)} of finished answers ({short}/{rows}) are shorter than {min_chars} characters"
             + (f", most often {examples[0][0]!r}" if examples else "")
-            + f"; limit {max_short_share:.0%}"
+            + f"; {short_evidence.bound_text('answers')}"
         )
-    passed = empty_ok and short_ok
+    passed = not (empty_evidence.blocks or short_evidence.blocks)
     return GateResult("short_answers", passed, _verdict(passed, text), metadata)
 
 
@@ -666,37 +636,54 @@ def profile_completion_batches(batches: Iterable[pa.RecordBatch], special: Speci
 
 
 def shard_gates(
-    profile: ShardProfile, *, vocab_size: int, enable_thinking: bool, thresholds: GateThresholds = GateThresholds()
+    profile: ShardProfile,
+    *,
+    vocab_size: int,
+    enable_thinking: bool,
+    thresholds: GateThresholds = GateThresholds(),
+    false_block_rate: float = FALSE_BLOCK_RATE,
 ) -> list[GateResult]:
-    """Every row-level gate of a shard (for training rows, `ids_match_completions` is the one more)."""
+    """Every row-level gate of a shard (for training rows, `ids_match_completions` is the one more); the share
+    gates block at most once in 1 / `false_block_rate` at their limits (`training.evidence`)."""
+    rate = false_block_rate
     finished = profile.finished
     finished_answers = [text for text, keep in zip(profile.outputs.answer_texts, finished, strict=True) if keep]
     finished_prompts = [key for key, keep in zip(profile.prompt_digests, finished, strict=True) if keep]
     return [
         loss_sum_floor(
-            profile.loss_sums, floor=thresholds.loss_floor, max_share_below=thresholds.max_share_below_floor
+            profile.loss_sums,
+            floor=thresholds.loss_floor,
+            max_share_below=thresholds.max_share_below_floor,
+            false_block_rate=rate,
         ),
         loss_sum_concentration(
             profile.loss_sums,
             max_top_share=thresholds.max_top_loss_sum_share,
             min_repeats=thresholds.min_repeats,
             floor=thresholds.loss_floor,
+            false_block_rate=rate,
         ),
         consecutive_supervised(profile.pairs, min_pairs=thresholds.min_supervised_pairs),
         ids_in_vocabulary(profile.min_ids, profile.max_ids, vocab_size),
         thinking_structure(
-            profile.outputs, finished, enable_thinking=enable_thinking, max_bad_share=thresholds.max_bad_thinking_share
+            profile.outputs,
+            finished,
+            enable_thinking=enable_thinking,
+            max_bad_share=thresholds.max_bad_thinking_share,
+            false_block_rate=rate,
         ),
         degenerate_answers(
             finished_answers,
             finished_prompts,
             max_share=thresholds.max_degenerate_share,
             min_repeats=thresholds.min_repeats,
+            false_block_rate=rate,
         ),
         short_answers(
             finished_answers,
             min_chars=thresholds.short_answer_chars,
             max_short_share=thresholds.max_short_answer_share,
             max_empty_share=thresholds.max_empty_answer_share,
+            false_block_rate=rate,
         ),
     ]

@@ -2,7 +2,7 @@
 do not follow the Qwen3.6 format (`dagster_project.tool_calls`). A malformed call trains the drafter on text the
 server's tool parser rejects; a few are the model's own noise, many mean a broken template or parser setting.
 
-Judged on the answer texts `training.gates.profile_outputs` already decoded, so it costs one regex pass per
+Judged on the answer texts `training.output_profile.profile_outputs` already decoded, so it costs one regex pass per
 answer that holds `<tool_call>`.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dagster_project.tool_calls import OPEN, parse_tool_calls
+from dagster_project.training.evidence import FALSE_BLOCK_RATE, weigh
 from dagster_project.training.gates import GateResult
 
 MAX_MALFORMED_TOOL_CALL_SHARE = 0.05
@@ -31,9 +32,14 @@ class ToolCallGateOptions:
 
 
 def malformed_tool_calls(
-    answer_texts: Sequence[str], finished: np.ndarray, *, max_share: float = MAX_MALFORMED_TOOL_CALL_SHARE
+    answer_texts: Sequence[str],
+    finished: np.ndarray,
+    *,
+    max_share: float = MAX_MALFORMED_TOOL_CALL_SHARE,
+    false_block_rate: float = FALSE_BLOCK_RATE,
 ) -> GateResult:
-    """Blocks when more than `max_share` of the generated calls in finished answers are malformed."""
+    """Blocks on evidence that more than `max_share` of the generated calls in finished answers are malformed
+    (`training.evidence`)."""
     calls = malformed = 0
     bad_rows: list[int] = []
     for row, (text, keep) in enumerate(zip(answer_texts, np.asarray(finished, dtype=bool), strict=True)):
@@ -44,16 +50,17 @@ def malformed_tool_calls(
         malformed += parsed.malformed
         if parsed.malformed:
             bad_rows.append(row)
-    share = malformed / calls if calls else 0.0
-    passed = share <= max_share
+    evidence = weigh(malformed, calls, max_share, false_block_rate=false_block_rate)
+    passed = not evidence.blocks
     metadata = {
         "tool_calls": calls,
         "malformed_tool_calls": malformed,
-        "malformed_share": share,
+        "malformed_share": evidence.share,
         "max_malformed_share": max_share,
+        **evidence.metadata(),
         "sample_rows": bad_rows[:_SAMPLE],
     }
     if not calls:
         return GateResult("malformed_tool_calls", True, "ok: no tool calls in finished answers", metadata)
-    text = f"{malformed}/{calls} generated tool calls malformed ({share:.1%}); limit {max_share:.0%}"
+    text = f"{malformed}/{calls} generated tool calls malformed ({evidence.share:.1%}); {evidence.bound_text('calls')}"
     return GateResult("malformed_tool_calls", passed, f"{'ok' if passed else 'BLOCKED'}: {text}", metadata)

@@ -14,6 +14,7 @@ import json
 import re
 
 import dagster as dg
+import numpy as np
 import pytest
 from dagster_aws.s3 import S3Resource
 
@@ -28,7 +29,7 @@ from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFlee
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import render_prompt_ids
-from dagster_project.training.gates import MIN_REPEATS
+from dagster_project.training.gates import loss_sum_concentration
 from tests.support.dagster_helpers import dagster_home, evaluations_by_check
 from tests.support.ingest_helpers import run_stages
 from tests.support.training_shards import (
@@ -61,7 +62,8 @@ def backfilled(tmp_path, monkeypatch):
     disaster = tok.encode(DISASTER_OUTPUT_TEXT, add_special_tokens=False)
     by_shard = {shard: list(read_conversations(store, shard)) for shard in range(NUM_SHARDS)}
     blocked = max(by_shard, key=lambda shard: len(by_shard[shard]))
-    assert len(by_shard[blocked]) > MIN_REPEATS, "too few rows for a repeated loss_mask sum to block"
+    repeated = np.array([len(disaster)] * (len(by_shard[blocked]) - 1) + [1000])
+    assert not loss_sum_concentration(repeated).passed, "too few rows for a repeated loss_mask sum to block"
     for shard, conversations in by_shard.items():
         rows = [
             completion_row(

@@ -76,6 +76,7 @@ def test_the_historical_failure_is_blocked_before_export(store):
     assert description.startswith(
         "BLOCKED: 88% of rows (35/40) have loss_mask sum exactly 6 — "
         "the signature of empty reasoning + a one-word answer such as 'OK.'; "
+        "limit 5%; true share at least 53.4% (false-block rate 1 in 10,000); "
         "threshold max_top_loss_sum_share=0.05, min_repeats=5 (run config of the training_set_gates check); "
         "override: once the failures are understood, materialize specforge_export and hf_export"
     )

@@ -10,6 +10,7 @@ from dagster_project.records import COMPLETION_SCHEMA
 from dagster_project.tokenizer import render_prompt_ids, special_ids
 from dagster_project.tool_calls import render_call
 from dagster_project.training import gates, row_figures
+from dagster_project.training.evidence import percent, weigh
 from dagster_project.training.lengths import TRUNCATE
 from dagster_project.training.stage import AssemblyOptions, assemble_batch
 from dagster_project.training.tool_call_gate import malformed_tool_calls
@@ -77,8 +78,33 @@ def test_one_output_shape_repeated_fails_the_concentration_gate_alone():
     results = _evaluate(templated_rows(30, templated=15))
     assert {r.name: r.message for r in results.values() if not r.passed} == {
         "loss_sum_concentration": "BLOCKED: 50% of rows (15/30) have loss_mask sum exactly 40 — "
-        "one output shape repeated across the shard"
+        "one output shape repeated across the shard; limit 5%; true share at least 14.6% (false-block rate 1 in 10,000)"
     }
+
+
+def test_the_historical_failure_blocks_every_answer_gate_from_20_rows():
+    """20 rows is the smallest shard the seed's failure must block; with fewer rows of it, the share that blocks only
+    falls as shards grow (`test_the_seeds_share_is_evidence_at_every_size_from_20_rows`)."""
+    results = _evaluate(disaster_rows(20))
+    blocked = {name for name, result in results.items() if not result.passed}
+    assert blocked == {"loss_sum_floor", "loss_sum_concentration", "thinking_structure", "degenerate_answers"} | {
+        "short_answers"
+    }, {r.name: r.message for r in results.values()}
+
+
+def test_the_seeds_share_is_evidence_at_every_size_from_20_rows():
+    # Each answer gate's blocking count stays under 60% of the rows at every size (the seed: 87%), so even an
+    # unlucky 20-row shard of it (60% of 20 or more broken, with probability 1 - 1e-4) is blocked.
+    limits = gates.GateThresholds()
+    for total in [*range(20, 301), 500, 1000, 5000]:
+        weighed = [
+            weigh(0, total, limits.max_share_below_floor),
+            weigh(0, total, limits.max_bad_thinking_share),
+            weigh(0, total, limits.max_short_answer_share),
+            weigh(0, total, limits.max_top_loss_sum_share, among_many=True, min_count=limits.min_repeats),
+            weigh(0, total, limits.max_degenerate_share, among_many=True, min_count=limits.min_repeats),
+        ]
+        assert max(w.blocks_from for w in weighed) <= 0.6 * total, total
 
 
 def test_a_few_broken_rows_in_a_large_shard_do_not_block_it():
@@ -87,24 +113,50 @@ def test_a_few_broken_rows_in_a_large_shard_do_not_block_it():
     assert results["loss_sum_floor"].passed and results["loss_sum_concentration"].passed
 
 
-def test_loss_floor_share_is_a_limit_not_a_target():
-    sums = np.array([10, 20] + [500 + i for i in range(98)])
-    assert gates.loss_sum_floor(sums).passed  # 2% below 32: at the limit
-    assert not gates.loss_sum_floor(np.append(sums[:99], 5)).passed  # 3% below
+def test_loss_floor_blocks_on_evidence_that_the_share_exceeds_its_limit():
+    """Over the limit by chance is not enough: at 100 rows and a 2% limit, 10 rows below the floor block and 9 do
+    not (a healthy shard at 2% shows 10 once in ~30,000)."""
+    sums = np.array([10] * 9 + [500 + i for i in range(91)])
+    passed = gates.loss_sum_floor(sums)
+    assert passed.passed and passed.metadata["blocks_from"] == 10
+    assert passed.message == (
+        "ok: 9% of rows (9/100) have fewer than 32 supervised tokens (median 540); limit 2%; of 100 rows, 10 would "
+        "block (false-block rate 1 in 10,000)"
+    )
+    blocked = gates.loss_sum_floor(np.append(sums[:99], 5))
+    assert not blocked.passed and blocked.metadata["true_share_lower_bound"] > 0.02
+    assert blocked.message.startswith("BLOCKED: 10% of rows (10/100) have fewer than 32 supervised tokens")
     assert gates.loss_sum_floor(sums, floor=8).metadata["rows_below_floor"] == 0
     empty = gates.loss_sum_floor(np.array([], dtype=np.int64))
     assert not empty.passed and empty.message == "BLOCKED: the shard has no rows"
 
 
-def test_loss_sum_concentration_needs_both_a_share_and_repeats():
-    assert gates.loss_sum_concentration(np.array([700] * 4 + list(range(800, 806)))).passed  # 40%, but only 4 rows
-    assert gates.loss_sum_concentration(np.array([700] * 5 + list(range(800, 895)))).passed  # 5%: at the limit
-    blocked = gates.loss_sum_concentration(np.array([700] * 6 + list(range(800, 894))))
-    assert not blocked.passed
+def _sums(top: int, rows: int) -> np.ndarray:
+    """`rows` loss_mask sums, `top` of them 700 and every other one distinct."""
+    return np.array([700] * top + list(range(800, 800 + rows - top)))
+
+
+def test_loss_sum_concentration_blocks_from_the_count_that_is_evidence_among_every_sum():
+    assert gates.loss_sum_concentration(_sums(4, 10)).passed  # 40%, but 4 of 10 is too few to be evidence
+    # At 64 rows, 5 on one sum (8%, over the 5% limit) is chance; among every sum that could be top, 14 is not.
+    assert gates.loss_sum_concentration(_sums(5, 64)).passed
+    assert gates.loss_sum_concentration(_sums(13, 64)).passed
+    blocked = gates.loss_sum_concentration(_sums(14, 64))
+    assert not blocked.passed and blocked.metadata["blocks_from"] == 14 and blocked.metadata["top_sums"]["700"] == 14
     assert blocked.message == (
-        "BLOCKED: 6% of rows (6/100) have loss_mask sum exactly 700 — one output shape repeated across the shard"
+        "BLOCKED: 22% of rows (14/64) have loss_mask sum exactly 700 — one output shape repeated across the shard; "
+        f"limit 5%; true share at least {percent(blocked.metadata['true_share_lower_bound'])} (false-block rate 1 in "
+        "10,000)"
     )
-    assert blocked.metadata["top_sums"]["700"] == 6
+
+
+def test_loss_sum_concentration_never_blocks_under_min_repeats_rows():
+    """The repeats boundary: a sum seen exactly `min_repeats` times, with strong evidence beyond the share, blocks;
+    one time fewer does not (here `min_repeats` 20 is above the 14 the evidence alone needs at 64 rows)."""
+    assert gates.loss_sum_concentration(_sums(19, 64), min_repeats=20).passed
+    blocked = gates.loss_sum_concentration(_sums(20, 64), min_repeats=20)
+    assert not blocked.passed and blocked.metadata["blocks_from"] == 20
+    assert not gates.loss_sum_concentration(_sums(19, 64)).passed  # at the default 5, evidence alone decides
 
 
 def test_consecutive_supervised_pairs_never_straddle_rows():
@@ -184,16 +236,20 @@ def test_the_same_answer_to_the_same_prompt_is_not_degenerate():
     assert gates.degenerate_answers(["Paris."] * 6 + ["a", "b", "c"], prompts).passed
     result = gates.degenerate_answers(["Paris."] * 6 + ["Paris."] * 3, prompts)
     assert result.passed  # 4 distinct prompts: fewer than min_repeats (5)
-    spread = gates.degenerate_answers(["OK."] * 5 + ["x"] * 5, [bytes([i]) for i in range(10)])
-    assert not spread.passed and spread.metadata["top_answer_prompts"] == 5
+    prompts = [bytes([i]) for i in range(10)]
+    spread = gates.degenerate_answers(["OK."] * 6 + list("abcd"), prompts)
+    assert not spread.passed and spread.metadata["top_answer_prompts"] == 6 and spread.metadata["blocks_from"] == 6
+    assert gates.degenerate_answers(["OK."] * 5 + list("abcde"), prompts).passed  # 5 of 10 could be chance
 
 
 def test_short_answers_separate_empty_from_short():
-    answers = ["A complete sentence."] * 95 + [""] * 2 + ["4"] * 3
+    answers = ["A complete sentence."] * 90 + [""] * 7 + ["4"] * 3
     result = gates.short_answers(answers)
-    assert not result.passed and "2% of finished answers (2/100) are empty after </think>" in result.message
-    assert gates.short_answers(answers, max_empty_share=0.02).passed
-    assert result.metadata["short_answers"] == 5 and result.metadata["common_short_answers"] == {"4": 3, "": 2}
+    assert not result.passed and "7% of finished answers (7/100) are empty after </think>" in result.message
+    assert result.metadata["empty_blocks_from"] == 7 and result.metadata["short_blocks_from"] == 24
+    assert gates.short_answers(answers, max_empty_share=0.02).passed  # 7 of 100 at 2%: 10 would block
+    assert gates.short_answers(answers[:96] + answers[97:]).passed  # 6 empty of 99: over 1%, not evidence of it
+    assert result.metadata["short_answers"] == 10 and result.metadata["common_short_answers"] == {"": 7, "4": 3}
 
 
 def _profile(rows: list[dict], options: AssemblyOptions | None = None) -> gates.ShardProfile:
@@ -279,7 +335,36 @@ def test_malformed_generated_tool_calls_block_above_their_share():
     finished = np.array([True] * 19 + [False, True])
     result = malformed_tool_calls(answers, finished, max_share=0.05)
     assert result.passed and result.metadata["tool_calls"] == 20 and result.metadata["malformed_tool_calls"] == 1
-    assert result.message == "ok: 1/20 generated tool calls malformed (5.0%); limit 5%"
-    blocked = malformed_tool_calls(answers, np.ones(21, dtype=bool), max_share=0.05)
-    assert not blocked.passed and blocked.metadata["sample_rows"] == [18, 19]
+    assert result.message == (
+        "ok: 1/20 generated tool calls malformed (5.0%); limit 5%; of 20 calls, 7 would block "
+        "(false-block rate 1 in 10,000)"
+    )
+    worse = [*answers[:-1], *[broken] * 6, "Plain answer."]  # 8 malformed of 27 calls, all finished
+    blocked = malformed_tool_calls(worse, np.ones(len(worse), dtype=bool), max_share=0.05)
+    assert not blocked.passed and blocked.metadata["malformed_tool_calls"] == 8 == blocked.metadata["blocks_from"]
+    assert malformed_tool_calls(worse[:-2] + worse[-1:], np.ones(len(worse) - 1, dtype=bool)).passed  # 7 of 26
+    assert blocked.metadata["sample_rows"] == [18, 19, 20, 21, 22]
     assert malformed_tool_calls(["Plain answer."], np.array([True])).passed
+
+
+def test_error_and_length_capped_shares_block_on_evidence_too():
+    from dagster_project.training.gate_sets import share_gate
+
+    # 3 errors of 64 events (4.7%) is over the 2% limit by chance; 8 is evidence.
+    assert share_gate("error_rate", 3, 64, 0.02, "ended in an error", {"timeout": 3}).passed
+    blocked = share_gate("error_rate", 8, 64, 0.02, "ended in an error", {"timeout": 8})
+    assert not blocked.passed and blocked.metadata["blocks_from"] == 8
+    assert blocked.message.startswith(
+        "BLOCKED: 12.5% of events (8/64) ended in an error (limit 2%; true share at least 2."
+    ) and blocked.message.endswith("(false-block rate 1 in 10,000)); by kind {'timeout': 8}")
+
+
+def test_a_caller_sets_the_false_block_rate_of_everyshare_gate():
+    """The watch weighs its own looks: the rate it passes reaches every gate that decides on evidence."""
+    rows = disaster_rows(64, broken_share=0.05)  # 3 of 64: over the floor's and thinking's limits, by chance
+    assert all(result.passed for result in _evaluate(rows).values())
+    lenient = _evaluate(rows, false_block_rate=0.2)
+    assert not lenient["thinking_structure"].passed and not lenient["loss_sum_floor"].passed
+    deciding = ("loss_sum_floor", "loss_sum_concentration", "thinking_structure", "degenerate_answers")
+    assert {lenient[name].metadata["false_block_rate"] for name in deciding} == {0.2}
+    assert lenient["short_answers"].metadata["short_false_block_rate"] == 0.2

@@ -1,0 +1,87 @@
+"""Per-row structure of generated outputs, the figures the answer gates (`training.gates`) judge: how many
+`</think>` and `<think>` each output holds, whether its reasoning is blank, and the visible answer after it.
+
+It serves completions' `output_ids` and training rows' supervised part alike; nothing here imports dagster or a
+tokenizer: callers pass `SpecialIds` and a `decode(ids) -> str` function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dagster_project.training.row_figures import ListColumn, list_buffers, list_chunks, row_of
+
+if TYPE_CHECKING:
+    from dagster_project.tokenizer import SpecialIds
+
+# Reasoning is judged blank from its first tokens; only an all-whitespace start needs the whole decoded.
+_BLANK_PROBE_TOKENS = 64
+
+Decode = Callable[[Sequence[int]], str]
+
+
+@dataclass
+class OutputProfile:
+    """Per-row structure of generated outputs: where `</think>` is, and what the answer after it says."""
+
+    lengths: np.ndarray
+    think_ends: np.ndarray  # how many `</think>`
+    think_starts: np.ndarray  # how many `<think>` (the prompt opens the block; the model never should)
+    blank_reasoning: np.ndarray  # nothing but whitespace before the first `</think>`
+    answer_texts: list[str]  # decoded text after the last `</think>` (whole output if none), EOS dropped, stripped
+
+    def __len__(self) -> int:
+        return int(self.lengths.size)
+
+    @classmethod
+    def concat(cls, profiles: Sequence[OutputProfile]) -> OutputProfile:
+        def joined(name: str, dtype: Any) -> np.ndarray:
+            return np.concatenate([getattr(p, name) for p in profiles]) if profiles else np.zeros(0, dtype)
+
+        return cls(
+            lengths=joined("lengths", np.int64),
+            think_ends=joined("think_ends", np.int64),
+            think_starts=joined("think_starts", np.int64),
+            blank_reasoning=joined("blank_reasoning", bool),
+            answer_texts=[text for p in profiles for text in p.answer_texts],
+        )
+
+
+def _is_blank(ids: np.ndarray, decode: Decode) -> bool:
+    if decode(ids[:_BLANK_PROBE_TOKENS].tolist()).strip():
+        return False
+    return ids.size <= _BLANK_PROBE_TOKENS or not decode(ids.tolist()).strip()
+
+
+def profile_outputs(outputs: ListColumn, special: SpecialIds, decode: Decode) -> OutputProfile:
+    """Thinking structure and answer text per output: completions' `output_ids` or training rows' supervised part."""
+    profiles = []
+    eos = set(special.eos_ids)
+    for chunk in list_chunks(outputs):
+        offsets, values = list_buffers(chunk)
+        rows = offsets.size - 1
+        end_positions = np.flatnonzero(values == special.think_end)
+        end_rows = row_of(offsets, end_positions)
+        think_ends = np.bincount(end_rows, minlength=rows)
+        think_starts = np.bincount(row_of(offsets, np.flatnonzero(values == special.think_start)), minlength=rows)
+        first_end = np.full(rows, -1)
+        last_end = np.full(rows, -1)
+        # Positions are ascending: assigning in order leaves the last one per row, reversed the first.
+        last_end[end_rows] = end_positions
+        first_end[end_rows[::-1]] = end_positions[::-1]
+        blank = np.zeros(rows, dtype=bool)
+        answers = []
+        for row in range(rows):
+            start, stop = offsets[row], offsets[row + 1]
+            if first_end[row] >= 0:
+                blank[row] = _is_blank(values[start : first_end[row]], decode)
+            answer = values[(last_end[row] + 1 if last_end[row] >= 0 else start) : stop]
+            while answer.size and int(answer[-1]) in eos:
+                answer = answer[:-1]
+            answers.append(decode(answer.tolist()).strip())
+        profiles.append(OutputProfile(np.diff(offsets), think_ends, think_starts, blank, answers))
+    return OutputProfile.concat(profiles)
