@@ -47,3 +47,25 @@ def test_a_journal_missing_a_planned_event_is_refused_naming_it(tmp_path):
             r"missing e.g. \['b#turn0'\], repeated e.g. \[\]\): nothing was published",
         ):
             write_completions_parquet(journal, tmp_path / "out.parquet", {"a#turn0", "b#turn0"})
+
+
+class RepeatingJournal(Journal):
+    """A journal whose final records repeat one: what a broken index of final records (two lines kept for one
+    event) would hand the publisher."""
+
+    def final_records(self):
+        records = list(super().final_records())
+        yield from records
+        yield records[0]
+
+
+def test_a_journal_that_yields_a_record_twice_is_refused_naming_it(tmp_path):
+    with RepeatingJournal(tmp_path / "j.jsonl") as journal:
+        journal.append(record("a#turn0"))
+        journal.append(record("b#turn0"))
+        with pytest.raises(
+            JournalMismatch,
+            match=r"\(2 planned, 3 rows written; missing e.g. \[\], repeated e.g. \['a#turn0'\]\): nothing was "
+            r"published",
+        ):
+            write_completions_parquet(journal, tmp_path / "out.parquet", {"a#turn0", "b#turn0"})
