@@ -50,6 +50,7 @@ def raise_alerts(
         *_mtp_alerts(mtp, thresholds.accept_length_floor),
         *_server_alerts(progress, concurrency),
         *_set_aside_alerts(concurrency),
+        *_refused_answer_alerts(concurrency),
         *_eta_alerts(progress, thresholds.eta_slip),
         *_shard_alerts(progress, storage),
         *_fleet_alerts(concurrency, endpoints_known),
@@ -175,6 +176,24 @@ def _shard_alerts(progress: ProgressAnswer, storage: StorageAnswer) -> list[Aler
 
 def _set_aside_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
     return [Alert("server", f"set aside: {describe_set_aside(server)}") for server in concurrency.set_aside]
+
+
+def _refused_answer_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
+    """A server answering 200 with what is not an answer: each was retried, but the server is faulty."""
+    return [
+        Alert(
+            "server",
+            f"{url} answered {sum(kinds.values())} requests with what is not an answer "
+            f"({', '.join(f'{kind} {count}' for kind, count in kinds.items())}; each retried, on another server "
+            "where there is one): look at its log"
+            + (
+                " and KV pool (cut_short: a length stop short of the request's max_new_tokens)"
+                if "cut_short" in kinds
+                else ""
+            ),
+        )
+        for url, kinds in concurrency.refused_answers.items()
+    ]
 
 
 def _fleet_alerts(concurrency: ConcurrencyAnswer, endpoints_known: bool) -> list[Alert]:
