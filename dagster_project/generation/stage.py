@@ -208,8 +208,8 @@ def generate_shard(
             )
             held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
             published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
-    job.progress.state = "published"
-    asyncio.run(reporter.beat())
+        job.progress.state = "published"
+        asyncio.run(reporter.beat())  # while the lease is held: a run that takes the shard next beats after it
     return published
 
 
