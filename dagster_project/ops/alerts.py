@@ -90,7 +90,11 @@ def _stage_alerts(shards: ShardsAnswer) -> list[Alert]:
     if damaged:
         shown = "; ".join(damaged[:5]) + (f"; … (+{len(damaged) - 5} more)" if len(damaged) > 5 else "")
         alerts.append(
-            Alert("damaged", f"damaged objects in the store: {shown} (materialize their completions shards again)")
+            Alert(
+                "damaged",
+                f"damaged objects in the store: {shown} (materialize the stage each belongs to again, and what is "
+                "built on it)",
+            )
         )
     alerts += [
         Alert("export", f"specforge_export refused shard {state.shard}: {state.refused}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.answers.readings import Readings
@@ -30,6 +30,8 @@ NOT_STARTED = "not started"
 # Training set
 PASSED, OVERRIDDEN, BLOCKED, UNCHECKED = "passed", "overridden", "blocked", "unchecked"
 NOT_ASSEMBLED, WAITING = "not assembled", "waiting for completions"
+# Training set and export: built on objects that are damaged now (the completions, or the training shard)
+ON_DAMAGED = "built on damaged data"
 # Export
 EXPORTED, REFUSED, NOT_EXPORTED = "exported", "refused", "not exported"
 GREEN = (PUBLISHED, PASSED, EXPORTED)
@@ -75,7 +77,7 @@ class ShardState:
         """Blocked, overridden, damaged or refused: not green, and no run will change that on its own (dead and
         failed runs are progress's to report)."""
         return bool(self.blocked_by or self.overridden or self.damaged_objects or self.refused) or (
-            self.completions == DAMAGED
+            DAMAGED in (self.completions, self.training_set)
         )
 
 
@@ -129,9 +131,45 @@ def shard_state(
     training_verdicts: list[Verdict],
     export: ExportOutcome | None,
     damaged: list[str],
+    training_damaged: Collection[str] = (),
 ) -> ShardState:
     """One shard's state at each stage, from what the stages recorded about its current publications; `damaged`:
-    what the coverage check found wrong with its completions' objects."""
+    what the coverage check found wrong with its completions' objects, `training_damaged` with its training
+    shard's. What is built on damaged objects is not green: a training set on damaged completions, an export of
+    either (`ON_DAMAGED`); a damaged training shard is `DAMAGED`."""
+    state = _recorded_state(
+        shard,
+        completions,
+        published=published,
+        completions_verdicts=completions_verdicts,
+        training=training,
+        training_verdicts=training_verdicts,
+        export=export,
+        damaged=[*damaged, *training_damaged],
+    )
+    refused_as_damaged = export is not None and training is not None and export.judges(training) and export.damaged
+    if refused_as_damaged and export.refused not in state.damaged_objects:
+        state = replace(state, damaged_objects=[*state.damaged_objects, export.refused])
+    if (training_damaged or refused_as_damaged) and state.training_set not in (WAITING, NOT_ASSEMBLED, BLOCKED):
+        state = replace(state, training_set=DAMAGED)
+    elif completions == DAMAGED and state.training_set not in (WAITING, NOT_ASSEMBLED, BLOCKED):
+        state = replace(state, training_set=ON_DAMAGED)
+    if state.training_set in (DAMAGED, ON_DAMAGED) and state.export == EXPORTED:
+        state = replace(state, export=ON_DAMAGED)
+    return state
+
+
+def _recorded_state(
+    shard: int,
+    completions: str,
+    *,
+    published: CompletionsShardManifest | None,
+    completions_verdicts: list[Verdict],
+    training: TrainingShardManifest | None,
+    training_verdicts: list[Verdict],
+    export: ExportOutcome | None,
+    damaged: list[str],
+) -> ShardState:
     if published is None:
         return ShardState(shard, completions, WAITING, NOT_EXPORTED, damaged_objects=damaged)
     if training is not None and training.source.completions_ids_digest not in ("", published.ids_digest):
@@ -166,7 +204,7 @@ def shard_state(
 
 def answer_shards(readings: Readings) -> ShardsAnswer:
     """Every shard's state at each stage, counted, and the shards that are not green."""
-    damaged = readings.damaged_objects
+    damaged, training_damaged = readings.damaged_objects, readings.damaged_training
     verdicts = readings.verdicts
     runs = {
         RUNNING: {beat.shard for beat in readings.live},
@@ -183,6 +221,7 @@ def answer_shards(readings: Readings) -> ShardsAnswer:
             training_verdicts=verdicts.get(TRAINING_SET, {}).get(shard, []),
             export=readings.exports.get(shard),
             damaged=damaged.get(shard, []),
+            training_damaged=training_damaged.get(shard, []),
         )
         for shard in range(readings.num_shards)
     ]
