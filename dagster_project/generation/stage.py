@@ -39,7 +39,7 @@ from dagster_project.generation.shards import (
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import COMPLETION_SCHEMA, STATUS_OK
 from dagster_project.store.layout import COMPLETIONS, lease_key, shard_prefix
-from dagster_project.store.lease import LeaseOptions, take_lease
+from dagster_project.store.lease import LeaseLost, LeaseOptions, take_lease
 from dagster_project.store.manifest import ids_digest, publish_shard
 from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import describe_failures, failed_gates
@@ -183,33 +183,42 @@ def generate_shard(
             f"{job.progress.resumed_events} already in the journal"
         )
         last_heartbeat = asyncio.run(job.run(dispatcher, reporter))
-        missing = job.missing_events()
-        if missing:
-            raise RuntimeError(f"shard {shard}: {len(missing)} events did not end, e.g. {missing[:3]}")
-        with tempfile.TemporaryDirectory(dir=work_dir) as staging:
-            parquet = Path(staging) / PARQUET_NAME
-            expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
-            written = write_completions_parquet(journal, parquet, expected)
-            manifest = CompletionsShardManifest(
-                shard=shard,
-                rows=written.rows,
-                ids_digest=ids_digest(written.event_ids),
-                ok=written.ok,
-                errors=written.errors,
-                prompt_tokens=written.prompt_tokens,
-                output_tokens=written.output_tokens,
-                conversations=len(conversations),
-                conversations_ids_digest=conversations_manifest.ids_digest,
-                settings_fingerprint=fingerprint,
-                settings=settings,
-                generation=GenerationSummary.of(
-                    last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint)
-                ),
-            )
-            held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
-            published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
-        job.progress.state = "published"
-        asyncio.run(reporter.beat())  # while the lease is held: a run that takes the shard next beats after it
+        try:
+            missing = job.missing_events()
+            if missing:
+                raise RuntimeError(f"shard {shard}: {len(missing)} events did not end, e.g. {missing[:3]}")
+            with tempfile.TemporaryDirectory(dir=work_dir) as staging:
+                parquet = Path(staging) / PARQUET_NAME
+                expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
+                written = write_completions_parquet(journal, parquet, expected)
+                manifest = CompletionsShardManifest(
+                    shard=shard,
+                    rows=written.rows,
+                    ids_digest=ids_digest(written.event_ids),
+                    ok=written.ok,
+                    errors=written.errors,
+                    prompt_tokens=written.prompt_tokens,
+                    output_tokens=written.output_tokens,
+                    conversations=len(conversations),
+                    conversations_ids_digest=conversations_manifest.ids_digest,
+                    settings_fingerprint=fingerprint,
+                    settings=settings,
+                    generation=GenerationSummary.of(
+                        last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint)
+                    ),
+                )
+                held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
+                published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
+            job.progress.state = "published"
+            asyncio.run(reporter.beat())  # while the lease is held: a run that takes the shard next beats after it
+        except LeaseLost:
+            raise  # the shard is another run's now: nothing more is written for it
+        except BaseException:
+            # A clean failure after generation (a full work dir, a failed upload) ends the run's heartbeat as
+            # failed; left at "generated", status would take the run for one that died.
+            job.progress.state = "failed"
+            asyncio.run(reporter.beat())
+            raise
     return published
 
 
