@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import typing
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dagster_project import settings
@@ -161,6 +162,21 @@ def cmd_free_slots(args: argparse.Namespace, resources: Any) -> int:
         for run_id in args.run_ids:
             print(free_slots(instance, run_id))
     return 0
+
+
+def cmd_repair_instance(args: argparse.Namespace, resources: Any) -> int:
+    home = os.environ.get("DAGSTER_HOME")
+    if not home or not Path(home).is_dir():
+        raise SystemExit("dflash repair-instance: set DAGSTER_HOME to the instance's directory")
+    from dagster_project.assets.instance_storage import repair_instance
+
+    for done in repair_instance(home):
+        print(done)
+    return 0
+
+
+def repair_instance_flags(repair: argparse.ArgumentParser) -> None:
+    repair.set_defaults(func=cmd_repair_instance)
 
 
 def status_flags(status: argparse.ArgumentParser) -> None:
