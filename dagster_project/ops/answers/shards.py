@@ -121,6 +121,29 @@ def completions_state(shard: int, published: bool, runs: dict[str, set[int]], da
     return next((state for state in (RUNNING, DEAD, FAILED) if shard in runs[state]), NOT_STARTED)
 
 
+def with_damage(
+    state: ShardState,
+    *,
+    training: TrainingShardManifest | None,
+    export: ExportOutcome | None,
+    training_damaged: list[str],
+) -> ShardState:
+    """`state` with what is built on damaged objects not green: a training shard whose objects are not as published
+    (`training_damaged`: what the coverage check found; or an export that refused it as damaged) is `DAMAGED`, one
+    on damaged completions `ON_DAMAGED`, and so is an export of either."""
+    refused_as_damaged = export is not None and training is not None and export.judges(training) and export.damaged
+    found = [*training_damaged, *([export.refused] if refused_as_damaged else [])]
+    state = replace(state, damaged_objects=[*state.damaged_objects, *found])
+    assembled = state.training_set not in (WAITING, NOT_ASSEMBLED, BLOCKED)
+    if found and assembled:
+        state = replace(state, training_set=DAMAGED)
+    elif state.completions == DAMAGED and assembled:
+        state = replace(state, training_set=ON_DAMAGED)
+    if state.training_set in (DAMAGED, ON_DAMAGED) and state.export == EXPORTED:
+        state = replace(state, export=ON_DAMAGED)
+    return state
+
+
 def shard_state(
     shard: int,
     completions: str,
@@ -131,45 +154,9 @@ def shard_state(
     training_verdicts: list[Verdict],
     export: ExportOutcome | None,
     damaged: list[str],
-    training_damaged: Collection[str] = (),
 ) -> ShardState:
     """One shard's state at each stage, from what the stages recorded about its current publications; `damaged`:
-    what the coverage check found wrong with its completions' objects, `training_damaged` with its training
-    shard's. What is built on damaged objects is not green: a training set on damaged completions, an export of
-    either (`ON_DAMAGED`); a damaged training shard is `DAMAGED`."""
-    state = _recorded_state(
-        shard,
-        completions,
-        published=published,
-        completions_verdicts=completions_verdicts,
-        training=training,
-        training_verdicts=training_verdicts,
-        export=export,
-        damaged=[*damaged, *training_damaged],
-    )
-    refused_as_damaged = export is not None and training is not None and export.judges(training) and export.damaged
-    if refused_as_damaged and export.refused not in state.damaged_objects:
-        state = replace(state, damaged_objects=[*state.damaged_objects, export.refused])
-    if (training_damaged or refused_as_damaged) and state.training_set not in (WAITING, NOT_ASSEMBLED, BLOCKED):
-        state = replace(state, training_set=DAMAGED)
-    elif completions == DAMAGED and state.training_set not in (WAITING, NOT_ASSEMBLED, BLOCKED):
-        state = replace(state, training_set=ON_DAMAGED)
-    if state.training_set in (DAMAGED, ON_DAMAGED) and state.export == EXPORTED:
-        state = replace(state, export=ON_DAMAGED)
-    return state
-
-
-def _recorded_state(
-    shard: int,
-    completions: str,
-    *,
-    published: CompletionsShardManifest | None,
-    completions_verdicts: list[Verdict],
-    training: TrainingShardManifest | None,
-    training_verdicts: list[Verdict],
-    export: ExportOutcome | None,
-    damaged: list[str],
-) -> ShardState:
+    what the coverage check found wrong with its completions' objects."""
     if published is None:
         return ShardState(shard, completions, WAITING, NOT_EXPORTED, damaged_objects=damaged)
     if training is not None and training.source.completions_ids_digest not in ("", published.ids_digest):
@@ -212,15 +199,19 @@ def answer_shards(readings: Readings) -> ShardsAnswer:
         FAILED: {beat.shard for beat in readings.heartbeats if beat.state == "failed"},
     }
     states = [
-        shard_state(
-            shard,
-            completions_state(shard, shard in readings.published, runs, damaged.keys()),
-            published=readings.published.get(shard),
-            completions_verdicts=verdicts.get(COMPLETIONS, {}).get(shard, []),
+        with_damage(
+            shard_state(
+                shard,
+                completions_state(shard, shard in readings.published, runs, damaged.keys()),
+                published=readings.published.get(shard),
+                completions_verdicts=verdicts.get(COMPLETIONS, {}).get(shard, []),
+                training=readings.training_set.get(shard),
+                training_verdicts=verdicts.get(TRAINING_SET, {}).get(shard, []),
+                export=readings.exports.get(shard),
+                damaged=damaged.get(shard, []),
+            ),
             training=readings.training_set.get(shard),
-            training_verdicts=verdicts.get(TRAINING_SET, {}).get(shard, []),
             export=readings.exports.get(shard),
-            damaged=damaged.get(shard, []),
             training_damaged=training_damaged.get(shard, []),
         )
         for shard in range(readings.num_shards)
