@@ -23,6 +23,10 @@ class AlertThresholds:
     eta_slip: float = field(
         default=0.25, metadata={"help": "Alert when the measured ETA exceeds the plan's by more than this fraction."}
     )
+    publish_slow_s: float = field(
+        default=120.0,
+        metadata={"help": "Alert when a shard is still publishing this many seconds after its generation ended."},
+    )
 
 
 DEFAULT_THRESHOLDS = AlertThresholds()
@@ -52,7 +56,7 @@ def raise_alerts(
         *_set_aside_alerts(concurrency),
         *_refused_answer_alerts(concurrency),
         *_eta_alerts(progress, thresholds.eta_slip),
-        *_shard_alerts(progress, storage),
+        *_shard_alerts(progress, storage, thresholds.publish_slow_s),
         *_fleet_alerts(concurrency, endpoints_known),
     ]
 
@@ -129,7 +133,9 @@ def _mtp_alerts(mtp: MtpAnswer, floor: float) -> list[Alert]:
 
 def _server_alerts(progress: ProgressAnswer, concurrency: ConcurrencyAnswer) -> list[Alert]:
     alerts = []
-    work_waits = bool(progress.shards_running) and progress.events_remaining > 0
+    # Shards that finished generating and are publishing have no work for the fleet: an idle server is theirs.
+    generating = [shard for shard in progress.shards_running if shard not in progress.shards_publishing]
+    work_waits = bool(generating) and progress.events_remaining > 0
     for url, row in concurrency.servers.items():
         cap, running, queued = row.effective_cap, row.running, row.queued
         if cap is None or running is None:
@@ -145,7 +151,7 @@ def _server_alerts(progress: ProgressAnswer, concurrency: ConcurrencyAnswer) -> 
                 )
             )
         elif running == 0 and work_waits:
-            alerts.append(Alert("server", f"{url} is idle while shards {progress.shards_running} have work waiting"))
+            alerts.append(Alert("server", f"{url} is idle while shards {generating} have work waiting"))
     return alerts
 
 
@@ -161,8 +167,18 @@ def _eta_alerts(progress: ProgressAnswer, slip: float) -> list[Alert]:
     ]
 
 
-def _shard_alerts(progress: ProgressAnswer, storage: StorageAnswer) -> list[Alert]:
+def _shard_alerts(progress: ProgressAnswer, storage: StorageAnswer, publish_slow_s: float) -> list[Alert]:
     alerts = []
+    slow = {shard: seconds for shard, seconds in progress.shards_publishing.items() if seconds >= publish_slow_s}
+    if slow:
+        alerts.append(
+            Alert(
+                "storage",
+                f"shards {sorted(slow)} still publishing {max(slow.values()):,.0f} s after their generation ended: "
+                f"the store ({storage.store}) is slow or failing, not the fleet (each call is retried within the "
+                "store's retry policy)",
+            )
+        )
     if progress.shards_dead:
         dead = progress.shards_dead
         alerts.append(Alert("shards", f"shard runs killed, not running: {dead} (materialize them again)"))
