@@ -207,8 +207,10 @@ def generate_shard(
                         last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint)
                     ),
                 )
-                held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
-                published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
+                # A slow store fails the run, naming the store, past its deadline (retried calls alone never end).
+                with store.deadline(f"publishing completions shard {shard}"):
+                    held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
+                    published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
             job.progress.state = "published"
             asyncio.run(reporter.beat())  # while the lease is held: a run that takes the shard next beats after it
         except LeaseLost:
