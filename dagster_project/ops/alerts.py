@@ -34,7 +34,7 @@ DEFAULT_THRESHOLDS = AlertThresholds()
 
 @dataclass(frozen=True)
 class Alert:
-    kind: str  # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs
+    kind: str  # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs, daemon
     message: str
 
 
