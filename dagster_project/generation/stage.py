@@ -161,6 +161,7 @@ def generate_shard(
     with (
         take_lease(store, lease_key(COMPLETIONS, shard), run_id=run_id, options=lease) as held,
         _open_journal(store, shard, fingerprint, work_dir, log) as (journal, restored_bytes),
+        _EndsFailed() as ending,
     ):
         if journal.torn_bytes_dropped:
             log(f"journal: dropped a torn last line ({journal.torn_bytes_dropped} bytes) left by a killed run")
@@ -178,50 +179,62 @@ def generate_shard(
             run_id=run_id,
             checkpointed_bytes=restored_bytes,
         )
+        ending.job, ending.reporter = job, reporter
         log(
             f"shard {shard}: {job.progress.total_events} events in {len(conversations)} conversations, "
             f"{job.progress.resumed_events} already in the journal"
         )
         last_heartbeat = asyncio.run(job.run(dispatcher, reporter))
-        try:
-            missing = job.missing_events()
-            if missing:
-                raise RuntimeError(f"shard {shard}: {len(missing)} events did not end, e.g. {missing[:3]}")
-            with tempfile.TemporaryDirectory(dir=work_dir) as staging:
-                parquet = Path(staging) / PARQUET_NAME
-                expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
-                written = write_completions_parquet(journal, parquet, expected)
-                manifest = CompletionsShardManifest(
-                    shard=shard,
-                    rows=written.rows,
-                    ids_digest=ids_digest(written.event_ids),
-                    ok=written.ok,
-                    errors=written.errors,
-                    prompt_tokens=written.prompt_tokens,
-                    output_tokens=written.output_tokens,
-                    conversations=len(conversations),
-                    conversations_ids_digest=conversations_manifest.ids_digest,
-                    settings_fingerprint=fingerprint,
-                    settings=settings,
-                    generation=GenerationSummary.of(
-                        last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint)
-                    ),
-                )
-                # A slow store fails the run, naming the store, past its deadline (retried calls alone never end).
-                with store.deadline(f"publishing completions shard {shard}"):
-                    held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
-                    published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
-            job.progress.state = "published"
-            asyncio.run(reporter.beat())  # while the lease is held: a run that takes the shard next beats after it
-        except LeaseLost:
-            raise  # the shard is another run's now: nothing more is written for it
-        except BaseException:
-            # A clean failure after generation (a full work dir, a failed upload) ends the run's heartbeat as
-            # failed; left at "generated", status would take the run for one that died.
-            job.progress.state = "failed"
-            asyncio.run(reporter.beat())
-            raise
+        missing = job.missing_events()
+        if missing:
+            raise RuntimeError(f"shard {shard}: {len(missing)} events did not end, e.g. {missing[:3]}")
+        with tempfile.TemporaryDirectory(dir=work_dir) as staging:
+            parquet = Path(staging) / PARQUET_NAME
+            expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
+            written = write_completions_parquet(journal, parquet, expected)
+            manifest = CompletionsShardManifest(
+                shard=shard,
+                rows=written.rows,
+                ids_digest=ids_digest(written.event_ids),
+                ok=written.ok,
+                errors=written.errors,
+                prompt_tokens=written.prompt_tokens,
+                output_tokens=written.output_tokens,
+                conversations=len(conversations),
+                conversations_ids_digest=conversations_manifest.ids_digest,
+                settings_fingerprint=fingerprint,
+                settings=settings,
+                generation=GenerationSummary.of(
+                    last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint)
+                ),
+            )
+            # A slow store fails the run, naming the store, past its deadline (retried calls alone never end).
+            with store.deadline(f"publishing completions shard {shard}"):
+                held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
+                published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
+        job.progress.state = "published"
+        asyncio.run(reporter.beat())  # while the lease is held: a run that takes the shard next beats after it
     return published
+
+
+class _EndsFailed:
+    """A clean failure after generation (a full work dir, a failed upload, a slow store's deadline) ends the
+    run's heartbeat as failed: left at "generated", status would take the run for one that died. Not after a lost
+    lease: the shard is another run's then, and nothing more is written for it. (A failure while generating ends
+    it as failed already: `ShardGeneration.run`.)"""
+
+    job: ShardGeneration | None = None
+    reporter: ShardReporter | None = None
+
+    def __enter__(self) -> _EndsFailed:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        if error is None or isinstance(error, LeaseLost) or self.job is None or self.reporter is None:
+            return
+        if self.job.progress.state == "generated":
+            self.job.progress.state = "failed"
+            asyncio.run(self.reporter.beat())
 
 
 def _earlier_summary(store: Store, shard: int, fingerprint: str) -> GenerationSummary | None:
