@@ -47,8 +47,8 @@ lint: venv
 LAUNCH_TIMEOUT_S ?= 300
 
 # The Dagster UI and daemon on the same instance the demo and CLI runs use (http://127.0.0.1:3000).
-# The UI and the daemon open the instance at once: its databases are made (or migrated) first, by one process
-# (processes that first use a fresh SQLite instance together race on its schema and break it).
+# The UI and the daemon open the instance at once: dagster.yaml's instance class makes its databases under a lock
+# on the home, and `dagster instance migrate` brings an older home up to date first.
 dev: venv
 	mkdir -p $(DEV_HOME) && cp dagster.yaml $(DEV_HOME)/dagster.yaml
 	DAGSTER_HOME=$(DEV_HOME) $(BIN)/dagster instance migrate >/dev/null

@@ -65,6 +65,11 @@ def fail_dead_runs(instance: dg.DagsterInstance, dead_runs: list[DeadRun]) -> li
     return marked
 
 
+def daemon_heartbeat_at(instance: dg.DagsterInstance) -> float | None:
+    """When the Dagster daemon last beat (the latest of its daemons' heartbeats); None when none ever did."""
+    return max((beat.timestamp for beat in instance.get_daemon_heartbeats().values()), default=None)
+
+
 def instance_pool_alerts(instance: dg.DagsterInstance, dead_runs: list[DeadRun]) -> list[Alert]:
     """Runs waiting on a pool slot that dead runs hold."""
     return pool_alerts(stuck_pools(instance, dead_runs))

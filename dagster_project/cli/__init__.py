@@ -2,6 +2,7 @@
 
 dflash status [--json] [--by-id] [--watch N]  the answers: progress, MTP, concurrency, storage, coverage, ...
 dflash free-slots RUN_ID...                   give back the pool slots of dead runs (the "pool" alert names them)
+dflash repair-instance                        repair a Dagster instance broken by processes that first used it at once
 dflash fleet up|down|status|forget|router    the SGLang fleet (real servers per GPU, or simulators)
 dflash plan --brief | --req-per-s ...         the estimates `status` compares against
 dflash plan --shards [--fleet-cap ...]        how many shards keep each run's fixed cost and tail small
@@ -26,7 +27,7 @@ from typing import Any
 from dagster_project.cli.demo import demo_flags
 from dagster_project.cli.fleet import fleet_flags
 from dagster_project.cli.profile import profile_flags
-from dagster_project.cli.status import free_slots_flags, metrics_flags, status_flags
+from dagster_project.cli.status import free_slots_flags, metrics_flags, repair_instance_flags, status_flags
 from dagster_project.cli.tune import plan_flags, tune_flags
 
 
@@ -63,6 +64,13 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
         "it wait forever; `dflash status` and the run_report page name such runs in a `pool` alert. Dagster 1.13 "
         "has no command for it (only its UI's pool page, under Deployment > Concurrency). Needs DAGSTER_HOME.",
         free_slots_flags,
+    ),
+    "repair-instance": (
+        'repair a SQLite Dagster instance that no command can open ("more than one head present")',
+        "Processes that first used a fresh SQLite instance at once (before this project's dagster.yaml locked its "
+        "creation) can leave a database with two schema versions stamped. This keeps the oldest and migrates the "
+        "instance to the current schema, under the instance's lock. Needs DAGSTER_HOME.",
+        repair_instance_flags,
     ),
     "fleet": (
         "start, stop or inspect the SGLang fleet",

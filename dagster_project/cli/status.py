@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import typing
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dagster_project import settings
@@ -98,11 +99,13 @@ def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any
     _, stale = fleet_registry.live_nodes(store, stale_after_s)
     dead_runs = status.progress.dead_runs
     if instance:
-        from dagster_project.assets.dagster_instance import fail_dead_runs, instance_pool_alerts
+        from dagster_project.assets.dagster_instance import daemon_heartbeat_at, fail_dead_runs, instance_pool_alerts
+        from dagster_project.ops.dagster_view import daemon_alerts
 
         marked = fail_dead_runs(instance, dead_runs)
         # After the runs found dead here gave their slots back: what still blocks a run needs the operator.
         dagster_alerts = instance_pool_alerts(instance, dead_runs)
+        dagster_alerts += daemon_alerts(daemon_heartbeat_at(instance), status.collected_at)
     else:
         marked, dagster_alerts = [], view_alerts(view, dead_runs, status.collected_at)
     status = dataclasses.replace(status, stale_nodes=stale, alerts=[*status.alerts, *dagster_alerts])
@@ -161,6 +164,21 @@ def cmd_free_slots(args: argparse.Namespace, resources: Any) -> int:
         for run_id in args.run_ids:
             print(free_slots(instance, run_id))
     return 0
+
+
+def cmd_repair_instance(args: argparse.Namespace, resources: Any) -> int:
+    home = os.environ.get("DAGSTER_HOME")
+    if not home or not Path(home).is_dir():
+        raise SystemExit("dflash repair-instance: set DAGSTER_HOME to the instance's directory")
+    from dagster_project.assets.instance_storage import repair_instance
+
+    for done in repair_instance(home):
+        print(done)
+    return 0
+
+
+def repair_instance_flags(repair: argparse.ArgumentParser) -> None:
+    repair.set_defaults(func=cmd_repair_instance)
 
 
 def status_flags(status: argparse.ArgumentParser) -> None:

@@ -22,8 +22,9 @@ Failures, and what happens to the requests caught in them:
 
 * a dropped connection or a refused one: the server is quarantined; its requests fail on their own and
   are retried on other servers;
-* a server that keeps failing requests (garbage bodies, 5xx answers, aborts, "NaN happened"): quarantined
-  after a few in a row; a failed request is retried on a server it has not failed on whenever there is one;
+* a server that keeps failing requests (garbage bodies, 5xx answers, aborts, "NaN happened", answers cut off
+  by a length stop short of the request's `max_new_tokens`): quarantined after a few in a row; a failed
+  request is retried on a server it has not failed on whenever there is one;
 * a hung scheduler: `/health` on SGLang runs a one-token generation and answers 503 when the scheduler
   produces nothing for 20 s; a failed or timed-out health check quarantines the server;
 * our requests stuck behind a healthy `/health` (a router or load balancer in front of a server, or a
@@ -84,6 +85,7 @@ from dagster_project.sglang.client import (
     ABORTED,
     BAD_RESPONSE,
     CONNECTION_DROPPED,
+    CUT_SHORT,
     NOT_FOUND,
     QUEUE_FULL,
     SAMPLING_FAILED,
@@ -107,7 +109,7 @@ _SERVER_DOWN_KINDS = frozenset({CONNECTION_DROPPED, SERVER_UNAVAILABLE}) | _MISC
 _UNCHARGED_KINDS = frozenset({SERVER_UNAVAILABLE, QUEUE_FULL}) | _MISCONFIGURED_KINDS
 _QUEUE_FULL_QUARANTINE = 8  # consecutive 503s (about 30 s of cooling down) before a server is set aside
 # Answers that show the server, not the request, is at fault; this many in a row set the server aside.
-_SERVER_FAULT_KINDS = frozenset({SERVER_ERROR, SERVER_UNAVAILABLE, BAD_RESPONSE, SAMPLING_FAILED, ABORTED})
+_SERVER_FAULT_KINDS = frozenset({SERVER_ERROR, SERVER_UNAVAILABLE, BAD_RESPONSE, SAMPLING_FAILED, CUT_SHORT, ABORTED})
 _SERVER_FAULT_QUARANTINE = 5
 
 

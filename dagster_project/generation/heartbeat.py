@@ -9,7 +9,8 @@
 It also renews the shard's lease (every checkpoint, or a quarter of the lease's time to live if that is
 sooner). A store hiccup never stops generation: it is counted (`upload_failures`) and shown by `status`. A
 lost lease does: another run has taken the shard over, so this one stops writing anything for it and its
-`run` raises `LeaseLost`.
+`run` raises `LeaseLost`. Heartbeats are fenced by the lease: one is written only while the lease has a
+renewal interval left, so a run paused past its expiry renews (and finds it lost) before it writes again.
 
 Each heartbeat names its process (host, pid, start time), its Dagster run and its interval, so `status` sees a
 killed run as dead at once on its own host (the pid is gone) and after two missed beats elsewhere.
@@ -142,6 +143,7 @@ class ShardReporter:
     upload_failures: int = field(default=0, init=False)
     # Set when the lease is lost: another run owns the shard now, and this one writes nothing more for it.
     fenced: bool = field(default=False, init=False)
+    _lost: LeaseLost | None = field(default=None, init=False)
     segments_written: int = field(default=0, init=False)
     _writer: str = field(
         default_factory=lambda: f"{time.time_ns():020d}-{socket.gethostname()}-{os.getpid()}", init=False
@@ -180,12 +182,14 @@ class ShardReporter:
 
     async def renew_lease(self) -> None:
         """Extend the lease; `LeaseLost` (and nothing more written) if another run took the shard over."""
-        if self.lease is None or self.fenced:
+        if self.lease is None:
             return
+        if self._lost is not None:
+            raise self._lost
         try:
             await asyncio.to_thread(self.lease.renew)
-        except LeaseLost:
-            self.fenced = True
+        except LeaseLost as lost:
+            self.fenced, self._lost = True, lost
             raise
         except (StoreError, OSError) as exc:  # the next renewal may succeed: the lease has time left
             self.upload_failures += 1
@@ -208,8 +212,25 @@ class ShardReporter:
             self.segments_written += 1
 
     async def beat(self) -> None:
-        if not self.fenced:
+        """Write the heartbeat, fenced by the lease like a publish: a run paused past its lease's expiry (SIGSTOP,
+        a long pause) renews it first, and finding it taken over writes nothing (its `run` raises `LeaseLost`),
+        so the progress of the run that owns the shard now is never overwritten by this one's "running"."""
+        if not self.fenced and await self._lease_is_ours():
             await self._guarded("heartbeat", self._put_heartbeat, self.report())
+
+    async def _lease_is_ours(self) -> bool:
+        """The lease is this run's, with at least one renewal interval left by this host's clock; a renewal first
+        where less is left (never in a run that renews on time)."""
+        lease = self.lease
+        if lease is None or lease.record is None:
+            return True  # no lease to fence by (a caller without one)
+        if lease.clock() < lease.record.expires_at - lease.renew_every_s:
+            return True
+        try:
+            await self.renew_lease()
+        except LeaseLost:
+            return False
+        return lease.record is not None and lease.clock() < lease.record.expires_at
 
     async def run(self) -> None:
         """Until cancelled: heartbeats, journal checkpoints, lease renewals and progress logs, each at its own
@@ -218,6 +239,8 @@ class ShardReporter:
         renew_every = min(self.intervals.checkpoint_interval_s, self.lease.renew_every_s) if self.lease else 0.0
         while True:
             await self.beat()
+            if self._lost is not None:
+                raise self._lost  # found lost before the beat: stop now, not at the next renewal
             now = time.monotonic()
             if self.lease is not None and now - last_renewal >= renew_every:
                 await self.renew_lease()

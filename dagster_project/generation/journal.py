@@ -13,8 +13,10 @@ second run of the same shard on this host refuses instead of appending its own l
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,33 @@ class JournalCorrupt(RuntimeError):
 
 class JournalBusy(RuntimeError):
     """Another live process has the journal open."""
+
+
+class JournalWriteFailed(OSError):
+    """Writing the journal failed (a full disk, a quota): the message names the journal and its disk's free space."""
+
+
+def _write_failed(path: Path, doing: str, exc: OSError) -> JournalWriteFailed:
+    try:
+        usage = shutil.disk_usage(path.parent)
+        room = f"{_size(usage.free)} free of {_size(usage.total)} on its file system"
+    except OSError:
+        room = "its file system's free space unknown"
+    # One argument: OSError's own text would be "[Errno N] ...: 'path'", without the free space (the cause
+    # keeps its errno).
+    return JournalWriteFailed(
+        f"{doing} the journal {path} failed: [Errno {exc.errno}] {exc.strerror or exc}; {room}. The journal keeps "
+        "every answer written before this one (a rerun resumes from it): free space in the work directory "
+        "(DFLASH_WORK_DIR) or point it at a larger disk, then rerun the shard"
+    )
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -57,6 +86,7 @@ class Journal:
         self.torn_bytes_dropped = 0
         self._lines = 0
         self._unsynced = 0
+        self._failed_before = False  # a write failed and was raised (`close` does not raise it again)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = _lock_exclusively(path.with_name(path.name + ".lock"))
         try:
@@ -113,8 +143,11 @@ class Journal:
         """Record a finished event; returns False (and writes nothing) if it already has a final record."""
         if self.is_final(record["event_id"]):
             return False
-        self._handle.write(orjson.dumps(record) + b"\n")
-        self._handle.flush()  # in the kernel now: survives a SIGKILL of this process
+        try:
+            self._handle.write(orjson.dumps(record) + b"\n")
+            self._handle.flush()  # in the kernel now: survives a SIGKILL of this process
+        except OSError as exc:
+            raise self._failure("appending to", exc) from exc
         self._unsynced += 1
         if self._unsynced >= self.fsync_every:
             self.sync()
@@ -125,13 +158,31 @@ class Journal:
     def sync(self) -> None:
         """fsync: also survive a crash of the machine."""
         if self._unsynced:
-            os.fsync(self._handle.fileno())
+            try:
+                os.fsync(self._handle.fileno())
+            except OSError as exc:
+                raise self._failure("syncing", exc) from exc
             self._unsynced = 0
 
+    def _failure(self, doing: str, exc: OSError) -> JournalWriteFailed:
+        self._failed_before = True
+        return _write_failed(self.path, doing, exc)
+
     def close(self) -> None:
-        self.sync()
-        self._handle.close()
-        self._lock.close()  # closing the descriptor releases the lock
+        failed_before = self._failed_before
+        try:
+            self.sync()
+            try:
+                self._handle.close()  # flushes what is buffered
+            except OSError as exc:
+                raise self._failure("closing", exc) from exc
+        except JournalWriteFailed:
+            if not failed_before:
+                raise  # after a failure raised already, its leftover bytes fail again: not raised twice
+        finally:
+            with contextlib.suppress(OSError):
+                self._handle.close()  # closed already, unless a failure left bytes it cannot write: dropped
+            self._lock.close()  # closing the descriptor releases the lock
 
     def __enter__(self) -> Journal:
         return self

@@ -40,7 +40,7 @@ from dagster_project.generation.shards import (
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import COMPLETION_SCHEMA, EVAL_CONTAMINATION, STATUS_EXCLUDED, STATUS_OK
 from dagster_project.store.layout import COMPLETIONS, lease_key, shard_prefix
-from dagster_project.store.lease import LeaseOptions, take_lease
+from dagster_project.store.lease import LeaseLost, LeaseOptions, take_lease
 from dagster_project.store.manifest import ids_digest, publish_shard
 from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import describe_failures, failed_gates
@@ -199,6 +199,7 @@ def generate_shard(
     with (
         take_lease(store, lease_key(COMPLETIONS, shard), run_id=run_id, options=lease) as held,
         _open_journal(store, shard, fingerprint, work_dir, log) as (journal, restored_bytes),
+        _EndsFailed() as ending,
     ):
         if journal.torn_bytes_dropped:
             log(f"journal: dropped a torn last line ({journal.torn_bytes_dropped} bytes) left by a killed run")
@@ -216,6 +217,7 @@ def generate_shard(
             run_id=run_id,
             checkpointed_bytes=restored_bytes,
         )
+        ending.job, ending.reporter = job, reporter
         log(
             f"shard {shard}: {job.progress.total_events} events in {len(conversations)} conversations, "
             f"{job.progress.resumed_events} already in the journal"
@@ -247,11 +249,33 @@ def generate_shard(
                 pilot=pilot.message,
                 pilot_skipped=pilot.skipped,
             )
-            held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
-            published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
-    job.progress.state = "published"
-    asyncio.run(reporter.beat())
+            # A slow store fails the run, naming the store, past its deadline (retried calls alone never end).
+            with store.deadline(f"publishing completions shard {shard}"):
+                held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
+                published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])
+        job.progress.state = "published"
+        asyncio.run(reporter.beat())  # while the lease is held: a run that takes the shard next beats after it
     return published
+
+
+class _EndsFailed:
+    """A clean failure after generation (a full work dir, a failed upload, a slow store's deadline) ends the
+    run's heartbeat as failed: left at "generated", status would take the run for one that died. Not after a lost
+    lease: the shard is another run's then, and nothing more is written for it. (A failure while generating ends
+    it as failed already: `ShardGeneration.run`.)"""
+
+    job: ShardGeneration | None = None
+    reporter: ShardReporter | None = None
+
+    def __enter__(self) -> _EndsFailed:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        if error is None or isinstance(error, LeaseLost) or self.job is None or self.reporter is None:
+            return
+        if self.job.progress.state == "generated":
+            self.job.progress.state = "failed"
+            asyncio.run(self.reporter.beat())
 
 
 def _earlier_summary(store: Store, shard: int, fingerprint: str) -> GenerationSummary | None:

@@ -23,6 +23,10 @@ class AlertThresholds:
     eta_slip: float = field(
         default=0.25, metadata={"help": "Alert when the measured ETA exceeds the plan's by more than this fraction."}
     )
+    publish_slow_s: float = field(
+        default=120.0,
+        metadata={"help": "Alert when a shard is still publishing this many seconds after its generation ended."},
+    )
 
 
 DEFAULT_THRESHOLDS = AlertThresholds()
@@ -30,7 +34,7 @@ DEFAULT_THRESHOLDS = AlertThresholds()
 
 @dataclass(frozen=True)
 class Alert:
-    kind: str  # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs
+    kind: str  # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs, daemon
     message: str
 
 
@@ -50,8 +54,9 @@ def raise_alerts(
         *_mtp_alerts(mtp, thresholds.accept_length_floor),
         *_server_alerts(progress, concurrency),
         *_set_aside_alerts(concurrency),
+        *_refused_answer_alerts(concurrency),
         *_eta_alerts(progress, thresholds.eta_slip),
-        *_shard_alerts(progress, storage),
+        *_shard_alerts(progress, storage, thresholds.publish_slow_s),
         *_fleet_alerts(concurrency, endpoints_known),
     ]
 
@@ -89,7 +94,11 @@ def _stage_alerts(shards: ShardsAnswer) -> list[Alert]:
     if damaged:
         shown = "; ".join(damaged[:5]) + (f"; … (+{len(damaged) - 5} more)" if len(damaged) > 5 else "")
         alerts.append(
-            Alert("damaged", f"damaged objects in the store: {shown} (materialize their completions shards again)")
+            Alert(
+                "damaged",
+                f"damaged objects in the store: {shown} (materialize the stage each belongs to again, and what is "
+                "built on it)",
+            )
         )
     alerts += [
         Alert("export", f"specforge_export refused shard {state.shard}: {state.refused}")
@@ -124,7 +133,9 @@ def _mtp_alerts(mtp: MtpAnswer, floor: float) -> list[Alert]:
 
 def _server_alerts(progress: ProgressAnswer, concurrency: ConcurrencyAnswer) -> list[Alert]:
     alerts = []
-    work_waits = bool(progress.shards_running) and progress.events_remaining > 0
+    # Shards that finished generating and are publishing have no work for the fleet: an idle server is theirs.
+    generating = [shard for shard in progress.shards_running if shard not in progress.shards_publishing]
+    work_waits = bool(generating) and progress.events_remaining > 0
     for url, row in concurrency.servers.items():
         cap, running, queued = row.effective_cap, row.running, row.queued
         if cap is None or running is None:
@@ -140,7 +151,7 @@ def _server_alerts(progress: ProgressAnswer, concurrency: ConcurrencyAnswer) -> 
                 )
             )
         elif running == 0 and work_waits:
-            alerts.append(Alert("server", f"{url} is idle while shards {progress.shards_running} have work waiting"))
+            alerts.append(Alert("server", f"{url} is idle while shards {generating} have work waiting"))
     return alerts
 
 
@@ -156,8 +167,18 @@ def _eta_alerts(progress: ProgressAnswer, slip: float) -> list[Alert]:
     ]
 
 
-def _shard_alerts(progress: ProgressAnswer, storage: StorageAnswer) -> list[Alert]:
+def _shard_alerts(progress: ProgressAnswer, storage: StorageAnswer, publish_slow_s: float) -> list[Alert]:
     alerts = []
+    slow = {shard: seconds for shard, seconds in progress.shards_publishing.items() if seconds >= publish_slow_s}
+    if slow:
+        alerts.append(
+            Alert(
+                "storage",
+                f"shards {sorted(slow)} still publishing {max(slow.values()):,.0f} s after their generation ended: "
+                f"the store ({storage.store}) is slow or failing, not the fleet (each call is retried within the "
+                "store's retry policy)",
+            )
+        )
     if progress.shards_dead:
         dead = progress.shards_dead
         alerts.append(Alert("shards", f"shard runs killed, not running: {dead} (materialize them again)"))
@@ -175,6 +196,24 @@ def _shard_alerts(progress: ProgressAnswer, storage: StorageAnswer) -> list[Aler
 
 def _set_aside_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
     return [Alert("server", f"set aside: {describe_set_aside(server)}") for server in concurrency.set_aside]
+
+
+def _refused_answer_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
+    """A server answering 200 with what is not an answer: each was retried, but the server is faulty."""
+    return [
+        Alert(
+            "server",
+            f"{url} answered {sum(kinds.values())} requests with what is not an answer "
+            f"({', '.join(f'{kind} {count}' for kind, count in kinds.items())}; each retried, on another server "
+            "where there is one): look at its log"
+            + (
+                " and KV pool (cut_short: a length stop short of the request's max_new_tokens)"
+                if "cut_short" in kinds
+                else ""
+            ),
+        )
+        for url, kinds in concurrency.refused_answers.items()
+    ]
 
 
 def _fleet_alerts(concurrency: ConcurrencyAnswer, endpoints_known: bool) -> list[Alert]:

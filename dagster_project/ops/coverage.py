@@ -7,10 +7,11 @@ column chunks, never the whole object). It joins planned against recorded events
 to disk past its limit), so the answer never depends on counts that could hide a gap and a duplicate cancelling
 out.
 
-This is also where the stored shards are verified: every manifest is checked against its own object (read, or on
-S3 its listed ETag compared with the one its index copy was made from), every object it lists is checked against
-one listing of the store (present, same size, and on S3 the same ETag) and, for a local store, against its
-checksum. A damaged shard's events count as missing and the shard is named. The index that
+This is also where the stored shards are verified (the completions, and the training shards built on them):
+every manifest is checked against its own object (read, or on S3 its listed ETag compared with the one its index
+copy was made from), every object it lists is checked against one listing of the store (present, same size, and
+on S3 the same ETag) and, for a local store, against its checksum. A damaged completions shard's events count as
+missing and the shard is named; a damaged training shard is named. The index that
 lets `dflash status` answer in a few requests is made to agree with the manifests read here.
 
 A store whose completions and conversations disagree is reported, not a crash: a conversations shard that
@@ -31,7 +32,7 @@ from dagster_project.conversations.shards import ConversationsShardManifest, con
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.records import STATUS_EXCLUDED, STATUS_OK
 from dagster_project.store.dataclass_json import read_record, to_json
-from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS
+from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET
 from dagster_project.store.manifest import (
     ShardManifest,
     check_object,
@@ -42,6 +43,7 @@ from dagster_project.store.manifest import (
     verify_shard,
 )
 from dagster_project.store.storage import CorruptObject, LocalStore, ObjectInfo, Store, arrow_filesystem, local_files
+from dagster_project.training.shards import TrainingShardManifest
 
 if TYPE_CHECKING:
     import duckdb
@@ -52,7 +54,7 @@ _SAMPLE = 20
 
 @dataclass(frozen=True)
 class DamagedShard:
-    """A completions shard whose objects are not as published, and what is wrong with each (naming the object)."""
+    """A shard whose objects are not as published, and what is wrong with each (naming the object)."""
 
     shard: int
     problems: list[str]
@@ -84,6 +86,9 @@ class DatasetCoverage:
     unexpected_sample: list[str] = field(default_factory=list)
     shards_damaged: list[int] = field(default_factory=list)
     damaged: list[DamagedShard] = field(default_factory=list)  # the same shards, with their damaged objects
+    # Training shards whose objects are not as published (verified like the completions; their rows are not
+    # counted here, but what is built on them is not green).
+    training_damaged: list[DamagedShard] = field(default_factory=list)
     # Where the completions and the conversations disagree (the store is not consistent).
     conversations_shards_missing: list[int] = field(default_factory=list)
     completions_from_other_conversations: list[int] = field(default_factory=list)
@@ -163,10 +168,15 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
             _load_planned(con, store, planned, Path(spill))
         counted = {s: m for s, m in completions.items() if s < num_shards and s not in damaged}
         _load_recorded(con, store, counted)
+        training, training_listed = read_manifests_from_objects(store, TRAINING_SET, TrainingShardManifest)
+        training_damaged = damaged_shards(store, training, training_listed)
         return replace(
             _summarize(con, num_shards, len(counted), [s for s in range(num_shards) if s not in completions]),
             shards_damaged=sorted(s for s in damaged if s < num_shards),
             damaged=[DamagedShard(s, problems) for s, problems in sorted(damaged.items()) if s < num_shards],
+            training_damaged=[
+                DamagedShard(s, found) for s, found in sorted(training_damaged.items()) if s < num_shards
+            ],
             conversations_shards_missing=[s for s in range(num_shards) if s not in planned],
             completions_from_other_conversations=[
                 s

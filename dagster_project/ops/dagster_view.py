@@ -23,6 +23,9 @@ VIEW_KEY = "reports/dagster_view.json"
 # What acts on dead runs: opens the instance, marks them failed and frees their pool slots.
 ACTING_COMMAND = "dflash status --dagster"
 HEARTBEAT_SAYS_DEAD = "its shard's heartbeat says it died"
+# The daemon beats every 30 s (Dagster's default): silent for this long, it is gone (killed, or its host lost), and
+# with it the run queue, run monitoring, sensors (this page's refresh among them) and backfills.
+DAEMON_SILENT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,16 @@ class DagsterView:
     materialized: list[int]  # completions shards
     dead_runs: list[DeadHolder] = field(default_factory=list)
     pool_alerts: list[str] = field(default_factory=list)  # each names the `dflash free-slots` command
+    daemon_heartbeat_at: float | None = None  # the Dagster daemon's latest heartbeat (None: none ever seen)
 
 
-def take_view(taken_at: float, materialized: set[int], dead_runs: list[DeadRun], stuck: list[StuckPool]) -> DagsterView:
+def take_view(
+    taken_at: float,
+    materialized: set[int],
+    dead_runs: list[DeadRun],
+    stuck: list[StuckPool],
+    daemon_heartbeat_at: float | None = None,
+) -> DagsterView:
     """The record, from what the report already read: `dead_runs` from the heartbeats, `stuck` from the pools."""
     holders = {run.run_id: DeadHolder(run.run_id, HEARTBEAT_SAYS_DEAD) for run in dead_runs if run.run_id}
     holders.update((holder.run_id, holder) for pool in stuck for holder in pool.dead_holders)
@@ -42,7 +52,22 @@ def take_view(taken_at: float, materialized: set[int], dead_runs: list[DeadRun],
         materialized=sorted(materialized),
         dead_runs=sorted(holders.values(), key=lambda holder: holder.run_id),
         pool_alerts=[alert.message for alert in pool_alerts(stuck)],
+        daemon_heartbeat_at=daemon_heartbeat_at,
     )
+
+
+def daemon_alerts(heartbeat_at: float | None, now: float) -> list[Alert]:
+    """The daemon silent past `DAEMON_SILENT_S` (a node that never ran one, the CLI alone, has nothing to say)."""
+    if heartbeat_at is None or now - heartbeat_at < DAEMON_SILENT_S:
+        return []
+    return [
+        Alert(
+            "daemon",
+            f"Dagster daemon: no heartbeat for {now - heartbeat_at:,.0f} s: queued runs do not start, dead runs are "
+            "not detected and sensors (this page's refresh among them) do not tick; start it again "
+            "(`dagster-daemon run` on this DAGSTER_HOME, or `make dev`)",
+        )
+    ]
 
 
 def write_view(store: Store, view: DagsterView) -> None:
@@ -60,9 +85,10 @@ def render_view(view: DagsterView | None, now: float) -> str:
             f"`{ACTING_COMMAND}` reads the instance now"
         )
     dead = "; ".join(f"{holder.run_id} ({holder.why})" for holder in view.dead_runs) or "none"
+    daemon = f"last heartbeat {ago(view.daemon_heartbeat_at, now)}" if view.daemon_heartbeat_at else "none seen"
     return (
         f"Dagster (as of {ago(view.taken_at, now)}, recorded by run_report): {len(view.materialized)} completions "
-        f"shards materialized; dead runs: {dead}; `{ACTING_COMMAND}` reads the instance now"
+        f"shards materialized; dead runs: {dead}; daemon: {daemon}; `{ACTING_COMMAND}` reads the instance now"
     )
 
 
@@ -70,6 +96,7 @@ def view_alerts(view: DagsterView | None, dead_runs: list[DeadRun], now: float) 
     """The recorded pool alerts, with their age, and the runs seen dead now (their heartbeat) that only the
     instance can end, with the commands that do it."""
     alerts = [] if view is None else [Alert("pool", f"{m} (as of {ago(view.taken_at, now)})") for m in view.pool_alerts]
+    alerts += daemon_alerts(view.daemon_heartbeat_at if view else None, now)  # its latest beat the view recorded
     run_ids = sorted({run.run_id for run in dead_runs if run.run_id})
     if run_ids:
         alerts.append(

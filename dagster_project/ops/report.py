@@ -196,7 +196,7 @@ def _shards(status: Status) -> Section:
             for failure in state.blocked_by
         ]
         rows += [[shard, "overridden", gate, "", ""] for gate in state.overridden]
-        rows += [[shard, "completions damaged", problem, "", ""] for problem in state.damaged_objects]
+        rows += [[shard, "damaged", problem, "", ""] for problem in state.damaged_objects]
         if state.refused and not state.blocked_by:
             rows.append([shard, "export refused", state.refused, "", ""])
     tables = ()

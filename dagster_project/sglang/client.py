@@ -15,7 +15,12 @@ from typing import Any, Self
 import aiohttp
 import orjson
 
-from dagster_project.sglang.protocol import CONTEXT_LENGTH_MESSAGE, MSG_QUEUE_FULL, NAN_STOP
+from dagster_project.sglang.protocol import (
+    CONTEXT_LENGTH_MESSAGE,
+    MSG_QUEUE_FULL,
+    NAN_STOP,
+    length_stop_short_of_budget,
+)
 
 # Error kinds. Not retryable: the request itself is wrong, or the client is misconfigured.
 CONTEXT_LENGTH = "context_length"
@@ -32,6 +37,7 @@ TIMEOUT = "timeout"
 ABORTED = "aborted"
 BAD_RESPONSE = "bad_response"
 SAMPLING_FAILED = "sampling_failed"  # the server's sampler drew an out-of-vocabulary id ("NaN happened")
+CUT_SHORT = "cut_short"  # a length stop short of the request's max_new_tokens: a fragment, not an answer
 
 RETRYABLE_KINDS = frozenset(
     {
@@ -44,6 +50,7 @@ RETRYABLE_KINDS = frozenset(
         ABORTED,
         BAD_RESPONSE,
         SAMPLING_FAILED,
+        CUT_SHORT,
     }
 )
 _MAX_MESSAGE_CHARS = 2000
@@ -141,8 +148,9 @@ class GenerateResult:
         return self.meta_info.get("spec_correct_drafts_histogram")
 
 
-def _result_from_body(body: Any, rid: str, url: str) -> GenerateResult:
-    """Turn one response object into a result, or raise: aborts and malformed bodies are errors."""
+def _result_from_body(body: Any, rid: str, url: str, sampling_params: dict | None = None) -> GenerateResult:
+    """Turn one response object into a result, or raise: aborts, malformed bodies and length stops short of the
+    request's `max_new_tokens` (in `sampling_params`) are errors."""
     try:
         meta = body["meta_info"]
         output_ids = body["output_ids"]
@@ -179,6 +187,16 @@ def _result_from_body(body: Any, rid: str, url: str) -> GenerateResult:
             SAMPLING_FAILED,
             f"finish_reason matched {NAN_STOP!r}: the sampler drew an id outside the vocabulary and the server "
             "overwrote the last output id; the answer is not usable",
+            url=url,
+            rid=rid,
+            partial=result,
+        )
+    cut_short = sampling_params is not None and length_stop_short_of_budget(finish, output_ids, sampling_params)
+    if cut_short:
+        raise SGLangError(
+            CUT_SHORT,
+            f"{cut_short}: the server cut the answer off on its own (its KV pool, or a fault); the fragment is not "
+            "an answer",
             url=url,
             rid=rid,
             partial=result,
@@ -347,7 +365,7 @@ class SGLangClient:
             raise SGLangError(
                 BAD_RESPONSE, f"invalid JSON body ({len(body)} bytes)", url=self.base_url, rid=rid
             ) from None
-        return _result_from_body(parsed, rid, self.base_url)
+        return _result_from_body(parsed, rid, self.base_url, sampling_params)
 
     async def _get_json(self, path: str, timeout: float | None) -> dict:
         body = await self._get_ok(path, timeout or self._probe_timeout_s)

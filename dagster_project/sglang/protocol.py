@@ -503,12 +503,33 @@ def _check_finish_reason(
         requested = (sampling or {}).get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
         if requested is not None and finish["length"] > requested:
             problems.append(f"length {finish['length']} above max_new_tokens {requested}")
+        short = length_stop_short_of_budget(finish, output_ids, sampling)
+        if short:
+            problems.append(short)
         return problems
     if kind == "abort":
         if list(finish) != ["type", "message", "status_code", "err_type"]:
             return [f"abort finish_reason keys {list(finish)}"]
         return []
     return [f"unknown finish_reason type {kind!r}"]
+
+
+def length_stop_short_of_budget(
+    finish: Mapping[str, Any], output_ids: Sequence[int], sampling: Mapping[str, Any] | None
+) -> str | None:
+    """Why a `length` stop is not the request's: it ended short of the `max_new_tokens` it asked for (None when it
+    is not a length stop, or it reached the budget, or the request set none).
+
+    SGLang reports a length stop at the effective `max_new_tokens` (section 1.4 of the protocol notes) and refuses
+    with 400 a request whose prompt and budget exceed the context, so a length stop short of the budget means the
+    server clipped it on its own: a KV pool smaller than the request (which preflight rules out on a healthy
+    server), or a fault. Its answer is a fragment, not an answer at the budget the run asked for."""
+    if finish.get("type") != "length":
+        return None
+    requested = (sampling or {}).get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    if requested is None or len(output_ids) >= requested:
+        return None
+    return f"length stop after {len(output_ids)} tokens, short of the request's max_new_tokens {requested}"
 
 
 def input_hash(input_ids: Sequence[int]) -> str:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import orjson
+
 from dagster_project.store import object_index
 from dagster_project.store.dataclass_json import parse_record, read_record, to_json
 from dagster_project.store.layout import (
@@ -118,39 +120,45 @@ def publish_shards_together(
 ) -> list[ShardManifestT]:
     """`publish_shard` for each of `shards` (each shard's files, then its manifest), with the object index
     updated once per index block for all of them rather than twice per shard: a stage that publishes 1,830
-    shards at once would otherwise rewrite each 128-shard index block hundreds of times. Until the index is
-    updated at the end, readers of the index do not see these shards yet, never a stale copy of them.
+    shards at once would otherwise rewrite each 128-shard index block hundreds of times.
+
+    A republish replaces a published shard, never hides it: the new objects are written beside the ones the
+    published manifest names (under another name where the name is taken, `_free_key`), the new manifest
+    replaces the old one in one write, and only then, once the index names it too, are the earlier objects
+    removed. Until then every reader, of the objects or of the index, reads the earlier publication whole.
 
     Durability is paid once per phase, not once per object (`Store.sync`; on a local disk one syncfs instead of
     an fsync per file, each of which waits for its own journal commit): every shard's files are written, then
     made durable together, and only then are the manifests written, then made durable together, before the
     index names them. So a manifest that survives a crash always describes files that survived it (a reader
     never trusts a shard whose data is not durable), and the caller's commit point that follows (a stage
-    manifest, written synced) is durable only after every manifest it sums up. A crash in between leaves
-    shards without a manifest, which do not exist for readers, or a manifest torn by the crash, which its
-    reader reports as damaged, naming the object to re-materialize (`parse_record`); never a manifest that
-    names missing or partial data. `consume_files`: the local files are given up (moved into a local store, not
-    copied)."""
+    manifest, written synced) is durable only after every manifest it sums up. A crash in between leaves the
+    earlier publication (or none) in place with objects no manifest names (the next publish removes them), or
+    a manifest torn by the crash, which its reader reports as damaged, naming the object to re-materialize
+    (`parse_record`); never a manifest that names missing or partial data. `consume_files`: the local files are
+    given up (moved into a local store, not copied)."""
     shard_key = {manifest.shard: shard_manifest_key(manifest.stage, manifest.shard) for manifest, _ in shards}
-    manifest_keys = list(shard_key.values())
-    list(map_in_order(store, store.delete, manifest_keys))
-    object_index.forget(store, manifest_keys)
+    taken = dict(
+        zip(shard_key.values(), map_in_order(store, lambda key: _published_keys(store, key), shard_key.values()))
+    )
 
     def put_files(shard: tuple[ShardManifestT, list[tuple[str, Path]]]) -> ShardManifestT:
         manifest, files = shard
-        prefix = shard_prefix(manifest.stage, manifest.shard)
+        prefix, published = shard_prefix(manifest.stage, manifest.shard), taken[shard_key[manifest.shard]]
         objects = tuple(
-            put_object(store, prefix + name, path, synced=False, consume=consume_files) for name, path in files
+            put_object(store, _free_key(prefix + name, published), path, synced=False, consume=consume_files)
+            for name, path in files
         )
         return replace(manifest, objects=objects)
 
     def put_manifest(manifest: ShardManifestT) -> tuple[ShardManifestT, bytes, str | None]:
-        prefix, manifest_key = shard_prefix(manifest.stage, manifest.shard), shard_key[manifest.shard]
         done = replace(manifest, published_at=time.time())
         data = to_json(done)
-        etag = store.put_bytes(manifest_key, data, synced=False).etag
-        _remove_unlisted(store, prefix, {o.key for o in done.objects} | {manifest_key})
-        return done, data, etag
+        return done, data, store.put_bytes(shard_key[manifest.shard], data, synced=False).etag
+
+    def remove_earlier(manifest: ShardManifestT) -> None:
+        prefix = shard_prefix(manifest.stage, manifest.shard)
+        _remove_unlisted(store, prefix, {o.key for o in manifest.objects} | {shard_key[manifest.shard]})
 
     # Each phase's requests side by side on S3.
     with_objects = list(map_in_order(store, put_files, shards))
@@ -158,7 +166,30 @@ def publish_shards_together(
     done = list(map_in_order(store, put_manifest, with_objects))
     store.sync()
     object_index.record_all(store, {shard_key[m.shard]: (data, etag) for m, data, etag in done})
+    list(map_in_order(store, remove_earlier, [manifest for manifest, _, _ in done]))
     return [manifest for manifest, _, _ in done]
+
+
+def _published_keys(store: Store, manifest_key: str) -> set[str]:
+    """The object keys the shard's published manifest names (none when unpublished or unreadable)."""
+    found = store.get_versioned(manifest_key)
+    try:
+        return {obj["key"] for obj in orjson.loads(found[0]).get("objects", ())} if found else set()
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
+        return set()  # a torn manifest names nothing a reader trusts: its objects may be overwritten
+
+
+# Where a published object already holds a name, the replacement takes this one (and the next, the name again).
+_REPLACEMENT = ".replacement"
+
+
+def _free_key(key: str, published: set[str]) -> str:
+    """`key`, or where the published manifest names it, `key` with `_REPLACEMENT` before its extensions."""
+    if key not in published:
+        return key
+    folder, _, name = key.rpartition("/")
+    stem, dot, extensions = name.partition(".")
+    return f"{folder}/{stem}{_REPLACEMENT}{dot}{extensions}"
 
 
 def _remove_unlisted(store: Store, prefix: str, keep: set[str]) -> None:

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -80,9 +80,17 @@ class RetryPolicy:
         default=30.0, metadata={"help": "Per socket read, not per object: a large upload is not cut short."}
     )
     deadline_s: float = field(default=60.0, metadata={"help": "No new attempt starts after this long."})
+    publish_deadline_s: float = field(
+        default=900.0,
+        metadata={
+            "help": "A shard's publish (its objects, manifest and index) fails, naming the store, when it is still "
+            "calling S3 this long after it began; 0: no deadline."
+        },
+    )
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or min(self.backoff_s, self.connect_timeout_s, self.read_timeout_s, self.deadline_s) < 0:
+        bounds = (self.backoff_s, self.connect_timeout_s, self.read_timeout_s, self.deadline_s, self.publish_deadline_s)
+        if self.attempts < 1 or min(bounds) < 0:
             raise ValueError(f"invalid store retry policy {self}")
 
 
@@ -101,6 +109,8 @@ class Store(Protocol):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
     def delete(self, key: str) -> None: ...
     def url(self, key: str) -> str: ...
+    # No store call starts past the policy's `publish_deadline_s` from entering (`StoreError` naming `what`).
+    def deadline(self, what: str) -> AbstractContextManager[None]: ...
 
     # Compare-and-swap on one small object (leases): `version` is an opaque tag of the object's content.
     def get_versioned(self, key: str) -> tuple[bytes, str] | None: ...
@@ -178,6 +188,9 @@ class LocalStore:
                 f"the store root {self.uri} is not a directory: {existing} is a file (set DFLASH_STORE to a "
                 "directory, or to s3://bucket/prefix)"
             )
+
+    def deadline(self, what: str) -> AbstractContextManager[None]:
+        return nullcontext()  # a local disk that is slow is not waited on call by call
 
     def _path(self, key: str) -> Path:
         # normpath, not resolve(): no file system calls for a key (readers of 1,830 shards ask for many).
@@ -314,6 +327,28 @@ class S3Store:
         self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self.client = client
         self.policy = policy
+        self.last_call_s: float | None = None  # how long the last S3 call took, for a deadline's message
+        self._deadline: tuple[float, str] | None = None  # (monotonic time, what it bounds), while one holds
+
+    @contextmanager
+    def deadline(self, what: str) -> Iterator[None]:
+        if not self.policy.publish_deadline_s:
+            yield
+            return
+        self._deadline = (time.monotonic() + self.policy.publish_deadline_s, what)
+        try:
+            yield
+        finally:
+            self._deadline = None
+
+    def _check_deadline(self, action: str, key: str) -> None:
+        if self._deadline is not None and time.monotonic() > self._deadline[0]:
+            last = f"{self.last_call_s:.1f} s" if self.last_call_s is not None else "unknown"
+            raise StoreError(
+                f"{self._deadline[1]} passed its deadline of {self.policy.publish_deadline_s:.0f} s (the store "
+                f"resource's publish_deadline_s) before {action} {self.url(key)}: the store {self.uri} is slow "
+                f"(its last call took {last}); nothing more is sent, and a rerun publishes from the journal"
+            )
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -326,9 +361,12 @@ class S3Store:
         backoff, within the policy's attempts and deadline; permanent ones fail at once."""
         policy, started = self.policy, time.monotonic()
         for attempt in range(1, policy.attempts + 1):
+            self._check_deadline(action, key)
+            begun = time.monotonic()
             try:
-                return call()
+                result = call()
             except Exception as exc:  # botocore raises many unrelated types for transport errors
+                self.last_call_s = time.monotonic() - begun
                 delay = policy.backoff_s * 2 ** (attempt - 1)
                 elapsed = time.monotonic() - started
                 if not _is_transient(exc):
@@ -338,6 +376,9 @@ class S3Store:
                         f"{action} {self.url(key)} failed after {attempt} attempt(s) in {elapsed:.0f} s: {exc}"
                     ) from exc
                 time.sleep(delay)
+            else:
+                self.last_call_s = time.monotonic() - begun
+                return result
         raise AssertionError("unreachable")
 
     def _verify(self, key: str, size: int, sha256: str) -> ObjectInfo:

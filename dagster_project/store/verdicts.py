@@ -158,6 +158,7 @@ class ExportOutcome:
     key: str = ""  # the exported object
     overridden: dict[str, str] = field(default_factory=dict)  # `check/gate` → message
     refused: str = ""
+    damaged: bool = False  # refused because the training shard's objects are not as published (`refused` names them)
 
     def judges(self, manifest: ShardManifest) -> bool:
         return (self.published_at, self.ids_digest) == (manifest.published_at, manifest.ids_digest)
@@ -168,10 +169,24 @@ def export_outcome_key(shard: int, exporter: str = SPECFORGE) -> str:
 
 
 def record_export_outcome(
-    store: Store, manifest: ShardManifest, *, key: str = "", overridden: dict[str, str], refused: str = ""
+    store: Store,
+    manifest: ShardManifest,
+    *,
+    key: str = "",
+    overridden: dict[str, str],
+    refused: str = "",
+    damaged: bool = False,
 ) -> None:
     """Record what the SpecForge export did with this publication of the training shard."""
     outcome = ExportOutcome(
-        SPECFORGE, not refused, time.time(), manifest.published_at, manifest.ids_digest, key, overridden, refused
+        SPECFORGE,
+        not refused,
+        time.time(),
+        manifest.published_at,
+        manifest.ids_digest,
+        key,
+        overridden,
+        refused,
+        damaged,
     )
     put_indexed(store, export_outcome_key(manifest.shard), to_json(outcome))

@@ -48,7 +48,7 @@ import pyarrow as pa
 from dagster_project.store import verdicts
 from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET
 from dagster_project.store.manifest import rows_mismatch
-from dagster_project.store.storage import Store
+from dagster_project.store.storage import CorruptObject, Store
 from dagster_project.store.verdicts import REQUIRED_VERDICTS, read_verdict
 from dagster_project.training.lengths import MIN_OUTPUT_TOKENS
 from dagster_project.training.row_figures import list_buffers, row_sums
@@ -229,6 +229,9 @@ def export_shard(
             info = store.put_file(specforge_key(shard), path)
     except (ShardNotCleared, LossMaskTooSmall) as refusal:
         verdicts.record_export_outcome(store, manifest, overridden={}, refused=str(refusal))
+        raise
+    except CorruptObject as damage:  # `status` shows the training shard damaged, naming the object
+        verdicts.record_export_outcome(store, manifest, overridden={}, refused=str(damage), damaged=True)
         raise
     verdicts.record_export_outcome(store, manifest, key=info.key, overridden=overridden)
     return ExportedShard(

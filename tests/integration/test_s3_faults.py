@@ -71,5 +71,27 @@ def test_a_failed_republish_never_pairs_the_old_manifest_with_new_objects(proxie
         publish_shard(store, ShardManifest(stage="completions", shard=9, rows=5), shard_files[1:])
     proxy.come_back()
     manifest = read_shard_manifest(store, "completions", 9, ShardManifest)
-    # Either the old publication is intact, or the shard is withdrawn; never a mixture.
-    assert manifest is None or (manifest == old and verify_shard(store, manifest) == [])
+    # The old publication stays whole: a republish replaces it, never withdraws it first.
+    assert manifest == old and verify_shard(store, manifest) == []
+
+
+def test_a_publish_to_a_slow_store_stops_at_its_deadline_naming_the_store(s3_server, s3_bucket, monkeypatch, tmp_path):
+    """Every S3 answer 0.4 s late: each call succeeds, the publish would go on; past the deadline it stops."""
+    with fault_proxy(s3_server.endpoint) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        store = DatasetStore(
+            root=f"s3://{s3_bucket}/runs/r1", work_dir=str(tmp_path / "work"), s3=S3Resource(), publish_deadline_s=1.0
+        ).open()
+        files = []
+        for i in range(6):
+            path = tmp_path / f"part-{i}.parquet"
+            path.write_bytes(bytes([i]) * 1000)
+            files.append((path.name, path))
+        proxy.slow_s = 0.4
+        with pytest.raises(StoreError) as stopped, store.deadline("publishing completions shard 3"):
+            publish_shard(store, ShardManifest(stage="completions", shard=3, rows=6), files)
+        proxy.slow_s = 0.0
+        assert read_shard_manifest(store, "completions", 3, ShardManifest) is None  # nothing half-published
+    message = str(stopped.value)
+    assert message.startswith("publishing completions shard 3 passed its deadline of 1 s (the store resource's ")
+    assert f"the store {store.uri} is slow (its last call took " in message

@@ -3,13 +3,15 @@
 While `down`, every new connection is accepted and reset at once (what a restarting endpoint looks like);
 connections already open are cut. While `silent`, new connections are accepted and never answered (a hung
 endpoint). `refused` and `held` count the connections turned away or left hanging, so a test can wait for
-the client to have hit the fault before lifting it.
+the client to have hit the fault before lifting it. `slow_s`: every chunk of an answer is held that long before
+it is passed on (a slow endpoint: each call succeeds, late).
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,6 +25,7 @@ class FaultProxy:
         self.silent = threading.Event()
         self.refused = 0
         self.held = 0
+        self.slow_s = 0.0
         self._hanging: list[socket.socket] = []
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -60,14 +63,16 @@ class FaultProxy:
             return
         with self._lock:
             self._open.update({client, upstream})
-        pump = threading.Thread(target=self._pipe, args=(upstream, client), daemon=True)
+        pump = threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True)
         pump.start()
         self._pipe(client, upstream)
         pump.join()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, answers: bool = False) -> None:
         try:
             while data := source.recv(65536):
+                if answers and self.slow_s:
+                    time.sleep(self.slow_s)  # the fault itself: a late answer, not a wait for anything
                 sink.sendall(data)
         except OSError:
             pass

@@ -61,11 +61,17 @@ class ConcurrencyAnswer:
     servers: dict[str, ServerConcurrency] = field(default_factory=dict)
     lengths: str = ""  # the request lengths the capacity answers assume, and their source
     set_aside: list[SetAside] = field(default_factory=list)
+    # Server → kind → answers its dispatchers refused as not answers (each retried, on another server where there
+    # is one), over the last run of every shard (`refused_answers`).
+    refused_answers: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 # A dispatcher's state of a server it set aside (`generation.server_checks.QUARANTINED`, not imported: the dispatcher
 # imports aiohttp, which `dflash status` does without).
 QUARANTINED = "quarantined"
+# The error kinds of an HTTP 200 that is not an answer (`sglang.client`, not imported for the same reason): a body
+# that is not a response, "NaN happened", a length stop short of the request's max_new_tokens.
+NOT_AN_ANSWER_KINDS = ("bad_response", "sampling_failed", "cut_short")
 EXPECTED_LENGTHS = "expected lengths (no completions yet)"
 NO_FLEET = "no server known: start a fleet (`dflash fleet up`) or set DFLASH_SGLANG_ENDPOINTS"
 
@@ -211,7 +217,21 @@ def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
         servers,
         f"{prompt:,.0f} prompt + {output:,.0f} output tokens per request, {lengths}",
         set_aside_servers(readings),
+        refused_answers(readings),
     )
+
+
+def refused_answers(readings: Readings) -> dict[str, dict[str, int]]:
+    """Server → kind → answers refused as not answers, by the dispatchers' own counts in the shard runs' last
+    heartbeats (a finished run's included: a fault retried elsewhere leaves no error row to count)."""
+    found: dict[str, Counter] = {}
+    for beat in readings.heartbeats:
+        for url, view in beat.servers.items():
+            errors = view.get("errors") or {}
+            refused = Counter({kind: int(errors[kind]) for kind in NOT_AN_ANSWER_KINDS if errors.get(kind)})
+            if refused:
+                found.setdefault(url, Counter()).update(refused)
+    return {url: dict(sorted(kinds.items())) for url, kinds in sorted(found.items())}
 
 
 def set_aside_servers(readings: Readings) -> list[SetAside]:

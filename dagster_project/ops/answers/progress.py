@@ -46,6 +46,9 @@ class ProgressAnswer:
     eta_settling: bool = False
     # Shards whose last run failed and which are not published: they need another run.
     shards_failed: list[int] = field(default_factory=list)
+    # Running shards whose generation has ended, publishing: shard → seconds since it ended (their work is with the
+    # store now, not the fleet).
+    shards_publishing: dict[int, float] = field(default_factory=dict)
 
 
 def _covered_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -100,6 +103,11 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
         events_ok=ok_events,
         eta_settling=settling,
         shards_failed=sorted(b.shard for b in beats if b.state == "failed" and b.shard not in readings.published),
+        shards_publishing={
+            b.shard: readings.now - b.updated_at
+            for b in sorted(readings.live, key=lambda b: b.shard)
+            if b.state == "generated"
+        },
     )
 
 

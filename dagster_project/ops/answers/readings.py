@@ -66,6 +66,19 @@ class Readings:
         }
 
     @property
+    def damaged_training(self) -> dict[int, list[str]]:
+        """Shard → the problems the last coverage check found with its training shard's objects, for the training
+        shards not published again since."""
+        by_id = self.coverage_by_id
+        if by_id is None:
+            return {}
+        return {
+            damage.shard: damage.problems
+            for damage in by_id.training_damaged
+            if damage.shard in self.training_set and self.training_set[damage.shard].published_at <= by_id.computed_at
+        }
+
+    @property
     def live_unpublished(self) -> list[Heartbeat]:
         """Running shards whose work is not yet counted in a published manifest."""
         return [b for b in self.live if b.shard not in self.published]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.answers.readings import Readings
@@ -30,6 +30,8 @@ NOT_STARTED = "not started"
 # Training set
 PASSED, OVERRIDDEN, BLOCKED, UNCHECKED = "passed", "overridden", "blocked", "unchecked"
 NOT_ASSEMBLED, WAITING = "not assembled", "waiting for completions"
+# Training set and export: built on objects that are damaged now (the completions, or the training shard)
+ON_DAMAGED = "built on damaged data"
 # Export
 EXPORTED, REFUSED, NOT_EXPORTED = "exported", "refused", "not exported"
 GREEN = (PUBLISHED, PASSED, EXPORTED)
@@ -75,7 +77,7 @@ class ShardState:
         """Blocked, overridden, damaged or refused: not green, and no run will change that on its own (dead and
         failed runs are progress's to report)."""
         return bool(self.blocked_by or self.overridden or self.damaged_objects or self.refused) or (
-            self.completions == DAMAGED
+            DAMAGED in (self.completions, self.training_set)
         )
 
 
@@ -129,6 +131,29 @@ def current_training(
     return training
 
 
+def with_damage(
+    state: ShardState,
+    *,
+    training: TrainingShardManifest | None,
+    export: ExportOutcome | None,
+    training_damaged: list[str],
+) -> ShardState:
+    """`state` with what is built on damaged objects not green: a training shard whose objects are not as published
+    (`training_damaged`: what the coverage check found; or an export that refused it as damaged) is `DAMAGED`, one
+    on damaged completions `ON_DAMAGED`, and so is an export of either."""
+    refused_as_damaged = export is not None and training is not None and export.judges(training) and export.damaged
+    found = [*training_damaged, *([export.refused] if refused_as_damaged else [])]
+    state = replace(state, damaged_objects=[*state.damaged_objects, *found])
+    assembled = state.training_set not in (WAITING, NOT_ASSEMBLED, BLOCKED)
+    if found and assembled:
+        state = replace(state, training_set=DAMAGED)
+    elif state.completions == DAMAGED and assembled:
+        state = replace(state, training_set=ON_DAMAGED)
+    if state.training_set in (DAMAGED, ON_DAMAGED) and state.export == EXPORTED:
+        state = replace(state, export=ON_DAMAGED)
+    return state
+
+
 def shard_state(
     shard: int,
     completions: str,
@@ -175,7 +200,7 @@ def shard_state(
 
 def answer_shards(readings: Readings) -> ShardsAnswer:
     """Every shard's state at each stage, counted, and the shards that are not green."""
-    damaged = readings.damaged_objects
+    damaged, training_damaged = readings.damaged_objects, readings.damaged_training
     verdicts = readings.verdicts
     runs = {
         RUNNING: {beat.shard for beat in readings.live},
@@ -183,15 +208,20 @@ def answer_shards(readings: Readings) -> ShardsAnswer:
         FAILED: {beat.shard for beat in readings.heartbeats if beat.state == "failed"},
     }
     states = [
-        shard_state(
-            shard,
-            completions_state(shard, shard in readings.published, runs, damaged.keys()),
-            published=readings.published.get(shard),
-            completions_verdicts=verdicts.get(COMPLETIONS, {}).get(shard, []),
+        with_damage(
+            shard_state(
+                shard,
+                completions_state(shard, shard in readings.published, runs, damaged.keys()),
+                published=readings.published.get(shard),
+                completions_verdicts=verdicts.get(COMPLETIONS, {}).get(shard, []),
+                training=readings.training_set.get(shard),
+                training_verdicts=verdicts.get(TRAINING_SET, {}).get(shard, []),
+                export=readings.exports.get(shard),
+                damaged=damaged.get(shard, []),
+            ),
             training=readings.training_set.get(shard),
-            training_verdicts=verdicts.get(TRAINING_SET, {}).get(shard, []),
             export=readings.exports.get(shard),
-            damaged=damaged.get(shard, []),
+            training_damaged=training_damaged.get(shard, []),
         )
         for shard in range(readings.num_shards)
     ]

@@ -38,12 +38,34 @@ def test_a_retryable_error_superseded_by_a_result_is_published_once_as_the_resul
     assert written.event_ids == ["b#turn0", "a#turn0"]
 
 
-def test_a_journal_missing_a_planned_event_is_refused_naming_it(tmp_path):
-    with Journal(tmp_path / "j.jsonl") as journal:
-        journal.append(record("a#turn0"))
+class RepeatingJournal(Journal):
+    """A journal whose final records repeat one: what a broken index of final records (two lines kept for one
+    event) would hand the publisher."""
+
+    def final_records(self):
+        records = list(super().final_records())
+        yield from records
+        yield records[0]
+
+
+@pytest.mark.parametrize(
+    ("kind", "events", "refusal"),
+    [
+        (Journal, ["a#turn0"], r"\(2 planned, 1 rows written; missing e.g. \['b#turn0'\], repeated e.g. \[\]\)"),
+        (
+            RepeatingJournal,
+            ["a#turn0", "b#turn0"],
+            r"\(2 planned, 3 rows written; missing e.g. \[\], repeated e.g. \['a#turn0'\]\)",
+        ),
+    ],
+    ids=["an event missing", "a record yielded twice"],
+)
+def test_a_journal_without_exactly_one_record_per_planned_event_is_refused_naming_it(tmp_path, kind, events, refusal):
+    with kind(tmp_path / "j.jsonl") as journal:
+        for event in events:
+            journal.append(record(event))
         with pytest.raises(
             JournalMismatch,
-            match=r"j.jsonl does not hold exactly one record per planned event \(2 planned, 1 rows written; "
-            r"missing e.g. \['b#turn0'\], repeated e.g. \[\]\): nothing was published",
+            match=r"j.jsonl does not hold exactly one record per planned event " + refusal + r": nothing was published",
         ):
             write_completions_parquet(journal, tmp_path / "out.parquet", {"a#turn0", "b#turn0"})

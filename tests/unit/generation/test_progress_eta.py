@@ -71,3 +71,19 @@ def test_before_its_window_is_long_enough_the_eta_says_it_is_settling_and_gives_
     # It says how long the ETA has been measured, of how long it needs: a request lives ~90 s here, so the
     # window holds four lifetimes.
     assert first_minutes[-1].eta_rates.seconds == 240 and 300 <= first_minutes[-1].eta_window_s <= 420
+
+
+def test_when_the_rate_changes_mid_shard_the_eta_follows_the_window_not_the_lifetime_rate():
+    """An hour at one answer every 2 s, then the fleet doubles (one a second): the ETA is the remaining events at
+    the new rate once the window has only new answers in it, not at the slower rate of the shard's lifetime."""
+    progress = ShardProgress(shard=0, total_events=10_000, settings_fingerprint="f", started_at=0.0)
+    row = {"status": "ok", "finish_reason": "stop", "completion_tokens": 100, "client_latency_s": 30.0}
+    finished = [2.0 * (i + 1) for i in range(1800)]  # 0-3600 s: 0.5 answers/s
+    finished += [3600.0 + i + 1 for i in range(1200)]  # 3600-4800 s: 1 answer/s
+    for at in finished:
+        progress.record(row, now=at)
+    beat = progress.snapshot(now=4800.5)  # the window (300 s here) holds the answers of 4501-4800 s
+    remaining = 10_000 - 3000
+    assert beat.remaining_events == remaining and not beat.eta_settling
+    assert beat.eta_window_s == 300 and beat.lifetime.req_per_s == 3000 / 4800.5  # a lifetime ETA: ~11,200 s
+    assert beat.eta_rates.req_per_s == 1.0 and beat.eta_s == remaining / 1.0

@@ -22,10 +22,12 @@ from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import read_completions_manifest
 from dagster_project.generation.stage import generate_shard, journal_path
 from dagster_project.generation_settings import GenerationSettings
+from dagster_project.ops.status import collect_status
 from dagster_project.sglang.client import SGLangError
 from dagster_project.store.dataclass_json import read_record
 from dagster_project.store.layout import COMPLETIONS, lease_key, progress_key
 from dagster_project.store.lease import Lease, LeaseHeld, LeaseLost, LeaseOptions
+from dagster_project.store.storage import LocalStore, StoreError
 from tests.support.ingest_helpers import run_stages
 
 SETTINGS = GenerationSettings()
@@ -123,3 +125,25 @@ def test_a_lease_lost_while_generating_stops_the_run_at_once(store, tmp_path, to
     assert time.monotonic() - started < 20 and read_completions_manifest(store, 0) is None
     # The fenced run wrote nothing more for the shard: the last heartbeat is still one of a running shard.
     assert read_record(store, progress_key(0), Heartbeat).state == "running"
+
+
+class FullDiskStore(LocalStore):
+    """A store whose data uploads fail as a full disk fails them (`LocalStore` names the path and the errno)."""
+
+    def put_file(self, key, path, *, synced=True):
+        if key.endswith(".parquet"):
+            raise StoreError(f"writing {self._path(key)} failed: [Errno 28] No space left on device")
+        return super().put_file(key, path, synced=synced)
+
+
+def test_a_run_that_fails_cleanly_after_generating_is_shown_failed_not_dead(store, tmp_path, tokenizer):
+    full = FullDiskStore(store.root)
+    with pytest.raises(StoreError, match="No space left on device"):
+        generate(full, tmp_path, tokenizer, InstantDispatcher(), run_id="run-full")
+    beat = read_record(store, progress_key(0), Heartbeat)
+    assert (beat.state, beat.run_id, beat.pid) == ("failed", "run-full", os.getpid())
+    status = collect_status(store, [])
+    assert status.progress.shards_failed == [0] and status.progress.shards_dead == []
+    assert status.shards.completions == {"failed": 1}
+    shard_alerts = [alert.message for alert in status.alerts if alert.kind == "shards"]
+    assert shard_alerts == ["shard runs failed and unpublished: [0]"]  # not "shard runs killed, not running"

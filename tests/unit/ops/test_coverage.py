@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dagster_project.conversations.shards import ConversationsShardManifest, read_shard_conversations_manifest
-from dagster_project.generation.shards import CompletionsShardManifest, read_completions_manifest
+from dagster_project.generation.shards import CompletionsShardManifest, read_completions_manifest, shard_coverage
 from dagster_project.ops.coverage import damaged_shards, dataset_coverage
 from dagster_project.records import COMPLETION_SCHEMA, empty_completion_row
 from dagster_project.store import object_index
@@ -58,6 +58,23 @@ def test_coverage_by_id_finds_gaps_duplicates_and_strays_that_counts_would_hide(
 
     publish_completions(outcome.store, tmp_path, 1, planned[1])
     assert dataset_coverage(outcome.store, 2).exactly_once
+
+
+def test_one_duplicated_event_alone_fails_the_shard_gate_and_the_dataset_coverage(tmp_path):
+    """Every planned event has its record and one has a second: the count is one over, nothing is missing."""
+    outcome = two_shard_store(tmp_path)
+    planned = [c.event_id(0) for c in outcome.conversations if c.shard == 1]
+    doubled = planned[0]
+    publish_completions(outcome.store, tmp_path, 1, planned + [doubled])
+
+    shard = shard_coverage(outcome.store, 1)
+    assert (shard.missing, shard.unexpected, shard.duplicated) == ([], [], {doubled: 2})
+    assert not shard.exact and shard.describe() == f"1 events have several records (e.g. {[doubled]})"
+
+    coverage = dataset_coverage(outcome.store, 2)
+    assert (coverage.events_missing, coverage.events_unexpected) == (0, 0)
+    assert coverage.events_duplicated == 1 and coverage.duplicated_sample == [doubled]
+    assert not coverage.exact_so_far and not coverage.exactly_once
 
 
 def two_shard_store(tmp_path):

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import dagster as dg
+from dagster._daemon.types import DaemonHeartbeat
+
+from dagster_project.assets.dagster_instance import daemon_heartbeat_at
 from dagster_project.ops.answers.progress import DeadRun
-from dagster_project.ops.dagster_view import DagsterView, read_view, render_view, take_view, write_view
+from dagster_project.ops.dagster_view import (
+    DagsterView,
+    daemon_alerts,
+    read_view,
+    render_view,
+    take_view,
+    view_alerts,
+    write_view,
+)
 from dagster_project.ops.pool_slots import DeadHolder, StuckPool
 from dagster_project.store.storage import LocalStore
 
@@ -26,5 +38,20 @@ def test_the_view_holds_every_dead_run_once_and_the_pool_alerts_with_their_comma
         "dead runs: run-3 (ended (FAILURE)); x (gone)"
     )
     assert render_view(DagsterView(taken_at=1.0, materialized=[]), now=2.0).endswith(
-        "dead runs: none; `dflash status --dagster` reads the instance now"
+        "dead runs: none; daemon: none seen; `dflash status --dagster` reads the instance now"
     )
+
+
+def test_a_daemon_silent_past_its_heartbeats_is_an_alert_with_its_age():
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert daemon_heartbeat_at(instance) is None and daemon_alerts(None, 1000.0) == []  # the CLI alone: no daemon
+        for daemon_type, at in (("SENSOR", 1000.0), ("SCHEDULER", 1010.0)):
+            instance.add_daemon_heartbeat(DaemonHeartbeat(at, daemon_type, "daemon-1", errors=[]))
+        beat = daemon_heartbeat_at(instance)
+    assert beat == 1010.0 and daemon_alerts(beat, 1100.0) == []  # beating: 90 s is within its silence limit
+    (alert,) = daemon_alerts(beat, 1310.0)  # `dflash status --dagster`, the daemon killed 300 s ago
+    assert alert.kind == "daemon" and alert.message.startswith("Dagster daemon: no heartbeat for 300 s: queued runs")
+    # Plain `dflash status`: the heartbeat the last run_report recorded, aged now.
+    view = take_view(1100.0, set(), [], [], daemon_heartbeat_at=beat)
+    assert "daemon: last heartbeat 300 s ago" in render_view(view, 1310.0)
+    assert [alert.kind for alert in view_alerts(view, [], 1310.0)] == ["daemon"]

@@ -256,3 +256,43 @@ def _alerts(readings_: Readings) -> dict[str, str]:
         thresholds=DEFAULT_THRESHOLDS,
     )
     return {alert.kind: alert.message for alert in alerts}
+
+
+def test_a_server_whose_answers_were_refused_as_not_answers_is_named_after_its_run_ended():
+    """Fragments cut short were retried elsewhere (no error row is left): the dispatcher's count names the server."""
+    now = time.time()
+    faulty = {"state": "healthy", "errors": {"cut_short": 6, "timeout": 1}}
+    healthy = {"state": "healthy", "errors": {}}
+    beat = Heartbeat(
+        shard=2, state="done", settings_fingerprint="f", started_at=now - 600, updated_at=now - 300, total_events=196,
+        resumed_events=0, done_events=196, remaining_events=0, ok_events=196, host=HOST, pid=PID,
+        process_start=STARTED, servers={ASIDE: faulty, "http://127.0.0.1:30002": healthy},
+    )  # fmt: skip
+    records = {**store_of({2: (completions(2), [], None, [], None)}), "heartbeats": [beat]}
+    assert answer_concurrency(readings(4, **records)).refused_answers == {ASIDE: {"cut_short": 6}}
+    assert _alerts(readings(4, **records))["server"] == (
+        f"{ASIDE} answered 6 requests with what is not an answer (cut_short 6; each retried, on another server where "
+        "there is one): look at its log and KV pool (cut_short: a length stop short of the request's max_new_tokens)"
+    )
+
+
+def test_a_shard_publishing_long_after_its_generation_ended_blames_the_store_not_an_idle_server():
+    """S3 answering every call 5-20 s late: generation is over, the publish drags on. The fleet is idle because
+    nothing is left for it; the alert names the store."""
+    now = time.time()
+    beat = Heartbeat(
+        shard=0, state="generated", settings_fingerprint="f", started_at=now - 900, updated_at=now - 465,
+        total_events=80, resumed_events=0, done_events=80, remaining_events=0, ok_events=80, host=HOST, pid=PID,
+        process_start=STARTED, heartbeat_interval_s=5.0,
+    )  # fmt: skip
+    idle = {"healthy": True, "max_running_requests": 8, "running": 0, "queued": 0}
+    records = {**store_of({}), "heartbeats": [beat]}
+    found = Readings(time.time(), 2, None, None, 160, plan=None, fleet={ASIDE: idle}, **records)
+    progress = answer_progress(found)
+    assert progress.shards_running == [0] and round(progress.shards_publishing[0]) == 465
+    alerts = _alerts(found)
+    assert "server" not in alerts  # not "… is idle while shards [0] have work waiting"
+    assert alerts["storage"] == (
+        f"shards [0] still publishing 465 s after their generation ended: the store ({STORE.uri}) is slow or "
+        "failing, not the fleet (each call is retried within the store's retry policy)"
+    )

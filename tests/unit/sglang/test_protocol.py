@@ -204,3 +204,34 @@ def test_abort_bodies_are_errors_never_results():
     with pytest.raises(client.SGLangError) as caught:
         client._result_from_body(body, "rid", "http://h:1")
     assert caught.value.kind == client.QUEUE_FULL
+
+
+def length_stop(tokens: int) -> dict:
+    meta = {key: value for key, value in REFERENCE_META.items() if not key.startswith("spec_")}
+    meta |= {"finish_reason": proto.finish_length(tokens), "completion_tokens": tokens}
+    meta["weight_versions"] = [{"version": "default", "start": 0, "end": tokens}]
+    return {"text": "...", "output_ids": [760] * tokens, "meta_info": meta}
+
+
+def test_a_length_stop_short_of_the_requests_budget_is_a_fragment_not_an_answer():
+    sampling = {"max_new_tokens": 32768}
+    fragment = length_stop(3)  # a server answering 200, finish_reason length, after 3 of 32,768 tokens
+    assert proto.check_generate_response(fragment, sampling=sampling, spec_draft_tokens=None) == [
+        "length stop after 3 tokens, short of the request's max_new_tokens 32768"
+    ]
+    with pytest.raises(client.SGLangError) as caught:
+        client._result_from_body(fragment, "rid", "http://h:1", sampling)
+    error = caught.value
+    assert (error.kind, error.retryable, error.url, error.partial.output_ids) == (
+        client.CUT_SHORT,
+        True,
+        "http://h:1",
+        [760] * 3,
+    )
+    assert str(error).startswith("cut_short from http://h:1: length stop after 3 tokens, short of the request's")
+    # At the budget, a length stop is an answer that hit max_new_tokens (the training set's length_capped).
+    capped = length_stop(32768)
+    assert proto.check_generate_response(capped, sampling=sampling, spec_draft_tokens=None) == []
+    assert client._result_from_body(capped, "rid", "http://h:1", sampling).completion_tokens == 32768
+    # Uncapped (null: to the context) has no budget to fall short of.
+    assert client._result_from_body(fragment, "rid", "http://h:1", {"max_new_tokens": None}).completion_tokens == 3

@@ -15,7 +15,17 @@ import pytest
 
 from dagster_project.conversations.shards import read_conversations, read_shard_conversations_manifest
 from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest
-from dagster_project.ops.coverage import dataset_coverage
+from dagster_project.ops.answers.shards import (
+    DAMAGED,
+    EXPORTED,
+    NOT_EXPORTED,
+    ON_DAMAGED,
+    PASSED,
+    REFUSED,
+    WAITING,
+)
+from dagster_project.ops.coverage import COVERAGE_KEY, dataset_coverage, write_coverage
+from dagster_project.ops.status import collect_status
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET, regenerate_command
 from dagster_project.store.manifest import DamagedObject, ShardManifest, publish_shard, verify_shard
 from dagster_project.store.storage import LocalStore
@@ -141,3 +151,41 @@ def test_a_manifest_that_counts_other_rows_than_its_objects_hold_is_refused_with
     with pytest.raises(DamagedObject, match="12 rows read, the manifest says 22") as refused:
         assemble_shard(store, 0, AssemblyOptions(), tmp_path / "again")
     assert str(refused.value).endswith(regenerate_command(COMPLETIONS, 0))
+
+
+def _states(store: LocalStore) -> tuple[dict, dict, dict, dict[str, str]]:
+    status = collect_status(store, [])
+    alerts = {alert.kind: alert.message for alert in status.alerts}
+    return status.shards.completions, status.shards.training_set, status.shards.export, alerts
+
+
+def test_a_damaged_training_shard_is_shown_damaged_by_status_and_so_is_its_export(store, tmp_path):
+    export_shard(store, 0, tmp_path / "export")
+    assert _states(store)[1:3] == ({PASSED: 1, WAITING: 1}, {EXPORTED: 1, NOT_EXPORTED: 1})
+    key = read_training_manifest(store, 0).data_keys[0]
+    zero_bytes_inside(store.root / key, "conversation_id")
+
+    # The coverage check (run_report, `status --by-id`) verifies the training shards too.
+    write_coverage(store, dataset_coverage(store, 2))
+    _, training, export, alerts = _states(store)
+    assert training == {DAMAGED: 1, WAITING: 1} and export == {ON_DAMAGED: 1, NOT_EXPORTED: 1}
+    assert f"{key}: checksum differs from the manifest" in alerts["damaged"]
+
+    # Without it, an export that meets the damage records it, and status shows it the same way.
+    store.delete(COVERAGE_KEY)
+    with pytest.raises(DamagedObject):
+        export_shard(store, 0, tmp_path / "export")
+    _, training, export, alerts = _states(store)
+    assert training == {DAMAGED: 1, WAITING: 1} and export == {REFUSED: 1, NOT_EXPORTED: 1}
+    assert f"{store.url(key)} is damaged: checksum differs from the manifest" in alerts["damaged"]
+
+
+def test_a_deleted_completions_object_flags_the_training_set_and_export_built_on_it(store, tmp_path):
+    export_shard(store, 0, tmp_path / "export")
+    key = read_completions_manifest(store, 0).data_keys[0]
+    (store.root / key).unlink()
+    write_coverage(store, dataset_coverage(store, 2))
+    completions, training, export, alerts = _states(store)
+    assert completions[DAMAGED] == 1 and PASSED not in training and EXPORTED not in export
+    assert training[ON_DAMAGED] == 1 and export[ON_DAMAGED] == 1
+    assert f"missing {key}" in alerts["damaged"]

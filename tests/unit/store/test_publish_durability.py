@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 
 from dagster_project.store.layout import MANIFEST_NAME
-from dagster_project.store.manifest import ShardManifest, publish_shards_together, read_shard_manifest, verify_shard
+from dagster_project.store.manifest import (
+    ShardManifest,
+    publish_shards_together,
+    read_published_manifests,
+    read_shard_manifest,
+    verify_shard,
+)
 from dagster_project.store.storage import LocalStore
 
 SHARDS = 8
@@ -52,3 +58,39 @@ def test_no_published_object_is_fsynced_on_its_own(tmp_path, monkeypatch):
     publish_shards_together(store, shards)
     # Only the object index's block is written synced (once to forget the old manifests, once to record the new).
     assert len(fsyncs) <= 2 < 2 * SHARDS
+
+
+class ReadDuringPut(LocalStore):
+    """A local store whose object PUTs under `stage/` stall long enough for a reader to look (what a slow S3 PUT
+    gives every reader): each records what a reader sees of shard 0 then, by its manifest and by the index."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.seen: list[tuple[ShardManifest | None, list[str], ShardManifest | None]] = []
+
+    def put_file(self, key, path, *, synced=True):
+        manifest = read_shard_manifest(self, "stage", 0, ShardManifest)
+        indexed = read_published_manifests(self, "stage", ShardManifest).get(0)
+        self.seen.append((manifest, verify_shard(self, manifest) if manifest else [], indexed))
+        return super().put_file(key, path, synced=synced)
+
+
+def test_a_republish_never_hides_the_published_shard_and_leaves_only_its_own_objects(tmp_path):
+    store = ReadDuringPut(tmp_path / "store")
+    first = publish_shards_together(store, _shards(tmp_path)[:1])[0]
+    assert first.data_keys == ["stage/shard=00000/data.jsonl"]
+    for publication in range(2):  # the replacement takes the other name each time, never the published one's
+        store.seen.clear()
+        replacement = tmp_path / "again.jsonl"
+        replacement.write_bytes(b'{"id": "0", "again": %d}\n' % publication)
+        published = read_shard_manifest(store, "stage", 0, ShardManifest)
+        again = publish_shards_together(
+            store, [(ShardManifest(stage="stage", shard=0, rows=1), [("data.jsonl", replacement)])]
+        )[0]
+        # While the new object was being written, the published shard was there whole, by its object and its index.
+        assert store.seen == [(published, [], published)]
+        assert again.data_keys != published.data_keys and verify_shard(store, again) == []
+        assert read_shard_manifest(store, "stage", 0, ShardManifest) == again
+        assert read_published_manifests(store, "stage", ShardManifest)[0] == again
+        assert {info.key for info in store.list("stage/")} == {*again.data_keys, f"stage/shard=00000/{MANIFEST_NAME}"}
+    assert again.data_keys == ["stage/shard=00000/data.jsonl"]

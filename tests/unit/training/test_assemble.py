@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pyarrow as pa
@@ -10,7 +11,8 @@ import pytest
 
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import COMPLETION_SCHEMA, TRAINING_SCHEMA
-from dagster_project.store.layout import TRAINING_SET, shard_prefix
+from dagster_project.store.layout import TRAINING_SET, lease_key, shard_prefix
+from dagster_project.store.lease import Lease, LeaseLost
 from dagster_project.store.manifest import ids_digest
 from dagster_project.store.storage import LocalStore
 from dagster_project.training import stage as assemble
@@ -231,3 +233,23 @@ def test_a_training_manifest_that_does_not_account_for_every_completions_row_is_
 def test_an_unpublished_completions_shard_is_refused(tmp_path):
     with pytest.raises(assemble.CompletionsNotPublished, match="completions shard 4 has no manifest"):
         assemble_shard(LocalStore(tmp_path), 4, AssemblyOptions(), tmp_path / "staging")
+
+
+class TakenOverOnAcquire(LocalStore):
+    """A store in which another run takes the training lease over as soon as this run has acquired it: the
+    assembling run was paused past the lease's expiry (SIGSTOP, a long pause) and the other run found it expired."""
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
+        written = super().put_if(key, data, version)
+        if key == lease_key(TRAINING_SET, 0) and version is None:  # this run's first take of the lease
+            Lease(self, key, "node-b pid 2 run other", clock=lambda: time.time() + 10_000).acquire()
+        return written
+
+
+def test_a_training_run_whose_lease_was_taken_over_does_not_publish(tmp_path):
+    store = TakenOverOnAcquire(tmp_path / "store")
+    publish_completions(store, 0, healthy_rows(4))
+    with pytest.raises(LeaseLost, match="now held by node-b pid 2 run other.*without publishing"):
+        assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")
+    assert read_training_manifest(store, 0) is None
+    assert not any(store.list(shard_prefix(TRAINING_SET, 0)))  # not even the Parquet object
