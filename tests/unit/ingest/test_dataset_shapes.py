@@ -13,6 +13,8 @@ from dagster_project.conversations.shards import quarantine_verdict
 from dagster_project.ingest.formats import parse_row
 from dagster_project.ingest.quarantine import Rejected
 from dagster_project.ingest.sources import SourceError, SourceSpec, parse_spec
+from dagster_project.ops.answers.coverage import answer_coverage, render_coverage
+from dagster_project.ops.answers.readings import Readings
 from tests.support.ingest_helpers import run_stages
 
 WEATHER = {
@@ -367,3 +369,10 @@ def test_exact_duplicates_are_counted_on_their_own_not_as_bad_rows(formats_users
     assert "chat_copy 4" in description
     strict = dataclasses.replace(manifest, duplicate_rate_max=0.25)
     assert quarantine_verdict(strict)[0] is False
+
+
+def test_the_operator_reads_the_duplicates_on_their_own(formats_users_bring) -> None:
+    outcome = formats_users_bring
+    readings = Readings(0.0, 2, outcome.raw_manifest, outcome.manifest, 0, {}, [], {}, None, None)
+    lines = render_coverage(answer_coverage(readings), 0.0)
+    assert "   exact duplicates 4 (26.7%): the first copy kept, not counted as bad rows" in lines
