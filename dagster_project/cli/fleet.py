@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dagster_project.cli.common import add_flags, given_flags, open_configured_store
-from dagster_project.store.storage import StoreError
+from dagster_project.store.storage import Store, StoreError
 
 if TYPE_CHECKING:
     from dagster_project.sglang import launch
@@ -66,10 +66,15 @@ def parse_sim_options(pairs: list[str], defaults: dict | None = None) -> dict:
 
 
 def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
+    from dagster_project.generation import fleet_registry
     from dagster_project.sglang import launch, launch_plan
 
     fleet = resources.fleet
     run_dir = Path(fleet.fleet_dir)
+    # The store the servers are registered in, opened and read before anything starts: a DFLASH_STORE that cannot
+    # work stops here in one line, not after paid servers are up.
+    store = open_configured_store()
+    next(store.list(fleet_registry.FLEET_PREFIX), None)  # one listing: a bucket or credentials that cannot work
     target = launch_plan.CapacityTarget(**given_flags(args, launch_plan.CapacityTarget))
     if args.simulate:
         given = parse_sim_options(args.sim_option, defaults={})
@@ -91,11 +96,16 @@ def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
         options, plan = launch_plan.plan_capacity(options, target, launch_plan.fleet_gpu(gpus, target))
         print(launch_plan.describe_plan(plan), flush=True)
         up = launch.launch_fleet(gpus, run_dir, options, **given_flags(args, LAUNCH_FLAGS))
-    print(f"fleet up ({up.kind}): {', '.join(up.urls)}; record and logs in {run_dir}")
-    # The cap each server computed, next to the plan's: a server that found other memory says so here.
-    for line in launch_plan.capacity_report(up.urls, plan, target, api_key=fleet.api_key):
-        print(f"  {line}")
-    _register(args, resources, up)
+    try:  # from here on, a failure stops the servers this command started: none is left running unregistered
+        print(f"fleet up ({up.kind}): {', '.join(up.urls)}; record and logs in {run_dir}")
+        # The cap each server computed, next to the plan's: a server that found other memory says so here.
+        for line in launch_plan.capacity_report(up.urls, plan, target, api_key=fleet.api_key):
+            print(f"  {line}")
+        _register(args, resources, up, store)
+    except BaseException:
+        stopped = launch.stop_fleet(run_dir)
+        print(f"fleet up failed: stopped the servers it started ({', '.join(stopped) or 'none left'})", file=sys.stderr)
+        raise
     return 0
 
 
@@ -164,8 +174,9 @@ def cmd_fleet_router(args: argparse.Namespace, resources: Any) -> int:
     return 0
 
 
-def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet) -> None:
-    """Record this node's servers in the store's fleet registry, where shard runs on every host find them."""
+def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet, store: Store) -> None:
+    """Record this node's servers in the store's fleet registry, where shard runs on every host find them (the
+    caller stops them if this fails)."""
     from dagster_project.generation import fleet_registry
     from dagster_project.sglang import launch
 
@@ -175,11 +186,9 @@ def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet) -> Non
     # Simulators are reached where they listen; real servers listen on every interface, reached by host name.
     advertise = args.advertise_host or (getattr(args, "host", None) if up.kind == "simulator" else None)
     servers = fleet_registry.fleet_servers(up, advertise or _default_advertise_host(up), caps)
-    store = resources.store.open()
     try:
         record = fleet_registry.register_node(store, args.node, up.kind, servers)
     except fleet_registry.RegistryError as exc:
-        launch.stop_fleet(Path(resources.fleet.fleet_dir))
         raise SystemExit(f"fleet up: {exc}; the servers were stopped") from None
     key = store.url(fleet_registry.node_key(record.node))
     print(f"registered node {record.node} ({', '.join(record.urls)}) in {key}")
