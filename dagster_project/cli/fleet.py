@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dagster_project.cli.common import add_flags, given_flags, open_configured_store
+from dagster_project import settings
+from dagster_project.cli.common import add_flags, given_flags, known_fleet_endpoints, open_configured_store
 from dagster_project.store.storage import Store, StoreError
 
 if TYPE_CHECKING:
@@ -136,21 +137,23 @@ def cmd_fleet_status(args: argparse.Namespace, resources: Any) -> int:
     from dagster_project.ops.terminal import fleet_table
     from dagster_project.sglang import launch
 
-    fleet = resources.fleet
-    endpoints = fleet.known_endpoints(resources.store.open())
+    # Read from the settings, not the fleet resource: no Dagster import, so a node without a fleet hears it at once.
+    fleet_dir = settings.fleet_dir()
+    endpoints = known_fleet_endpoints(open_configured_store())
     if not endpoints:
+        # On stderr: `--json` prints nothing (no server, no line), so what reads it sees an empty fleet.
         print(
-            f"no fleet: no node registered in the store, nothing recorded in {fleet.fleet_dir}, no endpoints "
+            f"no fleet: no node registered in the store, nothing recorded in {fleet_dir}, no endpoints "
             "configured (DFLASH_SGLANG_ENDPOINTS, DFLASH_SGLANG_ROUTER)",
             file=sys.stderr,
         )
         return 1
-    probes = launch.fleet_status(endpoints, api_key=fleet.api_key)
+    probes = launch.fleet_status(endpoints, api_key=os.environ.get("SGLANG_API_KEY") or None)
     if args.json:
         for server in probes:
             print(json.dumps(server))
     else:
-        local = launch.Fleet.load(Path(fleet.fleet_dir))
+        local = launch.Fleet.load(fleet_dir)
         print(fleet_table(probes, {member.port: member.pid for member in local.members} if local else {}))
     return 0
 

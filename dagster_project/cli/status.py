@@ -15,7 +15,7 @@ import typing
 from typing import TYPE_CHECKING, Any
 
 from dagster_project import settings
-from dagster_project.cli.common import open_configured_store
+from dagster_project.cli.common import known_fleet_endpoints, open_configured_store
 from dagster_project.store import layout
 
 if TYPE_CHECKING:
@@ -77,10 +77,7 @@ def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any
     from dagster_project.ops.status import collect_status
 
     stale_after_s = settings.fleet_stale_after_s()
-    router = settings.sglang_router()
-    endpoints = fleet_registry.known_endpoints(
-        [router] if router else settings.sglang_endpoints(), store, stale_after_s, str(settings.fleet_dir())
-    )
+    endpoints = known_fleet_endpoints(store)
     view = None if instance else read_view(store)
     if instance:
         from dagster_project.assets.dagster_instance import materialized_shards
