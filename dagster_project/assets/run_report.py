@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from dagster_project.assets.dagster_instance import materialized_shards
+from dagster_project.assets.dagster_instance import failed_backfills, materialized_shards
 from dagster_project.assets.pool_slots import stuck_pools, tell_waiting_runs
 from dagster_project.assets.run_tags import PURPOSE_TAG, tag_asset_run
 from dagster_project.conversations.shards import published_num_shards
@@ -13,7 +13,7 @@ from dagster_project.generation.heartbeat import read_heartbeats
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.alerts import AlertThresholds
 from dagster_project.ops.coverage import dataset_coverage, read_coverage, write_coverage
-from dagster_project.ops.dagster_view import take_view, write_view
+from dagster_project.ops.dagster_view import backfill_alerts, take_view, write_view
 from dagster_project.ops.pool_slots import pool_alerts
 from dagster_project.ops.refresh import (
     REFRESH_INTERVAL_S,
@@ -139,9 +139,10 @@ def run_report(
         thresholds=config.to_dataclass(),
     )
     stuck = stuck_pools(context.instance, status.progress.dead_runs)
-    status = replace(status, alerts=[*status.alerts, *pool_alerts(stuck)])
+    backfills = failed_backfills(context.instance)  # Dagster's list shows them Completed: the page says otherwise
+    status = replace(status, alerts=[*status.alerts, *pool_alerts(stuck), *backfill_alerts(backfills)])
     # What `dflash status` shows of Dagster without importing it.
-    write_view(data, take_view(status.collected_at, materialized, status.progress.dead_runs, stuck))
+    write_view(data, take_view(status.collected_at, materialized, status.progress.dead_runs, stuck, backfills))
     context.log.info("\n" + render_text(status))
     figures = plot_metrics(status)
     points = run_history(

@@ -95,11 +95,12 @@ def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any
     _, stale = fleet_registry.live_nodes(store, stale_after_s)
     dead_runs = status.progress.dead_runs
     if instance:
-        from dagster_project.assets.dagster_instance import fail_dead_runs, instance_pool_alerts
+        from dagster_project.assets.dagster_instance import fail_dead_runs, failed_backfills, instance_pool_alerts
+        from dagster_project.ops.dagster_view import backfill_alerts
 
         marked = fail_dead_runs(instance, dead_runs)
         # After the runs found dead here gave their slots back: what still blocks a run needs the operator.
-        dagster_alerts = instance_pool_alerts(instance, dead_runs)
+        dagster_alerts = instance_pool_alerts(instance, dead_runs) + backfill_alerts(failed_backfills(instance))
     else:
         marked, dagster_alerts = [], view_alerts(view, dead_runs, status.collected_at)
     status = dataclasses.replace(status, stale_nodes=stale, alerts=[*status.alerts, *dagster_alerts])
