@@ -30,9 +30,9 @@ Failures, and what happens to the requests caught in them:
   server whose `/generate` path is lost): a passing health check is not progress. Progress is an answer
   to one of our requests, or a `/metrics` read showing at least as many requests running + queued as we
   have there, so a server busy with long answers is never written off. A server is set aside when its
-  `/metrics` show nothing running or queued for `unserved_after_s` while ours are there, when it answers
-  none of ours for `silence_s` while other servers answer, or after `watchdog_s` without any sign of
-  progress (`server_watch.ServerWatch` keeps the account);
+  `/metrics` show nothing running or queued for `unserved_after_s` while ours are there, when it shows no sign
+  of progress (no answer, no read showing ours there) for `silence_s` while other servers answer, or after
+  `watchdog_s` without any sign of progress (`server_watch.ServerWatch` keeps the account);
 * whenever a server is quarantined, its in-flight requests are sent again elsewhere at once while the
   originals keep their chance; the first answer wins and the other attempts are cancelled and aborted;
 * 503 queue full: the server cools down (no new work) for a growing pause, and is quarantined if it
