@@ -29,7 +29,7 @@ from dagster_project.checks import completions as completions_checks  # noqa: E4
 from dagster_project.checks import contamination as contamination_checks  # noqa: E402
 from dagster_project.checks import conversations as conversations_checks  # noqa: E402
 from dagster_project.checks import training_set as training_set_checks  # noqa: E402
-from dagster_project.partitions import shard_partitions  # noqa: E402
+from dagster_project.partitions import refuse_unknown_partition, shard_partitions  # noqa: E402
 from dagster_project.resources import resources_from_env  # noqa: E402
 
 # A shard run is one process per shard. At exit, CPython's last garbage collections walk every object the
@@ -51,6 +51,9 @@ STAGES = [
     fleet_tuning,
 ]
 CHECKS = [conversations_checks, contamination_checks, completions_checks, training_set_checks]
+
+# `dagster asset materialize --partition shard-99999`: one line naming the shards there are, not Dagster's traceback.
+refuse_unknown_partition()
 
 SHARD_ASSETS = dg.AssetSelection.assets("completions", "training_set", "specforge_export", "hf_export")
 

@@ -12,8 +12,10 @@ materialization and check evaluations: `materialize_shards` and `check_shards` b
 (`dagster asset materialize --partition`, the UI) works as before.
 """
 
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import dagster as dg
 
@@ -25,14 +27,29 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from dagster_project import settings
 from dagster_project.conversations.shards import published_num_shards
 from dagster_project.generation.overlap import overlapped
+from dagster_project.generation.stage import ConversationsGated, ConversationsNotReady
 from dagster_project.resources import DatasetStore
 from dagster_project.store import layout
 from dagster_project.store.storage import Store
+from dagster_project.training.export import LossMaskTooSmall, ShardNotCleared
+from dagster_project.training.shards import TrainingShardNotPublished
+from dagster_project.training.stage import CompletionsGated, CompletionsNotPublished
 
 NUM_SHARDS = settings.num_shards()
 shard_partitions = dg.StaticPartitionsDefinition(layout.partition_keys(NUM_SHARDS))
 SHARDS_PER_RUN = settings.shards_per_run()
 SHARD_BACKFILL_POLICY = dg.BackfillPolicy.multi_run(max_partitions_per_run=SHARDS_PER_RUN)
+# A shard's stage refusing to run, its message naming the cause and the fix (an earlier stage to materialize, a
+# gate to clear or override): the step fails with that line (`dg.Failure`), not a traceback through the stage's code.
+REFUSALS = (
+    ConversationsNotReady,
+    ConversationsGated,
+    CompletionsNotPublished,
+    CompletionsGated,
+    TrainingShardNotPublished,
+    ShardNotCleared,
+    LossMaskTooSmall,
+)
 
 
 def open_store(store: DatasetStore) -> Store:
@@ -47,6 +64,40 @@ def open_store(store: DatasetStore) -> Store:
             f"re-materialize conversations with DFLASH_NUM_SHARDS={NUM_SHARDS}"
         )
     return data
+
+
+def unknown_partition_message(argv: Sequence[str], keys: Sequence[str]) -> str | None:
+    """What to tell `dagster asset materialize --partition KEY` (or `--partition-range A...B`) when KEY is not one of
+    these shard partitions `keys`; None for any other command line. Dagster's CLI checks the key only after loading
+    the definitions, and answers an unknown one with a traceback naming no valid key: the definitions say it in a
+    line when they load in that command (`refuse_unknown_partition`)."""
+    program = Path(argv[0]) if argv else Path()
+    is_dagster = program.name == "dagster" or (program.name == "__main__.py" and program.parent.name == "dagster")
+    if not is_dagster or list(argv[1:3]) != ["asset", "materialize"]:
+        return None
+    asked: list[str] = []
+    for index, arg in enumerate(argv):
+        flag, _, value = arg.partition("=")
+        if flag in ("--partition", "--partition-range"):
+            value = value or (argv[index + 1] if index + 1 < len(argv) else "")
+            asked += value.split("...") if flag == "--partition-range" else [value]
+    unknown = [key for key in asked if key not in set(keys)]
+    if not unknown or not keys:
+        return None
+    return (
+        f"dagster asset materialize: {unknown[0]!r} is not a shard partition: these definitions have "
+        f"{len(keys)} shards, {keys[0]} … {keys[-1]} (DFLASH_NUM_SHARDS={len(keys)} when they loaded). Pick one of "
+        "those, or load the definitions with the shard count the conversations were built with (DFLASH_NUM_SHARDS; "
+        "`dflash status` shows it)"
+    )
+
+
+def refuse_unknown_partition(argv: Sequence[str] | None = None) -> None:
+    """Stop `dagster asset materialize` asking for a shard these partitions lack, with one line (see
+    `unknown_partition_message`), before Dagster's traceback. `argv`: this process's command line by default."""
+    message = unknown_partition_message(sys.argv if argv is None else argv, shard_partitions.get_partition_keys())
+    if message is not None:
+        raise SystemExit(message)
 
 
 @dataclass(frozen=True)
@@ -76,6 +127,8 @@ def materialize_shards(
     if error is not None:
         for key, shard in done:
             yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=shard.metadata)
+        if isinstance(error, REFUSALS):
+            raise dg.Failure(description=str(error)) from None
         raise error
     for key, shard in done:
         context.add_asset_metadata(shard.metadata, partition_key=key)

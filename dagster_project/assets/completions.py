@@ -43,9 +43,12 @@ class CompletionsConfig(config_fields(ReportIntervals, config_fields(LeaseOption
 
 def _progress_line(heartbeat: Heartbeat) -> str:
     window, accept_length = heartbeat.window, heartbeat.spec.accept_length_window
-    eta = f"{heartbeat.eta_s / 60:.1f} min" if heartbeat.eta_s is not None else "—"
-    if heartbeat.eta_settling:
-        eta = f"settling ({heartbeat.eta_rates.seconds / 60:.1f} of {heartbeat.eta_window_s / 60:.1f} min measured)"
+    eta = f"{heartbeat.eta_s / 60:.1f} min" if heartbeat.eta_s is not None else "none yet (no answer finished)"
+    if heartbeat.eta_settling and heartbeat.eta_s is not None:
+        eta += (
+            f" at the lifetime rate (the window is settling: {heartbeat.eta_rates.seconds / 60:.1f} of "
+            f"{heartbeat.eta_window_s / 60:.1f} min measured)"
+        )
     accept = f"{accept_length:.2f}" if accept_length else "—"
     return (
         f"{heartbeat.done_events}/{heartbeat.total_events} events, {window.req_per_s:.2f} req/s, "

@@ -12,6 +12,7 @@ from dagster_project.assets.raw_prompts import raw_prompts
 from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.assets.tables import counts_table
 from dagster_project.conversations.stage import (
+    DEFAULT_DUPLICATE_RATE_MAX,
     DEFAULT_MAX_PROMPT_TOKENS,
     DEFAULT_QUARANTINE_RATE_MAX,
     build_conversations,
@@ -27,7 +28,13 @@ class ConversationsConfig(dg.Config):
     )
     quarantine_rate_max: float = Field(
         default=DEFAULT_QUARANTINE_RATE_MAX,
-        description="The quarantine-rate check fails above this fraction of input rows.",
+        description="The quarantine-rate check fails when more than this fraction of input rows is quarantined for "
+        "any reason but exact duplicates.",
+    )
+    duplicate_rate_max: float = Field(
+        default=DEFAULT_DUPLICATE_RATE_MAX,
+        description="The quarantine-rate check fails when more than this fraction of input rows are exact duplicates "
+        "of earlier rows (the first copy is kept; a high share usually means a source listed twice).",
     )
     supersede_shards: bool = Field(
         default=False,
@@ -65,6 +72,7 @@ def conversations(
             work_dir=Path(work_dir),
             max_prompt_tokens=config.max_prompt_tokens,
             quarantine_rate_max=config.quarantine_rate_max,
+            duplicate_rate_max=config.duplicate_rate_max,
             supersede_shards=config.supersede_shards,
             log=context.log.info,
         )
@@ -74,6 +82,8 @@ def conversations(
             "input_rows": manifest.input_rows,
             "quarantined": manifest.quarantined,
             "quarantine_rate": dg.MetadataValue.float(manifest.quarantine_rate),
+            "duplicates": manifest.duplicates,
+            "duplicate_rate": dg.MetadataValue.float(manifest.duplicate_rate),
             "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
             "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),
             "by_policy": dg.MetadataValue.md(counts_table("policy", manifest.by_policy)),

@@ -14,6 +14,7 @@ import dagster as dg
 from dagster_project.assets.pool_slots import processes_gone, stuck_pools
 from dagster_project.ops.alerts import Alert
 from dagster_project.ops.answers.progress import DeadRun
+from dagster_project.ops.dagster_view import FailedBackfill
 from dagster_project.ops.pool_slots import pool_alerts
 from dagster_project.store import layout
 
@@ -31,6 +32,24 @@ def open_instance(command: str) -> typing.Iterator[dg.DagsterInstance]:
 def materialized_shards(instance: dg.DagsterInstance) -> set[int]:
     """Completions shards the Dagster instance recorded as materialized."""
     return {layout.shard_index(key) for key in instance.get_materialized_partitions(dg.AssetKey(layout.COMPLETIONS))}
+
+
+# Dagster's tag on every run a backfill launched (`dagster._core.storage.tags.BACKFILL_ID_TAG`).
+BACKFILL_TAG = "dagster/backfill"
+# How many of the latest backfills are looked at: the ones an operator still looks at.
+RECENT_BACKFILLS = 20
+
+
+def failed_backfills(instance: dg.DagsterInstance) -> list[FailedBackfill]:
+    """The latest backfills some of whose runs failed, with how many of how many (two counts per backfill)."""
+    found = []
+    for backfill in instance.get_backfills(limit=RECENT_BACKFILLS):
+        tags = {BACKFILL_TAG: backfill.backfill_id}
+        failed = instance.get_runs_count(dg.RunsFilter(tags=tags, statuses=[dg.DagsterRunStatus.FAILURE]))
+        if failed:
+            runs = instance.get_runs_count(dg.RunsFilter(tags=tags))
+            found.append(FailedBackfill(backfill.backfill_id, runs, failed))
+    return found
 
 
 def fail_dead_runs(instance: dg.DagsterInstance, dead_runs: list[DeadRun]) -> list[str]:

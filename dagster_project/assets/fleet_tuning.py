@@ -1,7 +1,7 @@
 import dagster as dg
 
 from dagster_project.assets.run_tags import tag_asset_run
-from dagster_project.ops import tune
+from dagster_project.ops import tune, tune_render
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
@@ -81,7 +81,7 @@ def fleet_tuning(
         prompts_source=source,
         log=context.log.info,
     )
-    tune.write_report(data, report)
+    tune_render.write_report(data, report)
     # One observation per point, in sweep order: the asset's plots then draw each measure against the sweep.
     for point in sorted(report.points, key=lambda p: (p.server_setting, p.concurrency)):
         context.log_event(dg.AssetObservation(asset_key=context.asset_key, metadata=_point_metadata(point)))
@@ -96,8 +96,8 @@ def fleet_tuning(
             "knee_output_tok_per_s": knee.output_tok_per_s if knee else 0.0,
             "best_output_tok_per_s": report.best_output_tok_per_s,
             "points": points_table(report),
-            "report": dg.MetadataValue.md(tune.render_markdown(report, chart=data.url(tune.CHART_KEY))),
-            "chart": dg.MetadataValue.path(data.url(tune.CHART_KEY)),
+            "report": dg.MetadataValue.md(tune_render.render_markdown(report, chart=data.url(tune_render.CHART_KEY))),
+            "chart": dg.MetadataValue.path(data.url(tune_render.CHART_KEY)),
             "uri": dg.MetadataValue.path(data.url(tune.REPORT_KEY)),
         }
     )

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from dagster_project.assets.dagster_instance import daemon_heartbeat_at, materialized_shards
+from dagster_project.assets.dagster_instance import daemon_heartbeat_at, failed_backfills, materialized_shards
 from dagster_project.assets.pool_slots import stuck_pools, tell_waiting_runs
 from dagster_project.assets.run_tags import PURPOSE_TAG, tag_asset_run
 from dagster_project.conversations.shards import published_num_shards
@@ -13,7 +13,7 @@ from dagster_project.generation.heartbeat import read_heartbeats
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.alerts import AlertThresholds
 from dagster_project.ops.coverage import dataset_coverage, read_coverage, write_coverage
-from dagster_project.ops.dagster_view import daemon_alerts, take_view, write_view
+from dagster_project.ops.dagster_view import backfill_alerts, daemon_alerts, take_view, write_view
 from dagster_project.ops.pool_slots import pool_alerts
 from dagster_project.ops.refresh import (
     REFRESH_INTERVAL_S,
@@ -139,11 +139,20 @@ def run_report(
         thresholds=config.to_dataclass(),
     )
     stuck = stuck_pools(context.instance, status.progress.dead_runs)
-    status = replace(status, alerts=[*status.alerts, *pool_alerts(stuck)])
+    backfills = failed_backfills(context.instance)  # Dagster's list shows them Completed: the page says otherwise
+    status = replace(status, alerts=[*status.alerts, *pool_alerts(stuck), *backfill_alerts(backfills)])
     # What `dflash status` shows of Dagster without importing it.
     daemon_beat = daemon_heartbeat_at(context.instance)
     status = replace(status, alerts=[*status.alerts, *daemon_alerts(daemon_beat, status.collected_at)])
-    write_view(data, take_view(status.collected_at, materialized, status.progress.dead_runs, stuck, daemon_beat))
+    view = take_view(
+        status.collected_at,
+        materialized,
+        status.progress.dead_runs,
+        stuck,
+        daemon_heartbeat_at=daemon_beat,
+        failed_backfills=backfills,
+    )
+    write_view(data, view)
     context.log.info("\n" + render_text(status))
     figures = plot_metrics(status)
     points = run_history(

@@ -7,8 +7,6 @@ a failure is also logged as an error, so the terminal says why.
 """
 
 # No `from __future__ import annotations`: Dagster 1.13 resolves resource parameters from real annotations.
-from collections import Counter
-
 import dagster as dg
 
 from dagster_project.assets.conversations import conversations
@@ -19,6 +17,7 @@ from dagster_project.conversations.shards import (
     ConversationsManifest,
     ConversationsShardManifest,
     PolicyCounts,
+    quarantine_verdict,
     read_all_conversations,
     read_conversations_manifest,
     record_stage_verdict,
@@ -55,28 +54,28 @@ def _judged(
 @dg.asset_check(
     asset=conversations,
     blocking=True,
-    description="Quarantined rows (both stages) stay below the run's quarantine_rate_max, "
-    "and every input row is accounted for.",
+    description="Quarantined rows (both stages), exact duplicates left out, stay below the run's "
+    "quarantine_rate_max; exact duplicates stay below their own duplicate_rate_max; every input row is accounted for.",
 )
 def conversations_quarantine_rate(context: dg.AssetCheckExecutionContext, store: DatasetStore) -> dg.AssetCheckResult:
     data = store.open()
     manifest = _stage_manifest(data)
-    rate, limit = manifest.quarantine_rate, manifest.quarantine_rate_max
-    accounted = manifest.input_rows == manifest.rows + manifest.quarantined
-    top = ", ".join(f"{reason} {count}" for reason, count in Counter(manifest.quarantined_by_reason).most_common(5))
+    passed, description = quarantine_verdict(manifest)
     result = dg.AssetCheckResult(
-        passed=accounted and rate <= limit,
-        description=(
-            f"{manifest.quarantined} of {manifest.input_rows} rows quarantined ({rate:.2%}, limit {limit:.2%}, "
-            f"config key quarantine_rate_max of conversations); most: {top or 'none'}"
-            + ("" if accounted else "; input rows != conversations + quarantined")
-        ),
+        passed=passed,
+        description=description,
         metadata={
             "input_rows": manifest.input_rows,
             "conversations": manifest.rows,
             "quarantined": manifest.quarantined,
-            "quarantine_rate": dg.MetadataValue.float(rate),
-            "quarantine_rate_max": dg.MetadataValue.float(limit),
+            "quarantine_rate": dg.MetadataValue.float(manifest.quarantine_rate),
+            "quarantine_rate_max": dg.MetadataValue.float(manifest.quarantine_rate_max),
+            "duplicates": manifest.duplicates,
+            "duplicate_rate": dg.MetadataValue.float(manifest.duplicate_rate),
+            "duplicate_rate_max": dg.MetadataValue.float(manifest.duplicate_rate_max),
+            "duplicates_by_source": dg.MetadataValue.json(
+                {name: totals.duplicates for name, totals in manifest.by_source.items() if totals.duplicates}
+            ),
             "by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
             "by_stage": dg.MetadataValue.json(manifest.quarantined_by_stage),
             "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),

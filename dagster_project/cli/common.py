@@ -24,6 +24,16 @@ def open_configured_store() -> Store:
     return open_store(settings.store_uri(), lambda: bounded_client(policy), policy)
 
 
+def known_fleet_endpoints(store: Store) -> list[str]:
+    """The fleet as the settings name it (a router, the endpoints), else the store's live registered nodes, else this
+    node's recorded fleet; read as the fleet resource reads it, without building the resource (Dagster)."""
+    from dagster_project.generation import fleet_registry
+
+    router = settings.sglang_router()
+    configured = [router] if router else settings.sglang_endpoints()
+    return fleet_registry.known_endpoints(configured, store, settings.fleet_stale_after_s(), str(settings.fleet_dir()))
+
+
 def option_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dagster_project.cli.common import add_flags, given_flags, open_configured_store
-from dagster_project.store.storage import StoreError
+from dagster_project import settings
+from dagster_project.cli.common import add_flags, given_flags, known_fleet_endpoints, open_configured_store
+from dagster_project.store.storage import Store, StoreError
 
 if TYPE_CHECKING:
     from dagster_project.sglang import launch
@@ -66,10 +67,15 @@ def parse_sim_options(pairs: list[str], defaults: dict | None = None) -> dict:
 
 
 def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
+    from dagster_project.generation import fleet_registry
     from dagster_project.sglang import launch, launch_plan
 
     fleet = resources.fleet
     run_dir = Path(fleet.fleet_dir)
+    # The store the servers are registered in, opened and read before anything starts: a DFLASH_STORE that cannot
+    # work stops here in one line, not after paid servers are up.
+    store = open_configured_store()
+    next(store.list(fleet_registry.FLEET_PREFIX), None)  # one listing: a bucket or credentials that cannot work
     target = launch_plan.CapacityTarget(**given_flags(args, launch_plan.CapacityTarget))
     if args.simulate:
         given = parse_sim_options(args.sim_option, defaults={})
@@ -91,11 +97,16 @@ def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
         options, plan = launch_plan.plan_capacity(options, target, launch_plan.fleet_gpu(gpus, target))
         print(launch_plan.describe_plan(plan), flush=True)
         up = launch.launch_fleet(gpus, run_dir, options, **given_flags(args, LAUNCH_FLAGS))
-    print(f"fleet up ({up.kind}): {', '.join(up.urls)}; record and logs in {run_dir}")
-    # The cap each server computed, next to the plan's: a server that found other memory says so here.
-    for line in launch_plan.capacity_report(up.urls, plan, target, api_key=fleet.api_key):
-        print(f"  {line}")
-    _register(args, resources, up)
+    try:  # from here on, a failure stops the servers this command started: none is left running unregistered
+        print(f"fleet up ({up.kind}): {', '.join(up.urls)}; record and logs in {run_dir}")
+        # The cap each server computed, next to the plan's: a server that found other memory says so here.
+        for line in launch_plan.capacity_report(up.urls, plan, target, api_key=fleet.api_key):
+            print(f"  {line}")
+        _register(args, resources, up, store)
+    except BaseException:
+        stopped = launch.stop_fleet(run_dir)
+        print(f"fleet up failed: stopped the servers it started ({', '.join(stopped) or 'none left'})", file=sys.stderr)
+        raise
     return 0
 
 
@@ -130,21 +141,23 @@ def cmd_fleet_status(args: argparse.Namespace, resources: Any) -> int:
     from dagster_project.ops.terminal import fleet_table
     from dagster_project.sglang import launch
 
-    fleet = resources.fleet
-    endpoints = fleet.known_endpoints(resources.store.open())
+    # Read from the settings, not the fleet resource: no Dagster import, so a node without a fleet hears it at once.
+    fleet_dir = settings.fleet_dir()
+    endpoints = known_fleet_endpoints(open_configured_store())
     if not endpoints:
+        # On stderr: `--json` prints nothing (no server, no line), so what reads it sees an empty fleet.
         print(
-            f"no fleet: no node registered in the store, nothing recorded in {fleet.fleet_dir}, no endpoints "
+            f"no fleet: no node registered in the store, nothing recorded in {fleet_dir}, no endpoints "
             "configured (DFLASH_SGLANG_ENDPOINTS, DFLASH_SGLANG_ROUTER)",
             file=sys.stderr,
         )
         return 1
-    probes = launch.fleet_status(endpoints, api_key=fleet.api_key)
+    probes = launch.fleet_status(endpoints, api_key=os.environ.get("SGLANG_API_KEY") or None)
     if args.json:
         for server in probes:
             print(json.dumps(server))
     else:
-        local = launch.Fleet.load(Path(fleet.fleet_dir))
+        local = launch.Fleet.load(fleet_dir)
         print(fleet_table(probes, {member.port: member.pid for member in local.members} if local else {}))
     return 0
 
@@ -168,9 +181,10 @@ def cmd_fleet_router(args: argparse.Namespace, resources: Any) -> int:
     return 0
 
 
-def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet) -> None:
+def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet, store: Store) -> None:
     """Record this node's servers in the store's fleet registry, where shard runs on every host find them, and
-    the start of their life with the price configured here (what `dflash status` counts as spent)."""
+    the start of their life with the price configured here (what `dflash status` counts as spent). The caller
+    stops the servers if this fails."""
     from dagster_project.generation import fleet_life, fleet_registry
     from dagster_project.sglang import launch
 
@@ -180,11 +194,9 @@ def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet) -> Non
     # Simulators are reached where they listen; real servers listen on every interface, reached by host name.
     advertise = args.advertise_host or (getattr(args, "host", None) if up.kind == "simulator" else None)
     servers = fleet_registry.fleet_servers(up, advertise or _default_advertise_host(up), caps)
-    store = resources.store.open()
     try:
         record = fleet_registry.register_node(store, args.node, up.kind, servers)
     except fleet_registry.RegistryError as exc:
-        launch.stop_fleet(Path(resources.fleet.fleet_dir))
         raise SystemExit(f"fleet up: {exc}; the servers were stopped") from None
     key = store.url(fleet_registry.node_key(record.node))
     print(f"registered node {record.node} ({', '.join(record.urls)}) in {key}")

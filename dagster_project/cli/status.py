@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dagster_project import settings
-from dagster_project.cli.common import open_configured_store
+from dagster_project.cli.common import known_fleet_endpoints, open_configured_store
 from dagster_project.store import layout
 
 if TYPE_CHECKING:
@@ -78,10 +78,7 @@ def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any
     from dagster_project.ops.status import collect_status
 
     stale_after_s = settings.fleet_stale_after_s()
-    router = settings.sglang_router()
-    endpoints = fleet_registry.known_endpoints(
-        [router] if router else settings.sglang_endpoints(), store, stale_after_s, str(settings.fleet_dir())
-    )
+    endpoints = known_fleet_endpoints(store)
     view = None if instance else read_view(store)
     if instance:
         from dagster_project.assets.dagster_instance import materialized_shards
@@ -99,12 +96,17 @@ def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any
     _, stale = fleet_registry.live_nodes(store, stale_after_s)
     dead_runs = status.progress.dead_runs
     if instance:
-        from dagster_project.assets.dagster_instance import daemon_heartbeat_at, fail_dead_runs, instance_pool_alerts
-        from dagster_project.ops.dagster_view import daemon_alerts
+        from dagster_project.assets.dagster_instance import (
+            daemon_heartbeat_at,
+            fail_dead_runs,
+            failed_backfills,
+            instance_pool_alerts,
+        )
+        from dagster_project.ops.dagster_view import backfill_alerts, daemon_alerts
 
         marked = fail_dead_runs(instance, dead_runs)
         # After the runs found dead here gave their slots back: what still blocks a run needs the operator.
-        dagster_alerts = instance_pool_alerts(instance, dead_runs)
+        dagster_alerts = instance_pool_alerts(instance, dead_runs) + backfill_alerts(failed_backfills(instance))
         dagster_alerts += daemon_alerts(daemon_heartbeat_at(instance), status.collected_at)
     else:
         marked, dagster_alerts = [], view_alerts(view, dead_runs, status.collected_at)

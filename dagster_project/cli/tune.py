@@ -15,7 +15,7 @@ from dagster_project.cli.fleet import parse_sim_options, sim_option_help
 
 
 def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
-    from dagster_project.ops import tune
+    from dagster_project.ops import tune, tune_render
     from dagster_project.sglang import launch, launch_plan
 
     options = tune.TuneOptions(**given_flags(args, tune.TuneOptions))
@@ -68,8 +68,8 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
         spec_options=spec_options,
     )
     out = Path(args.out) if args.out else Path(resources.store.local_dir()) / "tune"
-    written = tune.write_local(report, out)
-    tune.write_report(store, report)
+    written = tune_render.write_local(report, out)
+    tune_render.write_report(store, report)
     print(report.recommendation)
     if report.recommended_flags:
         print(f"recommended flags: {' '.join(report.recommended_flags)}")

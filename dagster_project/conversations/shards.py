@@ -12,6 +12,7 @@ checks, several shards at a time on S3.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -22,6 +23,7 @@ from pathlib import Path
 import orjson
 
 from dagster_project.conversations.sharding import shard_of
+from dagster_project.ingest.quarantine import DUPLICATE
 from dagster_project.records import Conversation
 from dagster_project.store import layout, object_index
 from dagster_project.store.manifest import (
@@ -67,13 +69,14 @@ class PolicyCounts:
 
 @dataclass(frozen=True)
 class SourceTotals:
-    """One source over both stages: input_rows = conversations + quarantined."""
+    """One source over both stages: input_rows = conversations + quarantined (exact duplicates included)."""
 
     input_rows: int
     conversations: int
     quarantined: int
     # Both stages' reasons, so a source whose rows are set aside (images, tool errors) is visible as such.
     quarantined_by_reason: dict[str, int] = field(default_factory=dict)
+    duplicates: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,8 +102,13 @@ class ConversationsManifest(StageManifest):
     input_rows: int
     rows: int
     normalized: int
+    # Every row set aside by either stage, exact duplicates (the first copy kept) among them; `quarantine_rate`:
+    # the share of input rows set aside for any other reason, the bad rows; duplicates have their own rate and limit.
     quarantined: int
     quarantine_rate: float
+    duplicates: int = 0
+    duplicate_rate: float = 0.0
+    duplicate_rate_max: float = 1.0
     quarantined_by_reason: dict[str, int] = field(default_factory=dict)
     quarantined_by_stage: dict[str, int] = field(default_factory=dict)
     by_source: dict[str, SourceTotals] = field(default_factory=dict)
@@ -123,6 +131,27 @@ class ConversationsManifest(StageManifest):
     superseded: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     quarantine_object: StoredObject | None = None
+
+
+def quarantine_verdict(manifest: ConversationsManifest) -> tuple[bool, str]:
+    """The quarantine-rate gate: (passed, what it found). Bad rows (every reason but exact duplicates) against
+    `quarantine_rate_max`, exact duplicates on their own against `duplicate_rate_max`, and every input row accounted
+    for."""
+    rate, limit = manifest.quarantine_rate, manifest.quarantine_rate_max
+    accounted = manifest.input_rows == manifest.rows + manifest.quarantined
+    bad_reasons = Counter({r: n for r, n in manifest.quarantined_by_reason.items() if r != DUPLICATE})
+    top = ", ".join(f"{reason} {count}" for reason, count in bad_reasons.most_common(5))
+    per_source = ", ".join(f"{name} {t.duplicates}" for name, t in manifest.by_source.items() if t.duplicates)
+    description = (
+        f"{manifest.quarantined - manifest.duplicates} of {manifest.input_rows} rows quarantined ({rate:.2%}, limit "
+        f"{limit:.2%}, config key quarantine_rate_max of conversations); most: {top or 'none'}. "
+        f"{manifest.duplicates} exact duplicates set aside, the first copy kept ({manifest.duplicate_rate:.2%}, limit "
+        f"{manifest.duplicate_rate_max:.2%}, config key duplicate_rate_max)" + (f": {per_source}" if per_source else "")
+    )
+    if not accounted:
+        description += "; input rows != conversations + quarantined"
+    passed = accounted and rate <= limit and manifest.duplicate_rate <= manifest.duplicate_rate_max
+    return passed, description
 
 
 def read_conversations_manifest(store: Store) -> ConversationsManifest | None:

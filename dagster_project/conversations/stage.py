@@ -6,7 +6,10 @@ For each snapshot row, in input order:
 2. **duplicates** (`duplicate`): two rows are duplicates when they would send the model exactly the same
    requests (`turns.request_key`: with history `generated` the source's answers are never shown, so
    rows that differ only there are duplicates). The first row is kept; digests live in an on-disk
-   index (`dedup.SeenIndex`), so memory does not grow with the dataset;
+   index (`dedup.SeenIndex`), so memory does not grow with the dataset. A duplicate is set aside in the
+   quarantine file but is not a bad row: the manifest counts duplicates on their own (`duplicates`,
+   `duplicate_rate`, per source), with their own limit (`duplicate_rate_max`), and `quarantine_rate` leaves
+   them out;
 3. **token budget** (`too_long`): the prompt of the last generated turn, rendered with the chat
    template (the source's own answers standing in for the earlier generated ones), must fit in
    `max_prompt_tokens`, counted with the real tokenizer (`budget.PromptBudget`);
@@ -63,7 +66,7 @@ from dagster_project.conversations.shards import (
 )
 from dagster_project.conversations.turns import POLICY_HISTORY
 from dagster_project.generation_settings import GenerationSettings
-from dagster_project.ingest.quarantine import Accounting, SourceCounts, quarantine_record
+from dagster_project.ingest.quarantine import DUPLICATE, Accounting, SourceCounts, quarantine_record
 from dagster_project.ingest.shards import (
     PROMPTS_KEY,
     RawPromptsManifest,
@@ -79,6 +82,9 @@ STAGE = "conversations"
 QUARANTINE_KEY = f"{layout.CONVERSATIONS}/quarantine.jsonl.zst"
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # with 32K new tokens, multi-turn history still fits a 64K context
 DEFAULT_QUARANTINE_RATE_MAX = 0.10
+# Exact duplicates lose nothing (the first copy is kept), so they are not bad rows: they have their own limit, high
+# enough for the overlap of public sets and low enough to catch a source listed twice.
+DEFAULT_DUPLICATE_RATE_MAX = 0.50
 # What is built from the conversations shards, shard for shard.
 DOWNSTREAM_STAGES = (layout.COMPLETIONS, layout.TRAINING_SET)
 
@@ -162,7 +168,7 @@ class ConversationBuilder:
     def _decide(self, draft: Draft) -> None:
         first = self.seen.first_with_content(draft.digest)
         if first is not None:
-            return self._reject(draft, "duplicate", f"same generation requests as {first}", duplicate_of=first)
+            return self._reject(draft, DUPLICATE, f"same generation requests as {first}", duplicate_of=first)
         if draft.empty_shown is not None:
             return self._reject(
                 draft,
@@ -219,6 +225,7 @@ def build_conversations(
     work_dir: Path,
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     quarantine_rate_max: float = DEFAULT_QUARANTINE_RATE_MAX,
+    duplicate_rate_max: float = DEFAULT_DUPLICATE_RATE_MAX,
     supersede_shards: bool = False,
     log: Callable[[str], None] = lambda _: None,
 ) -> ConversationsManifest:
@@ -271,6 +278,7 @@ def build_conversations(
     _check_accounting(raw, accounting, rows)
     quarantined_by_reason = Counter(raw.quarantined_by_reason) + accounting.by_reason
     quarantined = sum(quarantined_by_reason.values())
+    duplicates = quarantined_by_reason[DUPLICATE]
     return write_stage_manifest(
         store,
         ConversationsManifest(
@@ -281,7 +289,10 @@ def build_conversations(
             rows=rows,
             normalized=rows,
             quarantined=quarantined,
-            quarantine_rate=quarantined / raw.input_rows if raw.input_rows else 0.0,
+            quarantine_rate=(quarantined - duplicates) / raw.input_rows if raw.input_rows else 0.0,
+            duplicates=duplicates,
+            duplicate_rate=duplicates / raw.input_rows if raw.input_rows else 0.0,
+            duplicate_rate_max=duplicate_rate_max,
             quarantined_by_reason=dict(sorted(quarantined_by_reason.items())),
             quarantined_by_stage={"ingest": raw.quarantined, STAGE: accounting.quarantined},
             by_source=_by_source(raw.by_source, accounting.by_source),
@@ -316,14 +327,17 @@ def _check_accounting(raw: RawPromptsManifest, accounting: Accounting, rows: int
 
 
 def _by_source(ingested: dict[str, SourceCounts], built: dict[str, SourceCounts]) -> dict[str, SourceTotals]:
-    """Per source, over both stages: rows read by ingest, conversations built, rows quarantined by either."""
+    """Per source, over both stages: rows read by ingest, conversations built, rows quarantined by either, exact
+    duplicates among them."""
     totals = {}
     for name in sorted(set(ingested) | set(built)):
         read, kept = ingested.get(name, SourceCounts()), built.get(name, SourceCounts())
+        by_reason = Counter(read.by_reason) + Counter(kept.by_reason)
         totals[name] = SourceTotals(
             input_rows=read.rows,
             conversations=kept.kept,
             quarantined=read.quarantined + kept.quarantined,
-            quarantined_by_reason=dict(sorted((Counter(read.by_reason) + Counter(kept.by_reason)).items())),
+            quarantined_by_reason=dict(sorted(by_reason.items())),
+            duplicates=by_reason[DUPLICATE],
         )
     return totals

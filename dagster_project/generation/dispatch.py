@@ -31,9 +31,9 @@ Failures, and what happens to the requests caught in them:
   server whose `/generate` path is lost): a passing health check is not progress. Progress is an answer
   to one of our requests, or a `/metrics` read showing at least as many requests running + queued as we
   have there, so a server busy with long answers is never written off. A server is set aside when its
-  `/metrics` show nothing running or queued for `unserved_after_s` while ours are there, when it answers
-  none of ours for `silence_s` while other servers answer, or after `watchdog_s` without any sign of
-  progress (`server_watch.ServerWatch` keeps the account);
+  `/metrics` show nothing running or queued for `unserved_after_s` while ours are there, when it shows no sign
+  of progress (no answer, no read showing ours there) for `silence_s` while other servers answer, or after
+  `watchdog_s` without any sign of progress (`server_watch.ServerWatch` keeps the account);
 * whenever a server is quarantined, its in-flight requests are sent again elsewhere at once while the
   originals keep their chance; the first answer wins and the other attempts are cancelled and aborted;
 * 503 queue full: the server cools down (no new work) for a growing pause, and is quarantined if it
@@ -53,7 +53,7 @@ import inspect
 import logging
 import time
 import uuid
-from collections import Counter, deque
+from collections import deque
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -78,8 +78,8 @@ from dagster_project.generation.dispatch_types import (
     Outcome,
 )
 from dagster_project.generation.ledger import FleetLedger
-from dagster_project.generation.server_checks import HEALTHY, QUARANTINED, UNPROBED, ServerChecks
-from dagster_project.generation.server_watch import ServerWatch, WatchLimits
+from dagster_project.generation.server_checks import HEALTHY, QUARANTINED, ServerChecks, ServerState
+from dagster_project.generation.server_watch import WatchLimits
 from dagster_project.generation.slot_use import SlotUse
 from dagster_project.sglang.client import (
     ABORTED,
@@ -127,43 +127,11 @@ class _Work:
 @dataclass(eq=False)
 class _Attempt:
     work: _Work
-    server: _Server
+    server: ServerState
     rid: str
     started: float
     task: asyncio.Task | None = None
     abandoned: bool = False  # its server was written off; a hedge runs elsewhere
-
-
-@dataclass(eq=False)
-class _Server:
-    url: str
-    state: str = UNPROBED
-    reason: str | None = None
-    window: int = 0
-    cap: int | None = None
-    in_flight: dict = field(default_factory=dict)  # rid -> _Attempt
-    done: int = 0
-    errors: Counter = field(default_factory=Counter)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    watch: ServerWatch = field(default_factory=ServerWatch)  # its signs of progress on our requests
-    cooldown_until: float = 0.0
-    consecutive_503: int = 0
-    consecutive_faults: int = 0
-    budget: int = 0  # slots granted by the ledger for this fill and not used yet
-    foreign_load: int = 0  # requests at the server that are not this node's: see `next_foreign_load`
-    previous_foreign: int = 0  # the estimate of the previous read
-    load_urls: list = field(default_factory=list)  # whose /metrics report this endpoint's load
-    load_clients: list = field(default_factory=list)
-    load_unreported: str | None = None  # why the server's load is not read (no /metrics): only the node counts
-    next_load_read: float = 0.0
-    reading_load: bool = False
-    next_health: float = 0.0
-    next_probe: float = 0.0
-    probe_failures: int = 0
-    probing: bool = False
-    client: SGLangClient | None = None
-    set_aside_at: float | None = None  # wall clock, for the operator: when `_quarantine` set it aside
 
 
 def _iterate(
@@ -213,7 +181,7 @@ class Dispatcher(ServerChecks):
         self._clock, self._connect, self._slot_use = clock, connect, slot_use
         self._limits = WatchLimits(options.unserved_after_s, options.silence_s, options.watchdog_s)
         sources = {url.rstrip("/"): [u.rstrip("/") for u in urls] for url, urls in (load_sources or {}).items()}
-        self._servers = [_Server(url, load_urls=sources.get(url, [url])) for url in self.endpoints]
+        self._servers = [ServerState(url, load_urls=sources.get(url, [url])) for url in self.endpoints]
         self._running = False
         self.stats = DispatchStats()
         self._started = self._clock()
@@ -423,10 +391,10 @@ class Dispatcher(ServerChecks):
         self._live[request.key] = work
         return work
 
-    def _has_room(self, server: _Server, now: float) -> bool:
+    def _has_room(self, server: ServerState, now: float) -> bool:
         return server.state == HEALTHY and server.budget > 0 and now >= server.cooldown_until
 
-    def _pick(self, work: _Work, now: float) -> _Server | None:
+    def _pick(self, work: _Work, now: float) -> ServerState | None:
         """The least loaded server (counting what other nodes hold there) with room that this request has not
         failed on. A request goes back to a server it failed on only when every healthy server has failed it:
         otherwise it waits for another."""
@@ -440,7 +408,7 @@ class Dispatcher(ServerChecks):
                 best, best_score = server, score
         return best
 
-    def _launch(self, work: _Work, server: _Server, now: float) -> None:
+    def _launch(self, work: _Work, server: ServerState, now: float) -> None:
         work.attempts += 1
         work.charged += 1
         work.tried.add(server.url)
@@ -518,7 +486,7 @@ class Dispatcher(ServerChecks):
         else:
             self._requeue(work)
 
-    def _server_failed(self, server: _Server, error: SGLangError, now: float) -> None:
+    def _server_failed(self, server: ServerState, error: SGLangError, now: float) -> None:
         # A 502/503/504 *answer* comes from something alive (a router whose worker failed): count it like
         # a 5xx instead of writing the endpoint off; unreachable endpoints are written off at once.
         if error.kind in _SERVER_DOWN_KINDS and (error.status is None or error.kind in _MISCONFIGURED_KINDS):
@@ -540,7 +508,7 @@ class Dispatcher(ServerChecks):
         self._retries.append(work)
 
     def _finish(
-        self, work: _Work, result: GenerateResult | None, error: SGLangError | None, server: _Server, latency: float
+        self, work: _Work, result: GenerateResult | None, error: SGLangError | None, server: ServerState, latency: float
     ) -> None:
         work.done = True
         del self._live[work.request.key]
@@ -560,11 +528,11 @@ class Dispatcher(ServerChecks):
         self._undelivered += 1
         self._outcome_ready.set()
 
-    def _abort_later(self, server: _Server, rid: str) -> None:
+    def _abort_later(self, server: ServerState, rid: str) -> None:
         """Best effort: free the slot on the server now rather than when it notices the disconnect."""
         self._spawn(self._abort(server, rid), self._aborts)
 
-    async def _abort(self, server: _Server, rid: str) -> None:
+    async def _abort(self, server: ServerState, rid: str) -> None:
         try:
             await server.client.abort(rid, timeout=min(5.0, self.options.probe_timeout_s))
         except SGLangError:
@@ -578,7 +546,7 @@ class Dispatcher(ServerChecks):
 
     # ---- health ----------------------------------------------------------------------------------------------
 
-    def _quarantine(self, server: _Server, reason: str, now: float, *, share: bool = True) -> None:
+    def _quarantine(self, server: ServerState, reason: str, now: float, *, share: bool = True) -> None:
         """Set the server aside (for every run on the node, unless the verdict came from one of them) and send
         its in-flight requests elsewhere at once."""
         if server.state == QUARANTINED:
@@ -590,7 +558,7 @@ class Dispatcher(ServerChecks):
             self.ledger.set_aside(server.url, reason)
         self._hedge(server)
 
-    def _hedge(self, server: _Server) -> None:
+    def _hedge(self, server: ServerState) -> None:
         """Send the requests stuck on a silent server elsewhere; the originals keep running."""
         for attempt in list(server.in_flight.values()):
             attempt.abandoned = True
@@ -626,7 +594,7 @@ class Dispatcher(ServerChecks):
         """Servers the registry names that this run does not know yet join it through the first probe."""
         urls = await asyncio.to_thread(self._discover)
         urls = dict.fromkeys(u.rstrip("/") for u in urls)
-        joining = [_Server(url, load_urls=[url]) for url in urls if url not in self.endpoints]
+        joining = [ServerState(url, load_urls=[url]) for url in urls if url not in self.endpoints]
         if not joining:
             return
         for server in joining:

@@ -17,11 +17,15 @@ DEFAULT_WINDOW_S = 120.0
 # The ETA's window. Answers end in waves (a batch started together ends over about one request lifetime, long
 # answers last), so a rate over less than a few lifetimes swings with each wave: over 120 s, an ETA fell from
 # 576 min to 35 min within two minutes of a 52-min shard. The window holds at least this long and this many
-# request lifetimes, and the ETA is "settling" (not given) until the run has measured that long and seen
-# ETA_MIN_REQUESTS answers end in it (a rate over fewer swings by more than ±15%).
+# request lifetimes, and it is "settling" until the run has measured that long and seen ETA_MIN_REQUESTS answers end
+# in it (a rate over fewer swings by more than ±15%); meanwhile the ETA comes from the run's lifetime rate, marked so.
 ETA_MIN_WINDOW_S = 300.0
 ETA_WINDOW_LIFETIMES = 4
 ETA_MIN_REQUESTS = 50
+# What an ETA comes from: the run's lifetime rate (all it has measured, from its first finished answers, while the
+# window settles), or the window once it is stable.
+ETA_FROM_LIFETIME = "lifetime"
+ETA_FROM_WINDOW = "window"
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ class Heartbeat:
     lifetime: Rates = field(default_factory=Rates)
     window: Rates = field(default_factory=Rates)
     spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
-    eta_s: float | None = None  # None while the ETA is settling, or when nothing is measured
+    eta_s: float | None = None  # None until an answer finished
+    eta_basis: str = ""  # ETA_FROM_LIFETIME while the window is settling, then ETA_FROM_WINDOW; "" without an ETA
     # The rates the ETA comes from: over the ETA's window, or all this run has measured while it is shorter.
     eta_rates: Rates = field(default_factory=Rates)
     eta_window_s: float = ETA_MIN_WINDOW_S  # the window the ETA needs before it is given
@@ -173,9 +178,11 @@ class ShardProgress:
         eta_finished = [f for f in self._recent if f.at >= now - eta_window]
         eta_tok_s = sum(f.output_tokens for f in eta_finished) / eta_span
         settling = remaining > 0 and (elapsed < eta_window or len(eta_finished) < ETA_MIN_REQUESTS)
-        eta_s = None
+        eta_s, eta_basis = None, ""
         if not settling and eta_finished:
-            eta_s = remaining * eta_span / len(eta_finished)
+            eta_s, eta_basis = remaining * eta_span / len(eta_finished), ETA_FROM_WINDOW
+        elif generated_here:  # from the first finished answers: the lifetime rate, marked as such
+            eta_s, eta_basis = remaining * elapsed / generated_here, ETA_FROM_LIFETIME
         return Heartbeat(
             shard=self.shard,
             state=self.state,
@@ -209,6 +216,7 @@ class ShardProgress:
                 requests_without_spec_stats=self.requests_without_spec_stats,
             ),
             eta_s=eta_s,
+            eta_basis=eta_basis,
             eta_rates=Rates(seconds=eta_span, req_per_s=len(eta_finished) / eta_span, output_tok_per_s=eta_tok_s),
             eta_window_s=eta_window,
             eta_settling=settling,

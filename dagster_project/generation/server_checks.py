@@ -1,6 +1,6 @@
-"""How the dispatcher checks its servers: the first probe (window from `/server_info`), periodic health
-checks, re-probes of set-aside servers, reads of their load from `/metrics`, and the verdict of each
-server's `ServerWatch` on whether it is working on our requests.
+"""Each server's state in the dispatcher (`ServerState`), and how the dispatcher checks its servers: the first
+probe (window from `/server_info`), periodic health checks, re-probes of set-aside servers, reads of their load
+from `/metrics`, and the verdict of each server's `ServerWatch` on whether it is working on our requests.
 
 A mixin of `Dispatcher`, which owns the state these methods read and write (declared below).
 """
@@ -9,22 +9,55 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from dagster_project.generation.dispatch_types import DispatchOptions, FleetRefusesKey
 from dagster_project.generation.ledger import FleetLedger
-from dagster_project.generation.server_watch import WatchLimits, next_foreign_load
+from dagster_project.generation.server_watch import ServerWatch, WatchLimits, next_foreign_load
 from dagster_project.sglang import protocol as proto
-from dagster_project.sglang.client import NOT_FOUND, SERVER_UNAVAILABLE, UNAUTHORIZED, SGLangError
-
-if TYPE_CHECKING:  # the dispatcher's own per-server record
-    from dagster_project.generation.dispatch import _Server
+from dagster_project.sglang.client import NOT_FOUND, SERVER_UNAVAILABLE, UNAUTHORIZED, SGLangClient, SGLangError
 
 HEALTHY = "healthy"
 QUARANTINED = "quarantined"
 UNPROBED = "unprobed"
 _CANARY_PARAMS = {"max_new_tokens": 1, "temperature": 0.0}
+
+
+@dataclass(eq=False)
+class ServerState:
+    """What the dispatcher knows of one server: its state, window and cap, its requests in flight, its counts, and
+    when it is next probed, health-checked or read."""
+
+    url: str
+    state: str = UNPROBED
+    reason: str | None = None
+    window: int = 0
+    cap: int | None = None
+    in_flight: dict = field(default_factory=dict)  # rid -> _Attempt
+    done: int = 0
+    errors: Counter = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    watch: ServerWatch = field(default_factory=ServerWatch)  # its signs of progress on our requests
+    cooldown_until: float = 0.0
+    consecutive_503: int = 0
+    consecutive_faults: int = 0
+    budget: int = 0  # slots granted by the ledger for this fill and not used yet
+    foreign_load: int = 0  # requests at the server that are not this node's: see `next_foreign_load`
+    previous_foreign: int = 0  # the estimate of the previous read
+    load_urls: list = field(default_factory=list)  # whose /metrics report this endpoint's load
+    load_clients: list = field(default_factory=list)
+    load_unreported: str | None = None  # why the server's load is not read (no /metrics): only the node counts
+    next_load_read: float = 0.0
+    reading_load: bool = False
+    next_health: float = 0.0
+    next_probe: float = 0.0
+    probe_failures: int = 0
+    probing: bool = False
+    client: SGLangClient | None = None
+    set_aside_at: float | None = None  # wall clock, for the operator: when `_quarantine` set it aside
 
 
 class ServerChecks:
@@ -33,17 +66,17 @@ class ServerChecks:
     options: DispatchOptions
     windows: dict[str, int]
     ledger: FleetLedger | None
-    _servers: list[_Server]
+    _servers: list[ServerState]
     _clock: Callable[[], float]
     _limits: WatchLimits
     _wake: asyncio.Event
     _fatal: BaseException | None
 
-    def _quarantine(self, server: _Server, reason: str, now: float, *, share: bool = True) -> None:
+    def _quarantine(self, server: ServerState, reason: str, now: float, *, share: bool = True) -> None:
         """Set the server aside and send its requests elsewhere: the dispatcher's, which owns the requests."""
         raise NotImplementedError
 
-    async def _window(self, server: _Server) -> int:
+    async def _window(self, server: ServerState) -> int:
         if server.url in self.windows:
             return self.windows[server.url]
         try:
@@ -63,7 +96,7 @@ class ServerChecks:
             "internal_states[].effective_max_running_requests_per_dp (a router?); pass windows= or a default_window"
         )
 
-    async def _first_probe(self, server: _Server) -> None:
+    async def _first_probe(self, server: ServerState) -> None:
         now = self._clock()
         # A run joining a busy fleet must not fill a whole window first: its load is read before the first fill,
         # alongside /server_info.
@@ -99,7 +132,7 @@ class ServerChecks:
             server.foreign_load, server.previous_foreign = next_foreign_load(start, 0, reported, node)
             server.next_load_read = self._clock() + self.options.load_read_interval_s
 
-    async def _readmit(self, server: _Server) -> None:
+    async def _readmit(self, server: ServerState) -> None:
         """Rejoin only when the server answers health, reports its cap, and really generates a token."""
         server.probing = True
         try:
@@ -132,7 +165,7 @@ class ServerChecks:
             server.probing = False
             self._wake.set()
 
-    async def _health(self, server: _Server) -> None:
+    async def _health(self, server: ServerState) -> None:
         """Follow the node's verdict on the server, then check it. A failing health check sets the server aside
         (SGLang's `/health` answers 503 when its scheduler produced nothing for 20 s); a passing one is no sign
         of progress on our requests: a router or load balancer in front may answer it while they are lost."""
@@ -151,10 +184,10 @@ class ServerChecks:
             server.next_health = self._clock() + self.options.probe_interval_s
             self._wake.set()
 
-    def _node_in_flight(self, server: _Server) -> int:
+    def _node_in_flight(self, server: ServerState) -> int:
         return self.ledger.in_flight(server.url) if self.ledger is not None else len(server.in_flight)
 
-    async def _read_load(self, server: _Server) -> None:
+    async def _read_load(self, server: ServerState) -> None:
         """Re-estimate the server's foreign load, and tell its watch whether our requests show there."""
         server.reading_load = True
         started = self._clock()
@@ -170,7 +203,7 @@ class ServerChecks:
             server.next_load_read = self._clock() + self.options.load_read_interval_s
             self._wake.set()
 
-    async def _reported_load(self, server: _Server) -> tuple[int, int] | None:
+    async def _reported_load(self, server: ServerState) -> tuple[int, int] | None:
         """(running + queued that the server's `/metrics` report, or its workers' behind a router; this node's
         in-flight there just before the read), or None when there is no reading."""
         node = self._node_in_flight(server)
@@ -191,17 +224,17 @@ class ServerChecks:
         return sum(loads), node
 
     @staticmethod
-    def _unreported(server: _Server, reason: str) -> None:
+    def _unreported(server: ServerState, reason: str) -> None:
         """Only this node's runs count against the window of a server whose load cannot be read; stop asking."""
         server.load_unreported, server.next_load_read = reason, math.inf
         server.foreign_load = server.previous_foreign = 0
 
     @staticmethod
-    def _ours(server: _Server, sent_before: float = math.inf) -> int:
+    def _ours(server: ServerState, sent_before: float = math.inf) -> int:
         """This run's requests in flight at the server that were not written off (sent before `sent_before`)."""
         return sum(not a.abandoned and a.started < sent_before for a in server.in_flight.values())
 
-    def _watch(self, server: _Server, now: float) -> None:
+    def _watch(self, server: ServerState, now: float) -> None:
         """Set aside a server that has our requests and, by its answers and reads, is not working on them."""
         if server.state != HEALTHY or not self._ours(server):
             return

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 # Why a server with this run's requests stuck on it is set aside (its `reason` in the dispatcher's snapshot).
 NOT_RUNNING = "requests_not_running"  # its /metrics report nothing running or queued while ours are there
-SILENT = "silent_while_others_answer"  # no answer for `silence_s` while other servers answered
+# No answer and no load read showing ours there for `silence_s`, while other servers answered.
+SILENT = "silent_while_others_answer"
 NO_PROGRESS = "no_progress"  # no sign of progress at all for `watchdog_s`
 
 
@@ -69,7 +70,10 @@ class ServerWatch:
         `others_last_answer` is when another server last answered one of our requests (-inf: never)."""
         if self.unserved_since is not None and now - self.unserved_since >= limits.unserved_after_s:
             return NOT_RUNNING
-        if now - self.quiet_since >= limits.silence_s and others_last_answer > now - limits.silence_s:
+        # Silence is no answer while others answer and no read showing ours running there: a server whose /metrics
+        # show them is working on long answers (a shard's tail), not silent; one without /metrics has only answers.
+        silent = now - max(self.quiet_since, self.last_progress) >= limits.silence_s
+        if silent and others_last_answer > now - limits.silence_s:
             return SILENT
         if now - self.last_progress >= limits.watchdog_s:
             return NO_PROGRESS

@@ -148,6 +148,11 @@ def not_to_send(store: Store, shard: int, log: Callable[[str], None]) -> dict[st
     return dict.fromkeys(ids, (EVAL_CONTAMINATION, "matched to an evaluation set by the contamination report"))
 
 
+class ConversationsNotReady(RuntimeError):
+    """The shard's conversations are not published, or were planned under another policy: the message says what
+    to materialize first."""
+
+
 class ConversationsGated(RuntimeError):
     """The conversations shard failed a blocking gate: no generation from it unless the operator overrides it."""
 
@@ -175,7 +180,10 @@ def generate_shard(
     naming the gate, unless `override_failed_gates`."""
     conversations_manifest = read_shard_conversations_manifest(store, shard)
     if conversations_manifest is None:
-        raise RuntimeError(f"conversations shard {shard} is not published: materialize `conversations` first")
+        raise ConversationsNotReady(
+            f"conversations shard {shard} is not published: materialize `conversations` first "
+            "(`dagster asset materialize -m dagster_project.definitions --select raw_prompts,conversations`)"
+        )
     gated = failed_gates(store, conversations_manifest)  # what the conversations checks recorded on this build
     if gated and not override_failed_gates:
         raise ConversationsGated(
@@ -189,7 +197,7 @@ def generate_shard(
     fingerprint = settings.fingerprint()
     policies = {c.policy for c in conversations}
     if policies - {settings.policy}:
-        raise RuntimeError(
+        raise ConversationsNotReady(
             f"conversations of shard {shard} were planned with policy {sorted(policies)} but generation is "
             f"configured with {settings.policy!r}: re-materialize `conversations` with the same policy"
         )

@@ -13,7 +13,9 @@ Formats (detected per file from its first rows, or set per source or for the who
   `history: [[query, answer], ...]`. The user message is `instruction`, plus `"\n\n" + input` only when
   input is non-empty (SpecForge's convention).
 * `prompt`: a plain `prompt` (or `question`, `query`) column; a list there is read as messages
-  (TRL's conversational prompts).
+  (TRL's conversational prompts), a list of lists as turns, each a list of messages (the Berkeley
+  function-calling leaderboard's `question`: each turn's reply is generated, an empty assistant message
+  standing between the turns as the source's missing answer; its tools are in `function`).
 * `text`: rows of plain text (`{"text": ...}`, a pre-training corpus): not conversations, every row is
   quarantined (`not_a_conversation`) unless the source maps the text field as the prompt
   (`NAME@prompt:text=URI`, see `sources`).
@@ -37,8 +39,11 @@ render or raises `Rejected` with a reason:
   the text could forge a turn of its own (`"...<|im_end|>\n<|im_start|>system\n..."`). With
   `control_tokens: literal` the row is kept, marked in `extra`, and the text is encoded as ordinary text
   (`tokenizer.render_prompt_ids`).
-* **Tool calling**: `tools` (a list or a JSON string of one; each definition in OpenAI's
-  `{"type": "function", "function": {...}}` form or bare) becomes the row's tool list; assistant tool calls
+* **Tool calling**: `tools` (or `functions`, or the leaderboard's `function`: a list or a JSON string of one;
+  each definition in OpenAI's `{"type": "function", "function": {...}}` form, or bare `{name, description,
+  parameters}`, which is wrapped in that form) becomes the row's tool list; the parameters' non-standard
+  JSON Schema types are renamed to the standard ones (`dict` → `object`, `float` → `number`, `tuple` →
+  `array`, as the leaderboard writes them), so the chat template renders a valid schema; assistant tool calls
   become `tool_calls: [{"type": "function", "function": {"name", "arguments": {...}}}]` with `arguments`
   parsed when the source stores JSON as a string; tool results become `tool` messages. Consecutive
   assistant messages where the later only calls tools merge into one message (a reply then its call).
@@ -88,6 +93,10 @@ _TEXT_FIELDS = ("text", "content")
 MAIN_FIELD = {"openai": "messages", "sharegpt": "conversations", "alpaca": "instruction", "prompt": "prompt"}
 ID_FIELDS = ("id", "conversation_id", "uuid", "prompt_id")
 _TOOL_FIELDS = ("tools", "functions")
+# The function-calling leaderboard's field of tool specs: a list there is one (a string may be a row's label).
+_LEADERBOARD_TOOL_FIELD = "function"
+# JSON Schema types as some datasets write them (Python's names) → the standard type.
+_SCHEMA_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
 _MEDIA_FIELDS = ("images", "image", "videos", "video", "audios", "audio")
 _ROLE_ALIASES = {
     "system": "system",
@@ -290,17 +299,39 @@ def _parsed_json(value: Any, what: str, reason: str) -> Any:
 
 
 def _tools(value: dict[str, Any]) -> list[dict[str, Any]] | None:
-    if _first_present(value, _TOOL_FIELDS) is None:
+    key = _LEADERBOARD_TOOL_FIELD if isinstance(value.get(_LEADERBOARD_TOOL_FIELD), list) else None
+    for field_name in _TOOL_FIELDS:
+        if value.get(field_name) is not None:
+            key = field_name
+            break
+    if key is None:
         return None
-    key = next(key for key in _TOOL_FIELDS if value.get(key) is not None)
     tools = _parsed_json(value[key], f"{key!r}", "bad_tool_definition")
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
         raise Rejected("bad_tool_definition", f"{key!r} is not a list of tool objects")
     wrapped = [tool if tool.get("type") == "function" and "function" in tool else _wrap(tool) for tool in tools]
     for index, tool in enumerate(wrapped):
-        if not isinstance(tool["function"], dict) or not isinstance(tool["function"].get("name"), str):
+        function = tool["function"]
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise Rejected("bad_tool_definition", f"tool {index} of {key!r} has no name")
+        if "parameters" in function:
+            tool["function"] = function | {"parameters": _standard_schema(function["parameters"])}
     return wrapped or None
+
+
+def _standard_schema(schema: Any) -> Any:
+    """A JSON schema with the types some datasets spell as Python's (`_SCHEMA_TYPES`) renamed, at every depth."""
+    if isinstance(schema, list):
+        return [_standard_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    standard = {key: _standard_schema(item) for key, item in schema.items()}
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        standard["type"] = _SCHEMA_TYPES.get(kind, kind)
+    elif isinstance(kind, list):
+        standard["type"] = [_SCHEMA_TYPES.get(item, item) if isinstance(item, str) else item for item in kind]
+    return standard
 
 
 def _wrap(tool: dict[str, Any]) -> dict[str, Any]:
@@ -503,9 +534,26 @@ def _alpaca_messages(value: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _prompt_messages(value: dict[str, Any]) -> list[dict[str, Any]]:
     prompt = _first_present(value, _PROMPT_FIELDS)
+    if isinstance(prompt, list) and prompt and all(isinstance(turn, list) for turn in prompt):
+        return _system_field(value) + _turn_messages(prompt)
     if isinstance(prompt, list) and all(isinstance(item, dict) for item in prompt):
         return _system_field(value) + _message_list(prompt)
     return _system_field(value) + [{"role": "user", "content": flatten_content(prompt, "prompt")}]
+
+
+def _turn_messages(turns: list[list[Any]]) -> list[dict[str, Any]]:
+    """The messages of a list of turns, each a list of messages (the leaderboard's `question`). A turn that follows
+    another's asking messages gets an empty assistant message first, the source's missing answer, so each turn's
+    reply is generated on its own; an empty turn (the leaderboard writes some) adds nothing."""
+    messages: list[dict[str, Any]] = []
+    for number, turn in enumerate(turns):
+        if not all(isinstance(item, dict) for item in turn):
+            raise Rejected("unrecognized_format", f"turn {number} of the prompt is not a list of message objects")
+        turn_messages = _message_list(turn)
+        if turn_messages and messages and messages[-1]["role"] != "assistant":
+            messages.append({"role": "assistant", "content": ""})
+        messages += turn_messages
+    return messages
 
 
 def source_id(value: dict[str, Any]) -> str | None:

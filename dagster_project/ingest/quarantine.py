@@ -33,10 +33,13 @@ REASONS: dict[str, str] = {
     "starts_with_assistant": "the first message after the system prompt is not a user message",
     "misplaced_system": "a system message after the first message (the chat template refuses it)",
     "too_long": "the prompt of the last generated turn is longer than the token budget",
-    "duplicate": "the same generation requests as an earlier row (first kept)",
+    "duplicate": "the same generation requests as an earlier row (first kept; not a bad row: counted on its own, "
+    "against duplicate_rate_max)",
     "duplicate_id": "the id it would get is already taken by an earlier row",
 }
 
+# The reason of an exact duplicate: set aside with the others, but not a bad row (its own rate and limit).
+DUPLICATE = "duplicate"
 RAW_EXCERPT_CHARS = 2000
 
 

@@ -1,6 +1,8 @@
-"""Reading prompt files row by row: JSON arrays, JSON Lines (plain, `.gz`, `.zst`) and Parquet.
+"""Reading prompt files row by row: JSON arrays, JSON Lines (plain, `.gz`, `.zst`) and Parquet; a `.json` file
+holding one JSON object (a single conversation, pretty-printed) is one row.
 
-Every file is streamed, so a 600 MB ShareGPT array costs the memory of one row, not of the file.
+Every file is streamed, so a 600 MB ShareGPT array costs the memory of one row, not of the file (a single
+object is read whole: it is the row).
 A row that cannot be decoded is still yielded, with a reason (`invalid_utf8`, `invalid_json`), so the
 caller can quarantine it: rows are counted, never skipped. A file whose structure is broken (a JSON
 array that does not close, a corrupt Parquet footer) cannot be split into rows at all and raises
@@ -155,13 +157,30 @@ def iter_rows(path: Path, name: str | None = None, row_range: RowRange | None = 
             return
         rows = _jsonl_rows(stream)
         first = next(rows, None)
-        # A `.json` file that is not an array must be JSON Lines (as Hugging Face exports are); one
-        # pretty-printed object would otherwise turn into a quarantined row per line.
+        # A `.json` file that is not an array is JSON Lines (as Hugging Face exports are) or one pretty-printed
+        # object (one conversation), which read as lines would turn into a quarantined row per line.
         if kind == "json" and first is not None and first.reason == "invalid_json":
-            raise FileFormatError(f"{name}: neither a JSON array nor JSON Lines ({first.detail})")
+            yield _single_object_row(path, name, compression, first.detail)
+            return
         if first is not None:
             yield first
             yield from rows
+
+
+def _single_object_row(path: Path, name: str, compression: str | None, line_error: str) -> RawRow:
+    """The one row of a `.json` file holding a single JSON object (read whole: such a file is one row); a file that is
+    not one object either raises `FileFormatError`."""
+    with _open_decompressed(path, compression) as stream:
+        data = stream.read()
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise FileFormatError(
+            f"{name}: neither a JSON array, JSON Lines nor one JSON object (as lines: {line_error}; whole: {exc})"
+        ) from exc
+    if not isinstance(value, dict):
+        raise FileFormatError(f"{name}: neither a JSON array, JSON Lines nor one JSON object")
+    return RawRow(0, value=value)
 
 
 def _open_decompressed(path: Path, compression: str | None) -> BinaryIO:

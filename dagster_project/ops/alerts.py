@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dagster_project.generation.progress import ETA_FROM_WINDOW
 from dagster_project.ops.answers.concurrency import ConcurrencyAnswer, describe_set_aside
 from dagster_project.ops.answers.mtp import MtpAnswer
 from dagster_project.ops.answers.progress import ProgressAnswer
@@ -157,7 +158,9 @@ def _server_alerts(progress: ProgressAnswer, concurrency: ConcurrencyAnswer) -> 
 
 def _eta_alerts(progress: ProgressAnswer, slip: float) -> list[Alert]:
     eta, planned = progress.eta_hours, progress.plan_eta_hours
-    if eta is None or not planned or eta <= planned * (1 + slip):
+    # Only a stable window's ETA is judged: the lifetime rate of the first minutes swings with the first answers.
+    from_window = progress.eta_basis == ETA_FROM_WINDOW
+    if eta is None or not planned or not from_window or eta <= planned * (1 + slip):
         return []
     return [
         Alert(

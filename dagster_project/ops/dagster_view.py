@@ -3,13 +3,15 @@
 Importing Dagster costs a `dflash status` process 5-7 CPU-s, far more than its answers. So the process that has
 the instance open anyway, the `run_report` asset (run at each refresh of the page: after every run of the pipeline
 ends, every few minutes while shards run), records here what only Dagster knows: the completions shards it
-materialized, the runs it still counts as alive whose process is gone, and the runs waiting on a pool slot that
-dead runs hold. `dflash status` shows that record with its age; `dflash status --dagster` asks the instance
-itself, and acts on what it finds (marks dead runs failed and frees their slots).
+materialized, the runs it still counts as alive whose process is gone, the runs waiting on a pool slot that
+dead runs hold, and the backfills whose runs failed (which Dagster's own list shows as Completed). `dflash status`
+shows that record with its age; `dflash status --dagster` asks the instance itself, and acts on what it finds
+(marks dead runs failed and frees their slots).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dagster_project.ops.alerts import Alert
@@ -29,12 +31,33 @@ DAEMON_SILENT_S = 120.0
 
 
 @dataclass(frozen=True)
+class FailedBackfill:
+    """A backfill some of whose runs failed: Dagster's backfill list shows it "Completed", in green, all the same."""
+
+    backfill_id: str
+    runs: int
+    failed: int
+
+
+def backfill_alerts(backfills: list[FailedBackfill]) -> list[Alert]:
+    return [
+        Alert(
+            "backfill",
+            f"backfill {backfill.backfill_id}: {backfill.failed} of {backfill.runs} runs failed (Dagster lists the "
+            "backfill as Completed; each failed run's page says why, and the shards table here which gate)",
+        )
+        for backfill in backfills
+    ]
+
+
+@dataclass(frozen=True)
 class DagsterView:
     taken_at: float
     materialized: list[int]  # completions shards
     dead_runs: list[DeadHolder] = field(default_factory=list)
     pool_alerts: list[str] = field(default_factory=list)  # each names the `dflash free-slots` command
     daemon_heartbeat_at: float | None = None  # the Dagster daemon's latest heartbeat (None: none ever seen)
+    failed_backfills: list[FailedBackfill] = field(default_factory=list)
 
 
 def take_view(
@@ -43,8 +66,10 @@ def take_view(
     dead_runs: list[DeadRun],
     stuck: list[StuckPool],
     daemon_heartbeat_at: float | None = None,
+    failed_backfills: Sequence[FailedBackfill] = (),
 ) -> DagsterView:
-    """The record, from what the report already read: `dead_runs` from the heartbeats, `stuck` from the pools."""
+    """The record, from what the report already read: `dead_runs` from the heartbeats, `stuck` from the pools,
+    `failed_backfills` from the instance's recent backfills."""
     holders = {run.run_id: DeadHolder(run.run_id, HEARTBEAT_SAYS_DEAD) for run in dead_runs if run.run_id}
     holders.update((holder.run_id, holder) for pool in stuck for holder in pool.dead_holders)
     return DagsterView(
@@ -53,6 +78,7 @@ def take_view(
         dead_runs=sorted(holders.values(), key=lambda holder: holder.run_id),
         pool_alerts=[alert.message for alert in pool_alerts(stuck)],
         daemon_heartbeat_at=daemon_heartbeat_at,
+        failed_backfills=list(failed_backfills),
     )
 
 
@@ -97,6 +123,11 @@ def view_alerts(view: DagsterView | None, dead_runs: list[DeadRun], now: float) 
     instance can end, with the commands that do it."""
     alerts = [] if view is None else [Alert("pool", f"{m} (as of {ago(view.taken_at, now)})") for m in view.pool_alerts]
     alerts += daemon_alerts(view.daemon_heartbeat_at if view else None, now)  # its latest beat the view recorded
+    if view is not None:
+        alerts += [
+            Alert(alert.kind, f"{alert.message} (as of {ago(view.taken_at, now)})")
+            for alert in backfill_alerts(view.failed_backfills)
+        ]
     run_ids = sorted({run.run_id for run in dead_runs if run.run_id})
     if run_ids:
         alerts.append(

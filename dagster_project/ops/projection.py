@@ -95,11 +95,33 @@ class Projection:
             )
         return "\n".join(lines)
 
+    @property
+    def memory_cap(self) -> ProjectedSetting:
+        return self.settings[2]
+
+    def in_words(self) -> str:
+        """The answer as a sentence: how far the batch can grow, how far the throughput follows, and why."""
+        seed, tuned, most = self.seed, self.tuned, self.memory_cap
+        speedup = tuned.output_rate / seed.output_rate
+        if tuned.running < most.running:
+            why = (
+                f"because past {tuned.running} running every request brings its own memory traffic per step (its "
+                "mamba state and KV cache), which a larger batch does not share"
+            )
+        else:
+            why = f"because memory holds no more than {most.running} running requests at this length"
+        return (
+            f"The batch can grow about {most.running / seed.running:.0f}× ({most.running} running requests per GPU "
+            f"fit in memory against the seed's {seed.running}); throughput about {speedup:.1f}× (x{speedup:.2f} at "
+            f"{tuned.running} running: {tuned.hours:,.1f} h instead of {seed.hours:,.1f} h, ${tuned.cost:,.0f} "
+            f"instead of ${seed.cost:,.0f}), {why}."
+        )
+
     def describe(self) -> str:
         flags = " ".join(self.tuned.flags)
         assumptions = "; ".join(self.profile.flagged)
         return (
-            f"{self.table()}\n\ntuned launch flags: `{flags}`\n"
+            f"{self.in_words()}\n\n{self.table()}\n\ntuned launch flags: `{flags}`\n"
             f"profile: {self.profile.source}\nassumptions (flagged): {assumptions}"
         )
 

@@ -188,21 +188,26 @@ def _shards(status: Status) -> Section:
         "",
         f"Export: {_shard_counts(answer, 'export', answer.export)}",
     ]
-    rows = []
+    rows, gates = [], {}
     for state in answer.needs_a_look:
         shard = str(state.shard)
-        rows += [
-            [shard, f"{failure.stage} blocked", f"{failure.stage} {failure.gate}", failure.thresholds, failure.override]
-            for failure in state.blocked_by
-        ]
-        rows += [[shard, "overridden", gate, "", ""] for gate in state.overridden]
-        rows += [[shard, "damaged", problem, "", ""] for problem in state.damaged_objects]
+        rows += [[shard, f"{failure.stage} blocked", f"{failure.stage} {failure.gate}"] for failure in state.blocked_by]
+        gates.update(((failure.stage, failure.gate), failure) for failure in state.blocked_by)
+        rows += [[shard, "overridden", gate] for gate in state.overridden]
+        rows += [[shard, "damaged", problem] for problem in state.damaged_objects]
         if state.refused and not state.blocked_by:
-            rows.append([shard, "export refused", state.refused, "", ""])
+            rows.append([shard, "export refused", state.refused])
     tables = ()
     if rows:
-        columns = ["shard", "state", "what", "thresholds", "override"]
-        tables = (("Shards needing a look", _table(columns, rows[:SHOWN_SHARDS])),)
+        # Three narrow columns, readable at 1,440 px; a gate's thresholds and override, the same for every shard it
+        # blocked, are one row of their own table (five columns did not fit the value column beside Dagster's panel).
+        tables = (("Shards needing a look", _table(["shard", "state", "what"], rows[:SHOWN_SHARDS])),)
+    if gates:
+        gate_rows = [
+            [f"{stage} {gate}", "; ".join(filter(None, (f.thresholds, f.override)))]
+            for (stage, gate), f in sorted(gates.items())
+        ]
+        tables += (("Blocking gates", _table(["gate", "thresholds; override"], gate_rows)),)
     return Section(title, "\n".join(text), tables)
 
 

@@ -12,7 +12,7 @@ fitted to every point (`ops.knee`, which defines it precisely), not off the nois
 coarse sweep (powers of two up to the server's cap, the cap, and 1.25x it), the refinement measures the
 estimated knee and repeats points where the curve is flat until the knee's bootstrap interval is narrow. The
 report gives the points, the knee with its interval, the flags that run there, and a chart (SVG);
-`write_report` keeps it in the store (`tuning/report.json`) for `status` and the `fleet_tuning` asset.
+`tune_render.write_report` keeps it in the store (`tuning/report.json`) for `status` and the `fleet_tuning` asset.
 
 How one point is measured (the steady-state window) is `ops.tune_point`'s.
 """
@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from dagster_project.conversations.shards import read_conversations, read_conversations_manifest
@@ -37,15 +36,12 @@ from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops import knee as knee_fit
 from dagster_project.ops import spec_compare
 from dagster_project.ops.tune_point import TunePoint, run_point, summarize
-from dagster_project.ops.tune_render import render_markdown, render_svg
 from dagster_project.sglang import capacity, speculative
-from dagster_project.store.dataclass_json import from_json, to_json
+from dagster_project.store.dataclass_json import from_json
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import render_prompt_ids
 
 REPORT_KEY = "tuning/report.json"
-CHART_KEY = "tuning/throughput.svg"
-MARKDOWN_KEY = "tuning/report.md"
 AS_RUNNING = "as running"  # the label of the one server setting of connect mode
 AS_LAUNCHED = "as launched"  # and of launch mode without a sweep
 
@@ -544,22 +540,6 @@ def request_params(settings: GenerationSettings, options: TuneOptions) -> dict[s
 
 
 # ---- the report -----------------------------------------------------------------------------------------------
-
-
-def write_report(store: Store, report: TuneReport) -> None:
-    store.put_bytes(REPORT_KEY, to_json(report))
-    store.put_bytes(MARKDOWN_KEY, render_markdown(report).encode())
-    store.put_bytes(CHART_KEY, render_svg(report).encode())
-
-
-def write_local(report: TuneReport, directory: Path) -> Path:
-    """report.json, report.md and throughput.svg in `directory`; returns the markdown's path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "report.json").write_bytes(to_json(report))
-    (directory / "throughput.svg").write_text(render_svg(report))
-    markdown = directory / "report.md"
-    markdown.write_text(render_markdown(report))
-    return markdown
 
 
 def read_report(store: Store) -> TuneReport | None:

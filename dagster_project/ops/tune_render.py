@@ -1,14 +1,34 @@
 """`dflash tune`'s report as people read it: markdown (points, knee, speculative settings) and an SVG chart of
-output tok/s and accept length by concurrency, drawn without a plotting library."""
+output tok/s and accept length by concurrency, drawn without a plotting library; the report's files, in the store
+(`write_report`) and in a local directory (`write_local`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from dagster_project.ops import spec_compare
+from dagster_project.ops.tune import REPORT_KEY, TuneReport
+from dagster_project.store.dataclass_json import to_json
+from dagster_project.store.storage import Store
 
-if TYPE_CHECKING:  # the report's module writes these files: importing it here would be circular
-    from dagster_project.ops.tune import TuneReport
+CHART_KEY = "tuning/throughput.svg"
+MARKDOWN_KEY = "tuning/report.md"
+
+
+def write_report(store: Store, report: TuneReport) -> None:
+    store.put_bytes(REPORT_KEY, to_json(report))
+    store.put_bytes(MARKDOWN_KEY, render_markdown(report).encode())
+    store.put_bytes(CHART_KEY, render_svg(report).encode())
+
+
+def write_local(report: TuneReport, directory: Path) -> Path:
+    """report.json, report.md and throughput.svg in `directory`; returns the markdown's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "report.json").write_bytes(to_json(report))
+    (directory / "throughput.svg").write_text(render_svg(report))
+    markdown = directory / "report.md"
+    markdown.write_text(render_markdown(report))
+    return markdown
 
 
 def render_markdown(report: TuneReport, chart: str = "throughput.svg") -> str:

@@ -209,6 +209,11 @@ def dataset_card(records: list[HfShardExport]) -> str:
         "it followed by the target model's own answer, exactly as the engine returned it; `loss_mask` is 0 over "
         "the prompt and 1 over the answer. Each row also names its source, the server, the model revision "
         "(`weight_version`), the settings fingerprint, the finish reason and MTP's accept length.",
+        "## Tools",
+        "A conversation that defines tools has them rendered in every prompt by the chat template, in OpenAI's "
+        'form: a spec the source gave bare, as `{name, description, parameters}`, was wrapped as `{"type": '
+        '"function", "function": …}` before rendering, and the JSON Schema types the function-calling '
+        "leaderboard writes as Python's (`dict`, `float`, `tuple`) were renamed to `object`, `number` and `array`.",
         "## Counts",
         _table(
             ["shards", "rows", "tokens", "supervised tokens"],

@@ -214,3 +214,19 @@ def test_every_launch_logs_the_servers_cap_next_to_the_plans(env):
         assert "`--disable-radix-cache --max-running-requests 69` → est. ×3.1" in out
     finally:
         dflash(env, "fleet", "down")
+
+
+def test_fleet_up_with_a_bad_store_starts_nothing_and_a_later_failure_stops_what_it_started(env, tmp_path):
+    fleet_dir = tmp_path / "work" / "fleet"
+    command = [sys.executable, "-m", "dagster_project.cli", "fleet", "up", "--simulate", "1"]
+    bad = subprocess.run(command, env={**env, "DFLASH_STORE": "s3//bucket/x"}, capture_output=True, text=True)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith("dflash fleet up: ") and "s3://" in bad.stderr
+    assert launch.Fleet.load(fleet_dir) is None, "nothing was started"
+    # The store works, but the node's record cannot be written (a directory stands where it goes): the servers the
+    # command started are stopped, not left running unregistered.
+    (tmp_path / "store" / "fleet" / "n1.json").mkdir(parents=True)
+    failed = subprocess.run(command, env={**env, "DFLASH_NODE": "n1"}, capture_output=True, text=True, timeout=120)
+    assert failed.returncode != 0 and "fleet up failed: stopped the servers it started (" in failed.stderr
+    started = launch.Fleet.load(fleet_dir)
+    assert started is None or not started.alive(), "a server is left running"

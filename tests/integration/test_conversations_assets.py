@@ -86,6 +86,12 @@ def test_quarantine_rate_above_the_limit_fails_the_blocking_check(resources: dic
     evaluation = evaluations_by_check(result)["conversations_quarantine_rate"]
     assert not evaluation.passed
     assert evaluation.metadata["quarantine_rate"].value > 0.01 == evaluation.metadata["quarantine_rate_max"].value
+    # The demo's exact duplicates are counted on their own, against their own limit, not as quarantined rows.
+    duplicates = evaluation.metadata["duplicates"].value
+    assert duplicates > 0 and evaluation.metadata["duplicate_rate_max"].value == 0.5
+    bad = evaluation.metadata["quarantined"].value - duplicates
+    assert evaluation.metadata["quarantine_rate"].value == bad / evaluation.metadata["input_rows"].value
+    assert f"{duplicates} exact duplicates set aside" in evaluation.description
 
 
 def test_corrupted_shard_fails_the_id_and_gx_checks(resources: dict, tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ it); and the pool: the two shards' `completions` steps never overlap in time.
 The second opens the `run_report` asset page and a completions partition page in headless Chromium
 (tests/support/browser.py) and asserts that the asset's overview shows, in place and without opening a dialog, the
 six answers, the per-server table, cost and the chart of the run (an inline SVG image with axes); that at 1,600 px
-and, the same window resized, at 1,440 px nothing of the page needs sideways scrolling; and that the page's
+and, the same window resized, at 1,440 px nothing of the page needs sideways scrolling, and the alerts begin within
+a 1,440 x 900 screen (measured by element boxes); and that the page's
 Materialize button runs Dagster's hidden asset job, which the asset tags. Screenshots and the pages' text are saved
 under `test-artifacts/browser/`.
 
@@ -69,6 +70,7 @@ NUM_SHARDS = 2
 SHARDS = [f"shard-{i:05d}" for i in range(NUM_SHARDS)]
 POOL = "sglang_fleet"
 MATERIALIZE_REPORT = [DAGSTER, "asset", "materialize", "-m", DEFS_MODULE, "--select", "run_report"]
+ALERTING_REPORT = '{"ops": {"run_report": {"config": {"accept_length_floor": 9.0}}}}'
 
 ASSET_NODES = """
 {
@@ -158,7 +160,8 @@ def operator_ui(tmp_path_factory) -> Iterator[OperatorUI]:
                     return runs if done else None
 
                 runs = wait_until(finished_runs, timeout_s=300, interval_s=1.0, what="the daemon to run the backfill")
-                run_cli(MATERIALIZE_REPORT, env=env, cwd=root, timeout_s=300)  # the page after the shards
+                # The page after the shards, with an alert to show: an accept-length floor no run reaches.
+                run_cli([*MATERIALIZE_REPORT, "--config-json", ALERTING_REPORT], env=env, cwd=root, timeout_s=300)
                 yield OperatorUI(dev, home, fleet, runs)
     finally:
         shutil.rmtree(store, ignore_errors=True)
@@ -247,6 +250,11 @@ def test_the_operator_page_renders_the_six_answers_and_the_per_server_table(oper
     page.save(browser, f"run_report_{page.NARROW_WIDTH}")
     (artifacts / f"run_report_{page.NARROW_WIDTH}_widths.txt").write_text(page.column_widths(browser, table))
     assert page.clipped(browser, table) == []
+    # ... and the alerts, the page's first row (here an MTP alert, its text in a table), begin within a 1,440 x 900
+    # laptop's first screen (the element's box).
+    alerts_top = page.row_top(browser, table, "Alerts")
+    assert alerts_top is not None and alerts_top < page.FIRST_SCREEN_HEIGHT - 40, alerts_top
+    assert "accept length" in report and "below 9" in report and "No alerts." not in report
     page.resize(browser, page.WINDOW_WIDTH)
     # All of it in place, nothing in a dialog or over the page: the instance turns off Dagster's newsletter
     # dialog for a new browser (`nux` in dagster.yaml), which would open over the page a while after it loads.

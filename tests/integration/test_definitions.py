@@ -90,3 +90,22 @@ def test_a_shard_run_refuses_conversations_sharded_otherwise_than_its_partitions
     assert not result.success
     message = result.failure_data_for_node(asset.op.name).error.message
     assert f"have {published} shards" in message and f"DFLASH_NUM_SHARDS={published}" in message
+
+
+def test_completions_before_conversations_fail_in_one_line_naming_the_fix(tmp_path):
+    """Every stage's refusal (`partitions.REFUSALS`) ends its step the same way; completions stand for them."""
+    resources = {
+        "store": DatasetStore(root=str(tmp_path / "store"), work_dir=str(tmp_path / "work"), s3=S3Resource()),
+        "tokenizer": TokenizerResource(),
+        "generation": GenerationConfig(),
+        # A configured fleet (never reached: the run stops before its first request).
+        "fleet": SGLangFleet(endpoints=["http://127.0.0.1:9"]),
+    }
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [completions], partition_key="shard-00000", resources=resources, instance=instance, raise_on_error=False
+        )
+    error = result.failure_data_for_node(completions.op.name).error
+    # A `dg.Failure` with the stage's line as its description: no chained traceback through the stage's code.
+    assert error.cls_name == "Failure" and error.cause is None, error.to_string()
+    assert "conversations shard 0 is not published: materialize `conversations` first" in error.message

@@ -102,7 +102,7 @@ def test_glaive_tool_calls_reach_the_training_set_token_exact(sim_fleet, tmp_pat
     }
     complete: set[str] = set()
     tool_turns = 0
-    calls = {"well_formed": 0, "malformed": 0}
+    calls = {"well_formed": 0, "malformed": 0, "after_text": 0, "typed_arguments": 0}
     rerendered = 0
     for conversation in held:
         events = [conversation.event_id(turn) for turn in range(conversation.num_turns)]
@@ -119,6 +119,12 @@ def test_glaive_tool_calls_reach_the_training_set_token_exact(sim_fleet, tmp_pat
             if finished:
                 calls["malformed"] += parsed.malformed
                 calls["well_formed"] += len(parsed.calls)
+                calls["after_text"] += bool(parsed.calls and parsed.content)
+                calls["typed_arguments"] += sum(
+                    bool(value) and (value[0] in "[{0123456789-" or value in ("true", "false"))
+                    for call in parsed.calls
+                    for value in call["function"]["arguments"].values()
+                )
             if conversation.history == "source":
                 # The recorded context, calls and results included, rendered with the tools by the official template.
                 recorded = prompt_messages(conversation, turn, [])
@@ -139,6 +145,8 @@ def test_glaive_tool_calls_reach_the_training_set_token_exact(sim_fleet, tmp_pat
     assert len(complete) / len(held) >= 0.95
     assert tool_turns > 100, "the answers to recorded tool results were generated"
     assert calls["well_formed"] > 50 and calls["malformed"] > 10 and rerendered > 200, (calls, rerendered)
+    # Some calls follow a sentence, and some arguments are numbers, booleans, arrays or objects: re-rendered exactly.
+    assert calls["after_text"] > 5 and calls["typed_arguments"] > 10, calls
     # The gate counts every malformed generated call, and blocks none of these shards at a 50% limit.
     counted = sum(evaluation.metadata["malformed_tool_calls"].value for evaluation in gated.values())
     assert counted == calls["malformed"]

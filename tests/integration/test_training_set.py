@@ -96,7 +96,7 @@ def test_a_later_run_of_the_export_alone_still_refuses_the_blocked_shard(store):
     assert {name for name, e in evaluations_by_check(first).items() if not e.passed} == {"loss_sum_concentration"}
     result = _materialize(store, [specforge_export], raise_on_error=False)
     assert not result.success and not store.exists(specforge_key(SHARD))
-    failure = result.failure_data_for_node("specforge_export").error.cause
+    failure = result.failure_data_for_node("specforge_export").error  # a refusal in one line (`dg.Failure`)
     assert (
         "training_set shard 1 is not cleared for export: gates/loss_sum_concentration: BLOCKED: 50% of rows (15/30)"
         in failure.message

@@ -13,7 +13,7 @@ import pytest
 from dagster_aws.s3 import S3Resource
 
 from dagster_project.assets.fleet_tuning import fleet_tuning
-from dagster_project.ops import tune
+from dagster_project.ops import tune, tune_render
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.settings import DEMO_DATA_DIR
 from dagster_project.store.storage import LocalStore
@@ -111,4 +111,4 @@ def test_the_fleet_tuning_asset_records_the_sweep(tmp_path, sim_fleet):
     assert metadata["speculative"].value.startswith("MTP on vs off not measured")
     assert len(metadata["points"].value.records) == len(report.points) == len(observations) >= 3
     assert [o.metadata["concurrency"].value for o in observations] == sorted(p.concurrency for p in report.points)
-    assert store.exists(tune.CHART_KEY) and store.exists(tune.MARKDOWN_KEY)
+    assert store.exists(tune_render.CHART_KEY) and store.exists(tune_render.MARKDOWN_KEY)

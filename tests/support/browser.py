@@ -32,6 +32,8 @@ PAGE_TIMEOUT_S = 60
 WINDOW_WIDTH = 1600
 # The narrowest screen it must read on without sideways scrolling.
 NARROW_WIDTH = 1440
+# The height of a laptop's first screen at that width (1,440 x 900): the alerts must show within it.
+FIRST_SCREEN_HEIGHT = 900
 SVG = "{http://www.w3.org/2000/svg}"
 
 
@@ -106,15 +108,20 @@ def metadata_table(driver):
 
 def wait_for_inline_chart(driver) -> None:
     """Until the chart (an SVG data: URI in a Markdown entry) is drawn in place: loaded, with a size."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    WebDriverWait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5).until(
-        lambda d: any(
-            d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image)
-            for image in d.find_elements(By.CSS_SELECTOR, "img[src^='data:image/svg+xml']")
-        )
-    )
+    def drawn(d) -> bool:
+        try:
+            return any(
+                d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image)
+                for image in d.find_elements(By.CSS_SELECTOR, "img[src^='data:image/svg+xml']")
+            )
+        except StaleElementReferenceException:  # the UI drew the table again meanwhile: look again
+            return False
+
+    WebDriverWait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5).until(drawn)
 
 
 def clipped(driver, table) -> list[str]:
@@ -135,6 +142,20 @@ def clipped(driver, table) -> list[str]:
         return out;
         """,
         table,
+    )
+
+
+def row_top(driver, table, key: str) -> float:
+    """Where the metadata table's row `key` begins, in px from the top of the page (its element box)."""
+    return driver.execute_script(
+        """
+        const [table, key] = arguments;
+        for (const row of table.querySelectorAll(':scope > tbody > tr'))
+            if (row.children[0].innerText.trim() === key) return row.getBoundingClientRect().top + window.scrollY;
+        return null;
+        """,
+        table,
+        key,
     )
 
 

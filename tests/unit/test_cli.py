@@ -235,3 +235,28 @@ def test_status_without_a_recorded_view_says_so_and_what_reads_the_instance(tmp_
     result = _dflash(tmp_path, "status")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Dagster: no view recorded yet" in result.stdout and "`dflash status --dagster`" in result.stdout
+
+
+def test_fleet_status_without_a_fleet_says_so_at_once_and_json_prints_no_server(tmp_path) -> None:
+    """Run in a fresh interpreter as `dflash fleet status` runs, then list what it imported: no Dagster, so it
+    answers within about a second."""
+    probe = (
+        "import sys, io, contextlib, json\n"
+        "from dagster_project import cli\n"
+        "out, err = io.StringIO(), io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+        "    codes = [cli.main(['fleet', 'status']), cli.main(['fleet', 'status', '--json'])]\n"
+        "heavy = ('dagster', 'transformers', 'botocore', 'boto3', 'pyarrow')\n"
+        "heavy = sorted(m for m in heavy if m in sys.modules)\n"
+        "print(json.dumps({'codes': codes, 'out': out.getvalue(), 'err': err.getvalue(), 'heavy': heavy}))\n"
+    )
+    environment = {**os.environ, "DFLASH_STORE": str(tmp_path / "store"), "DFLASH_WORK_DIR": str(tmp_path / "work")}
+    for name in ("DFLASH_SGLANG_ENDPOINTS", "DFLASH_SGLANG_ROUTER"):
+        environment.pop(name, None)
+    result = subprocess.run([sys.executable, "-c", probe], env=environment, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["codes"] == [1, 1] and report["heavy"] == [], report
+    assert report["out"] == "", "--json prints one line per server: none"
+    assert report["err"].splitlines() == [report["err"].splitlines()[0]] * 2
+    assert report["err"].startswith("no fleet: no node registered in the store, nothing recorded in ")

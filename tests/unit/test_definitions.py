@@ -16,7 +16,7 @@ from dagster._core.storage.dagster_run import RunOpConcurrency
 
 from dagster_project import settings
 from dagster_project.definitions import defs
-from dagster_project.partitions import shard_partitions
+from dagster_project.partitions import shard_partitions, unknown_partition_message
 from dagster_project.store.layout import partition_keys
 from tests.support.dagster_helpers import (
     EXPECTED_ASSETS,
@@ -200,3 +200,19 @@ def test_the_report_refresh_follows_running_shards_and_rests_when_nothing_runs_o
         assert busy.run_requests[0].run_config == {"ops": {"run_report": {"config": {"recompute_coverage": False}}}}
         with dg.build_sensor_context(instance=instance, resources=resources, cursor=busy.cursor) as context:
             assert not sensor(context).run_requests  # the next tick: not yet due again
+
+
+def test_dagster_asking_for_a_shard_there_is_not_gets_one_line_naming_the_range() -> None:
+    keys = partition_keys(4)
+    message = unknown_partition_message(
+        ["/venv/bin/dagster", "asset", "materialize", "--select", "completions", "--partition", "shard-99999"],
+        keys,
+    )
+    assert message is not None and "'shard-99999' is not a shard partition" in message
+    assert "4 shards, shard-00000 … shard-00003 (DFLASH_NUM_SHARDS=4 when they loaded)" in message
+    ranged = ["dagster", "asset", "materialize", "--partition-range=shard-00001...shard-00009"]
+    assert "'shard-00009' is not a shard partition" in unknown_partition_message(ranged, keys)
+    # A shard there is, another command, another program: nothing to say.
+    assert unknown_partition_message(["dagster", "asset", "materialize", "--partition", "shard-00003"], keys) is None
+    assert unknown_partition_message(["dagster", "dev", "--partition", "shard-99999"], keys) is None
+    assert unknown_partition_message(["pytest", "asset", "materialize", "--partition", "shard-99999"], keys) is None

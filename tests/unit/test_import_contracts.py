@@ -8,6 +8,7 @@ contracts they break are named and the command fails.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -62,3 +63,46 @@ def test_a_later_stage_import_and_a_dagster_import_break_their_contracts(package
     # The copy was analysed: the report names the modules that only exist there.
     assert "dagster_project.ingest.reaches_ahead" in result.stdout
     assert "dagster_project.store.uses_dagster" in result.stdout
+
+
+def _imports_within_the_package() -> dict[str, set[str]]:
+    """Module → the project's modules it imports anywhere (top level, in functions, under TYPE_CHECKING)."""
+    package = PROJECT_ROOT / "dagster_project"
+    modules = {}
+    for path in package.rglob("*.py"):
+        name = ".".join(path.relative_to(PROJECT_ROOT).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            graph[name] |= {target for target in targets if target in modules and target != name}
+    return graph
+
+
+def test_no_two_modules_of_one_package_import_each_other() -> None:
+    """A circle inside a package (even one only a type annotation closes) means its modules are one responsibility
+    split in two, or a type that lives in the wrong one."""
+    graph = _imports_within_the_package()
+
+    def room(module: str) -> str:
+        return module.rpartition(".")[0]
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, stack = {start}, [start]
+        while stack:
+            for nxt in graph[stack.pop()]:
+                if nxt == goal:
+                    return True
+                if room(nxt) == room(goal) and nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return False
+
+    circles = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if room(a) == room(b) and reaches(b, a)})
+    assert not circles, circles

@@ -17,6 +17,9 @@ class CoverageAnswer:
     normalized: int | None
     quarantined: int | None
     quarantined_by_reason: dict[str, int] | None
+    # Exact duplicates among the quarantined (the first copy kept): not bad rows, with their own limit.
+    duplicates: int | None
+    duplicate_rate: float | None
     conversations: int | None
     by_source: dict[str, SourceTotals] | None
     # Rows kept under their hash id because their own id was taken, and conversations that call tools.
@@ -41,6 +44,8 @@ def answer_coverage(readings: Readings) -> CoverageAnswer:
         normalized=conversations.normalized if conversations else None,
         quarantined=rows.quarantined if rows else None,
         quarantined_by_reason=rows.quarantined_by_reason if rows else None,
+        duplicates=conversations.duplicates if conversations else None,
+        duplicate_rate=conversations.duplicate_rate if conversations else None,
         conversations=conversations.rows if conversations else None,
         by_source=conversations.by_source if conversations else None,
         renamed_ids=conversations.renamed_ids if conversations else None,
@@ -87,6 +92,14 @@ def render_coverage(coverage: CoverageAnswer, now: float) -> list[str]:
         "5. Coverage",
         f"   input rows {fmt(c.input_rows)} → normalized {fmt(c.normalized)} + quarantined {fmt(c.quarantined)} "
         f"{c.quarantined_by_reason or ''}",
+        *(
+            [
+                f"   exact duplicates {fmt(c.duplicates)} ({c.duplicate_rate:.1%}): the first copy kept, "
+                "not counted as bad rows"
+            ]
+            if c.duplicates and c.duplicate_rate is not None
+            else []
+        ),
         f"   conversations {fmt(c.conversations)} by source {fmt(by_source)}; events planned {fmt(c.events_planned)}, "
         f"in published shards {fmt(c.events_in_published_shards)} (errors {fmt(c.errors_in_published_shards)}"
         + "".join(f", not sent: {reason} {n:,}" for reason, n in sorted(c.excluded_in_published_shards.items()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
+from dagster_project.generation.progress import ETA_FROM_LIFETIME, ETA_FROM_WINDOW
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.text import fmt
 from dagster_project.ops.plan import Plan
@@ -42,8 +43,11 @@ class ProgressAnswer:
     plan: Plan | None
     plan_eta_hours: float | None
     events_ok: int | None = None  # answers generated without error (published, and running shards' so far)
-    # No ETA yet: every running shard is still measuring the window its rate needs to be stable.
+    # Every running shard is still measuring the window its rate needs to be stable.
     eta_settling: bool = False
+    # What the ETA comes from: "window" (every running shard's stable window), "lifetime" (the rates measured so
+    # far, while a window settles), "" without an ETA.
+    eta_basis: str = ""
     # Shards whose last run failed and which are not published: they need another run.
     shards_failed: list[int] = field(default_factory=list)
     # Running shards whose generation has ended, publishing: shard → seconds since it ended (their work is with the
@@ -74,11 +78,17 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
     avg_output = output_tokens / ok_events if ok_events else None
     remaining = max(readings.events_planned - done, 0)
     # Events end at the running shards' rates over their ETA windows (`generation.progress`): stable, where a
-    # two-minute window swings with each wave of answers ending. Shards still settling count at the rate they
-    # measured so far; while all are, there is no ETA yet.
-    settling = bool(readings.live) and all(b.eta_settling for b in readings.live)
-    events_per_s = sum(b.eta_rates.req_per_s for b in readings.live)
-    eta_s = remaining / events_per_s if events_per_s and not settling else None
+    # two-minute window swings with each wave of answers ending. A shard still settling counts at its lifetime rate,
+    # and the ETA says so; running shards that have finished nothing yet (a shard just begun after another) leave
+    # the lifetime rate of every run so far. So from the first finished answers on there is an ETA.
+    live = readings.live
+    settling = bool(live) and all(b.eta_settling for b in live)
+    events_per_s = sum(b.lifetime.req_per_s if b.eta_settling else b.eta_rates.req_per_s for b in live)
+    lifetime_req_per_s = sum(b.done_events - b.resumed_events for b in beats) / span if span else 0.0
+    if live and not events_per_s:
+        events_per_s = lifetime_req_per_s
+    eta_s = remaining / events_per_s if events_per_s else None
+    from_window = eta_s is not None and not any(b.eta_settling for b in live)
     plan = readings.plan
     return ProgressAnswer(
         events_planned=readings.events_planned,
@@ -93,7 +103,7 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
         ],
         window_req_per_s=sum(b.window.req_per_s for b in readings.live),
         window_output_tok_per_s=window_tok_s,
-        lifetime_req_per_s=sum(b.done_events - b.resumed_events for b in beats) / span if span else 0.0,
+        lifetime_req_per_s=lifetime_req_per_s,
         lifetime_output_tok_per_s=sum(b.output_tokens for b in beats) / span if span else 0.0,
         avg_output_tokens=avg_output,
         eta_hours=eta_s / 3600 if eta_s is not None else None,
@@ -102,6 +112,7 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
         plan_eta_hours=plan.eta_hours(remaining) if plan else None,
         events_ok=ok_events,
         eta_settling=settling,
+        eta_basis=(ETA_FROM_WINDOW if from_window else ETA_FROM_LIFETIME) if eta_s is not None else "",
         shards_failed=sorted(b.shard for b in beats if b.state == "failed" and b.shard not in readings.published),
         shards_publishing={
             b.shard: readings.now - b.updated_at
@@ -112,9 +123,11 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
 
 
 def eta_text(progress: ProgressAnswer) -> str:
-    """ "1.25 h", or why there is no figure yet."""
-    if progress.eta_settling:
-        return "settling (the running shards are still measuring a stable rate)"
+    """ "1.25 h", marked when it comes from the lifetime rate; or why there is no figure yet."""
+    if progress.eta_hours is None and progress.events_remaining and progress.shards_running:
+        return "none yet (no answer has finished)"
+    if progress.eta_basis == ETA_FROM_LIFETIME:
+        return f"{fmt(progress.eta_hours, 2)} h (at the lifetime rate so far: the windowed rate is still settling)"
     return f"{fmt(progress.eta_hours, 2)} h"
 
 

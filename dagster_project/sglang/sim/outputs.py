@@ -246,6 +246,10 @@ class Answer:
         return self.output_ids[: min(tokens, len(self.output_ids))], steps, histogram
 
 
+# The share of tool calls the simulator writes after a sentence of text (the rest start with `<tool_call>`).
+_TEXT_BEFORE_CALL_SHARE = 0.3
+
+
 class OutputModel:
     def __init__(self, config: SimConfig, vocab: SimVocab):
         self.config = config
@@ -277,16 +281,37 @@ class OutputModel:
         if not tools:
             return None
         name = rng.choice(sorted(tools))
-        arguments = {key: self.pool.part(rng.randrange(WordPool.SIZE), rng.randint(1, 4))[1] for key in tools[name]}
+        arguments = {key: self._argument(rng) for key in tools[name]}
         text = tool_calls.render_call(name, arguments)
         if rng.random() < self.config.malformed_tool_call_share:
             text = text.replace("</function>\n", "")  # the model forgot to close the function
+        if rng.random() < _TEXT_BEFORE_CALL_SHARE:
+            # A sentence before the call, as the template renders a reply then its call: `text\n\n<tool_call>`.
+            text = self.pool.part(rng.randrange(WordPool.SIZE), rng.randint(3, 12))[1] + "\n\n" + text
+        # Encoded whole, so the ids are the tokenizer's own encoding of the text, boundaries included.
         ids = self._tokenizer.encode(text, add_special_tokens=False)
         # Streamed and cut answers are decoded token by token from the sketch: it learns the call's tokens
         # (ASCII here, so each decodes on its own).
         for token in ids:
             self.vocab.texts.setdefault(token, self._tokenizer.decode([token]))
         return ids, text
+
+    def _argument(self, rng: random.Random) -> Any:
+        """One argument's value, of a JSON type a model writes: mostly words, else a number, a boolean, an array or
+        an object (written as JSON, as the template's `tojson` renders them)."""
+        words = self.pool.part(rng.randrange(WordPool.SIZE), rng.randint(1, 4))[1]
+        kind = rng.choice(("string", "string", "string", "integer", "number", "boolean", "array", "object"))
+        if kind == "integer":
+            return rng.randint(-5, 5000)
+        if kind == "number":
+            return round(rng.uniform(0, 100), 2)
+        if kind == "boolean":
+            return rng.random() < 0.5
+        if kind == "array":
+            return [rng.randint(0, 99) for _ in range(rng.randint(1, 3))]
+        if kind == "object":
+            return {"value": words, "count": rng.randint(1, 9)}
+        return words
 
     def plan(
         self,

@@ -142,3 +142,14 @@ def test_a_server_set_aside_is_named_in_a_warning_and_its_view_says_when(caplog)
     (warning,) = [record.getMessage() for record in caplog.records if "set aside" in record.getMessage()]
     assert warning.startswith("server http://failing set aside (server_error")
     assert before <= run.view(failing)["set_aside_at"] <= time.time()  # wall clock, for the operator
+
+
+def test_a_slow_server_with_long_answers_is_not_silent_while_a_fast_one_answers():
+    # A shard's tail: one server's answers take over three minutes, four times `silence_s`, while the other answers
+    # every 2 s. Its /metrics show our requests running there: it is working on them, not silent.
+    slow = FakeServer("http://slow", answer_s=200.0)
+    fast = FakeServer("http://fast", answer_s=2.0)
+    run = Run(slow, fast)
+    stats = run.run(200)
+    assert run.view(slow)["state"] == "healthy" and stats.hedges == 0
+    assert any(o.server == slow.base_url for o in run.outcomes.values())

@@ -1,12 +1,15 @@
-"""A shard's ETA, on a simulated steady fleet whose true finishing time is known: given only once its window is
-long enough to be stable, and "settling" before, never swinging with the waves in which answers end."""
+"""A shard's ETA, on a simulated steady fleet whose true finishing time is known: from its first finished answers at
+the lifetime rate (marked as such) while its window settles, then from the window once it is long enough to be
+stable, never swinging with the waves in which answers end."""
 
 from __future__ import annotations
 
 import heapq
 import random
 
-from dagster_project.generation.progress import Heartbeat, ShardProgress
+import pytest
+
+from dagster_project.generation.progress import ETA_FROM_LIFETIME, ETA_FROM_WINDOW, Heartbeat, ShardProgress
 
 SLOTS = 32  # requests the fleet runs at once
 TOKENS_PER_S = 5.0  # per request, while it decodes
@@ -44,12 +47,12 @@ def heartbeats_every_30_s(finished: list[tuple[float, int, float]]) -> list[tupl
     return beats
 
 
-def test_a_shard_eta_is_within_a_quarter_of_the_truth_whenever_it_is_given_and_never_swings():
+def test_a_shard_eta_from_its_window_is_within_a_quarter_of_the_truth_and_never_swings():
     finished = steady_fleet()
     end = finished[-1][0]
     beats = heartbeats_every_30_s(finished)
-    given = [(now, beat.eta_s) for now, beat in beats if beat.eta_s is not None]
-    assert given, "an ETA once the window is long enough"
+    given = [(now, beat.eta_s) for now, beat in beats if beat.eta_basis == ETA_FROM_WINDOW]
+    assert given, "an ETA from the window once it is long enough"
     # Until the last few waves (whose longest answers set the end), the ETA is the time left to within 25%.
     for now, eta in given:
         if len(finished) - sum(at <= now for at, _, _ in finished) > 4 * SLOTS:
@@ -62,12 +65,23 @@ def test_a_shard_eta_is_within_a_quarter_of_the_truth_whenever_it_is_given_and_n
         assert abs(after - expected) <= 0.15 * before + 60, f"ETA {before / 60:.1f} → {after / 60:.1f} min in 30 s"
 
 
-def test_before_its_window_is_long_enough_the_eta_says_it_is_settling_and_gives_no_figure():
-    beats = heartbeats_every_30_s(steady_fleet())
+def test_before_its_window_is_long_enough_the_eta_comes_from_the_lifetime_rate_and_says_so():
+    finished = steady_fleet()
+    beats = heartbeats_every_30_s(finished)
     first_minutes = [beat for now, beat in beats if now <= 4 * 60]
-    assert all(beat.eta_s is None and beat.eta_settling for beat in first_minutes)
+    assert all(beat.eta_settling for beat in first_minutes)
+    # Past the first request lifetime (~90 s here) it is the time left to within a quarter.
+    for now, beat in beats:
+        if 90 <= now <= 4 * 60:
+            assert abs(beat.eta_s / (finished[-1][0] - now) - 1) <= 0.25, (now, beat.eta_s)
+    # From the first finished answers on, an ETA: never none while events remain and answers end.
+    answered = [beat for beat in first_minutes if beat.done_events]
+    assert answered and all(beat.eta_basis == ETA_FROM_LIFETIME and beat.eta_s > 0 for beat in answered)
+    assert all(beat.eta_s is None for beat in first_minutes if not beat.done_events)
+    for beat in answered:  # the lifetime rate: remaining events at the events ended per second so far
+        assert beat.eta_s == pytest.approx(beat.remaining_events / beat.lifetime.req_per_s)
     settled = [beat for _, beat in beats if not beat.eta_settling]
-    assert settled and all(beat.eta_s is not None for beat in settled)
+    assert settled and all(beat.eta_s is not None and beat.eta_basis == ETA_FROM_WINDOW for beat in settled)
     # It says how long the ETA has been measured, of how long it needs: a request lives ~90 s here, so the
     # window holds four lifetimes.
     assert first_minutes[-1].eta_rates.seconds == 240 and 300 <= first_minutes[-1].eta_window_s <= 420

@@ -62,3 +62,10 @@ def test_the_watchdog_counts_answers_and_reads_showing_our_requests_there():
     assert watch.verdict(230.0, LIMITS, NEVER) == NO_PROGRESS
     watch.answered(225.0)
     assert watch.verdict(344.0, LIMITS, NEVER) is None
+
+
+def test_a_read_showing_ours_running_there_is_no_silence():
+    watch = busy_at(100.0)
+    watch.load_read(started=130.0, reported=5, ours=5)  # working on all of ours: long answers, not lost
+    assert watch.verdict(160.0, LIMITS, others_last_answer=159.0) is None
+    assert watch.verdict(175.0, LIMITS, others_last_answer=174.0) == SILENT  # 45 s since that read

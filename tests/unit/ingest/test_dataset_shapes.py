@@ -3,14 +3,18 @@ corpora, multimodal rows, tool calling, reasoning, and a folder that mixes them 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from dagster_project.conversations.shards import quarantine_verdict
 from dagster_project.ingest.formats import parse_row
 from dagster_project.ingest.quarantine import Rejected
 from dagster_project.ingest.sources import SourceError, SourceSpec, parse_spec
+from dagster_project.ops.answers.coverage import answer_coverage, render_coverage
+from dagster_project.ops.answers.readings import Readings
 from tests.support.ingest_helpers import run_stages
 
 WEATHER = {
@@ -257,3 +261,118 @@ def test_a_source_format_override_maps_the_corpus_text_as_the_prompt(tmp_path: P
     outcome = run_stages(tmp_path, [f"c4@prompt:text={corpus}"])
     assert sorted(c.messages[0]["content"] for c in outcome.conversations) == ["Page 0.", "Page 1.", "Page 2."]
     assert outcome.raw_manifest.files[0].format == "prompt"
+
+
+# The Berkeley function-calling leaderboard's layout: JSON Lines under a `.json` name, `question` a list of turns
+# (each a list of messages), `function` the bare tool specs with Python's type names in their JSON schemas.
+LEADERBOARD_AREA = {
+    "name": "geometry.area_of_triangle",
+    "description": "Area of a triangle.",
+    "parameters": {
+        "type": "dict",
+        "properties": {
+            "base": {"type": "float", "description": "The base."},
+            "sides": {"type": "tuple", "items": {"type": "integer"}},
+            "unit": {"type": "dict", "properties": {"name": {"type": "string"}}},
+        },
+        "required": ["base"],
+    },
+}
+STANDARD_AREA = {
+    **LEADERBOARD_AREA,
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "base": {"type": "number", "description": "The base."},
+            "sides": {"type": "array", "items": {"type": "integer"}},
+            "unit": {"type": "object", "properties": {"name": {"type": "string"}}},
+        },
+        "required": ["base"],
+    },
+}
+
+
+def test_leaderboard_turns_are_read_as_a_conversation_with_its_tools() -> None:
+    row = {
+        "id": "multi_turn_base_0",
+        "question": [
+            [{"role": "user", "content": "Area of a triangle of base 10?"}],
+            [],  # the leaderboard leaves some turns empty
+            [{"role": "user", "content": "And of base 12?"}],
+        ],
+        "function": [LEADERBOARD_AREA],
+    }
+    parsed = parse_row(row, "prompt")
+    assert parsed.messages == [
+        {"role": "user", "content": "Area of a triangle of base 10?"},
+        {"role": "assistant", "content": ""},  # the missing answer: each turn's reply is generated
+        {"role": "user", "content": "And of base 12?"},
+    ]
+    # The bare spec is wrapped in OpenAI's form, its schema in standard JSON Schema types.
+    assert parsed.tools == [{"type": "function", "function": STANDARD_AREA}]
+    assert parsed.source_id == "multi_turn_base_0"
+
+
+def test_a_function_label_that_is_no_list_of_specs_is_not_read_as_tools() -> None:
+    parsed = parse_row({"prompt": "Summarize this.", "function": "summarization"}, "prompt")
+    assert parsed.tools is None and parsed.extra == {"function": "summarization"}
+
+
+@pytest.fixture(scope="module")
+def formats_users_bring(tmp_path_factory: pytest.TempPathFactory):
+    """Public files no one on the project wrote, as lookalikes: the leaderboard's JSON Lines under a `.json` name, a
+    file holding one pretty-printed ShareGPT conversation, and a set that repeats another's rows."""
+    root = tmp_path_factory.mktemp("brought")
+    data = root / "data"
+    data.mkdir()
+    questions = [
+        {
+            "id": f"simple_{i}",
+            "question": [[{"role": "user", "content": f"Area of a triangle of base {i}?"}]],
+            "function": [LEADERBOARD_AREA],
+        }
+        for i in range(3)
+    ]
+    _write_jsonl(data / "BFCL_v3_simple.json", questions)
+    conversation = {"conversations": [{"from": "human", "value": "Tell me a joke."}, {"from": "gpt", "value": "No."}]}
+    (data / "one_conversation.json").write_text(json.dumps(conversation, indent=2))
+    chats = [{"messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(6)]
+    _write_jsonl(data / "chat.jsonl", chats)
+    _write_jsonl(data / "chat_copy.jsonl", chats[:4])  # 4 exact duplicates of 15 rows: 27%, above the 10% limit
+    _write_jsonl(data / "broken.jsonl", [{"messages": [{"role": "user", "content": ""}]}])  # one bad row of 15
+    return run_stages(root, [str(data)], num_shards=2)
+
+
+def test_leaderboard_rows_become_tool_conversations(formats_users_bring) -> None:
+    leaderboard = [c for c in formats_users_bring.conversations if c.source_file.endswith("BFCL_v3_simple.json")]
+    assert sorted(c.id for c in leaderboard) == ["simple_0", "simple_1", "simple_2"]
+    assert all(c.tools == [{"type": "function", "function": STANDARD_AREA}] for c in leaderboard)
+    assert leaderboard[0].messages[0]["content"].startswith("Area of a triangle of base")
+
+
+def test_a_file_holding_one_conversation_is_one_row(formats_users_bring) -> None:
+    (joke,) = [c for c in formats_users_bring.conversations if c.source_file.endswith("one_conversation.json")]
+    assert joke.messages[0] == {"role": "user", "content": "Tell me a joke."} and joke.source_row == 0
+
+
+def test_exact_duplicates_are_counted_on_their_own_not_as_bad_rows(formats_users_bring) -> None:
+    manifest = formats_users_bring.manifest
+    assert (manifest.input_rows, manifest.rows, manifest.quarantined) == (15, 10, 5)
+    assert (manifest.duplicates, manifest.duplicate_rate) == (4, 4 / 15)
+    assert manifest.quarantine_rate == 1 / 15  # the empty message alone: under 10%, although 5 of 15 were set aside
+    assert {name: totals.duplicates for name, totals in manifest.by_source.items()}["chat_copy"] == 4
+    passed, description = quarantine_verdict(manifest)
+    assert passed, description
+    assert "1 of 15 rows quarantined (6.67%" in description
+    kept_first = "4 exact duplicates set aside, the first copy kept (26.67%, limit 50.00%, config key duplicate_rate"
+    assert kept_first in description
+    assert "chat_copy 4" in description
+    strict = dataclasses.replace(manifest, duplicate_rate_max=0.25)
+    assert quarantine_verdict(strict)[0] is False
+
+
+def test_the_operator_reads_the_duplicates_on_their_own(formats_users_bring) -> None:
+    outcome = formats_users_bring
+    readings = Readings(0.0, 2, outcome.raw_manifest, outcome.manifest, 0, {}, [], {}, None, None)
+    lines = render_coverage(answer_coverage(readings), 0.0)
+    assert "   exact duplicates 4 (26.7%): the first copy kept, not counted as bad rows" in lines

@@ -177,10 +177,19 @@ def test_json_lines_bad_rows_get_reasons(tmp_path: Path) -> None:
     assert "line 3" in rows[2].detail and '"latin1"' in rows[2].raw
 
 
-def test_pretty_printed_object_in_a_json_file_is_refused(tmp_path: Path) -> None:
+def test_a_json_file_holding_one_pretty_printed_object_is_one_row(tmp_path: Path) -> None:
+    conversation = {"id": "c1", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}
     path = tmp_path / "one.json"
-    path.write_text(json.dumps({"data": ROWS}, indent=2))
-    with pytest.raises(FileFormatError, match="neither a JSON array nor JSON Lines"):
+    path.write_text(json.dumps(conversation, indent=2))
+    assert values(path) == [conversation]
+    (tmp_path / "one.json.gz").write_bytes(gzip.compress(json.dumps(conversation, indent=2).encode()))
+    assert values(tmp_path / "one.json.gz") == [conversation]
+
+
+def test_a_json_file_that_is_no_array_lines_or_object_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text('{\n  "id": "c1",\n  "conversations": [')
+    with pytest.raises(FileFormatError, match="neither a JSON array, JSON Lines nor one JSON object"):
         values(path)
 
 

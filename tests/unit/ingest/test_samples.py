@@ -86,6 +86,7 @@ def test_sharegpt_duplicates_are_the_repeated_question_sequences(all_turns) -> N
         conversations=len(kept),
         quarantined=500 - len(kept),
         quarantined_by_reason={"duplicate": 500 - len(kept)},
+        duplicates=500 - len(kept),  # counted on their own: exact duplicates are not bad rows
     )
 
 

@@ -55,3 +55,29 @@ def test_a_daemon_silent_past_its_heartbeats_is_an_alert_with_its_age():
     view = take_view(1100.0, set(), [], [], daemon_heartbeat_at=beat)
     assert "daemon: last heartbeat 300 s ago" in render_view(view, 1310.0)
     assert [alert.kind for alert in view_alerts(view, [], 1310.0)] == ["daemon"]
+
+
+def test_a_backfill_whose_runs_failed_is_said_so_where_dagster_lists_it_completed(tmp_path):
+    import dagster as dg
+    from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
+
+    from dagster_project.assets.dagster_instance import BACKFILL_TAG, failed_backfills
+
+    with dg.instance_for_test() as instance:
+        for backfill_id, statuses in (("all-failed", ["FAILURE"] * 8), ("fine", ["SUCCESS"] * 2)):
+            shards = [f"shard-{index:05d}" for index in range(len(statuses))]
+            instance.add_backfill(
+                PartitionBackfill(backfill_id, BulkActionStatus.COMPLETED, False, {}, 100.0, partition_names=shards)
+            )
+            for index, status in enumerate(statuses):
+                tags = {BACKFILL_TAG: backfill_id}
+                run_id = f"{backfill_id}-{index}"
+                run = dg.DagsterRun(job_name="shard_job", run_id=run_id, status=dg.DagsterRunStatus(status), tags=tags)
+                instance.add_run(run)
+        found = failed_backfills(instance)
+    assert [(b.backfill_id, b.failed, b.runs) for b in found] == [("all-failed", 8, 8)]
+    store = LocalStore(tmp_path / "store")
+    write_view(store, take_view(200.0, set(), [], [], failed_backfills=found))
+    (alert,) = view_alerts(read_view(store), [], now=230.0)
+    assert alert.kind == "backfill" and alert.message.startswith("backfill all-failed: 8 of 8 runs failed (Dagster")
+    assert alert.message.endswith("(as of 30 s ago)")

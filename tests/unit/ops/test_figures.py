@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.ops.coverage import DatasetCoverage
 from dagster_project.ops.plan import Plan
@@ -139,15 +141,29 @@ def test_answers_longer_than_planned_are_longer_not_behind_plan(tmp_path):
     assert "| avg output tokens | 373 | 300 | 1.24 | longer than plan |" in page
 
 
-def test_the_fleet_eta_comes_from_the_shards_stable_windows_and_says_when_it_is_still_settling(tmp_path):
+def test_the_fleet_eta_comes_from_the_shards_stable_windows_and_from_the_lifetime_rate_while_they_settle(tmp_path):
     # The last two minutes ended a wave of answers at 4 req/s; over its ETA window the shard ends 1 a second.
     wave = {"window": {"seconds": 120, "req_per_s": 4.0, "output_tok_per_s": 1492.0}}
     settled = {"eta_rates": {"seconds": 600, "req_per_s": 1.0, "output_tok_per_s": 373.0}, "eta_settling": False}
     status = status_of(tmp_path, [live_shard(407, **wave, **settled)])
     assert round(status.progress.eta_hours * 3600) == PLANNED - 407  # 746 events at 1 a second
+    assert status.progress.eta_basis == "window"
+    assert all("(at the lifetime rate" not in answer for answer in both(status))
 
-    starting = {"eta_rates": {"seconds": 60, "req_per_s": 9.0, "output_tok_per_s": 3357.0}, "eta_settling": True}
+    # A minute in, the window is not stable: the ETA is the lifetime rate's (2 a second), and says so.
+    starting = {
+        "eta_rates": {"seconds": 60, "req_per_s": 9.0, "output_tok_per_s": 3357.0},
+        "lifetime": {"seconds": 60, "req_per_s": 2.0, "output_tok_per_s": 746.0},
+        "eta_settling": True,
+    }
     status = status_of(tmp_path, [live_shard(407, **wave, **starting)])
-    assert status.progress.eta_hours is None
+    assert round(status.progress.eta_hours * 3600) == (PLANNED - 407) / 2 and status.progress.eta_basis == "lifetime"
     for answer in both(status):
-        assert "ETA settling" in answer or "ETA at the measured rate: **settling" in answer, answer
+        assert "h (at the lifetime rate so far: the windowed rate is still settling)" in answer, answer
+
+    # A shard just begun after another has finished nothing: the ETA is every run's lifetime rate so far (407
+    # events over the 30 minutes the shard's heartbeats cover), never none while answers flow.
+    begun = {"lifetime": {"seconds": 5, "req_per_s": 0.0, "output_tok_per_s": 0.0}, "eta_settling": True}
+    status = status_of(tmp_path, [live_shard(407, **begun)])
+    assert status.progress.eta_hours * 3600 == pytest.approx((PLANNED - 407) / (407 / 1800))
+    assert status.progress.eta_basis == "lifetime"

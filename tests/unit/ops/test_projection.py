@@ -50,6 +50,12 @@ def test_dflash_plan_project_prints_the_seed_and_tuned_table(capsys, tmp_path, m
     monkeypatch.setenv("DFLASH_STORE", str(tmp_path))  # no pilot there
     assert cli.main(["plan", "--project", "--profile", "b200-bf16", "--gpus", "7", "--events", "913786"]) == 0
     out = capsys.readouterr().out
+    # The answer first, in words, as the README states it; then the table it comes from.
+    assert out.startswith(
+        "The batch can grow about 7× (118 running requests per GPU fit in memory against the seed's 16); throughput "
+        "about 1.8× (x1.76 at 85 running: 23.7 h instead of 41.6 h, $639 instead of $1,123), because past 85 running "
+        "every request brings its own memory traffic per step"
+    ), out
     assert "| seed launch | 16 |" in out and "| tuned (knee) |" in out
     assert "assumptions (flagged):" in out and "request_bandwidth_efficiency" in out
     assert "inputs: the seed run's figures (no passed pilot in the store" in out

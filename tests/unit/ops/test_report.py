@@ -11,7 +11,7 @@ from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingSt
 from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, AlertThresholds
 from dagster_project.ops.answers.cost import NO_PRICE, FleetCost
 from dagster_project.ops.answers.readings import Readings
-from dagster_project.ops.answers.shards import ShardsAnswer
+from dagster_project.ops.answers.shards import ShardsAnswer, ShardState, gate_failure
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.report import (
     INLINE_MARKDOWN_CHARS,
@@ -284,3 +284,25 @@ def test_status_without_a_fleet_says_so_in_one_line(tmp_path):
 def test_the_text_answers_say_when_their_readings_were_taken(tmp_path):
     status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
     assert render_text(status).splitlines()[0] == f"As of {as_of(status.collected_at)}"
+
+
+def test_shards_needing_a_look_fit_three_columns_and_each_blocking_gate_is_said_once(tmp_path):
+    """At 1,440 px the value column beside Dagster's panel holds three narrow columns: a gate's thresholds and
+    override, the same for every shard it blocked, are one row of their own table, not repeated on every shard."""
+    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
+    gate = gate_failure("training_set", "gates/loss_sum_concentration", "BLOCKED: 50% of rows")
+    blocked = [ShardState(shard, "published", "blocked", "not exported", blocked_by=[gate]) for shard in range(3)]
+    not_green = {"training_set blocked": [0, 1, 2], "export not exported": [0, 1, 2]}
+    shards = ShardsAnswer(3, {"published": 3}, {"blocked": 3}, {"not exported": 3}, not_green, blocked, False)
+    sections = report_sections(replace(status, shards=shards))
+    tables = dict(next(section for section in sections if section.title == "Shards by stage").tables)
+    look, gates = tables["Shards needing a look"], tables["Blocking gates"]
+    assert look.columns == ("shard", "state", "what") and len(look.rows) == 3
+    assert look.rows[0] == ("0", "training_set blocked", "training_set gates/loss_sum_concentration")
+    assert gates.rows == (
+        (
+            "training_set gates/loss_sum_concentration",
+            "training_set_gates config max_top_loss_sum_share, min_repeats; "
+            "override_failed_gates: true in specforge_export's config",
+        ),
+    )

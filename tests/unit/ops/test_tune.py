@@ -7,7 +7,7 @@ import heapq
 
 import pytest
 
-from dagster_project.ops import knee, tune, tune_point
+from dagster_project.ops import knee, tune, tune_point, tune_render
 from dagster_project.ops.knee import KneeEstimate
 from dagster_project.ops.tune import TuneReport
 from dagster_project.ops.tune_point import RequestRecord, TunePoint
@@ -125,10 +125,10 @@ def test_the_report_round_trips_and_renders():
     made = report([point(c, r, accept=a) for c, r, a in measured])
     assert made.knee_estimate.concurrency == 47 and made.knee.concurrency == 47
     assert from_json(TuneReport, to_json(made)) == made
-    markdown = tune.render_markdown(made)
+    markdown = tune_render.render_markdown(made)
     assert "| as running | 47 **(knee)** | 64 | 960 |" in markdown and "throughput.svg" in markdown
     assert "* fit [as running]: knee 47 (80% interval " in markdown
-    svg = tune.render_svg(made)
+    svg = tune_render.render_svg(made)
     assert svg.startswith("<svg") and svg.count("<circle") == 5 and "knee 47 (" in svg and "stroke-dasharray" in svg
     # What status quotes: tok/s interpolated between points, and the accept lengths at both ends.
     assert made.throughput_at(78) == pytest.approx((1000, 2.7))

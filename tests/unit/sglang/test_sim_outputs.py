@@ -3,6 +3,8 @@ written as the model writes them."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dagster_project.sglang import protocol as proto
@@ -104,7 +106,7 @@ def test_tool_calls_are_the_official_templates_rendering_of_the_parsed_call():
     messages = [{"role": "user", "content": "Is it raining in Lyon?"}]
     tools = [WEATHER, CLOCK]
     prompt = official_prompt_ids(tok, template, messages, tools=tools)
-    counts = {"text": 0, "call": 0, "malformed": 0}
+    counts = {"text": 0, "call": 0, "malformed": 0, "text_before_call": 0, "typed_arguments": 0}
     for sample in range(60):
         answer = model.plan(prompt, "weather", {}, 1024, sample)
         text = tok.decode(answer.output_ids[:-1])
@@ -114,13 +116,41 @@ def test_tool_calls_are_the_official_templates_rendering_of_the_parsed_call():
             counts["malformed"] += 1
             continue
         counts["call" if parsed.calls else "text"] += 1
+        counts["text_before_call"] += bool(parsed.calls and parsed.content)
         assert {call["function"]["name"] for call in parsed.calls} <= {"get_weather", "get_time"}
         expected = _rerender(tok, template, messages, text, enable_thinking=True, tools=tools)
         assert prompt + answer.output_ids + tok.encode("\n") == expected, f"sample {sample}: {text!r}"
+        # The arguments as the JSON values they are (numbers, booleans, arrays, objects): the template's `tojson`
+        # renders them back to the same ids.
+        typed = _typed_calls(parsed.calls)
+        counts["typed_arguments"] += sum(
+            not isinstance(value, str) for call in typed for value in call["function"]["arguments"].values()
+        )
+        reply = {"role": "assistant", "reasoning_content": text.rpartition("\n</think>\n\n")[0]}
+        reply |= {"content": parsed.content} | ({"tool_calls": typed} if typed else {})
+        rendered = tok.apply_chat_template([*messages, reply], tools=tools, chat_template=template, tokenize=False)
+        assert prompt + answer.output_ids + tok.encode("\n") == tok.encode(rendered, add_special_tokens=False)
     assert counts["call"] >= 10 and counts["malformed"] >= 3 and counts["text"] >= 15, counts
+    assert counts["text_before_call"] >= 2 and counts["typed_arguments"] >= 5, counts
     # Without tools in the prompt, no call is ever written.
     plain = official_prompt_ids(tok, template, messages)
     assert not any("<tool_call>" in model.plan(plain, "plain", {}, 1024, sample).text for sample in range(20))
+
+
+def _typed_calls(calls: list[dict]) -> list[dict]:
+    """Parsed calls (their arguments as text) with each argument that is JSON of another type decoded."""
+
+    def typed(value: str) -> object:
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+
+    return [
+        {"type": "function", "function": {**call["function"], "arguments": {k: typed(v) for k, v in args.items()}}}
+        for call in calls
+        for args in [call["function"]["arguments"]]
+    ]
 
 
 def test_tool_call_shares_outside_zero_to_one_are_refused(capsys):

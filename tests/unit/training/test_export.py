@@ -186,6 +186,7 @@ def test_the_parquet_export_loads_with_datasets_and_its_card_describes_it(store,
     assert card.startswith("---\nconfigs:\n- config_name: default\n")
     assert "| 2 | 24 |" in card  # shards, rows
     assert "| demo | 24 | 100.0% |" in card  # sources
+    assert 'a spec the source gave bare, as `{name, description, parameters}`, was wrapped as `{"type": ' in card
     assert "2 of 2 shards passed every check (gates, gx_suite" in card
     assert "| 4096 | keep | 2 |" in card
     # Where the generated output tokens went, as the training manifests counted them (the waste ledger's source).
