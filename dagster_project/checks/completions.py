@@ -4,6 +4,7 @@ run too (unless its config overrides the failed gates).
 """
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import dagster as dg
@@ -20,10 +21,12 @@ from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import record_verdict
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gate_messages, gates
-
-SPEC_ACCEPT_LENGTH_FLOOR = 1.5
-MAX_ERROR_SHARE = 0.02
-MAX_LENGTH_CAPPED_SHARE = 0.10
+from dagster_project.training.share_gates import (
+    MAX_ERROR_SHARE,
+    MAX_LENGTH_CAPPED_SHARE,
+    SPEC_ACCEPT_LENGTH_FLOOR,
+    share_gate,
+)
 
 # The answer gates judge completions as the training rows they would become, before any row is assembled.
 ANSWER_GATES = ("thinking_structure", "degenerate_answers", "short_answers", "ids_in_vocabulary")
@@ -47,22 +50,8 @@ class CompletionsGateConfig(GateConfig):
 
 
 def _share_gate(name: str, count: int, total: int, max_share: float, what: str, by_kind: dict) -> gates.GateResult:
-    share = count / total if total else 0.0
-    passed = share <= max_share
-    verdict = "ok" if passed else "BLOCKED"
-    return gates.GateResult(
-        name,
-        passed,
-        f"{verdict}: {share:.1%} of events ({count}/{total}) {what} (limit {max_share:.0%})"
-        + (f"; by kind {by_kind}" if by_kind else ""),
-        {
-            "count": count,
-            "events": total,
-            "share": share,
-            "max_share": max_share,
-            "by_kind": dg.MetadataValue.json(by_kind),
-        },
-    )
+    result = share_gate(name, count, total, max_share, what, by_kind)
+    return replace(result, metadata={**result.metadata, "by_kind": dg.MetadataValue.json(by_kind)})
 
 
 @dg.asset_check(asset=completions, partitions_def=shard_partitions, blocking=True)

@@ -70,6 +70,8 @@ class CompletionsShardManifest(ShardManifest):
     # A manifest that did not record its settings was made with the defaults.
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     generation: GenerationSummary = field(default_factory=GenerationSummary)
+    # Watch gates a released hold overrode (`dflash hold release --override GATE`) while this shard was made.
+    hold_overrides: list[str] = field(default_factory=list)
 
     @property
     def avg_output_tokens(self) -> float:
