@@ -268,6 +268,7 @@ class ShardGeneration:
             if watching is not None:
                 watching.cancel()
                 await asyncio.gather(watching, return_exceptions=True)
+                await self.line_stop.close_quietly()
             if reporting is not None:
                 reporting.cancel()
                 await asyncio.gather(reporting, return_exceptions=True)

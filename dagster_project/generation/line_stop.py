@@ -92,6 +92,7 @@ class WatchReport:
     fleet_answers: int = 0
     fleet_runs: int = 0
     held: bool = False
+    running: bool = True  # false once the run ended: its answers were judged, and no longer count as the fleet's
 
     def is_current(self, now: float) -> bool:
         return now - self.updated_at <= STALE_POLLS * self.poll_interval_s
@@ -130,6 +131,7 @@ class LineStop:
         self.started_at = clock()
         self.held: Hold | None = None
         self.answers = 0
+        self._last: tuple[Judgement, Judgement, int, int] | None = None  # the last poll's, for `close`
 
     def admitting(self) -> bool:
         return self.held is None
@@ -171,6 +173,7 @@ class LineStop:
             if report.shard != self.shard
             and report.settings_fingerprint == self.fingerprint
             and report.started_at >= log.last_release_at
+            and report.running
             and report.is_current(now)
             and not report.held
         ]
@@ -188,6 +191,21 @@ class LineStop:
         if hold is not None and self.held is None:
             self.log(f"shard {self.shard}: {hold.headline()}")
         self.held = hold
+        self._write_report(now, own, mine, fleet, len(fleet_rows), 1 + len(others), hold is not None)
+        return hold
+
+    def _write_report(
+        self,
+        now: float,
+        own: list[list],
+        mine: Judgement,
+        fleet: Judgement,
+        answers: int,
+        runs: int,
+        held: bool,
+        *,
+        running: bool = True,
+    ) -> None:
         report = WatchReport(
             shard=self.shard,
             settings_fingerprint=self.fingerprint,
@@ -200,12 +218,22 @@ class LineStop:
             rows=own,
             figures=mine.figures,
             fleet_figures=fleet.figures,
-            fleet_answers=len(fleet_rows),
-            fleet_runs=1 + len(others),
-            held=hold is not None,
+            fleet_answers=answers,
+            fleet_runs=runs,
+            held=held,
+            running=running,
         )
         self.store.put_bytes(watch_key(self.shard), to_json(report))
-        return hold
+        self._last = (mine, fleet, answers, runs)
+
+    def close(self) -> None:
+        """The run ended: its report stays for `status` to show, no longer counted in the fleet's figures."""
+        if self._last is None:
+            return
+        mine, fleet, answers, runs = self._last
+        self._write_report(
+            self.clock(), self.watch.rows(), mine, fleet, answers, runs, self.held is not None, running=False
+        )
 
     async def run(self) -> None:
         """Until cancelled: poll. On a hold, let what is in flight drain for `hold_drain_s`, then raise
@@ -220,3 +248,9 @@ class LineStop:
                 await asyncio.sleep(self.options.hold_drain_s)
                 raise LineHeld(held, self.shard)
             await asyncio.sleep(self.options.watch_poll_interval_s)
+
+    async def close_quietly(self) -> None:
+        try:
+            await asyncio.to_thread(self.close)
+        except (StoreError, OSError) as exc:  # a report left "running" goes stale within a few polls anyway
+            self.log(f"quality watch of shard {self.shard}: final report not written: {exc}")
