@@ -25,9 +25,10 @@ def _generates(run: dg.DagsterRun) -> bool:
 
 
 def stop_launching(instance: dg.DagsterInstance, why: str) -> tuple[list[str], list[str]]:
-    """Cancel the queued generating runs and the generating backfills none of whose runs is at work; return
-    (runs cancelled, backfills cancelled)."""
-    queued = [run for run in instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])) if _generates(run)]
+    """Cancel the generating runs not started yet (queued, or created and not yet submitted) and the generating
+    backfills none of whose runs is at work; return (runs cancelled, backfills cancelled)."""
+    waiting = dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED])
+    queued = [run for run in instance.get_runs(waiting) if _generates(run)]
     for run in queued:
         instance.report_run_canceled(run, message=f"not started: {why}")
     backfills = []

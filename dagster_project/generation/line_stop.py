@@ -98,10 +98,19 @@ class WatchReport:
         return now - self.updated_at <= STALE_POLLS * self.poll_interval_s
 
 
-def read_watch_reports(store: Store) -> list[WatchReport]:
-    """Every shard's last watch report (a damaged one is skipped: it is only a figure, never data)."""
+# Reports older than this by the store's clock are not read at all: their runs ended (a live run rewrites its report
+# every poll), and a store of 1,830 shards would otherwise cost a read of each per poll. Generous, for clock skew.
+RECENT_S = 300.0
+
+
+def read_watch_reports(store: Store, now: float | None = None) -> list[WatchReport]:
+    """The shards' watch reports written in the last `RECENT_S` (a damaged one is skipped: it is only a figure,
+    never data)."""
+    since = (time.time() if now is None else now) - RECENT_S
     reports = []
     for info in store.list(WATCH + "/"):
+        if info.modified is not None and info.modified < since:
+            continue
         try:
             report = read_record(store, info.key, WatchReport)
         except (CorruptObject, StoreError):
@@ -169,7 +178,7 @@ class LineStop:
         mine = self.watch.judge(own, log.overridden)
         others = [
             report
-            for report in read_watch_reports(self.store)
+            for report in read_watch_reports(self.store, now)
             if report.shard != self.shard
             and report.settings_fingerprint == self.fingerprint
             and report.started_at >= log.last_release_at
@@ -214,7 +223,7 @@ class LineStop:
             poll_interval_s=self.options.watch_poll_interval_s,
             run_id=self.run_id,
             host=socket.gethostname(),
-            answers=len(own),
+            answers=self.answers,
             rows=own,
             figures=mine.figures,
             fleet_figures=fleet.figures,
@@ -227,13 +236,12 @@ class LineStop:
         self._last = (mine, fleet, answers, runs)
 
     def close(self) -> None:
-        """The run ended: its report stays for `status` to show, no longer counted in the fleet's figures."""
+        """The run ended: its report stays for `status` to show, without its rows (no longer counted in the fleet's
+        figures)."""
         if self._last is None:
             return
         mine, fleet, answers, runs = self._last
-        self._write_report(
-            self.clock(), self.watch.rows(), mine, fleet, answers, runs, self.held is not None, running=False
-        )
+        self._write_report(self.clock(), [], mine, fleet, answers, runs, self.held is not None, running=False)
 
     async def run(self) -> None:
         """Until cancelled: poll. On a hold, let what is in flight drain for `hold_drain_s`, then raise

@@ -75,3 +75,12 @@ def test_a_disaster_holds_the_line_with_its_evidence_and_stops_admission(tmp_pat
     assert hold.examples and hold.examples[0].answer_head == "\n</think>\n\nOK.<|im_end|>"
     (report,) = read_watch_reports(store)
     assert report.held and report.answers == 60 and {f.gate for f in report.figures} >= set(WATCHED_ANSWER_GATES)
+
+
+def test_an_overridden_gate_is_shown_failing_but_does_not_hold_the_line():
+    watch = _watch()
+    for row in disaster_rows(60):
+        watch.observe(row)
+    failing = {f.gate for f in watch.judge(watch.rows()).figures if f.blocking and not f.passed}
+    judged = watch.judge(watch.rows(), overridden=failing)
+    assert judged.failed is None and {f.gate for f in judged.figures if not f.passed} >= failing
