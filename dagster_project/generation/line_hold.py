@@ -71,6 +71,16 @@ class HoldLog:
         return {gate for hold in self.released for gate in hold.overridden}
 
     @property
+    def override_records(self) -> dict[str, str]:
+        """Gate → who overrode it, when and why: what the manifests and the dataset card record."""
+        return {
+            gate: f"watch hold released as a false alarm by {hold.released_by} at "
+            f"{datetime.fromtimestamp(hold.released_at or 0, UTC):%Y-%m-%d %H:%M UTC}: {hold.release_reason}"
+            for hold in self.released
+            for gate in hold.overridden
+        }
+
+    @property
     def last_release_at(self) -> float:
         """Answers before this were judged already: the watch counts only answers after it."""
         return max((hold.released_at or 0.0 for hold in self.released), default=0.0)

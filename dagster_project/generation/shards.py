@@ -71,7 +71,7 @@ class CompletionsShardManifest(ShardManifest):
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     generation: GenerationSummary = field(default_factory=GenerationSummary)
     # Watch gates a released hold overrode (`dflash hold release --override GATE`) while this shard was made.
-    hold_overrides: list[str] = field(default_factory=list)
+    hold_overrides: dict[str, str] = field(default_factory=dict)  # gate → who, when, why
 
     @property
     def avg_output_tokens(self) -> float:

@@ -220,7 +220,7 @@ def generate_shard(
                 generation=GenerationSummary.of(
                     last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint)
                 ),
-                hold_overrides=sorted(read_hold_log(store).overridden) if watch is not None else [],
+                hold_overrides=read_hold_log(store).override_records if watch is not None else {},
             )
             held.renew()  # LeaseLost: another run took the shard over, and this one must not publish
             published = publish_shard(store, manifest, [(PARQUET_NAME, parquet)])

@@ -262,7 +262,7 @@ def test_a_fleet_going_bad_holds_the_line_and_a_release_resumes_exactly_once(pre
         assert sent() == asked
     finally:
         if read_hold(store) is not None:
-            release_hold(store, by="test", reason="the fleet was restarted with a good model")
+            release_hold(store, by="test", reason="a known false alarm", override=[hold.gate])
     assert read_hold_log(store).released[-1].released_by == "test"
     for index in range(2):
         fleet.clear_faults(index)
@@ -272,4 +272,6 @@ def test_a_fleet_going_bad_holds_the_line_and_a_release_resumes_exactly_once(pre
     assert resumed.success
     coverage = shard_coverage(store, shard)
     assert coverage.exact, coverage.describe()
-    assert 0 < sent() - asked < read_completions_manifest(store, shard).rows  # only what the held run had not
+    manifest = read_completions_manifest(store, shard)
+    assert 0 < sent() - asked < manifest.rows  # only what the held run had not answered
+    assert "a known false alarm" in manifest.hold_overrides[hold.gate]  # recorded as override_failed_gates is
