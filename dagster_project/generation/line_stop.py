@@ -13,13 +13,22 @@ with `LineHeld`, and the shard resumes from its journal after the release.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dagster_project.generation.line_hold import Hold, HoldExample, LineHeld, put_hold, read_hold, read_hold_log
+from dagster_project.generation.line_hold import (
+    Hold,
+    HoldExample,
+    HoldLog,
+    LineHeld,
+    put_hold,
+    read_hold,
+    read_hold_log,
+)
 from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import WATCH, watch_key
 from dagster_project.store.storage import CorruptObject, Store, StoreError
@@ -67,6 +76,13 @@ class WatchOptions:
     )
     watch_min_answers: int = field(
         default=100, metadata={"help": "Answers the watch must have seen (in its scope) before it may hold the line."}
+    )
+    watch_judge_every: int = field(
+        default=25,
+        metadata={
+            "help": "Also judge this run's answers (and the fleet's, as last read) every this many answers, between "
+            "polls: a bad model answers fast."
+        },
     )
     hold_drain_s: float = field(
         default=300.0,
@@ -141,6 +157,11 @@ class LineStop:
         self.held: Hold | None = None
         self.answers = 0
         self._last: tuple[Judgement, Judgement, int, int] | None = None  # the last poll's, for `close`
+        # What the last full poll read: the other running shards' reports, and the hold log.
+        self._others: list[WatchReport] = []
+        self._log = HoldLog()
+        self._unjudged = 0
+        self._wake: asyncio.Event | None = None  # set once `watch_judge_every` answers arrived since the last look
 
     def admitting(self) -> bool:
         return self.held is None
@@ -148,6 +169,9 @@ class LineStop:
     def observe(self, row: Mapping[str, Any]) -> None:
         self.answers += 1
         self.watch.observe(row)
+        self._unjudged += 1
+        if self._wake is not None and self._unjudged >= self.options.watch_judge_every:
+            self._wake.set()
 
     def _hold(self, judgement: Judgement, scope: str, sample: int, runs: list[str], shards: list[int]) -> Hold:
         failed = judgement.failed
@@ -168,24 +192,29 @@ class LineStop:
         )
         return put_hold(self.store, hold)
 
-    def poll(self) -> Hold | None:
-        """Read the hold; judge this run's answers and the fleet's, holding the line on a failed figure; write
-        this run's report. Returns the hold in force, if any."""
+    def poll(self, full: bool = True, own: list[list] | None = None) -> Hold | None:
+        """Judge this run's answers and the fleet's, holding the line on a failed figure. A full poll first reads
+        the hold and the other running shards' reports, and then writes this run's report; a quick one (between
+        polls) judges with what the last full poll read and writes only a hold. `own`: this run's rows, taken on the
+        event loop that adds to them (a poll runs in a worker thread). Returns the hold in force, if any."""
         now = self.clock()
-        hold = read_hold(self.store)
-        log = read_hold_log(self.store)
-        own = self.watch.rows()
+        self._unjudged = 0
+        hold = read_hold(self.store) if full else self.held
+        if full:
+            self._log = read_hold_log(self.store)
+            self._others = [
+                report
+                for report in read_watch_reports(self.store, now)
+                if report.shard != self.shard
+                and report.settings_fingerprint == self.fingerprint
+                and report.started_at >= self._log.last_release_at
+                and report.running
+                and report.is_current(now)
+                and not report.held
+            ]
+        log, others = self._log, self._others
+        own = self.watch.rows() if own is None else own
         mine = self.watch.judge(own, log.overridden)
-        others = [
-            report
-            for report in read_watch_reports(self.store, now)
-            if report.shard != self.shard
-            and report.settings_fingerprint == self.fingerprint
-            and report.started_at >= log.last_release_at
-            and report.running
-            and report.is_current(now)
-            and not report.held
-        ]
         fleet_rows = own + [row for report in others for row in report.rows]
         fleet = self.watch.judge(fleet_rows, log.overridden) if others else mine
         if hold is None:
@@ -200,7 +229,8 @@ class LineStop:
         if hold is not None and self.held is None:
             self.log(f"shard {self.shard}: {hold.headline()}")
         self.held = hold
-        self._write_report(now, own, mine, fleet, len(fleet_rows), 1 + len(others), hold is not None)
+        if full:
+            self._write_report(now, own, mine, fleet, len(fleet_rows), 1 + len(others), hold is not None)
         return hold
 
     def _write_report(
@@ -236,26 +266,34 @@ class LineStop:
         self._last = (mine, fleet, answers, runs)
 
     def close(self) -> None:
-        """The run ended: its report stays for `status` to show, without its rows (no longer counted in the fleet's
-        figures)."""
-        if self._last is None:
-            return
+        """The run ended: its last answers are judged (a shard a bad model answered within one poll holds the line
+        all the same, and is not published), and its report stays for `status` to show, without its rows (no
+        longer counted in the fleet's figures)."""
+        self.poll()
+        assert self._last is not None
         mine, fleet, answers, runs = self._last
         self._write_report(self.clock(), [], mine, fleet, answers, runs, self.held is not None, running=False)
 
     async def run(self) -> None:
         """Until cancelled: poll. On a hold, let what is in flight drain for `hold_drain_s`, then raise
         `LineHeld` (a run whose requests all ended sooner stops by itself: nothing more is admitted)."""
+        self._wake = asyncio.Event()
+        next_full = 0.0
         while True:
+            full = time.monotonic() >= next_full
             try:
-                held = await asyncio.to_thread(self.poll)
+                held = await asyncio.to_thread(self.poll, full, self.watch.rows())
             except (StoreError, OSError) as exc:  # the next poll may succeed; a watch hiccup stops nothing
                 self.log(f"quality watch of shard {self.shard}: store read/write failed: {exc}")
                 held = self.held
+            if full:
+                next_full = time.monotonic() + self.options.watch_poll_interval_s
             if held is not None:
                 await asyncio.sleep(self.options.hold_drain_s)
                 raise LineHeld(held, self.shard)
-            await asyncio.sleep(self.options.watch_poll_interval_s)
+            with contextlib.suppress(TimeoutError):  # a poll's time, or enough answers since the last look
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, next_full - time.monotonic()))
+            self._wake.clear()
 
     async def close_quietly(self) -> None:
         try:
