@@ -45,6 +45,12 @@ if TYPE_CHECKING:
 # The gates of `shard_gates` the watch judges answers by: those of a completions shard, and the concentration of
 # the supervised length (the training gate that would block the same rows one stage later).
 WATCHED_ANSWER_GATES = ("loss_sum_concentration", "thinking_structure", "degenerate_answers", "short_answers")
+# Shown and judged, but not holding the line yet: the training gate's fixed 5% share trips by chance on a few hundred
+# answers of a narrow length distribution (the test fleets' 8-48 tokens: 5.8% of 104 answers on one length), where
+# the shard's own gate, judging all its rows, passes. The seed's disaster fails thinking_structure and short_answers
+# from its first answers, which do hold. Remove it from here once the gate decides on a statistical basis for its
+# sample size.
+NOT_HOLDING = frozenset({"loss_sum_concentration"})
 ACCEPT_LENGTH = "accept_length"  # shown beside them; a warning (MTP off), never a hold
 WINDOW = 2000  # the rows a run keeps and stores: its most recent answers
 _TEXT_KEPT = 64
@@ -145,7 +151,9 @@ class AnswerQualityWatch:
         figures = [_figure(result, profile) for result in results]
         figures += [_figure(result, profile) for result, _ in shares]
         figures.append(_accept_length(answered))
-        failed = next((f for f in figures if f.blocking and not f.passed and f.gate not in overridden), None)
+        failed = next(
+            (f for f in figures if f.blocking and not f.passed and f.gate not in overridden | NOT_HOLDING), None
+        )
         if failed is None:
             return Judgement(figures, None)
         by_event = {row[EVENT]: row for row in rows}
