@@ -93,14 +93,18 @@ def _is_bad(row: dict) -> bool:
 
 
 def _replay(rows: list[dict], tokenizer, options: WatchOptions) -> tuple[int | None, int | None]:
-    """The answer (index from the onset) at which the watch's own figure first fails, and at which it may hold,
-    judging after every answer as a poll would at the real job's pace."""
+    """The answer (counted from the onset) at which the watch's own figure first fails, and at which it may hold,
+    judging after every answer, each shard's run with a watch of its own as the runs here have (one shard after
+    another)."""
     onset = next((i for i, row in enumerate(rows) if _is_bad(row)), None)
     if onset is None:
         return None, None
-    watch = AnswerQualityWatch(special_ids(tokenizer), tokenizer.decode, enable_thinking=True)
+    watches: dict[int, AnswerQualityWatch] = {}
     alert = None
     for i, row in enumerate(rows):
+        watch = watches.setdefault(
+            row["shard"], AnswerQualityWatch(special_ids(tokenizer), tokenizer.decode, enable_thinking=True)
+        )
         watch.observe(row)
         if i < onset:
             continue
