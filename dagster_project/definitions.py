@@ -18,6 +18,7 @@ from dagster_project.assets import (  # noqa: E402
     conversations,
     fleet_tuning,
     hf_export,
+    line_hold,
     mixture_report,
     pilot,
     raw_prompts,
@@ -79,7 +80,7 @@ defs = dg.Definitions(
     assets=dg.load_assets_from_modules(STAGES),
     asset_checks=dg.load_asset_checks_from_modules(CHECKS),
     jobs=[shard_job, run_report.refresh_run_report],
-    sensors=[shard_followups, run_report.run_report_refresh],
+    sensors=[shard_followups, run_report.run_report_refresh, line_hold.line_hold_sensor],
     resources=resources_from_env(),
     # A shard run's steps are sequential (generate, gate, assemble, gate, export). One process per run loads
     # the tokenizer once and spares ~3 s of process start per step: ~45 s per shard, ~14 CPU-hours over

@@ -7,6 +7,8 @@ from pydantic import Field
 
 from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.generation.heartbeat import ReportIntervals
+from dagster_project.generation.line_hold import LineHeld
+from dagster_project.generation.line_stop import WatchOptions
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.generation.slot_use import SlotUse
@@ -20,14 +22,25 @@ from dagster_project.settings import skip_pilot
 from dagster_project.store import layout
 from dagster_project.store.lease import LeaseOptions
 from dagster_project.store.storage import Store
+from dagster_project.tokenizer import special_ids
+from dagster_project.training.watch_figures import AnswerQualityWatch
 
 # A range run generates two shards at once: the next one's requests fill the servers while the current one's tail
 # ends and it is published (`generation.overlap`); memory holds two shards.
 SHARDS_AT_ONCE = 2
 
 
-class CompletionsConfig(config_fields(ReportIntervals, config_fields(LeaseOptions, dg.Config))):
-    """How often a running shard reports its progress, and how it holds its shard (one run at a time)."""
+class CompletionsConfig(
+    config_fields(WatchOptions, config_fields(ReportIntervals, config_fields(LeaseOptions, dg.Config)))
+):
+    """How often a running shard reports its progress, how it holds its shard (one run at a time), and how its
+    quality watch may stop the line."""
+
+    quality_watch: bool = Field(
+        default=True,
+        description="Judge answers by the blocking gates while they arrive, and hold every shard run's admission "
+        "when one fails (docs/OPERATIONS.md, 'Stop the line').",
+    )
 
     override_failed_gates: bool = Field(
         default=False,
@@ -103,21 +116,35 @@ def completions(
                 )
             )
 
-        manifest = generate_shard(
-            data,
-            shard,
-            tokenizer=tokenizer.load(),
-            settings=settings,
-            dispatcher=fleet.dispatcher(registry=data, slot_use=slot, ledger_dir=Path(run_ledger.name)),
-            work_dir=store.local_dir(),
-            intervals=config.to_dataclass(),
-            on_progress=on_progress,
-            log=context.log.info,
-            run_id=context.run_id,
-            lease=config.to_dataclass(LeaseOptions),
-            override_failed_gates=config.override_failed_gates,
-            pilot=PilotNote(cleared.message, cleared.skipped),
+        tok = tokenizer.load()
+        watch = (
+            AnswerQualityWatch(special_ids(tok), tok.decode, enable_thinking=settings.enable_thinking)
+            if config.quality_watch
+            else None
         )
+        try:
+            manifest = generate_shard(
+                data,
+                shard,
+                tokenizer=tok,
+                settings=settings,
+                dispatcher=fleet.dispatcher(registry=data, slot_use=slot, ledger_dir=Path(run_ledger.name)),
+                work_dir=store.local_dir(),
+                intervals=config.to_dataclass(ReportIntervals),
+                on_progress=on_progress,
+                log=context.log.info,
+                run_id=context.run_id,
+                lease=config.to_dataclass(LeaseOptions),
+                override_failed_gates=config.override_failed_gates,
+                pilot=PilotNote(cleared.message, cleared.skipped),
+                watch=watch,
+                watch_options=config.to_dataclass(WatchOptions),
+            )
+        except LineHeld as held:
+            raise dg.Failure(
+                description=str(held),
+                metadata={"hold_gate": held.hold.gate, "hold_figure": held.hold.figure, "shard": key},
+            ) from held
         used = slot.take()
         metadata = {
             **shard_metadata(manifest),

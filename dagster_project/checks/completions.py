@@ -20,8 +20,7 @@ from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import record_verdict
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gate_messages, gate_sets, gates
-
-SPEC_ACCEPT_LENGTH_FLOOR = 1.5
+from dagster_project.training.gate_sets import SPEC_ACCEPT_LENGTH_FLOOR
 
 QUALITY_DESCRIPTIONS = {
     "error_rate": "Few generation events ended in an error (each is recorded with its reason, never as an answer).",

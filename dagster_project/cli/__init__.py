@@ -1,6 +1,7 @@
 """`dflash`: the operator's command line.
 
 dflash status [--json] [--by-id] [--watch N]  the answers: progress, MTP, concurrency, storage, coverage, ...
+dflash hold [release --reason ... [--override GATE]]  the line's hold (a gate failed while answers arrived)
 dflash free-slots RUN_ID...                   give back the pool slots of dead runs (the "pool" alert names them)
 dflash repair-instance                        repair a Dagster instance broken by processes that first used it at once
 dflash fleet up|down|status|forget|router    the SGLang fleet (real servers per GPU, or simulators)
@@ -26,6 +27,7 @@ from typing import Any
 # of one to import. Each command imports what it uses.
 from dagster_project.cli.demo import demo_flags
 from dagster_project.cli.fleet import fleet_flags
+from dagster_project.cli.hold import hold_flags
 from dagster_project.cli.profile import profile_flags
 from dagster_project.cli.status import free_slots_flags, metrics_flags, repair_instance_flags, status_flags
 from dagster_project.cli.tune import plan_flags, tune_flags
@@ -57,6 +59,13 @@ COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], N
         "With DAGSTER_HOME, also compare with the shards Dagster materialized and mark failed the runs whose "
         "process is gone.",
         status_flags,
+    ),
+    "hold": (
+        "show the line's hold (a quality gate failed on the answers arriving) or release it",
+        "While a hold stands no shard run admits requests. `dflash hold` shows the gate, its figure, threshold and "
+        "sample size and example answers; `dflash hold release --reason TEXT` lets the line run again (who, when "
+        "and why are recorded); add `--override GATE` for a known false alarm (recorded in the manifests).",
+        hold_flags,
     ),
     "free-slots": (
         "give back the concurrency-pool slots of dead runs (marks a run still STARTED failed)",

@@ -18,6 +18,7 @@ from dagster_project.conversations.turns import prompt_messages
 from dagster_project.generation.dispatch import Dispatcher, GenRequest, Outcome
 from dagster_project.generation.heartbeat import ShardReporter
 from dagster_project.generation.journal import Journal
+from dagster_project.generation.line_stop import LineStop
 from dagster_project.generation.progress import Heartbeat, ShardProgress
 from dagster_project.generation_settings import MIN_OUTPUT_TOKENS, GenerationSettings
 from dagster_project.records import (
@@ -71,6 +72,7 @@ class ShardGeneration:
         self.sampling_params = settings.sampling_params()
         self.journal = journal
         self.dispatcher: Dispatcher | None = None
+        self.line_stop: LineStop | None = None  # the quality watch: sees every answer, may stop admission
         total = sum(c.num_turns for c in conversations)
         resumed = sum(1 for c in conversations for t in range(c.num_turns) if journal.is_final(c.event_id(t)))
         self.progress = ShardProgress(shard, total, self.fingerprint, resumed_events=resumed)
@@ -152,8 +154,14 @@ class ShardGeneration:
             row.update(status=STATUS_EXCLUDED, error_kind=reason, error_message=f"not generated: {why}")
             self._journal(row)  # a turn journaled before (generated, then quarantined) keeps its record
 
+    def _admitting(self) -> bool:
+        return self.line_stop is None or self.line_stop.admitting()
+
     def initial_requests(self) -> Iterator[GenRequest]:
+        """Each conversation's next request; none once the line is held (the rest wait in the journal's gaps)."""
         for conversation in self.conversations:
+            if not self._admitting():
+                return
             if conversation.id in self.excluded:
                 self._exclude(conversation, *self.excluded[conversation.id])
                 continue
@@ -245,14 +253,16 @@ class ShardGeneration:
     def _journal(self, row: dict[str, Any]) -> None:
         if self.journal.append(row):
             self.progress.record(row)
+            if self.line_stop is not None and row["status"] != STATUS_EXCLUDED:  # a turn not sent is no answer
+                self.line_stop.observe(row)
 
     def on_outcome(self, outcome: Outcome) -> list[GenRequest]:
         row = self._outcome_row(outcome)
         self._journal(row)
         pending: _Pending = outcome.request.payload
         conversation, next_turn = pending.conversation, pending.turn + 1
-        if next_turn >= conversation.num_turns:
-            return []
+        if next_turn >= conversation.num_turns or not self._admitting():
+            return []  # held: the next turn has no record, and a rerun after the release asks it
         if _needs_own_history(conversation) and (row["status"] != STATUS_OK or row["history_message"] is None):
             self._end_remaining(conversation, pending.turn, row["status"], row["finish_reason"], row["retryable"])
             return []
@@ -264,19 +274,23 @@ class ShardGeneration:
     async def run(self, dispatcher: Dispatcher, reporter: ShardReporter | None = None) -> Heartbeat:
         """Dispatch until every planned event has a record; the reporter beats alongside.
 
-        The reporter ends only by failing (its lease was lost: another run took the shard over); generation
-        then stops at once and its error is raised.
+        The reporter ends only by failing (its lease was lost: another run took the shard over), and the line
+        stop only by a hold whose in-flight requests did not drain in time; generation then stops at once and
+        their error is raised.
         """
         self.dispatcher = dispatcher
         generating = asyncio.ensure_future(
             dispatcher.run(self.initial_requests(), self.on_outcome, remaining=self.progress.remaining_events)
         )
         reporting = asyncio.create_task(reporter.run()) if reporter else None
+        watching = asyncio.create_task(self.line_stop.run()) if self.line_stop else None
+        helpers = [task for task in (reporting, watching) if task is not None]
         try:
-            if reporting is not None:
-                await asyncio.wait({generating, reporting}, return_when=asyncio.FIRST_COMPLETED)
-                if reporting.done() and not generating.done():
-                    reporting.result()  # raises why it stopped
+            if helpers:
+                await asyncio.wait({generating, *helpers}, return_when=asyncio.FIRST_COMPLETED)
+                for helper in helpers:
+                    if helper.done() and not generating.done():
+                        helper.result()  # raises why it stopped: a lost lease, or a hold not drained in time
             await generating
             self.progress.state = "generated"
         except BaseException:
@@ -286,6 +300,10 @@ class ShardGeneration:
             raise
         finally:
             self.journal.sync()
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
+                await self.line_stop.close_quietly()
             if reporting is not None:
                 reporting.cancel()
                 await asyncio.gather(reporting, return_exceptions=True)

@@ -98,6 +98,8 @@ class CompletionsShardManifest(ShardManifest):
     # What let the shard generate: the passed pilot of its settings, or the operator's skip (`pilot.record`).
     pilot: str = ""
     pilot_skipped: bool = False
+    # Watch gates a released hold overrode (`dflash hold release --override GATE`) while this shard was made.
+    hold_overrides: dict[str, str] = field(default_factory=dict)  # gate → who, when, why
 
     @property
     def avg_output_tokens(self) -> float:

@@ -29,6 +29,8 @@ from dagster_project.generation.dispatch import Dispatcher
 from dagster_project.generation.events import ShardGeneration
 from dagster_project.generation.heartbeat import ReportIntervals, ShardReporter, restore_journal
 from dagster_project.generation.journal import Journal
+from dagster_project.generation.line_hold import LineHeld, read_hold, read_hold_log
+from dagster_project.generation.line_stop import LineStop, QualityWatch, WatchOptions
 from dagster_project.generation.preflight import check_before_dispatch
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import (
@@ -172,12 +174,19 @@ def generate_shard(
     lease: LeaseOptions = LeaseOptions(),
     override_failed_gates: bool = False,
     pilot: PilotNote = PilotNote(),
+    watch: QualityWatch | None = None,
+    watch_options: WatchOptions = WatchOptions(),
 ) -> CompletionsShardManifest:
     """Generate and publish `completions/shard=NNNNN/`; return its manifest. `run_id`: the Dagster run, named
     in the shard's lease and heartbeats. `pilot`: what cleared the settings (recorded in the manifest).
 
     Refuses a conversations shard that failed a blocking conversations check (their verdicts on this build),
-    naming the gate, unless `override_failed_gates`."""
+    naming the gate, unless `override_failed_gates`. With a `watch`, every answer is watched and a hold of the
+    line (`generation.line_hold`, by this run or any other) stops admission: the run then raises `LineHeld`, having
+    journaled what was in flight; it refuses to start while a hold stands."""
+    hold = read_hold(store)
+    if hold is not None:
+        raise LineHeld(hold, shard)
     conversations_manifest = read_shard_conversations_manifest(store, shard)
     if conversations_manifest is None:
         raise ConversationsNotReady(
@@ -212,6 +221,8 @@ def generate_shard(
         if journal.torn_bytes_dropped:
             log(f"journal: dropped a torn last line ({journal.torn_bytes_dropped} bytes) left by a killed run")
         job = ShardGeneration(shard, conversations, tokenizer, settings, journal, excluded)
+        if watch is not None:
+            job.line_stop = LineStop(store, shard, watch, fingerprint, run_id=run_id, options=watch_options, log=log)
         reporter = ShardReporter(
             store,
             shard,
@@ -231,6 +242,10 @@ def generate_shard(
             f"{job.progress.resumed_events} already in the journal"
         )
         last_heartbeat = asyncio.run(job.run(dispatcher, reporter))
+        if job.line_stop is not None and job.line_stop.held is not None:
+            job.progress.state = "failed"
+            asyncio.run(reporter.beat())
+            raise LineHeld(job.line_stop.held, shard)
         missing = job.missing_events()
         if missing:
             raise RuntimeError(f"shard {shard}: {len(missing)} events did not end, e.g. {missing[:3]}")
@@ -256,6 +271,7 @@ def generate_shard(
                 ),
                 pilot=pilot.message,
                 pilot_skipped=pilot.skipped,
+                hold_overrides=read_hold_log(store).override_records if watch is not None else {},
             )
             # A slow store fails the run, naming the store, past its deadline (retried calls alone never end).
             with store.deadline(f"publishing completions shard {shard}"):

@@ -11,6 +11,7 @@ from dagster_project.generation.progress import ETA_FROM_WINDOW
 from dagster_project.ops.answers.concurrency import ConcurrencyAnswer, describe_set_aside
 from dagster_project.ops.answers.mtp import MtpAnswer
 from dagster_project.ops.answers.progress import ProgressAnswer
+from dagster_project.ops.answers.quality import QualityAnswer, describe_figure
 from dagster_project.ops.answers.shards import GateFailure, ShardsAnswer
 from dagster_project.ops.answers.storage import StorageAnswer
 from dagster_project.ops.answers.text import shard_list
@@ -35,7 +36,9 @@ DEFAULT_THRESHOLDS = AlertThresholds()
 
 @dataclass(frozen=True)
 class Alert:
-    kind: str  # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs, daemon
+    # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs, daemon, hold,
+    # quality
+    kind: str
     message: str
 
 
@@ -59,6 +62,20 @@ def raise_alerts(
         *_eta_alerts(progress, thresholds.eta_slip),
         *_shard_alerts(progress, storage, thresholds.publish_slow_s),
         *_fleet_alerts(concurrency, endpoints_known),
+    ]
+
+
+def quality_alerts(quality: QualityAnswer) -> list[Alert]:
+    """The line's hold (what holds it and the way out), and blocking figures drifting towards a hold."""
+    if quality.hold is not None:
+        return [Alert("hold", quality.hold.headline())]
+    return [
+        Alert(
+            "quality",
+            f"quality drifting: {describe_figure(figure)} over the answers arriving; the line is held when it "
+            "crosses its threshold (`dflash status`, quality watch)",
+        )
+        for figure in quality.drifting
     ]
 
 

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from dagster_project.generation.line_stop import WatchFigure
+
 if TYPE_CHECKING:
     from threading import Thread
     from wsgiref.simple_server import WSGIServer
@@ -90,6 +92,8 @@ JOB_FIGURES = [
            lambda s: s.shards.shards if s.shards else None),
     Figure("job_done", "1 when every shard is exported with every blocking gate green.",
            lambda s: float(s.shards.done) if s.shards else None),
+    Figure("line_held", "1 while the line is held (a quality gate failed on the answers arriving: `dflash hold`).",
+           lambda s: float(s.quality.hold is not None) if s.quality else None),
     Figure("mtp_on", "1 when every healthy server runs speculative decoding (MTP).", lambda s: float(s.mtp.mtp_on)),
     Figure("accept_length_window", "MTP accept length over the running shards' window (tokens per verify pass).",
            lambda s: s.mtp.accept_length_window),
@@ -168,6 +172,7 @@ def status_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
                 shards.add_metric([stage, state], count)
     yield shards
     yield from waste_metrics(status)
+    yield from _watch_metrics(status)
     alerts = GaugeMetricFamily(PREFIX + "alerts", "Alerts `dflash status` raises now, by kind.", labels=["kind"])
     for kind, count in sorted(Counter(alert.kind for alert in status.alerts).items()):
         alerts.add_metric([kind], count)
@@ -189,6 +194,25 @@ def waste_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(PREFIX + name, help_, labels=["cause"])
         for cause, value in values.items():
             family.add_metric([cause], value)
+        yield family
+
+
+# The quality watch's fleet-wide figures (label `gate`): each blocking answer gate over the answers so far.
+WATCH_FIGURES: list[tuple[str, str, Callable[[WatchFigure], float]]] = [
+    ("watch_figure", "The share the gate judges, over every running shard's answers so far (accept length: tokens "
+     "per verify pass).", lambda f: f.figure),
+    ("watch_threshold", "The gate's threshold (the accept length's floor).", lambda f: f.threshold),
+    ("watch_sample_size", "Answers the figure was taken over.", lambda f: f.sample_size),
+    ("watch_passed", "1 while the gate passes on the answers so far.", lambda f: float(f.passed)),
+]  # fmt: skip
+
+
+def _watch_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
+    figures = status.quality.fleet if status.quality else []
+    for name, help_, read in WATCH_FIGURES:
+        family = GaugeMetricFamily(PREFIX + name, help_, labels=["gate"])
+        for figure in figures:
+            family.add_metric([figure.gate], read(figure))
         yield family
 
 

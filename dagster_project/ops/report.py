@@ -158,6 +158,37 @@ def _alerts(status: Status) -> Section:
     )
 
 
+def _hold(status: Status) -> Section:
+    """First on the page while the line is held: what holds it and the way out."""
+    hold = status.quality.hold
+    examples = [[e.event_id, server_name(e.server) if e.server else "—", e.answer_head] for e in hold.examples]
+    return Section(
+        "LINE HELD",
+        f"**{hold.headline()}**",
+        tables=(("Hold evidence", _table(["event", "server", "answer (head)"], examples)),) if examples else (),
+    )
+
+
+def _quality(status: Status) -> Section:
+    """The quality watch: each blocking answer gate over the running shards' answers, with threshold and n."""
+    quality = status.quality
+    title = "Quality watch"
+    if quality is None or not quality.fleet:
+        return Section(title, "No shard has reported answers yet.")
+    rows = [
+        [
+            f.gate,
+            f"{f.figure:.1%}" if f.blocking else f"{f.figure:.2f}",
+            f"{f.threshold:.1%}" if f.blocking else f"{f.threshold:.2f}",
+            f"{f.sample_size:,}",
+            ("ok" if f.passed else "FAILED") if f.blocking else "warning only",
+        ]
+        for f in quality.fleet
+    ]
+    text = f"Over {quality.fleet_answers:,} answers of {quality.fleet_runs} shard runs, fleet-wide."
+    return Section(title, text, (("Watched gates", _table(["gate", "figure", "threshold", "n", "verdict"], rows)),))
+
+
 # The page's table of shards that need a look shows this many rows (`dflash status --json` has them all).
 SHOWN_SHARDS = 50
 
@@ -378,8 +409,10 @@ def _waste(waste: WasteAnswer) -> Table:
 
 
 def report_sections(status: Status) -> list[Section]:
-    """The page in the order the operator reads it: alerts, the shards by stage, the six answers, cost."""
+    """The page in the order the operator reads it: the hold of the line while one stands, alerts, the shards by
+    stage, the six answers, cost, the quality watch."""
     return [
+        *([_hold(status)] if status.quality and status.quality.hold else []),
         _alerts(status),
         _shards(status),
         _progress(status),
@@ -389,6 +422,7 @@ def report_sections(status: Status) -> list[Section]:
         _coverage(status),
         _multi_turn(status),
         _cost(status),
+        _quality(status),
     ]
 
 

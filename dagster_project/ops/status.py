@@ -25,15 +25,25 @@ from dagster_project.conversations.shards import (
 from dagster_project.generation.fleet_life import read_fleet_lives
 from dagster_project.generation.fleet_registry import NodeRecord
 from dagster_project.generation.heartbeat import read_heartbeats
+from dagster_project.generation.line_hold import read_hold
+from dagster_project.generation.line_stop import read_watch_reports
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ingest.shards import read_raw_prompts_manifest
-from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, Alert, AlertThresholds, raise_alerts, render_alerts
+from dagster_project.ops.alerts import (
+    DEFAULT_THRESHOLDS,
+    Alert,
+    AlertThresholds,
+    quality_alerts,
+    raise_alerts,
+    render_alerts,
+)
 from dagster_project.ops.answers.concurrency import ConcurrencyAnswer, answer_concurrency, render_concurrency
 from dagster_project.ops.answers.cost import NO_PRICE, CostAnswer, CostInputs, FleetCost, answer_cost, render_cost
 from dagster_project.ops.answers.coverage import CoverageAnswer, answer_coverage, render_coverage
 from dagster_project.ops.answers.mtp import MtpAnswer, answer_mtp, render_mtp
 from dagster_project.ops.answers.multi_turn import MultiTurnAnswer, answer_multi_turn, render_multi_turn
 from dagster_project.ops.answers.progress import ProgressAnswer, answer_progress, render_progress
+from dagster_project.ops.answers.quality import QualityAnswer, answer_quality, render_quality
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.shards import BLOCKED, ShardsAnswer, answer_shards, render_shards
 from dagster_project.ops.answers.storage import StorageAnswer, answer_storage, render_storage
@@ -70,6 +80,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
         tuning = pool.submit(read_report, store)
         assembled = pool.submit(read_stage_records, store, TRAINING_SET, TrainingShardManifest)
         lives = pool.submit(read_fleet_lives, store)
+        hold, watch = pool.submit(read_hold, store), pool.submit(read_watch_reports, store)
         stage = conversations.result()
         shards = stage.num_shards if stage else 0  # as published: the environment has no say
         # The stage manifest is written last: while it is missing, the shards published so far tell the plan.
@@ -95,6 +106,8 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
             verdicts={COMPLETIONS: completions.verdicts, TRAINING_SET: training.verdicts},
             exports=training.exports,
             fleet_lives=lives.result(),
+            hold=hold.result(),
+            watch=watch.result(),
         )
 
 
@@ -113,6 +126,7 @@ class Status:
     # Registered nodes lost without `fleet down`: their servers accept no connection and they did not `fleet up` again.
     stale_nodes: list[NodeRecord] = field(default_factory=list)
     waste: WasteAnswer | None = None  # output tokens generated and not trained, by cause (question 7)
+    quality: QualityAnswer | None = None  # the quality watch's figures while shards run, and the line's hold
 
 
 def collect_status(
@@ -158,6 +172,7 @@ def answer_all(
     shards = answer_shards(readings)
     waste = answer_waste(readings, shards.not_green.get(f"training_set {BLOCKED}", []))
     priced = answer_cost(cost, progress, servers=len(readings.fleet), inputs=cost_inputs(readings, waste))
+    quality = answer_quality(readings.hold, readings.watch, readings.now)
     return Status(
         collected_at=readings.now,
         progress=progress,
@@ -169,9 +184,13 @@ def answer_all(
         cost=priced,
         waste=price_waste(waste, priced),
         shards=shards,
-        alerts=raise_alerts(
-            progress, mtp, concurrency, storage, shards, endpoints_known=endpoints_known, thresholds=thresholds
-        ),
+        alerts=[
+            *quality_alerts(quality),
+            *raise_alerts(
+                progress, mtp, concurrency, storage, shards, endpoints_known=endpoints_known, thresholds=thresholds
+            ),
+        ],
+        quality=quality,
     )
 
 
@@ -188,12 +207,15 @@ def cost_inputs(readings: Readings, waste: WasteAnswer) -> CostInputs:
 
 
 def render_text(status: Status) -> str:
+    hold = status.quality.hold if status.quality else None
     return "\n".join(
         [
+            *([hold.headline()] if hold else []),  # first: nothing else matters until it is looked at
             # Every answer below is from readings taken then (the store, the heartbeats, the fleet's probes); the
             # coverage by id and the last publish say their own age.
             f"As of {as_of(status.collected_at)}",
             *(render_shards(status.shards) if status.shards else []),
+            *(render_quality(status.quality, status.collected_at) if status.quality else []),
             *render_progress(status.progress, status.collected_at),
             *render_mtp(status.mtp),
             *render_concurrency(status.concurrency),

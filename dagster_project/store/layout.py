@@ -16,6 +16,8 @@ TRAINING_SET = "training_set"
 EXPORTS = "exports"
 PROGRESS = "progress"
 LEASES = "leases"
+HOLDS = "holds"
+WATCH = PROGRESS + "/watch"
 
 
 def partition_key(shard: int) -> str:
@@ -67,3 +69,17 @@ def progress_key(shard: int) -> str:
 
 def lease_key(stage: str, shard: int) -> str:
     return f"{LEASES}/{stage}/shard={shard:0{SHARD_DIGITS}d}.json"
+
+
+def hold_key() -> str:
+    """The line's hold while one is in force (`generation.line_hold`): every shard run stops admitting."""
+    return f"{HOLDS}/active.json"
+
+
+def hold_log_key() -> str:
+    return f"{HOLDS}/released.json"
+
+
+def watch_key(shard: int) -> str:
+    """A running shard's quality watch: its answers' figures so far, next to its heartbeat."""
+    return f"{WATCH}/shard={shard:0{SHARD_DIGITS}d}.json"

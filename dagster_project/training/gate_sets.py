@@ -17,6 +17,7 @@ from dagster_project.training import evidence, gates
 from dagster_project.training.lengths import LengthFigures, LengthGateOptions
 from dagster_project.training.tool_call_gate import ToolCallGateOptions, malformed_tool_calls
 
+SPEC_ACCEPT_LENGTH_FLOOR = 1.5  # an accept length under it: MTP is off or not paying (a warning, never a block)
 MAX_ERROR_SHARE = 0.02
 MAX_LENGTH_CAPPED_SHARE = 0.10
 

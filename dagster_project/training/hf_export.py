@@ -65,6 +65,7 @@ class HfShardExport:
     output_tokens_by_outcome: dict[str, int] = field(default_factory=dict)  # the training manifest's
     checks_passed: list[str] = field(default_factory=list)
     overridden: dict[str, str] = field(default_factory=dict)  # failed gates exported anyway: `check/gate` → message
+    hold_overrides: dict[str, str] = field(default_factory=dict)  # watch holds released as false alarms
     exported_at: float = 0.0
 
 
@@ -121,6 +122,7 @@ def export_hf_shard(
             check for check in REQUIRED_VERDICTS if (verdict := read_verdict(store, manifest, check)) and verdict.passed
         ],
         overridden=overridden,
+        hold_overrides=manifest.source.hold_overrides,
         exported_at=time.time(),
     )
     store.put_bytes(record_key(shard), to_json(record))
@@ -187,6 +189,7 @@ def dataset_card(records: list[HfShardExport]) -> str:
         lengths.merge(record.lengths)
     cleared = [r.shard for r in records if set(r.checks_passed) == set(REQUIRED_VERDICTS)]
     overridden = [f"shard {r.shard}: {gate}: {message}" for r in records for gate, message in r.overridden.items()]
+    watch_overrides = sorted({f"{gate}: {message}" for r in records for gate, message in r.hold_overrides.items()})
     header = "\n".join(
         [
             "---",
@@ -249,7 +252,12 @@ def dataset_card(records: list[HfShardExport]) -> str:
         "degenerate and short answers, ids equal to the completions, length loss — and the Great Expectations "
         "suite). No row has a loss mask under the export's minimum."
         + ("\n\nFailed gates exported anyway by an operator:\n" + "\n".join(f"- {line}" for line in overridden))
-        * bool(overridden),
+        * bool(overridden)
+        + (
+            "\n\nQuality-watch gates overridden while generating (a hold of the line released as a false alarm):\n"
+            + "\n".join(f"- {line}" for line in watch_overrides)
+        )
+        * bool(watch_overrides),
         "## Loading",
         "```python\nfrom datasets import load_dataset\n\n"
         f'rows = load_dataset("parquet", data_files="{DATA_PATTERN}", split="train")\n'

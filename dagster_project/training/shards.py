@@ -87,6 +87,8 @@ class TrainingSource:
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     # Blocking gates the completions shard failed and the operator overrode (`check/gate` → message).
     gates_overridden: dict[str, str] = field(default_factory=dict)
+    # Quality-watch gates a released hold overrode while the completions were generated (gate → who, when, why).
+    hold_overrides: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

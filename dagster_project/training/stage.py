@@ -412,6 +412,7 @@ def _assemble(
                 settings_fingerprint=source.settings_fingerprint,
                 settings=source.settings,
                 gates_overridden=overridden,
+                hold_overrides=source.hold_overrides,
             ),
         )
         held.renew()  # LeaseLost: another run took the shard over, and this one must not publish

@@ -25,7 +25,8 @@ from dagster_project.assets.specforge_export import specforge_export
 from dagster_project.assets.training_set import training_set
 from dagster_project.checks import completions as completions_checks
 from dagster_project.checks import training_set as training_set_checks
-from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest
+from dagster_project.generation.line_hold import read_hold, read_hold_log, release_hold
+from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest, shard_coverage
 from dagster_project.resources import (
     DatasetStore,
     GenerationConfig,
@@ -213,3 +214,69 @@ def _run_completions(prepared: Prepared, shard: int, endpoints: list[str]) -> di
     )
     (materialization,) = result.asset_materializations_for_node("completions")
     return {name: getattr(value, "value", value) for name, value in materialization.metadata.items()}
+
+
+# Answers that take a moment while the fleet is bad (a `slow` fault, about 5 a second over the fleet), so the shard
+# is far from done when the watch holds; at full speed once the faults are cleared.
+SLOW_BAD_MODEL = {
+    "output_len": "uniform:48:160",
+    "max_running_requests": 2,
+    "decode_step_s": 0.001,
+    "faults": {"slow": 10.0, "bad_model_share": 1.0, "bad_model_after_answers": 3},
+}
+WATCH = {"watch_min_answers": 8, "watch_poll_interval_s": 0.2, "hold_drain_s": 30.0}
+
+
+def _run_watched_completions(prepared: Prepared, shard: int, endpoints: list[str]) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [completions],
+        partition_key=layout.partition_key(shard),
+        resources=_resources(prepared.store, endpoints),
+        instance=prepared.instance,
+        run_config={"ops": {"completions": {"config": WATCH}}},
+        raise_on_error=False,
+    )
+
+
+def _failure_message(result: dg.ExecuteInProcessResult) -> str:
+    [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    return failure.event_specific_data.error.message
+
+
+def test_a_fleet_going_bad_holds_the_line_and_a_release_resumes_exactly_once(prepared, sim_fleet):
+    """Stop the line (docs/OPERATIONS.md): the watch holds on the bad answers while they arrive, the run stops
+    admitting and fails naming the hold, no shard starts while it stands; after the release a rerun asks only
+    what is missing and coverage by id is exact."""
+    store, shard = prepared.store, 3
+    fleet = sim_fleet(2, **SLOW_BAD_MODEL)
+    sent = lambda: sum(len(fleet.requests(i)) for i in range(2))  # noqa: E731
+    try:
+        held = _run_watched_completions(prepared, shard, fleet.urls)
+
+        assert not held.success
+        hold = read_hold(store)
+        assert hold is not None and hold.shards == [shard] and hold.figure > hold.threshold
+        assert hold.examples and all("OK." in example.answer_head for example in hold.examples)
+        message = _failure_message(held)
+        assert "LINE HELD" in message and hold.gate in message and "dflash hold release" in message, message
+        assert read_completions_manifest(store, shard) is None  # nothing published
+        asked = sent()
+
+        refused = _run_watched_completions(prepared, shard, fleet.urls)  # no shard starts while the hold stands
+        assert not refused.success and "LINE HELD" in _failure_message(refused)
+        assert sent() == asked
+    finally:
+        if read_hold(store) is not None:
+            release_hold(store, by="test", reason="a known false alarm", override=[hold.gate])
+    assert read_hold_log(store).released[-1].released_by == "test"
+    for index in range(2):
+        fleet.clear_faults(index)
+
+    resumed = _run_watched_completions(prepared, shard, fleet.urls)
+
+    assert resumed.success
+    coverage = shard_coverage(store, shard)
+    assert coverage.exact, coverage.describe()
+    manifest = read_completions_manifest(store, shard)
+    assert 0 < sent() - asked < manifest.rows  # only what the held run had not answered
+    assert "a known false alarm" in manifest.hold_overrides[hold.gate]  # recorded as override_failed_gates is

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from dagster_project.generation.line_stop import WatchFigure, WatchReport
 from dagster_project.generation.progress import Rates, SpecDecodingStats
 from dagster_project.generation.shards import CompletionsShardManifest, GenerationSummary
 from dagster_project.ops.alerts import DEFAULT_THRESHOLDS
@@ -62,7 +63,14 @@ def full_readings(now: float) -> Readings:
     )  # fmt: skip
     # Planned twice as fast as measured: the ETA slips, which raises an alert.
     plan = Plan(source="test", req_per_s=0.1, avg_output_tokens=400.0, output_tok_per_s=40.0)
-    return Readings(now, 3, None, None, 30, {0: published}, [running], {SERVER: probe}, plan, None)
+    # The running shard's quality watch: every watched gate passing so far, the accept length beside them.
+    figures = [
+        WatchFigure("short_answers", 0.02, 0.1, 4, True, "ok: 2% short"),
+        WatchFigure("accept_length", 3.1, 1.5, 4, True, "accept length 3.10", blocking=False),
+    ]
+    watch = WatchReport(1, "fp", now - 60, now, 5.0, answers=4, figures=figures, fleet_figures=figures, fleet_answers=4,
+                        fleet_runs=1)  # fmt: skip
+    return Readings(now, 3, None, None, 30, {0: published}, [running], {SERVER: probe}, plan, None, watch=[watch])
 
 
 def full_status(tmp_path: Path, *, priced: bool = True) -> Status:

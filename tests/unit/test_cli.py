@@ -260,3 +260,27 @@ def test_fleet_status_without_a_fleet_says_so_at_once_and_json_prints_no_server(
     assert report["out"] == "", "--json prints one line per server: none"
     assert report["err"].splitlines() == [report["err"].splitlines()[0]] * 2
     assert report["err"].startswith("no fleet: no node registered in the store, nothing recorded in ")
+
+
+def test_hold_shows_the_gate_and_its_evidence_and_a_release_records_who_when_why(tmp_path, monkeypatch, capsys):
+    from dagster_project.generation.line_hold import Hold, HoldExample, put_hold, read_hold, read_hold_log
+
+    monkeypatch.setenv("DFLASH_STORE", str(tmp_path))
+    store = LocalStore(tmp_path)
+    example = HoldExample("conv-1#turn0", "\n</think>\n\nOK.", "http://127.0.0.1:30000")
+    put_hold(
+        store, Hold("short_answers", "BLOCKED: 90% short", 0.9, 0.1, 120, "fleet", time.time(), examples=[example])
+    )
+
+    assert cli.main(["hold"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("LINE HELD") and "short_answers at 90.0% (threshold 10.0%, 120 answers, fleet)" in shown
+    assert "conv-1#turn0" in shown and "OK." in shown and "dflash hold release" in shown
+    with pytest.raises(SystemExit, match="--reason"):
+        cli.main(["hold", "release"])
+    assert cli.main(["hold", "release", "--override", "short_answers", "--reason", "known", "--by", "ana"]) == 0
+    assert read_hold(store) is None
+    [released] = read_hold_log(store).released
+    assert (released.released_by, released.release_reason, released.overridden) == ("ana", "known", ["short_answers"])
+    with pytest.raises(SystemExit, match="no hold is in force"):
+        cli.main(["hold", "release", "--reason", "again"])

@@ -8,6 +8,8 @@ from typing import Any
 from dagster_project.conversations.shards import ConversationsManifest
 from dagster_project.generation.fleet_life import FleetLife
 from dagster_project.generation.heartbeat import ACTIVE_STATES, run_is_alive
+from dagster_project.generation.line_hold import Hold
+from dagster_project.generation.line_stop import WatchReport
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ingest.shards import RawPromptsManifest
@@ -39,6 +41,8 @@ class Readings:
     verdicts: dict[str, dict[int, list[Verdict]]] = field(default_factory=dict)
     exports: dict[int, ExportOutcome] = field(default_factory=dict)  # the SpecForge export's last outcome
     fleet_lives: list[FleetLife] = field(default_factory=list)  # every `fleet up` to its `fleet down`, priced
+    hold: Hold | None = None  # the line's hold, if one stands
+    watch: list[WatchReport] = field(default_factory=list)  # every shard's last quality-watch report
 
     @property
     def live(self) -> list[Heartbeat]:

@@ -164,7 +164,7 @@ class SimConfig:
 
 _WORD_TOKEN = re.compile(r"^Ġ(?=[a-z]*[aeiouy])[a-z]{2,9}$")  # byte-level BPE " word" with a vowel: fewer fragments
 _WORDS = 3000  # the lowest ids are the earliest merges, i.e. the most frequent words
-_SKETCH_FORMAT = 2  # part of the cache file name: bump when SimVocab's fields change
+_SKETCH_FORMAT = 3  # part of the cache file name: bump when SimVocab's fields change
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,7 @@ class SimVocab:
     punctuation: tuple[int, ...]
     newline: int
     paragraph: int
+    ok_answer: tuple[int, ...] = ()  # "OK.": the seed's disaster answer (the `bad_model_share` fault)
 
     @classmethod
     def from_tokenizer(cls, name: str, tokenizer: Any) -> SimVocab:
@@ -209,7 +210,9 @@ class SimVocab:
 
         punctuation = (single(","), single("."))
         newline, paragraph = single("\n"), single("\n\n")
+        ok_answer = tuple(tokenizer.encode("OK.", add_special_tokens=False))
         emitted = [
+            *ok_answer,
             *words,
             *capitals.values(),
             *openings.values(),
@@ -231,6 +234,7 @@ class SimVocab:
             punctuation=punctuation,
             newline=newline,
             paragraph=paragraph,
+            ok_answer=ok_answer,
         )
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -250,8 +254,8 @@ class SimVocab:
         data["special_ids"] = frozenset(data["special_ids"])
         for key in ("texts", "capitals", "openings"):
             data[key] = {int(k): v for k, v in data[key].items()}
-        for key in ("eos_ids", "words", "punctuation"):
-            data[key] = tuple(data[key])
+        for key in ("eos_ids", "words", "punctuation", "ok_answer"):
+            data[key] = tuple(data.get(key, ()))
         return cls(**data)
 
     def save(self, path: Path) -> Path:

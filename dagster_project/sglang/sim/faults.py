@@ -32,6 +32,11 @@ class Faults:
     mtp_off: bool = False  # no draft is accepted: spec_verify_ct equals the completion tokens
     nan: int | bool = 0  # the sampler drew an out-of-vocabulary id: stop "NaN happened", last id overwritten
     garbage: int | bool = 0  # 200 with an HTML error page for a body (a broken proxy in front of the server)
+    # A bad model ("rehearse a bad model" in docs/OPERATIONS.md): this share of answers is the seed's disaster,
+    # empty reasoning then "OK." and the end token (`\n</think>\n\nOK.<|im_end|>`, 6 tokens); which answers is
+    # a draw per prompt, so every server of a fleet spoils the same ones.
+    bad_model_share: float = 0.0
+    bad_model_after_answers: int | None = None  # ... only after this server has answered this many more
     _503_until: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:
@@ -44,6 +49,12 @@ class Faults:
             raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
         if not isinstance(changes.get("slow", 1.0), (int, float)) or changes.get("slow", 1.0) < 1.0:
             raise ValueError("slow must be a number >= 1 (a slowdown factor)")
+        share = changes.get("bad_model_share", 0.0)
+        if not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise ValueError("bad_model_share must be a share in [0, 1]")
+        after = changes.get("bad_model_after_answers")
+        if after is not None and (not isinstance(after, int) or after < 0):
+            raise ValueError("bad_model_after_answers must be a count >= 0 (or null: from now)")
         for name, value in changes.items():
             setattr(self, name, value)
         if "error_503_for_s" in changes:
@@ -63,6 +74,14 @@ class Faults:
             setattr(self, name, budget - 1)
             return True
         return False
+
+    def bad_answer(self, draw: float) -> bool:
+        """Whether this answer is the bad model's, `draw` being its prompt's uniform draw in [0, 1); counts down
+        `bad_model_after_answers` first (a fleet that goes bad mid-job)."""
+        if self.bad_model_after_answers:
+            self.bad_model_after_answers -= 1
+            return False
+        return draw < self.bad_model_share
 
     def rejects_with_503(self, now: float) -> bool:
         return now < self._503_until or self.take("error_503")

@@ -326,11 +326,15 @@ class OutputModel:
         truncate: bool = False,
         mtp_off: bool = False,
         nan: bool = False,
+        bad: bool = False,
     ) -> Answer:
         """The answer to one sample, decoded in a batch of `batch` requests (its acceptance may depend on it);
-        `empty`, `truncate`, `mtp_off` and `nan` are the injected faults that shape it."""
+        `empty`, `truncate`, `mtp_off`, `nan` and `bad` (the bad model's answer) are the injected faults that
+        shape it."""
         rng = random.Random(f"{self.config.seed}:{prompt_hash}:{sample}")
         thinking = input_ids[-2:] != self.no_think_suffix
+        if bad:
+            return self._bad_answer(thinking, len(input_ids), rng, mtp_off, batch)
         natural = max(1, min(self.lengths(rng), self.config.max_output_len))
         natural = max(natural, int(params.get("min_new_tokens") or 0) + 1)
         call = None if empty else self._tool_call(input_ids, prompt_hash, sample)
@@ -355,6 +359,20 @@ class OutputModel:
             ids = [*ids[:-1], self.eos]
             text, finish, stop_text = self.vocab.decode(ids[:-1]), proto.finish_stop(proto.NAN_STOP), ""
         return Answer(ids, text, finish, self._spec(len(input_ids), len(ids), rng, mtp_off, batch), stop_text)
+
+    def bad_draw(self, prompt_hash: str, sample: int = 0) -> float:
+        """The uniform draw that decides whether the bad model spoils this sample (`Faults.bad_answer`): the
+        same on every server, and apart from the answer's own draws."""
+        return random.Random(f"{self.config.seed}:{prompt_hash}:{sample}:bad").random()
+
+    def _bad_answer(self, thinking: bool, prompt_tokens: int, rng: random.Random, mtp_off: bool, batch: int) -> Answer:
+        """The seed's disaster as the historical rows were: empty reasoning closed at once, "OK.", the end token."""
+        close, close_text = self.think_close if thinking else ([], "")
+        answer = list(self.vocab.ok_answer)
+        ids = [*close, *answer, self.eos]
+        text = close_text + self.vocab.decode(answer)
+        spec = self._spec(prompt_tokens, len(ids), rng, mtp_off, batch)
+        return Answer(ids, text, proto.finish_stop(self.eos), spec, self.vocab.texts[self.eos])
 
     def _compose(
         self,

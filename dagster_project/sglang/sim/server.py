@@ -11,8 +11,8 @@ rest lives in:
   the finish reason and spec-decoding stats; a deterministic function of `--seed` and the prompt.
 * `sim.scheduler` — running cap, KV-budget admission and retraction, FIFO queue (503 when bounded and
   full), latency model (decode steps slow with the batch), aborts.
-* `sim.faults` — injected failures: crash, drop, hang, slow, 503 bursts, empty/truncated/NaN answers, garbage
-  bodies, MTP off.
+* `sim.faults` — injected failures: crash, drop, hang, slow, 503 bursts, empty/truncated/NaN answers, a bad
+  model's "OK." answers (from the start or after N answers), garbage bodies, MTP off.
 * `sim.ops` — the bodies of /server_info, /model_info, /v1/models and /metrics, and their counters.
 
 Streaming (`"stream": true`) sends cumulative chunks after prefill and at each quarter of the decode,
@@ -143,6 +143,7 @@ class Simulator:
                 truncate=self.faults.take("truncate"),
                 mtp_off=self.faults.mtp_off,
                 nan=self.faults.take("nan"),
+                bad=self.faults.bad_answer(self.model.bad_draw(prompt_hash, sample)),
             )
             jobs.append(self.scheduler.add(rid, answer, len(input_ids), max_new_tokens, received))
         return input_ids, log, jobs

@@ -50,6 +50,14 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
     }
 
 
+WATCH_FIGURES = {
+    "dflash_watch_figure": "figure",
+    "dflash_watch_threshold": "threshold",
+    "dflash_watch_sample_size": "sample_size",
+    "dflash_watch_passed": "passed",
+}
+
+
 def expected_from_json(answers: dict) -> dict[tuple[str, tuple], float]:
     """What each sample must be, read from `dflash status --json`'s output."""
     progress, mtp, shards = answers["progress"], answers["mtp"], answers["shards"]
@@ -71,6 +79,7 @@ def expected_from_json(answers: dict) -> dict[tuple[str, tuple], float]:
         "dflash_shards_failed": len(progress["shards_failed"]),
         "dflash_shards_total": shards["shards"],
         "dflash_job_done": shards["done"],
+        "dflash_line_held": answers["quality"]["hold"] is not None,
         "dflash_mtp_on": mtp["mtp_on"],
         "dflash_accept_length_window": mtp["accept_length_window"],
         "dflash_accept_length_published_shards": mtp["accept_length_published_shards"],
@@ -92,6 +101,9 @@ def expected_from_json(answers: dict) -> dict[tuple[str, tuple], float]:
     for stage in ("completions", "training_set", "export"):
         for state, count in shards[stage].items():
             expected[("dflash_shards", (("stage", stage), ("state", state)))] = float(count)
+    for figure in answers["quality"]["fleet"]:
+        for name, key in WATCH_FIGURES.items():
+            expected[(name, (("gate", figure["gate"]),))] = float(figure[key])
     for alert in answers["alerts"]:
         key = ("dflash_alerts", (("kind", alert["kind"]),))
         expected[key] = expected.get(key, 0.0) + 1

@@ -161,3 +161,24 @@ def test_tool_call_shares_outside_zero_to_one_are_refused(capsys):
             parse_args([flag, "1.5"])
         assert f"{flag} is a share: between 0 and 1, got 1.5" in capsys.readouterr().err
     assert parse_args(["--tool-call-share", "0.3"]).tool_call_share == 0.3
+
+
+def test_a_bad_model_writes_the_seeds_disaster_for_its_share_of_answers_after_its_onset():
+    """`bad_model_share` answers are empty reasoning, "OK." and the end token (6 tokens, as the seed's rows were),
+    for about that share of prompts, once `bad_model_after_answers` answers have gone by."""
+    from dagster_project.sglang.sim.faults import Faults
+
+    tok = tokenizer()
+    model = OutputModel(SimConfig(), load_sim_vocab())
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True, add_generation_prompt=True)
+    answer = model.plan(prompt, "hi", {}, 1024, bad=True)
+    assert tok.decode(answer.output_ids) == "\n</think>\n\nOK.<|im_end|>" and len(answer.output_ids) == 6
+    assert answer.finish_reason["type"] == "stop" and answer.text == "\n</think>\n\nOK."
+
+    faults = Faults()
+    faults.update({"bad_model_share": 0.3, "bad_model_after_answers": 100}, now=0.0)
+    spoiled = [faults.bad_answer(model.bad_draw(f"prompt-{i}")) for i in range(1100)]
+    assert not any(spoiled[:100])
+    assert 250 < sum(spoiled[100:]) < 350
+    with pytest.raises(ValueError, match="bad_model_share"):
+        faults.update({"bad_model_share": 1.5}, now=0.0)

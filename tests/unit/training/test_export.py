@@ -221,3 +221,12 @@ def test_the_card_is_rebuilt_when_another_runs_card_replaced_it_and_a_lasting_fa
     replaced["times"] = CARD_ATTEMPTS
     with pytest.raises(StoreError, match="did not verify"):
         write_dataset_card(store)
+
+
+def test_the_card_names_the_quality_watch_gates_a_released_hold_overrode():
+    from dagster_project.training.hf_export import HfShardExport, dataset_card
+
+    why = "watch hold released as a false alarm by ana at 2026-12-04 21:30 UTC: known"
+    card = dataset_card([HfShardExport(shard=3, key="k", rows=1, hold_overrides={"short_answers": why})])
+    assert f"- short_answers: {why}" in card and "a hold of the line released as a false alarm" in card
+    assert "released as a false alarm" not in dataset_card([HfShardExport(shard=3, key="k", rows=1)])

@@ -1,0 +1,75 @@
+"""`dflash hold`: the line's hold (a quality gate failed on the answers arriving), shown and released."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import socket
+from datetime import UTC, datetime
+from typing import Any
+
+from dagster_project.cli.common import open_configured_store
+
+
+def _when(at: float | None) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if at else "—"
+
+
+def describe_hold(hold: Any) -> list[str]:
+    """The hold's lines: headline, the gate's verdict, the evidence and who is involved."""
+    lines = [hold.headline(), f"  gate's verdict: {hold.message}"]
+    lines += [f"  example {e.event_id} ({e.server or 'server unknown'}): {e.answer_head!r}" for e in hold.examples]
+    lines.append(f"  shards {hold.shards}; runs {hold.runs or ['—']}; servers {hold.servers or ['—']}")
+    return lines
+
+
+def cmd_hold(args: argparse.Namespace, resources: Any) -> int:
+    from dagster_project.generation.line_hold import read_hold, read_hold_log, release_hold
+
+    store = open_configured_store()
+    if args.action == "release":
+        by = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
+        try:
+            released = release_hold(store, by=by, reason=args.reason, override=args.override)
+        except LookupError as exc:
+            raise SystemExit(f"dflash hold release: {exc}") from None
+        overridden = f"; gates overridden from now on: {', '.join(released.overridden)}" if released.overridden else ""
+        print(
+            f"hold on gate {released.gate} released by {by} at {_when(released.released_at)} ({args.reason})"
+            f"{overridden}. "
+            "Materialize the held shards again: each resumes from its journal and generates only what is missing."
+        )
+        return 0
+    hold = read_hold(store)
+    print("\n".join(describe_hold(hold)) if hold is not None else "the line is not held")
+    log = read_hold_log(store)
+    for past in log.released[-args.last :] if args.last else []:
+        overridden = f", overriding {', '.join(past.overridden)}" if past.overridden else ""
+        print(
+            f"released: gate {past.gate} held {_when(past.held_at)}, released {_when(past.released_at)} by "
+            f"{past.released_by}: {past.release_reason}{overridden}"
+        )
+    return 0
+
+
+def hold_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", nargs="?", choices=("show", "release"), default="show")
+    parser.add_argument("--reason", help="release: why the line may run again (recorded)")
+    parser.add_argument("--by", help="release: who releases it (default user@host)")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="GATE",
+        help="release: a known false alarm: the watch no longer holds on GATE (recorded in the manifests)",
+    )
+    parser.add_argument("--last", type=int, default=5, help="show: the last N released holds (default 5)")
+    parser.set_defaults(func=_checked)
+
+
+def _checked(args: argparse.Namespace, resources: Any) -> int:
+    if args.action == "release" and not args.reason:
+        raise SystemExit("dflash hold release: say why with --reason TEXT (it is recorded with who and when)")
+    if args.action != "release" and args.override:
+        raise SystemExit("dflash hold: --override goes with release (`dflash hold release --override GATE ...`)")
+    return cmd_hold(args, resources)

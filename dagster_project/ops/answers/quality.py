@@ -1,0 +1,61 @@
+"""Is the answers' quality holding while shards run? The quality watch's figures (each blocking answer gate over
+the answers so far, with its threshold and sample size: `generation.line_stop`), fleet-wide and per running shard,
+and the hold of the line if one stands (`generation.line_hold`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dagster_project.generation.line_hold import Hold
+from dagster_project.generation.line_stop import WatchFigure, WatchReport
+from dagster_project.ops.answers.text import ago
+
+
+@dataclass(frozen=True)
+class QualityAnswer:
+    hold: Hold | None = None
+    fleet: list[WatchFigure] = field(default_factory=list)  # over every running shard's answers, summed
+    fleet_answers: int = 0
+    fleet_runs: int = 0
+    as_of: float | None = None  # when the figures were taken (the latest report's poll)
+    shards: dict[int, list[WatchFigure]] = field(default_factory=dict)  # each running shard's own figures
+
+    @property
+    def drifting(self) -> list[WatchFigure]:
+        """Blocking figures failing their gate without a hold (too few answers yet, or overridden)."""
+        return [f for f in self.fleet if f.blocking and not f.passed]
+
+
+def answer_quality(hold: Hold | None, reports: list[WatchReport], now: float) -> QualityAnswer:
+    running = [report for report in reports if report.running and report.is_current(now)]
+    latest = max(running or reports, key=lambda report: report.updated_at, default=None)
+    if latest is None:
+        return QualityAnswer(hold=hold)
+    return QualityAnswer(
+        hold=hold,
+        fleet=latest.fleet_figures,
+        fleet_answers=latest.fleet_answers,
+        fleet_runs=latest.fleet_runs,
+        as_of=latest.updated_at,
+        shards={report.shard: report.figures for report in running},
+    )
+
+
+def describe_figure(figure: WatchFigure) -> str:
+    if figure.blocking:
+        verdict = "ok" if figure.passed else "FAILED"
+        return f"{figure.gate} {figure.figure:.1%} (threshold {figure.threshold:.1%}, n={figure.sample_size}) {verdict}"
+    return f"{figure.gate} {figure.figure:.2f} (floor {figure.threshold:.2f}, n={figure.sample_size}, warning only)"
+
+
+def render_quality(answer: QualityAnswer, now: float) -> list[str]:
+    lines = []
+    if answer.fleet:
+        lines.append(
+            f"Quality watch (fleet: {answer.fleet_answers} answers of {answer.fleet_runs} shard runs, "
+            f"{ago(answer.as_of, now)}): " + "; ".join(describe_figure(f) for f in answer.fleet)
+        )
+        for shard, figures in sorted(answer.shards.items()):
+            failed = [describe_figure(f) for f in figures if f.blocking and not f.passed]
+            lines.append(f"   shard {shard}: " + ("; ".join(failed) if failed else "every watched gate ok"))
+    return lines

@@ -1,0 +1,222 @@
+"""The live quality watch's figures: every answer-level blocking gate over the answers a shard run has so far.
+
+One definition per rule: each answer becomes one compact row (the per-row figures `training.gates` takes from a
+shard, via its own `profile_outputs`), and judging rows rebuilds the `ShardProfile` those figures make and calls
+`gates.shard_gates` and `gate_sets.share_gate` with the same `GateThresholds` and shares as the
+`completions_quality` check, so the watch and the gate give the same verdict on the same rows. Rows are small
+enough for the store (the fleet's figure sums every running shard's rows, `generation.line_stop`); an answer's text
+is kept whole up to `_TEXT_KEPT` characters, a longer one as its head and a digest of the whole, which keeps
+"same answer", "empty" and "short" exactly as the gates see them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from dagster_project.generation.line_hold import HoldExample
+from dagster_project.generation.line_stop import Judgement, WatchFigure
+from dagster_project.records import STATUS_OK
+from dagster_project.training import gate_messages
+from dagster_project.training.gate_sets import (
+    MAX_ERROR_SHARE,
+    MAX_LENGTH_CAPPED_SHARE,
+    SPEC_ACCEPT_LENGTH_FLOOR,
+    share_gate,
+)
+from dagster_project.training.gates import (
+    GateResult,
+    GateThresholds,
+    OutputProfile,
+    ShardProfile,
+    profile_outputs,
+    shard_gates,
+)
+from dagster_project.training.row_figures import row_digests
+
+if TYPE_CHECKING:
+    from dagster_project.tokenizer import SpecialIds
+
+# The gates of `shard_gates` the watch judges answers by: those of a completions shard, and the concentration of
+# the supervised length (the training gate that would block the same rows one stage later).
+WATCHED_ANSWER_GATES = ("loss_sum_concentration", "thinking_structure", "degenerate_answers", "short_answers")
+ACCEPT_LENGTH = "accept_length"  # shown beside them; a warning (MTP off), never a hold
+WINDOW = 2000  # the rows a run keeps and stores: its most recent answers
+_TEXT_KEPT = 64
+_HEAD = 80
+
+# One answer's compact row; positions, as lists are what JSON stores cheaply.
+(EVENT, STATUS, FINISH, SERVER, LENGTH, THINK_ENDS, THINK_STARTS, BLANK, ANSWER, PROMPT, TOKENS, VERIFY, HEAD) = range(
+    13
+)
+
+
+def answer_key(text: str) -> str:
+    """The answer text, or for a long one its head and a digest of the whole: equal keys, equal answers."""
+    if len(text) <= _TEXT_KEPT:
+        return text
+    return f"{text[:48]}…#{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+class AnswerQualityWatch:
+    """`generation.line_stop.QualityWatch` by the gates' own rules, for a shard generated under `enable_thinking`."""
+
+    def __init__(
+        self,
+        special: SpecialIds,
+        decode: Callable[[Sequence[int]], str],
+        *,
+        enable_thinking: bool,
+        thresholds: GateThresholds | None = None,
+        max_error_share: float = MAX_ERROR_SHARE,
+        max_length_capped_share: float = MAX_LENGTH_CAPPED_SHARE,
+    ):
+        self.special, self.decode, self.enable_thinking = special, decode, enable_thinking
+        self.thresholds = thresholds or GateThresholds()
+        self.max_error_share, self.max_length_capped_share = max_error_share, max_length_capped_share
+        self._rows: deque[list] = deque(maxlen=WINDOW)
+
+    def observe(self, row: Mapping[str, Any]) -> None:
+        self._rows.append(self.compact(row))
+
+    def rows(self) -> list[list]:
+        return list(self._rows)
+
+    def compact(self, row: Mapping[str, Any]) -> list:
+        """One journaled row as the watch keeps it."""
+        ok = row["status"] == STATUS_OK
+        outputs = pa.array([row.get("output_ids") or [] if ok else []], type=pa.list_(pa.int64()))
+        profile = profile_outputs(outputs, self.special, self.decode)
+        prompt = row_digests(pa.array([row.get("prompt_ids") or []], type=pa.list_(pa.int64())))[0]
+        return [
+            row["event_id"],
+            row["status"] if ok else row.get("error_kind") or "error",
+            row.get("finish_reason") if ok else None,
+            row.get("server") or "",
+            int(profile.lengths[0]),
+            int(profile.think_ends[0]),
+            int(profile.think_starts[0]),
+            bool(profile.blank_reasoning[0]),
+            answer_key(profile.answer_texts[0]),
+            prompt.hex(),
+            int(row.get("completion_tokens") or 0) if ok else 0,
+            int(row.get("spec_verify_ct") or 0) if ok else 0,
+            self.decode((row.get("output_ids") or [])[:_HEAD])[:_HEAD]
+            if ok
+            else (row.get("error_message") or "")[:_HEAD],
+        ]
+
+    def judge(self, rows: Sequence[list], overridden: set[str] = frozenset()) -> Judgement:
+        """Every watched gate over `rows`, each judged by the gate itself; the first failed one not overridden."""
+        answered = [row for row in rows if row[STATUS] == STATUS_OK]
+        profile = _profile(answered)
+        results = [
+            r
+            for r in shard_gates(
+                profile,
+                vocab_size=self.special.vocab_size,
+                enable_thinking=self.enable_thinking,
+                thresholds=self.thresholds,
+            )
+            if r.name in WATCHED_ANSWER_GATES
+        ]
+        errors = [row for row in rows if row[STATUS] != STATUS_OK]
+        capped = [row for row in answered if row[FINISH] == "length"]
+        by_kind: dict[str, int] = {}
+        for row in errors:
+            by_kind[row[STATUS]] = by_kind.get(row[STATUS], 0) + 1
+        shares = [
+            (
+                share_gate("error_rate", len(errors), len(rows), self.max_error_share, "ended in an error", by_kind),
+                errors,
+            ),
+            (
+                share_gate(
+                    "length_capped_rate", len(capped), len(rows), self.max_length_capped_share, "hit max_new_tokens", {}
+                ),
+                capped,
+            ),
+        ]
+        figures = [_figure(result, profile) for result in results]
+        figures += [_figure(result, profile) for result, _ in shares]
+        figures.append(_accept_length(answered))
+        failed = next((f for f in figures if f.blocking and not f.passed and f.gate not in overridden), None)
+        if failed is None:
+            return Judgement(figures, None)
+        by_event = {row[EVENT]: row for row in rows}
+        share_rows = dict((result.name, bad) for result, bad in shares)
+        if failed.gate in share_rows:
+            events = [row[EVENT] for row in share_rows[failed.gate]]
+        else:
+            result = next(r for r in results if r.name == failed.gate)
+            events = gate_messages.example_ids(result, profile, self.thresholds)
+        examples = [
+            HoldExample(event, by_event[event][HEAD], by_event[event][SERVER])
+            for event in events[: gate_messages.EXAMPLES]
+        ]
+        servers = sorted({row[SERVER] for row in rows if row[SERVER]})
+        return Judgement(figures, failed, examples, servers)
+
+
+def _profile(answered: Sequence[list]) -> ShardProfile:
+    """The `ShardProfile` of a completions shard holding exactly these answers, as `profile_completion_batches`
+    makes it."""
+    lengths = np.array([row[LENGTH] for row in answered], dtype=np.int64)
+    zeros = np.zeros(len(answered), dtype=np.int64)
+    outputs = OutputProfile(
+        lengths=lengths,
+        think_ends=np.array([row[THINK_ENDS] for row in answered], dtype=np.int64),
+        think_starts=np.array([row[THINK_STARTS] for row in answered], dtype=np.int64),
+        blank_reasoning=np.array([row[BLANK] for row in answered], dtype=bool),
+        answer_texts=[row[ANSWER] for row in answered],
+    )
+    return ShardProfile(
+        loss_sums=lengths,
+        pairs=np.maximum(lengths - 1, 0),
+        min_ids=zeros,
+        max_ids=zeros,
+        finished=np.array([row[FINISH] == "stop" for row in answered], dtype=bool),
+        outputs=outputs,
+        prompt_digests=[bytes.fromhex(row[PROMPT]) for row in answered],
+        event_ids=[row[EVENT] for row in answered],
+    )
+
+
+# The share each gate compares with its threshold, and over how many rows: (figure, threshold, sample) keys.
+_FIGURE_KEYS = {
+    "loss_sum_concentration": ("top_share", "max_top_share", "rows"),
+    "thinking_structure": ("bad_share", "max_bad_share", "finished_rows_checked"),
+    "degenerate_answers": ("top_answer_share", "max_share", "distinct_prompts"),
+    "error_rate": ("share", "max_share", "events"),
+    "length_capped_rate": ("share", "max_share", "events"),
+}
+
+
+def _figure(result: GateResult, profile: ShardProfile) -> WatchFigure:
+    meta = result.metadata
+    if result.name == "short_answers":  # two limits: the one nearer to (or past) its threshold is the figure
+        empty = (meta.get("empty_share", 0.0), meta.get("max_empty_share", 1.0))
+        short = (meta.get("short_share", 0.0), meta.get("max_short_share", 1.0))
+        figure, threshold = max(empty, short, key=lambda pair: pair[0] / pair[1] if pair[1] else 0.0)
+        sample = meta.get("rows", 0)
+    else:
+        figure_key, threshold_key, sample_key = _FIGURE_KEYS[result.name]
+        figure, threshold, sample = meta.get(figure_key, 0.0), meta.get(threshold_key, 0.0), meta.get(sample_key, 0)
+    return WatchFigure(result.name, float(figure), float(threshold), int(sample), result.passed, result.message)
+
+
+def _accept_length(answered: Sequence[list]) -> WatchFigure:
+    """Output tokens per verify pass; unknown (0) when no answer reported spec stats: MTP off."""
+    spec = [row for row in answered if row[VERIFY]]
+    tokens, passes = sum(row[TOKENS] for row in spec), sum(row[VERIFY] for row in spec)
+    accept = tokens / passes if passes else 0.0
+    passed = accept >= SPEC_ACCEPT_LENGTH_FLOOR
+    text = f"accept length {accept:.2f} over {len(spec)} answers" if passes else "no spec-decoding stats: MTP off"
+    return WatchFigure(
+        ACCEPT_LENGTH, accept, SPEC_ACCEPT_LENGTH_FLOOR, len(spec), passed or not answered, text, blocking=False
+    )

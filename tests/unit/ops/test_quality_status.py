@@ -1,0 +1,55 @@
+"""The quality watch and the line's hold as the operator reads them: `dflash status`'s first line, the alerts, the
+page and the metrics, all from the same answer."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from dagster_project.generation.line_hold import Hold, HoldExample
+from dagster_project.ops.alerts import DEFAULT_THRESHOLDS
+from dagster_project.ops.answers.cost import NO_PRICE
+from dagster_project.ops.metrics import render_metrics
+from dagster_project.ops.report import report_sections
+from dagster_project.ops.status import answer_all, render_text
+from dagster_project.store.storage import LocalStore
+from tests.support.full_status import full_readings
+from tests.unit.ops.test_metrics import samples
+
+
+def _status(tmp_path, **readings):
+    return answer_all(
+        LocalStore(str(tmp_path)),
+        dataclasses.replace(full_readings(time.time()), **readings),
+        current_fingerprint=None,
+        materialized=None,
+        cost=NO_PRICE,
+        thresholds=DEFAULT_THRESHOLDS,
+        endpoints_known=True,
+    )
+
+
+def test_the_watched_figures_show_with_threshold_and_sample_size_while_shards_run(tmp_path):
+    status = _status(tmp_path)
+    text = render_text(status)
+    assert text.startswith("As of")
+    assert "Quality watch (fleet: 4 answers of 1 shard runs" in text
+    assert "short_answers 2.0% (threshold 10.0%, n=4) ok" in text
+    assert not [a for a in status.alerts if a.kind in ("hold", "quality")]
+    [watch] = [s for s in report_sections(status) if s.title == "Quality watch"]
+    assert watch.tables[0][1].rows[0] == ("short_answers", "2.0%", "10.0%", "4", "ok")
+
+
+def test_a_hold_is_the_first_line_the_first_alert_the_top_of_the_page_and_a_metric(tmp_path):
+    hold = Hold(
+        "thinking_structure", "BLOCKED: 95% blank", 0.95, 0.01, 200, "fleet", time.time(),
+        examples=[HoldExample("c-1#turn0", "\n</think>\n\nOK.", "http://127.0.0.1:30000")], shards=[1],
+    )  # fmt: skip
+    status = _status(tmp_path, hold=hold)
+    first = render_text(status).splitlines()[0]
+    assert first.startswith("LINE HELD") and "thinking_structure at 95.0% (threshold 1.0%, 200 answers" in first
+    assert "dflash hold release" in first
+    assert status.alerts[0].kind == "hold" and status.alerts[0].message == hold.headline()
+    page = report_sections(status)
+    assert page[0].title == "LINE HELD" and page[0].tables[0][1].rows[0][0] == "c-1#turn0"
+    assert samples(render_metrics(status))[("dflash_line_held", ())] == 1.0

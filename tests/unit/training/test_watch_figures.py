@@ -1,0 +1,86 @@
+"""The live watch judges answers by the gates' own code: on the same rows it gives the gate's verdict, figure by
+figure, and the line stop holds on the first blocking figure that fails."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from dagster_project.generation.line_hold import read_hold
+from dagster_project.generation.line_stop import LineStop, WatchOptions, read_watch_reports
+from dagster_project.store.storage import LocalStore
+from dagster_project.tokenizer import special_ids
+from dagster_project.training import gates
+from dagster_project.training.gate_sets import share_gate
+from dagster_project.training.watch_figures import WATCHED_ANSWER_GATES, AnswerQualityWatch
+from tests.support.training_shards import disaster_rows, error_row, healthy_rows, templated_rows, tokenizer
+
+
+def _watch() -> AnswerQualityWatch:
+    tok = tokenizer()
+    return AnswerQualityWatch(special_ids(tok), tok.decode, enable_thinking=True)
+
+
+def _gate_verdicts(rows: list[dict]) -> dict[str, bool]:
+    """What the completions gates decide on these rows as a shard."""
+    tok = tokenizer()
+    columns = {name: [row[name] for row in rows] for name in gates.COMPLETION_GATE_COLUMNS}
+    batch = pa.RecordBatch.from_pydict(columns)
+    profile = gates.profile_completion_batches([batch], special_ids(tok), tok.decode)
+    results = gates.shard_gates(profile, vocab_size=special_ids(tok).vocab_size, enable_thinking=True)
+    verdicts = {r.name: r.passed for r in results if r.name in WATCHED_ANSWER_GATES}
+    errors = sum(row["status"] != "ok" for row in rows)
+    capped = sum(row["finish_reason"] == "length" for row in rows)
+    verdicts["error_rate"] = share_gate("error_rate", errors, len(rows), 0.02, "", {}).passed
+    verdicts["length_capped_rate"] = share_gate("length_capped_rate", capped, len(rows), 0.10, "", {}).passed
+    return verdicts
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        pytest.param(lambda: healthy_rows(60), id="healthy"),
+        pytest.param(lambda: disaster_rows(60), id="disaster"),
+        pytest.param(lambda: disaster_rows(60, broken_share=0.1), id="disaster-10pct"),
+        pytest.param(lambda: templated_rows(60, 20), id="templated"),
+        pytest.param(
+            lambda: healthy_rows(58) + [error_row("e-1#turn0", [1, 2]), error_row("e-2#turn0", [1, 2])], id="errors"
+        ),
+    ],
+)
+def test_the_watch_gives_each_gates_own_verdict_on_the_same_rows(rows):
+    rows = rows()
+    watch = _watch()
+    for row in rows:
+        watch.observe(row)
+    judged = watch.judge(watch.rows())
+    verdicts = {figure.gate: figure.passed for figure in judged.figures if figure.blocking}
+    assert verdicts == _gate_verdicts(rows)
+    assert (judged.failed is None) == all(verdicts.values())
+
+
+def test_a_disaster_holds_the_line_with_its_evidence_and_stops_admission(tmp_path):
+    store = LocalStore(tmp_path)
+    watch = _watch()
+    stop = LineStop(store, 3, watch, "fp", run_id="run-1", options=WatchOptions(watch_min_answers=50))
+    for row in disaster_rows(40):
+        stop.observe(row)
+    assert stop.poll() is None and stop.admitting()  # failing, but fewer answers than the watch may hold on
+    for row in disaster_rows(60, shard=1)[40:]:
+        stop.observe(row)
+    hold = stop.poll()
+    assert hold is not None and not stop.admitting()
+    assert read_hold(store) == hold and hold.scope == "run" and hold.runs == ["run-1"] and hold.shards == [3]
+    assert hold.gate == "loss_sum_concentration" and hold.figure > hold.threshold and hold.sample_size == 60
+    assert hold.examples and hold.examples[0].answer_head == "\n</think>\n\nOK.<|im_end|>"
+    (report,) = read_watch_reports(store)
+    assert report.held and report.answers == 60 and {f.gate for f in report.figures} >= set(WATCHED_ANSWER_GATES)
+
+
+def test_an_overridden_gate_is_shown_failing_but_does_not_hold_the_line():
+    watch = _watch()
+    for row in disaster_rows(60):
+        watch.observe(row)
+    failing = {f.gate for f in watch.judge(watch.rows()).figures if f.blocking and not f.passed}
+    judged = watch.judge(watch.rows(), overridden=failing)
+    assert judged.failed is None and {f.gate for f in judged.figures if not f.passed} >= failing
