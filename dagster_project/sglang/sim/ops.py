@@ -78,8 +78,8 @@ def model_info(config: SimConfig) -> dict:
         "disaggregation_mode": "null",
         "has_image_understanding": True,
         "has_audio_understanding": False,
-        "model_type": "qwen3_5",
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": config.model_type,
+        "architectures": [config.architecture],
     }
 
 
