@@ -107,3 +107,11 @@ def tokenizer_name() -> str:
     from dagster_project.tokenizer import BUILTIN_TOKENIZER
 
     return env_str("DFLASH_TOKENIZER", BUILTIN_TOKENIZER)
+
+
+def served_model() -> str:
+    """The model every SGLang server must serve (its Hub name, or any path ending in it): servers of another are
+    set aside before their first request."""
+    from dagster_project.sglang.model_identity import QWEN3_6_27B
+
+    return env_str("DFLASH_SERVED_MODEL", QWEN3_6_27B.model)

@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING
 
 from dagster_project.generation.dispatch_types import DispatchOptions, FleetRefusesKey
 from dagster_project.generation.ledger import FleetLedger
+from dagster_project.generation.served_model import mismatch_reason, refuse_fleet, served_model_problems
 from dagster_project.generation.server_watch import WatchLimits, next_foreign_load
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.client import NOT_FOUND, SERVER_UNAVAILABLE, UNAUTHORIZED, SGLangError
+from dagster_project.sglang.model_identity import ModelIdentity
 
 if TYPE_CHECKING:  # the dispatcher's own per-server record
     from dagster_project.generation.dispatch import _Server
@@ -27,10 +29,15 @@ UNPROBED = "unprobed"
 _CANARY_PARAMS = {"max_new_tokens": 1, "temperature": 0.0}
 
 
+class _AnotherModel(Exception):
+    """A re-probed server answers, but not as the job's model: it stays set aside."""
+
+
 class ServerChecks:
     """Probes, health checks, load reads and progress verdicts of the dispatcher's servers."""
 
     options: DispatchOptions
+    expected_model: ModelIdentity | None
     windows: dict[str, int]
     ledger: FleetLedger | None
     _servers: list[_Server]
@@ -63,6 +70,25 @@ class ServerChecks:
             "internal_states[].effective_max_running_requests_per_dp (a router?); pass windows= or a default_window"
         )
 
+    async def _other_model(self, server: _Server) -> str | None:
+        """Why the server is not serving the job's model (None: it is, or no model is expected); an answer of
+        another vocabulary it gave this run keeps it out. Sets the vocabulary its requests are checked against."""
+        if self.expected_model is None:
+            return None
+        if server.foreign_answer is not None:
+            return server.foreign_answer
+        problems = await served_model_problems(server.client, self.expected_model, self.options.canary_timeout_s)
+        if problems:
+            return mismatch_reason(problems, self.expected_model)
+        server.vocab_size = self.expected_model.vocab_size
+        return None
+
+    def _refuse_other_models(self) -> None:
+        """Stop before the first request when every server serves another model (`ServedModelMismatch`)."""
+        if self.expected_model is not None:
+            reasons = {s.url: s.reason if s.state == QUARANTINED else None for s in self._servers}
+            refuse_fleet(reasons, self.expected_model)
+
     async def _first_probe(self, server: _Server) -> None:
         now = self._clock()
         # A run joining a busy fleet must not fill a whole window first: its load is read before the first fill,
@@ -70,6 +96,7 @@ class ServerChecks:
         reading = asyncio.ensure_future(self._reported_load(server)) if self.options.load_read_interval_s else None
         try:
             server.window = await self._window(server)
+            other_model = await self._other_model(server)  # before its first request
         except SGLangError as error:
             if reading is not None:
                 reading.cancel()
@@ -79,6 +106,11 @@ class ServerChecks:
                     "started with (--api-key)"
                 )
             server.state, server.reason, server.next_probe = QUARANTINED, error.kind, now
+            return
+        if other_model is not None:
+            if reading is not None:
+                reading.cancel()
+            self._quarantine(server, other_model, now)
             return
         verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
         if verdict is not None:  # another run set it aside: it rejoins only through a passing re-probe
@@ -110,11 +142,18 @@ class ServerChecks:
             await server.client.generate(
                 [0], _CANARY_PARAMS, timeout=self.options.canary_timeout_s, require_reasoning=False
             )
+            other_model = await self._other_model(server)  # on every reconnect: a restart may bring another model
+            if other_model is not None:
+                raise _AnotherModel(other_model)
         except ValueError as exc:  # the server came back unable to report its cap: a configuration error
             self._fatal = exc
-        except SGLangError as error:
+        except (SGLangError, _AnotherModel) as error:
             server.probe_failures += 1
-            server.reason = f"{server.reason.split(' (')[0]} (re-probe: {error.kind})" if server.reason else error.kind
+            if isinstance(error, _AnotherModel):
+                server.reason = str(error)
+            else:
+                kept = server.reason.split(" (")[0] if server.reason else None
+                server.reason = f"{kept} (re-probe: {error.kind})" if kept else error.kind
             backoff = min(
                 self.options.max_probe_backoff_s,
                 self.options.probe_interval_s * 2 ** min(server.probe_failures - 1, 10),
