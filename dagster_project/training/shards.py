@@ -87,6 +87,8 @@ class TrainingSource:
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     # Blocking gates the completions shard failed and the operator overrode (`check/gate` → message).
     gates_overridden: dict[str, str] = field(default_factory=dict)
+    # The answers per model their servers were checked to serve (the completions manifest's `served_models`).
+    served_models: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
