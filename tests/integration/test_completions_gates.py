@@ -25,13 +25,14 @@ from dagster_project.assets.specforge_export import specforge_export
 from dagster_project.assets.training_set import training_set
 from dagster_project.checks import completions as completions_checks
 from dagster_project.checks import training_set as training_set_checks
-from dagster_project.generation.shards import iter_completion_batches
+from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest
 from dagster_project.resources import (
     DatasetStore,
     GenerationConfig,
     SGLangFleet,
     TokenizerResource,
 )
+from dagster_project.sglang.model_identity import QWEN3_6_27B
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.shards import read_training_manifest
@@ -173,7 +174,11 @@ def test_a_healthy_fleet_passes_every_completions_check_and_the_shard_goes_throu
         "training_set",
         "specforge_export",
     }
-    assert read_training_manifest(prepared.store, shard).rows > 10
+    trained = read_training_manifest(prepared.store, shard)
+    assert trained.rows > 10
+    # Every answer came from a server checked to serve the job's model, and the manifests say which.
+    completions = read_completions_manifest(prepared.store, shard)
+    assert completions.served_models == trained.source.served_models == {QWEN3_6_27B.label: completions.ok}
 
 
 def _is_blocking(key: dg.AssetCheckKey) -> bool:
