@@ -38,16 +38,7 @@ class ModelServer(FakeServer):
     async def model_info(self, timeout: float | None = None) -> dict:
         return {"model_path": self.model, "served_model_name": self.model, "architectures": [self.architecture]}
 
-    async def generate(
-        self,
-        input_ids: Sequence[int],
-        sampling_params: dict,
-        rid: str | None = None,
-        timeout: float | None = None,
-        *,
-        require_reasoning: bool = True,
-        vocab_size: int | None = None,
-    ) -> GenerateResult:
+    async def generate(self, input_ids: Sequence[int], sampling_params: dict, rid=None, timeout=None, **options):
         if sampling_params.get("logit_bias"):  # a probe of the served model
             try:
                 proto.check_sampling_values(sampling_params, self.vocab)
@@ -57,7 +48,7 @@ class ModelServer(FakeServer):
             finish = {"type": "stop", "matched": token} if token == self.eos else {"type": "length", "length": 1}
             meta = {"id": rid, "finish_reason": finish, "prompt_tokens": 1, "completion_tokens": 1}
             return GenerateResult(rid or "", "", [token], finish, meta, 1, 1)
-        result = await super().generate(input_ids, sampling_params, rid, timeout, require_reasoning=require_reasoning)
+        result = await super().generate(input_ids, sampling_params, rid, timeout, **options)
         if self.foreign_ids and tuple(input_ids) != CANARY:
             raise SGLangError(
                 ANSWER_OUT_OF_VOCAB, f"the answer's id {self.vocab + 7} lies outside the vocabulary", url=self.base_url
