@@ -11,6 +11,10 @@ identity is read and compared with the job's (`ExpectedModel`, the fleet resourc
 * that the job's end-of-sequence id ends its answers: forced by a large `logit_bias`, it must be the one token
   written and the one the answer stops on.
 
+sglang-router has neither info route and drops `logit_bias` on its way to a worker, so behind a router the
+workers themselves are checked, when the fleet resource names them (`router_workers`); otherwise the router's
+model cannot be checked, which the run log says, and requests are checked against the job's vocabulary.
+
 A server that differs is set aside, the reason naming what differs; it rejoins only when a re-probe finds the
 job's model. Requests then carry the served vocabulary to the client, which refuses to send an input id outside
 it and takes an answer holding one for a fault of the server (`SGLangClient.generate(vocab_size=...)`).
@@ -18,7 +22,7 @@ it and takes an answer holding one for a fault of the server (`SGLangClient.gene
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,12 +143,22 @@ async def probe_eos(client: SGLangClient, eos: int, vocab_size: int, timeout: fl
     return None
 
 
-async def served_model_problems(client: SGLangClient, expected: ModelIdentity, timeout: float) -> list[str]:
-    """Everything the server reports or does that is not the job's model (empty: it serves it). An `SGLangError`
-    is a failure of the server, not a verdict on its model."""
-    problems = identity_problems(
-        await _info(client, "/server_info", timeout), await _info(client, "/model_info", timeout), expected
-    )
+async def served_model_problems(
+    client: SGLangClient, expected: ModelIdentity, timeout: float, workers: Sequence[SGLangClient] = ()
+) -> list[str] | None:
+    """Everything the server reports or does that is not the job's model (empty: it serves it; None: it cannot be
+    told, a router whose `workers` are not known). An `SGLangError` is a failure of the server, not a verdict on
+    its model."""
+    server_info, model_info = await _info(client, "/server_info", timeout), await _info(client, "/model_info", timeout)
+    if server_info is None and model_info is None:  # a router: its workers serve the model
+        if not workers:
+            return None
+        problems = []
+        for worker in workers:
+            found = await served_model_problems(worker, expected, timeout)
+            problems += [f"its worker {worker.base_url}: {problem}" for problem in found or ()]
+        return problems
+    problems = identity_problems(server_info, model_info, expected)
     vocab, unknown = await probe_vocab(client, timeout)
     if unknown is not None:
         problems.append(unknown)

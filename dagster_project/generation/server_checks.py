@@ -8,6 +8,7 @@ A mixin of `Dispatcher`, which owns the state these methods read and write (decl
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -22,6 +23,8 @@ from dagster_project.sglang.model_identity import ModelIdentity
 
 if TYPE_CHECKING:  # the dispatcher's own per-server record
     from dagster_project.generation.dispatch import _Server
+
+logger = logging.getLogger(__name__)
 
 HEALTHY = "healthy"
 QUARANTINED = "quarantined"
@@ -77,10 +80,19 @@ class ServerChecks:
             return None
         if server.foreign_answer is not None:
             return server.foreign_answer
-        problems = await served_model_problems(server.client, self.expected_model, self.options.canary_timeout_s)
+        workers = [client for client in server.load_clients if client is not server.client]
+        expected, timeout = self.expected_model, self.options.canary_timeout_s
+        problems = await served_model_problems(server.client, expected, timeout, workers)
         if problems:
-            return mismatch_reason(problems, self.expected_model)
-        server.vocab_size = self.expected_model.vocab_size
+            return mismatch_reason(problems, expected)
+        if problems is None and server.vocab_size is None:
+            logger.warning(
+                "%s serves no /server_info or /model_info (a router) and names no workers: its model is not checked "
+                "(set the fleet resource's router_workers); requests are checked against %s's vocabulary",
+                server.url,
+                expected.model,
+            )
+        server.vocab_size = expected.vocab_size
         return None
 
     def _refuse_other_models(self) -> None:
