@@ -109,7 +109,7 @@ async def _info(client: SGLangClient, route: str, timeout: float) -> dict | None
     try:
         return await (client.server_info if route == "/server_info" else client.model_info)(timeout=timeout)
     except SGLangError as error:
-        if error.kind == NOT_FOUND:  # sglang-router serves neither: the probes below still decide
+        if error.kind == NOT_FOUND:  # sglang-router serves neither (its workers are checked instead)
             return None
         raise
 

@@ -98,7 +98,8 @@ class ServerChecks:
     def _refuse_other_models(self) -> None:
         """Stop before the first request when every server serves another model (`ServedModelMismatch`)."""
         if self.expected_model is not None:
-            reasons = {s.url: s.reason if s.state == QUARANTINED else None for s in self._servers}
+            # Only this run's own verdicts count: a verdict another run left in the ledger was not checked here.
+            reasons = {s.url: s.reason if s.state == QUARANTINED and s.set_aside_at else None for s in self._servers}
             refuse_fleet(reasons, self.expected_model)
 
     async def _first_probe(self, server: _Server) -> None:
