@@ -112,6 +112,8 @@ def _schemas() -> dict[str, Any]:
             ("settings_fingerprint", pa.string()),
             ("source", pa.string()),  # the conversation's source (the prompt file's name)
             ("weight_version", pa.string()),  # meta_info.weight_version: the model revision that answered
+            # The model its server was checked to serve before answering (`ModelIdentity.label`; null: unchecked).
+            ("served_model", pa.string()),
         ]
     )
 

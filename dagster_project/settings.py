@@ -118,3 +118,11 @@ def skip_pilot() -> bool:
     if value in ("1", "true", "yes"):
         return True
     raise SettingsError(f"DFLASH_SKIP_PILOT must be 1 or 0, got {value!r}")
+
+
+def served_model() -> str:
+    """The model every SGLang server must serve (its Hub name, or any path ending in it): servers of another are
+    set aside before their first request."""
+    from dagster_project.sglang.model_identity import QWEN3_6_27B
+
+    return env_str("DFLASH_SERVED_MODEL", QWEN3_6_27B.model)

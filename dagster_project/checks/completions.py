@@ -182,6 +182,7 @@ def _quality(
             limits=config,
             where=gate_messages.COMPLETIONS_GATES,
             examples=gate_messages.example_ids(r, profile, config),
+            servers=gate_messages.writing_servers(r, profile, config),
         )
         for r in results
     ]

@@ -95,7 +95,13 @@ def _gates(
     results.append(source_is_current(data, manifest))
     where = gate_messages.TRAINING_GATES
     results = [
-        gate_messages.actionable(r, limits=config, where=where, examples=gate_messages.example_ids(r, profile, config))
+        gate_messages.actionable(
+            r,
+            limits=config,
+            where=where,
+            examples=gate_messages.example_ids(r, profile, config),
+            servers=gate_messages.writing_servers(r, profile, config),
+        )
         for r in results
     ]
     record_verdict(data, manifest, "gates", {r.name: r.message for r in results if not r.passed})

@@ -39,7 +39,10 @@ Failures, and what happens to the requests caught in them:
 * 503 queue full: the server cools down (no new work) for a growing pause, and is quarantined if it
   keeps refusing;
 * request errors (context overflow, bad request) end the request at once as an error outcome;
-* a refused API key (401) stops the run at once: no server will take the work.
+* a refused API key (401) stops the run at once: no server will take the work;
+* a server of another model (`served_model`: checked before its first request and at every re-probe), or one
+  whose answer holds ids outside the served vocabulary, is set aside naming what differs; a request holding
+  such an id is never sent (an error outcome at once: it would kill a real server).
 
 Quarantined servers are re-probed with `/health`, `/server_info` and a one-token canary request, and rejoin
 when all three pass. If no server is usable for `fleet_down_grace_s`, `run` raises `FleetDownError`
@@ -83,9 +86,11 @@ from dagster_project.generation.server_watch import WatchLimits
 from dagster_project.generation.slot_use import SlotUse
 from dagster_project.sglang.client import (
     ABORTED,
+    ANSWER_OUT_OF_VOCAB,
     BAD_RESPONSE,
     CONNECTION_DROPPED,
     CUT_SHORT,
+    INPUT_OUT_OF_VOCAB,
     NOT_FOUND,
     QUEUE_FULL,
     SAMPLING_FAILED,
@@ -98,6 +103,7 @@ from dagster_project.sglang.client import (
     SGLangError,
     new_session,
 )
+from dagster_project.sglang.model_identity import ModelIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +164,7 @@ class Dispatcher(ServerChecks):
         clock: Callable[[], float] = time.monotonic,
         connect: Callable[[str], SGLangClient] | None = None,
         slot_use: SlotUse | None = None,
+        expected_model: ModelIdentity | None = None,
     ):
         """`windows` fixes the window of given endpoints (a router has no scheduler state of its own);
         `ledger` shares windows and server verdicts with the other runs on this node; `discover` (the fleet
@@ -166,13 +173,15 @@ class Dispatcher(ServerChecks):
         whose `/metrics` do (its workers): their running + queued requests add up to the endpoint's load.
         `clock` and `connect` (the client of one endpoint; default an `SGLangClient` on the run's session) let
         tests drive the dispatcher on a virtual clock with in-process servers. `slot_use` is told the requests in
-        flight as they change (the run's pool slot idles while none is)."""
+        flight as they change (the run's pool slot idles while none is). `expected_model`: the model every server
+        must serve (`served_model`); None: servers are not checked."""
         if not endpoints:
             raise ValueError("no endpoints")
         if len(set(endpoints)) != len(endpoints):
             raise ValueError(f"duplicate endpoints in {endpoints}")
         self.endpoints = [url.rstrip("/") for url in endpoints]
         self.options = options
+        self.expected_model = expected_model
         self.api_key = api_key
         self.windows = {url.rstrip("/"): n for url, n in (windows or {}).items()}
         self._session = session
@@ -214,6 +223,7 @@ class Dispatcher(ServerChecks):
         helpers: list[asyncio.Task] = []
         try:
             await asyncio.gather(*(self._first_probe(server) for server in self._servers))
+            self._refuse_other_models()
             helpers = [asyncio.create_task(self._monitor()), asyncio.create_task(self._deliver(on_outcome))]
             while True:
                 self._wake.clear()
@@ -433,6 +443,7 @@ class Dispatcher(ServerChecks):
                 rid=attempt.rid,
                 timeout=self.options.request_timeout_s,
                 require_reasoning=self.options.require_reasoning,
+                vocab_size=attempt.server.vocab_size,
             )
         except SGLangError as error:
             self._settle(attempt, None, error)
@@ -500,7 +511,10 @@ class Dispatcher(ServerChecks):
             server.consecutive_faults += 1
             if server.consecutive_faults >= _SERVER_FAULT_QUARANTINE:
                 self._quarantine(server, error.kind, now)
-        elif error.kind != TIMEOUT:
+        elif error.kind == ANSWER_OUT_OF_VOCAB:  # not the served model's answer: out until the run ends
+            server.foreign_answer = f"{error.kind}: {error.message}"
+            self._quarantine(server, server.foreign_answer, now)
+        elif error.kind not in (TIMEOUT, INPUT_OUT_OF_VOCAB):  # (a request refused unsent says nothing of it)
             server.watch.answered(now)  # it answered (a request error): alive
 
     def _requeue(self, work: _Work) -> None:
@@ -524,7 +538,8 @@ class Dispatcher(ServerChecks):
             self.stats.completion_tokens += result.completion_tokens
         else:
             self.stats.errors[error.kind] += 1
-        self._outcomes.append(Outcome(work.request, result, error, server.url, work.attempts, latency))
+        model = self.expected_model.label if result is not None and self.expected_model is not None else None
+        self._outcomes.append(Outcome(work.request, result, error, server.url, work.attempts, latency, model))
         self._undelivered += 1
         self._outcome_ready.set()
 

@@ -28,6 +28,7 @@ class Outcome:
     server: str  # the server that produced the result or the final error
     attempts: int  # attempts started for this request, hedged ones included
     latency_s: float  # of the attempt that ended the request
+    served_model: str | None = None  # the model the answering server was checked to serve (`ModelIdentity.label`)
 
     @property
     def ok(self) -> bool:

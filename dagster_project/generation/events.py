@@ -225,6 +225,7 @@ class ShardGeneration:
             spec_num_proposed_drafts=meta.get("spec_num_proposed_drafts"),
             e2e_latency_s=meta.get("e2e_latency"),
             weight_version=meta.get("weight_version"),
+            served_model=outcome.served_model,
         )
         if pending.turn + 1 < pending.conversation.num_turns and _needs_own_history(pending.conversation):
             row["history_message"] = self._history_message(result.output_ids, row["finish_reason"])

@@ -8,6 +8,7 @@ A mixin of `Dispatcher`, which owns the state these methods read and write (decl
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -15,9 +16,13 @@ from dataclasses import dataclass, field
 
 from dagster_project.generation.dispatch_types import DispatchOptions, FleetRefusesKey
 from dagster_project.generation.ledger import FleetLedger
+from dagster_project.generation.served_model import mismatch_reason, refuse_fleet, served_model_problems
 from dagster_project.generation.server_watch import ServerWatch, WatchLimits, next_foreign_load
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.client import NOT_FOUND, SERVER_UNAVAILABLE, UNAUTHORIZED, SGLangClient, SGLangError
+from dagster_project.sglang.model_identity import ModelIdentity
+
+logger = logging.getLogger(__name__)
 
 HEALTHY = "healthy"
 QUARANTINED = "quarantined"
@@ -58,12 +63,19 @@ class ServerState:
     probing: bool = False
     client: SGLangClient | None = None
     set_aside_at: float | None = None  # wall clock, for the operator: when `_quarantine` set it aside
+    vocab_size: int | None = None  # the served vocabulary, once checked: requests' ids are checked against it
+    foreign_answer: str | None = None  # why an answer of it was not the served model's: out for the run
+
+
+class _AnotherModel(Exception):
+    """A re-probed server answers, but not as the job's model: it stays set aside."""
 
 
 class ServerChecks:
     """Probes, health checks, load reads and progress verdicts of the dispatcher's servers."""
 
     options: DispatchOptions
+    expected_model: ModelIdentity | None
     windows: dict[str, int]
     ledger: FleetLedger | None
     _servers: list[ServerState]
@@ -96,6 +108,35 @@ class ServerChecks:
             "internal_states[].effective_max_running_requests_per_dp (a router?); pass windows= or a default_window"
         )
 
+    async def _other_model(self, server: ServerState) -> str | None:
+        """Why the server is not serving the job's model (None: it is, or no model is expected); an answer of
+        another vocabulary it gave this run keeps it out. Sets the vocabulary its requests are checked against."""
+        if self.expected_model is None:
+            return None
+        if server.foreign_answer is not None:
+            return server.foreign_answer
+        workers = [client for client in server.load_clients if client is not server.client]
+        expected, timeout = self.expected_model, self.options.canary_timeout_s
+        problems = await served_model_problems(server.client, expected, timeout, workers)
+        if problems:
+            return mismatch_reason(problems, expected)
+        if problems is None and server.vocab_size is None:
+            logger.warning(
+                "%s serves no /server_info or /model_info (a router) and names no workers: its model is not checked "
+                "(set the fleet resource's router_workers); requests are checked against %s's vocabulary",
+                server.url,
+                expected.model,
+            )
+        server.vocab_size = expected.vocab_size
+        return None
+
+    def _refuse_other_models(self) -> None:
+        """Stop before the first request when every server serves another model (`ServedModelMismatch`)."""
+        if self.expected_model is not None:
+            # Only this run's own verdicts count: a verdict another run left in the ledger was not checked here.
+            reasons = {s.url: s.reason if s.state == QUARANTINED and s.set_aside_at else None for s in self._servers}
+            refuse_fleet(reasons, self.expected_model)
+
     async def _first_probe(self, server: ServerState) -> None:
         now = self._clock()
         # A run joining a busy fleet must not fill a whole window first: its load is read before the first fill,
@@ -103,6 +144,7 @@ class ServerChecks:
         reading = asyncio.ensure_future(self._reported_load(server)) if self.options.load_read_interval_s else None
         try:
             server.window = await self._window(server)
+            other_model = await self._other_model(server)  # before its first request
         except SGLangError as error:
             if reading is not None:
                 reading.cancel()
@@ -112,6 +154,11 @@ class ServerChecks:
                     "started with (--api-key)"
                 )
             server.state, server.reason, server.next_probe = QUARANTINED, error.kind, now
+            return
+        if other_model is not None:
+            if reading is not None:
+                reading.cancel()
+            self._quarantine(server, other_model, now)
             return
         verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
         if verdict is not None:  # another run set it aside: it rejoins only through a passing re-probe
@@ -143,11 +190,18 @@ class ServerChecks:
             await server.client.generate(
                 [0], _CANARY_PARAMS, timeout=self.options.canary_timeout_s, require_reasoning=False
             )
+            other_model = await self._other_model(server)  # on every reconnect: a restart may bring another model
+            if other_model is not None:
+                raise _AnotherModel(other_model)
         except ValueError as exc:  # the server came back unable to report its cap: a configuration error
             self._fatal = exc
-        except SGLangError as error:
+        except (SGLangError, _AnotherModel) as error:
             server.probe_failures += 1
-            server.reason = f"{server.reason.split(' (')[0]} (re-probe: {error.kind})" if server.reason else error.kind
+            if isinstance(error, _AnotherModel):
+                server.reason = str(error)
+            else:
+                kept = server.reason.split(" (")[0] if server.reason else None
+                server.reason = f"{kept} (re-probe: {error.kind})" if kept else error.kind
             backoff = min(
                 self.options.max_probe_backoff_s,
                 self.options.probe_interval_s * 2 ** min(server.probe_failures - 1, 10),

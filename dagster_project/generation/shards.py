@@ -94,6 +94,9 @@ class CompletionsShardManifest(ShardManifest):
     settings_fingerprint: str = ""
     # A manifest that did not record its settings was made with the defaults.
     settings: GenerationSettings = field(default_factory=GenerationSettings)
+    # The answers per model their servers were checked to serve (`ModelIdentity.label`); answers of servers that
+    # were not checked are not counted. More than one model: the training set refuses the shard.
+    served_models: dict[str, int] = field(default_factory=dict)
     generation: GenerationSummary = field(default_factory=GenerationSummary)
     # What let the shard generate: the passed pilot of its settings, or the operator's skip (`pilot.record`).
     pilot: str = ""

@@ -68,6 +68,7 @@ class WrittenCompletions:
     output_tokens: int = 0
     event_ids: list[str] = field(default_factory=list)
     counts: RowCounts = field(default_factory=RowCounts)
+    served_models: Counter = field(default_factory=Counter)  # answers per model their servers were checked to serve
 
 
 class JournalMismatch(RuntimeError):
@@ -85,7 +86,7 @@ def write_completions_parquet(
     written = WrittenCompletions()
     path.parent.mkdir(parents=True, exist_ok=True)
     with pq.ParquetWriter(
-        path, COMPLETION_SCHEMA, compression="zstd", use_dictionary=["policy", "status", "server"]
+        path, COMPLETION_SCHEMA, compression="zstd", use_dictionary=["policy", "status", "server", "served_model"]
     ) as writer:
         batch: list[dict[str, Any]] = []
         for record in journal.final_records():
@@ -98,6 +99,8 @@ def write_completions_parquet(
             if record["status"] == STATUS_OK:
                 written.ok += 1
                 written.output_tokens += int(record.get("completion_tokens") or 0)
+                if record.get("served_model"):
+                    written.served_models[record["served_model"]] += 1
                 written.counts.finish_reasons[record.get("finish_reason") or "unknown"] += 1
                 if settings is not None and settings.cut_by_fit(
                     int(record.get("prompt_tokens") or 0),
@@ -266,6 +269,7 @@ def generate_shard(
                 conversations_ids_digest=conversations_manifest.ids_digest,
                 settings_fingerprint=fingerprint,
                 settings=settings,
+                served_models=dict(sorted(written.served_models.items())),
                 generation=GenerationSummary.of(
                     last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint)
                 ),

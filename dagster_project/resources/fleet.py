@@ -6,6 +6,7 @@ from pydantic import Field
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
 from dagster_project.generation.fleet_registry import follow_registry, known_endpoints
 from dagster_project.generation.ledger import FleetLedger
+from dagster_project.generation.served_model import ExpectedModel
 from dagster_project.generation.slot_use import SlotUse
 from dagster_project.ops.answers.cost import FleetCost
 from dagster_project.resources.config_fields import config_fields
@@ -13,14 +14,17 @@ from dagster_project.settings import DEFAULT_FLEET_STALE_AFTER_S
 from dagster_project.store.storage import Store
 
 
-class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.ConfigurableResource))):
+class SGLangFleet(
+    config_fields(DispatchOptions, config_fields(FleetCost, config_fields(ExpectedModel, dg.ConfigurableResource)))
+):
     """Connects to a running SGLang fleet; it never launches servers (the fleet outlives runs).
 
     Endpoints come from `endpoints`, or one `router_url`, or the fleet registry in the store (every node's
     `dflash fleet up` registers its servers there, and a running shard re-reads it, so nodes may join while
     it runs), or this node's fleet record. The dispatch options (windows, retries, timeouts, probes) are this
     resource's config too, and so is the fleet's price
-    (`cost_per_gpu_hour`, `gpus`), which `dflash status` and the run report turn into dollars.
+    (`cost_per_gpu_hour`, `gpus`), which `dflash status` and the run report turn into dollars, and the model every
+    server must serve (`served_model`, ...: checked before a server's first request; Qwen3.6-27B by default).
     """
 
     endpoints: list[str] = Field(default_factory=list, description="Server base URLs, e.g. http://gpu-node:30000.")
@@ -78,4 +82,5 @@ class SGLangFleet(config_fields(DispatchOptions, config_fields(FleetCost, dg.Con
             discover=follow_registry(registry, self.stale_node_after_s) if follows_registry else None,
             load_sources={self.router_url: self.router_workers} if self.router_url and self.router_workers else None,
             slot_use=slot_use,
+            expected_model=self.to_dataclass(ExpectedModel).identity(),
         )

@@ -38,6 +38,10 @@ ABORTED = "aborted"
 BAD_RESPONSE = "bad_response"
 SAMPLING_FAILED = "sampling_failed"  # the server's sampler drew an out-of-vocabulary id ("NaN happened")
 CUT_SHORT = "cut_short"  # a length stop short of the request's max_new_tokens: a fragment, not an answer
+# An answer holding ids outside the served vocabulary: not this model's answer (the server is at fault).
+ANSWER_OUT_OF_VOCAB = "answer_out_of_vocab"
+# Not retryable: an input id outside the served vocabulary, refused before sending (it kills a real server).
+INPUT_OUT_OF_VOCAB = "input_out_of_vocab"
 
 RETRYABLE_KINDS = frozenset(
     {
@@ -51,6 +55,7 @@ RETRYABLE_KINDS = frozenset(
         BAD_RESPONSE,
         SAMPLING_FAILED,
         CUT_SHORT,
+        ANSWER_OUT_OF_VOCAB,
     }
 )
 _MAX_MESSAGE_CHARS = 2000
@@ -148,9 +153,20 @@ class GenerateResult:
         return self.meta_info.get("spec_correct_drafts_histogram")
 
 
-def _result_from_body(body: Any, rid: str, url: str, sampling_params: dict | None = None) -> GenerateResult:
-    """Turn one response object into a result, or raise: aborts, malformed bodies and length stops short of the
-    request's `max_new_tokens` (in `sampling_params`) are errors."""
+def out_of_vocab(ids: Sequence[int], vocab_size: int) -> str | None:
+    """Where `ids` leave [0, vocab_size), or None when every id lies in it."""
+    for position, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            return f"id {token} at position {position} lies outside the vocabulary [0, {vocab_size:,})"
+    return None
+
+
+def _result_from_body(
+    body: Any, rid: str, url: str, sampling_params: dict | None = None, vocab_size: int | None = None
+) -> GenerateResult:
+    """Turn one response object into a result, or raise: aborts, malformed bodies, length stops short of the
+    request's `max_new_tokens` (in `sampling_params`) and, given the served `vocab_size`, answers holding ids outside
+    it are errors."""
     try:
         meta = body["meta_info"]
         output_ids = body["output_ids"]
@@ -182,6 +198,15 @@ def _result_from_body(body: Any, rid: str, url: str, sampling_params: dict | Non
         raise SGLangError(ABORTED, finish.get("message") or "Aborted", url=url, rid=rid, partial=result)
     if kind not in ("stop", "length"):
         raise SGLangError(BAD_RESPONSE, f"unknown finish_reason {finish!r}", url=url, rid=rid)
+    where = out_of_vocab(output_ids, vocab_size) if vocab_size is not None else None
+    if where is not None:
+        raise SGLangError(
+            ANSWER_OUT_OF_VOCAB,
+            f"the answer's {where}: not an answer of the served model",
+            url=url,
+            rid=rid,
+            partial=result,
+        )
     if kind == "stop" and finish.get("matched") == NAN_STOP:
         raise SGLangError(
             SAMPLING_FAILED,
@@ -349,9 +374,16 @@ class SGLangClient:
         timeout: float | None = None,
         *,
         require_reasoning: bool = True,
+        vocab_size: int | None = None,
     ) -> GenerateResult:
-        """One non-streamed native `/generate` call; raises `SGLangError` unless the answer finished."""
+        """One non-streamed native `/generate` call; raises `SGLangError` unless the answer finished.
+
+        With the served `vocab_size`, input ids outside it are refused before anything is sent (such an id kills a
+        real SGLang server: an IndexError in its embedding) and an answer holding ids outside it is an error."""
         rid = rid or uuid.uuid4().hex
+        where = out_of_vocab(input_ids, vocab_size) if vocab_size is not None else None
+        if where is not None:
+            raise SGLangError(INPUT_OUT_OF_VOCAB, f"input {where}: not sent", url=self.base_url, rid=rid)
         request = {"rid": rid, "input_ids": input_ids, "sampling_params": sampling_params, "stream": False}
         if require_reasoning:
             # Makes the server count meta_info.reasoning_tokens up to </think>.
@@ -365,7 +397,7 @@ class SGLangClient:
             raise SGLangError(
                 BAD_RESPONSE, f"invalid JSON body ({len(body)} bytes)", url=self.base_url, rid=rid
             ) from None
-        return _result_from_body(parsed, rid, self.base_url, sampling_params)
+        return _result_from_body(parsed, rid, self.base_url, sampling_params, vocab_size)
 
     async def _get_json(self, path: str, timeout: float | None) -> dict:
         body = await self._get_ok(path, timeout or self._probe_timeout_s)

@@ -29,6 +29,7 @@ import psutil
 
 from dagster_project.processes import live_process, process_start, this_process
 from dagster_project.sglang import capacity
+from dagster_project.sglang.model_identity import QWEN3_6_27B
 from dagster_project.sglang.protocol import parse_metrics
 from dagster_project.sglang.speculative import RECIPE, parse_setting
 from dagster_project.store.dataclass_json import from_dict
@@ -36,7 +37,7 @@ from dagster_project.store.dataclass_json import from_dict
 if TYPE_CHECKING:  # the client imports aiohttp: only what talks to servers imports it, when it does
     pass
 
-DEFAULT_MODEL = "Qwen/Qwen3.6-27B"
+DEFAULT_MODEL = QWEN3_6_27B.model
 PID_FILE = "fleet.json"
 SIM_VOCAB_FILE = "sim_vocab.json"
 _LOG_TAIL_LINES = 40

@@ -1,7 +1,9 @@
 """What a blocked gate tells the operator beyond its verdict: the threshold that decided it and the run config key
-that sets it, the override that lets the shard through anyway, and up to five example ids to look at.
+that sets it, the override that lets the shard through anyway, up to five example ids to look at, and the servers
+that wrote the rows it failed on (a server of another vocabulary, say, is named).
 
-    results = [actionable(r, limits=config, where=TRAINING_GATES, examples=example_ids(r, profile)) for r in results]
+    examples, servers = example_ids(r, profile, config), writing_servers(r, profile, config)
+    results = [actionable(r, limits=config, where=TRAINING_GATES, examples=examples, servers=servers) ...]
 
 The gates themselves (`training.gates`) judge; this only completes their messages, so every surface that shows
 a gate's message (the check's description, the run's log, the verdict next to the shard, `dflash status`) says
@@ -10,7 +12,8 @@ what to do about it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -57,9 +60,17 @@ TRAINING_GATES = GateStage(
 )
 
 
-def actionable(result: GateResult, *, limits: Any, where: GateStage, examples: Sequence[str] = ()) -> GateResult:
-    """`result` with its threshold and config keys (values read from `limits`, the check's config), the override
-    and up to five example ids added to the message and the metadata; a passed gate unchanged."""
+def actionable(
+    result: GateResult,
+    *,
+    limits: Any,
+    where: GateStage,
+    examples: Sequence[str] = (),
+    servers: Mapping[str, int] | None = None,
+) -> GateResult:
+    """`result` with its threshold and config keys (values read from `limits`, the check's config), the override,
+    up to five example ids and the servers that wrote the failing rows (`servers`: rows per server) added to the
+    message and the metadata; a passed gate unchanged."""
     if result.passed:
         return result
     keys = GATE_KEYS.get(result.name, ())
@@ -74,12 +85,15 @@ def actionable(result: GateResult, *, limits: Any, where: GateStage, examples: S
     parts = [result.message, threshold, f"override: {where.override}"]
     if shown:
         parts.append(f"examples: {', '.join(shown)}")
+    if servers:
+        parts.append(f"written by {describe_servers(servers)}")
     metadata = {
         **result.metadata,
         "thresholds": values,
         "config_check": where.check,
         "override": where.override,
         "example_ids": shown,
+        **({"servers": dict(servers)} if servers else {}),
     }
     return replace(result, message="; ".join(parts), metadata=metadata)
 
@@ -93,6 +107,27 @@ def example_ids(result: GateResult, profile: ShardProfile, limits: Any) -> list[
         return [event for events in result.metadata.get("samples", {}).values() for event in events][:EXAMPLES]
     rows = _failing_rows(result, profile, limits)
     return [profile.event_ids[i] for i in rows[:EXAMPLES]] if rows is not None else []
+
+
+def writing_servers(result: GateResult, profile: ShardProfile, limits: Any) -> dict[str, int]:
+    """The servers that wrote the rows that made `result` fail, with how many each, most first (empty for a passed
+    gate, one judged on figures rather than rows, or rows that name no server)."""
+    if result.passed or not profile.servers:
+        return {}
+    if result.name == "ids_match_completions":
+        failing = set(example_ids(result, profile, limits))
+        rows = [i for i, event in enumerate(profile.event_ids) if event in failing]
+    else:
+        found = _failing_rows(result, profile, limits)
+        rows = [] if found is None else [int(i) for i in found]
+    counts = Counter(profile.servers[i] for i in rows if profile.servers[i])
+    return dict(counts.most_common())
+
+
+def describe_servers(servers: Mapping[str, int]) -> str:
+    shown = [f"{url} ({rows:,} rows)" for url, rows in list(servers.items())[:EXAMPLES]]
+    more = f" and {len(servers) - EXAMPLES} more" if len(servers) > EXAMPLES else ""
+    return f"{len(servers)} server{'s' * (len(servers) != 1)}: {', '.join(shown)}{more}"
 
 
 def _failing_rows(result: GateResult, profile: ShardProfile, limits: Any) -> np.ndarray | None:

@@ -497,8 +497,8 @@ def ids_match_completions(rows: Mapping[str, RowDigest], completion_batches: Ite
 
 # ---- a shard, end to end: completions or training rows --------------------------------------------
 
-TRAINING_GATE_COLUMNS = ["event_id", "input_ids", "loss_mask", "finish_reason", "truncated"]
-COMPLETION_GATE_COLUMNS = ["event_id", "status", "prompt_ids", "output_ids", "finish_reason"]
+TRAINING_GATE_COLUMNS = ["event_id", "input_ids", "loss_mask", "finish_reason", "truncated", "server"]
+COMPLETION_GATE_COLUMNS = ["event_id", "status", "prompt_ids", "output_ids", "finish_reason", "server"]
 
 
 @dataclass(frozen=True)
@@ -547,6 +547,7 @@ class ShardProfile:
     outputs: OutputProfile
     prompt_digests: list[bytes]
     event_ids: list[str]  # per row: what a blocked gate names as its examples
+    servers: list[str | None] = field(default_factory=list)  # per row: who wrote the answer (what a gate names)
     digests: dict[str, RowDigest] = field(default_factory=dict)  # training rows only, for `ids_match_completions`
 
 
@@ -567,8 +568,13 @@ def _joined(parts: list[dict[str, Any]], digests: dict[str, RowDigest]) -> Shard
         outputs=OutputProfile.concat([part["outputs"] for part in parts]),
         prompt_digests=[key for part in parts for key in part["prompt_digests"]],
         event_ids=[event for part in parts for event in part["event_ids"]],
+        servers=[server for part in parts for server in part["servers"]],
         digests=digests,
     )
+
+
+def _servers(batch: pa.RecordBatch) -> list[str | None]:
+    return batch.column("server").to_pylist() if "server" in batch.schema.names else [None] * batch.num_rows
 
 
 def _stopped(batch: pa.RecordBatch) -> np.ndarray:
@@ -597,6 +603,7 @@ def profile_training_batches(batches: Iterable[pa.RecordBatch], special: Special
             max_ids=max_ids,
             finished=_stopped(batch) & ~batch.column("truncated").to_numpy(zero_copy_only=False),
             event_ids=batch.column("event_id").to_pylist(),
+            servers=_servers(batch),
         )
         rows = zip(batch.column("event_id").to_pylist(), part["prompt_digests"], row_digests(supervised), strict=True)
         for i, (event, prompt, output) in enumerate(rows):
@@ -630,6 +637,7 @@ def profile_completion_batches(batches: Iterable[pa.RecordBatch], special: Speci
                 max_ids=np.maximum(prompt_max, output_max),
                 finished=_stopped(answered),
                 event_ids=answered.column("event_id").to_pylist(),
+                servers=_servers(answered),
             )
         )
     return _joined(parts, {})

@@ -60,6 +60,7 @@ class HfShardExport:
     training_ids_digest: str = ""
     settings_fingerprint: str = ""
     settings: GenerationSettings = field(default_factory=GenerationSettings)
+    served_models: dict[str, int] = field(default_factory=dict)  # answers per model their servers served
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
     lengths: LengthFigures = field(default_factory=LengthFigures)
     output_tokens_by_outcome: dict[str, int] = field(default_factory=dict)  # the training manifest's
@@ -115,6 +116,7 @@ def export_hf_shard(
         training_ids_digest=manifest.ids_digest,
         settings_fingerprint=manifest.source.settings_fingerprint,
         settings=manifest.source.settings,
+        served_models=manifest.source.served_models,
         assembly=manifest.assembly,
         lengths=manifest.lengths,
         output_tokens_by_outcome=manifest.output_tokens_by_outcome,
@@ -180,7 +182,9 @@ def dataset_card(records: list[HfShardExport]) -> str:
     assembly: Counter = Counter()
     lengths = LengthFigures()
     outcomes: Counter = Counter()
+    models: Counter = Counter()
     for record in records:
+        models.update(record.served_models)
         outcomes.update(record.output_tokens_by_outcome)
         sources.update(record.rows_by_source)
         settings[record.settings_fingerprint] = record.settings
@@ -226,6 +230,13 @@ def dataset_card(records: list[HfShardExport]) -> str:
         _table(
             ["source", "rows", "share"],
             [[source, f"{n:,}", f"{n / rows:.1%}" if rows else "—"] for source, n in sorted(sources.items())],
+        ),
+        "## Target model",
+        "The model the answering servers were checked to serve before their first request (name, architecture, "
+        "vocabulary, end-of-sequence id):\n\n"
+        + _table(
+            ["model", "answers"],
+            [[label, f"{n:,}"] for label, n in sorted(models.items())] or [["not recorded", "—"]],
         ),
         "## Generation settings",
         _table(

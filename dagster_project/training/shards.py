@@ -89,6 +89,8 @@ class TrainingSource:
     gates_overridden: dict[str, str] = field(default_factory=dict)
     # Quality-watch gates a released hold overrode while the completions were generated (gate → who, when, why).
     hold_overrides: dict[str, str] = field(default_factory=dict)
+    # The answers per model their servers were checked to serve (the completions manifest's `served_models`).
+    served_models: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,21 @@ class CompletionsGated(RuntimeError):
     """The completions shard failed a blocking gate: it is not assembled unless the operator overrides it."""
 
 
+class MixedModels(RuntimeError):
+    """The completions shard holds answers of servers checked to serve different models: a drafter learns one."""
+
+
+def refuse_mixed_models(manifest: CompletionsShardManifest, where: str) -> None:
+    """`MixedModels` when the shard's answers came from servers of more than one model."""
+    if len(manifest.served_models) > 1:
+        models = ", ".join(f"{label}: {answers:,} answers" for label, answers in manifest.served_models.items())
+        raise MixedModels(
+            f"completions shard {manifest.shard} ({where}) holds answers of different models ({models}): a drafter "
+            "learns one target model. Generate the shard again from an empty journal against a fleet of the one "
+            "model (the fleet resource's served_model) before assembling it"
+        )
+
+
 @dataclass
 class AssemblyCounts:
     rows_in: int = 0
@@ -326,6 +341,7 @@ def assemble_shard(
     at a time: the shard's lease is held while it is assembled and published (`run_id` names the holder).
     """
     source, source_sha256 = _completions_source(store, shard)
+    refuse_mixed_models(source, store.url(shard_manifest_key(COMPLETIONS, shard)))
     gated = failed_gates(store, source)  # what the completions checks recorded on this publication
     if gated and not override_failed_gates:
         raise CompletionsGated(
@@ -413,6 +429,7 @@ def _assemble(
                 settings=source.settings,
                 gates_overridden=overridden,
                 hold_overrides=source.hold_overrides,
+                served_models=source.served_models,
             ),
         )
         held.renew()  # LeaseLost: another run took the shard over, and this one must not publish

@@ -33,6 +33,7 @@ from dagster_project.resources import (
     SGLangFleet,
     TokenizerResource,
 )
+from dagster_project.sglang.model_identity import QWEN3_6_27B
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.shards import read_training_manifest
@@ -176,10 +177,13 @@ def test_a_healthy_fleet_passes_every_completions_check_and_the_shard_goes_throu
         "training_set",
         "specforge_export",
     }
-    assert read_training_manifest(prepared.store, shard).rows > 10
+    trained = read_training_manifest(prepared.store, shard)
+    assert trained.rows > 10
     # Generated without a pilot (the tests' DFLASH_SKIP_PILOT=1), and its manifest says so.
-    skipped = read_completions_manifest(prepared.store, shard)
-    assert skipped.pilot_skipped and skipped.pilot.startswith("pilot skipped (DFLASH_SKIP_PILOT=1")
+    completions = read_completions_manifest(prepared.store, shard)
+    assert completions.pilot_skipped and completions.pilot.startswith("pilot skipped (DFLASH_SKIP_PILOT=1")
+    # Every answer came from a server checked to serve the job's model, and the manifests say which.
+    assert completions.served_models == trained.source.served_models == {QWEN3_6_27B.label: completions.ok}
 
 
 def _is_blocking(key: dg.AssetCheckKey) -> bool:

@@ -17,6 +17,8 @@ from dagster_project.generation.dispatch import (
     Outcome,
 )
 from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.client import INPUT_OUT_OF_VOCAB
+from dagster_project.sglang.model_identity import QWEN3_6_27B
 
 PARAMS = proto.sampling_params(max_new_tokens=4096)
 
@@ -200,3 +202,25 @@ def test_a_wrong_api_key_fails_the_run_at_once_without_showing_the_key(sim_fleet
     assert time.monotonic() - started < 60
     assert "wrong-key" not in str(refused.value) and "right-key" not in str(refused.value)
     assert recorder.outcomes == {}  # nothing was turned into an error record
+
+
+def test_another_models_server_and_an_out_of_vocabulary_request_are_never_sent_to(sim_fleet):
+    """The trial of "never another model's answers": a simulator declaring Llama in /server_info and /model_info
+    gets none of the requests, and a request holding an id past the vocabulary (what kills a real server) ends as
+    an error without reaching any server."""
+    fleet = sim_fleet(2, [{"model_path": "meta-llama/Llama-3.1-8B-Instruct"}, {}])
+    bad = GenRequest("bad#turn0", [*prompt(0), QWEN3_6_27B.vocab_size + 3], PARAMS)
+    recorder = Recorder()
+    dispatcher = Dispatcher(fleet.urls, DispatchOptions(), expected_model=QWEN3_6_27B)
+    stats = dispatch(dispatcher, [*requests(12), bad], recorder)
+    assert recorder.kinds() == Counter({"ok": 12, INPUT_OUT_OF_VOCAB: 1}) and stats.errors == {INPUT_OUT_OF_VOCAB: 1}
+    refused = recorder.outcomes["bad#turn0"].error
+    assert f"id {QWEN3_6_27B.vocab_size + 3} at position 12 lies outside the vocabulary" in refused.message
+    assert {o.server for o in recorder.outcomes.values() if o.ok} == {fleet.url(1)}
+    probe = proto.input_hash([0])  # the identity probes' and canaries' one-token prompt
+    assert {entry["input_hash"] for entry in fleet.requests(0)} == {probe}  # Llama: probed, never asked
+    seen = {entry["input_hash"] for server in (0, 1) for entry in fleet.requests(server)}
+    assert proto.input_hash(bad.input_ids) not in seen
+    view = dispatcher.snapshot()["servers"][fleet.url(0)]
+    assert view["state"] == "quarantined"
+    assert view["reason"].startswith("served_model_mismatch: it does not serve Qwen/Qwen3.6-27B")

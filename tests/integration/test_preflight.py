@@ -81,3 +81,30 @@ def test_the_completions_asset_fails_with_the_flag_and_sends_nothing(store, sim_
     failure = next(event for event in result.all_events if event.is_step_failure)
     assert "--context-length 3,076" in str(failure.step_failure_data.error)
     assert fleet.requests(0) == []
+
+
+def test_a_fleet_of_another_model_fails_the_completions_asset_naming_the_server_before_any_request(
+    store, sim_fleet, tmp_path
+):
+    """The trial of issue 36: a simulator declaring Llama in /server_info and /model_info. The fleet resource checks
+    the served model by default (Qwen3.6-27B): the shard fails naming the server and what differs, and not one of
+    the shard's requests reached it (its log holds only the one-token probes)."""
+    fleet = sim_fleet(1, model_path="meta-llama/Llama-3.1-8B-Instruct")
+    resources = {
+        "store": DatasetStore(root=store.uri, work_dir=str(tmp_path / "work"), s3=S3Resource()),
+        "tokenizer": TokenizerResource(),
+        "fleet": SGLangFleet(endpoints=fleet.urls),
+        "generation": GenerationConfig(max_new_tokens=SETTINGS.max_new_tokens),
+    }
+    # The project's loggers reach the run log, as dagster.yaml sets it.
+    with dg.instance_for_test(overrides={"python_logs": {"managed_python_loggers": ["dagster_project"]}}) as instance:
+        result = dg.materialize(
+            [completions], partition_key="shard-00000", resources=resources, instance=instance, raise_on_error=False
+        )
+        logged = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert any(f"server {fleet.url(0)} set aside (served_model_mismatch" in line for line in logged)
+    assert not result.success
+    error = str(next(event for event in result.all_events if event.is_step_failure).step_failure_data.error)
+    assert "ServedModelMismatch" in error and "no server serves Qwen/Qwen3.6-27B" in error
+    assert f"{fleet.url(0)}: served_model_mismatch" in error and "meta-llama/Llama-3.1-8B-Instruct" in error
+    assert fleet.job_requests(0) == [] and fleet.requests(0)  # probed, never asked

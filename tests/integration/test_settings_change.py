@@ -36,7 +36,7 @@ def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim
         return result.asset_materializations_for_node("run_report")[0].metadata
 
     def served() -> int:
-        return sum(len(fleet.requests(i)) for i in range(2))
+        return sum(len(fleet.job_requests(i)) for i in range(2))
 
     with dg.instance_for_test() as instance:
         assert dg.materialize([raw_prompts, conversations], resources=resources(256), instance=instance).success

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ import pytest
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, GenRequest, Outcome
 from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.model_identity import QWEN3_6_27B
 from tests.support.sglang_fixtures import call, running_router, wait_until
 
 pytest.importorskip("sglang_router")
@@ -37,13 +39,18 @@ def collect(dispatcher: Dispatcher, count: int) -> dict[str, Outcome]:
     return outcomes
 
 
-def test_dispatcher_through_sglang_router_gets_every_answer_once(sim_fleet, tmp_path):
+def test_dispatcher_through_sglang_router_gets_every_answer_once(sim_fleet, tmp_path, caplog):
     fleet = sim_fleet(3, max_running_requests=CAP, decode_step_s=0.002, output_len="uniform:20:120")
     with running_router(fleet.urls, tmp_path / "router") as router:
         with pytest.raises(ValueError, match="cannot size the window"):
             collect(Dispatcher([router]), 1)  # a router reports no scheduler cap of its own
-        dispatcher = Dispatcher([router], DispatchOptions(default_window=3 * CAP))
-        outcomes = collect(dispatcher, 240)
+        # Its workers unnamed, the router's model cannot be checked (it has no info routes and drops logit_bias):
+        # the run log says so, and requests are still checked against the job's vocabulary.
+        dispatcher = Dispatcher([router], DispatchOptions(default_window=3 * CAP), expected_model=QWEN3_6_27B)
+        with caplog.at_level(logging.WARNING, logger="dagster_project.generation.server_checks"):
+            outcomes = collect(dispatcher, 240)
+    assert any("its model is not checked (set the fleet resource's router_workers)" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
     assert len(outcomes) == 240 and all(o.ok for o in outcomes.values())
     for outcome in outcomes.values():
         result = outcome.result
@@ -110,6 +117,7 @@ def test_behind_the_router_the_workers_load_from_another_client_counts(sim_fleet
             DispatchOptions(load_read_interval_s=0.2),
             windows={router: window},
             load_sources={router: fleet.urls},
+            expected_model=QWEN3_6_27B,  # checked on the workers the router sends to
         )
         try:
             outcomes = collect(dispatcher, 40)
@@ -117,7 +125,8 @@ def test_behind_the_router_the_workers_load_from_another_client_counts(sim_fleet
             stop.set()
         for done in (*others, sampler):
             done.result()
-    assert len(outcomes) == 40 and all(o.ok for o in outcomes.values())
+    assert len(outcomes) == 40 and all(o.ok and o.served_model == QWEN3_6_27B.label for o in outcomes.values())
+    assert all(any(e["input_hash"] == proto.input_hash([0]) for e in fleet.requests(i)) for i in range(2))  # probed
     view = dispatcher.snapshot()["servers"][router]
     assert view["load_unreported"] is None
     # The other client's four requests took four slots of the window: both workers together stayed near it.

@@ -298,6 +298,11 @@ def test_model_routes(fleet):
     }  # fmt: skip
     info = call(fleet.url(A) + "/model_info")[1]
     assert info["architectures"] == ["Qwen3_5ForConditionalGeneration"] and info["reasoning_parser"] == "qwen3"
+    assert (info["model_path"], info["model_type"], info["has_image_understanding"]) == (
+        "Qwen/Qwen3.6-27B",
+        "qwen3_5",
+        True,
+    )
     assert call(fleet.url(A) + "/get_model_info")[1] == info
     assert call(fleet.url(A) + "/ready")[0] == 200
 

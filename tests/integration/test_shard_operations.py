@@ -114,9 +114,10 @@ def journaled(env: dict, shard: int) -> dict[str, dict]:
 
 
 def all_requests(fleet, since: list[int] | None = None) -> list[dict]:
-    """Every server's request log, from `since[i]` on for server i."""
+    """Every server's log of the job's requests (not the dispatcher's one-token probes), from `since[i]` on for
+    server i."""
     since = since or [0] * len(fleet.urls)
-    return [entry for index in range(len(fleet.urls)) for entry in fleet.requests(index, since=since[index])]
+    return [entry for index in range(len(fleet.urls)) for entry in fleet.job_requests(index, since=since[index])]
 
 
 def test_sigkill_mid_shard_then_rerun_gives_every_event_exactly_once(pipeline, sim_fleet):
@@ -319,10 +320,11 @@ def test_two_shard_runs_share_one_fleet(pipeline, sim_fleet):
         "the two runs did not overlap on the fleet"
     )
     # The runs share one window per server (cap 4 x oversubscription 1.25 = 5) through the node's ledger:
-    # together they never queued more at a server than one run would.
+    # together they never queued more at a server than one run would, but for one: the one-token probe of the
+    # served model a run sends before its first request (outside every window, like SGLang's own /health).
     for index in range(2):
         peaks = fleet.state(index)["peaks"]
-        assert peaks["running"] <= 4 and peaks["running"] + peaks["queued"] <= 5, peaks
+        assert peaks["running"] <= 4 and peaks["running"] + peaks["queued"] <= 5 + 1, peaks
     served = {entry["input_hash"] for entry in all_requests(fleet)}
     for shard in runs:
         assert shard_coverage(store, shard).exact

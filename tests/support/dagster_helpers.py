@@ -411,10 +411,11 @@ class LoggedRequest:
 
 
 def request_logs(fleet: Any) -> dict[str, LoggedRequest]:
-    """Every request the fleet's simulators received, by rid (rids are unique across the fleet)."""
+    """Every request of the job's events the fleet's simulators received (not the dispatcher's one-token probes),
+    by rid (rids are unique across the fleet)."""
     logged: dict[str, LoggedRequest] = {}
     for index, url in enumerate(fleet.urls):
-        for entry in fleet.requests(index):
+        for entry in fleet.job_requests(index):
             assert entry["rid"] not in logged, f"rid {entry['rid']} was received twice"
             logged[entry["rid"]] = LoggedRequest(
                 url, entry["rid"], entry["input_hash"], entry["prompt_tokens"], entry["outcome"]

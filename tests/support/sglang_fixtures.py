@@ -29,6 +29,7 @@ from typing import Any, Self, TypeVar
 
 import orjson
 
+from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.launch import (
     Fleet,
     free_ports,
@@ -36,8 +37,12 @@ from dagster_project.sglang.launch import (
     router_command,
     stop_fleet,
 )
+from dagster_project.sglang.model_identity import PROBE_INPUT_IDS
 
 T = TypeVar("T")
+
+# The one-token prompt of the dispatcher's own requests: the served-model probes and a set-aside server's canaries.
+PROBE_HASH = proto.input_hash(PROBE_INPUT_IDS)
 
 # Small answers and no latency unless a test asks for more: the suite stays fast.
 FAST_DEFAULTS: dict[str, Any] = {"output_len": "uniform:8:48", "max_running_requests": 8}
@@ -147,6 +152,10 @@ class SimFleet:
     def requests(self, index: int, since: int = 0) -> list[dict]:
         """The server's request log: rid, input_hash, prompt_tokens, received_at, outcome."""
         return _call("GET", f"{self.url(index)}/_sim/requests?since={since}")["requests"]
+
+    def job_requests(self, index: int, since: int = 0) -> list[dict]:
+        """The request log less the dispatcher's own one-token probes: the requests of the job's events."""
+        return [entry for entry in self.requests(index, since) if entry["input_hash"] != PROBE_HASH]
 
     def state(self, index: int) -> dict:
         """Scheduler state: running, queued, cap, counters, faults, occupancy."""

@@ -8,6 +8,7 @@ A prompt is rendered with the project's chat template (`render_prompt_ids`, thin
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -143,5 +144,6 @@ def publish_completions(
             output_tokens=sum(len(r["output_ids"]) for r in ok),
             settings_fingerprint=settings.fingerprint(),
             settings=settings,
+            served_models=dict(Counter(r["served_model"] for r in ok if r.get("served_model"))),
         )
         return publish_shard(store, manifest, [("completions.parquet", path)])

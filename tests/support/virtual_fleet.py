@@ -110,6 +110,7 @@ class FakeServer(SGLangClient):
         timeout: float | None = None,
         *,
         require_reasoning: bool = True,
+        vocab_size: int | None = None,
     ) -> GenerateResult:
         self.received.append((now(), tuple(input_ids)))
         if self.lost:

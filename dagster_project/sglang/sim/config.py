@@ -17,11 +17,12 @@ import orjson
 
 from dagster_project.sglang import capacity
 from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.model_identity import QWEN3_6_27B
 from dagster_project.sglang.sim import speculation
 from dagster_project.sglang.speculative import SpecSetting
 
-MODEL_PATH = "Qwen/Qwen3.6-27B"
-MODEL_VOCAB_SIZE = 248320  # padded embedding size: what the server range-checks input ids against
+MODEL_PATH = QWEN3_6_27B.model
+MODEL_VOCAB_SIZE = QWEN3_6_27B.vocab_size  # padded embedding size: what the server range-checks input ids against
 SGLANG_VERSION = "0.5.23"
 
 
@@ -31,6 +32,11 @@ class SimConfig:
     port: int = 30000
     model_path: str = MODEL_PATH
     served_model_name: str | None = None
+    # The served checkpoint's config as /model_info reports it, and its vocabulary (the embedding's rows): a
+    # simulator of another model declares another identity (what the dispatcher's served-model check reads).
+    model_type: str = "qwen3_5"
+    architecture: str = QWEN3_6_27B.architecture
+    vocab_size: int = MODEL_VOCAB_SIZE
     tokenizer: str | None = None  # None: the project's built-in Qwen3.6 tokenizer
     vocab_file: str | None = None  # a sketch written by `SimVocab.save`, shared by a fleet (skips the tokenizer)
     api_key: str | None = field(default=None, repr=False)

@@ -76,10 +76,10 @@ def model_info(config: SimConfig) -> dict:
         "reasoning_parser": config.reasoning_parser,
         "tool_call_parser": None,
         "disaggregation_mode": "null",
-        "has_image_understanding": True,
+        "has_image_understanding": config.architecture.endswith("ForConditionalGeneration"),  # Qwen3.6: a VLM
         "has_audio_understanding": False,
-        "model_type": "qwen3_5",
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": config.model_type,
+        "architectures": [config.architecture],
     }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from dagster_project import tool_calls
 from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.model_identity import forced_token
 from dagster_project.sglang.sim.config import SimConfig, SimVocab
 
 
@@ -354,6 +355,10 @@ class OutputModel:
         else:
             finish, stop_text = proto.finish_length(cap), ""
         ids, text, finish, stop_text = self._apply_stops(ids, text, finish, stop_text, params)
+        forced = forced_token(params)
+        if forced is not None and forced in self.vocab.texts:  # a token the sketch can write: it comes first
+            ids, finish, stop_text = self._forced(forced, ids, cap)
+            text = self.vocab.decode(ids[:-1] if finish["type"] == "stop" else ids)
         if nan:
             # The scheduler overwrites the out-of-vocabulary id with EOS and reports the NaN stop string.
             ids = [*ids[:-1], self.eos]
@@ -373,6 +378,15 @@ class OutputModel:
         text = close_text + self.vocab.decode(answer)
         spec = self._spec(prompt_tokens, len(ids), rng, mtp_off, batch)
         return Answer(ids, text, proto.finish_stop(self.eos), spec, self.vocab.texts[self.eos])
+
+    def _forced(self, token: int, ids: list[int], cap: int) -> tuple[list[int], dict, str]:
+        """The answer when a large `logit_bias` forces `token` first: it ends there if it ends answers."""
+        if token in self.vocab.eos_ids:
+            return [token], proto.finish_stop(token), self.vocab.texts[token]
+        ids = [token, *ids][:cap]
+        if ids[-1] in self.vocab.eos_ids:
+            return ids, proto.finish_stop(ids[-1]), self.vocab.texts[ids[-1]]
+        return ids, proto.finish_length(cap), ""
 
     def _compose(
         self,

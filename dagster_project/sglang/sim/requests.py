@@ -15,7 +15,7 @@ import orjson
 from aiohttp import web
 
 from dagster_project.sglang import protocol as proto
-from dagster_project.sglang.sim.config import MODEL_VOCAB_SIZE, SimConfig
+from dagster_project.sglang.sim.config import SimConfig
 
 
 class RequestError(Exception):
@@ -105,8 +105,8 @@ def check_request(input_ids: list[int], params: dict, rid: str, config: SimConfi
     """Stage C (E3), in the server's order; returns the effective max_new_tokens."""
     if not input_ids:
         raise RequestError(400, proto.e3_body(proto.MSG_EMPTY_INPUT_IDS))
-    if max(input_ids) >= MODEL_VOCAB_SIZE:
-        raise RequestError(400, proto.e3_body(proto.msg_ids_out_of_vocab(input_ids, MODEL_VOCAB_SIZE)))
+    if max(input_ids) >= config.vocab_size:
+        raise RequestError(400, proto.e3_body(proto.msg_ids_out_of_vocab(input_ids, config.vocab_size)))
     prompt_tokens = len(input_ids)
     counted = prompt_tokens + config.reserved_prompt_tokens  # EAGLE keeps room for its drafts in every prompt
     context = config.context_length
@@ -116,7 +116,7 @@ def check_request(input_ids: list[int], params: dict, rid: str, config: SimConfi
     if requested is not None and requested + counted > context:
         raise RequestError(400, proto.e3_body(proto.msg_total_too_long(context, counted, requested)))
     try:
-        proto.check_sampling_values(params, MODEL_VOCAB_SIZE)
+        proto.check_sampling_values(params, config.vocab_size)
     except ValueError as exc:
         raise RequestError(400, proto.e3_body(str(exc))) from None
     if rid in in_flight:

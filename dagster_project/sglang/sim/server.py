@@ -476,6 +476,11 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     parser.add_argument("--port", type=int, default=defaults.port)
     parser.add_argument("--model-path", default=defaults.model_path)
     parser.add_argument("--served-model-name")
+    parser.add_argument("--model-type", default=defaults.model_type, help="/model_info's model_type")
+    parser.add_argument("--architecture", default=defaults.architecture, help="/model_info's architectures[0]")
+    parser.add_argument(
+        "--vocab-size", type=int, default=defaults.vocab_size, help="the served vocabulary (input ids are checked)"
+    )
     parser.add_argument(
         "--tokenizer", help="tokenizer name or path (default: the project's built-in Qwen3.6 tokenizer)"
     )

@@ -139,7 +139,8 @@ def test_every_simulator_option_survives_the_command_line(tmp_path):
     from dagster_project.sglang.sim.server import SimConfig, parse_args
 
     options = {
-        "model_path": "m", "served_model_name": "served", "tokenizer": "tok", "enable_metrics": True,
+        "model_path": "m", "served_model_name": "served", "model_type": "llama", "architecture": "LlamaForCausalLM",
+        "vocab_size": 128256, "tokenizer": "tok", "enable_metrics": True,
         "speculative": False, "spec_draft_tokens": 3, "speculative_num_steps": 2, "speculative_eagle_topk": 2,
         "reasoning_parser": "qwen3", "context_length": 1000,
         "token_capacity": 5000, "max_running_requests": 9, "effective_max_running_requests": 7,

@@ -65,3 +65,24 @@ def test_a_gate_without_rows_to_show_still_names_its_key():
     failed = gates.GateResult("length_loss", False, "BLOCKED: 9.0% of supervised tokens were cut", {})
     message = gate_messages.actionable(failed, limits=LengthGateOptions(), where=gate_messages.TRAINING_GATES).message
     assert "threshold max_lost_supervised_share=" in message and "examples:" not in message
+
+
+def test_a_gate_failing_on_answers_names_the_servers_that_wrote_them():
+    tok = tokenizer()
+    special = special_ids(tok)
+    rows = healthy_rows(12)
+    wrong = "http://127.0.0.1:30007"
+    for row in rows[:3]:  # a server of a larger vocabulary answered these
+        row.update(output_ids=[*row["output_ids"][:-1], special.vocab_size + 5], server=wrong)
+    batches = pa.Table.from_pylist(rows, schema=COMPLETION_SCHEMA).to_batches(max_chunksize=5)
+    profile = gates.profile_completion_batches(batches, special, tok.decode)
+    (result,) = [r for r in gates.shard_gates(profile, vocab_size=special.vocab_size, enable_thinking=True)
+                 if r.name == "ids_in_vocabulary"]  # fmt: skip
+    limits = gates.GateThresholds()
+    servers = gate_messages.writing_servers(result, profile, limits)
+    assert servers == {wrong: 3}  # the healthy server wrote no failing row: not named
+    message = gate_messages.actionable(
+        result, limits=limits, where=gate_messages.COMPLETIONS_GATES, servers=servers
+    ).message
+    assert f"written by 1 server: {wrong} (3 rows)" in message
+    assert "http://127.0.0.1:30000" not in message

@@ -1,0 +1,186 @@
+"""Whether a server serves the job's model: checked before its first request and whenever it rejoins.
+
+A server of another model takes our requests and answers them: its answers look like answers, every gate can
+pass, and the training set would teach the drafter another model. An input id at or past its vocabulary kills a
+real SGLang server. So before a server gets any request (and when it rejoins after being set aside) its
+identity is read and compared with the job's (`ExpectedModel`, the fleet resource's config):
+
+* the model `/server_info` and `/model_info` name (`model_path` or `served_model_name`, a path's last part
+  compared, so `/models/Qwen3.6-27B` is `Qwen/Qwen3.6-27B`), and `/model_info`'s `architectures`;
+* its vocabulary, from the refusal of a `logit_bias` key past every vocabulary (`model_identity`);
+* that the job's end-of-sequence id ends its answers: forced by a large `logit_bias`, it must be the one token
+  written and the one the answer stops on.
+
+sglang-router has neither info route and drops `logit_bias` on its way to a worker, so behind a router the
+workers themselves are checked, when the fleet resource names them (`router_workers`); otherwise the router's
+model cannot be checked, which the run log says, and requests are checked against the job's vocabulary.
+
+A server that differs is set aside, the reason naming what differs; it rejoins only when a re-probe finds the
+job's model. Requests then carry the served vocabulary to the client, which refuses to send an input id outside
+it and takes an answer holding one for a fault of the server (`SGLangClient.generate(vocab_size=...)`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster_project.sglang.client import (
+    ANSWER_OUT_OF_VOCAB,
+    BAD_REQUEST,
+    NOT_FOUND,
+    SGLangClient,
+    SGLangError,
+)
+from dagster_project.sglang.model_identity import (
+    PROBE_INPUT_IDS,
+    QWEN3_6_27B,
+    ModelIdentity,
+    forced_token_params,
+    names_model,
+    vocab_from_refusal,
+    vocab_probe_params,
+)
+
+# The reason a server is set aside for serving another model (the start of its `reason`).
+MODEL_MISMATCH = "served_model_mismatch"
+
+
+class ServedModelMismatch(RuntimeError):
+    """No server of the fleet serves the job's model: the run stops before sending anything."""
+
+
+@dataclass(frozen=True)
+class ExpectedModel:
+    """The model every server of the job must serve (the fleet resource's config): Qwen3.6-27B by default."""
+
+    served_model: str = field(
+        default=QWEN3_6_27B.model,
+        metadata={
+            "help": "The model the servers must serve: its Hub name, or any path ending in that name (compared with "
+            "/server_info's and /model_info's model_path and served_model_name); empty: servers are not checked."
+        },
+    )
+    served_architecture: str = field(
+        default=QWEN3_6_27B.architecture, metadata={"help": "The architecture /model_info must list."}
+    )
+    served_vocab_size: int = field(
+        default=QWEN3_6_27B.vocab_size,
+        metadata={"help": "The served vocabulary (embedding rows); no request holding an id outside it is sent."},
+    )
+    served_eos_token_id: int = field(
+        default=QWEN3_6_27B.eos_token_id,
+        metadata={"help": "The id the served model ends an answer with (<|im_end|>); a one-token probe checks it."},
+    )
+
+    def identity(self) -> ModelIdentity | None:
+        """The identity to check servers against, or None when the check is off."""
+        if not self.served_model:
+            return None
+        return ModelIdentity(
+            self.served_model, self.served_architecture, self.served_vocab_size, self.served_eos_token_id
+        )
+
+
+def _named(source: str, info: Mapping[str, Any], expected: ModelIdentity) -> list[str]:
+    reported = [info.get("model_path"), info.get("served_model_name")]
+    if any(names_model(name, expected.model) for name in reported):
+        return []
+    return [f"{source} names model_path {reported[0]!r}, served_model_name {reported[1]!r}, not {expected.model}"]
+
+
+def identity_problems(
+    server_info: Mapping[str, Any] | None, model_info: Mapping[str, Any] | None, expected: ModelIdentity
+) -> list[str]:
+    """What the two info routes (None: the endpoint has none, e.g. a router) say that is not the job's model."""
+    problems = []
+    for source, info in (("/server_info", server_info), ("/model_info", model_info)):
+        if info is not None:
+            problems += _named(source, info, expected)
+    if model_info is not None:
+        architectures = model_info.get("architectures") or []
+        if expected.architecture not in architectures:
+            problems.append(f"/model_info architectures {architectures} lack {expected.architecture}")
+    return problems
+
+
+async def _info(client: SGLangClient, route: str, timeout: float) -> dict | None:
+    try:
+        return await (client.server_info if route == "/server_info" else client.model_info)(timeout=timeout)
+    except SGLangError as error:
+        if error.kind == NOT_FOUND:  # sglang-router serves neither (its workers are checked instead)
+            return None
+        raise
+
+
+async def probe_vocab(client: SGLangClient, timeout: float) -> tuple[int | None, str | None]:
+    """(the server's vocabulary size, None), or (None, why it is unknown). A failure of the server raises."""
+    try:
+        await client.generate(PROBE_INPUT_IDS, vocab_probe_params(), timeout=timeout, require_reasoning=False)
+    except SGLangError as error:
+        if error.kind != BAD_REQUEST:
+            raise
+        vocab = vocab_from_refusal(error.message)
+        return (vocab, None) if vocab is not None else (None, f"the vocabulary probe was refused: {error.message}")
+    return None, "the vocabulary probe (a logit_bias key outside every vocabulary) was answered, not refused"
+
+
+async def probe_eos(client: SGLangClient, eos: int, vocab_size: int, timeout: float) -> str | None:
+    """Why the job's end-of-sequence id, forced, does not end this server's answer (None: it does)."""
+    try:
+        result = await client.generate(
+            PROBE_INPUT_IDS, forced_token_params(eos), timeout=timeout, require_reasoning=False, vocab_size=vocab_size
+        )
+    except SGLangError as error:
+        if error.kind not in (BAD_REQUEST, ANSWER_OUT_OF_VOCAB):
+            raise
+        return f"the end-of-sequence probe failed: {error}"
+    if result.output_ids != [eos]:
+        return f"forced to write id {eos} it wrote {result.output_ids}: its logits are not over the job's vocabulary"
+    if result.finish_reason.get("type") != "stop" or result.finish_reason.get("matched") != eos:
+        return f"id {eos} does not end its answers (finish_reason {result.finish_reason}): another tokenizer"
+    return None
+
+
+async def served_model_problems(
+    client: SGLangClient, expected: ModelIdentity, timeout: float, workers: Sequence[SGLangClient] = ()
+) -> list[str] | None:
+    """Everything the server reports or does that is not the job's model (empty: it serves it; None: it cannot be
+    told, a router whose `workers` are not known). An `SGLangError` is a failure of the server, not a verdict on
+    its model."""
+    server_info, model_info = await _info(client, "/server_info", timeout), await _info(client, "/model_info", timeout)
+    if server_info is None and model_info is None:  # a router: its workers serve the model
+        if not workers:
+            return None
+        problems = []
+        for worker in workers:
+            found = await served_model_problems(worker, expected, timeout)
+            problems += [f"its worker {worker.base_url}: {problem}" for problem in found or ()]
+        return problems
+    problems = identity_problems(server_info, model_info, expected)
+    vocab, unknown = await probe_vocab(client, timeout)
+    if unknown is not None:
+        problems.append(unknown)
+    elif vocab != expected.vocab_size:
+        problems.append(f"its vocabulary has {vocab:,} ids, not {expected.vocab_size:,}")
+    if vocab is not None and expected.eos_token_id < vocab:
+        eos_problem = await probe_eos(client, expected.eos_token_id, vocab, timeout)
+        if eos_problem is not None:
+            problems.append(eos_problem)
+    return problems
+
+
+def mismatch_reason(problems: list[str], expected: ModelIdentity) -> str:
+    return f"{MODEL_MISMATCH}: it does not serve {expected.model}: " + "; ".join(problems)
+
+
+def refuse_fleet(reasons: Mapping[str, str | None], expected: ModelIdentity) -> None:
+    """`ServedModelMismatch` when every server (url → why it was set aside; None: usable) serves another model."""
+    if reasons and all(reason and reason.startswith(MODEL_MISMATCH) for reason in reasons.values()):
+        listed = "\n  ".join(f"{url}: {reason}" for url, reason in reasons.items())
+        raise ServedModelMismatch(
+            f"no server serves {expected.model} ({expected.label}); nothing was sent to them:\n  {listed}\n"
+            "Point the fleet at servers of that model, or set the fleet resource's served_model (DFLASH_SERVED_MODEL) "
+            "to the model the job is meant to distil"
+        )
