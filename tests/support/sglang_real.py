@@ -14,13 +14,13 @@ A server takes 86-190 s to start on 2 cores and ~5.5 GB of memory: a session sta
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from dagster_project.sglang import launch
 
@@ -97,25 +97,12 @@ def build_tiny_model(directory: Path, python: Path) -> Path:
     return directory
 
 
-@contextlib.contextmanager
-def server_env(extra: dict[str, str]) -> Iterator[None]:
-    """`extra` in this process's environment while a server is launched (it inherits it), restored after."""
-    saved = {name: os.environ.get(name) for name in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def launch_cpu_server(run_dir: Path, model: Path, python: Path, port: int) -> launch.Fleet:
     """One real CPU server on `port`, up (its `/health_generate` answered), recorded in `run_dir`."""
     options = replace(CPU_OPTIONS, model_path=str(model))
-    with server_env(cpu_server_env()):
+    with pytest.MonkeyPatch.context() as patch:  # the server inherits this process's environment
+        for name, value in cpu_server_env().items():
+            patch.setenv(name, value)
         return launch.launch_fleet(
             [0], run_dir, options, base_port=port, startup_timeout_s=STARTUP_TIMEOUT_S, python=str(python)
         )

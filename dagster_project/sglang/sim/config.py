@@ -21,7 +21,7 @@ from dagster_project.sglang.sim import speculation
 from dagster_project.sglang.speculative import SpecSetting
 
 MODEL_PATH = "Qwen/Qwen3.6-27B"
-MODEL_VOCAB_SIZE = 248320  # padded embedding size: what the server range-checks input ids against
+MODEL_VOCAB_SIZE = 248320  # the padded embedding: 0.5.23 checks no input id against it, one past it kills the server
 SGLANG_VERSION = "0.5.23"
 
 
