@@ -370,7 +370,10 @@ def _reap(pid: int) -> None:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """Nothing listens on the port. SO_REUSEADDR, as the servers bind (uvicorn, aiohttp): the connections a killed
+    server leaves in TIME_WAIT do not stop its restart on the same port, a live listener does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:

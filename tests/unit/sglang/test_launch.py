@@ -4,6 +4,7 @@ simulator options."""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 from dataclasses import replace
@@ -239,3 +240,16 @@ def test_a_cpu_server_is_launched_on_the_torch_native_path_with_its_kv_pool_fixe
 def test_a_cpu_server_refuses_speculative_decoding_and_needs_a_kv_pool_size(options, refusal):
     with pytest.raises(ValueError, match=refusal):
         ServerOptions(cpu=True, **options)
+
+
+def test_a_port_is_busy_while_something_listens_on_it_not_while_closed_connections_linger():
+    from dagster_project.sglang.launch import _port_free
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        assert not _port_free("127.0.0.1", port)
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the server side closes first: its end lingers in TIME_WAIT, as a killed server's do
+        client.close()
+    assert _port_free("127.0.0.1", port)  # a server restarted on its port binds it (SO_REUSEADDR)
