@@ -50,7 +50,7 @@ $(SGLANG_VENV)/.installed:
 	touch $@
 
 # The conformance suite (the same assertions against the real server and the simulator) and the pipeline against
-# the real server, faults included: tests/sglang_real/ (~15 min on 2 cores; `make test` leaves it out).
+# the real server, faults included: tests/sglang_real/ (5.5 min on 2 quiet cores, ~15 busy; `make test` leaves it out).
 test-sglang: venv sglang-cpu
 	REQUIRE_SGLANG=1 SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/python -m pytest -q tests/sglang_real
 
