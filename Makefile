@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # The instance `make dev` shows and the demo's CLI runs write to (the tests make their own).
 DEV_HOME := $(CURDIR)/.dagster_home
 
-.PHONY: venv demo test test-fast lint dev benchmarks rehearsal soak clean
+.PHONY: venv demo test test-fast lint dev benchmarks rehearsal soak clean sglang-cpu test-sglang
 
 venv: $(VENV)/.installed
 
@@ -34,6 +34,25 @@ test: lint
 # simulator fleets, the real sglang-router, fault injection, the CLI pipeline.
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not integration"
+
+# The real-SGLang tier: SGLang 0.5.23 itself on this machine's CPU, in an environment of its own (~11 GB, ~9.5 min
+# from the registry; pip's cache makes a rebuild fast). Never in the project's environment: its CUDA torch and
+# pins would replace the project's. `make test-sglang SGLANG_VENV=/path/to/env` uses one built elsewhere.
+SGLANG_VENV ?= $(CURDIR)/.venv-sglang
+SGLANG_VERSION := 0.5.23
+
+sglang-cpu: $(SGLANG_VENV)/.installed
+
+$(SGLANG_VENV)/.installed:
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install --quiet --disable-pip-version-check 'sglang==$(SGLANG_VERSION)'
+	$(SGLANG_VENV)/bin/python -c "import sglang; assert sglang.__version__ == '$(SGLANG_VERSION)', sglang.__version__"
+	touch $@
+
+# The conformance suite (the same assertions against the real server and the simulator) and the pipeline against
+# the real server, faults included: tests/sglang_real/ (5.5 min on 2 quiet cores, ~15 busy; `make test` leaves it out).
+test-sglang: venv sglang-cpu
+	REQUIRE_SGLANG=1 SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/python -m pytest -q tests/sglang_real
 
 # House rules a machine checks: style (ruff, line length 120) and the package's layering (import-linter).
 lint: venv

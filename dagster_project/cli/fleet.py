@@ -88,13 +88,19 @@ def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
         print(launch_plan.describe_plan(plan), flush=True)
         up = launch.launch_simulators(args.simulate, run_dir, options, **given_flags(args, {"host"}))
     else:
-        if not args.gpus:
-            raise SystemExit("fleet up needs --gpus 0,1,... (real servers) or --simulate N")
-        options = launch.ServerOptions(
-            **given_flags(args, launch.ServerOptions), api_key=fleet.api_key, extra_args=tuple(args.extra_arg)
-        )
-        gpus = [int(g) for g in args.gpus.split(",")]
-        options, plan = launch_plan.plan_capacity(options, target, launch_plan.fleet_gpu(gpus, target))
+        if not args.gpus and not getattr(args, "cpu", False):
+            raise SystemExit("fleet up needs --gpus 0,1,... (real servers), --cpu (one CPU server) or --simulate N")
+        try:
+            options = launch.ServerOptions(
+                **given_flags(args, launch.ServerOptions), api_key=fleet.api_key, extra_args=tuple(args.extra_arg)
+            )
+        except ValueError as exc:
+            raise SystemExit(f"fleet up: {exc}") from None
+        gpus = [int(g) for g in (args.gpus or "0").split(",")]
+        if options.cpu:  # no GPU memory to plan for: the KV pool is --max-total-tokens, the cap SGLang's own
+            plan = None
+        else:
+            options, plan = launch_plan.plan_capacity(options, target, launch_plan.fleet_gpu(gpus, target))
         print(launch_plan.describe_plan(plan), flush=True)
         up = launch.launch_fleet(gpus, run_dir, options, **given_flags(args, LAUNCH_FLAGS))
     try:  # from here on, a failure stops the servers this command started: none is left running unregistered
@@ -210,7 +216,7 @@ def _default_advertise_host(up: launch.Fleet) -> str:
 
 
 # `fleet up` flags passed to launch_fleet, when given; its own defaults apply otherwise.
-LAUNCH_FLAGS = {"base_port", "startup_timeout_s"}
+LAUNCH_FLAGS = {"base_port", "startup_timeout_s", "python"}
 
 
 def fleet_flags(fleet: argparse.ArgumentParser) -> None:
@@ -245,6 +251,11 @@ def fleet_flags(fleet: argparse.ArgumentParser) -> None:
         type=float,
         default=argparse.SUPPRESS,
         help="seconds to wait for every server to answer (default 1800: loading 27B weights takes minutes)",
+    )
+    up.add_argument(
+        "--python",
+        default=argparse.SUPPRESS,
+        help="the python whose sglang 0.5.23 runs the servers (default: this one), e.g. a separate environment",
     )
     up.add_argument("--node", **node)
     up.add_argument(

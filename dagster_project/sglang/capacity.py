@@ -452,7 +452,7 @@ class ServerState:
 
     settings: LaunchSettings
     cap: int  # effective_max_running_requests_per_dp
-    max_mamba_cache_size: int
+    max_mamba_cache_size: int | None  # None: a model without mamba layers (a dense one), no state pool
     max_total_num_tokens: int
     max_req_input_len: int
     decode_cuda_graph_bs: tuple[int, ...]
@@ -485,7 +485,7 @@ class ServerState:
         return cls(
             settings=settings,
             cap=state["effective_max_running_requests_per_dp"],
-            max_mamba_cache_size=state["max_mamba_cache_size"],
+            max_mamba_cache_size=state.get("max_mamba_cache_size"),
             max_total_num_tokens=state["max_total_num_tokens"],
             max_req_input_len=state["max_req_input_len"],
             decode_cuda_graph_bs=tuple(state.get("decode_cuda_graph_bs") or ()),
@@ -497,7 +497,12 @@ class ServerState:
         """The memory the server split between its pools: its KV pool and its state pool, rebuilt from their sizes."""
         settings = self.settings
         cell = model.kv_bytes_per_token(settings.kv_cache_dtype, settings.speculative)
-        return state_pool_bytes(settings, self.max_mamba_cache_size, model) + self.max_total_num_tokens * cell
+        return self.state_bytes(model) + self.max_total_num_tokens * cell
+
+    def state_bytes(self, model: HybridModel = QWEN3_6_27B) -> int:
+        if self.max_mamba_cache_size is None:
+            return 0
+        return state_pool_bytes(self.settings, self.max_mamba_cache_size, model)
 
 
 # Headroom below this is not worth a relaunch: `explain` names no flags for it.
@@ -591,20 +596,22 @@ def analyze(
     settings = server.settings
     tokens = prompt_tokens + output_tokens + reserved_prompt_tokens(settings)
     per_request = settings.state_slots_per_request
+    hybrid = server.max_mamba_cache_size is not None  # a dense model (a CPU test's) has no state pool to bind
     limits = {
         Resource.CONFIGURED: requested_max_running_requests(settings, server.max_total_num_tokens),
-        Resource.MAMBA_SLOTS: server.max_mamba_cache_size // per_request,
         Resource.KV_POOL: server.max_total_num_tokens // 2,
         Resource.KV_AT_LENGTHS: kv_concurrency(server.max_total_num_tokens, tokens),
     }
+    if hybrid:
+        limits[Resource.MAMBA_SLOTS] = server.max_mamba_cache_size // per_request
     if server.decode_cuda_graph_bs:
         limits[Resource.CUDA_GRAPH] = max(server.decode_cuda_graph_bs)
     # The order 0.5.23 applies its limits in: a later one binds only if strictly tighter.
     cap_bound = Resource.CONFIGURED
     for resource in (Resource.KV_POOL, Resource.MAMBA_SLOTS):
-        if limits[resource] == server.cap < limits[cap_bound]:
+        if resource in limits and limits[resource] == server.cap < limits[cap_bound]:
             cap_bound = resource
-    state_bytes = state_pool_bytes(settings, server.max_mamba_cache_size, model)
+    state_bytes = server.state_bytes(model)
     budget = server.budget_bytes(model)
     return CapacityReport(
         cap=server.cap,
@@ -615,7 +622,8 @@ def analyze(
         radix_cache=not settings.disable_radix_cache,
         state_bytes=state_bytes,
         kv_bytes=budget - state_bytes,
-        options=alternatives(budget, tokens, settings, model),
+        # Other flags for the same memory are a hybrid model's question (its state pool against its KV pool).
+        options=alternatives(budget, tokens, settings, model) if hybrid else (),
     )
 
 

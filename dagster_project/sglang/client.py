@@ -442,7 +442,8 @@ class SGLangClient:
         raise self._clean(classify_http_error(status, body, url=self.base_url))
 
     async def abort(self, rid: str, timeout: float | None = None) -> None:
-        """Abort every in-flight request whose rid starts with `rid` (SGLang matches abort rids by prefix)."""
+        """Abort the in-flight request `rid`. Only the exact rid aborts: SGLang 0.5.23 ignores an rid it does not
+        hold (a prefix, an unknown or finished rid) and still answers 200."""
         payload = orjson.dumps({"rid": rid, "abort_all": False})
         status, body = await self._call(
             "POST", "/abort_request", data=payload, timeout=timeout or self._probe_timeout_s

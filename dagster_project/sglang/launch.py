@@ -107,11 +107,29 @@ class ServerOptions:
         default=RECIPE.label,
         metadata={"help": "MTP as steps/topk/draft-tokens (NEXTN; the model card's 3/1/4), or off"},
     )
+    cpu: bool = field(
+        default=False,
+        metadata={
+            "help": "serve on the CPU (tests: a tiny model, no GPU): SGLANG_USE_CPU_ENGINE=1, --device cpu, "
+            "torch-native attention, no speculative decoding; the CUDA-only sgl_kernel wheel must be shadowed by "
+            "CPU ops on PYTHONPATH"
+        },
+    )
+    max_total_tokens: int | None = field(
+        default=None,
+        metadata={"help": "KV pool size in tokens (default: SGLang's, from memory; required with --cpu)"},
+    )
     api_key: str | None = field(default=None, repr=False)
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        parse_setting(self.speculative)  # a setting SGLang would refuse fails before any server starts
+        spec = parse_setting(self.speculative)  # a setting SGLang would refuse fails before any server starts
+        if self.cpu and spec is not None:
+            # 0.5.23 accepts no CPU draft backend but intel_amx: EAGLE stops at startup on torch_native.
+            raise ValueError("speculative decoding does not run on the CPU: pass --speculative off with --cpu")
+        if self.cpu and self.max_total_tokens is None:
+            # Without it SGLang sizes the KV pool at ~70% of the host's RAM.
+            raise ValueError("--cpu needs --max-total-tokens (SGLang would take ~70% of the host's RAM)")
 
     @property
     def sized_by_hand(self) -> bool:
@@ -160,7 +178,10 @@ def server_command(
         *spec_args,
         "--enable-metrics",
     ]  # fmt: skip
+    if options.cpu:
+        command += ["--device", "cpu", "--attention-backend", "torch_native"]
     valued = {
+        "--max-total-tokens": options.max_total_tokens,
         "--max-running-requests": options.max_running_requests,
         "--mem-fraction-static": options.mem_fraction_static,
         "--mamba-full-memory-ratio": options.mamba_full_memory_ratio,
@@ -350,7 +371,10 @@ def _reap(pid: int) -> None:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """Nothing listens on the port. SO_REUSEADDR, as the servers bind (uvicorn, aiohttp): the connections a killed
+    server leaves in TIME_WAIT do not stop its restart on the same port, a live listener does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:
@@ -506,15 +530,19 @@ def launch_fleet(
     startup_timeout_s: float = 1800.0,
     python: str = sys.executable,
 ) -> Fleet:
-    """One SGLang server per GPU (`CUDA_VISIBLE_DEVICES=<gpu>`, port `base_port + i`), ready via `/health_generate`."""
+    """One SGLang server per GPU (`CUDA_VISIBLE_DEVICES=<gpu>`, port `base_port + i`), ready via `/health_generate`;
+    with `options.cpu`, one CPU server per index given (tests)."""
     run_dir = Path(run_dir)
     _prepare(run_dir)
     specs = []
     for index, gpu in enumerate(gpus):
         port = base_port + index
-        env = {**server_environment(), "CUDA_VISIBLE_DEVICES": str(gpu)}
-        secrets = _secrets_config(run_dir, f"gpu{gpu}", options.api_key)
-        specs.append((f"gpu{gpu}", port, server_command(options, port, python=python, config_file=secrets), env, gpu))
+        # On the CPU the index only names the server: SGLang detects the CPU engine from this variable alone.
+        device = {"SGLANG_USE_CPU_ENGINE": "1"} if options.cpu else {"CUDA_VISIBLE_DEVICES": str(gpu)}
+        name = f"{'cpu' if options.cpu else 'gpu'}{gpu}"
+        secrets = _secrets_config(run_dir, name, options.api_key)
+        command = server_command(options, port, python=python, config_file=secrets)
+        specs.append((name, port, command, {**server_environment(), **device}, None if options.cpu else gpu))
     return _start(
         Fleet(run_dir, "sglang"),
         specs,

@@ -105,10 +105,6 @@ def msg_duplicate_rid(rid: str) -> str:
     return f"Duplicate request ID detected: {rid}"
 
 
-def msg_ids_out_of_vocab(input_ids: Sequence[int], vocab_size: int) -> str:
-    return f"The input_ids {list(input_ids)} contains values greater than the vocab size ({vocab_size})."
-
-
 # A context overflow is a property of the request, not of the server: retrying cannot help.
 CONTEXT_LENGTH_MESSAGE = re.compile(
     r"is longer than the model's context length"
@@ -348,6 +344,8 @@ META_KEY_ORDER = (
     "prompt_tokens",
     "weight_version",
     "num_retractions",
+    "storage_prefetch_wait",  # this and the next with --enable-metrics: seconds waiting on a hierarchical cache
+    "storage_staging_wait",
     "forward_entry_time",
     "prefill_finished_time",
     "queue_time",

@@ -166,10 +166,6 @@ def test_request_errors_have_the_servers_shapes_and_texts(fleet):
     assert call(url, {"input_ids": [1.5]}) == (400, {"error": "invalid type: floating point `1.5`, expected i32"})
     assert call(url, {"input_ids": []}) == (400, {"error": {"message": "input_ids cannot be empty."}})
     assert call(url, {"sampling_params": {}}) == (400, {"error": {"message": proto.MSG_NO_INPUT}})
-    assert call(url, {"input_ids": [1, 248320]}) == (
-        400,
-        {"error": {"message": proto.msg_ids_out_of_vocab([1, 248320], 248320)}},
-    )
     status, body = call(url, {"input_ids": [1], "sampling_params": {"top_p": 0}})
     assert (status, body["error"]["message"]) == (400, "top_p must be in (0, 1], got 0.0.")
 
@@ -210,7 +206,7 @@ def test_duplicate_in_flight_rid_is_rejected(fleet):
     assert first.result()[1]["meta_info"]["finish_reason"]["type"] == "abort"
 
 
-def test_abort_matches_rid_prefixes_and_returns_partial_answers(fleet):
+def test_abort_matches_the_exact_rid_only_and_returns_partial_answers(fleet):
     rids = ["job-1", "job-10", "other"]
     futures = {rid: in_background(generate, fleet, SLOW, rid=rid, input_ids=[5, 6, len(rid)]) for rid in rids}
     wait_until(
@@ -218,13 +214,14 @@ def test_abort_matches_rid_prefixes_and_returns_partial_answers(fleet):
     )
     wait_until(lambda: used_tokens(fleet, SLOW) > 20, what="some decoding")  # 2 running prompts hold 6 tokens
     assert call(fleet.url(SLOW) + "/abort_request", {"rid": "job-1"}) == (200, "")
-    for rid in ("job-1", "job-10"):
-        status, body = futures[rid].result(timeout=30)
-        meta = body["meta_info"]
-        assert status == 200 and meta["finish_reason"] == proto.finish_abort()
-        assert len(body["output_ids"]) == meta["completion_tokens"] < 200
-        assert proto.check_generate_response(body) == []
-    assert futures["other"].result(timeout=30)[1]["meta_info"]["finish_reason"]["type"] == "stop"
+    status, body = futures["job-1"].result(timeout=30)
+    meta = body["meta_info"]
+    assert status == 200 and meta["finish_reason"] == proto.finish_abort()
+    assert len(body["output_ids"]) == meta["completion_tokens"] < 200
+    assert proto.check_generate_response(body) == []
+    # "job-1" is a prefix of "job-10", which SGLang 0.5.23 does not abort: it runs to its end.
+    for rid in ("job-10", "other"):
+        assert futures[rid].result(timeout=30)[1]["meta_info"]["finish_reason"]["type"] == "stop"
 
 
 def test_running_cap_and_queue_are_observable_and_503_when_the_queue_is_full(fleet, sim_fleet):

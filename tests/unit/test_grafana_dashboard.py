@@ -31,7 +31,10 @@ def sample_names(text: str) -> set[str]:
 def simulator_exposition() -> str:
     async def scrape() -> str:
         config = SimConfig(enable_metrics=True, speculative=True)
-        return SimMetrics(config, Scheduler(config, Faults(), time.perf_counter()), Stats()).exposition()
+        scheduler, stats = Scheduler(config, Faults(), time.perf_counter()), Stats()
+        # The abort and retraction counters have a sample only after their first event, as SGLang's.
+        scheduler.retracted = stats.counters["aborted"] = 1
+        return SimMetrics(config, scheduler, stats).exposition()
 
     return asyncio.run(scrape())
 

@@ -22,7 +22,8 @@ from dagster_project.sglang.sim import speculation
 from dagster_project.sglang.speculative import SpecSetting
 
 MODEL_PATH = QWEN3_6_27B.model
-MODEL_VOCAB_SIZE = QWEN3_6_27B.vocab_size  # padded embedding size: what the server range-checks input ids against
+# The padded embedding: 0.5.23 checks no input id against it, one past it kills the server.
+MODEL_VOCAB_SIZE = QWEN3_6_27B.vocab_size
 SGLANG_VERSION = "0.5.23"
 
 

@@ -30,7 +30,15 @@ if TYPE_CHECKING:
     from dagster_project.sglang.sim.scheduler import Scheduler
 
 _E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
-_GRAPH_MEMORY_GB = {"decode": 0.0, "target_verify": 1.1, "draft_decode": 0.4, "draft_extend": 0.3}
+# CUDA-graph memory per phase, every phase named as 0.5.23 names them (0 where none is captured).
+_GRAPH_MEMORY_GB = {
+    "prefill": 0.0,
+    "decode": 0.0,
+    "target_verify": 1.1,
+    "draft_prefill": 0.0,
+    "draft_decode": 0.4,
+    "draft_extend": 0.3,
+}
 _FREE_GB = 139.4  # GPU memory free before the weights load on an H200, for a server with given pools
 
 
@@ -156,7 +164,14 @@ def server_info(config: SimConfig, scheduler: Scheduler, stats: Stats) -> dict:
         "status": "ready",
         "max_total_num_tokens": pools.max_total_num_tokens,
         "max_req_input_len": c.max_req_input_len,
-        "startup_time": 0.0,
+        # Seconds per startup phase (a dict, not a number); a simulator starts at once.
+        "startup_time": {
+            "load_weight": 0.0,
+            "kv_cache_allocation": 0.0,
+            "scheduler_e2e": 0.0,
+            "cuda_graph": dict.fromkeys(_GRAPH_MEMORY_GB, 0.0),
+            "tokenizer_e2e": 0.0,
+        },
         "internal_states": [state],
         "version": SGLANG_VERSION,
         "frontend": "python",
@@ -202,21 +217,23 @@ class SimMetrics(Collector):
             "mamba_usage": mamba_usage,
             "num_used_tokens": used,
         }
-        if config.speculative:
-            tokens, verify, correct = (
-                (sum(column) for column in zip(*stats.spec_window)) if stats.spec_window else (0, 0, 0)
-            )
-            draft = config.spec_draft_tokens
-            gauges["spec_accept_length"] = tokens / verify if verify else 0.0
-            gauges["spec_accept_rate"] = correct / (verify * (draft - 1)) if verify else 0.0
-            gauges["spec_num_steps"] = config.speculative_num_steps
-            gauges["spec_num_draft_tokens"] = draft
+        # The spec gauges are there with speculative decoding off too, at 0, as SGLang's are.
+        tokens, verify, correct = (
+            (sum(column) for column in zip(*stats.spec_window)) if stats.spec_window else (0, 0, 0)
+        )
+        draft = config.spec_draft_tokens if config.speculative else 0
+        gauges["spec_accept_length"] = tokens / verify if verify else 0.0
+        gauges["spec_accept_rate"] = correct / (verify * (draft - 1)) if verify else 0.0
+        gauges["spec_num_steps"] = config.speculative_num_steps if config.speculative else 0
+        gauges["spec_num_draft_tokens"] = draft
         for name, value in gauges.items():
             yield _gauge(name, value, scheduler_labels)
         retracted = sum(1 for job in scheduler.waiting if job.retractions)
         # Retraction mode "all": a series per process.
         yield _gauge("num_retracted_reqs", retracted, {**scheduler_labels, "pid": str(os.getpid())})
-        yield _counter("num_retracted_requests", scheduler.retracted, scheduler_labels)
+        # Labelled counters without a sample until their first event, as prometheus_client shows SGLang's.
+        if scheduler.retracted:
+            yield _counter("num_retracted_requests", scheduler.retracted, scheduler_labels)
         yield _gauge("new_token_ratio", scheduler.new_token_ratio(), scheduler_labels)
         yield _gauge("max_total_num_tokens", pools.max_total_num_tokens, scheduler_labels)
         yield _gauge("context_len", config.context_length, scheduler_labels)
@@ -224,7 +241,8 @@ class SimMetrics(Collector):
         yield _counter("prompt_tokens", counters["prompt_tokens"], streaming)
         yield _counter("generation_tokens", counters["generation_tokens"], streaming)
         yield _counter("num_requests", counters["requests"], streaming)
-        yield _counter("num_aborted_requests", counters["aborted"], tokenizer)
+        if counters["aborted"]:
+            yield _counter("num_aborted_requests", counters["aborted"], tokenizer)
         if config.speculative:
             yield _counter("spec_verify_calls", counters["verify_calls"], tokenizer)
         latency = HistogramMetricFamily(

@@ -429,8 +429,9 @@ class OutputModel:
     def _apply_stops(
         self, ids: list[int], text: str, finish: dict, stop_text: str, params: Mapping[str, Any]
     ) -> tuple[list[int], str, dict, str]:
-        """`stop_token_ids` and `stop` strings end the answer at their first occurrence."""
-        stop_ids = set(params.get("stop_token_ids") or ())
+        """`stop_token_ids` and `stop` strings end the answer at their first occurrence; under `ignore_eos` no token
+        ends it, a requested stop id no more than EOS (0.5.23's `_check_token_based_finish`)."""
+        stop_ids = set() if params.get("ignore_eos") else set(params.get("stop_token_ids") or ())
         stops = params.get("stop") or ()
         if not stop_ids and not stops:
             return ids, text, finish, stop_text

@@ -105,8 +105,6 @@ def check_request(input_ids: list[int], params: dict, rid: str, config: SimConfi
     """Stage C (E3), in the server's order; returns the effective max_new_tokens."""
     if not input_ids:
         raise RequestError(400, proto.e3_body(proto.MSG_EMPTY_INPUT_IDS))
-    if max(input_ids) >= config.vocab_size:
-        raise RequestError(400, proto.e3_body(proto.msg_ids_out_of_vocab(input_ids, config.vocab_size)))
     prompt_tokens = len(input_ids)
     counted = prompt_tokens + config.reserved_prompt_tokens  # EAGLE keeps room for its drafts in every prompt
     context = config.context_length

@@ -245,9 +245,11 @@ class Scheduler:
         finally:
             self._leave(job)
 
-    def abort(self, prefix: str, abort_all: bool = False) -> None:
+    def abort(self, rid: str, abort_all: bool = False) -> None:
+        """End the in-flight request `rid` (or all of them). Only an exact rid aborts: 0.5.23's tokenizer manager
+        drops an rid it does not hold before the scheduler sees it (the scheduler's prefix match never runs)."""
         for job in list(self.jobs.values()):
-            if abort_all or job.rid.startswith(prefix):  # SGLang matches abort rids by prefix
+            if abort_all or job.rid == rid:
                 job.aborted = True
                 job.interrupt()
 

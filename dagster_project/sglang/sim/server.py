@@ -44,8 +44,9 @@ from dagster_project.sglang import capacity
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.sim import ops as sim_ops
 from dagster_project.sglang.sim.config import SimConfig, SimVocab, load_sim_vocab
-from dagster_project.sglang.sim.faults import Faults, drop_connection
+from dagster_project.sglang.sim.faults import Faults, crash, drop_connection
 from dagster_project.sglang.sim.outputs import OutputModel, correct_drafts, parse_length_distribution
+from dagster_project.sglang.sim.prefix_cache import PrefixCache
 from dagster_project.sglang.sim.requests import (
     GenerateItem,
     RequestError,
@@ -79,6 +80,8 @@ class Simulator:
         self.stats = sim_ops.Stats()
         self.metrics_collector = sim_ops.SimMetrics(config, self.scheduler, self.stats)
         self.request_log: list[list] = []
+        # The radix cache, as SGLang keeps it unless launched with --disable-radix-cache.
+        self.prefix_cache = None if config.disable_radix_cache else PrefixCache()
         self._tokenizer: Any = None
         self.faults.arm_crash_timer(self.loop)
 
@@ -113,8 +116,9 @@ class Simulator:
         except RequestError as error:
             return _json(error.body, error.status)
 
-    async def _prepare(self, item: GenerateItem, received: float) -> tuple[list[int], list, list[Job]]:
-        """Stage C checks, then one planned job per sample; every request is logged, refused or not."""
+    async def _prepare(self, item: GenerateItem, received: float) -> tuple[list[int], list, list[Job], int]:
+        """Stage C checks, then one planned job per sample, and the prompt's tokens found in the prefix cache;
+        every request is logged, refused or not."""
         params = item.params
         input_ids = item.prompt if isinstance(item.prompt, list) else await self._tokenize(item.prompt)
         prompt_hash = proto.input_hash(input_ids)
@@ -128,6 +132,10 @@ class Simulator:
         except RequestError as error:
             log[_OUTCOME] = f"error:{error.status}"
             raise
+        if max(input_ids) >= self.config.vocab_size:
+            # 0.5.23 checks no id against the vocabulary: the scheduler's embedding raises IndexError and the whole
+            # server dies, every connection dropped without a status.
+            crash(f"IndexError: input id {max(input_ids)} outside the embedding of {self.config.vocab_size} rows")
         samples = int(params.get("n") or 1)
         rids = [item.rid] if samples == 1 else [uuid.uuid4().hex for _ in range(samples)]  # n>1: fresh rids
         jobs = []
@@ -146,7 +154,8 @@ class Simulator:
                 bad=self.faults.bad_answer(self.model.bad_draw(prompt_hash, sample)),
             )
             jobs.append(self.scheduler.add(rid, answer, len(input_ids), max_new_tokens, received))
-        return input_ids, log, jobs
+        cached = self.prefix_cache.match(input_ids) if self.prefix_cache is not None else 0
+        return input_ids, log, jobs, cached
 
     async def _execute(
         self, jobs: list[Job], log: list, checkpoint: Callable[[Job], Awaitable[None]] | None = None
@@ -166,13 +175,13 @@ class Simulator:
             self.scheduler.forget(jobs)
 
     async def _generate_one(self, request: web.Request, item: GenerateItem, received: float) -> Any:
-        input_ids, log, jobs = await self._prepare(item, received)
+        input_ids, log, jobs, cached = await self._prepare(item, received)
         drop = self.faults.take("drop")
         await self._execute(jobs, log)
         if drop:
             log[_OUTCOME] = "dropped"
             drop_connection(request)
-        responses = [self._respond(job, input_ids, item) for job in jobs]
+        responses = [self._respond(job, input_ids, item, cached) for job in jobs]
         log[_OUTCOME] = responses[0]["meta_info"]["finish_reason"]["type"]
         return responses[0] if len(jobs) == 1 else responses
 
@@ -188,7 +197,7 @@ class Simulator:
             await response.write(b"data: " + orjson.dumps(body) + b"\n\n")
 
         try:
-            input_ids, log, (job,) = await self._prepare(item, received)
+            input_ids, log, (job,), cached = await self._prepare(item, received)
         except RequestError as error:
             # Headers are out: a scheduler abort arrives as a normal chunk, a refusal as an error chunk.
             if error.status == 503:
@@ -219,8 +228,8 @@ class Simulator:
                 "num_retractions": job.retractions,
                 "reasoning_tokens": self._reasoning_tokens(ids, item),
                 "completion_tokens": len(ids),
-                "cached_tokens": 0,
-                "cached_tokens_details": None,
+                "cached_tokens": cached,
+                "cached_tokens_details": _cached_details(cached),
                 "dp_rank": None,
             }
             if first:
@@ -232,7 +241,7 @@ class Simulator:
                 drop_connection(request)  # mid-stream: the client sees no [DONE]
 
         await self._execute([job], log, checkpoint)
-        final = self._respond(job, input_ids, item)
+        final = self._respond(job, input_ids, item, cached)
         del final["meta_info"]["response_sent_to_client_ts"]  # only the first chunk carries it
         log[_OUTCOME] = final["meta_info"]["finish_reason"]["type"]
         await send(final)
@@ -246,7 +255,7 @@ class Simulator:
             self._tokenizer = await asyncio.to_thread(load_tokenizer, self.config.tokenizer or BUILTIN_TOKENIZER)
         return self._tokenizer.encode(text, add_special_tokens=False)
 
-    def _respond(self, job: Job, input_ids: list[int], item: GenerateItem) -> dict:
+    def _respond(self, job: Job, input_ids: list[int], item: GenerateItem, cached: int) -> dict:
         """The finished response, meta_info keys in the server's order; records the request's stats."""
         answer, params = job.answer, item.params
         finished_at = time.perf_counter()
@@ -257,6 +266,8 @@ class Simulator:
             self.stats.counters["aborted"] += 1
         else:
             ids, text, finish = answer.output_ids, answer.text, answer.finish_reason
+            if self.prefix_cache is not None:
+                self.prefix_cache.insert(input_ids, ids)
             spec_ct = answer.spec.verify if answer.spec is not None else 0
             histogram = answer.spec.histogram if answer.spec is not None else []
             if params.get("no_stop_trim") and finish["type"] == "stop":
@@ -276,14 +287,16 @@ class Simulator:
             "num_retractions": job.retractions,
         }
         if self.config.enable_metrics:
+            meta["storage_prefetch_wait"] = 0.0  # no hierarchical cache to wait on
+            meta["storage_staging_wait"] = 0.0
             meta["forward_entry_time"] = wall + started
             meta["prefill_finished_time"] = wall + started + job.prefill_s
             meta["queue_time"] = queue_s
         meta["reasoning_tokens"] = self._reasoning_tokens(ids, item)
         meta["completion_tokens"] = completion
-        meta["cached_tokens"] = 0
+        meta["cached_tokens"] = cached
         meta["weight_versions"] = [{"version": "default", "start": 0, "end": completion}]
-        meta["cached_tokens_details"] = None
+        meta["cached_tokens_details"] = _cached_details(cached)
         meta["dp_rank"] = None
         meta["e2e_latency"] = e2e
         if spec_ct > 0:
@@ -454,6 +467,11 @@ class Simulator:
         router.add_route("GET", "/_sim/state", self.sim_state)
         router.add_route("POST", "/_sim/state", self.sim_state)
         return app
+
+
+def _cached_details(cached: int) -> dict | None:
+    """Where the cached prefix was found: on the device (no hierarchical cache here); null when nothing was."""
+    return {"device": cached, "host": 0} if cached else None
 
 
 def _json(body: Any, status: int = 200) -> web.Response:

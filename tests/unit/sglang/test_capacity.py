@@ -237,3 +237,21 @@ def test_the_reserved_tokens_and_the_fields_kept_of_server_info():
     assert "api_key" not in kept and "launch_command" not in kept
     assert analyze(kept, 600, 2000) == analyze(info, 600, 2000)
     assert "at the expected 2.6K tokens/request" in analyze(kept, 600, 2000).explain("expected")
+
+
+def test_a_dense_model_has_no_state_pool_to_bind_its_cap():
+    # What the real 0.5.23 reports for a dense model on the CPU: no mamba cache, no CUDA graphs, null fields.
+    info = {
+        "context_length": 4096,
+        "max_running_requests": None,
+        "max_mamba_cache_size": None,
+        "speculative_algorithm": None,
+        "max_total_num_tokens": 16384,
+        "max_req_input_len": 4090,
+        "internal_states": [
+            {"effective_max_running_requests_per_dp": 2048, "max_mamba_cache_size": None, "decode_cuda_graph_bs": []}
+        ],
+    }
+    report = analyze(info, prompt_tokens=600, output_tokens=2000)
+    assert Resource.MAMBA_SLOTS not in report.limits and report.state_bytes == 0 and report.options == ()
+    assert report.cap == 2048 and report.bound is Resource.KV_AT_LENGTHS  # 16384 tokens hold 6 such requests

@@ -4,6 +4,7 @@ simulator options."""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 from dataclasses import replace
@@ -222,3 +223,34 @@ def test_simulators_with_a_memory_model_are_planned_like_gpus():
     assert given["max_running_requests"] == 48 and "disable_radix_cache" not in given and expected.cap == 22
     assert plan_simulators({"output_len": "fixed:8"}, CapacityTarget()) == ({"output_len": "fixed:8"}, None)
     assert describe_plan(None).startswith("plan: none")
+
+
+def test_a_cpu_server_is_launched_on_the_torch_native_path_with_its_kv_pool_fixed():
+    options = ServerOptions(model_path="/models/tiny", cpu=True, speculative="off", max_total_tokens=16384)
+    command = server_command(options, 31000, python="py")
+    at = command.index("--device")
+    assert command[at : at + 4] == ["--device", "cpu", "--attention-backend", "torch_native"]
+    assert command[command.index("--max-total-tokens") + 1] == "16384"
+    assert "--speculative-algorithm" not in command
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [({"max_total_tokens": 16384}, "speculative decoding does not run on the CPU"), ({"speculative": "off"}, "needs")],
+)
+def test_a_cpu_server_refuses_speculative_decoding_and_needs_a_kv_pool_size(options, refusal):
+    with pytest.raises(ValueError, match=refusal):
+        ServerOptions(cpu=True, **options)
+
+
+def test_a_port_is_busy_while_something_listens_on_it_not_while_closed_connections_linger():
+    from dagster_project.sglang.launch import _port_free
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        assert not _port_free("127.0.0.1", port)
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the server side closes first: its end lingers in TIME_WAIT, as a killed server's do
+        client.close()
+    assert _port_free("127.0.0.1", port)  # a server restarted on its port binds it (SO_REUSEADDR)
