@@ -126,3 +126,11 @@ def served_model() -> str:
     from dagster_project.sglang.model_identity import QWEN3_6_27B
 
     return env_str("DFLASH_SERVED_MODEL", QWEN3_6_27B.model)
+
+
+def served_architecture() -> str:
+    """The architecture the served model's `/model_info` must list (a model served under another name may be of
+    another architecture too)."""
+    from dagster_project.sglang.model_identity import QWEN3_6_27B
+
+    return env_str("DFLASH_SERVED_ARCHITECTURE", QWEN3_6_27B.architecture)

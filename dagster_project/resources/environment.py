@@ -33,6 +33,7 @@ def resources_from_env(*, resolve_secrets: bool = False) -> dict[str, dg.Configu
             cost_per_gpu_hour=settings.cost_per_gpu_hour(),
             stale_node_after_s=settings.fleet_stale_after_s(),
             served_model=settings.served_model(),
+            served_architecture=settings.served_architecture(),
             # An EnvVar is resolved when the resource is initialized: the key never enters run config or the UI.
             api_key=(os.environ.get("SGLANG_API_KEY") if resolve_secrets else dg.EnvVar("SGLANG_API_KEY"))
             if os.environ.get("SGLANG_API_KEY")

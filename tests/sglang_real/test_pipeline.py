@@ -51,10 +51,8 @@ LENIENT_ANSWERS = {
     "max_top_loss_sum_share": 1.0,
     "max_share_below_floor": 1.0,
 }
-# The servers serve the tiny model: the fleet checks them against it (not Qwen3.6-27B).
-FLEET = {"fleet": {"config": sglang_real.TINY_EXPECTED_MODEL}}
 RUN_CONFIG = {
-    "resources": {"generation": {"config": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0}}, **FLEET},
+    "resources": {"generation": {"config": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0}}},
     "ops": {
         "completions_quality": {"config": {**LENIENT_ANSWERS, "max_length_capped_share": 1.0}},
         "training_set_gates": {"config": {**LENIENT_ANSWERS, "min_supervised_pairs": 1}},
@@ -64,7 +62,7 @@ RUN_CONFIG = {
 # The fault runs write long answers (tens of seconds a shard on the CPU), so the fault lands mid-shard.
 FAULT_CONFIG = {
     **RUN_CONFIG,
-    "resources": {"generation": {"config": {"max_new_tokens": 512, "temperature": 0.0}}, **FLEET},
+    "resources": {"generation": {"config": {"max_new_tokens": 512, "temperature": 0.0}}},
 }
 SERVER_TIMEOUT_S = sglang_real.STARTUP_TIMEOUT_S + 60
 RUN_TIMEOUT_S = 900
@@ -113,7 +111,11 @@ def pipeline(tmp_path_factory, tiny_model, sglang_python) -> Iterator[Pipeline]:
         store=root / "store",
         work_dir=work_dir,
         num_shards=NUM_SHARDS,
-        extra={"DFLASH_SOURCES": str(_prompts(root / "prompts.jsonl")), **sglang_real.cpu_server_env()},
+        extra={
+            "DFLASH_SOURCES": str(_prompts(root / "prompts.jsonl")),
+            **sglang_real.cpu_server_env(),
+            **sglang_real.TINY_MODEL_ENV,
+        },
     )
     fleet_up = [
         "fleet", "up", "--cpu", "--model-path", str(tiny_model), "--python", str(sglang_python),

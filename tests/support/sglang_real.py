@@ -111,5 +111,6 @@ def launch_cpu_server(run_dir: Path, model: Path, python: Path, port: int) -> la
 
 
 # What the fleet resource checks the tiny model's servers against (its name and architecture; Qwen3.6's vocabulary
-# and end token are the defaults): a server of it is not set aside as another model.
-TINY_EXPECTED_MODEL = {"served_model": TINY_MODEL_NAME, "served_architecture": TINY_CONFIG["architectures"][0]}
+# and end token are the defaults), from the environment as a job on another model sets it: a resource's run config
+# would replace the fleet's other settings (its fleet directory among them).
+TINY_MODEL_ENV = {"DFLASH_SERVED_MODEL": TINY_MODEL_NAME, "DFLASH_SERVED_ARCHITECTURE": TINY_CONFIG["architectures"][0]}
