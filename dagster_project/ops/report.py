@@ -186,7 +186,7 @@ def _quality(status: Status) -> Section:
         for f in quality.fleet
     ]
     text = f"Over {quality.fleet_answers:,} answers of {quality.fleet_runs} shard runs, fleet-wide."
-    return Section(title, text, (("Watched gates", _table(["gate", "figure", "threshold", "n", "verdict"], rows)),))
+    return Section(title, text, (("Watched gates", _table(["gate", "figure", "limit", "n", "verdict"], rows)),))
 
 
 # The page's table of shards that need a look shows this many rows (`dflash status --json` has them all).

@@ -49,6 +49,9 @@ def test_the_postgres_instance_keeps_every_setting_of_the_repositorys_instance_b
     postgres = yaml.safe_load(INSTANCE_YAML.read_text())
     local = yaml.safe_load((PROJECT_ROOT / "dagster.yaml").read_text())
     storages = [postgres.pop(kind) for kind in ("run_storage", "event_log_storage", "schedule_storage")]
+    # The instance class locks a SQLite home's first creation (its databases are files beside it); PostgreSQL's schema
+    # lives in the server, made by `dagster instance migrate`.
+    assert local.pop("instance_class")["class"] == "LockedSqliteInstance"
     assert postgres == local
     assert [storage["class"] for storage in storages] == [
         "PooledPostgresRunStorage",
