@@ -155,15 +155,21 @@ def test_empty_answers_are_results_the_gates_can_see(sim_fleet):
 
 def test_answers_cut_short_of_their_budget_are_retried_elsewhere_counted_and_the_server_named(sim_fleet):
     """HTTP 200, finish_reason length after a third of the answer, far below max_new_tokens (1,024 here): not an
-    answer. Each is retried on another server, and the server that cut them is counted under `cut_short`."""
+    answer. Each is retried on another server, and the server that cut them is counted under `cut_short`.
+
+    Cut answers come back early, so on a loaded machine the five can arrive in a row and set their server aside
+    (consecutive faults): its other requests are then hedged elsewhere. Those hedges are relaunches too, so the
+    retries are the five cut answers plus at most the hedges."""
     fleet = slow_fleet(sim_fleet)
     shard = Shard(fleet, 120, lambda: fleet.set_faults(1, truncate=5), 20)
     stats = shard.run()
     results = [o.result for o in shard.outcomes.values()]
     assert all(o.ok for o in shard.outcomes.values()) and not [r for r in results if r.truncated]
-    assert shard.server(1)["errors"] == {"cut_short": 5} and stats.retries == 5
+    assert shard.server(1)["errors"] == {"cut_short": 5} and 5 <= stats.retries <= 5 + stats.hedges, stats
     retried = [o for o in shard.outcomes.values() if o.attempts > 1]
-    assert len(retried) == 5 and all(o.server != fleet.url(1) for o in retried)
+    assert 5 <= len(retried) <= 5 + stats.hedges
+    # A hedged original may still win on the set-aside server; each cut answer was answered elsewhere.
+    assert sum(o.server != fleet.url(1) for o in retried) >= 5
 
 
 def test_mtp_off_shows_in_the_spec_stats(sim_fleet):
