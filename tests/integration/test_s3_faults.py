@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from dagster_project.conversations.shards import ConversationsManifest
 from dagster_project.generation.heartbeat import write_heartbeat
 from dagster_project.processes import this_process
 from dagster_project.resources.store import DatasetStore
@@ -30,6 +29,7 @@ from dagster_project.store.storage import S3Store, StoreError
 from tests.support.fault_proxy import fault_proxy
 from tests.support.heartbeats import heartbeat
 from tests.support.sglang_fixtures import wait_until
+from tests.support.stage_manifests import conversations_manifest
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_status_answers_within_its_budget_from_its_snapshot_when_every_s3_answer
     slow: last call N s" naming the store, and blames no server (the same figures read in time do)."""
     root = f"s3://{s3_bucket}/runs/r1"
     writer = S3Store(root, s3_server.client())  # straight to the S3 server: the store as the run left it
-    write_stage_manifest(writer, _conversations(turns=40))
+    write_stage_manifest(writer, conversations_manifest(num_shards=2, rows=40, turns=40))
     host, pid, start = this_process()  # a running shard 0 with work waiting: 4 of 10 events done, 40 planned
     write_heartbeat(writer, heartbeat(0, host=host, pid=pid, process_start=start, heartbeat_interval_s=5.0), first=True)
     fleet = sim_fleet(1, enable_metrics=True)  # idle: nothing sends it work
@@ -183,22 +183,3 @@ def _status(env: dict[str, str]) -> tuple[str, float]:
     result, took_s = _dflash(env, "status")
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout, took_s
-
-
-def _conversations(turns: int) -> ConversationsManifest:
-    return ConversationsManifest(
-        num_shards=2,
-        policy="all_turns",
-        build_id="b",
-        input_rows=turns,
-        rows=turns,
-        normalized=turns,
-        quarantined=0,
-        quarantine_rate=0.0,
-        history="generated",
-        multi_turn=0,
-        turns=turns,
-        ids_digest="d",
-        quarantine_rate_max=0.1,
-        max_prompt_tokens=16384,
-    )
