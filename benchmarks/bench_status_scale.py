@@ -45,7 +45,6 @@ from benchmarks.report import write_section
 from dagster_project import cli
 from dagster_project.conversations.sharding import shard_of
 from dagster_project.conversations.shards import (
-    ConversationsManifest,
     ShardBuffers,
     publish_shards,
     read_conversations_manifest,
@@ -60,6 +59,7 @@ from dagster_project.store import layout, object_index
 from dagster_project.store.layout import MANIFEST_NAME
 from dagster_project.store.manifest import StoredObject, ids_digest, publish_shard, write_stage_manifest
 from dagster_project.store.storage import S3_WORKERS, LocalStore, S3Store, Store, arrow_filesystem
+from tests.support.stage_manifests import conversations_manifest
 
 REAL_EVENTS, REAL_SHARDS = 913_786, 1_830
 PUBLISH_WORKERS = 8
@@ -121,22 +121,7 @@ def build_store(store: Store, events: int, num_shards: int, work: Path) -> None:
     shard_manifests = publish_shards(store, buffers, policy="all_turns", build_id="bench")
     write_stage_manifest(
         store,
-        ConversationsManifest(
-            num_shards=num_shards,
-            policy="all_turns",
-            build_id="bench",
-            input_rows=rows,
-            rows=rows,
-            normalized=rows,
-            quarantined=0,
-            quarantine_rate=0.0,
-            history="generated",
-            multi_turn=multi,
-            turns=events,
-            ids_digest="",
-            quarantine_rate_max=0.01,
-            max_prompt_tokens=8192,
-        ),
+        conversations_manifest(num_shards=num_shards, rows=rows, turns=events, multi_turn=multi, build_id="bench"),
     )
     now = time.time()
 

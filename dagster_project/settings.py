@@ -15,6 +15,7 @@ DEMO_DATA_DIR = PACKAGE_DIR / "demo_data"
 DEFAULT_NUM_SHARDS = 4
 DEFAULT_SHARDS_PER_RUN = 64
 DEFAULT_FLEET_STALE_AFTER_S = 300.0
+DEFAULT_STATUS_BUDGET_S = 5.0
 
 
 class SettingsError(ValueError):
@@ -101,6 +102,19 @@ def fleet_stale_after_s() -> float:
         return float(value) if value else DEFAULT_FLEET_STALE_AFTER_S
     except ValueError as exc:
         raise SettingsError(f"DFLASH_FLEET_STALE_AFTER_S must be a number, got {value!r}") from exc
+
+
+def status_budget_s() -> float:
+    """Seconds `dflash status` (and `dflash metrics`) wait for the store's answers; past them it shows its last
+    snapshot of the store and says the store is slow. 0: wait as long as the store's retry policy lets a call take."""
+    value = os.environ.get("DFLASH_STATUS_BUDGET_S", "").strip()
+    try:
+        budget = float(value) if value else DEFAULT_STATUS_BUDGET_S
+    except ValueError as exc:
+        raise SettingsError(f"DFLASH_STATUS_BUDGET_S must be a number of seconds, got {value!r}") from exc
+    if budget < 0:
+        raise SettingsError(f"DFLASH_STATUS_BUDGET_S must be >= 0, got {value!r}")
+    return budget
 
 
 def tokenizer_name() -> str:

@@ -24,9 +24,10 @@ def open_configured_store() -> Store:
     return open_store(settings.store_uri(), lambda: bounded_client(policy), policy)
 
 
-def known_fleet_endpoints(store: Store) -> list[str]:
-    """The fleet as the settings name it (a router, the endpoints), else the store's live registered nodes, else this
-    node's recorded fleet; read as the fleet resource reads it, without building the resource (Dagster)."""
+def known_fleet_endpoints(store: Store | None) -> list[str]:
+    """The fleet as the settings name it (a router, the endpoints), else the store's live registered nodes (None: the
+    store cannot be asked), else this node's recorded fleet; read as the fleet resource reads it, without building
+    the resource (Dagster)."""
     from dagster_project.generation import fleet_registry
 
     router = settings.sglang_router()

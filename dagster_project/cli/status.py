@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ from dagster_project.store import layout
 if TYPE_CHECKING:
     import dagster as dg
 
+    from dagster_project.ops.answers.storage import StoreDelay
+    from dagster_project.ops.status_snapshot import StoreSnapshot
     from dagster_project.store.storage import Store
 
 
@@ -69,31 +72,36 @@ def _dagster_side(ask_instance: bool) -> typing.Iterator[dg.DagsterInstance | No
         yield instance
 
 
-def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any, list[str], Any]:
-    """The answers, what was done on the way (Dagster runs marked failed because their process is gone), and
-    without an instance the view of Dagster recorded in the store (None when none is)."""
-    from dagster_project.generation import fleet_registry
+def _read_status(
+    store: Store, instance: dg.DagsterInstance | None, *, from_snapshot: bool = True
+) -> tuple[Any, list[str], StoreSnapshot]:
+    """The answers, what was done on the way (Dagster runs marked failed because their process is gone), and what
+    was read from the store (without an instance, the view of Dagster recorded there; None when none is).
+    `from_snapshot`: a store that does not answer within the budget is shown from the last snapshot (else
+    `StoreSlow` is raised)."""
+    from dagster_project.ops.alerts import DEFAULT_THRESHOLDS
     from dagster_project.ops.answers.cost import FleetCost
-    from dagster_project.ops.dagster_view import read_view, view_alerts
-    from dagster_project.ops.status import collect_status
+    from dagster_project.ops.dagster_view import view_alerts
+    from dagster_project.ops.status import answer_all
 
-    stale_after_s = settings.fleet_stale_after_s()
-    endpoints = known_fleet_endpoints(store)
-    view = None if instance else read_view(store)
+    taken, endpoints, delay, notes = _read_store(store, ask_view=instance is None, from_snapshot=from_snapshot)
+    view = taken.view
     if instance:
         from dagster_project.assets.dagster_instance import materialized_shards
 
         materialized: set[int] | None = materialized_shards(instance)
     else:
         materialized = set(view.materialized) if view else None
-    status = collect_status(
+    status = answer_all(
         store,
-        endpoints,
-        api_key=os.environ.get("SGLANG_API_KEY") or None,
+        taken.readings,
+        current_fingerprint=None,
         materialized=materialized,
         cost=FleetCost(cost_per_gpu_hour=settings.cost_per_gpu_hour()),
+        thresholds=DEFAULT_THRESHOLDS,
+        endpoints_known=bool(endpoints),
+        delay=delay,
     )
-    _, stale = fleet_registry.live_nodes(store, stale_after_s)
     dead_runs = status.progress.dead_runs
     if instance:
         from dagster_project.assets.dagster_instance import (
@@ -110,19 +118,63 @@ def _read_status(store: Store, instance: dg.DagsterInstance | None) -> tuple[Any
         dagster_alerts += daemon_alerts(daemon_heartbeat_at(instance), status.collected_at)
     else:
         marked, dagster_alerts = [], view_alerts(view, dead_runs, status.collected_at)
-    status = dataclasses.replace(status, stale_nodes=stale, alerts=[*status.alerts, *dagster_alerts])
-    return status, [f"marked Dagster run {run_id} failed: its process is gone" for run_id in marked], view
+    status = dataclasses.replace(status, stale_nodes=taken.stale_nodes, alerts=[*status.alerts, *dagster_alerts])
+    notes += [f"marked Dagster run {run_id} failed: its process is gone" for run_id in marked]
+    return status, notes, taken
+
+
+def _read_store(
+    store: Store, *, ask_view: bool, from_snapshot: bool
+) -> tuple[StoreSnapshot, list[str], StoreDelay | None, list[str]]:
+    """Everything status reads from the store, with the fleet's probes (the endpoints it knows, and those probed),
+    and notes. Read within the status budget (`DFLASH_STATUS_BUDGET_S`): when the store does not answer in time, the
+    node's last snapshot of it, with the fleet probed now, and the delay that says so; otherwise the snapshot is
+    replaced by what was read."""
+    from dagster_project.generation import fleet_registry
+    from dagster_project.ops.answers.storage import StoreDelay
+    from dagster_project.ops.dagster_view import read_view
+    from dagster_project.ops.status import probe_fleet, take_readings
+    from dagster_project.ops.status_snapshot import StoreSnapshot, empty_snapshot, load_snapshot, save_snapshot
+    from dagster_project.store.read_budget import BudgetedS3Store, StoreSlow, within_budget
+
+    api_key = os.environ.get("SGLANG_API_KEY") or None
+    budget_s, now = settings.status_budget_s(), time.time()
+    bounded = within_budget(store, budget_s)
+    try:
+        endpoints = known_fleet_endpoints(bounded)
+        taken = StoreSnapshot(
+            store.uri,
+            take_readings(bounded, endpoints, api_key=api_key, now=now),
+            view=read_view(bounded) if ask_view else None,
+            stale_nodes=fleet_registry.live_nodes(bounded, settings.fleet_stale_after_s())[1],
+            first=_what_to_materialize_first(bounded),
+        )
+        if isinstance(bounded, BudgetedS3Store) and bounded.overrun:  # met by a reader that skips what fails
+            raise bounded.overrun
+    except StoreSlow as slow:
+        if not from_snapshot:
+            raise
+        last = load_snapshot(settings.work_dir(), store.uri)
+        taken = last or empty_snapshot(store.uri, now)
+        # The servers the snapshot probed were the registry's then; a store too slow to read has no newer list.
+        endpoints = list(taken.readings.fleet) or known_fleet_endpoints(None)
+        probed = dataclasses.replace(taken.readings, fleet=probe_fleet(endpoints, api_key))
+        taken = dataclasses.replace(taken, readings=probed)
+        delay = StoreDelay(slow.last_call_s, budget_s, last.readings.now if last else None, time.time())
+        return taken, endpoints, delay, []
+    # A store read without a budget (a local one) is never shown from a snapshot: none is kept of it.
+    kept = save_snapshot(settings.work_dir(), taken) if bounded is not store else None
+    return taken, endpoints, None, [kept] if kept else []
 
 
 def _status_text(store: Store, instance: dg.DagsterInstance | None) -> tuple[str, list[str]]:
     from dagster_project.ops.dagster_view import render_view
     from dagster_project.ops.status import render_text
 
-    status, notes, view = _read_status(store, instance)
-    first = _what_to_materialize_first(store)
-    text = (f"{first}\n\n" if first else "") + render_text(status)
+    status, notes, taken = _read_status(store, instance)
+    text = (f"{taken.first}\n\n" if taken.first else "") + render_text(status)
     # With --dagster the storage line's materialized count is the instance's, read now.
-    return (text if instance else f"{text}\n{render_view(view, status.collected_at)}"), notes
+    return (text if instance else f"{text}\n{render_view(taken.view, status.collected_at)}"), notes
 
 
 def _what_to_materialize_first(store: Store) -> str | None:
@@ -144,8 +196,9 @@ def cmd_metrics(args: argparse.Namespace, resources: Any) -> int:
     store = open_configured_store()
 
     def read() -> Any:
-        # Without the Dagster instance: a scrape reads, never marks runs failed (`dflash status --dagster` does).
-        return _read_status(store, None)[0]
+        # Without the Dagster instance: a scrape reads, never marks runs failed (`dflash status --dagster` does). A
+        # store too slow to answer within the budget fails the scrape: Prometheus keeps no old figures as new.
+        return _read_status(store, None, from_snapshot=False)[0]
 
     if args.once:
         print(render_metrics(read()), end="")

@@ -56,7 +56,10 @@ def raise_alerts(
     return [
         *(_stage_alerts(shards) if shards else []),
         *_mtp_alerts(mtp, thresholds.accept_length_floor),
-        *_server_alerts(progress, concurrency),
+        *_store_alerts(storage),
+        # A store too slow to answer leaves the shards' figures as of its last snapshot: whether work waits now is
+        # not known, so an idle server is not blamed for it.
+        *_server_alerts(progress, concurrency, shards_known=storage.delay is None),
         *_set_aside_alerts(concurrency),
         *_refused_answer_alerts(concurrency),
         *_eta_alerts(progress, thresholds.eta_slip),
@@ -149,11 +152,25 @@ def _mtp_alerts(mtp: MtpAnswer, floor: float) -> list[Alert]:
     return []
 
 
-def _server_alerts(progress: ProgressAnswer, concurrency: ConcurrencyAnswer) -> list[Alert]:
+def _store_alerts(storage: StorageAnswer) -> list[Alert]:
+    if storage.delay is None:
+        return []
+    delay = storage.delay
+    return [
+        Alert(
+            "storage",
+            f"{delay.describe()}: the store {storage.store} did not answer within status's budget of "
+            f"{delay.budget_s:g} s (DFLASH_STATUS_BUDGET_S); {delay.figures()}. The store is slow or failing, not "
+            "the fleet",
+        )
+    ]
+
+
+def _server_alerts(progress: ProgressAnswer, concurrency: ConcurrencyAnswer, *, shards_known: bool) -> list[Alert]:
     alerts = []
     # Shards that finished generating and are publishing have no work for the fleet: an idle server is theirs.
     generating = [shard for shard in progress.shards_running if shard not in progress.shards_publishing]
-    work_waits = bool(generating) and progress.events_remaining > 0
+    work_waits = shards_known and bool(generating) and progress.events_remaining > 0
     for url, row in concurrency.servers.items():
         cap, running, queued = row.effective_cap, row.running, row.queued
         if cap is None or running is None:

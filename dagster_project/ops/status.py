@@ -46,7 +46,7 @@ from dagster_project.ops.answers.progress import ProgressAnswer, answer_progress
 from dagster_project.ops.answers.quality import QualityAnswer, answer_quality, render_quality
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.shards import BLOCKED, ShardsAnswer, answer_shards, render_shards
-from dagster_project.ops.answers.storage import StorageAnswer, answer_storage, render_storage
+from dagster_project.ops.answers.storage import StorageAnswer, StoreDelay, answer_storage, render_storage
 from dagster_project.ops.answers.text import ago, as_of
 from dagster_project.ops.answers.waste import WasteAnswer, answer_waste, price_waste, render_waste
 from dagster_project.ops.coverage import read_coverage
@@ -165,10 +165,12 @@ def answer_all(
     cost: FleetCost,
     thresholds: AlertThresholds,
     endpoints_known: bool,
+    delay: StoreDelay | None = None,
 ) -> Status:
-    """Every answer, the cost and the alerts from one set of readings."""
+    """Every answer, the cost and the alerts from one set of readings; `delay`: the store did not answer in time,
+    and the readings from it are the last snapshot's."""
     progress, mtp, concurrency = answer_progress(readings), answer_mtp(readings), answer_concurrency(readings)
-    storage = answer_storage(store, readings, current_fingerprint, materialized)
+    storage = answer_storage(store, readings, current_fingerprint, materialized, delay)
     shards = answer_shards(readings)
     waste = answer_waste(readings, shards.not_green.get(f"training_set {BLOCKED}", []))
     priced = answer_cost(cost, progress, servers=len(readings.fleet), inputs=cost_inputs(readings, waste))
@@ -213,7 +215,7 @@ def render_text(status: Status) -> str:
             *([hold.headline()] if hold else []),  # first: nothing else matters until it is looked at
             # Every answer below is from readings taken then (the store, the heartbeats, the fleet's probes); the
             # coverage by id and the last publish say their own age.
-            f"As of {as_of(status.collected_at)}",
+            f"As of {as_of(status.collected_at)}" + _not_refreshed(status.storage.delay),
             *(render_shards(status.shards) if status.shards else []),
             *(render_quality(status.quality, status.collected_at) if status.quality else []),
             *render_progress(status.progress, status.collected_at),
@@ -227,6 +229,15 @@ def render_text(status: Status) -> str:
             *render_alerts(status.alerts),
             *render_stale_nodes(status.stale_nodes, status.collected_at),
         ]
+    )
+
+
+def _not_refreshed(delay: StoreDelay | None) -> str:
+    if delay is None:
+        return ""
+    return (
+        f" — NOT REFRESHED ({delay.describe()}): {delay.figures()}; the servers' own figures (2, 3) are read now, "
+        f"{as_of(delay.now)}"
     )
 
 

@@ -3,7 +3,8 @@
 Writing is orjson's own dataclass serialization (the JSON of `dataclasses.asdict`), so the JSON keys are the
 field names. Reading tolerates change in both directions, so stores written by other versions still read: keys a
 newer writer added are ignored, and fields an older writer did not know take their defaults. Nested dataclasses
-(also inside lists, tuples, dict values and `X | None`) are rebuilt from the field annotations.
+(also inside lists, tuples, dict values and `X | None`) are rebuilt from the field annotations, and so are the
+integer keys of a `dict[int, ...]` (written as strings: `to_json(..., int_keys=True)`).
 
 `read_record` reads one from the store; an object that is not a valid record (truncated, hand-edited, another
 kind) raises `CorruptObject` naming the object, never a bare JSON error.
@@ -25,10 +26,10 @@ from dagster_project.store.storage import CorruptObject, Store
 T = TypeVar("T")
 
 
-def to_json(record: Any) -> bytes:
+def to_json(record: Any, *, int_keys: bool = False) -> bytes:
     # orjson writes a dataclass as the object of its fields, in order: asdict()'s JSON without its deep copy
     # (which was about an eighth of publishing 1,830 shards).
-    return orjson.dumps(record, option=orjson.OPT_INDENT_2)
+    return orjson.dumps(record, option=orjson.OPT_INDENT_2 | (orjson.OPT_NON_STR_KEYS if int_keys else 0))
 
 
 def from_json(kind: type[T], raw: bytes) -> T:
@@ -46,19 +47,22 @@ def from_dict(kind: type[T], data: Mapping[str, Any]) -> T:
 
 @functools.cache
 def _fields_to_read(kind: type) -> tuple[tuple[str, Any], ...]:
-    """(name, annotation) of the fields `kind` is built from; the annotation only where a dataclass is nested in
-    it, None where the JSON value is used as read (worked out once per class: rows are read by the million)."""
+    """(name, annotation) of the fields `kind` is built from; the annotation only where a dataclass or an integer
+    key is nested in it, None where the JSON value is used as read (worked out once per class: rows are read by
+    the million)."""
     hints = typing.get_type_hints(kind)
-    return tuple((f.name, hints[f.name] if _holds_dataclass(hints[f.name]) else None) for f in fields(kind) if f.init)
+    return tuple((f.name, hints[f.name] if _needs_building(hints[f.name]) else None) for f in fields(kind) if f.init)
 
 
 @functools.cache
-def _holds_dataclass(hint: Any) -> bool:
-    return is_dataclass(hint) or any(_holds_dataclass(arg) for arg in typing.get_args(hint))
+def _needs_building(hint: Any) -> bool:
+    args = typing.get_args(hint)
+    int_keyed = typing.get_origin(hint) is dict and len(args) == 2 and args[0] is int
+    return is_dataclass(hint) or int_keyed or any(_needs_building(arg) for arg in args)
 
 
 def _build(hint: Any, value: Any) -> Any:
-    if value is None or not _holds_dataclass(hint):
+    if value is None or not _needs_building(hint):
         return value
     if is_dataclass(hint):
         return from_dict(hint, value)
@@ -69,7 +73,7 @@ def _build(hint: Any, value: Any) -> Any:
     if origin in (list, tuple) and args:
         return origin(_build(args[0], item) for item in value)
     if origin is dict and len(args) == 2:
-        return {key: _build(args[1], item) for key, item in value.items()}
+        return {(int(key) if args[0] is int else key): _build(args[1], item) for key, item in value.items()}
     return value
 
 

@@ -327,8 +327,26 @@ class S3Store:
         self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self.client = client
         self.policy = policy
-        self.last_call_s: float | None = None  # how long the last S3 call took, for a deadline's message
+        self._answered_s: float | None = None  # how long the last S3 call that answered took
+        self._waiting: dict[object, float] = {}  # the calls in flight: token → when it began (monotonic)
         self._deadline: tuple[float, str] | None = None  # (monotonic time, what it bounds), while one holds
+
+    @property
+    def last_call_s(self) -> float | None:
+        """How long the store's last call took, for a deadline's message and `dflash status`: a call still waiting
+        counts its wait so far (a store too slow to answer within a budget shows how slow), else the last answer's."""
+        now = time.monotonic()
+        return max((now - begun for begun in list(self._waiting.values())), default=self._answered_s)
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        token, begun = object(), time.monotonic()
+        self._waiting[token] = begun
+        try:
+            yield
+        finally:
+            del self._waiting[token]
+            self._answered_s = time.monotonic() - begun
 
     @contextmanager
     def deadline(self, what: str) -> Iterator[None]:
@@ -343,7 +361,8 @@ class S3Store:
 
     def _check_deadline(self, action: str, key: str) -> None:
         if self._deadline is not None and time.monotonic() > self._deadline[0]:
-            last = f"{self.last_call_s:.1f} s" if self.last_call_s is not None else "unknown"
+            last_s = self.last_call_s
+            last = f"{last_s:.1f} s" if last_s is not None else "unknown"
             raise StoreError(
                 f"{self._deadline[1]} passed its deadline of {self.policy.publish_deadline_s:.0f} s (the store "
                 f"resource's publish_deadline_s) before {action} {self.url(key)}: the store {self.uri} is slow "
@@ -362,11 +381,10 @@ class S3Store:
         policy, started = self.policy, time.monotonic()
         for attempt in range(1, policy.attempts + 1):
             self._check_deadline(action, key)
-            begun = time.monotonic()
             try:
-                result = call()
+                with self._timed():
+                    result = call()
             except Exception as exc:  # botocore raises many unrelated types for transport errors
-                self.last_call_s = time.monotonic() - begun
                 delay = policy.backoff_s * 2 ** (attempt - 1)
                 elapsed = time.monotonic() - started
                 if not _is_transient(exc):
@@ -377,7 +395,6 @@ class S3Store:
                     ) from exc
                 time.sleep(delay)
             else:
-                self.last_call_s = time.monotonic() - begun
                 return result
         raise AssertionError("unreachable")
 

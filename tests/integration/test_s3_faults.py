@@ -1,18 +1,35 @@
-"""S3 failing transiently: a shard either publishes correctly or the run fails loudly with nothing half-published.
+"""S3 failing transiently: a shard either publishes correctly or the run fails loudly with nothing half-published;
+S3 answering late: a publish stops at its deadline, and `dflash status` answers within its budget all the same.
 
-The S3 server is moto in server mode behind a TCP proxy that resets connections while it is down.
+The S3 server is moto in server mode behind a TCP proxy that resets connections while it is down, or holds its
+answers while it is slow.
 """
 
+import os
+import re
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from dagster_aws.s3 import S3Resource
 
+from dagster_project.generation.heartbeat import write_heartbeat
+from dagster_project.processes import this_process
 from dagster_project.resources.store import DatasetStore
-from dagster_project.store.manifest import ShardManifest, publish_shard, read_shard_manifest, verify_shard
-from dagster_project.store.storage import StoreError
+from dagster_project.store.manifest import (
+    ShardManifest,
+    publish_shard,
+    read_shard_manifest,
+    verify_shard,
+    write_stage_manifest,
+)
+from dagster_project.store.storage import S3Store, StoreError
 from tests.support.fault_proxy import fault_proxy
+from tests.support.heartbeats import heartbeat
 from tests.support.sglang_fixtures import wait_until
+from tests.support.stage_manifests import conversations_manifest
 
 
 @pytest.fixture
@@ -95,3 +112,74 @@ def test_a_publish_to_a_slow_store_stops_at_its_deadline_naming_the_store(s3_ser
     message = str(stopped.value)
     assert message.startswith("publishing completions shard 3 passed its deadline of 1 s (the store resource's ")
     assert f"the store {store.uri} is slow (its last call took " in message
+
+
+STATUS_BUDGET_S = 2.0
+HELD_S = 60.0  # each S3 answer: far past the budget (the trial's were 5-20 s late)
+
+
+def test_status_answers_within_its_budget_from_its_snapshot_when_every_s3_answer_is_late(
+    s3_server, s3_bucket, sim_fleet, tmp_path
+):
+    """Issue 38's slow store: four `dflash status` calls took 87-103 s each and blamed an idle server. Here every S3
+    answer is held 60 s: status answers within its budget from the snapshot its last timely answer kept, says "store
+    slow: last call N s" naming the store, and blames no server (the same figures read in time do)."""
+    root = f"s3://{s3_bucket}/runs/r1"
+    writer = S3Store(root, s3_server.client())  # straight to the S3 server: the store as the run left it
+    write_stage_manifest(writer, conversations_manifest(num_shards=2, rows=40, turns=40))
+    host, pid, start = this_process()  # a running shard 0 with work waiting: 4 of 10 events done, 40 planned
+    write_heartbeat(writer, heartbeat(0, host=host, pid=pid, process_start=start, heartbeat_interval_s=5.0), first=True)
+    fleet = sim_fleet(1, enable_metrics=True)  # idle: nothing sends it work
+    with fault_proxy(s3_server.endpoint) as proxy:
+        env = {
+            **os.environ,
+            **s3_server.env,
+            "AWS_ENDPOINT_URL": proxy.endpoint,
+            "DFLASH_STORE": root,
+            "DFLASH_WORK_DIR": str(tmp_path / "work"),
+            "DFLASH_SGLANG_ENDPOINTS": fleet.url(0),
+            "DFLASH_STATUS_BUDGET_S": str(STATUS_BUDGET_S),
+        }
+        in_time, _ = _status(env)
+        assert f"ALERT [server]: {fleet.url(0)} is idle while shards [0] have work waiting" in in_time
+        assert "store slow" not in in_time
+
+        proxy.slow_s = HELD_S
+        late, took_s = _status(env)
+        scrape, scrape_s = _dflash(env, "metrics", "--once")
+        proxy.slow_s = 0.0
+    assert took_s < STATUS_BUDGET_S + 10, f"status took {took_s:.1f} s with a budget of {STATUS_BUDGET_S} s"
+    print(f"S3 answers held {HELD_S:.0f} s, budget {STATUS_BUDGET_S}: status {took_s:.1f} s, metrics {scrape_s:.1f} s")
+    slow = re.search(r"store slow: last call (\d+) s", late)
+    assert slow and int(slow.group(1)) >= STATUS_BUDGET_S - 1, late  # measured: no call answered within the budget
+    assert f"ALERT [storage]: store slow: last call {slow.group(1)} s: the store {root} did not answer" in late
+    assert "ALERT [server]" not in late  # not "… is idle while shards [0] have work waiting"
+    # What it has: the snapshot's figures, marked as not refreshed, and the server probed now.
+    assert "NOT REFRESHED (store slow: last call" in late
+    assert "events 4/40 (10.0%), shards running [0]" in late
+    assert fleet.url(0) in late.split("3. Concurrency", 1)[1]
+    # A scrape serves no old figures as new: it fails, as soon.
+    assert scrape.returncode == 1 and scrape.stderr.startswith("dflash metrics: store slow: last call "), scrape.stderr
+    assert scrape_s < STATUS_BUDGET_S + 10
+
+
+def _dflash(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    """A `dflash` command as the operator runs it, and how long its process took, exit included."""
+    started = time.monotonic()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "dagster_project.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=STATUS_BUDGET_S + 30,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"dflash {' '.join(args)} did not answer within {STATUS_BUDGET_S + 30:.0f} s")
+    return result, time.monotonic() - started
+
+
+def _status(env: dict[str, str]) -> tuple[str, float]:
+    result, took_s = _dflash(env, "status")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, took_s

@@ -6,8 +6,28 @@ from collections import Counter
 from dataclasses import dataclass
 
 from dagster_project.ops.answers.readings import Readings
-from dagster_project.ops.answers.text import ago, fmt
+from dagster_project.ops.answers.text import ago, as_of, fmt
 from dagster_project.store.storage import Store
+
+
+@dataclass(frozen=True)
+class StoreDelay:
+    """The store did not answer `dflash status` within its budget: every figure from the store is the node's last
+    snapshot's (read at `figures_from`; None: there is none), the servers' figures are read now (`now`)."""
+
+    last_call_s: float  # how long the store's last call took, or had waited when the budget ended
+    budget_s: float
+    figures_from: float | None
+    now: float
+
+    def describe(self) -> str:
+        return f"store slow: last call {self.last_call_s:,.0f} s"
+
+    def figures(self) -> str:
+        if self.figures_from is None:
+            return "no figures from the store: it has not answered a status on this node in time"
+        when = f"{as_of(self.figures_from)} ({ago(self.figures_from, self.now)})"
+        return f"the figures from the store are as of {when}, not refreshed"
 
 
 @dataclass(frozen=True)
@@ -26,10 +46,15 @@ class StorageAnswer:
     # Dagster says materialized, the store disagrees: no manifest, or the last coverage check found the shard's
     # objects missing or altered.
     materialized_not_in_store: list[int] | None
+    delay: StoreDelay | None = None  # the store too slow to answer status: its figures are not refreshed
 
 
 def answer_storage(
-    store: Store, readings: Readings, current_fingerprint: str | None, materialized: set[int] | None
+    store: Store,
+    readings: Readings,
+    current_fingerprint: str | None,
+    materialized: set[int] | None,
+    delay: StoreDelay | None = None,
 ) -> StorageAnswer:
     """What the manifests say is safely in the store."""
     published, damaged = readings.published, readings.damaged_objects
@@ -49,6 +74,7 @@ def answer_storage(
         materialized_not_in_store=None
         if materialized is None
         else sorted(s for s in materialized if s not in published or s in damaged),
+        delay=delay,
     )
 
 
@@ -63,6 +89,12 @@ def render_storage(storage: StorageAnswer, now: float) -> list[str]:
         + ("  ALERT: mixed settings" if len(s.settings_fingerprints) > 1 else "")
         + (f"  stale (made with other settings than configured now): {s.stale_shards}" if s.stale_shards else ""),
     ]
+    if s.delay:
+        lines.insert(
+            1,
+            f"   {s.delay.describe()} (no answer within status's budget of {s.delay.budget_s:g} s, "
+            f"DFLASH_STATUS_BUDGET_S): {s.delay.figures()}",
+        )
     if s.materialized_not_in_store:
         lines.append(f"   ALERT: materialized in Dagster but not intact in the store: {s.materialized_not_in_store}")
     return lines
