@@ -1,6 +1,7 @@
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -23,11 +24,15 @@ from dagster_project.store import layout
 from dagster_project.store.lease import LeaseOptions
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import special_ids
+from dagster_project.training import gate_sets
+from dagster_project.training.gates import GateThresholds
 from dagster_project.training.watch_figures import AnswerQualityWatch
 
 # A range run generates two shards at once: the next one's requests fill the servers while the current one's tail
 # ends and it is published (`generation.overlap`); memory holds two shards.
 SHARDS_AT_ONCE = 2
+# The blocking check whose thresholds the quality watch holds by (`checks/completions.py`).
+QUALITY_CHECK = "completions_quality"
 
 
 class CompletionsConfig(
@@ -51,6 +56,23 @@ class CompletionsConfig(
         default=False,
         description="Generate although no pilot of these generation settings has passed (as DFLASH_SKIP_PILOT=1); "
         "recorded in each shard's manifest.",
+    )
+
+
+def _quality_watch(context: dg.AssetExecutionContext, tok: Any, enable_thinking: bool) -> AnswerQualityWatch:
+    """The watch judges by the thresholds the shard's `completions_quality` check blocks by in this run (its run
+    config, defaults where it sets none): one rule, so the line is never held for what the shard's gate would pass,
+    nor let run past what it would block."""
+    ops = context.run.run_config.get("ops") or {}
+    check_config = (ops.get(QUALITY_CHECK) or {}).get("config") or {}
+    limits = gate_sets.configured(gate_sets.CompletionShareLimits, check_config)
+    return AnswerQualityWatch(
+        special_ids(tok),
+        tok.decode,
+        enable_thinking=enable_thinking,
+        thresholds=gate_sets.configured(GateThresholds, check_config),
+        max_error_share=limits.max_error_share,
+        max_length_capped_share=limits.max_length_capped_share,
     )
 
 
@@ -117,11 +139,7 @@ def completions(
             )
 
         tok = tokenizer.load()
-        watch = (
-            AnswerQualityWatch(special_ids(tok), tok.decode, enable_thinking=settings.enable_thinking)
-            if config.quality_watch
-            else None
-        )
+        watch = _quality_watch(context, tok, settings.enable_thinking) if config.quality_watch else None
         try:
             manifest = generate_shard(
                 data,

@@ -12,13 +12,15 @@ healthy fleet every completions check passes and the shard goes through.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import dagster as dg
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from dagster_project.assets.completions import completions
+from dagster_project.assets.completions import QUALITY_CHECK, completions
 from dagster_project.assets.conversations import conversations
 from dagster_project.assets.raw_prompts import raw_prompts
 from dagster_project.assets.specforge_export import specforge_export
@@ -56,15 +58,21 @@ class Prepared:
     instance: dg.DagsterInstance
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Iterator[Prepared]:
-    """The demo's conversations, sharded like the loaded partitions, published once for every test of this module."""
-    root = tmp_path_factory.mktemp("gates")
+@contextmanager
+def _prepare(root: Path) -> Iterator[Prepared]:
+    """The demo's conversations, sharded like the loaded partitions, published in a store and instance of their own."""
     with dg.instance_for_test() as instance:
         store = LocalStore(root / "store")
         result = dg.materialize([raw_prompts, conversations], resources=_resources(store, []), instance=instance)
         assert result.success
         yield Prepared(store, instance)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Iterator[Prepared]:
+    """Published once for every test of this module."""
+    with _prepare(tmp_path_factory.mktemp("gates")) as ready:
+        yield ready
 
 
 def _resources(store: LocalStore, endpoints: list[str]) -> dict:
@@ -231,13 +239,20 @@ SLOW_BAD_MODEL = {
 WATCH = {"watch_min_answers": 8, "watch_poll_interval_s": 0.2, "hold_drain_s": 30.0}
 
 
-def _run_watched_completions(prepared: Prepared, shard: int, endpoints: list[str]) -> dg.ExecuteInProcessResult:
+def _run_watched_completions(
+    prepared: Prepared, shard: int, endpoints: list[str], quality: dict | None = None
+) -> dg.ExecuteInProcessResult:
+    """The completions step under the watch; with `quality`, its completions_quality check in the run too, with
+    that config."""
+    ops = {"completions": {"config": WATCH}}
+    if quality is not None:
+        ops[completions_checks.completions_quality.node_def.name] = {"config": quality}
     return dg.materialize(
-        [completions],
+        [completions, *([completions_checks.completions_quality] if quality is not None else [])],
         partition_key=layout.partition_key(shard),
         resources=_resources(prepared.store, endpoints),
         instance=prepared.instance,
-        run_config={"ops": {"completions": {"config": WATCH}}},
+        run_config={"ops": ops},
         raise_on_error=False,
     )
 
@@ -284,3 +299,23 @@ def test_a_fleet_going_bad_holds_the_line_and_a_release_resumes_exactly_once(pre
     manifest = read_completions_manifest(store, shard)
     assert 0 < sent() - asked < manifest.rows  # only what the held run had not answered
     assert "a known false alarm" in manifest.hold_overrides[hold.gate]  # recorded as override_failed_gates is
+
+
+def test_the_watch_holds_by_the_thresholds_the_runs_quality_check_blocks_by(tmp_path, sim_fleet):
+    """One rule: a run that lifts the completions_quality check's thresholds (its run config) is not held by the
+    watch for what that check passes. The same disaster fleet holds the line at the defaults (the test above)."""
+    lifted = {
+        "max_bad_thinking_share": 1.0,
+        "max_degenerate_share": 1.0,
+        "max_short_answer_share": 1.0,
+        "max_empty_answer_share": 1.0,
+        "max_top_loss_sum_share": 1.0,
+        "max_share_below_floor": 1.0,
+    }
+    fleet = sim_fleet(2, **SLOW_BAD_MODEL)
+    with _prepare(tmp_path) as prepared:
+        result = _run_watched_completions(prepared, 3, fleet.urls, quality=lifted)
+        assert read_hold(prepared.store) is None
+        assert result.success
+        assert shard_coverage(prepared.store, 3).exact
+    assert completions_checks.completions_quality.node_def.name == QUALITY_CHECK  # the name the watch reads
