@@ -39,7 +39,7 @@ from dagster_project.sglang.model_identity import QWEN3_6_27B
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.shards import read_training_manifest
-from tests.support.dagster_helpers import FAST_ANSWERS, asset_check_keys, evaluations_by_check
+from tests.support.dagster_helpers import FAST_ANSWERS, LIFTED_ANSWER_GATES, asset_check_keys, evaluations_by_check
 
 SHARD_RUN = [
     completions,
@@ -304,17 +304,9 @@ def test_a_fleet_going_bad_holds_the_line_and_a_release_resumes_exactly_once(pre
 def test_the_watch_holds_by_the_thresholds_the_runs_quality_check_blocks_by(tmp_path, sim_fleet):
     """One rule: a run that lifts the completions_quality check's thresholds (its run config) is not held by the
     watch for what that check passes. The same disaster fleet holds the line at the defaults (the test above)."""
-    lifted = {
-        "max_bad_thinking_share": 1.0,
-        "max_degenerate_share": 1.0,
-        "max_short_answer_share": 1.0,
-        "max_empty_answer_share": 1.0,
-        "max_top_loss_sum_share": 1.0,
-        "max_share_below_floor": 1.0,
-    }
     fleet = sim_fleet(2, **SLOW_BAD_MODEL)
     with _prepare(tmp_path) as prepared:
-        result = _run_watched_completions(prepared, 3, fleet.urls, quality=lifted)
+        result = _run_watched_completions(prepared, 3, fleet.urls, quality=LIFTED_ANSWER_GATES)
         assert read_hold(prepared.store) is None
         assert result.success
         assert shard_coverage(prepared.store, 3).exact

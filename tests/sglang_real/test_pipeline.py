@@ -34,7 +34,15 @@ from dagster_project.training.export import specforge_key
 from dagster_project.training.hf_export import data_key as hf_data_key
 from dagster_project.training.shards import iter_training_batches
 from tests.support import sglang_real
-from tests.support.dagster_helpers import BIN_DIR, DEFS_MODULE, dagster_home, materialize, pipeline_env, run_cli
+from tests.support.dagster_helpers import (
+    BIN_DIR,
+    DEFS_MODULE,
+    LIFTED_ANSWER_GATES,
+    dagster_home,
+    materialize,
+    pipeline_env,
+    run_cli,
+)
 from tests.support.journal_files import journal_records
 from tests.support.sglang_fixtures import call, wait_until
 
@@ -43,19 +51,11 @@ PROMPTS = 24  # single-turn: about 8 events a shard
 MAX_NEW_TOKENS = 24
 SHARD_ASSETS = "completions,training_set,specforge_export,hf_export"
 # Lenient where random weights must fail; strict where the pipeline itself could (errors, ids, exactly-once).
-LENIENT_ANSWERS = {
-    "max_bad_thinking_share": 1.0,
-    "max_degenerate_share": 1.0,
-    "max_short_answer_share": 1.0,
-    "max_empty_answer_share": 1.0,
-    "max_top_loss_sum_share": 1.0,
-    "max_share_below_floor": 1.0,
-}
 RUN_CONFIG = {
     "resources": {"generation": {"config": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0}}},
     "ops": {
-        "completions_quality": {"config": {**LENIENT_ANSWERS, "max_length_capped_share": 1.0}},
-        "training_set_gates": {"config": {**LENIENT_ANSWERS, "min_supervised_pairs": 1}},
+        "completions_quality": {"config": {**LIFTED_ANSWER_GATES, "max_length_capped_share": 1.0}},
+        "training_set_gates": {"config": {**LIFTED_ANSWER_GATES, "min_supervised_pairs": 1}},
         "training_set": {"config": {"exclude_length_capped": False}},  # every answer hits the cap
     },
 }
