@@ -425,7 +425,7 @@ class DagsterDev(DagsterUI):
 
 
 def workspace_locations(workspace: Path = WORKSPACE) -> set[str]:
-    """The location names a workspace file declares (`load_from: - python_module: {location_name: ...}`)."""
+    """The location names a workspace file declares (`load_from: - python_module|grpc_server: {location_name: ...}`)."""
     entries = yaml.safe_load(workspace.read_text())["load_from"]
     return {origin["location_name"] for entry in entries for origin in entry.values()}
 
