@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import dagster as dg
 import psutil
@@ -338,13 +338,18 @@ LAUNCH_TIMEOUT_S = "300"  # the Makefile's LAUNCH_TIMEOUT_S
 
 
 @dataclass
-class DagsterDev:
-    """`dagster dev -w workspace.yaml` (webserver, daemon, code server) on a free port: the repository's
-    workspace.yaml, the one `make dev` uses, is what loads the code location."""
+class DagsterUI:
+    """A Dagster webserver on a free port serving `workspace`'s code locations, readiness polled through GraphQL;
+    `process` is the process group started for it (killed whole at the end)."""
 
     process: subprocess.Popen
     port: int
     log_path: Path
+    workspace: Path
+
+    # A code location's load error fails the start at once; False where the webserver loads it again by itself.
+    load_errors_are_final = True
+    name = "dagster"
 
     @property
     def url(self) -> str:
@@ -355,6 +360,52 @@ class DagsterDev:
 
     def query(self, document: str, variables: Mapping[str, Any] | None = None) -> dict:
         return graphql(self.url, document, variables)
+
+    @contextlib.contextmanager
+    def serving(self, startup_timeout_s: float) -> Iterator[Self]:
+        """Wait until the code locations are loaded, yield, and stop the process group whatever happens."""
+        try:
+            wait_until(
+                self._loaded, timeout_s=startup_timeout_s, interval_s=0.5, what=f"{self.name} to load the code location"
+            )
+            yield self
+        except BaseException as exc:
+            exc.add_note(f"--- {self.name} log (end)\n{_tail(self.log(), 8000)}")
+            raise
+        finally:
+            kill_process_group(self.process)
+
+    def _loaded(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"{self.name} exited with {self.process.returncode}:\n{_tail(self.log())}")
+        try:
+            data = self.query(WORKSPACE_QUERY)
+        except (OSError, GraphQLError, ValueError):  # not listening yet, or the workspace is still loading
+            return False
+        entries = data["workspaceOrError"].get("locationEntries") or []
+        for entry in entries:
+            error = entry["locationOrLoadError"]
+            if error and error["__typename"] == "PythonError":
+                if not self.load_errors_are_final:
+                    return False
+                raise AssertionError(f"code location {entry['name']} failed to load: {error['message']}")
+        loaded = bool(entries) and all(
+            e["loadStatus"] == "LOADED" and (e["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation"
+            for e in entries
+        )
+        if loaded:  # the code locations are the workspace's, by the names it gives them
+            names = {e["name"] for e in entries}
+            expected = workspace_locations(self.workspace)
+            assert names == expected, f"{self.name} loaded {names}, not the locations of {self.workspace}"
+        return loaded
+
+
+@dataclass
+class DagsterDev(DagsterUI):
+    """`dagster dev -w workspace.yaml` (webserver, daemon, code server) on a free port: the repository's
+    workspace.yaml, the one `make dev` uses, is what loads the code location."""
+
+    name = "dagster dev"
 
     @classmethod
     @contextlib.contextmanager
@@ -369,43 +420,13 @@ class DagsterDev:
             process = subprocess.Popen(
                 command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        dev = cls(process, port, log_path)
-        try:
-            wait_until(
-                dev._loaded, timeout_s=startup_timeout_s, interval_s=0.5, what="dagster dev to load the code location"
-            )
+        with cls(process=process, port=port, log_path=log_path, workspace=WORKSPACE).serving(startup_timeout_s) as dev:
             yield dev
-        except BaseException as exc:
-            exc.add_note(f"--- dagster dev log (end)\n{_tail(dev.log(), 8000)}")
-            raise
-        finally:
-            kill_process_group(process)
-
-    def _loaded(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"dagster dev exited with {self.process.returncode}:\n{_tail(self.log())}")
-        try:
-            data = self.query(WORKSPACE_QUERY)
-        except (OSError, GraphQLError, ValueError):  # not listening yet, or the workspace is still loading
-            return False
-        entries = data["workspaceOrError"].get("locationEntries") or []
-        for entry in entries:
-            error = entry["locationOrLoadError"]
-            if error and error["__typename"] == "PythonError":
-                raise AssertionError(f"code location {entry['name']} failed to load: {error['message']}")
-        loaded = bool(entries) and all(
-            e["loadStatus"] == "LOADED" and (e["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation"
-            for e in entries
-        )
-        if loaded:  # the code locations are workspace.yaml's, by the names it gives them
-            names = {e["name"] for e in entries}
-            assert names == workspace_locations(), f"dagster dev loaded {names}, not the locations of {WORKSPACE}"
-        return loaded
 
 
-def workspace_locations() -> set[str]:
-    """The location names workspace.yaml declares (`load_from: - python_module: {location_name: ...}`)."""
-    entries = yaml.safe_load(WORKSPACE.read_text())["load_from"]
+def workspace_locations(workspace: Path = WORKSPACE) -> set[str]:
+    """The location names a workspace file declares (`load_from: - python_module|grpc_server: {location_name: ...}`)."""
+    entries = yaml.safe_load(workspace.read_text())["load_from"]
     return {origin["location_name"] for entry in entries for origin in entry.values()}
 
 

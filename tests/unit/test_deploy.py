@@ -1,12 +1,18 @@
-"""deploy/: the Helm values for Dagster's chart and the SGLang fleet manifest, validated offline.
+"""deploy/: the Helm values for Dagster's chart, the SGLang fleet manifest and the supervised head node (supervisord
+and systemd), validated offline.
 
 No cluster is reachable here (`kubectl apply --dry-run=client` still asks the API server for its schema), so
 the checks are structural: the values use only keys of the chart's values schema (chart 1.13.27) in the
 shapes it requires, carry the instance settings of dagster.yaml, and reference secrets instead of holding
 them; the fleet manifest is exactly what the generator writes (launch flags from `fleet up`'s launcher) and its
-objects fit together (selectors, service names, endpoints).
+objects fit together (selectors, service names, endpoints); the head node's two supervisors (supervisord's
+deploy/head/, systemd's deploy/systemd/) run the same three commands, each restarted when it dies, after one
+initialisation of the instance, with credentials from the environment file alone (the head node run and its daemon
+killed: tests/integration/test_head_node.py).
 """
 
+import configparser
+import re
 import shlex
 import tomllib
 
@@ -203,3 +209,74 @@ def test_make_dev_gives_run_launches_longer_than_dagsters_default_grpc_deadline(
     assert "DAGSTER_GRPC_TIMEOUT_SECONDS=$(LAUNCH_TIMEOUT_S) $(BIN)/dagster dev" in dev_target
     assert f"\nLAUNCH_TIMEOUT_S ?= {LAUNCH_TIMEOUT_S}\n" in makefile
     assert int(LAUNCH_TIMEOUT_S) > _DEFAULT_GRPC_TIMEOUT_IF_NO_ENV_VAR_SET
+
+
+# ---- the supervised head node: deploy/head/ (supervisord) and deploy/systemd/ --------------------------------------
+
+HEAD = DEPLOY / "head"
+UNITS = DEPLOY / "systemd"
+# supervisord.conf's program -> its systemd unit: the same three processes, each restarted when it dies.
+HEAD_UNITS = {"code-server": "dflash-code-server", "daemon": "dflash-daemon", "webserver": "dflash-webserver"}
+CHECKOUT = "/opt/dflash/"  # where the units expect the repository (and its .venv)
+
+
+def _ini(path) -> configparser.ConfigParser:
+    # strict=False: a systemd unit may repeat a key (two Environment= lines).
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.read_string(path.read_text())
+    return parser
+
+
+def _supervised_command(program: str) -> list[str]:
+    """A program's command with supervisord's %(ENV_X)s and %(here)s written as a unit writes them."""
+    command = _ini(HEAD / "supervisord.conf")[f"program:{program}"]["command"]
+    command = re.sub(r"%\(ENV_(\w+)\)s", r"${\1}", command).replace("%(here)s", "deploy/head")
+    return shlex.split(command)
+
+
+def _unit_command(unit: str) -> list[str]:
+    argv = shlex.split(_ini(UNITS / f"{unit}.service")["Service"]["ExecStart"].replace(CHECKOUT, ""))
+    return [argv[0].removeprefix(".venv/bin/"), *argv[1:]]
+
+
+def test_supervisord_and_systemd_run_the_same_three_commands_each_restarted_when_it_dies():
+    supervised = _ini(HEAD / "supervisord.conf")
+    assert {s.removeprefix("program:") for s in supervised.sections() if s.startswith("program:")} == set(HEAD_UNITS)
+    for program, unit in HEAD_UNITS.items():
+        assert _supervised_command(program) == _unit_command(unit), program
+        assert supervised[f"program:{program}"]["autorestart"] == "true"
+        service = _ini(UNITS / f"{unit}.service")
+        assert service["Service"]["Restart"] == "always" and service["Unit"]["StartLimitIntervalSec"] == "0", unit
+        assert "dflash-instance-init.service" in service["Unit"]["After"].split(), unit
+        assert service["Install"]["WantedBy"] == "dflash-head.target"
+    wanted = _ini(UNITS / "dflash-head.target")["Unit"]["Wants"].split()
+    assert set(wanted) == {f"{unit}.service" for unit in (*HEAD_UNITS.values(), "dflash-instance-init")}
+    # The daemon and the webserver load the location from the code server (a grpc_server entry), not in a child
+    # of their own that would die with them; by the name `make dev` gives it.
+    workspace = yaml.safe_load((HEAD / "workspace.yaml").read_text())["load_from"]
+    assert [set(entry) for entry in workspace] == [{"grpc_server"}]
+    assert workspace[0]["grpc_server"]["location_name"] == "dagster_project"
+    # The runs the code server launched (its children) outlive its restart: signalled alone by either supervisor.
+    assert _ini(UNITS / "dflash-code-server.service")["Service"]["KillMode"] == "process"
+    assert not {"stopasgroup", "killasgroup"} & set(supervised["program:code-server"])
+
+
+def test_the_instance_is_initialised_once_before_the_three_start():
+    init = _ini(UNITS / "dflash-instance-init.service")["Service"]
+    assert init["Type"] == "oneshot" and init["RemainAfterExit"] == "yes"
+    assert _unit_command("dflash-instance-init") == ["dagster", "instance", "migrate"]
+    for unit in HEAD_UNITS.values():
+        assert "dflash-instance-init.service" in _ini(UNITS / f"{unit}.service")["Unit"]["Requires"].split(), unit
+    script = (HEAD / "run-head").read_text()
+    assert script.index("\ndagster instance migrate\n") < script.index("\nexec supervisord -c ")
+
+
+def test_the_head_node_reads_credentials_from_its_environment_file_and_holds_none():
+    secret = re.compile(r"(PASSWORD|SECRET|ACCESS_KEY|API_KEY|TOKEN)\w*=\S", re.IGNORECASE)
+    for path in [HEAD / "supervisord.conf", HEAD / "run-head", *UNITS.iterdir()]:
+        assert not secret.search(path.read_text()), path
+    for path in UNITS.glob("*.service"):
+        assert _ini(path)["Service"]["EnvironmentFile"] == "/etc/dflash/head.env", path
+    # The example the operator copies names the credentials and gives none.
+    example = (HEAD / "head.env.example").read_text()
+    assert "DAGSTER_PG_PASSWORD=" in example and not secret.search(example)
