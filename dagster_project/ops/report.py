@@ -19,6 +19,7 @@ from dagster_project.ops.answers.coverage import by_id_summary
 from dagster_project.ops.answers.mtp import mtp_verdict
 from dagster_project.ops.answers.multi_turn import generated_of_planned
 from dagster_project.ops.answers.progress import eta_text
+from dagster_project.ops.answers.quality import figure_reading, figure_verdict
 from dagster_project.ops.answers.shards import GREEN, ShardsAnswer, green_shards
 from dagster_project.ops.answers.text import as_of, dollars, shard_list
 from dagster_project.ops.answers.waste import WasteAnswer
@@ -175,18 +176,11 @@ def _quality(status: Status) -> Section:
     title = "Quality watch"
     if quality is None or not quality.fleet:
         return Section(title, "No shard has reported answers yet.")
-    rows = [
-        [
-            f.gate,
-            f"{f.figure:.1%}" if f.blocking else f"{f.figure:.2f}",
-            f"{f.threshold:.1%}" if f.blocking else f"{f.threshold:.2f}",
-            f"{f.sample_size:,}",
-            ("ok" if f.passed else "FAILED") if f.blocking else "warning only",
-        ]
-        for f in quality.fleet
-    ]
+    # The figure, its threshold and n in one cell, as status words them: a cell wraps at its spaces where the page is
+    # narrow, a header never does (five columns of their own pushed the page past 1,440 px once n had 4 digits).
+    rows = [[f.gate, figure_reading(f), figure_verdict(f)] for f in quality.fleet]
     text = f"Over {quality.fleet_answers:,} answers of {quality.fleet_runs} shard runs, fleet-wide."
-    return Section(title, text, (("Watched gates", _table(["gate", "figure", "limit", "n", "verdict"], rows)),))
+    return Section(title, text, (("Watched gates", _table(["gate", "figure", "verdict"], rows)),))
 
 
 # The page's table of shards that need a look shows this many rows (`dflash status --json` has them all).

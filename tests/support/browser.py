@@ -169,15 +169,35 @@ def resize(driver, width: int) -> None:
 
 
 def column_widths(driver, table) -> str:
-    """The metadata table's width and its columns' (from its first row), and each image's and table's inside it."""
+    """The metadata table's width and its columns' (from its first row), and each image's and table's inside it with
+    its row's key and the narrowest it can be drawn (min-content): the widest of those sets the value column's."""
     lines = driver.execute_script(
         """
         const table = arguments[0];
         const cells = [...table.querySelector(':scope > tbody > tr').children].map(c => c.offsetWidth);
+        const narrowest = e => { const was = e.style.width; e.style.width = 'min-content';
+                                 const width = e.offsetWidth; e.style.width = was; return width; };
+        const rows = [...table.querySelectorAll(':scope > tbody > tr')];
+        const keyOf = e => rows.find(row => row.contains(e))?.children[0].innerText.trim() || '';
+        // At the table's narrowest each column is as narrow as its widest unbreakable content: the row holding it.
+        const was = table.style.width;
+        table.style.width = 'min-content';
+        const narrow = [...table.querySelector(':scope > tbody > tr').children].map(c => c.offsetWidth);
+        const setBy = rows.filter(row => {  // the rows whose value, hidden, lets the value column narrow
+            const cell = row.children[2], shown = cell.style.display;
+            cell.style.display = 'none';
+            const narrower = rows.find(other => other !== row).children[2].offsetWidth < narrow[2];
+            cell.style.display = shown;
+            return narrower;
+        }).map(row => row.children[0].innerText.trim());
+        table.style.width = was;
         return [
             `metadata table ${table.offsetWidth} px in ${table.parentElement.clientWidth} px; columns ${cells} px`,
+            `at its narrowest: columns ${narrow} px; the value column's width set by: ${setBy.join(', ') || '?'}`,
             ...[...table.querySelectorAll('img, table')].map(
-                e => `${e.tagName.toLowerCase()} ${e.getAttribute('alt') || ''} ${e.offsetWidth} px`),
+                e => `${e.tagName.toLowerCase()} ${e.getAttribute('alt') || keyOf(e)} ${e.offsetWidth} px ` +
+                     `(${narrowest(e)} px at narrowest` + (e.tagName === 'TABLE' ? `; columns ${
+                        [...(e.querySelector('tr')?.children || [])].map(c => c.offsetWidth)} px)` : ')')),
         ];
         """,
         table,

@@ -41,11 +41,21 @@ def answer_quality(hold: Hold | None, reports: list[WatchReport], now: float) ->
     )
 
 
-def describe_figure(figure: WatchFigure) -> str:
+def figure_reading(figure: WatchFigure) -> str:
+    """ "2.0% (threshold 10.0%, n=400)": the figure with its threshold and sample size (status and the page)."""
     if figure.blocking:
-        verdict = "ok" if figure.passed else "FAILED"
-        return f"{figure.gate} {figure.figure:.1%} (threshold {figure.threshold:.1%}, n={figure.sample_size}) {verdict}"
-    return f"{figure.gate} {figure.figure:.2f} (floor {figure.threshold:.2f}, n={figure.sample_size}, warning only)"
+        return f"{figure.figure:.1%} (threshold {figure.threshold:.1%}, n={figure.sample_size:,})"
+    return f"{figure.figure:.2f} (floor {figure.threshold:.2f}, n={figure.sample_size:,})"
+
+
+def figure_verdict(figure: WatchFigure) -> str:
+    if figure.blocking:
+        return "ok" if figure.passed else "FAILED"
+    return "warning only"  # below its floor it alerts, never holds
+
+
+def describe_figure(figure: WatchFigure) -> str:
+    return f"{figure.gate} {figure_reading(figure)} {figure_verdict(figure)}"
 
 
 def render_quality(answer: QualityAnswer, now: float) -> list[str]:

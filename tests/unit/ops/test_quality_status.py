@@ -37,7 +37,7 @@ def test_the_watched_figures_show_with_threshold_and_sample_size_while_shards_ru
     assert "short_answers 2.0% (threshold 10.0%, n=4) ok" in text
     assert not [a for a in status.alerts if a.kind in ("hold", "quality")]
     [watch] = [s for s in report_sections(status) if s.title == "Quality watch"]
-    assert watch.tables[0][1].rows[0] == ("short_answers", "2.0%", "10.0%", "4", "ok")
+    assert watch.tables[0][1].rows[0] == ("short_answers", "2.0% (threshold 10.0%, n=4)", "ok")  # as status says it
 
 
 def test_a_hold_is_the_first_line_the_first_alert_the_top_of_the_page_and_a_metric(tmp_path):
