@@ -76,12 +76,15 @@ def _resources(store: LocalStore, endpoints: list[str]) -> dict:
     }
 
 
-def _run_shard(prepared: Prepared, shard: int, endpoints: list[str]) -> dg.ExecuteInProcessResult:
+def _run_shard(
+    prepared: Prepared, shard: int, endpoints: list[str], *, quality_watch: bool = True
+) -> dg.ExecuteInProcessResult:
     return dg.materialize(
         SHARD_RUN,
         partition_key=layout.partition_key(shard),
         resources=_resources(prepared.store, endpoints),
         instance=prepared.instance,
+        run_config={"ops": {"completions": {"config": {"quality_watch": quality_watch}}}},
         raise_on_error=False,
     )
 
@@ -108,7 +111,9 @@ def test_empty_answers_fail_the_blocking_gates_and_stop_training_set_in_the_same
     shard = 1
     partition = layout.partition_key(shard)
 
-    result = _run_shard(prepared, shard, fleet.urls)
+    # The gates themselves, the last line: with the quality watch on, a shard of such answers, judged whole at its
+    # end, holds the line unpublished (test_a_fleet_going_bad_holds_the_line_...; tests/unit/training).
+    result = _run_shard(prepared, shard, fleet.urls, quality_watch=False)
 
     assert not result.success
     # The fault was live: every answer is the EOS token alone, stored as a result (an empty answer is data).
