@@ -12,9 +12,14 @@ backfill ended; no generating run is created after the hold (the runs as the ins
 ends without materializing every shard; and `dflash status`'s first line names the hold, its gate and
 `dflash hold release`.
 
-Then the fleet is made healthy (`DELETE /_sim/faults`), the hold released with `dflash hold release --reason`, and
-the same backfill launched again: it succeeds, every shard asset is materialized for every shard, and coverage by
-id is exact (`dflash status --by-id`).
+Then the fleet is made healthy (`DELETE /_sim/faults`), the hold released with `dflash hold release --reason` (no
+`--override`: the answers were wrong), and the same backfill launched again: it succeeds, every shard asset is
+materialized for every shard, coverage by id is exact (`dflash status --by-id`, and each shard's), and the fleet is
+asked exactly once for every planned event (the held shards' journaled answers, the bad fleet's, are asked again).
+
+Each of the product's fixes this test came with fails it when undone: the simulator's bad model refusing the
+served-model probe (no request sent, no hold), a shard under `watch_min_answers` never holding (all 8 generated, no
+hold), the held shards' bad answers resumed after the release (their gates block them: the rerun fails).
 """
 
 from __future__ import annotations
