@@ -259,10 +259,17 @@ def test_a_fleet_going_bad_holds_the_line_and_a_release_resumes_exactly_once(pre
     store, shard = prepared.store, 3
     fleet = sim_fleet(2, **SLOW_BAD_MODEL)
     sent = lambda: sum(len(fleet.requests(i)) for i in range(2))  # noqa: E731
+    # A generating run waiting in the queue (not submitted yet: a queued run needs a code location's origin).
+    waiting = dg.DagsterRun(
+        job_name="shard_job", run_id="queued-shard-run", status=dg.DagsterRunStatus.NOT_STARTED, tags={}
+    )
+    prepared.instance.add_run(waiting)
     try:
         held = _run_watched_completions(prepared, shard, fleet.urls)
 
         assert not held.success
+        # The held run cancelled it at once: no further generating run starts (the sensor would, within 15 s).
+        assert prepared.instance.get_run_by_id(waiting.run_id).status == dg.DagsterRunStatus.CANCELED
         hold = read_hold(store)
         assert hold is not None and hold.shards == [shard] and hold.figure > hold.threshold
         assert hold.examples and all("OK." in example.answer_head for example in hold.examples)
