@@ -32,14 +32,13 @@ from dagster_project.generation.line_stop import read_watch_reports
 from dagster_project.generation.shards import shard_coverage
 from dagster_project.store.storage import LocalStore
 from tests.support.dagster_helpers import (
-    BACKFILL_RUNS,
     BIN_DIR,
     FAST_ANSWERS,
-    FINISHED,
-    LAUNCH_BACKFILL,
     SHARD_ASSETS,
     DagsterDev,
+    backfill_ended,
     dagster_home,
+    materialize_all,
     materialized_partitions,
     pipeline_env,
     publish_conversations,
@@ -51,41 +50,10 @@ NUM_SHARDS = 8
 SHARDS = {f"shard-{i:05d}" for i in range(NUM_SHARDS)}
 SERVERS = 2
 DISASTER = {"bad_model_share": 1.0}  # every answer: empty reasoning, then "OK." (docs/OPERATIONS.md)
-# The watch's poll (its default) and the issue's bound on stopping admission after a hold.
-WATCH_POLL_S, ADMISSION_STOPS_WITHIN_S = 5.0, 30.0
+# The issue's bound on stopping admission after a hold (the watch polls every 5 s by default).
+ADMISSION_STOPS_WITHIN_S = 30.0
 # Bounds for a loaded 2-core machine, far above the times seen; a miss fails with what was awaited.
 BACKFILL_TIMEOUT_S = 240
-
-BACKFILL_STATUS = """
-query Backfill($id: String!) {
-  partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill { status } }
-}
-"""
-PARTITION_KEYS = '{ assetNodes(assetKeys: [{path: ["completions"]}]) { partitionKeys } }'
-# A backfill's terminal states (Dagster's BulkActionStatus).
-BACKFILL_ENDED = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
-
-
-def _materialize_all(dev: DagsterDev, title: str) -> str:
-    """The Materialize dialog of the shard assets, every partition, "launch backfill"; returns the backfill id."""
-    (completions,) = dev.query(PARTITION_KEYS)["assetNodes"]
-    params = {
-        "partitionNames": completions["partitionKeys"],
-        "assetSelection": [{"path": [asset]} for asset in SHARD_ASSETS],
-        "title": title,
-    }
-    launched = dev.query(LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
-    assert launched["__typename"] == "LaunchBackfillSuccess", launched
-    return launched["backfillId"]
-
-
-def _ended(dev: DagsterDev, backfill: str) -> tuple[str, list[dict]] | None:
-    """The backfill's status and its runs, once it ended and every run of it finished."""
-    status = dev.query(BACKFILL_STATUS, {"id": backfill})["partitionBackfillOrError"]["status"]
-    runs = dev.query(BACKFILL_RUNS, {"backfill": backfill})["runsOrError"]["results"]
-    if status in BACKFILL_ENDED and all(run["status"] in FINISHED for run in runs):
-        return status, runs
-    return None
 
 
 def _job_requests(fleet: SimFleet) -> list[dict]:
@@ -119,9 +87,12 @@ def test_materialize_all_on_a_bad_fleet_holds_the_line_and_after_the_release_the
         publish_conversations(home, store_dir, env)
 
         with DagsterDev.running(env, tmp_path) as dev:
-            first = _materialize_all(dev, "all shards, bad fleet")
+            first = materialize_all(dev, "all shards, bad fleet")
             status, runs = wait_until(
-                lambda: _ended(dev, first), timeout_s=BACKFILL_TIMEOUT_S, interval_s=1.0, what="the backfill to end"
+                lambda: backfill_ended(dev, first),
+                timeout_s=BACKFILL_TIMEOUT_S,
+                interval_s=1.0,
+                what="the backfill to end",
             )
             asked = _job_requests(fleet)
             hold = read_hold(store)
@@ -156,9 +127,12 @@ def test_materialize_all_on_a_bad_fleet_holds_the_line_and_after_the_release_the
                 fleet.clear_faults(index)
             _dflash(env, tmp_path, "hold", "release", "--reason", "restarted the fleet on the right weights")
             assert read_hold(store) is None and read_hold_log(store).released[-1].gate == hold.gate
-            second = _materialize_all(dev, "all shards, healthy fleet")
+            second = materialize_all(dev, "all shards, healthy fleet")
             status, runs = wait_until(
-                lambda: _ended(dev, second), timeout_s=BACKFILL_TIMEOUT_S, interval_s=1.0, what="the rerun to end"
+                lambda: backfill_ended(dev, second),
+                timeout_s=BACKFILL_TIMEOUT_S,
+                interval_s=1.0,
+                what="the rerun to end",
             )
             instance = dg.DagsterInstance.from_config(str(home))
             try:
