@@ -361,13 +361,28 @@ def _seconds(answers: int | None, poll_s: float) -> str:
     return "—" if answers is None else f"{answers / REAL_ANSWERS_PER_S + poll_s:.0f}"
 
 
+def _held(row: Row | DagsterRow) -> str:
+    return f"yes ({row.gate})" if row.held else "no"
+
+
+def _cost(answers: int) -> str:
+    """GPU-s and $ of `answers` at the brief's fleet, as two cells."""
+    gpu_s = FLEET_GPUS / REAL_ANSWERS_PER_S
+    dollars = FLEET_DOLLARS_PER_HOUR / 3600 / REAL_ANSWERS_PER_S
+    return f"{answers * gpu_s:,.0f} | {answers * dollars:,.2f}"
+
+
+def _verdict(where: str, row: Row | DagsterRow, goals: str, met: bool) -> str:
+    if where.startswith("healthy") or where.endswith("healthy control"):
+        return f"* {where}: holds {int(row.held)} (goal 0): **{'met' if not row.held else 'NOT met'}**."
+    return f"* {where}: {goals}: **{'met' if met and row.held else 'NOT met'}**."
+
+
 def _wall_real(seconds: float | None, time_scale: float) -> str:
     return "—" if seconds is None else f"{seconds:.1f} / {seconds / time_scale:.0f}"
 
 
 def render_dagster(rows: list[DagsterRow], time_scale: float) -> list[str]:
-    gpu_s = FLEET_GPUS / REAL_ANSWERS_PER_S
-    dollars = FLEET_DOLLARS_PER_HOUR / 3600 / REAL_ANSWERS_PER_S
     lines = [
         "",
         f"Through Dagster: `dagster dev -w workspace.yaml` with its daemon and sensors, the same fleet and shards, the "
@@ -382,37 +397,32 @@ def render_dagster(rows: list[DagsterRow], time_scale: float) -> list[str]:
         "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|---:|",
     ]
     for row in rows:
-        wasted = row.before_hold + row.drained
         lines.append(
-            f"| {PATH_NAMES[row.path]} | {row.name} | {'yes (' + row.gate + ')' if row.held else 'no'} | "
-            f"{row.before_hold:,} | {row.drained:,} | {wasted * gpu_s:,.0f} | {wasted * dollars:,.2f} | "
-            f"{row.runs} ({row.cancelled}) | {row.launched_after_hold} ({row.sent_after_hold}) | "
-            f"{_wall_real(row.to_alert_s, time_scale)} | {_wall_real(row.to_hold_s, time_scale)} | "
-            f"{row.shards_published} | {row.ended} | {row.wall_s:.0f} |"
+            f"| {PATH_NAMES[row.path]} | {row.name} | {_held(row)} | {row.before_hold:,} | {row.drained:,} | "
+            f"{_cost(row.before_hold + row.drained)} | {row.runs} ({row.cancelled}) | "
+            f"{row.launched_after_hold} ({row.sent_after_hold}) | {_wall_real(row.to_alert_s, time_scale)} | "
+            f"{_wall_real(row.to_hold_s, time_scale)} | {row.shards_published} | {row.ended} | {row.wall_s:.0f} |"
         )
-    lines.append("")
-    for row in rows:
-        where = f"{PATH_NAMES[row.path]}, {row.name}"
-        if row.name.startswith("healthy"):
-            lines.append(f"* {where}: holds {int(row.held)} (goal 0): **{'met' if not row.held else 'NOT met'}**.")
-            continue
-        met = (
-            row.held
-            and row.before_hold + row.drained <= GOAL_ANSWERS
+    goals = (
+        f"answers after the onset ≤ {GOAL_ANSWERS}, no generating run launched after the hold, onset → hold ≤ "
+        f"{GOAL_SECONDS:g} s real"
+    )
+    verdicts = [
+        _verdict(
+            f"{PATH_NAMES[row.path]}, {row.name}",
+            row,
+            goals,
+            row.before_hold + row.drained <= GOAL_ANSWERS
             and row.launched_after_hold == 0
             and row.to_hold_s is not None
-            and row.to_hold_s / time_scale <= GOAL_SECONDS
+            and row.to_hold_s / time_scale <= GOAL_SECONDS,
         )
-        lines.append(
-            f"* {where}: answers after the onset ≤ {GOAL_ANSWERS}, no generating run launched after the hold, onset → "
-            f"hold ≤ {GOAL_SECONDS:g} s real: **{'met' if met else 'NOT met'}**."
-        )
-    return lines
+        for row in rows
+    ]
+    return [*lines, "", *verdicts]
 
 
 def render(rows: list[Row], shard_sizes: list[int], time_scale: float, dagster_rows: list[DagsterRow] = ()) -> str:
-    gpu_s = FLEET_GPUS / REAL_ANSWERS_PER_S
-    dollars = FLEET_DOLLARS_PER_HOUR / 3600 / REAL_ANSWERS_PER_S
     poll = WatchOptions().watch_poll_interval_s
     lines = [
         "## andon: a bad model stopped by the quality watch (`python -m benchmarks.bench_andon`)",
@@ -430,32 +440,29 @@ def render(rows: list[Row], shard_sizes: list[int], time_scale: float, dagster_r
         "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for row in rows:
-        wasted = row.before_hold + row.drained
         lines.append(
-            f"| {row.name} | {'yes (' + row.gate + ')' if row.held else 'no'} | {row.before_hold:,} | {row.drained:,} "
-            f"| {wasted * gpu_s:,.0f} | {wasted * dollars:,.2f} | {row.runs_after_hold} | {row.refused} | "
+            f"| {row.name} | {_held(row)} | {row.before_hold:,} | {row.drained:,} | "
+            f"{_cost(row.before_hold + row.drained)} | {row.runs_after_hold} | {row.refused} | "
             f"{'—' if row.to_alert is None else row.to_alert} / {_seconds(row.to_alert, poll)} | "
             f"{'—' if row.to_hold is None else row.to_hold} / {_seconds(row.to_hold, poll)} | "
             f"{row.shards_published} | {row.wall_s:.0f} |"
         )
-    verdicts = []
-    for row in rows:
-        if row.name.startswith("healthy"):
-            verdicts.append(
-                f"* {row.name}: holds {int(row.held)} (goal 0): **{'met' if not row.held else 'NOT met'}**."
-            )
-            continue
-        met = (
-            row.held
-            and row.before_hold + row.drained <= GOAL_ANSWERS
+    goals = (
+        f"answers after the onset ≤ {GOAL_ANSWERS}, no shard run generating after the hold, onset → hold ≤ "
+        f"{GOAL_SECONDS:g} s at the real rate"
+    )
+    verdicts = [
+        _verdict(
+            row.name,
+            row,
+            goals,
+            row.before_hold + row.drained <= GOAL_ANSWERS
             and row.runs_after_hold == 0
             and row.to_hold is not None
-            and row.to_hold / REAL_ANSWERS_PER_S + poll <= GOAL_SECONDS
+            and row.to_hold / REAL_ANSWERS_PER_S + poll <= GOAL_SECONDS,
         )
-        verdicts.append(
-            f"* {row.name}: answers after the onset ≤ {GOAL_ANSWERS}, no shard run generating after the hold, "
-            f"onset → hold ≤ {GOAL_SECONDS:g} s at the real rate: **{'met' if met else 'NOT met'}**."
-        )
+        for row in rows
+    ]
     dagster = render_dagster(list(dagster_rows), time_scale) if dagster_rows else []
     return "\n".join([*lines, "", *verdicts, *dagster])
 

@@ -56,6 +56,10 @@ ADMISSION_STOPS_WITHIN_S = 30.0
 BACKFILL_TIMEOUT_S = 240
 
 
+def _ended(dev: DagsterDev, backfill: str, what: str) -> tuple[str, list[dict]]:
+    return wait_until(lambda: backfill_ended(dev, backfill), timeout_s=BACKFILL_TIMEOUT_S, interval_s=1.0, what=what)
+
+
 def _job_requests(fleet: SimFleet) -> list[dict]:
     return [entry for index in range(SERVERS) for entry in fleet.job_requests(index)]
 
@@ -88,12 +92,7 @@ def test_materialize_all_on_a_bad_fleet_holds_the_line_and_after_the_release_the
 
         with DagsterDev.running(env, tmp_path) as dev:
             first = materialize_all(dev, "all shards, bad fleet")
-            status, runs = wait_until(
-                lambda: backfill_ended(dev, first),
-                timeout_s=BACKFILL_TIMEOUT_S,
-                interval_s=1.0,
-                what="the backfill to end",
-            )
+            status, runs = _ended(dev, first, "the backfill to end")
             asked = _job_requests(fleet)
             hold = read_hold(store)
             assert hold is not None, f"no hold: {len(asked)} answers of the bad fleet, backfill {status}, runs {runs}"
@@ -128,12 +127,7 @@ def test_materialize_all_on_a_bad_fleet_holds_the_line_and_after_the_release_the
             _dflash(env, tmp_path, "hold", "release", "--reason", "restarted the fleet on the right weights")
             assert read_hold(store) is None and read_hold_log(store).released[-1].gate == hold.gate
             second = materialize_all(dev, "all shards, healthy fleet")
-            status, runs = wait_until(
-                lambda: backfill_ended(dev, second),
-                timeout_s=BACKFILL_TIMEOUT_S,
-                interval_s=1.0,
-                what="the rerun to end",
-            )
+            status, runs = _ended(dev, second, "the rerun to end")
             instance = dg.DagsterInstance.from_config(str(home))
             try:
                 done = materialized_partitions(instance, SHARD_ASSETS)
