@@ -314,8 +314,8 @@ def run_dagster_scenario(
                 )
             row.wall_s = time.monotonic() - started
     finally:
-        reader.stop()
         stop_fleet(root / "fleet")
+        reader.stop()
     instance = dg.DagsterInstance.from_config(str(home))
     try:
         records = _generating_runs(instance)
