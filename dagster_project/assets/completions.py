@@ -6,6 +6,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from dagster_project.assets.line_hold import stop_launching
 from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.generation.heartbeat import ReportIntervals
 from dagster_project.generation.line_hold import LineHeld
@@ -159,6 +160,11 @@ def completions(
                 watch_options=config.to_dataclass(WatchOptions),
             )
         except LineHeld as held:
+            # No further generating run starts: the queued ones are cancelled now, by the run the hold stopped (the
+            # `line_hold_sensor` does it too, but only every 15 s, while the queue launches a run a second).
+            cancelled, _ = stop_launching(context.instance, held.hold.headline())
+            if cancelled:
+                context.log.warning(f"{key}: the line is held: cancelled the queued generating runs {cancelled}")
             raise dg.Failure(
                 description=str(held),
                 metadata={"hold_gate": held.hold.gate, "hold_figure": held.hold.figure, "shard": key},

@@ -304,7 +304,7 @@ class ShardGeneration:
             if watching is not None:
                 watching.cancel()
                 await asyncio.gather(watching, return_exceptions=True)
-                await self.line_stop.close_quietly()
+                await self.line_stop.close_quietly(whole_shard=self.progress.state == "generated")
             if reporting is not None:
                 reporting.cancel()
                 await asyncio.gather(reporting, return_exceptions=True)

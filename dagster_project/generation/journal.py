@@ -200,6 +200,33 @@ class Journal:
                     yield orjson.loads(raw)
 
 
+def drop_records_between(path: Path, since: float, until: float) -> int:
+    """Rewrite the journal at `path` (not open) without the records that finished in [since, until): answers a hold
+    condemned (`line_stop.condemned_answers`), generated again by the next run. A torn last line goes too. Returns
+    how many records were dropped. The window is a span of time, so a conversation loses a suffix of its turns:
+    every later turn kept was written before the window, on the turns before it."""
+    if not path.exists():
+        return 0
+    kept, dropped = bytearray(), 0
+    with open(path, "rb") as handle:
+        for raw in handle:
+            try:
+                finished = orjson.loads(raw).get("finished_at") if raw.endswith(b"\n") else None
+            except ValueError:
+                finished = None
+            if finished is None and not raw.endswith(b"\n"):
+                continue  # a torn last line: dropped as opening the journal would
+            if finished is not None and since <= finished < until:
+                dropped += 1
+                continue
+            kept += raw
+    if dropped:
+        staging = path.with_name(f".{path.name}.dropping")
+        staging.write_bytes(bytes(kept))
+        os.replace(staging, path)
+    return dropped
+
+
 def _lock_exclusively(lock_path: Path):
     """An open lock file holding an exclusive lock, with this process's pid in it; `JournalBusy` if taken."""
     handle = open(lock_path, "a+")

@@ -136,6 +136,20 @@ def read_watch_reports(store: Store, now: float | None = None) -> list[WatchRepo
     return reports
 
 
+def condemned_answers(store: Store, shard: int, fingerprint: str) -> tuple[float, float] | None:
+    """When the answers the shard's held run journaled were written, if a hold condemned them: from that run's start
+    to the release of the hold that stood while it ran, released without `--override` (the answers were wrong: the
+    shard generates them again). None where nothing is condemned: the shard's last run was not held, its hold stands
+    or was released as a false alarm (its answers are kept), or the report is of other settings."""
+    report = read_record(store, watch_key(shard), WatchReport)
+    if report is None or not report.held or report.settings_fingerprint != fingerprint:
+        return None
+    release = next((h for h in read_hold_log(store).released if (h.released_at or 0.0) > report.started_at), None)
+    if release is None or release.overridden or release.released_at is None:
+        return None
+    return report.started_at, release.released_at
+
+
 class LineStop:
     """One shard run's watch loop and whether it may admit requests."""
 
@@ -192,11 +206,13 @@ class LineStop:
         )
         return put_hold(self.store, hold)
 
-    def poll(self, full: bool = True, own: list[list] | None = None) -> Hold | None:
+    def poll(self, full: bool = True, own: list[list] | None = None, *, whole_shard: bool = False) -> Hold | None:
         """Judge this run's answers and the fleet's, holding the line on a failed figure. A full poll first reads
         the hold and the other running shards' reports, and then writes this run's report; a quick one (between
         polls) judges with what the last full poll read and writes only a hold. `own`: this run's rows, taken on the
-        event loop that adds to them (a poll runs in a worker thread). Returns the hold in force, if any."""
+        event loop that adds to them (a poll runs in a worker thread). `whole_shard`: every event of the shard has
+        its answer, so this run's figures may hold under `watch_min_answers` (see `close`). Returns the hold in
+        force, if any."""
         now = self.clock()
         self._unjudged = 0
         hold = read_hold(self.store) if full else self.held
@@ -222,7 +238,7 @@ class LineStop:
                 [self.run_id or "", *(r.run_id or "" for r in others)],
                 [self.shard, *(r.shard for r in others)],
             )
-            if mine.failed is not None and len(own) >= self.options.watch_min_answers:
+            if mine.failed is not None and (whole_shard or len(own) >= self.options.watch_min_answers):
                 hold = self._hold(mine, SCOPE_RUN, len(own), [self.run_id or ""], [self.shard])
             elif fleet.failed is not None and len(fleet_rows) >= self.options.watch_min_answers:
                 hold = self._hold(fleet, SCOPE_FLEET, len(fleet_rows), runs, shards)
@@ -265,11 +281,14 @@ class LineStop:
         self.store.put_bytes(watch_key(self.shard), to_json(report))
         self._last = (mine, fleet, answers, runs)
 
-    def close(self) -> None:
+    def close(self, whole_shard: bool = False) -> None:
         """The run ended: its last answers are judged (a shard a bad model answered within one poll holds the line
         all the same, and is not published), and its report stays for `status` to show, without its rows (no
-        longer counted in the fleet's figures)."""
-        self.poll()
+        longer counted in the fleet's figures). `whole_shard`: the run answered every event of its shard, so its
+        figures are the shard's gates' verdicts on it, taken on those rows before they are published: they hold the
+        line whatever their number (a shard smaller than `watch_min_answers`, which no figure of the run or the fleet
+        could otherwise reach, would be generated through to its gates, and every shard after it)."""
+        self.poll(whole_shard=whole_shard)
         assert self._last is not None
         mine, fleet, answers, runs = self._last
         self._write_report(self.clock(), [], mine, fleet, answers, runs, self.held is not None, running=False)
@@ -295,8 +314,8 @@ class LineStop:
                 await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, next_full - time.monotonic()))
             self._wake.clear()
 
-    async def close_quietly(self) -> None:
+    async def close_quietly(self, whole_shard: bool = False) -> None:
         try:
-            await asyncio.to_thread(self.close)
+            await asyncio.to_thread(self.close, whole_shard)
         except (StoreError, OSError) as exc:  # a report left "running" goes stale within a few polls anyway
             self.log(f"quality watch of shard {self.shard}: final report not written: {exc}")

@@ -27,10 +27,15 @@ from dagster_project.conversations.contamination import ContaminationReportStale
 from dagster_project.conversations.shards import read_conversations, read_shard_conversations_manifest
 from dagster_project.generation.dispatch import Dispatcher
 from dagster_project.generation.events import ShardGeneration
-from dagster_project.generation.heartbeat import ReportIntervals, ShardReporter, restore_journal
-from dagster_project.generation.journal import Journal
+from dagster_project.generation.heartbeat import (
+    ReportIntervals,
+    ShardReporter,
+    journal_segments_prefix,
+    restore_journal,
+)
+from dagster_project.generation.journal import Journal, drop_records_between
 from dagster_project.generation.line_hold import LineHeld, read_hold, read_hold_log
-from dagster_project.generation.line_stop import LineStop, QualityWatch, WatchOptions
+from dagster_project.generation.line_stop import LineStop, QualityWatch, WatchOptions, condemned_answers
 from dagster_project.generation.preflight import check_before_dispatch
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import (
@@ -322,5 +327,16 @@ def _open_journal(
     restored = restore_journal(store, shard, fingerprint, local_journal)
     if restored:
         log(f"journal restored from the store's checkpoint (a resume on a new node): {restored} bytes, {local_journal}")
+    condemned = condemned_answers(store, shard, fingerprint)
+    if condemned is not None:
+        dropped = drop_records_between(local_journal, *condemned)
+        # The store's checkpoints still hold them: gone too, and this run checkpoints its journal whole, first thing.
+        for info in list(store.list(journal_segments_prefix(shard, fingerprint))):
+            store.delete(info.key)
+        restored = 0
+        log(
+            f"shard {shard}: {dropped} answers journaled by its run the line's hold stopped are dropped and asked "
+            "again (the hold was released without --override: they were the answers the hold judged)"
+        )
     with Journal(local_journal) as journal:
         yield journal, restored

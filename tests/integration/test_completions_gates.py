@@ -84,12 +84,15 @@ def _resources(store: LocalStore, endpoints: list[str]) -> dict:
     }
 
 
-def _run_shard(prepared: Prepared, shard: int, endpoints: list[str]) -> dg.ExecuteInProcessResult:
+def _run_shard(
+    prepared: Prepared, shard: int, endpoints: list[str], *, quality_watch: bool = True
+) -> dg.ExecuteInProcessResult:
     return dg.materialize(
         SHARD_RUN,
         partition_key=layout.partition_key(shard),
         resources=_resources(prepared.store, endpoints),
         instance=prepared.instance,
+        run_config={"ops": {"completions": {"config": {"quality_watch": quality_watch}}}},
         raise_on_error=False,
     )
 
@@ -116,7 +119,9 @@ def test_empty_answers_fail_the_blocking_gates_and_stop_training_set_in_the_same
     shard = 1
     partition = layout.partition_key(shard)
 
-    result = _run_shard(prepared, shard, fleet.urls)
+    # The gates themselves, the last line: with the quality watch on, a shard of such answers, judged whole at its
+    # end, holds the line unpublished (test_a_fleet_going_bad_holds_the_line_...; tests/unit/training).
+    result = _run_shard(prepared, shard, fleet.urls, quality_watch=False)
 
     assert not result.success
     # The fault was live: every answer is the EOS token alone, stored as a result (an empty answer is data).
@@ -269,10 +274,17 @@ def test_a_fleet_going_bad_holds_the_line_and_a_release_resumes_exactly_once(pre
     store, shard = prepared.store, 3
     fleet = sim_fleet(2, **SLOW_BAD_MODEL)
     sent = lambda: sum(len(fleet.requests(i)) for i in range(2))  # noqa: E731
+    # A generating run waiting in the queue (not submitted yet: a queued run needs a code location's origin).
+    waiting = dg.DagsterRun(
+        job_name="shard_job", run_id="queued-shard-run", status=dg.DagsterRunStatus.NOT_STARTED, tags={}
+    )
+    prepared.instance.add_run(waiting)
     try:
         held = _run_watched_completions(prepared, shard, fleet.urls)
 
         assert not held.success
+        # The held run cancelled it at once: no further generating run starts (the sensor would, within 15 s).
+        assert prepared.instance.get_run_by_id(waiting.run_id).status == dg.DagsterRunStatus.CANCELED
         hold = read_hold(store)
         assert hold is not None and hold.shards == [shard] and hold.figure > hold.threshold
         assert hold.examples and all("OK." in example.answer_head for example in hold.examples)

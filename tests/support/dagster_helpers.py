@@ -302,6 +302,15 @@ query Runs($backfill: String!) {
 
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 
+BACKFILL_STATUS = """
+query Backfill($id: String!) {
+  partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill { status } }
+}
+"""
+# A backfill's terminal states (Dagster's BulkActionStatus).
+BACKFILL_ENDED = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
+COMPLETIONS_PARTITIONS = '{ assetNodes(assetKeys: [{path: ["completions"]}]) { partitionKeys } }'
+
 
 class GraphQLError(AssertionError):
     pass
@@ -422,6 +431,32 @@ class DagsterDev(DagsterUI):
             )
         with cls(process=process, port=port, log_path=log_path, workspace=WORKSPACE).serving(startup_timeout_s) as dev:
             yield dev
+
+
+def materialize_all(dev: DagsterDev, title: str, run_config: Mapping[str, Any] | None = None) -> str:
+    """The Materialize dialog of the shard assets over every partition, "launch backfill" (`launchPartitionBackfill`,
+    one asset backfill at the backfill policy's shards per run); `run_config`: what the dialog's launchpad would
+    add. Returns the backfill's id."""
+    (completions,) = dev.query(COMPLETIONS_PARTITIONS)["assetNodes"]
+    params: dict[str, Any] = {
+        "partitionNames": completions["partitionKeys"],
+        "assetSelection": [{"path": [asset]} for asset in SHARD_ASSETS],
+        "title": title,
+    }
+    if run_config is not None:
+        params["runConfigData"] = dict(run_config)
+    launched = dev.query(LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    return launched["backfillId"]
+
+
+def backfill_ended(dev: DagsterDev, backfill: str) -> tuple[str, list[dict]] | None:
+    """The backfill's status and its runs, once it ended and every run of it finished (for `wait_until`)."""
+    status = dev.query(BACKFILL_STATUS, {"id": backfill})["partitionBackfillOrError"]["status"]
+    runs = dev.query(BACKFILL_RUNS, {"backfill": backfill})["runsOrError"]["results"]
+    if status in BACKFILL_ENDED and all(run["status"] in FINISHED for run in runs):
+        return status, runs
+    return None
 
 
 def workspace_locations(workspace: Path = WORKSPACE) -> set[str]:

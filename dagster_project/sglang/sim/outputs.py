@@ -334,7 +334,9 @@ class OutputModel:
         shape it."""
         rng = random.Random(f"{self.config.seed}:{prompt_hash}:{sample}")
         thinking = input_ids[-2:] != self.no_think_suffix
-        if bad:
+        # A logit_bias that forces a token (the served-model probe) is the sampler's, not the weights': a bad model
+        # writes that token as a good one does, and answers every other request badly.
+        if bad and forced_token(params) is None:
             return self._bad_answer(thinking, len(input_ids), rng, mtp_off, batch)
         natural = max(1, min(self.lengths(rng), self.config.max_output_len))
         natural = max(natural, int(params.get("min_new_tokens") or 0) + 1)

@@ -3,7 +3,7 @@ import os
 import orjson
 import pytest
 
-from dagster_project.generation.journal import Journal, JournalBusy, JournalCorrupt
+from dagster_project.generation.journal import Journal, JournalBusy, JournalCorrupt, drop_records_between
 
 
 def record(event_id: str, status: str = "ok", retryable: bool = False, **extra) -> dict:
@@ -75,3 +75,21 @@ def test_a_second_writer_of_the_same_journal_is_refused_naming_the_holder(tmp_pa
         assert journal.append(record("b#turn0"))  # the refused opener changed nothing
     with Journal(path) as journal:
         assert set(journal.entries) == {"a#turn0", "b#turn0"}
+
+
+def test_the_records_finished_in_a_window_are_dropped_and_the_rest_kept_in_order(tmp_path):
+    """What a hold released without --override condemns: the answers a held run journaled (`drop_records_between`);
+    the journal reopens with the rest, and the dropped events may be answered again."""
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as journal:
+        for event_id, finished_at in (("a#turn0", 10.0), ("b#turn0", 20.0), ("a#turn1", 25.0), ("c#turn0", 40.0)):
+            journal.append(record(event_id, finished_at=finished_at))
+    with open(path, "ab") as handle:
+        handle.write(b'{"event_id": "d#turn0", "finis')  # a torn last line goes as opening would drop it
+
+    assert drop_records_between(path, 20.0, 40.0) == 2
+    with Journal(path) as journal:
+        assert [r["event_id"] for r in journal.final_records()] == ["a#turn0", "c#turn0"]
+        assert journal.append(record("b#turn0", finished_at=50.0))  # asked again
+    assert drop_records_between(path, 20.0, 40.0) == 0  # once dropped, the window holds nothing of a later run
+    assert drop_records_between(tmp_path / "none.jsonl", 0.0, 1.0) == 0

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.model_identity import forced_token_params
 from dagster_project.sglang.sim.config import SimConfig, load_sim_vocab
 from dagster_project.sglang.sim.outputs import AcceptModel, OutputModel
 from dagster_project.tool_calls import parse_tool_calls
@@ -174,6 +175,10 @@ def test_a_bad_model_writes_the_seeds_disaster_for_its_share_of_answers_after_it
     answer = model.plan(prompt, "hi", {}, 1024, bad=True)
     assert tok.decode(answer.output_ids) == "\n</think>\n\nOK.<|im_end|>" and len(answer.output_ids) == 6
     assert answer.finish_reason["type"] == "stop" and answer.text == "\n</think>\n\nOK."
+    # The served-model probe forces one id with a logit_bias: the sampler writes it whatever the weights say, so a
+    # bad model still passes the probe (its answers are what is wrong, not the model it serves).
+    forced = model.plan([0], "probe", forced_token_params(model.eos), 1, bad=True)
+    assert forced.output_ids == [model.eos] and forced.finish_reason["type"] == "stop"
 
     faults = Faults()
     faults.update({"bad_model_share": 0.3, "bad_model_after_answers": 100}, now=0.0)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from dagster_project.generation.line_hold import read_hold
-from dagster_project.generation.line_stop import LineStop, WatchOptions, read_watch_reports
+from dagster_project.generation.line_hold import read_hold, release_hold
+from dagster_project.generation.line_stop import LineStop, WatchOptions, condemned_answers, read_watch_reports
 from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gates
@@ -76,6 +76,56 @@ def test_a_disaster_holds_the_line_with_its_evidence_and_stops_admission(tmp_pat
     assert hold.examples and hold.examples[0].answer_head == "\n</think>\n\nOK.<|im_end|>"
     (report,) = read_watch_reports(store)
     assert report.held and report.answers == 60 and {f.gate for f in report.figures} >= set(WATCHED_ANSWER_GATES)
+
+
+def test_a_shard_smaller_than_the_watch_minimum_holds_the_line_once_all_of_it_is_answered(tmp_path):
+    """A shard of 30 answers never reaches `watch_min_answers` (100): answered whole, its figures are its gates'
+    verdicts on it, before it is published, and they hold the line; a run that ended short of it does not."""
+    store = LocalStore(tmp_path)
+    cut_short = LineStop(store, 1, _watch(), "fp", run_id="run-1")
+    for row in disaster_rows(30):
+        cut_short.observe(row)
+    cut_short.close()  # ended before all of its shard was answered (a failure): too few answers to hold on
+    assert read_hold(store) is None and cut_short.admitting()
+
+    whole = LineStop(store, 2, _watch(), "fp", run_id="run-2")
+    for row in disaster_rows(30, shard=2):
+        whole.observe(row)
+    whole.close(whole_shard=True)
+    hold = read_hold(store)
+    assert hold is not None and not whole.admitting()
+    assert hold.shards == [2] and hold.sample_size == 30 and hold.scope == "run" and hold.figure > hold.threshold
+
+    healthy_store = LocalStore(tmp_path / "healthy")
+    healthy = LineStop(healthy_store, 3, _watch(), "fp", run_id="run-3")
+    for row in healthy_rows(30):
+        healthy.observe(row)
+    healthy.close(whole_shard=True)
+    assert read_hold(healthy_store) is None and healthy.admitting()
+
+
+def test_a_release_without_override_condemns_what_the_held_run_journaled_and_a_false_alarm_keeps_it(tmp_path):
+    """The held run's answers, from its start to the release, are generated again when the hold is released as
+    right (the fleet was wrong), kept when it is released with --override (a false alarm)."""
+    store = LocalStore(tmp_path)
+    stop = LineStop(store, 4, _watch(), "fp", run_id="run-1", clock=lambda: 1000.0)
+    for row in disaster_rows(30, shard=4):
+        stop.observe(row)
+    assert condemned_answers(store, 4, "fp") is None  # no report yet
+    stop.close(whole_shard=True)
+    assert read_hold(store) is not None
+    assert condemned_answers(store, 4, "fp") is None  # held, not released: nothing is decided yet
+    release_hold(store, by="test", reason="restarted the fleet", now=2000.0)
+    assert condemned_answers(store, 4, "fp") == (1000.0, 2000.0)
+    assert condemned_answers(store, 4, "other-settings") is None and condemned_answers(store, 5, "fp") is None
+
+    false_alarm = LocalStore(tmp_path / "false-alarm")
+    stop = LineStop(false_alarm, 4, _watch(), "fp", run_id="run-1", clock=lambda: 1000.0)
+    for row in disaster_rows(30, shard=4):
+        stop.observe(row)
+    stop.close(whole_shard=True)
+    release_hold(false_alarm, by="test", reason="terse task", override=[read_hold(false_alarm).gate], now=2000.0)
+    assert condemned_answers(false_alarm, 4, "fp") is None
 
 
 def test_an_overridden_gate_is_shown_failing_but_does_not_hold_the_line():
