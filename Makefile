@@ -73,8 +73,9 @@ dev: venv
 	DAGSTER_HOME=$(DEV_HOME) $(BIN)/dagster instance migrate >/dev/null
 	DAGSTER_HOME=$(DEV_HOME) DAGSTER_GRPC_TIMEOUT_SECONDS=$(LAUNCH_TIMEOUT_S) $(BIN)/dagster dev -w workspace.yaml
 
-# About 1.5-2 h on 2 cores: bench_fleet alone runs each of its four rows for ~15 min at the real latency model
-# (`--time-scale 0.2` for a ~20 min run of the same shape).
+# About 2.5 h on 2 cores: bench_fleet alone runs each of its four rows for ~15 min at the real latency model
+# (`--time-scale 0.2` for a ~20 min run of the same shape), and bench_andon its rows directly and through
+# `dagster dev` (~30 min).
 benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_dispatcher
 	$(BIN)/python -m benchmarks.bench_fleet
@@ -88,6 +89,10 @@ benchmarks: venv
 	$(BIN)/python -m benchmarks.bench_status_scale
 	$(BIN)/python -m benchmarks.bench_status_process
 	$(BIN)/python -m benchmarks.bench_contamination
+	$(BIN)/python -m benchmarks.bench_gates
+	$(BIN)/python -m benchmarks.bench_set_aside
+	$(BIN)/python -m benchmarks.bench_waste
+	$(BIN)/python -m benchmarks.bench_andon
 
 # The dress rehearsal (stops after 60 min): one backfill over 1,830 partitions on PostgreSQL and S3 with
 # `dagster dev`, sensors on, the head node measured; writes its table into BENCHMARKS.md (`--shards N` for fewer).
