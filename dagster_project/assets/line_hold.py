@@ -1,10 +1,15 @@
 """The Dagster side of a hold of the line (`generation.line_hold`): no further generating run starts.
 
-The shard runs themselves stop admitting and end with a failure naming the hold. This sensor, while a hold
-stands, cancels the generating runs still queued (so none starts), and cancels each backfill that generates once
-none of its runs is still at work (cancelling it sooner would terminate the runs draining their in-flight
-requests): the backfill then launches no further run. After `dflash hold release`, materialize the shards again
-(a new backfill): each resumes from its journal.
+The shard runs themselves stop admitting and end with a failure naming the hold. While a hold stands:
+
+* `HoldingRunCoordinator`, the instance's run coordinator (dagster.yaml), cancels a generating run when it is
+  submitted, before it is queued: it never launches, whoever submits it (a backfill, the UI, or the CLI's
+  `dagster job backfill`, which submits its runs one by one and so goes on submitting after a hold);
+* the run the hold stopped, and `line_hold_sensor` every tick, cancel the generating runs already queued, and
+  each backfill that generates once none of its runs is still at work (cancelling it sooner would terminate the
+  runs draining their in-flight requests): the backfill then launches no further run.
+
+After `dflash hold release`, materialize the shards again (a new backfill): each resumes from its journal.
 """
 
 import dagster as dg
@@ -13,6 +18,7 @@ from dagster._core.storage.tags import BACKFILL_ID_TAG
 
 from dagster_project.generation.line_hold import read_hold
 from dagster_project.resources import DatasetStore
+from dagster_project.resources.environment import resources_from_env
 from dagster_project.store import layout
 
 HOLD_SENSOR_TICK_S = 15
@@ -59,3 +65,19 @@ def line_hold_sensor(context: dg.SensorEvaluationContext, store: DatasetStore) -
             f"{hold.headline()} — cancelled queued runs {runs or 'none'}, backfills {backfills or 'none'}"
         )
     return dg.SkipReason(hold.headline())
+
+
+class HoldingRunCoordinator(dg.QueuedRunCoordinator):
+    """Dagster's queued run coordinator (the same settings: dagster.yaml's `concurrency` and its own config), which
+    refuses a generating run at its submission while the line is held: the run is cancelled, naming the hold, and
+    never queued nor launched. Other runs, and every run while the line is not held, are queued as Dagster does."""
+
+    def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
+        run = context.dagster_run
+        if _generates(run) and run.status == dg.DagsterRunStatus.NOT_STARTED:
+            # The store as the definitions' `store` resource opens it: this runs in the process that submits.
+            hold = read_hold(resources_from_env()["store"].open())
+            if hold is not None:
+                self._instance.report_run_canceled(run, message=f"not started: {hold.headline()}")
+                return self._instance.get_run_by_id(run.run_id) or run
+        return super().submit_run(context)
