@@ -157,10 +157,11 @@ class Soak:
         return process
 
     def operator_status(self) -> None:
-        """`dflash status`, as the operator runs it after a kill: it fails the dead runs and frees their pool
-        slots (a SIGKILLed CLI run is ended by nothing else without a daemon)."""
+        """`dflash status --dagster`, as the dead-runs alert tells the operator after a kill: it fails the dead runs
+        and frees their pool slots (a SIGKILLed CLI run is ended by nothing else without a daemon; plain `status`
+        reads Dagster's recorded view and changes nothing, so four dead runs held the pool's four slots for good)."""
         subprocess.run(
-            [sys.executable, "-m", "dagster_project.cli", "status"],
+            [sys.executable, "-m", "dagster_project.cli", "status", "--dagster"],
             env={**self.env, "DFLASH_SGLANG_ENDPOINTS": self.endpoints(HEALTHY, FAULTY)},
             cwd=self.root,
             capture_output=True,
@@ -383,7 +384,7 @@ def verify(soak: Soak, result: FaultResult) -> None:
     if result.kills:
         result.note = (
             f"{result.resent / result.kills:.1f} re-sent per kill (bound: one window, {WINDOW}); "
-            "`dflash status` after each kill fails the dead run and frees its pool slot"
+            "`dflash status --dagster` after each kill fails the dead run and frees its pool slot"
         )
 
 
