@@ -22,6 +22,7 @@ from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFlee
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.settings import skip_pilot
 from dagster_project.store import layout
+from dagster_project.store.dataclass_json import from_dict
 from dagster_project.store.lease import LeaseOptions
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import special_ids
@@ -66,12 +67,13 @@ def _quality_watch(context: dg.AssetExecutionContext, tok: Any, enable_thinking:
     nor let run past what it would block."""
     ops = context.run.run_config.get("ops") or {}
     check_config = (ops.get(QUALITY_CHECK) or {}).get("config") or {}
-    limits = gate_sets.configured(gate_sets.CompletionShareLimits, check_config)
+    # A check's config read as its dataclasses read a record: the fields each has, defaults for the rest.
+    limits = from_dict(gate_sets.CompletionShareLimits, check_config)
     return AnswerQualityWatch(
         special_ids(tok),
         tok.decode,
         enable_thinking=enable_thinking,
-        thresholds=gate_sets.configured(GateThresholds, check_config),
+        thresholds=from_dict(GateThresholds, check_config),
         max_error_share=limits.max_error_share,
         max_length_capped_share=limits.max_length_capped_share,
     )

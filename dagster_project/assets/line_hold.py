@@ -18,7 +18,7 @@ from dagster._core.storage.tags import BACKFILL_ID_TAG
 
 from dagster_project.generation.line_hold import read_hold
 from dagster_project.resources import DatasetStore
-from dagster_project.resources.environment import resources_from_env
+from dagster_project.resources.environment import store_from_env
 from dagster_project.store import layout
 
 HOLD_SENSOR_TICK_S = 15
@@ -76,7 +76,7 @@ class HoldingRunCoordinator(dg.QueuedRunCoordinator):
         run = context.dagster_run
         if _generates(run) and run.status == dg.DagsterRunStatus.NOT_STARTED:
             # The store as the definitions' `store` resource opens it: this runs in the process that submits.
-            hold = read_hold(resources_from_env()["store"].open())
+            hold = read_hold(store_from_env().open())
             if hold is not None:
                 self._instance.report_run_canceled(run, message=f"not started: {hold.headline()}")
                 return self._instance.get_run_by_id(run.run_id) or run

@@ -210,12 +210,12 @@ def drop_records_between(path: Path, since: float, until: float) -> int:
     kept, dropped = bytearray(), 0
     with open(path, "rb") as handle:
         for raw in handle:
+            if not raw.endswith(b"\n"):
+                continue  # a torn last line: dropped as opening the journal would
             try:
-                finished = orjson.loads(raw).get("finished_at") if raw.endswith(b"\n") else None
+                finished = orjson.loads(raw).get("finished_at")
             except ValueError:
                 finished = None
-            if finished is None and not raw.endswith(b"\n"):
-                continue  # a torn last line: dropped as opening the journal would
             if finished is not None and since <= finished < until:
                 dropped += 1
                 continue

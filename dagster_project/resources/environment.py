@@ -14,6 +14,11 @@ from dagster_project.resources.store import DatasetStore
 from dagster_project.resources.tokenizer import TokenizerResource
 
 
+def store_from_env(s3: S3Resource | None = None) -> DatasetStore:
+    """The `store` resource as the environment configures it (`DFLASH_STORE`, `DFLASH_WORK_DIR`)."""
+    return DatasetStore(root=settings.store_uri(), work_dir=str(settings.work_dir()), s3=s3 or S3Resource())
+
+
 def resources_from_env(*, resolve_secrets: bool = False) -> dict[str, dg.ConfigurableResource]:
     """`resolve_secrets`: for a process that uses the resources without Dagster initializing them (`dflash`), the
     secrets' values rather than references that Dagster resolves when it initializes them."""
@@ -22,7 +27,7 @@ def resources_from_env(*, resolve_secrets: bool = False) -> dict[str, dg.Configu
     s3 = S3Resource()
     return {
         "s3": s3,
-        "store": DatasetStore(root=settings.store_uri(), work_dir=str(settings.work_dir()), s3=s3),
+        "store": store_from_env(s3),
         "tokenizer": TokenizerResource(name_or_path=settings.tokenizer_name()),
         "generation": GenerationConfig(),
         "eval_sets": EvalSets(eval_files=settings.env_list("DFLASH_EVAL_SETS", [])),

@@ -9,8 +9,7 @@ The gates themselves are in `training.gates` (answers and rows), `training.tool_
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import TypeVar
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -25,8 +24,6 @@ MAX_LENGTH_CAPPED_SHARE = 0.10
 # The answer gates judge completions as the training rows they would become, before any row is assembled.
 ANSWER_GATES = ("thinking_structure", "degenerate_answers", "short_answers", "ids_in_vocabulary")
 
-_Limits = TypeVar("_Limits")
-
 
 @dataclass(frozen=True)
 class CompletionShareLimits:
@@ -39,14 +36,6 @@ class CompletionShareLimits:
         default=MAX_LENGTH_CAPPED_SHARE,
         metadata={"help": "Largest tolerated share of answers that hit max_new_tokens."},
     )
-
-
-def configured(kind: type[_Limits], values: Mapping[str, object]) -> _Limits:
-    """A `kind` (`gates.GateThresholds`, `CompletionShareLimits`) from a check's configured values: those it has a
-    field for, its defaults for the rest. How a step that is not the check reads the check's thresholds from the
-    run's config (the completions step's quality watch holds by the thresholds its own check blocks by)."""
-    names = {f.name for f in fields(kind)}
-    return kind(**{name: value for name, value in values.items() if name in names})
 
 
 @dataclass(frozen=True)

@@ -51,11 +51,11 @@ from tests.support.dagster_helpers import (
     EXPECTED_CHECKS,
     FAST_ANSWERS,
     FINISHED,
-    LAUNCH_BACKFILL,
     SHARD_ASSETS,
     DagsterDev,
     check_evaluations,
     dagster_home,
+    materialize_all,
     materialized_partitions,
     pipeline_env,
     publish_conversations,
@@ -102,8 +102,6 @@ query Status($keys: [AssetKeyInput!]) {
 }
 """
 
-PARTITION_KEYS = '{ assetNodes(assetKeys: [{path: ["completions"]}]) { partitionKeys } }'
-
 
 def _key(path: list[str]) -> str:
     return "/".join(path)
@@ -145,17 +143,10 @@ def operator_ui(tmp_path_factory) -> Iterator[OperatorUI]:
 
             with DagsterDev.running(env, root) as dev:
                 # The Materialize dialog: all partitions of the shard assets, "launch backfill".
-                (completions,) = dev.query(PARTITION_KEYS)["assetNodes"]
-                params = {
-                    "partitionNames": completions["partitionKeys"],
-                    "assetSelection": [{"path": [asset]} for asset in SHARD_ASSETS],
-                    "title": "all shards",
-                }
-                launched = dev.query(LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
-                assert launched["__typename"] == "LaunchBackfillSuccess", launched
+                backfill = materialize_all(dev, "all shards")
 
                 def finished_runs() -> list[dict] | None:
-                    runs = dev.query(BACKFILL_RUNS, {"backfill": launched["backfillId"]})["runsOrError"]["results"]
+                    runs = dev.query(BACKFILL_RUNS, {"backfill": backfill})["runsOrError"]["results"]
                     done = len(runs) >= NUM_SHARDS and all(run["status"] in FINISHED for run in runs)
                     return runs if done else None
 

@@ -31,15 +31,13 @@ from dagster._core.execution.backfill import BulkActionStatus
 
 from dagster_project.assets.dagster_instance import daemon_heartbeat_at
 from dagster_project.ops.coverage import read_coverage
-from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from tests.support.dagster_helpers import (
     BACKFILL_RUNS,
     BIN_DIR,
     FAST_ANSWERS,
-    LAUNCH_BACKFILL,
-    SHARD_ASSETS,
     dagster_home,
+    materialize_all,
     pipeline_env,
     publish_conversations,
     run_cli,
@@ -99,14 +97,7 @@ def test_a_daemon_killed_mid_backfill_is_restarted_and_the_backfill_completes_ex
                     what="the daemon's first heartbeat",
                 )
                 publish_conversations(home, store, env)
-                params = {
-                    "partitionNames": layout.partition_keys(NUM_SHARDS),
-                    "assetSelection": [{"path": [asset]} for asset in SHARD_ASSETS],
-                    "title": "all shards, the daemon killed",
-                }
-                launched = head.query(LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
-                assert launched["__typename"] == "LaunchBackfillSuccess", launched
-                backfill_id = launched["backfillId"]
+                backfill_id = materialize_all(head, "all shards, the daemon killed")
 
                 def backfill_runs() -> list[dict]:
                     return head.query(BACKFILL_RUNS, {"backfill": backfill_id})["runsOrError"]["results"]

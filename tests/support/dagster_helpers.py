@@ -433,7 +433,7 @@ class DagsterDev(DagsterUI):
             yield dev
 
 
-def materialize_all(dev: DagsterDev, title: str, run_config: Mapping[str, Any] | None = None) -> str:
+def materialize_all(dev: DagsterUI, title: str, run_config: Mapping[str, Any] | None = None) -> str:
     """The Materialize dialog of the shard assets over every partition, "launch backfill" (`launchPartitionBackfill`,
     one asset backfill at the backfill policy's shards per run); `run_config`: what the dialog's launchpad would
     add. Returns the backfill's id."""
@@ -450,7 +450,7 @@ def materialize_all(dev: DagsterDev, title: str, run_config: Mapping[str, Any] |
     return launched["backfillId"]
 
 
-def backfill_ended(dev: DagsterDev, backfill: str) -> tuple[str, list[dict]] | None:
+def backfill_ended(dev: DagsterUI, backfill: str) -> tuple[str, list[dict]] | None:
     """The backfill's status and its runs, once it ended and every run of it finished (for `wait_until`)."""
     status = dev.query(BACKFILL_STATUS, {"id": backfill})["partitionBackfillOrError"]["status"]
     runs = dev.query(BACKFILL_RUNS, {"backfill": backfill})["runsOrError"]["results"]
