@@ -9,7 +9,7 @@ from pydantic import Field
 from dagster_project.assets.line_hold import stop_launching
 from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.generation.heartbeat import ReportIntervals
-from dagster_project.generation.line_hold import LineHeld
+from dagster_project.generation.line_hold import Hold, LineHeld
 from dagster_project.generation.line_stop import WatchOptions
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
@@ -141,6 +141,18 @@ def completions(
                 )
             )
 
+        def stop_the_queue(hold: Hold) -> None:
+            """No further generating run starts: the queued ones are cancelled by the run that sees the hold first,
+            as it sees it (the `line_hold_sensor` does it too, but only every 15 s, while the queue launches a run
+            a second), and again when it ends."""
+            try:
+                cancelled, _ = stop_launching(context.instance, hold.headline())
+            except Exception as exc:  # noqa: BLE001 - the hold stands whatever this does; the sensor cancels them
+                context.log.warning(f"{key}: the line is held; cancelling the queued generating runs failed: {exc}")
+                return
+            if cancelled:
+                context.log.warning(f"{key}: the line is held: cancelled the queued generating runs {cancelled}")
+
         tok = tokenizer.load()
         watch = _quality_watch(context, tok, settings.enable_thinking) if config.quality_watch else None
         try:
@@ -160,13 +172,10 @@ def completions(
                 pilot=PilotNote(cleared.message, cleared.skipped),
                 watch=watch,
                 watch_options=config.to_dataclass(WatchOptions),
+                on_hold=stop_the_queue,
             )
         except LineHeld as held:
-            # No further generating run starts: the queued ones are cancelled now, by the run the hold stopped (the
-            # `line_hold_sensor` does it too, but only every 15 s, while the queue launches a run a second).
-            cancelled, _ = stop_launching(context.instance, held.hold.headline())
-            if cancelled:
-                context.log.warning(f"{key}: the line is held: cancelled the queued generating runs {cancelled}")
+            stop_the_queue(held.hold)
             raise dg.Failure(
                 description=str(held),
                 metadata={"hold_gate": held.hold.gate, "hold_figure": held.hold.figure, "shard": key},

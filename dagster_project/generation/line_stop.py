@@ -163,10 +163,14 @@ class LineStop:
         run_id: str | None = None,
         options: WatchOptions = WatchOptions(),
         log: Callable[[str], None] = lambda message: None,
+        on_hold: Callable[[Hold], None] = lambda hold: None,
         clock: Callable[[], float] = time.time,
     ):
         self.store, self.shard, self.watch, self.fingerprint = store, shard, watch, fingerprint
         self.run_id, self.options, self.log, self.clock = run_id, options, log, clock
+        # Called once, in the poll that first sees a hold (this run's or another's), before the drain: what else
+        # must stop launching (the Dagster side) need not wait `hold_drain_s` for this run to end.
+        self.on_hold = on_hold
         self.started_at = clock()
         self.held: Hold | None = None
         self.answers = 0
@@ -243,7 +247,9 @@ class LineStop:
             elif fleet.failed is not None and len(fleet_rows) >= self.options.watch_min_answers:
                 hold = self._hold(fleet, SCOPE_FLEET, len(fleet_rows), runs, shards)
         if hold is not None and self.held is None:
+            self.held = hold  # admission stops first
             self.log(f"shard {self.shard}: {hold.headline()}")
+            self.on_hold(hold)
         self.held = hold
         if full:
             self._write_report(now, own, mine, fleet, len(fleet_rows), 1 + len(others), hold is not None)

@@ -34,7 +34,7 @@ from dagster_project.generation.heartbeat import (
     restore_journal,
 )
 from dagster_project.generation.journal import Journal, drop_records_between
-from dagster_project.generation.line_hold import LineHeld, read_hold, read_hold_log
+from dagster_project.generation.line_hold import Hold, LineHeld, read_hold, read_hold_log
 from dagster_project.generation.line_stop import LineStop, QualityWatch, WatchOptions, condemned_answers
 from dagster_project.generation.preflight import check_before_dispatch
 from dagster_project.generation.progress import Heartbeat
@@ -184,6 +184,7 @@ def generate_shard(
     pilot: PilotNote = PilotNote(),
     watch: QualityWatch | None = None,
     watch_options: WatchOptions = WatchOptions(),
+    on_hold: Callable[[Hold], None] = lambda hold: None,
 ) -> CompletionsShardManifest:
     """Generate and publish `completions/shard=NNNNN/`; return its manifest. `run_id`: the Dagster run, named
     in the shard's lease and heartbeats. `pilot`: what cleared the settings (recorded in the manifest).
@@ -191,7 +192,8 @@ def generate_shard(
     Refuses a conversations shard that failed a blocking conversations check (their verdicts on this build),
     naming the gate, unless `override_failed_gates`. With a `watch`, every answer is watched and a hold of the
     line (`generation.line_hold`, by this run or any other) stops admission: the run then raises `LineHeld`, having
-    journaled what was in flight; it refuses to start while a hold stands."""
+    journaled what was in flight; it refuses to start while a hold stands. `on_hold`: called once when this run
+    first sees a hold, before its in-flight requests drain."""
     hold = read_hold(store)
     if hold is not None:
         raise LineHeld(hold, shard)
@@ -230,7 +232,9 @@ def generate_shard(
             log(f"journal: dropped a torn last line ({journal.torn_bytes_dropped} bytes) left by a killed run")
         job = ShardGeneration(shard, conversations, tokenizer, settings, journal, excluded)
         if watch is not None:
-            job.line_stop = LineStop(store, shard, watch, fingerprint, run_id=run_id, options=watch_options, log=log)
+            job.line_stop = LineStop(
+                store, shard, watch, fingerprint, run_id=run_id, options=watch_options, log=log, on_hold=on_hold
+            )
         reporter = ShardReporter(
             store,
             shard,

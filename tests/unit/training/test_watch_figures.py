@@ -63,14 +63,19 @@ def test_the_watch_gives_each_gates_own_verdict_on_the_same_rows(rows):
 def test_a_disaster_holds_the_line_with_its_evidence_and_stops_admission(tmp_path):
     store = LocalStore(tmp_path)
     watch = _watch()
-    stop = LineStop(store, 3, watch, "fp", run_id="run-1", options=WatchOptions(watch_min_answers=50))
+    seen = []
+    stop = LineStop(
+        store, 3, watch, "fp", run_id="run-1", options=WatchOptions(watch_min_answers=50), on_hold=seen.append
+    )
     for row in disaster_rows(40):
         stop.observe(row)
-    assert stop.poll() is None and stop.admitting()  # failing, but fewer answers than the watch may hold on
+    assert stop.poll() is None and stop.admitting() and not seen  # failing, but too few answers to hold on
     for row in disaster_rows(60, shard=1)[40:]:
         stop.observe(row)
     hold = stop.poll()
     assert hold is not None and not stop.admitting()
+    stop.poll()
+    assert seen == [hold]  # told once, as the hold is first seen (the Dagster side stops launching then)
     assert read_hold(store) == hold and hold.scope == "run" and hold.runs == ["run-1"] and hold.shards == [3]
     assert hold.gate == "thinking_structure" and hold.figure > hold.threshold and hold.sample_size == 60
     assert hold.examples and hold.examples[0].answer_head == "\n</think>\n\nOK.<|im_end|>"
@@ -135,3 +140,21 @@ def test_an_overridden_gate_is_shown_failing_but_does_not_hold_the_line():
     failing = {f.gate for f in watch.judge(watch.rows()).figures if f.blocking and not f.passed}
     judged = watch.judge(watch.rows(), overridden=failing)
     assert judged.failed is None and {f.gate for f in judged.figures if not f.passed} >= failing
+
+
+def test_a_run_is_told_of_another_runs_hold_once_at_its_next_full_poll(tmp_path):
+    store = LocalStore(tmp_path)
+    seen = []
+    healthy = LineStop(store, 1, _watch(), "fp", run_id="run-1", on_hold=seen.append)
+    for row in healthy_rows(30):
+        healthy.observe(row)
+    assert healthy.poll() is None and not seen
+    bad = LineStop(store, 2, _watch(), "fp", run_id="run-2", options=WatchOptions(watch_min_answers=50))
+    for row in disaster_rows(60, shard=2):
+        bad.observe(row)
+    hold = bad.poll()
+    assert hold is not None
+    assert healthy.poll(full=False) is None and healthy.admitting()  # a quick poll reads no hold from the store
+    assert healthy.poll() == hold and not healthy.admitting()
+    healthy.poll()
+    assert seen == [hold]
