@@ -5,7 +5,8 @@ The shard runs themselves stop admitting and end with a failure naming the hold.
 * `HoldingRunCoordinator`, the instance's run coordinator (dagster.yaml), cancels a generating run when it is
   submitted, before it is queued: it never launches, whoever submits it (a backfill, the UI, or the CLI's
   `dagster job backfill`, which submits its runs one by one and so goes on submitting after a hold);
-* the run the hold stopped, and `line_hold_sensor` every tick, cancel the generating runs already queued, and
+* each shard run as it sees the hold (before its in-flight requests drain) and as it fails, and `line_hold_sensor`
+  every tick, cancel the generating runs already queued, and
   each backfill that generates once none of its runs is still at work (cancelling it sooner would terminate the
   runs draining their in-flight requests): the backfill then launches no further run.
 
