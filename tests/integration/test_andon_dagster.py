@@ -2,18 +2,19 @@
 disaster, `dagster dev` with its daemon and sensors (as `make dev` runs it), and "Materialize all" on the shard
 assets.
 
-The shards generate without a pilot (`DFLASH_SKIP_PILOT=1`) at the default `DFLASH_SHARDS_PER_RUN` (64: one run
-for the 8 shards). Through the webserver's GraphQL endpoint, as the Materialize dialog's "launch backfill" does,
-one asset backfill of completions, training_set, specforge_export and hf_export over every partition is launched
-while both simulators answer every request with empty reasoning then "OK." (`bad_model_share` 1.0). Asserted: the
-quality watch writes the hold (a blocking gate, its figure over its threshold, the "OK." answers as evidence); the
-fleet receives no job request later than the hold plus the watch's poll (the run stops admitting) and none after the
+The shards generate without a pilot (`DFLASH_SKIP_PILOT=1`) at the default `DFLASH_SHARDS_PER_RUN` (64: one run for
+the 8 shards). In headless Chromium, as an operator clicks it (the global asset lineage filtered to completions,
+training_set, specforge_export and hf_export, "Materialize all…", "Confirm" at Dagster's warning that the pilot is
+not materialized, every partition, "Launch backfill"), one asset backfill over every partition is launched while
+both simulators answer every request with empty reasoning then "OK." (`bad_model_share` 1.0). Asserted: the quality
+watch writes the hold (a blocking gate, its figure over its threshold, the "OK." answers as evidence); the fleet
+receives no job request later than the hold plus the watch's poll (the run stops admitting) and none after the
 backfill ended; no generating run is created after the hold (the runs as the instance records them); the backfill
-ends without materializing every shard; and `dflash status`'s first line names the hold, its gate and
-`dflash hold release`.
+ends without materializing every shard; and `dflash status`'s first line, and the `run_report` page in Chromium,
+name the hold, its gate and `dflash hold release`.
 
 Then the fleet is made healthy (`DELETE /_sim/faults`), the hold released with `dflash hold release --reason` (no
-`--override`: the answers were wrong), and the same backfill launched again: it succeeds, every shard asset is
+`--override`: the answers were wrong), and "Materialize all" clicked again: it succeeds, every shard asset is
 materialized for every shard, coverage by id is exact (`dflash status --by-id`, and each shard's), and the fleet is
 asked exactly once for every planned event (the held shards' journaled answers, the bad fleet's, are asked again).
 
@@ -31,14 +32,16 @@ from dagster_project.generation.line_hold import read_hold, read_hold_log
 from dagster_project.generation.line_stop import read_watch_reports
 from dagster_project.generation.shards import shard_coverage
 from dagster_project.store.storage import LocalStore
+from tests.support import browser as page
 from tests.support.dagster_helpers import (
     BIN_DIR,
     FAST_ANSWERS,
     SHARD_ASSETS,
     DagsterDev,
     backfill_ended,
+    backfill_ids,
     dagster_home,
-    materialize_all,
+    materialize,
     materialized_partitions,
     pipeline_env,
     publish_conversations,
@@ -58,6 +61,17 @@ BACKFILL_TIMEOUT_S = 240
 
 def _ended(dev: DagsterDev, backfill: str, what: str) -> tuple[str, list[dict]]:
     return wait_until(lambda: backfill_ended(dev, backfill), timeout_s=BACKFILL_TIMEOUT_S, interval_s=1.0, what=what)
+
+
+def _materialize_all(dev: DagsterDev, browser) -> str:
+    """Clicked in the UI; returns the backfill it launched."""
+    before = backfill_ids(dev)
+    selection = " or ".join(f'key:"{asset}"' for asset in SHARD_ASSETS)
+    page.click_materialize_all(
+        browser, f"http://127.0.0.1:{dev.port}", selection, assets=len(SHARD_ASSETS), partitions=NUM_SHARDS
+    )
+    (launched,) = backfill_ids(dev) - before
+    return launched
 
 
 def _job_requests(fleet: SimFleet) -> list[dict]:
@@ -90,8 +104,8 @@ def test_materialize_all_on_a_bad_fleet_holds_the_line_and_after_the_release_the
         assert "DFLASH_SHARDS_PER_RUN" not in env and env["DFLASH_SKIP_PILOT"] == "1"
         publish_conversations(home, store_dir, env)
 
-        with DagsterDev.running(env, tmp_path) as dev:
-            first = materialize_all(dev, "all shards, bad fleet")
+        with DagsterDev.running(env, tmp_path) as dev, page.headless_chromium() as browser:
+            first = _materialize_all(dev, browser)
             status, runs = _ended(dev, first, "the backfill to end")
             asked = _job_requests(fleet)
             hold = read_hold(store)
@@ -117,6 +131,12 @@ def test_materialize_all_on_a_bad_fleet_holds_the_line_and_after_the_release_the
             first_line = _dflash(env, tmp_path, "status").splitlines()[0]
             assert first_line.startswith("LINE HELD") and f"gate {hold.gate}" in first_line, first_line
             assert "dflash hold release" in first_line, first_line
+            # The page: run_report, materialized while the line is held, opens on the hold, its gate and the fix.
+            materialize(env, tmp_path, "run_report")
+            browser.get(f"http://127.0.0.1:{dev.port}/assets/run_report")
+            page.wait_for(browser, "dflash hold release")
+            shown = page.save(browser, "run_report_line_held")
+            assert "LINE HELD" in shown and f"gate {hold.gate}" in shown, shown
             assert len(_job_requests(fleet)) == len(asked)  # still nothing asked of the fleet
 
             # A healthy fleet, the hold released after a look, and "Materialize all" again.
@@ -126,7 +146,7 @@ def test_materialize_all_on_a_bad_fleet_holds_the_line_and_after_the_release_the
                 fleet.clear_faults(index)
             _dflash(env, tmp_path, "hold", "release", "--reason", "restarted the fleet on the right weights")
             assert read_hold(store) is None and read_hold_log(store).released[-1].gate == hold.gate
-            second = materialize_all(dev, "all shards, healthy fleet")
+            second = _materialize_all(dev, browser)
             status, runs = _ended(dev, second, "the rerun to end")
             instance = dg.DagsterInstance.from_config(str(home))
             try:

@@ -83,6 +83,40 @@ def click(driver, text: str) -> None:
     driver.find_element(By.XPATH, f"//*[normalize-space(text())='{text}']").click()
 
 
+def click_materialize_all(driver, base_url: str, selection: str, assets: int, partitions: int) -> None:
+    """As an operator launches a backfill in the UI: the global asset lineage, `selection` typed into its asset
+    filter, **Materialize all…**, **Confirm** where Dagster warns that an upstream asset is not materialized (the
+    pilot, where it is skipped), and in the partitions dialog **All**, then **Launch backfill**. The dialog must say
+    `assets` assets and `partitions` partitions; it is saved as the `materialize_all_dialog` artifact."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5)
+
+    def button(xpath_test: str):
+        return wait.until(ready.element_to_be_clickable((By.XPATH, f"//button[{xpath_test}]")))
+
+    driver.get(f"{base_url}/asset-groups")
+    wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, ".CodeMirror"))).click()  # the asset filter
+    ActionChains(driver).send_keys(selection).send_keys(Keys.ENTER).perform()
+    wait.until(lambda d: unquote(d.current_url).endswith(f"~{selection}/"))  # applied: the lineage's path names it
+    button("starts-with(normalize-space(.), 'Materialize all')").click()
+    dialog_title = f"Launch runs to materialize {assets} assets"
+    wait.until(
+        lambda d: (text := d.find_element(By.TAG_NAME, "body").text) and (dialog_title in text or "Confirm" in text)
+    )
+    if dialog_title not in driver.find_element(By.TAG_NAME, "body").text:
+        button("normalize-space(.)='Confirm'").click()
+    button("normalize-space(.)='All'").click()
+    wait.until(lambda d: f"{partitions} partitions selected" in d.find_element(By.TAG_NAME, "body").text)
+    assert dialog_title in save(driver, "materialize_all_dialog")
+    button("normalize-space(.)='Launch backfill'").click()
+    wait.until(lambda d: dialog_title not in d.find_element(By.TAG_NAME, "body").text)
+
+
 def save(driver, name: str) -> str:
     """Screenshot and text of the page as test artifacts; returns the text."""
     from selenium.webdriver.common.by import By

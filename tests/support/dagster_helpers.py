@@ -309,6 +309,7 @@ query Backfill($id: String!) {
 """
 # A backfill's terminal states (Dagster's BulkActionStatus).
 BACKFILL_ENDED = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
+BACKFILL_IDS = "{ partitionBackfillsOrError { ... on PartitionBackfills { results { id } } } }"
 COMPLETIONS_PARTITIONS = '{ assetNodes(assetKeys: [{path: ["completions"]}]) { partitionKeys } }'
 
 
@@ -448,6 +449,10 @@ def materialize_all(dev: DagsterUI, title: str, run_config: Mapping[str, Any] | 
     launched = dev.query(LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
     assert launched["__typename"] == "LaunchBackfillSuccess", launched
     return launched["backfillId"]
+
+
+def backfill_ids(dev: DagsterUI) -> set[str]:
+    return {backfill["id"] for backfill in dev.query(BACKFILL_IDS)["partitionBackfillsOrError"]["results"]}
 
 
 def backfill_ended(dev: DagsterUI, backfill: str) -> tuple[str, list[dict]] | None:
