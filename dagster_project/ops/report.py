@@ -80,6 +80,14 @@ def _some(items: Sequence[object], limit: int = SHOWN_IN_LINE) -> str:
     return shown + (f" … (+{len(items) - limit:,} more)" if len(items) > limit else "")
 
 
+def gate_label(stage: str, gate: str) -> str:
+    """A blocking gate as the page's tables name it: "short_answers (completions quality)". Its name first, as a word
+    of its own: "quality/short_answers" cannot wrap, and with a thresholds column beside it was wider than the value
+    column holds at 1,440 px."""
+    check, _, name = gate.rpartition("/")
+    return f"{name} ({stage} {check})" if check else f"{name} ({stage})"
+
+
 def server_name(url: str) -> str:
     """A server as the tables show it: `http://10.0.0.12:30000` → `10.0.0.12:30000`."""
     return url.split("://", 1)[-1].rstrip("/")
@@ -216,7 +224,9 @@ def _shards(status: Status) -> Section:
     rows, gates = [], {}
     for state in answer.needs_a_look:
         shard = str(state.shard)
-        rows += [[shard, f"{failure.stage} blocked", f"{failure.stage} {failure.gate}"] for failure in state.blocked_by]
+        rows += [
+            [shard, f"{failure.stage} blocked", gate_label(failure.stage, failure.gate)] for failure in state.blocked_by
+        ]
         gates.update(((failure.stage, failure.gate), failure) for failure in state.blocked_by)
         rows += [[shard, "overridden", gate] for gate in state.overridden]
         rows += [[shard, "damaged", problem] for problem in state.damaged_objects]
@@ -229,7 +239,7 @@ def _shards(status: Status) -> Section:
         tables = (("Shards needing a look", _table(["shard", "state", "what"], rows[:SHOWN_SHARDS])),)
     if gates:
         gate_rows = [
-            [f"{stage} {gate}", "; ".join(filter(None, (f.thresholds, f.override)))]
+            [gate_label(stage, gate), "; ".join(filter(None, (f.thresholds, f.override)))]
             for (stage, gate), f in sorted(gates.items())
         ]
         tables += (("Blocking gates", _table(["gate", "thresholds; override"], gate_rows)),)

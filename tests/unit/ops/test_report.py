@@ -298,11 +298,14 @@ def test_shards_needing_a_look_fit_three_columns_and_each_blocking_gate_is_said_
     tables = dict(next(section for section in sections if section.title == "Shards by stage").tables)
     look, gates = tables["Shards needing a look"], tables["Blocking gates"]
     assert look.columns == ("shard", "state", "what") and len(look.rows) == 3
-    assert look.rows[0] == ("0", "training_set blocked", "training_set gates/loss_sum_concentration")
+    assert look.rows[0] == ("0", "training_set blocked", "loss_sum_concentration (training_set gates)")
     assert gates.rows == (
         (
-            "training_set gates/loss_sum_concentration",
+            "loss_sum_concentration (training_set gates)",
             "training_set_gates config max_top_loss_sum_share, min_repeats; "
             "override_failed_gates: true in specforge_export's config",
         ),
     )
+    # A word cannot wrap, so a column is as wide as its longest word: the gate's name, not "gates/<name>" (at 1,440
+    # px, quality/degenerate_answers beside its thresholds made the page 2 px wider than its window).
+    assert max(gates.rows[0][0].split(), key=len) == "loss_sum_concentration"
