@@ -80,6 +80,12 @@ def _some(items: Sequence[object], limit: int = SHOWN_IN_LINE) -> str:
     return shown + (f" … (+{len(items) - limit:,} more)" if len(items) > limit else "")
 
 
+def _counted(shards: Sequence[int]) -> str:
+    """Shards in a sentence, their count first, as `Shards by stage` says them: "1 (0)", not a bare "0" that reads
+    as none running."""
+    return f"{len(shards):,} ({shard_list(list(shards))})" if shards else "none"
+
+
 def gate_label(stage: str, gate: str) -> str:
     """A blocking gate as the page's tables name it: "short_answers (completions quality)". Its name first, as a word
     of its own: "quality/short_answers" cannot wrap, and with a thresholds column beside it was wider than the value
@@ -250,9 +256,9 @@ def _progress(status: Status) -> Section:
     p = status.progress
     text = [
         f"{_num(p.events_done)} of {_num(p.events_planned)} events ({p.fraction_done:.1%}); "
-        f"shards running: {_some(p.shards_running)}"
-        + (f"; dead: {_some(p.shards_dead)}" if p.shards_dead else "")
-        + (f"; failed: {_some(p.shards_failed)}" if p.shards_failed else ""),
+        f"shards running: {_counted(p.shards_running)}"
+        + (f"; dead: {_counted(p.shards_dead)}" if p.shards_dead else "")
+        + (f"; failed: {_counted(p.shards_failed)}" if p.shards_failed else ""),
         "",
         f"ETA at the measured rate: **{eta_text(p)}**"
         + ("" if p.shards_running else " (no shard running now)")

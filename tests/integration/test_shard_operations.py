@@ -386,7 +386,7 @@ def progress_text(result: dg.ExecuteInProcessResult) -> str:
 def test_the_page_is_refreshed_at_the_first_tick_after_the_last_run_of_a_backfill_ends(pipeline, sim_fleet):
     """A backfill of two shards: one run fails at once (no fleet), the other generates. The page refreshed while the
     second runs says it runs; once it ends, with no heartbeat alive any more, the sensor's next tick asks for a
-    refresh (it used to wait for a heartbeat and leave the page saying "shards running: 0"), and that refresh's
+    refresh (it used to wait for a heartbeat and leave the page saying "shards running: 1 (0)"), and that refresh's
     page says none runs, counted after the run's end."""
     store, env = pipeline
     # Slow enough to refresh the page mid-shard; answers of varied lengths, so the shard passes its training gates.
@@ -423,7 +423,7 @@ def test_the_page_is_refreshed_at_the_first_tick_after_the_last_run_of_a_backfil
             mid = tick(instance, None)
             (request,) = mid.run_requests
             assert "a run ended" in request.tags["dflash/refresh_reason"]  # the failed run
-            assert "shards running: 0" in progress_text(refresh(instance, request))
+            assert "shards running: 1 (0)" in progress_text(refresh(instance, request))
         finally:
             for index in range(2):
                 fleet.clear_faults(index)
