@@ -21,7 +21,7 @@ from dagster_project.ops.answers.multi_turn import generated_of_planned
 from dagster_project.ops.answers.progress import eta_text
 from dagster_project.ops.answers.quality import figure_reading, figure_verdict
 from dagster_project.ops.answers.shards import GREEN, ShardsAnswer, green_shards
-from dagster_project.ops.answers.text import as_of, dollars, shard_list
+from dagster_project.ops.answers.text import as_of, counted_shards, dollars, shard_list
 from dagster_project.ops.answers.waste import WasteAnswer
 from dagster_project.ops.status import Status
 
@@ -78,12 +78,6 @@ def _some(items: Sequence[object], limit: int = SHOWN_IN_LINE) -> str:
     """A list in a sentence, cut after `limit` items so a text stays short at 1,830 shards."""
     shown = ", ".join(map(str, items[:limit])) or "none"
     return shown + (f" … (+{len(items) - limit:,} more)" if len(items) > limit else "")
-
-
-def _counted(shards: Sequence[int]) -> str:
-    """Shards in a sentence, their count first, as `Shards by stage` says them: "1 (0)", not a bare "0" that reads
-    as none running."""
-    return f"{len(shards):,} ({shard_list(list(shards))})" if shards else "none"
 
 
 def gate_label(stage: str, gate: str) -> str:
@@ -256,9 +250,9 @@ def _progress(status: Status) -> Section:
     p = status.progress
     text = [
         f"{_num(p.events_done)} of {_num(p.events_planned)} events ({p.fraction_done:.1%}); "
-        f"shards running: {_counted(p.shards_running)}"
-        + (f"; dead: {_counted(p.shards_dead)}" if p.shards_dead else "")
-        + (f"; failed: {_counted(p.shards_failed)}" if p.shards_failed else ""),
+        f"shards running: {counted_shards(p.shards_running)}"
+        + (f"; dead: {counted_shards(p.shards_dead)}" if p.shards_dead else "")
+        + (f"; failed: {counted_shards(p.shards_failed)}" if p.shards_failed else ""),
         "",
         f"ETA at the measured rate: **{eta_text(p)}**"
         + ("" if p.shards_running else " (no shard running now)")

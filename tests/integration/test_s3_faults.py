@@ -156,7 +156,7 @@ def test_status_answers_within_its_budget_from_its_snapshot_when_every_s3_answer
     assert "ALERT [server]" not in late  # not "… is idle while shards [0] have work waiting"
     # What it has: the snapshot's figures, marked as not refreshed, and the server probed now.
     assert "NOT REFRESHED (store slow: last call" in late
-    assert "events 4/40 (10.0%), shards running [0]" in late
+    assert "events 4/40 (10.0%), shards running 1 (0)" in late
     assert fleet.url(0) in late.split("3. Concurrency", 1)[1]
     # A scrape serves no old figures as new: it fails, as soon.
     assert scrape.returncode == 1 and scrape.stderr.startswith("dflash metrics: store slow: last call "), scrape.stderr

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from dagster_project.generation.progress import ETA_FROM_LIFETIME, ETA_FROM_WINDOW
 from dagster_project.ops.answers.readings import Readings
-from dagster_project.ops.answers.text import fmt
+from dagster_project.ops.answers.text import counted_shards, fmt
 from dagster_project.ops.plan import Plan
 
 
@@ -136,7 +136,7 @@ def render_progress(progress: ProgressAnswer, now: float) -> list[str]:
     lines = [
         "1. Progress vs estimates",
         f"   events {fmt(p.events_done)}/{fmt(p.events_planned)} ({p.fraction_done:.1%}), "
-        f"shards running {p.shards_running or 'none'}",
+        f"shards running {counted_shards(p.shards_running)}",
         "   rate: "
         + (
             f"window {fmt(p.window_req_per_s, 2)} req/s, {fmt(p.window_output_tok_per_s)} out tok/s; "

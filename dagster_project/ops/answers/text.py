@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +33,11 @@ def dollars(value: float | None) -> str:
 
 def number(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def counted_shards(shards: Sequence[int]) -> str:
+    """Shards in a sentence, their count first: "2 (0-1)", not a bare "0" (shard 0) that reads as none; or "none"."""
+    return f"{len(shards):,} ({shard_list(list(shards))})" if shards else "none"
 
 
 def shard_list(shards: list[int], limit: int = 12) -> str:

@@ -212,6 +212,12 @@ def test_plan_verdicts_read_the_ratio_the_right_way_round():
     assert verdict(None) == "—"
 
 
+def test_shard_0_running_is_counted_not_read_as_none(tmp_path):
+    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)  # shard 0 runs
+    assert "shards running 1 (0)" in render_text(status)
+    assert "shards running: 1 (0)" in render_markdown(status)
+
+
 def test_every_section_text_stays_short_enough_to_show_in_place_at_the_real_jobs_scale(tmp_path):
     status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
     shards = list(range(1830))
