@@ -136,11 +136,11 @@ def test_a_shard_blocked_by_a_training_gate_is_named_with_its_keys_and_done_is_n
     page = report.asset_materializations_for_node("run_report")[0].metadata
     assert f"**Not done**: {others} of {NUM_SHARDS}" in page["Shards by stage"].value
     rows = [record.data for record in page["Shards needing a look"].records]
-    concentration = next(row for row in rows if row["what"] == "training_set gates/loss_sum_concentration")
+    concentration = next(row for row in rows if row["what"] == "loss_sum_concentration (training_set gates)")
     assert concentration["shard"] == str(blocked)
     # The gate's thresholds and override, once, in a table of their own.
     gates = {record.data["gate"]: record.data for record in page["Blocking gates"].records}
-    said = gates["training_set gates/loss_sum_concentration"]["thresholds; override"]
+    said = gates["loss_sum_concentration (training_set gates)"]["thresholds; override"]
     assert "max_top_loss_sum_share" in said
     assert said.endswith("override_failed_gates: true in specforge_export's config")
     alerts = [record.data for record in page["Alerts"].records]
