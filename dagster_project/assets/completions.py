@@ -17,7 +17,7 @@ from dagster_project.generation.slot_use import SlotUse
 from dagster_project.generation.stage import PilotNote, generate_shard
 from dagster_project.ops.report import shard_progress_figures
 from dagster_project.partitions import SHARD_BACKFILL_POLICY, ShardMaterialized, materialize_shards, shard_partitions
-from dagster_project.pilot.record import clearance
+from dagster_project.pilot_record import clearance
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.settings import skip_pilot

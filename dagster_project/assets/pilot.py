@@ -9,9 +9,9 @@ import dagster as dg
 
 from dagster_project.assets.run_tags import tag_asset_run
 from dagster_project.assets.tables import counts_table
-from dagster_project.pilot.record import PilotRecord, pilot_key
 from dagster_project.pilot.sample import PilotSampleOptions
 from dagster_project.pilot.stage import PilotLimits, run_pilot
+from dagster_project.pilot_record import PilotRecord, pilot_key
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout

@@ -178,7 +178,7 @@ def cmd_plan(args: argparse.Namespace, resources: Any) -> int:
 def _project(args: argparse.Namespace) -> int:
     from dagster_project.ops.length_fit import FitOptions, LengthSample, project_caps
     from dagster_project.ops.projection import Job, project
-    from dagster_project.pilot.record import PILOT_COMMAND, read_latest_pilot
+    from dagster_project.pilot_record import PILOT_COMMAND, read_latest_pilot
     from dagster_project.store.storage import StoreError
 
     try:

@@ -98,7 +98,7 @@ class CompletionsShardManifest(ShardManifest):
     # were not checked are not counted. More than one model: the training set refuses the shard.
     served_models: dict[str, int] = field(default_factory=dict)
     generation: GenerationSummary = field(default_factory=GenerationSummary)
-    # What let the shard generate: the passed pilot of its settings, or the operator's skip (`pilot.record`).
+    # What let the shard generate: the passed pilot of its settings, or the operator's skip (`pilot_record`).
     pilot: str = ""
     pilot_skipped: bool = False
     # Watch gates a released hold overrode (`dflash hold release --override GATE`) while this shard was made.

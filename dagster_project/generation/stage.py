@@ -137,7 +137,7 @@ def write_completions_parquet(
 
 @dataclass(frozen=True)
 class PilotNote:
-    """What cleared the shard's settings for generation (`pilot.record.clearance`), for its manifest."""
+    """What cleared the shard's settings for generation (`pilot_record.clearance`), for its manifest."""
 
     message: str = ""
     skipped: bool = False

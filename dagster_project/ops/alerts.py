@@ -15,6 +15,7 @@ from dagster_project.ops.answers.quality import QualityAnswer, describe_figure
 from dagster_project.ops.answers.shards import GateFailure, ShardsAnswer
 from dagster_project.ops.answers.storage import StorageAnswer
 from dagster_project.ops.answers.text import shard_list
+from dagster_project.pilot_record import PILOT_COMMAND, PilotRecord
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ DEFAULT_THRESHOLDS = AlertThresholds()
 @dataclass(frozen=True)
 class Alert:
     # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs, daemon, hold,
-    # quality
+    # quality, pilot
     kind: str
     message: str
 
@@ -65,6 +66,22 @@ def raise_alerts(
         *_eta_alerts(progress, thresholds.eta_slip),
         *_shard_alerts(progress, storage, thresholds.publish_slow_s),
         *_fleet_alerts(concurrency, endpoints_known),
+    ]
+
+
+def pilot_alerts(pilot: PilotRecord | None) -> list[Alert]:
+    """The last pilot was blocked: the fleet answers as its gates refused, and no shard starts with its settings
+    until a pilot of them passes (unless the pilot is skipped)."""
+    if pilot is None or pilot.passed:
+        return []
+    gate, message = sorted(pilot.failed_gates.items())[0]
+    return [
+        Alert(
+            "pilot",
+            f"the {pilot.label()} (settings {pilot.settings_fingerprint}) was BLOCKED by "
+            f"{', '.join(sorted(pilot.failed_gates))} ({gate}: {message.split(';')[0]}): the shards do not start "
+            f"with these settings until a pilot of them passes. Fix the cause, then `{PILOT_COMMAND}`",
+        )
     ]
 
 

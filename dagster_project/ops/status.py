@@ -33,6 +33,7 @@ from dagster_project.ops.alerts import (
     DEFAULT_THRESHOLDS,
     Alert,
     AlertThresholds,
+    pilot_alerts,
     quality_alerts,
     raise_alerts,
     render_alerts,
@@ -52,6 +53,7 @@ from dagster_project.ops.answers.waste import WasteAnswer, answer_waste, price_w
 from dagster_project.ops.coverage import read_coverage
 from dagster_project.ops.plan import read_plan
 from dagster_project.ops.tune import read_report
+from dagster_project.pilot_record import read_latest_pilot
 from dagster_project.sglang.launch import fleet_status
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET
 from dagster_project.store.manifest import read_published_manifests
@@ -81,6 +83,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
         assembled = pool.submit(read_stage_records, store, TRAINING_SET, TrainingShardManifest)
         lives = pool.submit(read_fleet_lives, store)
         hold, watch = pool.submit(read_hold, store), pool.submit(read_watch_reports, store)
+        pilot = pool.submit(read_latest_pilot, store)
         stage = conversations.result()
         shards = stage.num_shards if stage else 0  # as published: the environment has no say
         # The stage manifest is written last: while it is missing, the shards published so far tell the plan.
@@ -108,6 +111,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
             fleet_lives=lives.result(),
             hold=hold.result(),
             watch=watch.result(),
+            pilot=pilot.result(),
         )
 
 
@@ -188,6 +192,7 @@ def answer_all(
         shards=shards,
         alerts=[
             *quality_alerts(quality),
+            *pilot_alerts(readings.pilot),
             *raise_alerts(
                 progress, mtp, concurrency, storage, shards, endpoints_known=endpoints_known, thresholds=thresholds
             ),

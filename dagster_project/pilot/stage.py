@@ -7,7 +7,7 @@ every gate of `completions_quality` judges its answers and, after they are assem
 Expectations suite judge the rows. A gate that would block shards of the job blocks the pilot first, for the
 price of ~0.2% of it.
 
-What it measured (rates, the answer lengths, accept length, error share) is recorded (`pilot.record`) and, when
+What it measured (rates, the answer lengths, accept length, error share) is recorded (`pilot_record`) and, when
 it passed, becomes the plan `dflash status` compares the job against (`ops.plan`).
 
 Nothing of the pilot is a shard: it writes no heartbeat, lease, journal checkpoint or manifest of one, and its
@@ -36,8 +36,8 @@ from dagster_project.generation.preflight import check_before_dispatch
 from dagster_project.generation.stage import write_completions_parquet
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops.plan import Plan, read_plan, write_plan
-from dagster_project.pilot.record import LengthDistribution, PilotRecord, write_pilot
 from dagster_project.pilot.sample import PilotSampleOptions, sample_conversations
+from dagster_project.pilot_record import LengthDistribution, PilotRecord, write_pilot
 from dagster_project.records import STATUS_OK
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import special_ids

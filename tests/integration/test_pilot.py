@@ -23,7 +23,8 @@ from dagster_project.assets.raw_prompts import raw_prompts
 from dagster_project.generation.shards import read_completions_manifest
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops.plan import read_plan
-from dagster_project.pilot.record import PILOT_COMMAND, read_pilot
+from dagster_project.ops.status import collect_status
+from dagster_project.pilot_record import PILOT_COMMAND, read_pilot
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
@@ -116,6 +117,13 @@ def test_a_pilot_of_empty_answers_is_blocked_and_the_shards_still_refuse(prepare
     assert not record.passed and "completions/short_answers" in record.failed_gates, record.failed_gates
     assert "BLOCKED by" in _failure(blocked)
     assert read_plan(prepared.store) == plan_before  # a blocked pilot's figures are not a plan
+    # `dflash status` says so before any shard is tried: its `pilot` alert names the gate and the command.
+    (alert,) = [alert for alert in collect_status(prepared.store, []).alerts if alert.kind == "pilot"]
+    assert (
+        "BLOCKED by" in alert.message
+        and "completions/short_answers" in alert.message
+        and PILOT_COMMAND in alert.message
+    )
 
     refused = _materialize(prepared, completions, fleet.urls, other, partition_key=layout.partition_key(1))
     line = _failure(refused)

@@ -16,6 +16,7 @@ from dagster_project.ingest.shards import RawPromptsManifest
 from dagster_project.ops.coverage import DatasetCoverage
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.tune import TuneReport
+from dagster_project.pilot_record import PilotRecord
 from dagster_project.store.verdicts import ExportOutcome, Verdict
 from dagster_project.training.shards import TrainingShardManifest
 
@@ -43,6 +44,7 @@ class Readings:
     fleet_lives: list[FleetLife] = field(default_factory=list)  # every `fleet up` to its `fleet down`, priced
     hold: Hold | None = None  # the line's hold, if one stands
     watch: list[WatchReport] = field(default_factory=list)  # every shard's last quality-watch report
+    pilot: PilotRecord | None = None  # the last pilot, of any settings (`pilot/latest.json`)
 
     @property
     def live(self) -> list[Heartbeat]:

@@ -5,7 +5,7 @@ import pytest
 
 from dagster_project import cli
 from dagster_project.ops.projection import SEED_RUNNING, Job, project
-from dagster_project.pilot.record import LengthDistribution, PilotRecord, write_pilot
+from dagster_project.pilot_record import LengthDistribution, PilotRecord, write_pilot
 from dagster_project.sglang.profiles.profile import profile_named
 from dagster_project.store.storage import LocalStore
 

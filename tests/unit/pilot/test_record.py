@@ -7,7 +7,8 @@ import pytest
 
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops.plan import Plan
-from dagster_project.pilot.record import (
+from dagster_project.pilot.stage import plan_from_pilot
+from dagster_project.pilot_record import (
     PILOT_COMMAND,
     LengthDistribution,
     PilotRecord,
@@ -16,7 +17,6 @@ from dagster_project.pilot.record import (
     read_pilot,
     write_pilot,
 )
-from dagster_project.pilot.stage import plan_from_pilot
 from dagster_project.settings import SettingsError, skip_pilot
 from dagster_project.store.storage import LocalStore
 
