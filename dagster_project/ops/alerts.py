@@ -74,7 +74,7 @@ def pilot_alerts(pilot: PilotRecord | None) -> list[Alert]:
     until a pilot of them passes (unless the pilot is skipped)."""
     if pilot is None or pilot.passed:
         return []
-    gate, message = sorted(pilot.failed_gates.items())[0]
+    gate, message = min(pilot.failed_gates.items())  # the first by name, as they are listed
     return [
         Alert(
             "pilot",

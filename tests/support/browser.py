@@ -99,22 +99,23 @@ def click_materialize_all(driver, base_url: str, selection: str, assets: int, pa
     def button(xpath_test: str):
         return wait.until(ready.element_to_be_clickable((By.XPATH, f"//button[{xpath_test}]")))
 
+    def body(d) -> str:
+        return d.find_element(By.TAG_NAME, "body").text
+
     driver.get(f"{base_url}/asset-groups")
     wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, ".CodeMirror"))).click()  # the asset filter
     ActionChains(driver).send_keys(selection).send_keys(Keys.ENTER).perform()
     wait.until(lambda d: unquote(d.current_url).endswith(f"~{selection}/"))  # applied: the lineage's path names it
     button("starts-with(normalize-space(.), 'Materialize all')").click()
     dialog_title = f"Launch runs to materialize {assets} assets"
-    wait.until(
-        lambda d: (text := d.find_element(By.TAG_NAME, "body").text) and (dialog_title in text or "Confirm" in text)
-    )
-    if dialog_title not in driver.find_element(By.TAG_NAME, "body").text:
+    wait.until(lambda d: dialog_title in body(d) or "Confirm" in body(d))
+    if dialog_title not in body(driver):
         button("normalize-space(.)='Confirm'").click()
     button("normalize-space(.)='All'").click()
-    wait.until(lambda d: f"{partitions} partitions selected" in d.find_element(By.TAG_NAME, "body").text)
+    wait_for(driver, f"{partitions} partitions selected")
     assert dialog_title in save(driver, "materialize_all_dialog")
     button("normalize-space(.)='Launch backfill'").click()
-    wait.until(lambda d: dialog_title not in d.find_element(By.TAG_NAME, "body").text)
+    wait.until(lambda d: dialog_title not in body(d))
 
 
 def save(driver, name: str) -> str:
