@@ -16,6 +16,9 @@ Formats (detected per file from its first rows, or set per source or for the who
   (TRL's conversational prompts), a list of lists as turns, each a list of messages (the Berkeley
   function-calling leaderboard's `question`: each turn's reply is generated, an empty assistant message
   standing between the turns as the source's missing answer; its tools are in `function`).
+* `hh_rlhf`, `oasst`, `ultrachat`: Anthropic's hh-rlhf transcripts, OpenAssistant message trees and UltraChat's
+  alternating strings (`public_layouts`); Dolly's `context` and `response` are Alpaca's `input` and `output`,
+  and Chatbot Arena's `conversation_a` is a message list.
 * `text`: rows of plain text (`{"text": ...}`, a pre-training corpus): not conversations, every row is
   quarantined (`not_a_conversation`) unless the source maps the text field as the prompt
   (`NAME@prompt:text=URI`, see `sources`).
@@ -70,10 +73,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster_project.ingest.parts import harmony_message, split_parts
+from dagster_project.ingest.public_layouts import (
+    HH_RLHF,
+    LAYOUTS,
+    OASST,
+    ULTRACHAT,
+    alternating_messages,
+    layout_of,
+    oasst_source_id,
+    oasst_thread,
+    refuse_flattened,
+    transcript_messages,
+)
 from dagster_project.ingest.quarantine import Rejected
 from dagster_project.tokenizer import CONTROL_TOKENS
 
-FORMATS = ("sharegpt", "openai", "alpaca", "prompt", "text")
+FORMATS = ("sharegpt", "openai", "alpaca", "prompt", "text", *LAYOUTS)
 AUTO = "auto"
 TEXT = "text"
 # What becomes of control-token text in content: the row is quarantined, or the text is kept and encoded as
@@ -84,13 +99,33 @@ CONTROL_TOKEN_MODES = (CONTROL_TOKENS_QUARANTINE, CONTROL_TOKENS_LITERAL)
 # The key of a row's `extra` that marks it read with `literal` (a source's own field of that name is dropped).
 CONTROL_TOKENS_KEY = "control_tokens"
 
-_MESSAGE_LIST_FIELDS = {"openai": ("messages", "conversation"), "sharegpt": ("conversations",)}
+# lmsys-chat's `conversation`; Chatbot Arena's `conversation_a` (its `conversation_b` asks the same prompts of the
+# other model: `NAME@openai:conversation_b=URI` reads that side instead).
+_MESSAGE_LIST_FIELDS = {"openai": ("messages", "conversation", "conversation_a"), "sharegpt": ("conversations",)}
 _PROMPT_FIELDS = ("prompt", "question", "query")
 # The fields a row of each format needs one of.
-_FORMAT_FIELDS = {**_MESSAGE_LIST_FIELDS, "alpaca": ("instruction",), "prompt": _PROMPT_FIELDS}
+_FORMAT_FIELDS = {
+    **_MESSAGE_LIST_FIELDS,
+    "alpaca": ("instruction",),
+    "prompt": _PROMPT_FIELDS,
+    HH_RLHF: ("chosen",),
+    OASST: ("prompt", "replies"),
+    ULTRACHAT: ("data",),
+}
+# Alpaca's `input` and `output` as Dolly names them (`context`, `response`).
+_ALPACA_INPUT_FIELDS = ("input", "context")
+_ALPACA_OUTPUT_FIELDS = ("output", "response")
 _TEXT_FIELDS = ("text", "content")
 # The field a source's `field` mapping renames to, per format.
-MAIN_FIELD = {"openai": "messages", "sharegpt": "conversations", "alpaca": "instruction", "prompt": "prompt"}
+MAIN_FIELD = {
+    "openai": "messages",
+    "sharegpt": "conversations",
+    "alpaca": "instruction",
+    "prompt": "prompt",
+    HH_RLHF: "chosen",
+    OASST: "prompt",
+    ULTRACHAT: "data",
+}
 ID_FIELDS = ("id", "conversation_id", "uuid", "prompt_id")
 _TOOL_FIELDS = ("tools", "functions")
 # The function-calling leaderboard's field of tool specs: a list there is one (a string may be a row's label).
@@ -161,6 +196,9 @@ def format_of(value: Any) -> str | None:
     """The format a single row looks like, or None."""
     if not isinstance(value, dict):
         return None
+    layout = layout_of(value)
+    if layout is not None:
+        return layout
     for name in ("openai", "sharegpt"):
         if any(value.get(key) is not None for key in _MESSAGE_LIST_FIELDS[name]):
             return name
@@ -201,23 +239,39 @@ def parse_row(
     if not _has_fields_of(value, fmt):
         raise Rejected("unrecognized_format", f"no {fmt} field ({_expected_fields(fmt)}); keys: {sorted(value)[:12]}")
     _reject_media_fields(value)
+    extra = _extra_fields(value, fmt)
+    row_id = source_id(value)
     if fmt == "alpaca":
         messages = _alpaca_messages(value)
     elif fmt == "prompt":
         messages = _prompt_messages(value)
+    elif fmt == HH_RLHF:
+        messages = _system_field(value) + transcript_messages(value["chosen"], "the transcript")
+    elif fmt == ULTRACHAT:
+        messages = _system_field(value) + alternating_messages(value["data"], "data")
+    elif fmt == OASST:
+        thread, counts = oasst_thread(value)
+        messages = [_canonical(message, f"message {index} of the thread") for index, message in enumerate(thread)]
+        extra |= counts
+        row_id = row_id or oasst_source_id(value)
     else:
         messages = _system_field(value) + _message_list(_first_present(value, _MESSAGE_LIST_FIELDS[fmt]))
     check_structure(messages)
     tools = _tools(value)
-    extra = _extra_fields(value, fmt)
     extra.pop(CONTROL_TOKENS_KEY, None)
     if control_tokens == CONTROL_TOKENS_LITERAL:
-        return ParsedRow(messages, source_id(value), extra | {CONTROL_TOKENS_KEY: CONTROL_TOKENS_LITERAL}, tools)
+        return ParsedRow(messages, row_id, extra | {CONTROL_TOKENS_KEY: CONTROL_TOKENS_LITERAL}, tools)
     _reject_control_tokens(messages)
     found = _CONTROL_TOKEN.search(json.dumps(tools, ensure_ascii=False)) if tools else None
     if found:
         raise Rejected("control_tokens", f"a tool definition holds the control token {found.group()!r}")
-    return ParsedRow(messages, source_id(value), extra, tools)
+    return ParsedRow(messages, row_id, extra, tools)
+
+
+def _canonical(message: dict[str, Any], where: str) -> dict[str, Any]:
+    """A `{role, content}` message of a layout read here, its content checked as every message's is."""
+    allow_empty = message["role"] == "assistant"
+    return {"role": message["role"], "content": flatten_content(message["content"], where, allow_empty=allow_empty)}
 
 
 def check_structure(messages: list[dict[str, Any]]) -> None:
@@ -520,12 +574,12 @@ def _alpaca_messages(value: dict[str, Any]) -> list[dict[str, Any]]:
         answer = flatten_content(pair[1], f"history[{index}] answer", allow_empty=True)
         messages.append({"role": "assistant", "content": answer})
     instruction = flatten_content(value.get("instruction"), "instruction")
-    extra_input = value.get("input")
+    extra_input = _first_present(value, _ALPACA_INPUT_FIELDS)
     if extra_input is not None and not isinstance(extra_input, str):
         raise Rejected("non_string_content", f"input has {type(extra_input).__name__} content")
     user = f"{instruction}\n\n{extra_input}" if extra_input and extra_input.strip() else instruction
     messages.append({"role": "user", "content": user})
-    output = value.get("output")
+    output = _first_present(value, _ALPACA_OUTPUT_FIELDS)
     # A missing or empty output is a prompt without a reference answer: fine, the answer is regenerated.
     if output is not None and not (isinstance(output, str) and not output.strip()):
         messages.append({"role": "assistant", "content": flatten_content(output, "output")})
@@ -534,6 +588,7 @@ def _alpaca_messages(value: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _prompt_messages(value: dict[str, Any]) -> list[dict[str, Any]]:
     prompt = _first_present(value, _PROMPT_FIELDS)
+    refuse_flattened(value, prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(turn, list) for turn in prompt):
         return _system_field(value) + _turn_messages(prompt)
     if isinstance(prompt, list) and all(isinstance(item, dict) for item in prompt):
@@ -567,13 +622,21 @@ def source_id(value: dict[str, Any]) -> str | None:
     return None
 
 
+# The fields of a row of each format that become its messages (beyond the message-list fields), not `extra`.
+_FORMAT_CONSUMED_FIELDS = {
+    "alpaca": ("instruction", *_ALPACA_INPUT_FIELDS, *_ALPACA_OUTPUT_FIELDS, "history"),
+    "prompt": _PROMPT_FIELDS,
+    HH_RLHF: ("chosen", "rejected"),
+    ULTRACHAT: ("data",),
+    OASST: ("prompt", "replies", "text", "role", "message_tree_id", "message_id", "parent_id"),
+}
+
+
 @functools.cache
 def _consumed_fields(fmt: str) -> frozenset[str]:
     """The fields of a row of format `fmt` that become its messages, id or tools (not `extra`)."""
     consumed = {*ID_FIELDS, *_TOOL_FIELDS, "system", *_MESSAGE_LIST_FIELDS.get(fmt, ())}
-    consumed |= {"instruction", "input", "output", "history"} if fmt == "alpaca" else set()
-    consumed |= set(_PROMPT_FIELDS) if fmt == "prompt" else set()
-    return frozenset(consumed)
+    return frozenset(consumed | set(_FORMAT_CONSUMED_FIELDS.get(fmt, ())))
 
 
 def _extra_fields(value: dict[str, Any], fmt: str) -> dict[str, Any]:

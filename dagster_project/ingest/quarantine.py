@@ -19,6 +19,10 @@ REASONS: dict[str, str] = {
     "unreadable_file": "a whole file that cannot be split into rows (one record per file; the other files go on)",
     "unrecognized_format": "the row lacks the fields of its file's format (or is not a JSON object)",
     "not_a_conversation": "a plain-text row (a pre-training corpus); map its field as the prompt to use it",
+    "unparsable_transcript": "an hh-rlhf transcript whose 'Human:'/'Assistant:' turns do not alternate from a "
+    "'Human:' turn",
+    "flattened_layout": "a column override would read a transcript or a message tree as one message (its answers "
+    "or replies lost): read the source in its own format",
     "empty_content": "a message whose content is missing, empty or whitespace only (where a prompt shows it)",
     "non_string_content": "message content that cannot be flattened to text (numbers, objects, unknown parts)",
     "unknown_part": "a content part of a type the ingest does not read (the type is named in the detail)",

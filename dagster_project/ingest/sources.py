@@ -7,7 +7,8 @@ given, else the file's name without its extensions (`dummy_conversation.json` â†
 the source when one dataset spans many files (`nemotron_chat=s3://bucket/nemotron/chat/`). A local path
 with `=` before its first `/` must be written `./...` or absolute, so that it is not read as a name.
 
-`@FORMAT` sets the row format of this source's files (`sharegpt`, `openai`, `alpaca`, `prompt`, `text`),
+`@FORMAT` sets the row format of this source's files (`sharegpt`, `openai`, `alpaca`, `prompt`, `text`, and the
+public layouts `hh_rlhf`, `oasst`, `ultrachat`),
 where detection guesses wrong or cannot tell; `:FIELD` names the source's own column for the format's main
 field (the messages, the instruction or the prompt), e.g. `c4@prompt:text=data/c4.jsonl` generates from a
 plain-text corpus by reading its `text` column as the prompt. Without `@`, each file's format is detected
@@ -36,7 +37,7 @@ from urllib.parse import urlparse
 from dagster_project.ingest.formats import FORMATS
 from dagster_project.ingest.readers import COMPRESSIONS, is_supported
 
-_NAMED_SPEC = re.compile(r"^([A-Za-z0-9_.-]*)(?:@([A-Za-z]+)(?::([^=/]+))?)?=(.+)$")
+_NAMED_SPEC = re.compile(r"^([A-Za-z0-9_.-]*)(?:@([A-Za-z][A-Za-z_]*)(?::([^=/]+))?)?=(.+)$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # Metadata that dataset folders keep beside their data (Hugging Face `datasets`, LLaMA-Factory).
 _NOT_DATA_NAMES = frozenset(
