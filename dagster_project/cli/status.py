@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import dagster as dg
 
     from dagster_project.ops.answers.storage import StoreDelay
+    from dagster_project.ops.live_view import WatchReading
     from dagster_project.ops.status_snapshot import StoreSnapshot
     from dagster_project.store.storage import Store
 
@@ -45,9 +46,9 @@ def cmd_status(args: argparse.Namespace, resources: Any) -> int:
                 raise SystemExit(f"no {manifest}: materialize conversations before asking for coverage by id")
             write_coverage(store, dataset_coverage(store, num_shards))
         if args.watch is not None:
-            from dagster_project.ops.terminal import watch
+            from dagster_project.ops.live_view import watch
 
-            return watch(lambda: _status_text(store, instance), args.watch, store.uri)
+            return watch(lambda: _watch_reading(store, instance), args.watch, store.uri)
         if args.json:
             status, notes, _ = _read_status(store, instance)
             print(json.dumps(dataclasses.asdict(status), indent=2, default=str))
@@ -175,6 +176,15 @@ def _status_text(store: Store, instance: dg.DagsterInstance | None) -> tuple[str
     text = (f"{taken.first}\n\n" if taken.first else "") + render_text(status)
     # With --dagster the storage line's materialized count is the instance's, read now.
     return (text if instance else f"{text}\n{render_view(taken.view, status.collected_at)}"), notes
+
+
+def _watch_reading(store: Store, instance: dg.DagsterInstance | None) -> WatchReading:
+    from dagster_project.ops.dagster_view import render_view
+    from dagster_project.ops.live_view import watch_reading
+
+    status, notes, taken = _read_status(store, instance)
+    more = "" if instance else render_view(taken.view, status.collected_at)
+    return watch_reading(status, first=taken.first, notes=notes, more=more)
 
 
 def _what_to_materialize_first(store: Store) -> str | None:

@@ -1,15 +1,10 @@
-"""What the operator's terminal shows beyond the answers' text: the fleet as a table (`dflash fleet status`) and
-the answers as a live view (`dflash status --watch`).
-
-Each view is a plain function of what was read, so tests render it without a terminal; `watch` is the loop.
-"""
+"""The fleet as a table in the operator's terminal (`dflash fleet status`): a plain function of the servers'
+probes, so tests render it without a terminal. The answers' live view is `live_view`."""
 
 from __future__ import annotations
 
-import time
 import urllib.parse
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from typing import Any
 
 FLEET_COLUMNS = ("pid", "address", "health", "cap", "running", "queued", "note")
@@ -65,50 +60,3 @@ def fleet_table(probes: list[Mapping[str, Any]], pids: Mapping[int, int], hostna
         ).rstrip()
         for row in table
     )
-
-
-def watch_view(text: str, *, where: str, every_s: float, read_at: float, notes: list[str] | None = None) -> Any:
-    """The live view of one reading: a header (the store, when it was read, how often), the alerts in red right
-    under it (a terminal shorter than the answers crops their end, never the alerts), then the answers' text
-    with the section headings in bold, and any notes (runs marked failed) below."""
-    from rich.console import Group
-    from rich.text import Text
-
-    stamp = datetime.fromtimestamp(read_at, UTC).strftime("%H:%M:%S UTC")
-    header = Text.assemble(
-        ("dflash status", "bold"), f"  {where}  read at {stamp}, again every {every_s:g} s  (Ctrl-C leaves)"
-    )
-    lines = text.splitlines()
-    urgent = [line for line in lines if "ALERT" in line or line.startswith("NOTHING TO REPORT")]
-    body = Text()
-    for line in lines:
-        if line in urgent:
-            continue
-        body.append(line + "\n", style="bold" if line[:1].isdigit() and ". " in line[:4] else "")
-    parts = [header, *(Text(line.strip(), style="bold red") for line in urgent), Text(""), body]
-    parts += [Text(note, style="yellow") for note in notes or []]
-    return Group(*parts)
-
-
-def watch(read: Callable[[], tuple[str, list[str]]], every_s: float, where: str) -> int:
-    """Show `read()`'s text, read again every `every_s` seconds, until Ctrl-C (exit status 0)."""
-    from rich.console import Console
-    from rich.live import Live
-
-    console = Console()
-    try:
-        text, notes = read()
-        with Live(
-            watch_view(text, where=where, every_s=every_s, read_at=time.time(), notes=notes),
-            console=console,
-            auto_refresh=False,
-            screen=False,
-        ) as live:
-            while True:
-                time.sleep(every_s)  # the refresh period the operator asked for, not a synchronization
-                text, notes = read()
-                live.update(watch_view(text, where=where, every_s=every_s, read_at=time.time(), notes=notes))
-                live.refresh()
-    except KeyboardInterrupt:
-        console.print("stopped watching")
-        return 0

@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from dagster_project import cli
 from dagster_project.cli.fleet import parse_sim_options
 from dagster_project.ops.dagster_view import DagsterView, write_view
 from dagster_project.ops.pool_slots import DeadHolder
-from dagster_project.ops.terminal import fleet_table, watch_view
+from dagster_project.ops.terminal import fleet_table
 from dagster_project.processes import process_start, this_process
 from dagster_project.store.dataclass_json import to_json
 from dagster_project.store.layout import progress_key
@@ -104,18 +103,6 @@ def test_fleet_status_is_a_table_with_pids_of_this_nodes_servers():
     # Another node's server: no pid here, figures it did not report are unknown, not 0.
     assert lines[2].split()[:6] == ["—", "gpu-2:30000", "unreachable", "—", "—", "—"]
     assert lines[2].endswith("connection refused")
-
-
-def test_the_live_view_shows_when_it_was_read_and_the_alerts_in_red():
-    text = "1. Progress vs estimates\n   events 3/9\nALERT [fleet]: the fleet is unreachable: http://x:1"
-    view = watch_view(text, where="/data/store", every_s=5, read_at=0.0, notes=["marked Dagster run r1 failed"])
-    console = Console(record=True, width=120, force_terminal=True, color_system="truecolor")
-    console.print(view)
-    shown = console.export_text(clear=False)
-    assert "/data/store  read at 00:00:00 UTC, again every 5 s" in shown and "Ctrl-C" in shown
-    assert "events 3/9" in shown and "marked Dagster run r1 failed" in shown
-    assert "\x1b[1;31mALERT [fleet]" in console.export_text(styles=True)  # bold red
-    assert shown.index("ALERT [fleet]") < shown.index("1. Progress")  # first: a short terminal crops the end
 
 
 def test_a_store_root_under_a_file_or_a_uri_missing_its_colon_is_refused(tmp_path):
