@@ -29,6 +29,17 @@ class Plan:
     accept_length: float | None = field(default=None, metadata={"help": "planned spec-decoding accept length"})
     error_share: float | None = field(default=None, metadata={"help": "planned share of events ending in an error"})
     output_tokens_percentiles: dict[str, float] = field(default_factory=dict)  # "p10" ... "max"
+    sample_answers: int | None = field(default=None, metadata={"help": "answers the pilot measured the plan on"})
+
+    def floor_reason(self, fleet_slots: int) -> str | None:
+        """Why the plan's rates are only a floor for a fleet of `fleet_slots` request slots, or None: a pilot of
+        fewer answers than the fleet runs at once never filled it, so its rates are not a full fleet's pace."""
+        if self.sample_answers is None or fleet_slots <= self.sample_answers:
+            return None
+        return (
+            f"the pilot's {self.sample_answers:,} answers never filled the fleet's {fleet_slots:,} request slots: "
+            "its rates are a floor, not a full fleet's pace"
+        )
 
     def eta_hours(self, remaining_requests: int) -> float:
         return remaining_requests / self.req_per_s / 3600 if self.req_per_s else float("inf")

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dagster_project.generation.progress import Heartbeat
+from dagster_project.ops.answers.concurrency import lengths_note
 from dagster_project.ops.answers.cost import idle_line, render_cost, spent_line
 from dagster_project.ops.answers.coverage import by_id_summary
 from dagster_project.ops.answers.mtp import mtp_verdict
@@ -108,6 +109,15 @@ def verdict(ratio: float | None, higher_is_better: bool = True) -> str:
     return "ahead of plan" if ahead else "behind plan"
 
 
+def floor_verdict(ratio: float | None, higher_is_better: bool = True) -> str:
+    """Against a plan whose rates are a floor (a pilot that never filled the fleet): above it is expected, not
+    "ahead of plan"; below it is still behind."""
+    if ratio is None:
+        return "—"
+    above = ratio > 1 if higher_is_better else ratio < 1
+    return "above the pilot's floor" if above else verdict(ratio, higher_is_better)
+
+
 def length_verdict(ratio: float | None) -> str:
     """Answers longer or shorter than planned are neither ahead nor behind: the rates and the ETA say what that
     does to the run."""
@@ -130,11 +140,12 @@ def _plan_table(status: Status) -> Table | None:
     running = bool(p.shards_running)
     req = p.window_req_per_s if running else p.lifetime_req_per_s or None
     tok = p.window_output_tok_per_s if running else p.lifetime_output_tok_per_s or None
+    rate_verdict = floor_verdict if p.plan_floor else verdict
     figures = [
-        ("req/s", req, plan.req_per_s, 2, verdict),
-        ("output tok/s", tok, plan.output_tok_per_s, 0, verdict),
+        ("req/s", req, plan.req_per_s, 2, rate_verdict),
+        ("output tok/s", tok, plan.output_tok_per_s, 0, rate_verdict),
         ("avg output tokens", p.avg_output_tokens, plan.avg_output_tokens, 0, length_verdict),
-        ("ETA, rest (h)", p.eta_hours, p.plan_eta_hours, 2, lambda r: verdict(r, higher_is_better=False)),
+        ("ETA, rest (h)", p.eta_hours, p.plan_eta_hours, 2, lambda r: rate_verdict(r, higher_is_better=False)),
     ]
     # What a pilot measured besides the rates (`pilot.stage.plan_from_pilot`); a plan by hand has neither.
     if plan.accept_length:
@@ -260,7 +271,9 @@ def _progress(status: Status) -> Section:
         f"{_num(p.lifetime_output_tok_per_s)} output tok/s over {_num(p.lifetime_span_hours * 60, 1)} min of "
         "generation",
         "",
-        f"Plan: {p.plan.source}" if p.plan else "No plan recorded (`dflash plan`).",
+        (f"Plan: {p.plan.source}" + (f"; {p.plan_floor}" if p.plan_floor else ""))
+        if p.plan
+        else "No plan recorded (`dflash plan`).",
     ]
     plan = _plan_table(status)
     return Section("1. Progress vs plan", "\n".join(text), (("1. Plan vs measured", plan),) if plan else ())
@@ -317,7 +330,7 @@ def _concurrency(status: Status) -> Section:
         ],
     )
     tables = [("3. Servers", servers), ("3. Capacity per server", why)]
-    return Section(title, f"{len(c.servers)} servers; capacity at {c.lengths}.", tuple(tables))
+    return Section(title, f"{len(c.servers)} servers; capacity at {c.lengths}{lengths_note(c.lengths)}.", tuple(tables))
 
 
 def _storage(status: Status) -> Section:

@@ -171,6 +171,7 @@ def plan_from_pilot(record: PilotRecord, previous: Plan | None) -> Plan:
         accept_length=round(record.accept_length, 3) if record.accept_length else None,
         error_share=round(record.error_share, 4),
         output_tokens_percentiles=record.output_lengths.percentiles,
+        sample_answers=record.answers,
     )
 
 

@@ -265,9 +265,20 @@ def render_concurrency(concurrency: ConcurrencyAnswer) -> list[str]:
         if row.capacity is not None:
             lines.append(f"      capacity: {row.capacity.explanation}")
     if any(row.capacity for row in concurrency.servers.values()):
-        lines.append(f"   (capacity at {concurrency.lengths})")
+        lines.append(f"   (capacity at {concurrency.lengths}{lengths_note(concurrency.lengths)})")
     lines += [f"   SET ASIDE: {describe_set_aside(server)}" for server in concurrency.set_aside]
     return lines
+
+
+def lengths_note(lengths: str) -> str:
+    """Why the cap and gain here differ from what `fleet up` printed: it planned at the expected lengths."""
+    if lengths == EXPECTED_LENGTHS:
+        return ""
+    return (
+        "; `fleet up` printed its figures at the lengths it sizes servers for (by default "
+        f"{capacity.EXPECTED_PROMPT_TOKENS:,.0f} prompt + {capacity.EXPECTED_OUTPUT_TOKENS:,.0f} output tokens), "
+        "so its caps and gains differ from these"
+    )
 
 
 def describe_set_aside(server: SetAside) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 
 from dagster_project.generation.progress import ETA_FROM_LIFETIME, ETA_FROM_WINDOW
 from dagster_project.ops.answers.readings import Readings
@@ -42,6 +43,8 @@ class ProgressAnswer:
     lifetime_span_hours: float
     plan: Plan | None
     plan_eta_hours: float | None
+    # Why the plan's rates are a floor for this fleet (a pilot too small to fill it), or None.
+    plan_floor: str | None = None
     events_ok: int | None = None  # answers generated without error (published, and running shards' so far)
     # Every running shard is still measuring the window its rate needs to be stable.
     eta_settling: bool = False
@@ -110,6 +113,7 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
         lifetime_span_hours=span / 3600,
         plan=plan,
         plan_eta_hours=plan.eta_hours(remaining) if plan else None,
+        plan_floor=plan.floor_reason(fleet_slots(readings.fleet)) if plan else None,
         events_ok=ok_events,
         eta_settling=settling,
         eta_basis=(ETA_FROM_WINDOW if from_window else ETA_FROM_LIFETIME) if eta_s is not None else "",
@@ -120,6 +124,11 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
             if b.state == "generated"
         },
     )
+
+
+def fleet_slots(fleet: dict[str, dict[str, Any]]) -> int:
+    """Requests the healthy servers run at once, by their own caps."""
+    return sum(int(probe.get("max_running_requests") or 0) for probe in fleet.values() if probe.get("healthy"))
 
 
 def eta_text(progress: ProgressAnswer) -> str:
@@ -158,7 +167,7 @@ def render_progress(progress: ProgressAnswer, now: float) -> list[str]:
         lines.append(
             f"   plan ({p.plan.source}): {p.plan.req_per_s} req/s, {p.plan.avg_output_tokens} avg out tokens, "
             f"{p.plan.output_tok_per_s} out tok/s{_measured(p.plan)} → ETA {fmt(p.plan_eta_hours, 2)} h for what "
-            "remains"
+            "remains" + (f" ({p.plan_floor})" if p.plan_floor else "")
         )
     return lines
 

@@ -206,6 +206,21 @@ def test_alerts_mtp_off_or_accepting_little_a_swamped_or_idle_server_a_slipping_
     assert "### Alerts" in page and "| mtp | accept length 1.20" in page
 
 
+def test_a_pilot_too_small_to_fill_the_fleet_is_a_floor_not_a_plan_to_be_ahead_of(tmp_path):
+    # Two servers of 8 slots; a pilot of 9 answers never ran them full, so 2.0 req/s against its 0.5 is expected.
+    pilot = replace(PLAN, source="pilot of 9 answers at 2026-12-04 21:29 UTC", req_per_s=0.5, sample_answers=9)
+    status = status_of([beat()], HEALTHY, plan=pilot, tmp_path=tmp_path)
+    reason = "the pilot's 9 answers never filled the fleet's 16 request slots: its rates are a floor"
+    assert reason in render_text(status)
+    page = render_markdown(status)
+    assert reason in page
+    assert "| req/s | 2.00 | 0.50 | 4.00 | above the pilot's floor |" in page and "ahead of plan" not in page
+    # A pilot that filled the fleet is a plan like any other.
+    full = status_of([beat()], HEALTHY, plan=replace(pilot, sample_answers=400), tmp_path=tmp_path)
+    assert "| req/s | 2.00 | 0.50 | 4.00 | ahead of plan |" in render_markdown(full)
+    assert "never filled" not in render_text(full)
+
+
 def test_plan_verdicts_read_the_ratio_the_right_way_round():
     assert verdict(1.05) == "on plan" and verdict(1.5) == "ahead of plan" and verdict(0.5) == "behind plan"
     assert verdict(1.5, higher_is_better=False) == "behind plan"  # an ETA 1.5x the plan's

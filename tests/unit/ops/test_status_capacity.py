@@ -6,7 +6,12 @@ from __future__ import annotations
 import time
 
 from dagster_project.ops import tune
-from dagster_project.ops.answers.concurrency import answer_concurrency, render_concurrency
+from dagster_project.ops.answers.concurrency import (
+    EXPECTED_LENGTHS,
+    answer_concurrency,
+    lengths_note,
+    render_concurrency,
+)
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.sglang import capacity
 from dagster_project.sglang.capacity import LaunchSettings
@@ -75,3 +80,9 @@ def test_a_server_at_the_ceiling_has_no_headroom_left_and_a_router_no_capacity_a
     router = {"url": "http://router:30000", "healthy": True, "error": "not_found HTTP 404: /server_info"}
     row = answer_concurrency(readings({"http://router:30000": router})).servers["http://router:30000"]
     assert row.capacity is None and "not_found" in row.capacity_error
+
+
+def test_capacity_at_observed_lengths_says_why_fleet_up_printed_other_figures():
+    assert lengths_note(EXPECTED_LENGTHS) == ""  # the same lengths fleet up used: nothing to explain
+    note = lengths_note("47 prompt + 352 output tokens per request, observed over 270 answers")
+    assert "`fleet up` printed its figures at the lengths it sizes servers for (by default 600 prompt + 2,000" in note

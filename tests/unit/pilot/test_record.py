@@ -84,6 +84,7 @@ def test_a_passed_pilot_becomes_the_plan_keeping_the_fleet_and_price_of_the_earl
     assert (plan.gpus, plan.cost_per_hour, plan.prompts) == (7, 27.0, 913_786)
     assert plan.accept_length == 2.75 and plan.error_share == 0.025
     assert plan.output_tokens_percentiles["p50"] == 200.0
+    assert plan.sample_answers == record.answers
     assert plan_from_pilot(record, None).gpus == 2  # a GPU per server the pilot used
 
 
