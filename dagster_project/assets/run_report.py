@@ -20,6 +20,7 @@ from dagster_project.ops.refresh import (
     SENSOR_TICK_S,
     RefreshCursor,
     decide_refresh,
+    latest_hold_event,
     shards_running,
 )
 from dagster_project.ops.report import Table, plot_metrics, render_markdown, report_sections
@@ -258,8 +259,8 @@ def latest_pipeline_end(instance: dg.DagsterInstance, after: float) -> float | N
     minimum_interval_seconds=SENSOR_TICK_S,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Refresh run_report, so its page, plots and alerts are current: at the next tick after any run of "
-    f"the pipeline or a backfill ends (success or failure), and every {REFRESH_INTERVAL_S // 60} minutes while shard "
-    "runs are in progress (live heartbeats).",
+    "the pipeline or a backfill ends (success or failure), the line is held or released, or generation starts or "
+    f"stops, and every {REFRESH_INTERVAL_S // 60} minutes while shard runs are in progress (live heartbeats).",
 )
 def run_report_refresh(context: dg.SensorEvaluationContext, store: DatasetStore) -> dg.SensorResult:
     cursor = RefreshCursor.from_json(context.cursor)
@@ -268,13 +269,15 @@ def run_report_refresh(context: dg.SensorEvaluationContext, store: DatasetStore)
     stuck = stuck_pools(context.instance)
     # Each waiting run is told once, in its own log, which runs hold its slot and the command that frees them.
     tell_waiting_runs(context.instance, stuck)
+    opened = store.open()
     decision = decide_refresh(
         cursor,
         latest_end=latest_pipeline_end(context.instance, cursor.ended_until),
-        shards_running=shards_running(store.open(), now),
+        shards_running=shards_running(opened, now),
         refresh_in_progress=bool(in_progress),
         now=now,
         stuck_waiting=tuple(sorted({run_id for pool in stuck for run_id in pool.waiting_runs})),
+        latest_hold_event=latest_hold_event(opened),
     )
     if decision.reason is None:
         return dg.SensorResult(skip_reason=decision.skip_reason, cursor=decision.cursor.to_json())

@@ -31,12 +31,16 @@ def test_an_end_during_a_refresh_waits_for_it_and_is_not_lost():
 
 
 def test_running_shards_refresh_every_interval_and_nothing_happens_when_all_is_quiet():
-    cursor = RefreshCursor(ended_until=NOW - 600, requested_at=NOW - REFRESH_INTERVAL_S + 1)
+    cursor = RefreshCursor(
+        ended_until=NOW - 600, requested_at=NOW - REFRESH_INTERVAL_S + 1, shards_were_running=True, recounted=False
+    )
     soon = decide_refresh(cursor, latest_end=NOW - 600, shards_running=[1, 2], refresh_in_progress=False, now=NOW)
     assert soon.reason is None
     due = decide_refresh(cursor, latest_end=NOW - 600, shards_running=[1, 2], refresh_in_progress=False, now=NOW + 1)
     assert due.reason == "shards [1, 2] are running" and due.cursor.ended_until == NOW - 600
-    quiet = decide_refresh(cursor, latest_end=None, shards_running=[], refresh_in_progress=False, now=NOW + 1e6)
+    quiet = decide_refresh(
+        RefreshCursor(), latest_end=None, shards_running=[], refresh_in_progress=False, now=NOW + 1e6
+    )
     assert quiet.reason is None and "no shard run is in progress" in quiet.skip_reason
 
 
@@ -65,3 +69,67 @@ def test_a_run_newly_stuck_behind_dead_runs_asks_for_a_refresh_once():
         stuck.cursor, latest_end=None, shards_running=[], refresh_in_progress=False, now=NOW, stuck_waiting=("run-b",)
     )
     assert again.reason is None
+
+
+def test_a_hold_and_its_release_each_ask_for_a_refresh_once_even_while_shards_run():
+    cursor = RefreshCursor(ended_until=NOW - 600, requested_at=NOW - 5, shards_were_running=True, recounted=False)
+    held = decide_refresh(
+        cursor, latest_end=None, shards_running=[0, 1], refresh_in_progress=False, now=NOW, latest_hold_event=NOW - 2
+    )
+    assert held.reason and "the line was held or released" in held.reason
+    again = decide_refresh(
+        held.cursor,
+        latest_end=None,
+        shards_running=[0, 1],
+        refresh_in_progress=False,
+        now=NOW + 15,
+        latest_hold_event=NOW - 2,
+    )
+    assert again.reason is None
+    busy = decide_refresh(
+        held.cursor,
+        latest_end=None,
+        shards_running=[],
+        refresh_in_progress=True,
+        now=NOW + 30,
+        latest_hold_event=NOW + 25,
+    )
+    assert busy.reason is None and busy.cursor == held.cursor  # the release waits for the refresh in flight
+    released = decide_refresh(
+        busy.cursor,
+        latest_end=None,
+        shards_running=[],
+        refresh_in_progress=False,
+        now=NOW + 45,
+        latest_hold_event=NOW + 25,
+    )
+    assert released.reason and "held or released" in released.reason and released.recount
+
+
+def test_generation_starting_and_stopping_each_ask_for_a_refresh_and_the_stop_recounts_coverage():
+    at_rest = RefreshCursor(ended_until=NOW - 600, requested_at=NOW - 60)
+    started = decide_refresh(at_rest, latest_end=None, shards_running=[4], refresh_in_progress=False, now=NOW)
+    assert started.reason == "shards [4] started" and not started.recount
+    running = decide_refresh(
+        started.cursor, latest_end=None, shards_running=[4, 5], refresh_in_progress=False, now=NOW + 15
+    )
+    assert running.reason is None  # another shard joining is for the regular refresh
+    stopped = decide_refresh(
+        running.cursor, latest_end=None, shards_running=[], refresh_in_progress=False, now=NOW + 30
+    )
+    assert stopped.reason and "recounted" in stopped.reason and stopped.recount
+    rest = decide_refresh(stopped.cursor, latest_end=None, shards_running=[], refresh_in_progress=False, now=NOW + 45)
+    assert rest.reason is None
+
+
+def test_the_latest_hold_event_is_the_standing_hold_or_the_last_release(tmp_path):
+    from dagster_project.generation.line_hold import Hold, put_hold, release_hold
+    from dagster_project.ops.refresh import latest_hold_event
+
+    store = LocalStore(tmp_path / "store")
+    assert latest_hold_event(store) is None
+    hold = Hold("short_answers", "90% short", figure=0.9, threshold=0.1, sample_size=40, scope="fleet", held_at=NOW)
+    put_hold(store, hold)
+    assert latest_hold_event(store) == NOW
+    release_hold(store, by="op", reason="fixed", now=NOW + 100)
+    assert latest_hold_event(store) == NOW + 100
