@@ -58,7 +58,8 @@ from dagster_project.records import COMPLETION_SCHEMA, Conversation
 from dagster_project.store import layout, object_index
 from dagster_project.store.layout import MANIFEST_NAME
 from dagster_project.store.manifest import StoredObject, ids_digest, publish_shard, write_stage_manifest
-from dagster_project.store.storage import S3_WORKERS, LocalStore, S3Store, Store, arrow_filesystem
+from dagster_project.store.storage import S3_WORKERS, LocalStore, S3Store, Store
+from dagster_project.store.transfer import arrow_filesystem
 from tests.support.stage_manifests import conversations_manifest
 
 REAL_EVENTS, REAL_SHARDS = 913_786, 1_830

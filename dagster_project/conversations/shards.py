@@ -36,7 +36,8 @@ from dagster_project.store.manifest import (
     read_stage_manifest,
     verified_bytes,
 )
-from dagster_project.store.storage import CorruptObject, LocalStore, Store, map_in_order
+from dagster_project.store.storage import CorruptObject, LocalStore, Store
+from dagster_project.store.transfer import map_in_order
 from dagster_project.store.verdicts import record_verdicts
 
 SHARD_FILE = "conversations.jsonl"

@@ -152,9 +152,12 @@ class ShardReporter:
 
     def report(self) -> Heartbeat:
         host, pid, start = this_process()
+        calls = self.store.calls
         return replace(
             self.snapshot(),
             upload_failures=self.upload_failures,
+            store_calls=calls.made,
+            store_retries=dict(calls.retried),
             host=host,
             pid=pid,
             process_start=start,

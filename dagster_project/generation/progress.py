@@ -78,6 +78,9 @@ class Heartbeat:
     # The dispatcher's own view of each server (`Dispatcher.snapshot()`), keyed by URL.
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     upload_failures: int = 0
+    # The store calls this run made and those it retried, by cause (`StoreCalls`: S3 throttling, timeouts).
+    store_calls: int = 0
+    store_retries: dict[str, int] = field(default_factory=dict)
     # Who writes it, so `status` can tell a live run from a dead one (`heartbeat.run_is_alive`): the process
     # (host, pid and its start mark, which tells it from a later process given the same pid: `processes`), the
     # Dagster run, and how often it beats.

@@ -13,7 +13,7 @@ from dagster_project.ops.answers.mtp import MtpAnswer
 from dagster_project.ops.answers.progress import ProgressAnswer
 from dagster_project.ops.answers.quality import QualityAnswer, describe_figure
 from dagster_project.ops.answers.shards import GateFailure, ShardsAnswer
-from dagster_project.ops.answers.storage import StorageAnswer
+from dagster_project.ops.answers.storage import StorageAnswer, retried_calls
 from dagster_project.ops.answers.text import shard_list
 from dagster_project.pilot_record import PILOT_COMMAND, PilotRecord
 
@@ -29,6 +29,13 @@ class AlertThresholds:
     publish_slow_s: float = field(
         default=120.0,
         metadata={"help": "Alert when a shard is still publishing this many seconds after its generation ended."},
+    )
+    store_retry_share: float = field(
+        default=0.05,
+        metadata={
+            "help": "Alert when the shard runs retried more than this share of their store calls (S3 throttling "
+            "with SlowDown, timeouts): nothing is lost, but the store slows the job."
+        },
     )
 
 
@@ -57,7 +64,7 @@ def raise_alerts(
     return [
         *(_stage_alerts(shards) if shards else []),
         *_mtp_alerts(mtp, thresholds.accept_length_floor),
-        *_store_alerts(storage),
+        *_store_alerts(storage, thresholds.store_retry_share),
         # A store too slow to answer leaves the shards' figures as of its last snapshot: whether work waits now is
         # not known, so an idle server is not blamed for it.
         *_server_alerts(progress, concurrency, shards_known=storage.delay is None),
@@ -169,11 +176,22 @@ def _mtp_alerts(mtp: MtpAnswer, floor: float) -> list[Alert]:
     return []
 
 
-def _store_alerts(storage: StorageAnswer) -> list[Alert]:
+def _store_alerts(storage: StorageAnswer, retry_share: float) -> list[Alert]:
+    retried = sum(storage.store_retries.values())
+    alerts = []
+    if storage.store_calls and retried / storage.store_calls > retry_share:
+        alerts.append(
+            Alert(
+                "storage",
+                f"the store {storage.store} is slowing the job: {retried_calls(storage)}, over the run_report "
+                f"config's store_retry_share of {retry_share:.0%}. Throttled prefixes (SlowDown) need fewer shard runs "
+                "at once (DFLASH_SHARDS_PER_RUN, the pool's slots) or the bucket's request rate raised",
+            )
+        )
     if storage.delay is None:
-        return []
+        return alerts
     delay = storage.delay
-    return [
+    return alerts + [
         Alert(
             "storage",
             f"{delay.describe()}: the store {storage.store} did not answer within status's budget of "

@@ -42,7 +42,8 @@ from dagster_project.store.manifest import (
     read_published_manifests,
     verify_shard,
 )
-from dagster_project.store.storage import CorruptObject, LocalStore, ObjectInfo, Store, arrow_filesystem, local_files
+from dagster_project.store.storage import CorruptObject, LocalStore, ObjectInfo, Store
+from dagster_project.store.transfer import arrow_filesystem, local_files
 from dagster_project.training.shards import TrainingShardManifest
 
 if TYPE_CHECKING:

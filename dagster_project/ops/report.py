@@ -22,6 +22,7 @@ from dagster_project.ops.answers.multi_turn import generated_of_planned
 from dagster_project.ops.answers.progress import eta_text
 from dagster_project.ops.answers.quality import figure_reading, figure_verdict
 from dagster_project.ops.answers.shards import GREEN, ShardsAnswer, green_shards
+from dagster_project.ops.answers.storage import retried_calls
 from dagster_project.ops.answers.text import as_of, counted_shards, dollars, shard_list
 from dagster_project.ops.answers.waste import WasteAnswer
 from dagster_project.ops.status import Status
@@ -344,6 +345,7 @@ def _storage(status: Status) -> Section:
         "",
         f"Generation settings of published shards: {_some(fingerprints) if fingerprints else '—'}"
         + (f"; stale (other settings than configured now): {_some(s.stale_shards)}" if s.stale_shards else ""),
+        *(["", _sentence(retried_calls(s))] if s.store_retries else []),
     ]
     return Section("4. Storage", "\n".join(text))
 

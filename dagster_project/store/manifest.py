@@ -34,13 +34,10 @@ from dagster_project.store.storage import (
     ObjectInfo,
     Store,
     StoreError,
-    arrow_filesystem,
-    local_copy,
-    map_in_order,
-    put_file_moving,
     sha256_bytes,
     sha256_file,
 )
+from dagster_project.store.transfer import arrow_filesystem, local_copy, map_in_order, put_file_moving
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -25,14 +25,8 @@ from typing import Any, TypeVar
 import orjson
 
 from dagster_project.store.dataclass_json import from_dict, parse_record
-from dagster_project.store.storage import (
-    CorruptObject,
-    LocalStore,
-    PreconditionFailed,
-    Store,
-    StoreError,
-    map_in_order,
-)
+from dagster_project.store.storage import CorruptObject, LocalStore, PreconditionFailed, Store, StoreError
+from dagster_project.store.transfer import map_in_order
 
 T = TypeVar("T")
 

@@ -28,7 +28,8 @@ from dagster_project.store import object_index
 from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.layout import MANIFEST_NAME, TRAINING_SET, shard_prefix
 from dagster_project.store.manifest import ShardManifest
-from dagster_project.store.storage import Store, map_in_order
+from dagster_project.store.storage import Store
+from dagster_project.store.transfer import map_in_order
 
 ManifestT = TypeVar("ManifestT", bound=ShardManifest)
 

@@ -31,7 +31,8 @@ from dagster_project.store.dataclass_json import to_json
 from dagster_project.store.jsonl import read_jsonl_zst
 from dagster_project.store.layout import COMPLETIONS, TRAINING_SET
 from dagster_project.store.manifest import published_shards
-from dagster_project.store.storage import Store, local_copy
+from dagster_project.store.storage import Store
+from dagster_project.store.transfer import local_copy
 from dagster_project.training.lengths import LengthFigures
 from dagster_project.training.shards import iter_training_batches, read_training_manifest
 from dagster_project.training.stage import UNKNOWN_SOURCE

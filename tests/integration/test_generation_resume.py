@@ -15,7 +15,7 @@ from dagster_project.generation.stage import generate_shard, journal_path
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import split_event_id
 from dagster_project.sglang.protocol import input_hash
-from dagster_project.store.storage import local_copy
+from dagster_project.store.transfer import local_copy
 from dagster_project.tokenizer import load_tokenizer, special_ids
 from tests.support.ingest_helpers import run_stages
 from tests.support.journal_files import journal_records

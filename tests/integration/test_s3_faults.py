@@ -183,3 +183,43 @@ def _status(env: dict[str, str]) -> tuple[str, float]:
     result, took_s = _dflash(env, "status")
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout, took_s
+
+
+def test_s3_throttling_is_retried_counted_by_cause_and_raised_as_an_alert(s3_server, s3_bucket, monkeypatch, tmp_path):
+    """S3 answering `503 SlowDown` to one call in three: the shard publishes intact, the store counts each retried
+    call under its cause, and status shows the figure and raises the alert a throttled job needs."""
+    from dagster_project.ops.alerts import DEFAULT_THRESHOLDS
+    from dagster_project.ops.status import collect_status, render_text
+    from dagster_project.store.dataclass_json import to_json
+    from dagster_project.store.layout import progress_key
+    from tests.support.throttling_proxy import throttling_proxy
+
+    with throttling_proxy(s3_server.endpoint, every=3) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        store = DatasetStore(
+            root=f"s3://{s3_bucket}/runs/throttled",
+            work_dir=str(tmp_path / "work"),
+            s3=S3Resource(),
+            backoff_s=0.01,
+        ).open()
+        files = [(f"part-{n}.parquet", tmp_path / f"part-{n}.parquet") for n in range(3)]
+        for _, path in files:
+            path.write_bytes(bytes(range(256)) * 16)
+        manifest = publish_shard(store, ShardManifest(stage="completions", shard=2, rows=3), files)
+        assert verify_shard(store, manifest) == []
+        assert proxy.throttled >= 2
+        # Each throttled call is retried under the cause botocore names: `SlowDown` from the XML body, `503` for a
+        # HEAD (no body), a connection closed mid-PUT; boto3's transfer layer retries some uploads itself.
+        retried = store.calls.retried
+        assert retried["SlowDown"] >= 1 and set(retried) <= {"SlowDown", "503", "ConnectionClosedError"}
+        assert proxy.throttled // 2 <= retried["SlowDown"] + retried["503"] <= proxy.throttled
+        assert store.calls.made > sum(retried.values())
+        # What a shard run's heartbeat carries from its store, as status reads it.
+        recorded = dict(store.calls.retried)  # status's own reads go through the proxy too, after this
+        beat = heartbeat(2, store_calls=store.calls.made, store_retries=recorded)
+        store.put_bytes(progress_key(2), to_json(beat))
+        status = collect_status(store, [], thresholds=DEFAULT_THRESHOLDS)
+    assert status.storage.store_retries == recorded
+    text = render_text(status)
+    assert f"SlowDown {recorded['SlowDown']}" in text and "store calls retried by the shard runs:" in text
+    assert any(a.kind == "storage" and "is slowing the job" in a.message for a in status.alerts)

@@ -193,8 +193,7 @@ def test_the_report_refresh_follows_running_shards_and_rests_when_nothing_runs_o
         with dg.build_sensor_context(instance=instance, resources=resources, cursor=idle.cursor) as context:
             busy = sensor(context)
         assert (
-            len(busy.run_requests) == 1
-            and busy.run_requests[0].tags["dflash/refresh_reason"] == "shards [3] started"
+            len(busy.run_requests) == 1 and busy.run_requests[0].tags["dflash/refresh_reason"] == "shards [3] started"
         )
         # While shards run, the refreshes leave the recount of coverage by id (every shard's ids) for later.
         assert busy.run_requests[0].run_config == {"ops": {"run_report": {"config": {"recompute_coverage": False}}}}

@@ -17,7 +17,8 @@ from dagster_project.store.manifest import (
     read_shard_manifest,
     verify_shard,
 )
-from dagster_project.store.storage import LocalStore, StoreError, local_copy, open_store, put_file_moving
+from dagster_project.store.storage import LocalStore, StoreError, open_store
+from dagster_project.store.transfer import local_copy, put_file_moving
 
 
 # The same tests run on S3 (the moto server) in tests/integration/test_store_s3.py.
