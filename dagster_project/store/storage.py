@@ -32,7 +32,6 @@ _CHUNK = 1 << 20
 S3_WORKERS = 16
 
 
-
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str
