@@ -30,8 +30,8 @@ from dagster_project.records import (
     Conversation,
     empty_completion_row,
 )
-from dagster_project.tokenizer import SpecialIds, render_prompt_ids, special_ids
 from dagster_project.sglang.answer_contract import answer_text
+from dagster_project.tokenizer import SpecialIds, render_prompt_ids, special_ids
 
 PREVIOUS_TURN_FAILED = "previous_turn_failed"
 PREVIOUS_TURN_INCOMPLETE = "previous_turn_incomplete"

@@ -319,8 +319,14 @@ def measure_point(
     requests = options.requests_per_server(concurrency)
     records = asyncio.run(
         run_point(
-            urls, prompts, params, concurrency, requests,
-            api_key=api_key, timeout_s=options.request_timeout_s, expected_model=expected_model,
+            urls,
+            prompts,
+            params,
+            concurrency,
+            requests,
+            api_key=api_key,
+            timeout_s=options.request_timeout_s,
+            expected_model=expected_model,
         )  # fmt: skip
     )
     point = summarize(records, server_setting=label, concurrency=concurrency, cap=cap)

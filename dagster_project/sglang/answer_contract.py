@@ -83,6 +83,9 @@ class Served:
     end_ids: frozenset[int] = frozenset()
 
 
+UNKNOWN = Served()  # nothing known of the served model: only the request bounds its answers
+
+
 @dataclass(frozen=True)
 class Breach:
     """One broken rule of an answer: its kind (`BREACHES`) and what was found."""
@@ -106,7 +109,7 @@ def breach(
     output_ids: Sequence[int],
     finish: Mapping[str, Any],
     sampling_params: Mapping[str, Any] | None,
-    served: Served = Served(),
+    served: Served = UNKNOWN,
 ) -> Breach | None:
     """The first rule a finished answer (`finish` type stop or length) breaks, or None when it keeps them all.
 

@@ -21,6 +21,7 @@ from dagster_project.sglang.answer_contract import (  # the breach kinds are err
 from dagster_project.sglang.answer_contract import (
     BREACHES,
     OVERSIZED_BODY,
+    UNKNOWN,
     Served,
     body_limit,
     breach,
@@ -159,7 +160,7 @@ class GenerateResult:
 
 
 def _result_from_body(
-    body: Any, rid: str, url: str, sampling_params: dict | None = None, served: Served = Served()
+    body: Any, rid: str, url: str, sampling_params: dict | None = None, served: Served = UNKNOWN
 ) -> GenerateResult:
     """Turn one response object into a result, or raise: aborts, malformed bodies and answers that break the answer
     contract (`answer_contract.breach`, against the request's `sampling_params` and what is known of the `served`
@@ -370,7 +371,7 @@ class SGLangClient:
         timeout: float | None = None,
         *,
         require_reasoning: bool = True,
-        served: Served = Served(),
+        served: Served = UNKNOWN,
     ) -> GenerateResult:
         """One non-streamed native `/generate` call; raises `SGLangError` unless the answer finished.
 

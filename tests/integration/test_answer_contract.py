@@ -42,7 +42,9 @@ def test_a_server_breaking_the_answer_contract_publishes_nothing_and_is_named_in
     fleet.set_faults(1, **BROKEN)
     dispatcher = Dispatcher(fleet.urls, DispatchOptions(**FAST), expected_model=QWEN3_6_27B)
 
-    manifest = generate_shard(store, 0, tokenizer=tokenizer, settings=SETTINGS, dispatcher=dispatcher, work_dir=tmp_path)
+    manifest = generate_shard(
+        store, 0, tokenizer=tokenizer, settings=SETTINGS, dispatcher=dispatcher, work_dir=tmp_path
+    )
 
     assert manifest.ok == manifest.rows == 24  # every turn answered, none with a broken answer
     with local_copy(store, manifest.data_keys[0]) as path:

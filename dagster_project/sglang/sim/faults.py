@@ -15,7 +15,6 @@ from typing import Any
 
 from aiohttp import web
 
-
 HUGE_BODY_BYTES = 50_000_000
 
 

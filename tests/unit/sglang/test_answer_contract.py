@@ -26,7 +26,13 @@ def body(ids: list[int], finish: dict, text: str = "...") -> dict:
     [
         # 2.5 M ids for a request of 32,768 in the trial; the same at a smaller scale.
         ([WORD] * 17, proto.finish_length(17), PARAMS, contract.OVER_BUDGET, "17 output ids for a request of"),
-        ([WORD, EOS, WORD, EOS], proto.finish_stop(EOS), PARAMS, contract.END_MID_ANSWER, "end id 248046 at position 1"),
+        (
+            [WORD, EOS, WORD, EOS],
+            proto.finish_stop(EOS),
+            PARAMS,
+            contract.END_MID_ANSWER,
+            "end id 248046 at position 1",
+        ),
         ([WORD, EOS, WORD, WORD, WORD, WORD, WORD, WORD], proto.finish_length(8), PARAMS, contract.END_MID_ANSWER, ""),
         ([WORD, WORD], proto.finish_stop(EOS), PARAMS, contract.STOP_NOT_AT_END, "stop on id 248046 but the ids end"),
         ([WORD, 250001, EOS], proto.finish_stop(EOS), PARAMS, contract.ANSWER_OUT_OF_VOCAB, "id 250001 at position 1"),
