@@ -1,6 +1,7 @@
 import dagster as dg
 
 from dagster_project.assets.run_tags import tag_asset_run
+from dagster_project.generation.served_model import ExpectedModel
 from dagster_project.ops import tune, tune_render
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.resources.config_fields import config_fields
@@ -79,6 +80,7 @@ def fleet_tuning(
         endpoints=fleet.resolve_endpoints(),
         api_key=fleet.api_key,
         prompts_source=source,
+        expected_model=fleet.to_dataclass(ExpectedModel).identity(),
         log=context.log.info,
     )
     tune_render.write_report(data, report)

@@ -145,6 +145,7 @@ def _operator_errors() -> tuple[type[BaseException], ...]:
         "dagster_project.settings": "SettingsError",
         "dagster_project.sglang.launch": "FleetError",
         "dagster_project.generation.fleet_registry": "RegistryError",
+        "dagster_project.generation.served_model": "ServedModelMismatch",
     }
     return tuple(getattr(sys.modules[module], name) for module, name in errors.items() if module in sys.modules)
 

@@ -15,6 +15,7 @@ from dagster_project.cli.fleet import parse_sim_options, sim_option_help
 
 
 def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
+    from dagster_project.generation.served_model import ExpectedModel
     from dagster_project.ops import tune, tune_render
     from dagster_project.sglang import launch, launch_plan
 
@@ -66,6 +67,7 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
         api_key=fleet.api_key,
         prompts_source=source,
         spec_options=spec_options,
+        expected_model=fleet.to_dataclass(ExpectedModel).identity(),
     )
     out = Path(args.out) if args.out else Path(resources.store.local_dir()) / "tune"
     written = tune_render.write_local(report, out)

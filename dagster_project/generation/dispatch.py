@@ -25,6 +25,9 @@ Failures, and what happens to the requests caught in them:
 * a server that keeps failing requests (garbage bodies, 5xx answers, aborts, "NaN happened", answers cut off
   by a length stop short of the request's `max_new_tokens`): quarantined after a few in a row; a failed
   request is retried on a server it has not failed on whenever there is one;
+* an answer that breaks the answer contract (`sglang.answer_contract`: more ids than `max_new_tokens`, the end id
+  mid-answer, a stop that does not end the ids, a body past its bound) is no answer: retried elsewhere, counted
+  on its server by rule, and a few of them set the server aside;
 * a hung scheduler: `/health` on SGLang runs a one-token generation and answers 503 when the scheduler
   produces nothing for 20 s; a failed or timed-out health check quarantines the server;
 * our requests stuck behind a healthy `/health` (a router or load balancer in front of a server, or a
@@ -84,6 +87,7 @@ from dagster_project.generation.ledger import FleetLedger
 from dagster_project.generation.server_checks import HEALTHY, QUARANTINED, ServerChecks, ServerState
 from dagster_project.generation.server_watch import WatchLimits
 from dagster_project.generation.slot_use import SlotUse
+from dagster_project.sglang.answer_contract import MALFORMED_ANSWER_KINDS, breaches_of, describe
 from dagster_project.sglang.client import (
     ABORTED,
     ANSWER_OUT_OF_VOCAB,
@@ -117,6 +121,9 @@ _QUEUE_FULL_QUARANTINE = 8  # consecutive 503s (about 30 s of cooling down) befo
 # Answers that show the server, not the request, is at fault; this many in a row set the server aside.
 _SERVER_FAULT_KINDS = frozenset({SERVER_ERROR, SERVER_UNAVAILABLE, BAD_RESPONSE, SAMPLING_FAILED, CUT_SHORT, ABORTED})
 _SERVER_FAULT_QUARANTINE = 5
+# Answers that break the answer contract in a way no healthy server of the model does (`answer_contract`): counted
+# per server and rule (its `errors`), never rows; this many in all, not only in a row, set the server aside.
+_BROKEN_ANSWERS_SET_ASIDE = 3
 
 
 @dataclass(eq=False)
@@ -443,7 +450,7 @@ class Dispatcher(ServerChecks):
                 rid=attempt.rid,
                 timeout=self.options.request_timeout_s,
                 require_reasoning=self.options.require_reasoning,
-                vocab_size=attempt.server.vocab_size,
+                served=attempt.server.served,
             )
         except SGLangError as error:
             self._settle(attempt, None, error)
@@ -511,6 +518,10 @@ class Dispatcher(ServerChecks):
             server.consecutive_faults += 1
             if server.consecutive_faults >= _SERVER_FAULT_QUARANTINE:
                 self._quarantine(server, error.kind, now)
+        elif error.kind in MALFORMED_ANSWER_KINDS:
+            broken = breaches_of(server.errors, MALFORMED_ANSWER_KINDS)
+            if sum(broken.values()) >= _BROKEN_ANSWERS_SET_ASIDE:
+                self._quarantine(server, f"{sum(broken.values())} answers broke the contract: {describe(broken)}", now)
         elif error.kind == ANSWER_OUT_OF_VOCAB:  # not the served model's answer: out until the run ends
             server.foreign_answer = f"{error.kind}: {error.message}"
             self._quarantine(server, server.foreign_answer, now)

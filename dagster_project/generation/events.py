@@ -30,6 +30,7 @@ from dagster_project.records import (
     Conversation,
     empty_completion_row,
 )
+from dagster_project.sglang.answer_contract import answer_text
 from dagster_project.tokenizer import SpecialIds, render_prompt_ids, special_ids
 
 PREVIOUS_TURN_FAILED = "previous_turn_failed"
@@ -212,7 +213,7 @@ class ShardGeneration:
             status=STATUS_OK,
             rid=result.rid,
             output_ids=result.output_ids,
-            text=result.text,
+            text=answer_text(self._decode, result.output_ids, finish),  # never the server's: the ids' decoding
             finish_reason=finish.get("type"),
             finish_matched=None if finish.get("matched") is None else str(finish.get("matched")),
             prompt_tokens=meta.get("prompt_tokens", len(outcome.request.input_ids)),
@@ -230,6 +231,9 @@ class ShardGeneration:
         if pending.turn + 1 < pending.conversation.num_turns and _needs_own_history(pending.conversation):
             row["history_message"] = self._history_message(result.output_ids, row["finish_reason"])
         return row
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _history_message(self, output_ids: list[int], finish_reason: str | None) -> dict[str, str] | None:
         """What a later turn sees of this answer: its visible part (and its reasoning for preserve_thinking).

@@ -17,21 +17,25 @@ model cannot be checked, which the run log says, and requests are checked agains
 
 A server that differs is set aside, the reason naming what differs; it rejoins only when a re-probe finds the
 job's model. Requests then carry the served vocabulary to the client, which refuses to send an input id outside
-it and takes an answer holding one for a fault of the server (`SGLangClient.generate(vocab_size=...)`).
+it and holds every answer to the answer contract: one holding such an id, or the end id mid-answer, is a fault of the
+server (`SGLangClient.generate(served=...)`, `sglang.answer_contract`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagster_project.sglang.answer_contract import Served
 from dagster_project.sglang.client import (
     ANSWER_OUT_OF_VOCAB,
     BAD_REQUEST,
     NOT_FOUND,
     SGLangClient,
     SGLangError,
+    new_session,
 )
 from dagster_project.sglang.model_identity import (
     PROBE_INPUT_IDS,
@@ -130,7 +134,11 @@ async def probe_eos(client: SGLangClient, eos: int, vocab_size: int, timeout: fl
     """Why the job's end-of-sequence id, forced, does not end this server's answer (None: it does)."""
     try:
         result = await client.generate(
-            PROBE_INPUT_IDS, forced_token_params(eos), timeout=timeout, require_reasoning=False, vocab_size=vocab_size
+            PROBE_INPUT_IDS,
+            forced_token_params(eos),
+            timeout=timeout,
+            require_reasoning=False,
+            served=Served(vocab_size),
         )
     except SGLangError as error:
         if error.kind not in (BAD_REQUEST, ANSWER_OUT_OF_VOCAB):
@@ -184,3 +192,26 @@ def refuse_fleet(reasons: Mapping[str, str | None], expected: ModelIdentity) -> 
             "Point the fleet at servers of that model, or set the fleet resource's served_model (DFLASH_SERVED_MODEL) "
             "to the model the job is meant to distil"
         )
+
+
+async def check_endpoints(
+    urls: Sequence[str], expected: ModelIdentity | None, api_key: str | None, timeout: float
+) -> Served:
+    """Before a sender that bypasses the dispatcher (`dflash tune`) sends any prompt: every server must serve the
+    job's model, else `ServedModelMismatch` in one line naming each server and why. Returns what its requests and
+    answers are then held to (nothing known when the check is off)."""
+    if expected is None:
+        return Served()
+    async with new_session() as session:
+
+        async def problems_of(url: str) -> list[str] | None:
+            try:
+                return await served_model_problems(SGLangClient(url, api_key, session), expected, timeout)
+            except SGLangError as error:
+                return [f"its model could not be checked ({error.kind}: {error.message})"]
+
+        found = await asyncio.gather(*(problems_of(url) for url in urls))
+    refused = [f"{url}: {mismatch_reason(problems, expected)}" for url, problems in zip(urls, found) if problems]
+    if refused:
+        raise ServedModelMismatch("; ".join(refused) + "; no prompt was sent")
+    return expected.served()

@@ -19,6 +19,7 @@ from dagster_project.generation.ledger import FleetLedger
 from dagster_project.generation.served_model import mismatch_reason, refuse_fleet, served_model_problems
 from dagster_project.generation.server_watch import ServerWatch, WatchLimits, next_foreign_load
 from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.answer_contract import Served
 from dagster_project.sglang.client import NOT_FOUND, SERVER_UNAVAILABLE, UNAUTHORIZED, SGLangClient, SGLangError
 from dagster_project.sglang.model_identity import ModelIdentity
 
@@ -63,7 +64,7 @@ class ServerState:
     probing: bool = False
     client: SGLangClient | None = None
     set_aside_at: float | None = None  # wall clock, for the operator: when `_quarantine` set it aside
-    vocab_size: int | None = None  # the served vocabulary, once checked: requests' ids are checked against it
+    served: Served = Served()  # the served vocabulary and end id, once checked: requests and answers are held to it
     foreign_answer: str | None = None  # why an answer of it was not the served model's: out for the run
 
 
@@ -120,14 +121,14 @@ class ServerChecks:
         problems = await served_model_problems(server.client, expected, timeout, workers)
         if problems:
             return mismatch_reason(problems, expected)
-        if problems is None and server.vocab_size is None:
+        if problems is None and server.served.vocab_size is None:
             logger.warning(
                 "%s serves no /server_info or /model_info (a router) and names no workers: its model is not checked "
                 "(set the fleet resource's router_workers); requests are checked against %s's vocabulary",
                 server.url,
                 expected.model,
             )
-        server.vocab_size = expected.vocab_size
+        server.served = expected.served()
         return None
 
     def _refuse_other_models(self) -> None:

@@ -16,6 +16,7 @@ from dagster_project.ops.answers.shards import GateFailure, ShardsAnswer
 from dagster_project.ops.answers.storage import StorageAnswer, retried_calls
 from dagster_project.ops.answers.text import shard_list
 from dagster_project.pilot_record import PILOT_COMMAND, PilotRecord
+from dagster_project.sglang.answer_contract import CUT_SHORT, breaches_of, describe
 
 
 @dataclass(frozen=True)
@@ -271,21 +272,31 @@ def _set_aside_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
 
 
 def _refused_answer_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
-    """A server answering 200 with what is not an answer: each was retried, but the server is faulty."""
-    return [
-        Alert(
-            "server",
-            f"{url} answered {sum(kinds.values())} requests with what is not an answer "
-            f"({', '.join(f'{kind} {count}' for kind, count in kinds.items())}; each retried, on another server "
-            "where there is one): look at its log"
-            + (
-                " and KV pool (cut_short: a length stop short of the request's max_new_tokens)"
-                if "cut_short" in kinds
-                else ""
-            ),
-        )
-        for url, kinds in concurrency.refused_answers.items()
-    ]
+    """A server answering 200 with what is not an answer: each was retried and none was stored, but the server is
+    faulty. Answers that broke the answer contract are named by the rule they broke."""
+    alerts = []
+    for url, kinds in concurrency.refused_answers.items():
+        broken = breaches_of(kinds)
+        garbage = {kind: count for kind, count in kinds.items() if kind not in broken}
+        if broken:
+            alerts.append(
+                Alert(
+                    "server",
+                    f"SERVER {url}: {sum(broken.values())} answers broke the contract: {describe(broken)} (each "
+                    "retried, on another server where there is one; none stored): look at its log"
+                    + (" and KV pool" if CUT_SHORT in broken else ""),
+                )
+            )
+        if garbage:
+            alerts.append(
+                Alert(
+                    "server",
+                    f"{url} answered {sum(garbage.values())} requests with what is not an answer "
+                    f"({', '.join(f'{kind} {count}' for kind, count in garbage.items())}; each retried, on another "
+                    "server where there is one): look at its log",
+                )
+            )
+    return alerts
 
 
 def _fleet_alerts(concurrency: ConcurrencyAnswer, endpoints_known: bool) -> list[Alert]:

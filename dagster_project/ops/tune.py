@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagster_project.conversations.shards import read_conversations, read_conversations_manifest
 from dagster_project.conversations.turns import prompt_messages
@@ -40,6 +40,9 @@ from dagster_project.sglang import capacity, speculative
 from dagster_project.store.dataclass_json import from_json
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import render_prompt_ids
+
+if TYPE_CHECKING:
+    from dagster_project.sglang.model_identity import ModelIdentity
 
 REPORT_KEY = "tuning/report.json"
 AS_RUNNING = "as running"  # the label of the one server setting of connect mode
@@ -284,12 +287,16 @@ def sweep_concurrency(
     options: TuneOptions,
     *,
     api_key: str | None = None,
+    expected_model: ModelIdentity | None = None,
     log: Callable[[str], None] = print,
 ) -> list[TunePoint]:
     """`sweep_points` against the servers at `urls` as they run."""
 
     def measure(concurrency: int) -> TunePoint:
-        return measure_point(urls, label, cap, concurrency, prompts, params, options, api_key=api_key, log=log)
+        return measure_point(
+            urls, label, cap, concurrency, prompts, params, options,
+            api_key=api_key, expected_model=expected_model, log=log,
+        )  # fmt: skip
 
     return sweep_points(label, cap, options, measure)
 
@@ -304,12 +311,23 @@ def measure_point(
     options: TuneOptions,
     *,
     api_key: str | None = None,
+    expected_model: ModelIdentity | None = None,
     log: Callable[[str], None] = print,
 ) -> TunePoint:
-    """One point: `concurrency` requests in flight per server at `urls`, in steady state."""
+    """One point: `concurrency` requests in flight per server at `urls`, in steady state; nothing is sent to servers
+    that do not serve `expected_model` (`run_point`)."""
     requests = options.requests_per_server(concurrency)
     records = asyncio.run(
-        run_point(urls, prompts, params, concurrency, requests, api_key=api_key, timeout_s=options.request_timeout_s)
+        run_point(
+            urls,
+            prompts,
+            params,
+            concurrency,
+            requests,
+            api_key=api_key,
+            timeout_s=options.request_timeout_s,
+            expected_model=expected_model,
+        )  # fmt: skip
     )
     point = summarize(records, server_setting=label, concurrency=concurrency, cap=cap)
     log(_point_line(point))
@@ -327,10 +345,12 @@ def sweep(
     api_key: str | None = None,
     prompts_source: str = "",
     spec_options: SpecOptions | None = None,
+    expected_model: ModelIdentity | None = None,
     log: Callable[[str], None] = print,
 ) -> TuneReport:
     """Measure every server setting (launched in turn by `launcher`, or the running `endpoints` as they are),
-    narrow the knee down, recommend, and compare speculative settings at the knee (`compare_speculative`)."""
+    narrow the knee down, recommend, and compare speculative settings at the knee (`compare_speculative`). Every
+    server must serve `expected_model` (None: not checked) before it is sent a prompt."""
     if launcher is None and not endpoints:
         raise ValueError("nothing to tune: no endpoints and no launcher")
     points: list[TunePoint] = []
@@ -346,7 +366,10 @@ def sweep(
             spec_of[setting.label] = running if isinstance(running, str) else speculative.label(running)
             cap = min((c for c in map(_cap, infos) if c), default=None)
             log(f"tune [{setting.label}]: {len(urls)} servers, running cap {cap}")
-            measured = sweep_concurrency(urls, setting.label, cap, prompts, params, options, api_key=api_key, log=log)
+            measured = sweep_concurrency(
+                urls, setting.label, cap, prompts, params, options,
+                api_key=api_key, expected_model=expected_model, log=log,
+            )  # fmt: skip
             explained[setting.label] = _explain(infos, measured)
             log(f"tune [{setting.label}]: {explained[setting.label]}")
             points += measured
@@ -359,7 +382,7 @@ def sweep(
         comparison = compare_speculative(
             points, estimate, setting, spec_of.get(setting.label, "unknown"), prompts, params, options,
             launcher=launcher if spec_options is not None else None, spec_options=spec_options,
-            api_key=api_key, log=log,
+            api_key=api_key, expected_model=expected_model, log=log,
         )  # fmt: skip
     return TuneReport(
         created_at=time.time(),
@@ -392,6 +415,7 @@ def compare_speculative(
     launcher: Launcher | None,
     spec_options: SpecOptions | None,
     api_key: str | None = None,
+    expected_model: ModelIdentity | None = None,
     log: Callable[[str], None] = print,
 ) -> spec_compare.SpecComparison:
     """The knee's server setting relaunched once per speculative setting of `options.spec_settings` (the one it
@@ -412,7 +436,10 @@ def compare_speculative(
         trial = ServerSetting(f"{setting.label}, speculative {name}", {**setting.options, **spec_options(spec)})
         with launcher(trial) as urls:
             cap = min((c for c in map(_cap, asyncio.run(_server_infos(urls, api_key))) if c), default=None)
-            point = measure_point(urls, trial.label, cap, running, prompts, params, options, api_key=api_key, log=log)
+            point = measure_point(
+                urls, trial.label, cap, running, prompts, params, options,
+                api_key=api_key, expected_model=expected_model, log=log,
+            )  # fmt: skip
         ran = min(running, cap) if cap else running  # a setting whose memory runs fewer at once says so
         trials.append(spec_compare.SpecTrial(name, point.output_tok_per_s, point.accept_length, point.errors, ran))
     comparison = spec_compare.compare(running, trials, estimate.residual)

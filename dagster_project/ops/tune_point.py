@@ -14,7 +14,10 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dagster_project.sglang.model_identity import ModelIdentity
 
 
 @dataclass(frozen=True)
@@ -150,11 +153,19 @@ async def run_point(
     *,
     api_key: str | None = None,
     timeout_s: float = 3600.0,
+    expected_model: ModelIdentity | None = None,
+    check_timeout_s: float = 60.0,
 ) -> list[RequestRecord]:
-    """`requests_per_server` requests to each endpoint, `concurrency` at a time per endpoint."""
+    """`requests_per_server` requests to each endpoint, `concurrency` at a time per endpoint.
+
+    Nothing is sent before every endpoint is found to serve `expected_model` (`served_model.check_endpoints`: a
+    `ServedModelMismatch` otherwise); then no prompt holding an id outside its vocabulary is sent, and an answer that
+    breaks the answer contract is a failed request (its kind recorded), never a measurement."""
     # Here, not at the top: `dflash status` reads this module's report without the client (aiohttp).
+    from dagster_project.generation.served_model import check_endpoints
     from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
 
+    served = await check_endpoints(endpoints, expected_model, api_key, check_timeout_s)
     records: list[RequestRecord] = []
     async with new_session() as session:
 
@@ -168,7 +179,7 @@ async def run_point(
                     started = time.monotonic()
                     try:
                         result = await client.generate(
-                            list(prompt), dict(params), timeout=timeout_s, require_reasoning=False
+                            list(prompt), dict(params), timeout=timeout_s, require_reasoning=False, served=served
                         )
                     except SGLangError as error:
                         records.append(RequestRecord(url, started, time.monotonic(), len(prompt), error=error.kind))

@@ -15,12 +15,21 @@ from typing import Any, Self
 import aiohttp
 import orjson
 
-from dagster_project.sglang.protocol import (
-    CONTEXT_LENGTH_MESSAGE,
-    MSG_QUEUE_FULL,
-    NAN_STOP,
-    length_stop_short_of_budget,
+from dagster_project.sglang.answer_contract import (  # the breach kinds are error kinds of the client too
+    ANSWER_OUT_OF_VOCAB as ANSWER_OUT_OF_VOCAB,
 )
+from dagster_project.sglang.answer_contract import (
+    BREACHES,
+    OVERSIZED_BODY,
+    UNKNOWN,
+    Served,
+    body_limit,
+    breach,
+    out_of_vocab,
+)
+from dagster_project.sglang.answer_contract import CUT_SHORT as CUT_SHORT
+from dagster_project.sglang.answer_contract import SAMPLING_FAILED as SAMPLING_FAILED
+from dagster_project.sglang.protocol import CONTEXT_LENGTH_MESSAGE, MSG_QUEUE_FULL
 
 # Error kinds. Not retryable: the request itself is wrong, or the client is misconfigured.
 CONTEXT_LENGTH = "context_length"
@@ -36,10 +45,8 @@ CONNECTION_DROPPED = "connection_dropped"
 TIMEOUT = "timeout"
 ABORTED = "aborted"
 BAD_RESPONSE = "bad_response"
-SAMPLING_FAILED = "sampling_failed"  # the server's sampler drew an out-of-vocabulary id ("NaN happened")
-CUT_SHORT = "cut_short"  # a length stop short of the request's max_new_tokens: a fragment, not an answer
-# An answer holding ids outside the served vocabulary: not this model's answer (the server is at fault).
-ANSWER_OUT_OF_VOCAB = "answer_out_of_vocab"
+# An answer that breaks the answer contract (`answer_contract.BREACHES`: SAMPLING_FAILED, CUT_SHORT,
+# ANSWER_OUT_OF_VOCAB, OVERSIZED_BODY and the rest) is the server's fault too.
 # Not retryable: an input id outside the served vocabulary, refused before sending (it kills a real server).
 INPUT_OUT_OF_VOCAB = "input_out_of_vocab"
 
@@ -53,11 +60,10 @@ RETRYABLE_KINDS = frozenset(
         TIMEOUT,
         ABORTED,
         BAD_RESPONSE,
-        SAMPLING_FAILED,
-        CUT_SHORT,
-        ANSWER_OUT_OF_VOCAB,
+        *BREACHES,
     }
 )
+_GET_BODY_LIMIT = 64 << 20  # /server_info, /metrics: far above what any server reports
 _MAX_MESSAGE_CHARS = 2000
 _REDACTED = "<redacted>"
 
@@ -153,20 +159,12 @@ class GenerateResult:
         return self.meta_info.get("spec_correct_drafts_histogram")
 
 
-def out_of_vocab(ids: Sequence[int], vocab_size: int) -> str | None:
-    """Where `ids` leave [0, vocab_size), or None when every id lies in it."""
-    for position, token in enumerate(ids):
-        if not 0 <= token < vocab_size:
-            return f"id {token} at position {position} lies outside the vocabulary [0, {vocab_size:,})"
-    return None
-
-
 def _result_from_body(
-    body: Any, rid: str, url: str, sampling_params: dict | None = None, vocab_size: int | None = None
+    body: Any, rid: str, url: str, sampling_params: dict | None = None, served: Served = UNKNOWN
 ) -> GenerateResult:
-    """Turn one response object into a result, or raise: aborts, malformed bodies, length stops short of the
-    request's `max_new_tokens` (in `sampling_params`) and, given the served `vocab_size`, answers holding ids outside
-    it are errors."""
+    """Turn one response object into a result, or raise: aborts, malformed bodies and answers that break the answer
+    contract (`answer_contract.breach`, against the request's `sampling_params` and what is known of the `served`
+    model) are errors."""
     try:
         meta = body["meta_info"]
         output_ids = body["output_ids"]
@@ -198,34 +196,9 @@ def _result_from_body(
         raise SGLangError(ABORTED, finish.get("message") or "Aborted", url=url, rid=rid, partial=result)
     if kind not in ("stop", "length"):
         raise SGLangError(BAD_RESPONSE, f"unknown finish_reason {finish!r}", url=url, rid=rid)
-    where = out_of_vocab(output_ids, vocab_size) if vocab_size is not None else None
-    if where is not None:
-        raise SGLangError(
-            ANSWER_OUT_OF_VOCAB,
-            f"the answer's {where}: not an answer of the served model",
-            url=url,
-            rid=rid,
-            partial=result,
-        )
-    if kind == "stop" and finish.get("matched") == NAN_STOP:
-        raise SGLangError(
-            SAMPLING_FAILED,
-            f"finish_reason matched {NAN_STOP!r}: the sampler drew an id outside the vocabulary and the server "
-            "overwrote the last output id; the answer is not usable",
-            url=url,
-            rid=rid,
-            partial=result,
-        )
-    cut_short = sampling_params is not None and length_stop_short_of_budget(finish, output_ids, sampling_params)
-    if cut_short:
-        raise SGLangError(
-            CUT_SHORT,
-            f"{cut_short}: the server cut the answer off on its own (its KV pool, or a fault); the fragment is not "
-            "an answer",
-            url=url,
-            rid=rid,
-            partial=result,
-        )
+    broken = breach(output_ids, finish, sampling_params, served)
+    if broken is not None:
+        raise SGLangError(broken.kind, broken.detail, url=url, rid=rid, partial=result)
     return result
 
 
@@ -288,6 +261,21 @@ def _redact(value: Any, secret: str) -> Any:
     return value
 
 
+async def _read_capped(response: aiohttp.ClientResponse, limit: int, url: str, rid: str | None) -> bytes:
+    """The body, or `OVERSIZED_BODY` as soon as it passes `limit` bytes (the connection is closed, not drained)."""
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        response.close()
+        raise SGLangError(OVERSIZED_BODY, f"{declared:,} bytes declared, over the bound of {limit:,}", url=url, rid=rid)
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            response.close()
+            raise SGLangError(OVERSIZED_BODY, f"past {limit:,} bytes, not read further", url=url, rid=rid)
+    return bytes(body)
+
+
 def new_session() -> aiohttp.ClientSession:
     """A session without aiohttp's default cap of 100 connections: the dispatcher bounds concurrency."""
     # Idle connections are dropped before the server drops them (uvicorn closes them after 5 s): a POST sent on a
@@ -337,8 +325,17 @@ class SGLangClient:
         return error
 
     async def _call(
-        self, method: str, path: str, *, data: bytes | None = None, timeout: float | None, rid: str | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        data: bytes | None = None,
+        timeout: float | None,
+        rid: str | None = None,
+        limit: int = _GET_BODY_LIMIT,
     ) -> tuple[int, bytes]:
+        """(status, body); a body past `limit` bytes is refused (`OVERSIZED_BODY`) as soon as it passes it, never
+        read whole."""
         if self._session is None:
             self._session = new_session()
         url = self.base_url + path
@@ -348,7 +345,7 @@ class SGLangClient:
             async with self._session.request(
                 method, url, data=data, headers=headers, timeout=client_timeout
             ) as response:
-                return response.status, await response.read()
+                return response.status, await _read_capped(response, limit, self.base_url, rid)
         except TimeoutError:
             raise SGLangError(TIMEOUT, f"no complete answer within {timeout}s", url=self.base_url, rid=rid) from None
         except aiohttp.ClientConnectorError as exc:
@@ -374,21 +371,24 @@ class SGLangClient:
         timeout: float | None = None,
         *,
         require_reasoning: bool = True,
-        vocab_size: int | None = None,
+        served: Served = UNKNOWN,
     ) -> GenerateResult:
         """One non-streamed native `/generate` call; raises `SGLangError` unless the answer finished.
 
-        With the served `vocab_size`, input ids outside it are refused before anything is sent (such an id kills a
-        real SGLang server: an IndexError in its embedding) and an answer holding ids outside it is an error."""
+        With the `served` vocabulary, input ids outside it are refused before anything is sent (such an id kills a
+        real SGLang server: an IndexError in its embedding). Every answer is held to the answer contract
+        (`answer_contract.breach`); a body past `answer_contract.body_limit` is refused unread."""
         rid = rid or uuid.uuid4().hex
-        where = out_of_vocab(input_ids, vocab_size) if vocab_size is not None else None
+        where = out_of_vocab(input_ids, served.vocab_size) if served.vocab_size is not None else None
         if where is not None:
             raise SGLangError(INPUT_OUT_OF_VOCAB, f"input {where}: not sent", url=self.base_url, rid=rid)
         request = {"rid": rid, "input_ids": input_ids, "sampling_params": sampling_params, "stream": False}
         if require_reasoning:
             # Makes the server count meta_info.reasoning_tokens up to </think>.
             request["require_reasoning"] = True
-        status, body = await self._call("POST", "/generate", data=orjson.dumps(request), timeout=timeout, rid=rid)
+        limit = body_limit(sampling_params)
+        data = orjson.dumps(request)
+        status, body = await self._call("POST", "/generate", data=data, timeout=timeout, rid=rid, limit=limit)
         if status != 200:
             raise self._clean(classify_http_error(status, body, url=self.base_url, rid=rid))
         try:
@@ -397,7 +397,7 @@ class SGLangClient:
             raise SGLangError(
                 BAD_RESPONSE, f"invalid JSON body ({len(body)} bytes)", url=self.base_url, rid=rid
             ) from None
-        return _result_from_body(parsed, rid, self.base_url, sampling_params, vocab_size)
+        return _result_from_body(parsed, rid, self.base_url, sampling_params, served)
 
     async def _get_json(self, path: str, timeout: float | None) -> dict:
         body = await self._get_ok(path, timeout or self._probe_timeout_s)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dagster_project.sglang.answer_contract import Served
+
 _MODEL_FILES = Path(__file__).with_name("qwen3_6_27b")
 
 # A logit_bias key no vocabulary reaches: the server refuses it, naming its vocabulary's last id.
@@ -48,6 +50,10 @@ class ModelIdentity:
         """What rows and manifests record of the model: a path's last part, so one model under the paths of
         several nodes reads the same."""
         return f"{model_basename(self.model)} ({self.architecture}, vocabulary {self.vocab_size})"
+
+    def served(self) -> Served:
+        """What the answer contract holds its servers' answers to: its vocabulary, its end-of-turn id."""
+        return Served(self.vocab_size, frozenset({self.eos_token_id}))
 
 
 def _qwen3_6_27b() -> ModelIdentity:

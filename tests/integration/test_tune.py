@@ -50,7 +50,8 @@ def test_tune_sweeps_the_running_fleet_on_the_published_prompts(env, tmp_path, s
     assert all(p["servers"] == 2 and p["cap"] == 8 for p in report["points"])
     assert (tmp_path / "report" / "throughput.svg").read_text().startswith("<svg")
     # Every request the sweep sent was one of the sampled prompts, spread over both servers.
-    assert len(fleet.requests(0)) == len(fleet.requests(1)) == sum(p["requests"] for p in report["points"]) // 2
+    # (less the one-token probes of the served-model check before each point)
+    assert len(fleet.job_requests(0)) == len(fleet.job_requests(1)) == sum(p["requests"] for p in report["points"]) // 2
     stored = tune.read_report(LocalStore(env["DFLASH_STORE"]))
     assert stored is not None and stored.knee is not None and stored.recommended_flags
     # The running fleet's flags cannot change: MTP on vs off is not measured, and the report says so.

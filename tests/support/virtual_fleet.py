@@ -16,6 +16,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.answer_contract import UNKNOWN, Served
 from dagster_project.sglang.client import NOT_FOUND, SERVER_ERROR, TIMEOUT, GenerateResult, SGLangClient, SGLangError
 
 T = TypeVar("T")
@@ -110,7 +111,7 @@ class FakeServer(SGLangClient):
         timeout: float | None = None,
         *,
         require_reasoning: bool = True,
-        vocab_size: int | None = None,
+        served: Served = UNKNOWN,
     ) -> GenerateResult:
         self.received.append((now(), tuple(input_ids)))
         if self.lost:

@@ -10,6 +10,7 @@ from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.text import fmt, utc
 from dagster_project.ops.tune import TuneReport, gain
 from dagster_project.sglang import capacity
+from dagster_project.sglang.answer_contract import BREACHES
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,10 @@ class ConcurrencyAnswer:
 # A dispatcher's state of a server it set aside (`generation.server_checks.QUARANTINED`, not imported: the dispatcher
 # imports aiohttp, which `dflash status` does without).
 QUARANTINED = "quarantined"
-# The error kinds of an HTTP 200 that is not an answer (`sglang.client`, not imported for the same reason): a body
-# that is not a response, "NaN happened", a length stop short of the request's max_new_tokens.
-NOT_AN_ANSWER_KINDS = ("bad_response", "sampling_failed", "cut_short")
+# The error kinds of an HTTP 200 that is not an answer: a body that is not a response (`sglang.client`, not imported
+# for the same reason), and every breach of the answer contract ("NaN happened", a length stop short of the request's
+# max_new_tokens, the end-of-turn id mid-answer, ...).
+NOT_AN_ANSWER_KINDS = ("bad_response", *BREACHES)
 EXPECTED_LENGTHS = "expected lengths (no completions yet)"
 NO_FLEET = "no server known: start a fleet (`dflash fleet up`) or set DFLASH_SGLANG_ENDPOINTS"
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from aiohttp import web
+
+HUGE_BODY_BYTES = 50_000_000
 
 
 @dataclass
@@ -37,6 +39,11 @@ class Faults:
     # a draw per prompt, so every server of a fleet spoils the same ones.
     bad_model_share: float = 0.0
     bad_model_after_answers: int | None = None  # ... only after this server has answered this many more
+    # Answers that break the answer contract (a proxy altering a share of the answers), each a share of them:
+    overlong_answer_share: float = 0.0  # the ids repeated to twice max_new_tokens and one (counts to match)
+    eos_mid_answer_share: float = 0.0  # the end-of-turn id written in the middle of output_ids
+    foreign_text_share: float = 0.0  # a `text` that is not the decoding of output_ids
+    huge_body_share: float = 0.0  # the text padded to 50 MB
     _503_until: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:
@@ -49,9 +56,9 @@ class Faults:
             raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
         if not isinstance(changes.get("slow", 1.0), (int, float)) or changes.get("slow", 1.0) < 1.0:
             raise ValueError("slow must be a number >= 1 (a slowdown factor)")
-        share = changes.get("bad_model_share", 0.0)
-        if not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
-            raise ValueError("bad_model_share must be a share in [0, 1]")
+        for name, share in changes.items():
+            if name.endswith("_share") and (not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0):
+                raise ValueError(f"{name} must be a share in [0, 1]")
         after = changes.get("bad_model_after_answers")
         if after is not None and (not isinstance(after, int) or after < 0):
             raise ValueError("bad_model_after_answers must be a count >= 0 (or null: from now)")
@@ -82,6 +89,22 @@ class Faults:
             self.bad_model_after_answers -= 1
             return False
         return draw < self.bad_model_share
+
+    def break_contract(self, response: dict, max_new_tokens: int, end_id: int, draw: Callable[[], float]) -> None:
+        """Alter a finished response as the contract faults say, each by its own draw in [0, 1)."""
+        ids, meta = response["output_ids"], response["meta_info"]
+        if ids and draw() < self.overlong_answer_share:
+            wanted = 2 * max_new_tokens + 1
+            ids = response["output_ids"] = (ids * (wanted // len(ids) + 1))[:wanted]
+            meta["completion_tokens"] = meta["weight_versions"][0]["end"] = len(ids)
+            if meta.get("spec_verify_ct"):  # what a status built on it would read: an absurd accept length
+                meta["spec_accept_length"] = len(ids) / meta["spec_verify_ct"]
+        if len(ids) > 2 and draw() < self.eos_mid_answer_share:
+            ids[len(ids) // 2] = end_id
+        if draw() < self.foreign_text_share:
+            response["text"] = "A foreign text: not the decoding of these output ids."
+        if draw() < self.huge_body_share:
+            response["text"] += " " * HUGE_BODY_BYTES
 
     def rejects_with_503(self, now: float) -> bool:
         return now < self._503_until or self.take("error_503")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import signal
 import sys
 import time
@@ -73,6 +74,7 @@ class Simulator:
         self.model = OutputModel(config, vocab)
         self.loop = asyncio.get_running_loop()
         self.faults = Faults()
+        self._fault_draws = random.Random(config.seed)  # which answers the share faults alter
         self.faults.update(config.faults, time.perf_counter())
         self.started_at = time.perf_counter()
         self.started_wall = time.time()
@@ -319,6 +321,9 @@ class Simulator:
             meta["decode_throughput"] = completion / decode_s if decode_s > 0 else 0.0
         meta["response_sent_to_client_ts"] = time.time()
         response: dict[str, Any] = {"text": text, "output_ids": ids, "meta_info": meta}
+        if not job.aborted:
+            budget = params.get("max_new_tokens") or len(ids)
+            self.faults.break_contract(response, budget, self.vocab.eos_ids[0], self._fault_draws.random)
         if item.return_prompt_token_ids:
             response["prompt_token_ids"] = input_ids
         self.stats.record_finish(job.prompt_tokens, completion, e2e)

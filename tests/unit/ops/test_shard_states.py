@@ -271,8 +271,8 @@ def test_a_server_whose_answers_were_refused_as_not_answers_is_named_after_its_r
     records = {**store_of({2: (completions(2), [], None, [], None)}), "heartbeats": [beat]}
     assert answer_concurrency(readings(4, **records)).refused_answers == {ASIDE: {"cut_short": 6}}
     assert _alerts(readings(4, **records))["server"] == (
-        f"{ASIDE} answered 6 requests with what is not an answer (cut_short 6; each retried, on another server where "
-        "there is one): look at its log and KV pool (cut_short: a length stop short of the request's max_new_tokens)"
+        f"SERVER {ASIDE}: 6 answers broke the contract: a length stop short of max_new_tokens 6 (each retried, on "
+        "another server where there is one; none stored): look at its log and KV pool"
     )
 
 

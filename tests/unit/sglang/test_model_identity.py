@@ -9,6 +9,7 @@ import random
 import pytest
 
 from dagster_project.sglang import protocol as proto
+from dagster_project.sglang.answer_contract import Served
 from dagster_project.sglang.client import (
     ANSWER_OUT_OF_VOCAB,
     INPUT_OUT_OF_VOCAB,
@@ -90,7 +91,7 @@ def test_the_client_never_sends_an_id_outside_the_served_vocabulary():
 
     async def send():
         async with client:
-            await client.generate([1, 2, 248320], {"max_new_tokens": 4}, vocab_size=248320)
+            await client.generate([1, 2, 248320], {"max_new_tokens": 4}, served=Served(248320))
 
     with pytest.raises(SGLangError) as refused:
         asyncio.run(send())
@@ -106,6 +107,6 @@ def test_an_answer_holding_an_id_outside_the_served_vocabulary_is_a_retryable_fa
     }
     assert _result_from_body(body, "r", "http://s").output_ids == [5, 250001]  # unchecked without a vocabulary
     with pytest.raises(SGLangError) as fault:
-        _result_from_body(body, "r", "http://s", vocab_size=248320)
+        _result_from_body(body, "r", "http://s", served=Served(248320))
     assert fault.value.kind == ANSWER_OUT_OF_VOCAB and fault.value.retryable
     assert "id 250001 at position 1" in fault.value.message
