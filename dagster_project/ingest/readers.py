@@ -240,10 +240,10 @@ def _open_decompressed(path: Path, compression: str | None) -> BinaryIO:
 
 
 class _ZstdFrames(io.RawIOBase):
-    """The decompressed bytes of a `.zst` file, every frame of it (`zstandard`'s stream reader stops after the first
-    one, and ends silently where the input is cut short). The input is fed in small pieces, so that one read
-    inflates to a bounded size (a block of a few bytes can stand for 128 KiB); input that ends inside a frame
-    raises `EOFError`, as `gzip` does."""
+    """The decompressed bytes of a `.zst` file, every frame of it. Input that ends inside a frame raises `EOFError`,
+    as `gzip` does (`zstandard`'s stream reader ends there silently, a cut file read as a shorter one). The input
+    is fed in small pieces, so that one read inflates to a bounded size (a block of a few bytes can stand for
+    128 KiB)."""
 
     def __init__(self, raw: BinaryIO):
         self.raw = raw

@@ -152,3 +152,13 @@ def test_max_line_bytes_must_be_positive(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_bytes(_line(0))
     with pytest.raises(ValueError, match="max_line_bytes must be >= 1"):
         _ingest(tmp_path, [str(tmp_path / "a.jsonl")], max_line_bytes=0)
+
+
+def test_every_frame_of_a_zst_file_is_read(tmp_path: Path) -> None:
+    """A `.zst` file of several frames (`cat a.zst b.zst`, pzstd, an appended file) is read to its last frame (the
+    reader feeds the frames to the decompressor itself, to see where the input ends)."""
+    compressor = zstandard.ZstdCompressor()
+    frames = [compressor.compress(b"".join(_line(i) for i in range(start, start + 50))) for start in (0, 50, 100)]
+    (tmp_path / "frames.jsonl.zst").write_bytes(b"".join(frames))
+    kept, quarantined, _, _ = _ingest(tmp_path, [str(tmp_path / "frames.jsonl.zst")])
+    assert [row["source_row"] for row in kept] == list(range(150)) and quarantined == []
