@@ -19,6 +19,7 @@ from dagster_project.ingest.formats import (
     FORMATS,
     ControlTokenPolicy,
 )
+from dagster_project.ingest.readers import MAX_LINE_BYTES
 from dagster_project.ingest.stage import ingest_to_store
 from dagster_project.resources import DatasetStore
 from dagster_project.store import layout
@@ -45,6 +46,12 @@ class RawPromptsConfig(dg.Config):
         default=[],
         description="Source names whose control-token text is kept as literal text whatever `control_tokens` says.",
     )
+    max_line_bytes: int = Field(
+        default=MAX_LINE_BYTES,
+        description="The longest row read, in bytes (decompressed): a longer JSON Lines row is skipped unread and "
+        "quarantined (line_too_long), so a gzip bomb or a runaway line never holds more memory than this; a longer "
+        "JSON array element or single-object .json file ends its file's reading (unreadable_file).",
+    )
 
 
 @dg.asset(
@@ -67,6 +74,7 @@ def raw_prompts(
             work_dir=Path(work_dir),
             s3_client=functools.cache(store.s3.get_client),
             log=context.log.info,
+            max_line_bytes=config.max_line_bytes,
         )
     return dg.MaterializeResult(
         metadata={
@@ -76,6 +84,7 @@ def raw_prompts(
             "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
             "control_tokens": config.control_tokens,
             "literal_control_token_sources": ", ".join(config.literal_control_token_sources) or "none",
+            "max_line_bytes": config.max_line_bytes,
             "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),
             "files": dg.MetadataValue.json([asdict(file) for file in manifest.files]),
             "file_notes": dg.MetadataValue.md(

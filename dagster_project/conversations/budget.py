@@ -10,6 +10,12 @@ of loading it. Until then the scaffolding of a prompt of plain messages is bound
 most `SCAFFOLD_BYTES_PER_MESSAGE` per message plus `SCAFFOLD_BYTES_FIXED` (the generation prompt and its think
 block), which the Qwen3.6 template never exceeds (`tests/unit/conversations/test_budget_and_dedup.py` checks
 every role sequence); once it is loaded, the scaffolding of each role sequence is rendered once, a tighter bound.
+
+A prompt is never tokenized whole when it is far too long: no token covers more bytes than the vocabulary's
+longest token, so the rendered prompt's bytes divided by that length is a lower bound of its tokens. A prompt whose
+lower bound exceeds the budget is refused on it (`Overrun.counted` False); only the others are tokenized, and
+those hold at most budget × longest-token bytes. A 30 MB prompt (the ingest's rows stop at `max_line_bytes`) costs
+a rendering of its text, not a tokenization (gigabytes for millions of tokens).
 """
 
 from __future__ import annotations
@@ -17,13 +23,23 @@ from __future__ import annotations
 import functools
 import unicodedata
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from dagster_project.tokenizer import render_prompt_ids, render_text
 
 SCAFFOLD_BYTES_PER_MESSAGE = 52
 SCAFFOLD_BYTES_FIXED = 48
 _ROLE_SEQUENCES_CACHED = 4096
+
+
+class Overrun(NamedTuple):
+    """A prompt over the budget: its token count, or a lower bound of it when the prompt was too long to count."""
+
+    tokens: int
+    counted: bool = True
+
+    def __str__(self) -> str:
+        return f"{self.tokens}" if self.counted else f"at least {self.tokens}"
 
 
 class PromptBudget:
@@ -37,18 +53,25 @@ class PromptBudget:
         self.max_tokens = max_tokens
         self.flags = {"enable_thinking": enable_thinking, "preserve_thinking": preserve_thinking}
         self.exact_counts = 0  # prompts that needed the tokenizer
+        self.longest_token_bytes = 0  # of the tokenizer's vocabulary, once it is loaded
         self._scaffold_bytes = functools.lru_cache(maxsize=_ROLE_SEQUENCES_CACHED)(self._render_scaffold)
 
-    def tokens_over(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int | None:
-        """The prompt's token count when it exceeds the budget, else None (prompts with tools, tool calls or
-        reasoning are always rendered: `_structured`)."""
+    def tokens_over(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Overrun | None:
+        """The prompt's token count (or a lower bound of it, for a prompt far too long) when it exceeds the budget,
+        else None (prompts with tools, tool calls or reasoning are always rendered: `_structured`)."""
         if not _structured(messages, tools) and self._bytes_bound(messages) <= self.max_tokens:
             return None
         self.exact_counts += 1
         if self.tokenizer is None:
             self.tokenizer = self.load_tokenizer()
+            self.longest_token_bytes = max(len(token.encode("utf-8")) for token in self.tokenizer.get_vocab())
+        text = render_text(self.tokenizer, messages, add_generation_prompt=True, tools=tools, **self.flags)
+        at_least = _nfc_bytes(text) // self.longest_token_bytes
+        del text  # the tokenization below needs its own copies, not this one
+        if at_least > self.max_tokens:
+            return Overrun(at_least, counted=False)
         tokens = len(render_prompt_ids(self.tokenizer, messages, tools=tools, **self.flags))
-        return tokens if tokens > self.max_tokens else None
+        return Overrun(tokens) if tokens > self.max_tokens else None
 
     def _bytes_bound(self, messages: list[dict[str, Any]]) -> int:
         if self.tokenizer is None:
@@ -87,7 +110,11 @@ def _structured(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | No
 def _content_bytes(messages: list[dict[str, Any]]) -> int:
     contents = 0
     for message in messages:
-        content = message["content"]
-        # ASCII text is NFC already and one byte per character: the common case costs no normalization.
-        contents += len(content) if content.isascii() else len(unicodedata.normalize("NFC", content).encode())
+        contents += _nfc_bytes(message["content"])
     return contents
+
+
+def _nfc_bytes(text: str) -> int:
+    """The UTF-8 bytes of `text` as the tokenizer sees it (NFC-normalized)."""
+    # ASCII text is NFC already and one byte per character: the common case costs no normalization.
+    return len(text) if text.isascii() else len(unicodedata.normalize("NFC", text).encode())

@@ -178,9 +178,9 @@ class ConversationBuilder:
         if draft.may_exceed_budget:
             conversation = draft.conversation()
             prompt = conversation.messages[: conversation.generate_after[-1] + 1]
-            tokens = self.budget.tokens_over(prompt, conversation.tools)
-            if tokens is not None:
-                return self._reject(draft, "too_long", f"prompt of {tokens} tokens > budget {self.budget.max_tokens}")
+            over = self.budget.tokens_over(prompt, conversation.tools)
+            if over is not None:
+                return self._reject(draft, "too_long", f"prompt of {over} tokens > budget {self.budget.max_tokens}")
         source_id, hashed_id = draft.source_id, draft.hashed_id
         claimed = source_id if source_id and self.seen.claim_id(source_id) else None
         if claimed is None and self.seen.claim_id(hashed_id):

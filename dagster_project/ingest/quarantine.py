@@ -16,7 +16,11 @@ from typing import Any
 REASONS: dict[str, str] = {
     "invalid_utf8": "the row is not valid UTF-8 (or holds unpaired surrogates that cannot be encoded)",
     "invalid_json": "a JSON Lines row that does not parse",
-    "unreadable_file": "a whole file that cannot be split into rows (one record per file; the other files go on)",
+    "line_too_long": "a JSON Lines row longer than the ingest's max_line_bytes: skipped unread, its start kept",
+    "too_deep": "a row nested deeper than the JSON parser goes (thousands of levels): no dataset row is",
+    "unreadable_file": "a file, or its rest, that cannot be split into rows: compressed data cut short or corrupt, a "
+    "broken JSON array, an element over max_line_bytes (one record per file, after its complete rows; the other files "
+    "go on)",
     "unrecognized_format": "the row lacks the fields of its file's format (or is not a JSON object)",
     "not_a_conversation": "a plain-text row (a pre-training corpus); map its field as the prompt to use it",
     "unparsable_transcript": "an hh-rlhf transcript whose 'Human:'/'Assistant:' turns do not alternate from a "

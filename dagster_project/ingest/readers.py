@@ -3,10 +3,17 @@ holding one JSON object (a single conversation, pretty-printed) is one row.
 
 Every file is streamed, so a 600 MB ShareGPT array costs the memory of one row, not of the file (a single
 object is read whole: it is the row).
-A row that cannot be decoded is still yielded, with a reason (`invalid_utf8`, `invalid_json`), so the
+A row that cannot be decoded is still yielded, with a reason (`invalid_utf8`, `invalid_json`, `too_deep`), so the
 caller can quarantine it: rows are counted, never skipped. A file whose structure is broken (a JSON
-array that does not close, a corrupt Parquet footer) cannot be split into rows at all and raises
-`FileFormatError` naming the file and the position.
+array that does not close, a corrupt Parquet footer, compressed data cut short or corrupt) cannot be split into
+rows past the break and raises `FileFormatError` naming the file and the position, after yielding the complete
+rows before it.
+
+Memory is bounded by `max_line_bytes` (`MAX_LINE_BYTES` unless the caller sets it), not by the file: a JSON Lines
+row longer than that is never held; its first bytes are yielded as a `line_too_long` row and the rest of the line
+is skipped in small pieces, so a gzip bomb (megabytes inflating to one line of gigabytes) costs the time of
+inflating it, not its size in memory. A JSON array element, or a single-object `.json` file, longer than the limit
+cannot be skipped (its end is found only by parsing it) and raises `FileFormatError`.
 
 `row` is the 0-based index of the row in its file; for JSON Lines it is the line index (blank lines
 are not rows but still count), so `sed -n "$((row + 1))p"` shows the line.
@@ -24,6 +31,7 @@ import gzip
 import io
 import json
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +47,14 @@ _CHUNK_CHARS = 1 << 20
 _PARQUET_BATCH_ROWS = 2048
 _WHITESPACE = re.compile(r"\s*")
 _RAW_EXCERPT_BYTES = 4000
+# The longest row read, in bytes: far above any prompt a model takes (a 256K-token context is about 1 MB of text),
+# low enough that a few rows in flight fit any worker's memory.
+MAX_LINE_BYTES = 32 << 20
+_SKIP_PIECE_BYTES = 1 << 20  # an over-long line is skipped in pieces of this size
+# zstd input fed at a time: at most 128 KiB per 4 bytes of input, so one piece inflates to 32 MiB at most.
+_ZSTD_PIECE_BYTES = 1 << 10
+# What a compressed stream raises when it is cut short or corrupt.
+_DECOMPRESSION_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
 
 
 class FileFormatError(ValueError):
@@ -108,10 +124,10 @@ def row_ranges(path: Path, name: str, range_bytes: int) -> Iterator[RowRange]:
     start, first_row = 0, 0
     with open(path, "rb") as handle:
         while block := handle.read(range_bytes):
-            block += handle.readline()  # to the end of the line the range would cut
-            yield RowRange(start, start + len(block), first_row)
-            start += len(block)
-            first_row += block.count(b"\n")
+            rest, ended = _skip_line(handle)  # to the end of the line the range would cut, however long
+            yield RowRange(start, start + len(block) + rest, first_row)
+            start += len(block) + rest
+            first_row += block.count(b"\n") + ended
 
 
 def _parquet_group_sizes(path: Path) -> list[tuple[int, int]]:
@@ -137,9 +153,11 @@ def _row_group_ranges(groups: list[tuple[int, int]], range_bytes: int) -> Iterat
             start, first_row, rows, size = index + 1, first_row + rows, 0, 0
 
 
-def iter_rows(path: Path, name: str | None = None, row_range: RowRange | None = None) -> Iterator[RawRow]:
+def iter_rows(
+    path: Path, name: str | None = None, row_range: RowRange | None = None, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[RawRow]:
     """The rows of the file at `path`; `name` (default: the path) decides the format and appears in errors.
-    `row_range`: only the rows of that part of the file (`row_ranges`)."""
+    `row_range`: only the rows of that part of the file (`row_ranges`). `max_line_bytes`: the longest row read."""
     name = name or str(path)
     kind, compression = file_kind(name)
     if kind == "parquet":
@@ -148,30 +166,60 @@ def iter_rows(path: Path, name: str | None = None, row_range: RowRange | None = 
     if row_range is not None:
         with open(path, "rb") as handle:
             handle.seek(row_range.start)
-            part = io.BytesIO(handle.read(row_range.end - row_range.start))  # a range's bytes, not the file's
-        yield from _jsonl_rows(part, row_range.first_row)
+            part = io.BufferedReader(_Window(handle, row_range.end - row_range.start))
+            yield from _jsonl_rows(part, max_line_bytes, row_range.first_row)
         return
+    read = 0
+    try:
+        for row in _decompressed_rows(path, name, kind, compression, max_line_bytes):
+            yield row
+            read += 1
+    except _DECOMPRESSION_ERRORS as exc:
+        raise FileFormatError(f"{name}: {compression} data cut short or corrupt after {read} rows ({exc})") from exc
+
+
+def _decompressed_rows(
+    path: Path, name: str, kind: str, compression: str | None, max_line_bytes: int
+) -> Iterator[RawRow]:
     with _open_decompressed(path, compression) as stream:
         if kind == "json" and _first_byte(stream) == b"[":
-            yield from _json_array_rows(stream, name)
+            yield from _json_array_rows(stream, name, max_line_bytes)
             return
-        rows = _jsonl_rows(stream)
+        rows = _jsonl_rows(stream, max_line_bytes)
         first = next(rows, None)
         # A `.json` file that is not an array is JSON Lines (as Hugging Face exports are) or one pretty-printed
         # object (one conversation), which read as lines would turn into a quarantined row per line.
         if kind == "json" and first is not None and first.reason == "invalid_json":
-            yield _single_object_row(path, name, compression, first.detail)
+            yield _single_object_row(path, name, compression, first.detail, max_line_bytes)
             return
         if first is not None:
             yield first
             yield from rows
 
 
-def _single_object_row(path: Path, name: str, compression: str | None, line_error: str) -> RawRow:
+class _Window(io.RawIOBase):
+    """`size` bytes of `handle` from where it stands: one range of a file, read as a stream of its own."""
+
+    def __init__(self, handle: BinaryIO, size: int):
+        self.handle, self.left = handle, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer)[: self.left]
+        count = self.handle.readinto(view) or 0
+        self.left -= count
+        return count
+
+
+def _single_object_row(path: Path, name: str, compression: str | None, line_error: str, max_line_bytes: int) -> RawRow:
     """The one row of a `.json` file holding a single JSON object (read whole: such a file is one row); a file that is
-    not one object either raises `FileFormatError`."""
+    not one object either, or a larger one than `max_line_bytes`, raises `FileFormatError`."""
     with _open_decompressed(path, compression) as stream:
-        data = stream.read()
+        data = stream.read(max_line_bytes + 1)
+    if len(data) > max_line_bytes:
+        raise FileFormatError(f"{name}: not JSON Lines ({line_error}), and longer than max_line_bytes to read whole")
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -187,9 +235,54 @@ def _open_decompressed(path: Path, compression: str | None) -> BinaryIO:
     if compression == "gzip":
         return gzip.open(path, "rb")  # type: ignore[return-value]
     if compression == "zstd":
-        raw = open(path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+        return io.BufferedReader(_ZstdFrames(open(path, "rb")))
     return open(path, "rb")
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a `.zst` file, every frame of it. Input that ends inside a frame raises `EOFError`,
+    as `gzip` does (`zstandard`'s stream reader ends there silently, a cut file read as a shorter one). The input
+    is fed in small pieces, so that one read inflates to a bounded size (a block of a few bytes can stand for
+    128 KiB)."""
+
+    def __init__(self, raw: BinaryIO):
+        self.raw = raw
+        self.decompressor = zstandard.ZstdDecompressor()
+        self.frame = self.decompressor.decompressobj()
+        self.in_frame = False  # input fed to `frame` that did not end it yet
+        self.inflated = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.inflated:
+            piece = self.raw.read(_ZSTD_PIECE_BYTES)
+            if not piece:
+                if self.in_frame:
+                    raise EOFError("zstd data ends inside a frame")
+                return 0
+            self.inflated = memoryview(self._inflate(piece))
+        count = min(len(buffer), len(self.inflated))
+        buffer[:count] = self.inflated[:count]
+        self.inflated = self.inflated[count:]
+        return count
+
+    def _inflate(self, piece: bytes) -> bytes:
+        self.in_frame = True
+        inflated = self.frame.decompress(piece)
+        while self.frame.eof:  # the frame ended in this piece: what follows it starts the next frame
+            rest = self.frame.unused_data
+            self.frame = self.decompressor.decompressobj()
+            self.in_frame = bool(rest)
+            if not rest:
+                break
+            inflated += self.frame.decompress(rest)
+        return inflated
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
 
 
 def _first_byte(stream: BinaryIO) -> bytes:
@@ -204,14 +297,39 @@ def _first_byte(stream: BinaryIO) -> bytes:
         stream.read(len(head))
 
 
-def _jsonl_rows(stream: BinaryIO, first_row: int = 0) -> Iterator[RawRow]:
-    for index, line in enumerate(stream, first_row):
-        if not line or line.isspace():  # not line.strip(): that copies every line
-            continue
-        try:
-            yield RawRow(index, value=orjson.loads(line))
-        except orjson.JSONDecodeError as exc:
-            yield _undecodable_line(index, line, exc)
+def _jsonl_rows(stream: BinaryIO, max_line_bytes: int, first_row: int = 0) -> Iterator[RawRow]:
+    index = first_row
+    while line := stream.readline(max_line_bytes + 1):
+        if len(line) > max_line_bytes and not line.endswith(b"\n"):
+            yield _over_long_line(index, line, stream, max_line_bytes)
+        elif not line.isspace():  # not line.strip(): that copies every line
+            try:
+                yield RawRow(index, value=orjson.loads(line))
+            except orjson.JSONDecodeError as exc:
+                yield _undecodable_line(index, line, exc)
+        index += 1
+
+
+def _over_long_line(index: int, head: bytes, stream: BinaryIO, max_line_bytes: int) -> RawRow:
+    """A line longer than `max_line_bytes`, of which `head` was read: the rest is skipped, never held."""
+    rest, _ = _skip_line(stream)
+    return RawRow(
+        index,
+        reason="line_too_long",
+        detail=f"line {index + 1}: {len(head) + rest:,} bytes, over max_line_bytes {max_line_bytes:,}: not read",
+        raw=head[:_RAW_EXCERPT_BYTES].decode("utf-8", errors="replace"),
+    )
+
+
+def _skip_line(stream: BinaryIO) -> tuple[int, bool]:
+    """Read `stream` to the end of its current line in bounded pieces: (bytes skipped, whether a line break ended
+    them)."""
+    skipped = 0
+    while piece := stream.readline(_SKIP_PIECE_BYTES):
+        skipped += len(piece)
+        if piece.endswith(b"\n"):
+            return skipped, True
+    return skipped, False
 
 
 def _undecodable_line(index: int, line: bytes, exc: orjson.JSONDecodeError) -> RawRow:
@@ -226,6 +344,8 @@ def _undecodable_line(index: int, line: bytes, exc: orjson.JSONDecodeError) -> R
         value = json.loads(text)
     except ValueError:
         return RawRow(index, reason="invalid_json", detail=f"line {index + 1}: {exc}", raw=text[:_RAW_EXCERPT_BYTES])
+    except RecursionError:  # orjson stops at its depth limit; the stdlib parser at the interpreter's stack
+        return RawRow(index, reason="too_deep", detail=f"line {index + 1}: {exc}", raw=text[:_RAW_EXCERPT_BYTES])
     return _checked_unicode(index, value)
 
 
@@ -257,11 +377,12 @@ def first_unencodable(value: Any) -> str | None:
     return None
 
 
-def _json_array_rows(stream: BinaryIO, name: str) -> Iterator[RawRow]:
+def _json_array_rows(stream: BinaryIO, name: str, max_line_bytes: int) -> Iterator[RawRow]:
     """Elements of a top-level JSON array, decoded one at a time from a sliding text window.
 
     Invalid UTF-8 bytes are decoded with `surrogateescape`, so they surface as unpaired surrogates in
-    the element that holds them: that element is quarantined, the rest of the file still reads.
+    the element that holds them: that element is quarantined, the rest of the file still reads. An element
+    longer than `max_line_bytes` (in characters) raises `FileFormatError`: the window never grows past it.
     """
     decoder = json.JSONDecoder()
     text = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
@@ -298,6 +419,11 @@ def _json_array_rows(stream: BinaryIO, name: str) -> Iterator[RawRow]:
                 if eof or not _may_be_cut_short(exc, len(buffer)):
                     raise FileFormatError(f"{name}: element {index} is not valid JSON ({exc.msg})") from exc
                 complete = False
+            except RecursionError as exc:  # its end cannot be found without parsing it
+                raise FileFormatError(f"{name}: element {index} is nested too deep to parse") from exc
+            # The window holds the element (or its start): one over the limit is never read further.
+            if (end if complete else len(buffer)) - position > max_line_bytes:
+                raise FileFormatError(f"{name}: element {index} is longer than max_line_bytes {max_line_bytes:,}")
             if not complete:
                 refill()
                 continue

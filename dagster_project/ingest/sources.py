@@ -17,14 +17,17 @@ from its first rows (or set for the whole run by the ingest's `format` config).
 Files that are not data — `dataset_info.json` and the other metadata files of Hugging Face and
 LLaMA-Factory dataset folders, READMEs — are skipped with a notice (`SourceFile.skip`), never read as rows.
 
-S3 files are downloaded to the work directory one at a time (Parquet needs random access) and deleted
-after reading, so local disk holds one source file at most.
+S3 files are downloaded to the work directory (Parquet needs random access) and deleted after reading, so local
+disk holds the few files being read at most. A download's name carries a digest of its bucket and key, not only
+the object's base name: a Hugging Face dataset keeps `train.jsonl` in several folders, and those copies, read side
+by side, must never overwrite each other.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import glob
+import hashlib
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -151,6 +154,12 @@ def _s3_files(uri: str, s3_client: Callable[[], Any] | None) -> list[str]:
     return [f"s3://{bucket}/{k}" for k in sorted(matched) if is_supported(k)]
 
 
+def _download_name(uri: str) -> str:
+    """The local name of the S3 object at `uri`: unique to its bucket and key, ending in its own name (readable)."""
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    return f"{digest}-{Path(urlparse(uri).path).name}"
+
+
 @contextmanager
 def local_copy(file: SourceFile, work_dir: Path, s3_client: Callable[[], Any] | None = None) -> Iterator[Path]:
     """A local path for the file: itself, or a download under `work_dir` removed afterwards."""
@@ -160,7 +169,7 @@ def local_copy(file: SourceFile, work_dir: Path, s3_client: Callable[[], Any] | 
     if s3_client is None:
         raise SourceError(f"{file.uri} is on S3 but no S3 client was given")
     parsed = urlparse(file.uri)
-    target = work_dir / "source_downloads" / Path(parsed.path).name
+    target = work_dir / "source_downloads" / _download_name(file.uri)
     target.parent.mkdir(parents=True, exist_ok=True)
     s3_client().download_file(parsed.netloc, parsed.path.lstrip("/"), str(target))
     try:

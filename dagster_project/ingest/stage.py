@@ -11,7 +11,9 @@ depend on the multi-turn policy or on other rows (token budget, duplicates, ids)
 No file stops the others: a metadata file (`dataset_info.json`, a README) is skipped with a notice and
 listed in the manifest; a file whose format cannot be told has each row quarantined (`unrecognized_format`,
 saying how to set it); a file that cannot be split into rows (a JSON array that does not close, a corrupt
-Parquet footer) keeps the rows read before the break and adds one `unreadable_file` record for the rest.
+Parquet footer, a `.gz`/`.zst` cut short) keeps the rows read before the break and adds one `unreadable_file`
+record for the rest. No row costs more memory than `max_line_bytes` (`readers.MAX_LINE_BYTES` by default): a
+longer line is skipped unread (`line_too_long`), whatever it inflates from.
 
 What it publishes, and the manifest that accounts for every row, are described in `ingest.shards`.
 """
@@ -42,6 +44,7 @@ from dagster_project.ingest.formats import (
 )
 from dagster_project.ingest.quarantine import Accounting, Rejected, quarantine_record
 from dagster_project.ingest.readers import (
+    MAX_LINE_BYTES,
     FileFormatError,
     RawRow,
     RowRange,
@@ -94,6 +97,7 @@ def ingest_files(
     log: Callable[[str], None] = lambda _: None,
     parallel_min_bytes: int = PARALLEL_MIN_BYTES,
     range_bytes: int = RANGE_BYTES,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> IngestResult:
     """Normalize every row of `files` into `prompts` or `quarantine`; return the accounting.
 
@@ -103,6 +107,8 @@ def ingest_files(
     in order: the same records in the same order as one process writes."""
     if fmt != AUTO and fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose auto or one of {', '.join(FORMATS)}")
+    if max_line_bytes < 1:
+        raise ValueError(f"max_line_bytes must be >= 1, got {max_line_bytes}")
     started = time.perf_counter()
     result = IngestResult(Accounting())
     readable = [file for file in files if file.skip is None]
@@ -127,10 +133,11 @@ def ingest_files(
                 continue
             path = reading.copy.enter_context(local_copy(file, work_dir, s3_client))
             mode = control_tokens.for_source(file.source)
-            file_format, ranges = _ranges(file, path, file.format or fmt, range_bytes if pool else None)
+            file_format, ranges = _ranges(file, path, file.format or fmt, range_bytes if pool else None, max_line_bytes)
             for number, row_range in enumerate(ranges):
                 make_room()
-                job = (file, file_format, mode, path, work_dir / _PARTS / f"{index:05d}-{number:05d}", row_range)
+                part = work_dir / _PARTS / f"{index:05d}-{number:05d}"
+                job = (file, file_format, mode, path, part, row_range, max_line_bytes)
                 running.append(_Part(reading, pool.submit(_ingest_file, *job) if pool else _ingest_file(*job)))
             running[-1].last = True
         while running:
@@ -141,14 +148,16 @@ def ingest_files(
     return result
 
 
-def _ranges(file: SourceFile, path: Path, fmt: str, range_bytes: int | None) -> tuple[str, Iterable[RowRange | None]]:
+def _ranges(
+    file: SourceFile, path: Path, fmt: str, range_bytes: int | None, max_line_bytes: int
+) -> tuple[str, Iterable[RowRange | None]]:
     """The format to read the file at `path` with, and its ranges (None: the whole file). A file that
     `readers.splits_into_ranges` accepts is read in ranges when its format is known: set, or detected here from
     its first rows as reading it whole would (one whose format cannot be told is read whole, its rows quarantined)."""
     if range_bytes is None or not splits_into_ranges(path, file.uri, range_bytes):
         return fmt, [None]
     if fmt == AUTO:
-        head = islice(iter_rows(path, file.uri), DETECTION_ROWS)
+        head = islice(iter_rows(path, file.uri, max_line_bytes=max_line_bytes), DETECTION_ROWS)
         detected = detect_format([raw.value for raw in head if raw.reason is None])
         if detected is None:
             return fmt, [None]
@@ -184,7 +193,13 @@ class _Part:
 
 
 def _ingest_file(
-    file: SourceFile, fmt: str, control_tokens: str, path: Path, part: Path, row_range: RowRange | None = None
+    file: SourceFile,
+    fmt: str,
+    control_tokens: str,
+    path: Path,
+    part: Path,
+    row_range: RowRange | None,
+    max_line_bytes: int,
 ) -> _FilePart:
     """Read one file's rows (`row_range`'s only, when given) into part files under `part` (in a worker process,
     or in this one)."""
@@ -196,7 +211,7 @@ def _ingest_file(
     ):
         file_reader = _FileIngest(file, fmt, prompts, quarantine, accounting)
         file_reader.control_tokens = control_tokens
-        file_reader.run(path, row_range)
+        file_reader.run(path, row_range, max_line_bytes)
     return _FilePart(accounting, file_reader.format, file_reader.note, prompts.path, quarantine.path)
 
 
@@ -249,8 +264,8 @@ class _FileIngest:
         self.rows_read = 0
         self.kept = 0  # counted in `accounting` once the file is read: a call per row costs more than the count
 
-    def run(self, path: Path, row_range: RowRange | None = None) -> None:
-        rows = iter_rows(path, self.file.uri, row_range)
+    def run(self, path: Path, row_range: RowRange | None, max_line_bytes: int) -> None:
+        rows = iter_rows(path, self.file.uri, row_range, max_line_bytes)
         head: list[RawRow] = []
         broken = None
         try:
@@ -350,6 +365,7 @@ def ingest_to_store(
     work_dir: Path,
     s3_client: Callable[[], Any] | None = None,
     log: Callable[[str], None] = lambda _: None,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> RawPromptsManifest:
     """Ingest `sources` and publish the snapshot, the quarantine and the manifest; return the manifest."""
     files = resolve_sources(sources, s3_client)
@@ -370,6 +386,7 @@ def ingest_to_store(
             work_dir=work_dir,
             s3_client=s3_client,
             log=log,
+            max_line_bytes=max_line_bytes,
         )
     # Withdraw the old manifest first: a reader never pairs it with the new objects.
     store.delete(layout.stage_manifest_key(layout.RAW_PROMPTS))

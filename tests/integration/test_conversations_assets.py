@@ -74,6 +74,8 @@ def test_demo_data_materializes_and_every_check_passes(resources: dict, tmp_path
         "unrecognized_format",
         "not_a_conversation",
         "unreadable_file",
+        "line_too_long",
+        "too_deep",
         "unknown_part",
         "misplaced_part",
     }

@@ -51,8 +51,19 @@ def test_a_prompt_near_the_budget_is_counted_with_the_tokenizer() -> None:
 
     budget = PromptBudget(load, 100, enable_thinking=True, preserve_thinking=False)
     assert budget.tokens_over([{"role": "user", "content": "word " * 20}]) is None  # ~30 tokens, 100+ bytes
-    assert budget.tokens_over([{"role": "user", "content": "a b c " * 100}]) > 100
+    over = budget.tokens_over([{"role": "user", "content": "a b c " * 100}])
+    assert over.counted and over.tokens > 100
     assert budget.exact_counts == 2 and len(loads) == 1  # loaded once, on the first prompt that needs it
+
+
+def test_a_prompt_far_over_the_budget_is_refused_on_a_lower_bound_never_tokenized_whole() -> None:
+    """8 MB of text: its bytes over the vocabulary's longest token already exceed the budget."""
+    budget = PromptBudget(load_tokenizer, 1000, enable_thinking=True, preserve_thinking=False)
+    over = budget.tokens_over([{"role": "user", "content": "word " * 1_600_000}])
+    assert not over.counted and 1000 < over.tokens < 1_600_000  # a bound: the text is 1.6 M tokens
+    assert str(over) == f"at least {over.tokens}"
+    longest = max(len(token.encode()) for token in load_tokenizer().get_vocab())
+    assert over.tokens >= 8_000_000 // longest
 
 
 def test_the_batched_index_decides_as_row_by_row_lookups_would(tmp_path) -> None:
