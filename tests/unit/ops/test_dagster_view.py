@@ -8,6 +8,8 @@ from dagster._daemon.types import DaemonHeartbeat
 from dagster_project.assets.dagster_instance import daemon_heartbeat_at
 from dagster_project.ops.answers.progress import DeadRun
 from dagster_project.ops.dagster_view import (
+    DAEMON_SILENT_S,
+    RECORDED_BEAT_SILENT_S,
     DagsterView,
     daemon_alerts,
     read_view,
@@ -17,6 +19,7 @@ from dagster_project.ops.dagster_view import (
     write_view,
 )
 from dagster_project.ops.pool_slots import DeadHolder, StuckPool
+from dagster_project.ops.refresh import REFRESH_INTERVAL_S, SENSOR_TICK_S
 from dagster_project.store.storage import LocalStore
 
 
@@ -54,7 +57,30 @@ def test_a_daemon_silent_past_its_heartbeats_is_an_alert_with_its_age():
     # Plain `dflash status`: the heartbeat the last run_report recorded, aged now.
     view = take_view(1100.0, set(), [], [], daemon_heartbeat_at=beat)
     assert "daemon: last heartbeat 300 s ago" in render_view(view, 1310.0)
-    assert [alert.kind for alert in view_alerts(view, [], 1310.0)] == ["daemon"]
+
+
+def test_plain_status_judges_the_recorded_beat_by_the_cadence_that_records_it():
+    """The view is recorded at each refresh of the page (every REFRESH_INTERVAL_S while shards run): a beat it
+    recorded 131-181 s ago is a healthy daemon between two refreshes, not a silent one."""
+    beat = 1000.0
+    healthy = take_view(1020.0, set(), [], [], daemon_heartbeat_at=beat)  # recorded 20 s after the daemon's beat
+    # Every age a healthy daemon's recorded beat reaches between two refreshes, with or without shards running.
+    for now in (1131.0, 1181.0, 1000.0 + REFRESH_INTERVAL_S + SENSOR_TICK_S + 60.0):
+        for running in (True, False):
+            assert view_alerts(healthy, [], now, shards_running=running) == [], (now, running)
+    # While shards run the page is refreshed: a recorded beat past one missed refresh is the daemon's silence.
+    late = beat + RECORDED_BEAT_SILENT_S
+    (alert,) = view_alerts(healthy, [], late, shards_running=True)
+    assert alert.kind == "daemon" and "no heartbeat recorded for 330 s while shards run" in alert.message
+    assert "`dflash status --dagster` reads its heartbeats now" in alert.message
+    # Nothing running: no refresh is due, so the view's age says nothing of the daemon (hours after the job ended).
+    assert view_alerts(healthy, [], beat + 86_400.0, shards_running=False) == []
+    # Silent already when recorded (judged then by the instance's rule): said with the recording's age.
+    silent = take_view(1000.0 + DAEMON_SILENT_S + 30.0, set(), [], [], daemon_heartbeat_at=beat)
+    for running in (True, False):
+        (alert,) = view_alerts(silent, [], silent.taken_at + 10.0, shards_running=running)
+        assert alert.message.startswith("Dagster daemon: no heartbeat for 150 s as of 10 s ago: queued runs")
+    assert view_alerts(take_view(1000.0, set(), [], []), [], 1e9, shards_running=True) == []  # no daemon ever
 
 
 def test_a_backfill_whose_runs_failed_is_said_so_where_dagster_lists_it_completed(tmp_path):
@@ -78,6 +104,6 @@ def test_a_backfill_whose_runs_failed_is_said_so_where_dagster_lists_it_complete
     assert [(b.backfill_id, b.failed, b.runs) for b in found] == [("all-failed", 8, 8)]
     store = LocalStore(tmp_path / "store")
     write_view(store, take_view(200.0, set(), [], [], failed_backfills=found))
-    (alert,) = view_alerts(read_view(store), [], now=230.0)
+    (alert,) = view_alerts(read_view(store), [], now=230.0, shards_running=False)
     assert alert.kind == "backfill" and alert.message.startswith("backfill all-failed: 8 of 8 runs failed (Dagster")
     assert alert.message.endswith("(as of 30 s ago)")
