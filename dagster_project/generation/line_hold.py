@@ -23,6 +23,12 @@ from dagster_project.store.storage import PreconditionFailed, Store
 RELEASE_COMMAND = "dflash hold release --reason TEXT"
 
 
+def gate_label(gate: str, limit: str) -> str:
+    """A gate, and which of its limits for a gate of several: "short_answers (empty)"; each label has one
+    threshold (the watch's figures and the hold name them so)."""
+    return f"{gate} ({limit})" if limit else gate
+
+
 @dataclass(frozen=True)
 class HoldExample:
     event_id: str
@@ -48,12 +54,14 @@ class Hold:
     released_by: str | None = None
     release_reason: str | None = None
     overridden: list[str] = field(default_factory=list)  # gates released as a known false alarm
+    limit: str = ""  # which of the gate's limits failed, for a gate of several (`WatchFigure.limit`)
 
     def headline(self) -> str:
         """One line: what holds the line, on what evidence, and what to do."""
         at = datetime.fromtimestamp(self.held_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        gate = gate_label(self.gate, self.limit)
         return (
-            f"LINE HELD since {at}: gate {self.gate} at {self.figure:.1%} (threshold {self.threshold:.1%}, "
+            f"LINE HELD since {at}: gate {gate} at {self.figure:.1%} (threshold {self.threshold:.1%}, "
             f"{self.sample_size} answers, {self.scope}); no shard run admits requests. Look at the examples "
             f"(`dflash hold`), fix the fleet, then `{RELEASE_COMMAND}` (a known false alarm: "
             f"`dflash hold release --override {self.gate} --reason TEXT`)"

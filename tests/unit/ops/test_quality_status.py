@@ -7,8 +7,10 @@ import dataclasses
 import time
 
 from dagster_project.generation.line_hold import Hold, HoldExample
+from dagster_project.generation.line_stop import WatchFigure, WatchReport
 from dagster_project.ops.alerts import DEFAULT_THRESHOLDS
 from dagster_project.ops.answers.cost import NO_PRICE
+from dagster_project.ops.answers.quality import figure_verdict
 from dagster_project.ops.metrics import render_metrics
 from dagster_project.ops.report import report_sections
 from dagster_project.ops.status import answer_all, render_text
@@ -38,6 +40,30 @@ def test_the_watched_figures_show_with_threshold_and_sample_size_while_shards_ru
     assert not [a for a in status.alerts if a.kind in ("hold", "quality")]
     [watch] = [s for s in report_sections(status) if s.title == "Quality watch"]
     assert watch.tables[0][1].rows[0] == ("short_answers", "2.0% (threshold 10.0%, n=4)", "ok")  # as status says it
+
+
+def test_a_figure_reads_ok_only_when_judged_and_within_its_threshold(tmp_path):
+    """ "11.1% (threshold 5.0%, n=9) ok" was printed while 9 answers of the 100 the watch needs were in."""
+    few = [
+        WatchFigure("thinking_structure", 1 / 9, 0.05, 9, True, "too few to block", min_sample=100),
+        WatchFigure("error_rate", 0.5, 0.05, 2, True, "too few to block", min_sample=100),
+    ]
+    watch = WatchReport(1, "fp", time.time() - 60, time.time(), 5.0, answers=9, figures=few, fleet_figures=few,
+                        fleet_answers=9, fleet_runs=1)  # fmt: skip
+    status = _status(tmp_path, watch=[watch])
+    text = render_text(status)
+    assert "thinking_structure 11.1% (threshold 5.0%, n=9) not judged yet (n=9 of 100)" in text
+    assert "error_rate 50.0% (threshold 5.0%, n=2) not judged yet (n=2 of 100)" in text
+    assert "shard 1: not judged yet (n=2 of 100)" in text and " ok" not in text.split("Quality watch")[1]
+    [page] = [s for s in report_sections(status) if s.title == "Quality watch"]
+    assert [row[2] for row in page.tables[0][1].rows] == ["not judged yet (n=9 of 100)", "not judged yet (n=2 of 100)"]
+    # Judged: within its threshold it is ok; above it, without the evidence that blocks, it is said to be above.
+    judged = [
+        dataclasses.replace(few[0], sample_size=400, figure=0.01),
+        dataclasses.replace(few[1], sample_size=400, figure=0.06),
+    ]
+    assert [figure_verdict(f) for f in judged] == ["ok", "above its threshold, not yet evidence of it"]
+    assert figure_verdict(dataclasses.replace(judged[1], passed=False)) == "FAILED"
 
 
 def test_a_hold_is_the_first_line_the_first_alert_the_top_of_the_page_and_a_metric(tmp_path):
