@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -62,6 +63,33 @@ CAPACITY_FLAGS = ("max_running_requests", "mamba_full_memory_ratio", "max_mamba_
 ROUTER_REQUEST_TIMEOUT_S = 24 * 3600
 
 
+# Where a server listens by default: this host only. Listening wider (`--host 0.0.0.0`, for shard runs on other
+# hosts, or in a pod behind a Service) is asked for, and without an API key anyone who reaches the port may use it.
+LOOPBACK = "127.0.0.1"
+EVERY_INTERFACE = "0.0.0.0"
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """The warning a launch listening beyond this host without an API key prints; None when it does not."""
+    if not listens_beyond_this_host(host) or api_key:
+        return None
+    return (
+        f"WARNING: the servers listen on {host} (beyond this host) WITHOUT an API key: anyone who reaches their "
+        "ports can generate on your GPUs and read what they serve. Set SGLANG_API_KEY (the pipeline sends it), or "
+        f"leave --host out to listen on {LOOPBACK} only"
+    )
+
+
+def listens_beyond_this_host(host: str) -> bool:
+    """Whether other hosts may reach a server listening on `host`: anything but a loopback address."""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: one of this host's interfaces
+        return True
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     """Knobs of one `sglang.launch_server`.
@@ -75,7 +103,13 @@ class ServerOptions:
     """
 
     model_path: str = field(default=DEFAULT_MODEL, metadata={"help": "model to serve: a local path or a Hub name"})
-    host: str = field(default="0.0.0.0", metadata={"help": "interface the servers listen on"})
+    host: str = field(
+        default=LOOPBACK,
+        metadata={
+            "help": f"interface the servers listen on (default {LOOPBACK}: this host only; {EVERY_INTERFACE} for shard "
+            "runs on other hosts, with SGLANG_API_KEY set)"
+        },
+    )
     context_length: int = field(default=65536, metadata={"help": "longest prompt + answer a request may have"})
     max_running_requests: int | None = field(
         default=None,
@@ -382,7 +416,7 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     """Ports the OS reports free right now (held open together, so they are distinct)."""
     sockets = []
     try:
@@ -526,7 +560,7 @@ def launch_fleet(
     options: ServerOptions = ServerOptions(),
     *,
     base_port: int = 30000,
-    connect_host: str = "127.0.0.1",
+    connect_host: str = LOOPBACK,
     startup_timeout_s: float = 1800.0,
     python: str = sys.executable,
 ) -> Fleet:
@@ -559,7 +593,7 @@ def launch_simulators(
     options: Mapping[str, Any] | Sequence[Mapping[str, Any]] = (),
     *,
     ports: Sequence[int] | None = None,
-    host: str = "127.0.0.1",
+    host: str = LOOPBACK,
     tokenizer: str | None = None,
     startup_timeout_s: float = 60.0,
     python: str = sys.executable,
