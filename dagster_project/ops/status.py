@@ -55,6 +55,7 @@ from dagster_project.ops.plan import read_plan
 from dagster_project.ops.tune import read_report
 from dagster_project.pilot_record import read_latest_pilot
 from dagster_project.sglang.launch import fleet_status
+from dagster_project.shown_text import shown
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET
 from dagster_project.store.manifest import read_published_manifests
 from dagster_project.store.storage import Store
@@ -214,27 +215,28 @@ def cost_inputs(readings: Readings, waste: WasteAnswer) -> CostInputs:
 
 
 def render_text(status: Status) -> str:
+    """The answers as text, one line each: what the data and the servers wrote in a line escaped (`shown`), its
+    line breaks among them (a file name or a server's error cannot forge a line, nor move the terminal's cursor)."""
     hold = status.quality.hold if status.quality else None
-    return "\n".join(
-        [
-            *([hold.headline()] if hold else []),  # first: nothing else matters until it is looked at
-            # Every answer below is from readings taken then (the store, the heartbeats, the fleet's probes); the
-            # coverage by id and the last publish say their own age.
-            f"As of {as_of(status.collected_at)}" + _not_refreshed(status.storage.delay),
-            *(render_shards(status.shards) if status.shards else []),
-            *(render_quality(status.quality, status.collected_at) if status.quality else []),
-            *render_progress(status.progress, status.collected_at),
-            *render_mtp(status.mtp),
-            *render_concurrency(status.concurrency),
-            *render_storage(status.storage, status.collected_at),
-            *render_coverage(status.coverage, status.collected_at),
-            *render_multi_turn(status.multi_turn),
-            *render_cost(status.cost),
-            *(render_waste(status.waste) if status.waste else []),
-            *render_alerts(status.alerts),
-            *render_stale_nodes(status.stale_nodes, status.collected_at),
-        ]
-    )
+    lines = [
+        *([hold.headline()] if hold else []),  # first: nothing else matters until it is looked at
+        # Every answer below is from readings taken then (the store, the heartbeats, the fleet's probes); the
+        # coverage by id and the last publish say their own age.
+        f"As of {as_of(status.collected_at)}" + _not_refreshed(status.storage.delay),
+        *(render_shards(status.shards) if status.shards else []),
+        *(render_quality(status.quality, status.collected_at) if status.quality else []),
+        *render_progress(status.progress, status.collected_at),
+        *render_mtp(status.mtp),
+        *render_concurrency(status.concurrency),
+        *render_storage(status.storage, status.collected_at),
+        *render_coverage(status.coverage, status.collected_at),
+        *render_multi_turn(status.multi_turn),
+        *render_cost(status.cost),
+        *(render_waste(status.waste) if status.waste else []),
+        *render_alerts(status.alerts),
+        *render_stale_nodes(status.stale_nodes, status.collected_at),
+    ]
+    return "\n".join(shown(line) for line in lines)
 
 
 def _not_refreshed(delay: StoreDelay | None) -> str:
