@@ -144,9 +144,9 @@ class ServerOptions:
     cpu: bool = field(
         default=False,
         metadata={
-            "help": "serve on the CPU (tests: a tiny model, no GPU): SGLANG_USE_CPU_ENGINE=1, --device cpu, "
-            "torch-native attention, no speculative decoding; the CUDA-only sgl_kernel wheel must be shadowed by "
-            "CPU ops on PYTHONPATH"
+            "help": "serve on the CPU (a tiny model, no GPU: README): SGLANG_USE_CPU_ENGINE=1, --device cpu, "
+            "torch-native attention, no speculative decoding, CPU stand-ins of the CUDA-only sgl_kernel ops first "
+            "on PYTHONPATH"
         },
     )
     max_total_tokens: int | None = field(
@@ -373,6 +373,17 @@ def log_tail(path: str | Path, lines: int = _LOG_TAIL_LINES) -> str:
 _children: dict[int, subprocess.Popen] = {}
 
 
+# CPU stand-ins for the two `sgl_kernel` ops SGLang 0.5.23 calls on a CPU (PyPI's kernel wheel is CUDA-only): first
+# on a CPU server's PYTHONPATH.
+CPU_KERNELS = Path(__file__).with_name("cpu_kernels")
+
+
+def cpu_server_environment() -> dict[str, str]:
+    """What a CPU server adds to its environment: the CPU engine, and the kernel stand-ins first on its import path."""
+    path = os.pathsep.join(p for p in (str(CPU_KERNELS), os.environ.get("PYTHONPATH", "")) if p)
+    return {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": path}
+
+
 def server_environment() -> dict[str, str]:
     """This process's environment less its secrets: a server outlives the shell and needs no store credentials."""
     return {name: value for name, value in os.environ.items() if not _is_secret(name)}
@@ -571,8 +582,9 @@ def launch_fleet(
     specs = []
     for index, gpu in enumerate(gpus):
         port = base_port + index
-        # On the CPU the index only names the server: SGLang detects the CPU engine from this variable alone.
-        device = {"SGLANG_USE_CPU_ENGINE": "1"} if options.cpu else {"CUDA_VISIBLE_DEVICES": str(gpu)}
+        # On the CPU the index only names the server: SGLang detects the CPU engine from this variable alone, and
+        # imports the CPU stand-ins of the CUDA-only kernel wheel's ops first.
+        device = cpu_server_environment() if options.cpu else {"CUDA_VISIBLE_DEVICES": str(gpu)}
         name = f"{'cpu' if options.cpu else 'gpu'}{gpu}"
         secrets = _secrets_config(run_dir, name, options.api_key)
         command = server_command(options, port, python=python, config_file=secrets)
