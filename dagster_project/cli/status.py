@@ -117,8 +117,8 @@ def _read_status(
         dagster_alerts = instance_pool_alerts(instance, dead_runs) + backfill_alerts(failed_backfills(instance))
         dagster_alerts += daemon_alerts(daemon_heartbeat_at(instance), status.collected_at)
     else:
-        running = bool(status.progress.shards_running)
-        marked, dagster_alerts = [], view_alerts(view, dead_runs, status.collected_at, shards_running=running)
+        running_since = min((beat.started_at for beat in taken.readings.live), default=None)
+        marked, dagster_alerts = [], view_alerts(view, dead_runs, status.collected_at, running_since=running_since)
     status = dataclasses.replace(status, stale_nodes=taken.stale_nodes, alerts=[*status.alerts, *dagster_alerts])
     notes += [f"marked Dagster run {run_id} failed: its process is gone" for run_id in marked]
     return status, notes, taken

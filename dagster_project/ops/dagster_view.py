@@ -31,11 +31,11 @@ HEARTBEAT_SAYS_DEAD = "its shard's heartbeat says it died"
 DAEMON_SILENT_S = 120.0
 # Plain `dflash status` has only the beat the view recorded, and the view is recorded at each refresh of the page:
 # every REFRESH_INTERVAL_S while shards run (asked for at a sensor tick, then run), once after a run ends, never
-# while nothing runs. So the recorded beat of a healthy daemon is up to one refresh interval, a sensor tick and the
-# refresh run's own time older than the daemon's last beat: it says the daemon stopped only past this, and only
-# while shards run (a refresh is due). The sensor that asks for the refresh is the daemon's: a missed refresh is the
-# daemon's silence, seen through the page's cadence.
-RECORDED_BEAT_SILENT_S = REFRESH_INTERVAL_S + SENSOR_TICK_S + DAEMON_SILENT_S
+# while nothing runs. So a healthy daemon's view, while shards run, is up to one refresh interval, a sensor tick and
+# the refresh run's own time old (from the record, or from the start of the shard runs where it is older): older
+# than this, a refresh was missed. The sensor that asks for it is the daemon's: a missed refresh is the daemon's
+# silence, seen through the page's cadence (the daemon's own limit is the slack for the refresh run's time).
+REFRESH_OVERDUE_S = REFRESH_INTERVAL_S + SENSOR_TICK_S + DAEMON_SILENT_S
 
 
 @dataclass(frozen=True)
@@ -98,22 +98,22 @@ def daemon_alerts(heartbeat_at: float | None, now: float) -> list[Alert]:
     return [_daemon_alert(f"no heartbeat for {now - heartbeat_at:,.0f} s")]
 
 
-def recorded_daemon_alerts(view: DagsterView | None, now: float, *, shards_running: bool) -> list[Alert]:
+def recorded_daemon_alerts(view: DagsterView | None, now: float, *, running_since: float | None) -> list[Alert]:
     """The daemon as plain `dflash status` can tell from the recorded view: silent when it was recorded (judged by
-    `daemon_alerts` then), or, while shards run, its recorded beat older than `RECORDED_BEAT_SILENT_S` (a refresh of
-    the page missed: its sensor did not tick). A view older than that while nothing runs is not due for a refresh:
-    its age says nothing of the daemon."""
+    `daemon_alerts` then), or, while shards run (`running_since`: the start of the oldest live shard run; None when
+    none runs), a refresh of the page overdue, `REFRESH_OVERDUE_S` after the later of the record and that start (its
+    sensor did not tick). While nothing runs no refresh is due: the record's age says nothing of the daemon."""
     beat = view.daemon_heartbeat_at if view else None
     if view is None or beat is None:
         return []
     if daemon_alerts(beat, view.taken_at):
         return [_daemon_alert(f"no heartbeat for {view.taken_at - beat:,.0f} s as of {ago(view.taken_at, now)}")]
-    if shards_running and now - beat >= RECORDED_BEAT_SILENT_S:
+    if running_since is not None and now - max(view.taken_at, running_since) >= REFRESH_OVERDUE_S:
         return [
             _daemon_alert(
                 f"no heartbeat recorded for {now - beat:,.0f} s while shards run (the page, which records it, is "
-                f"refreshed every {REFRESH_INTERVAL_S:,} s while they do: the daemon's sensor missed a refresh; "
-                f"`{ACTING_COMMAND}` reads its heartbeats now)"
+                f"refreshed every {REFRESH_INTERVAL_S:,} s while they do, last {ago(view.taken_at, now)}: "
+                f"the daemon's sensor missed a refresh; `{ACTING_COMMAND}` reads its heartbeats now)"
             )
         ]
     return []
@@ -149,11 +149,13 @@ def render_view(view: DagsterView | None, now: float) -> str:
     )
 
 
-def view_alerts(view: DagsterView | None, dead_runs: list[DeadRun], now: float, *, shards_running: bool) -> list[Alert]:
+def view_alerts(
+    view: DagsterView | None, dead_runs: list[DeadRun], now: float, *, running_since: float | None
+) -> list[Alert]:
     """The recorded pool alerts, with their age, the daemon's silence as the view tells it, and the runs seen dead
     now (their heartbeat) that only the instance can end, with the commands that do it."""
     alerts = [] if view is None else [Alert("pool", f"{m} (as of {ago(view.taken_at, now)})") for m in view.pool_alerts]
-    alerts += recorded_daemon_alerts(view, now, shards_running=shards_running)
+    alerts += recorded_daemon_alerts(view, now, running_since=running_since)
     if view is not None:
         alerts += [
             Alert(alert.kind, f"{alert.message} (as of {ago(view.taken_at, now)})")

@@ -9,7 +9,7 @@ from dagster_project.assets.dagster_instance import daemon_heartbeat_at
 from dagster_project.ops.answers.progress import DeadRun
 from dagster_project.ops.dagster_view import (
     DAEMON_SILENT_S,
-    RECORDED_BEAT_SILENT_S,
+    REFRESH_OVERDUE_S,
     DagsterView,
     daemon_alerts,
     read_view,
@@ -64,23 +64,30 @@ def test_plain_status_judges_the_recorded_beat_by_the_cadence_that_records_it():
     recorded 131-181 s ago is a healthy daemon between two refreshes, not a silent one."""
     beat = 1000.0
     healthy = take_view(1020.0, set(), [], [], daemon_heartbeat_at=beat)  # recorded 20 s after the daemon's beat
-    # Every age a healthy daemon's recorded beat reaches between two refreshes, with or without shards running.
-    for now in (1131.0, 1181.0, 1000.0 + REFRESH_INTERVAL_S + SENSOR_TICK_S + 60.0):
-        for running in (True, False):
-            assert view_alerts(healthy, [], now, shards_running=running) == [], (now, running)
-    # While shards run the page is refreshed: a recorded beat past one missed refresh is the daemon's silence.
-    late = beat + RECORDED_BEAT_SILENT_S
-    (alert,) = view_alerts(healthy, [], late, shards_running=True)
-    assert alert.kind == "daemon" and "no heartbeat recorded for 330 s while shards run" in alert.message
+    # Every age a healthy daemon's record reaches between two refreshes (one interval, a tick, the refresh run's
+    # time), with shards running since long before it or with none running.
+    for now in (1151.0, 1201.0, 1020.0 + REFRESH_INTERVAL_S + SENSOR_TICK_S + 100.0):
+        for since in (0.0, None):
+            assert view_alerts(healthy, [], now, running_since=since) == [], (now, since)
+    # While shards run the page is refreshed: a record older than one missed refresh is the daemon's silence.
+    late = healthy.taken_at + REFRESH_OVERDUE_S
+    (alert,) = view_alerts(healthy, [], late, running_since=0.0)
+    assert alert.kind == "daemon" and "no heartbeat recorded for 350 s while shards run" in alert.message
+    assert "refreshed every 180 s while they do, last 330 s ago" in alert.message
     assert "`dflash status --dagster` reads its heartbeats now" in alert.message
-    # Nothing running: no refresh is due, so the view's age says nothing of the daemon (hours after the job ended).
-    assert view_alerts(healthy, [], beat + 86_400.0, shards_running=False) == []
-    # Silent already when recorded (judged then by the instance's rule): said with the recording's age.
+    # Shards that started after the record (a job begun hours after the last run ended): the first refresh is due
+    # from their start, not from the record.
+    started = beat + 86_400.0
+    assert view_alerts(healthy, [], started + 200.0, running_since=started) == []
+    assert [a.kind for a in view_alerts(healthy, [], started + REFRESH_OVERDUE_S, running_since=started)] == ["daemon"]
+    # Nothing running: no refresh is due, so the record's age says nothing of the daemon (hours after the job ended).
+    assert view_alerts(healthy, [], beat + 86_400.0, running_since=None) == []
+    # Silent already when recorded (judged then by the instance's rule): said with the record's age.
     silent = take_view(1000.0 + DAEMON_SILENT_S + 30.0, set(), [], [], daemon_heartbeat_at=beat)
-    for running in (True, False):
-        (alert,) = view_alerts(silent, [], silent.taken_at + 10.0, shards_running=running)
+    for since in (0.0, None):
+        (alert,) = view_alerts(silent, [], silent.taken_at + 10.0, running_since=since)
         assert alert.message.startswith("Dagster daemon: no heartbeat for 150 s as of 10 s ago: queued runs")
-    assert view_alerts(take_view(1000.0, set(), [], []), [], 1e9, shards_running=True) == []  # no daemon ever
+    assert view_alerts(take_view(1000.0, set(), [], []), [], 1e9, running_since=0.0) == []  # no daemon ever
 
 
 def test_a_backfill_whose_runs_failed_is_said_so_where_dagster_lists_it_completed(tmp_path):
@@ -104,6 +111,6 @@ def test_a_backfill_whose_runs_failed_is_said_so_where_dagster_lists_it_complete
     assert [(b.backfill_id, b.failed, b.runs) for b in found] == [("all-failed", 8, 8)]
     store = LocalStore(tmp_path / "store")
     write_view(store, take_view(200.0, set(), [], [], failed_backfills=found))
-    (alert,) = view_alerts(read_view(store), [], now=230.0, shards_running=False)
+    (alert,) = view_alerts(read_view(store), [], now=230.0, running_since=None)
     assert alert.kind == "backfill" and alert.message.startswith("backfill all-failed: 8 of 8 runs failed (Dagster")
     assert alert.message.endswith("(as of 30 s ago)")
