@@ -40,8 +40,7 @@ def cmd_hold(args: argparse.Namespace, resources: Any) -> int:
         overridden = f"; gates overridden from now on: {', '.join(released.overridden)}" if released.overridden else ""
         released_line = (
             f"hold on gate {released.gate} released by {by} at {_when(released.released_at)} ({args.reason})"
-            f"{overridden}. "
-            "Materialize the held shards again: each resumes from its journal and generates only what is missing."
+            f"{overridden}. Now {released.rerun()} (it generates only what is missing)"
         )
         print(shown(released_line))
         return 0

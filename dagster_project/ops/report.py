@@ -184,6 +184,8 @@ def _quality(status: Status) -> Section:
     """The quality watch: each blocking answer gate over the running shards' answers, with threshold and n."""
     quality = status.quality
     title = "Quality watch"
+    if quality is not None and quality.hold is not None:
+        return Section(title, "None while the line is held: the hold, at the top of the page, is the verdict.")
     if quality is None or not quality.fleet:
         return Section(title, "No shard has reported answers yet.")
     # The figure, its threshold and n in one cell, as status words them: a cell wraps at its spaces where the page is

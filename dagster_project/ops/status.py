@@ -175,6 +175,8 @@ def answer_all(
     """Every answer, the cost and the alerts from one set of readings; `delay`: the store did not answer in time,
     and the readings from it are the last snapshot's."""
     progress, mtp, concurrency = answer_progress(readings), answer_mtp(readings), answer_concurrency(readings)
+    held = readings.hold is not None  # nothing generates: no time to the end, no server waiting for work
+    progress = progress.while_held() if held else progress
     storage = answer_storage(store, readings, current_fingerprint, materialized, delay)
     shards = answer_shards(readings)
     waste = answer_waste(readings, shards.not_green.get(f"training_set {BLOCKED}", []))
@@ -195,7 +197,14 @@ def answer_all(
             *quality_alerts(quality),
             *pilot_alerts(readings.pilot),
             *raise_alerts(
-                progress, mtp, concurrency, storage, shards, endpoints_known=endpoints_known, thresholds=thresholds
+                progress,
+                mtp,
+                concurrency,
+                storage,
+                shards,
+                endpoints_known=endpoints_known,
+                thresholds=thresholds,
+                held=held,
             ),
         ],
         quality=quality,

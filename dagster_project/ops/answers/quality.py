@@ -27,6 +27,10 @@ class QualityAnswer:
 
 
 def answer_quality(hold: Hold | None, reports: list[WatchReport], now: float) -> QualityAnswer:
+    """The watch's latest figures; while the line is held, the hold alone (its figure and threshold are the verdict:
+    the runs' last figures, from before they stopped, would be stale)."""
+    if hold is not None:
+        return QualityAnswer(hold=hold)
     running = [report for report in reports if report.running and report.is_current(now)]
     latest = max(running or reports, key=lambda report: report.updated_at, default=None)
     if latest is None:

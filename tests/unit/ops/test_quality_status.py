@@ -79,3 +79,27 @@ def test_a_hold_is_the_first_line_the_first_alert_the_top_of_the_page_and_a_metr
     page = report_sections(status)
     assert page[0].title == "LINE HELD" and page[0].tables[0][1].rows[0][0] == "c-1#turn0"
     assert samples(render_metrics(status))[("dflash_line_held", ())] == 1.0
+
+
+def test_while_held_status_says_the_verdict_and_what_to_run_with_no_eta_stale_figures_or_idle_alert(tmp_path):
+    """Held, the shards stop: the ETA, the quality watch's last figures and an idle server were noise beside it."""
+    readings = full_readings(time.time())
+    idle = {url: {**probe, "running": 0.0, "queued": 0.0} for url, probe in readings.fleet.items()}
+    running = _status(tmp_path, fleet=idle)
+    assert "ETA 0.09 h" in render_text(running) and [a for a in running.alerts if "idle" in a.message]
+    assert "Quality watch (fleet" in render_text(running)
+
+    hold = Hold("thinking_structure", "BLOCKED: 95% blank", 0.95, 0.01, 200, "fleet", time.time(), shards=[1, 4])
+    held = _status(tmp_path, fleet=idle, hold=hold)
+    text = render_text(held)
+    first = text.splitlines()[0]
+    assert first.startswith("LINE HELD") and "then materialize the held shards 1, 4 again" in first
+    for shard in ("shard-00001", "shard-00004"):
+        command = "dagster asset materialize -m dagster_project.definitions --select completions,training_set,"
+        assert f"`{command}specforge_export,hf_export --partition {shard}`" in first
+    assert "ETA none while the line is held" in text and "0.09 h" not in text
+    assert "Quality watch (fleet" not in text and not held.quality.fleet
+    assert [alert.kind for alert in held.alerts] == ["hold"], held.alerts
+    assert held.progress.eta_hours is None and held.progress.plan_eta_hours is None
+    [watch] = [s for s in report_sections(held) if s.title == "Quality watch"]
+    assert watch.text.startswith("None while the line is held") and not watch.tables
