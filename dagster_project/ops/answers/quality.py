@@ -72,9 +72,21 @@ def describe_figure(figure: WatchFigure) -> str:
 def render_quality(answer: QualityAnswer, now: float) -> list[str]:
     lines = []
     if answer.fleet:
+        blocking = [figure for figure in answer.fleet if figure.blocking]
+        if blocking and not any(figure.judged for figure in blocking):  # said once, not after every figure
+            needed = max(figure.min_sample for figure in blocking)
+            scope, figures = (
+                f"; none judged yet: the watch judges from n={needed:,}",
+                [
+                    f"{figure.label} {figure_reading(figure)}" if figure.blocking else describe_figure(figure)
+                    for figure in answer.fleet
+                ],
+            )
+        else:
+            scope, figures = "", [describe_figure(figure) for figure in answer.fleet]
         lines.append(
             f"Quality watch (fleet: {answer.fleet_answers} answers of {answer.fleet_runs} shard runs, "
-            f"{ago(answer.as_of, now)}): " + "; ".join(describe_figure(f) for f in answer.fleet)
+            f"{ago(answer.as_of, now)}{scope}): " + "; ".join(figures)
         )
         lines += [f"   shard {shard}: {_shard_verdict(figures)}" for shard, figures in sorted(answer.shards.items())]
     return lines

@@ -52,8 +52,8 @@ def test_a_figure_reads_ok_only_when_judged_and_within_its_threshold(tmp_path):
                         fleet_answers=9, fleet_runs=1)  # fmt: skip
     status = _status(tmp_path, watch=[watch])
     text = render_text(status)
-    assert "thinking_structure 11.1% (threshold 5.0%, n=9) not judged yet (n=9 of 100)" in text
-    assert "error_rate 50.0% (threshold 5.0%, n=2) not judged yet (n=2 of 100)" in text
+    assert "9 answers of 1 shard runs, 0 s ago; none judged yet: the watch judges from n=100): " in text
+    assert "thinking_structure 11.1% (threshold 5.0%, n=9); error_rate 50.0% (threshold 5.0%, n=2)\n" in text
     assert "shard 1: not judged yet (n=2 of 100)" in text and " ok" not in text.split("Quality watch")[1]
     [page] = [s for s in report_sections(status) if s.title == "Quality watch"]
     assert [row[2] for row in page.tables[0][1].rows] == ["not judged yet (n=9 of 100)", "not judged yet (n=2 of 100)"]
