@@ -86,6 +86,8 @@ def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
             options["api_key"] = fleet.api_key
         options, plan = launch_plan.plan_simulators(options, target)
         print(launch_plan.describe_plan(plan), flush=True)
+        listen = getattr(args, "host", launch.LOOPBACK)
+        _warn_if_exposed(launch.exposure_warning(listen, fleet.api_key))
         up = launch.launch_simulators(args.simulate, run_dir, options, **given_flags(args, {"host"}))
     else:
         if not args.gpus and not getattr(args, "cpu", False):
@@ -102,13 +104,15 @@ def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
         else:
             options, plan = launch_plan.plan_capacity(options, target, launch_plan.fleet_gpu(gpus, target))
         print(launch_plan.describe_plan(plan), flush=True)
+        listen = options.host
+        _warn_if_exposed(launch.exposure_warning(listen, fleet.api_key))
         up = launch.launch_fleet(gpus, run_dir, options, **given_flags(args, LAUNCH_FLAGS))
     try:  # from here on, a failure stops the servers this command started: none is left running unregistered
         print(f"fleet up ({up.kind}): {', '.join(up.urls)}; record and logs in {run_dir}")
         # The cap each server computed, next to the plan's: a server that found other memory says so here.
         for line in launch_plan.capacity_report(up.urls, plan, target, api_key=fleet.api_key):
             print(f"  {line}")
-        _register(args, resources, up, store)
+        _register(args, resources, up, store, listen)
     except BaseException:
         stopped = launch.stop_fleet(run_dir)
         print(f"fleet up failed: stopped the servers it started ({', '.join(stopped) or 'none left'})", file=sys.stderr)
@@ -187,7 +191,12 @@ def cmd_fleet_router(args: argparse.Namespace, resources: Any) -> int:
     return 0
 
 
-def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet, store: Store) -> None:
+def _warn_if_exposed(warning: str | None) -> None:
+    if warning:
+        print(f"\n{warning}\n", file=sys.stderr, flush=True)
+
+
+def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet, store: Store, listen: str) -> None:
     """Record this node's servers in the store's fleet registry, where shard runs on every host find them, and
     the start of their life with the price configured here (what `dflash status` counts as spent). The caller
     stops the servers if this fails."""
@@ -197,9 +206,9 @@ def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet, store:
     caps = {
         s["url"]: s.get("max_running_requests") for s in launch.fleet_status(up.urls, api_key=resources.fleet.api_key)
     }
-    # Simulators are reached where they listen; real servers listen on every interface, reached by host name.
-    advertise = args.advertise_host or (getattr(args, "host", None) if up.kind == "simulator" else None)
-    servers = fleet_registry.fleet_servers(up, advertise or _default_advertise_host(up), caps)
+    # Servers are reached where they listen; those listening on every interface by this host's name.
+    advertise = args.advertise_host or (socket.getfqdn() if listen == launch.EVERY_INTERFACE else listen)
+    servers = fleet_registry.fleet_servers(up, advertise, caps)
     try:
         record = fleet_registry.register_node(store, args.node, up.kind, servers)
     except fleet_registry.RegistryError as exc:
@@ -209,10 +218,6 @@ def _register(args: argparse.Namespace, resources: Any, up: launch.Fleet, store:
     price = resources.fleet.cost_per_gpu_hour
     fleet_life.record_fleet_up(store, record.node, up.kind, len(up.members), price)
     print(f"  its {len(up.members)} GPUs are counted from now at {f'${price:,.2f}/GPU-hour' if price else 'no price'}")
-
-
-def _default_advertise_host(up: launch.Fleet) -> str:
-    return "127.0.0.1" if up.kind == "simulator" else socket.getfqdn()
 
 
 # `fleet up` flags passed to launch_fleet, when given; its own defaults apply otherwise.

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dagster_project.cli.common import open_configured_store
+from dagster_project.shown_text import shown
 
 
 def _when(at: float | None) -> str:
@@ -16,11 +17,14 @@ def _when(at: float | None) -> str:
 
 
 def describe_hold(hold: Any) -> list[str]:
-    """The hold's lines: headline, the gate's verdict, the evidence and who is involved."""
+    """The hold's lines: headline, the gate's verdict, the evidence and who is involved; what the data and the
+    servers wrote escaped (`shown`), each line one line."""
     lines = [hold.headline(), f"  gate's verdict: {hold.message}"]
-    lines += [f"  example {e.event_id} ({e.server or 'server unknown'}): {e.answer_head!r}" for e in hold.examples]
-    lines.append(f"  shards {hold.shards}; runs {hold.runs or ['—']}; servers {hold.servers or ['—']}")
-    return lines
+    lines += [f"  example {e.event_id} ({e.server or 'server unknown'}): '{e.answer_head}'" for e in hold.examples]
+    lines.append(
+        f"  shards {hold.shards}; runs {', '.join(hold.runs) or '—'}; servers {', '.join(hold.servers) or '—'}"
+    )
+    return [shown(line) for line in lines]
 
 
 def cmd_hold(args: argparse.Namespace, resources: Any) -> int:
@@ -34,11 +38,11 @@ def cmd_hold(args: argparse.Namespace, resources: Any) -> int:
         except LookupError as exc:
             raise SystemExit(f"dflash hold release: {exc}") from None
         overridden = f"; gates overridden from now on: {', '.join(released.overridden)}" if released.overridden else ""
-        print(
+        released_line = (
             f"hold on gate {released.gate} released by {by} at {_when(released.released_at)} ({args.reason})"
-            f"{overridden}. "
-            "Materialize the held shards again: each resumes from its journal and generates only what is missing."
+            f"{overridden}. Now {released.rerun()} (it generates only what is missing)"
         )
+        print(shown(released_line))
         return 0
     hold = read_hold(store)
     print("\n".join(describe_hold(hold)) if hold is not None else "the line is not held")
@@ -46,8 +50,10 @@ def cmd_hold(args: argparse.Namespace, resources: Any) -> int:
     for past in log.released[-args.last :] if args.last else []:
         overridden = f", overriding {', '.join(past.overridden)}" if past.overridden else ""
         print(
-            f"released: gate {past.gate} held {_when(past.held_at)}, released {_when(past.released_at)} by "
-            f"{past.released_by}: {past.release_reason}{overridden}"
+            shown(
+                f"released: gate {past.gate} held {_when(past.held_at)}, released {_when(past.released_at)} by "
+                f"{past.released_by}: {past.release_reason}{overridden}"
+            )
         )
     return 0
 

@@ -118,7 +118,8 @@ def _read_status(
         dagster_alerts = instance_pool_alerts(instance, dead_runs) + backfill_alerts(failed_backfills(instance))
         dagster_alerts += daemon_alerts(daemon_heartbeat_at(instance), status.collected_at)
     else:
-        marked, dagster_alerts = [], view_alerts(view, dead_runs, status.collected_at)
+        running_since = min((beat.started_at for beat in taken.readings.live), default=None)
+        marked, dagster_alerts = [], view_alerts(view, dead_runs, status.collected_at, running_since=running_since)
     status = dataclasses.replace(status, stale_nodes=taken.stale_nodes, alerts=[*status.alerts, *dagster_alerts])
     notes += [f"marked Dagster run {run_id} failed: its process is gone" for run_id in marked]
     return status, notes, taken
@@ -171,11 +172,13 @@ def _read_store(
 def _status_text(store: Store, instance: dg.DagsterInstance | None) -> tuple[str, list[str]]:
     from dagster_project.ops.dagster_view import render_view
     from dagster_project.ops.status import render_text
+    from dagster_project.shown_text import shown, shown_lines
 
     status, notes, taken = _read_status(store, instance)
     text = (f"{taken.first}\n\n" if taken.first else "") + render_text(status)
     # With --dagster the storage line's materialized count is the instance's, read now.
-    return (text if instance else f"{text}\n{render_view(taken.view, status.collected_at)}"), notes
+    text = text if instance else f"{text}\n{render_view(taken.view, status.collected_at)}"
+    return shown_lines(text), [shown(note) for note in notes]
 
 
 def _watch_reading(store: Store, instance: dg.DagsterInstance | None) -> WatchReading:

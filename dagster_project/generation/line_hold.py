@@ -17,10 +17,18 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from dagster_project.store.dataclass_json import from_json, read_record, to_json
-from dagster_project.store.layout import hold_key, hold_log_key
+from dagster_project.store.layout import COMPLETIONS, hold_key, hold_log_key, regenerate_command
 from dagster_project.store.storage import PreconditionFailed, Store
 
 RELEASE_COMMAND = "dflash hold release --reason TEXT"
+# The held shards' commands a hold's text spells out; past this many, the rest by their shard numbers.
+SHOWN_COMMANDS = 3
+
+
+def gate_label(gate: str, limit: str) -> str:
+    """A gate, and which of its limits for a gate of several: "short_answers (empty)"; each label has one
+    threshold (the watch's figures and the hold name them so)."""
+    return f"{gate} ({limit})" if limit else gate
 
 
 @dataclass(frozen=True)
@@ -48,16 +56,28 @@ class Hold:
     released_by: str | None = None
     release_reason: str | None = None
     overridden: list[str] = field(default_factory=list)  # gates released as a known false alarm
+    limit: str = ""  # which of the gate's limits failed, for a gate of several (`WatchFigure.limit`)
 
     def headline(self) -> str:
         """One line: what holds the line, on what evidence, and what to do."""
         at = datetime.fromtimestamp(self.held_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        gate = gate_label(self.gate, self.limit)
         return (
-            f"LINE HELD since {at}: gate {self.gate} at {self.figure:.1%} (threshold {self.threshold:.1%}, "
+            f"LINE HELD since {at}: gate {gate} at {self.figure:.1%} (threshold {self.threshold:.1%}, "
             f"{self.sample_size} answers, {self.scope}); no shard run admits requests. Look at the examples "
             f"(`dflash hold`), fix the fleet, then `{RELEASE_COMMAND}` (a known false alarm: "
-            f"`dflash hold release --override {self.gate} --reason TEXT`)"
+            f"`dflash hold release --override {self.gate} --reason TEXT`); then {self.rerun()}"
         )
+
+    def rerun(self) -> str:
+        """What brings the held shards back once released: each one's command (it resumes from its journal)."""
+        if not self.shards:
+            return "materialize the held shards again (each resumes from its journal)"
+        commands = "; ".join(f"`{regenerate_command(COMPLETIONS, shard)}`" for shard in self.shards[:SHOWN_COMMANDS])
+        rest = self.shards[SHOWN_COMMANDS:]
+        more = f"; the same with --partition for shards {', '.join(map(str, rest))}" if rest else ""
+        held = ", ".join(map(str, self.shards))
+        return f"materialize the held shards {held} again, each resumes from its journal: {commands}{more}"
 
 
 @dataclass

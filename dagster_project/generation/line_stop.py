@@ -17,7 +17,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from dagster_project.generation.line_hold import (
@@ -25,6 +25,7 @@ from dagster_project.generation.line_hold import (
     HoldExample,
     HoldLog,
     LineHeld,
+    gate_label,
     put_hold,
     read_hold,
     read_hold_log,
@@ -49,6 +50,18 @@ class WatchFigure:
     passed: bool
     message: str
     blocking: bool = True  # a warning-only figure (the accept length) is shown and never holds the line
+    limit: str = ""  # which of its gate's limits, for a gate of several (short_answers: "empty", "short")
+    # The answers the watch needs (`watch_min_answers`) before it holds the line on this figure: under it the figure
+    # is shown, not judged.
+    min_sample: int = 0
+
+    @property
+    def label(self) -> str:
+        return gate_label(self.gate, self.limit)
+
+    @property
+    def judged(self) -> bool:
+        return self.sample_size >= self.min_sample
 
 
 @dataclass(frozen=True)
@@ -196,6 +209,7 @@ class LineStop:
         assert failed is not None
         hold = Hold(
             gate=failed.gate,
+            limit=failed.limit,
             message=failed.message,
             figure=failed.figure,
             threshold=failed.threshold,
@@ -266,7 +280,9 @@ class LineStop:
         held: bool,
         *,
         running: bool = True,
+        whole_shard: bool = False,
     ) -> None:
+        needs = 0 if whole_shard else self.options.watch_min_answers  # a whole shard's figures are its gates' verdicts
         report = WatchReport(
             shard=self.shard,
             settings_fingerprint=self.fingerprint,
@@ -277,8 +293,8 @@ class LineStop:
             host=socket.gethostname(),
             answers=self.answers,
             rows=own,
-            figures=mine.figures,
-            fleet_figures=fleet.figures,
+            figures=[replace(figure, min_sample=needs) for figure in mine.figures],
+            fleet_figures=[replace(figure, min_sample=self.options.watch_min_answers) for figure in fleet.figures],
             fleet_answers=answers,
             fleet_runs=runs,
             held=held,
@@ -297,7 +313,9 @@ class LineStop:
         self.poll(whole_shard=whole_shard)
         assert self._last is not None
         mine, fleet, answers, runs = self._last
-        self._write_report(self.clock(), [], mine, fleet, answers, runs, self.held is not None, running=False)
+        self._write_report(
+            self.clock(), [], mine, fleet, answers, runs, self.held is not None, running=False, whole_shard=whole_shard
+        )
 
     async def run(self) -> None:
         """Until cancelled: poll. On a hold, let what is in flight drain for `hold_drain_s`, then raise

@@ -54,6 +54,7 @@ from dagster_project.ingest.readers import (
 )
 from dagster_project.ingest.shards import PROMPTS_KEY, QUARANTINE_KEY, IngestedFile, PromptRow, RawPromptsManifest
 from dagster_project.ingest.sources import SourceError, SourceFile, local_copy, resolve_sources
+from dagster_project.shown_text import shown
 from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
 from dagster_project.store.manifest import StoredObject, put_object, write_stage_manifest
@@ -229,7 +230,7 @@ class _Appender:
         if part.done is None:  # a skipped file
             reading.copy.close()
             self.result.files.append(IngestedFile(file.uri, file.source, "skipped", 0, 0, 0, note=file.skip))
-            self.log(f"{file.uri}: skipped ({file.skip})")
+            self.log(shown(f"{file.uri}: skipped ({file.skip})"))  # a file's name is the data's: escaped
             return
         read = part.done.result() if isinstance(part.done, Future) else part.done
         for writer, part_path in ((self.prompts, read.prompts), (self.quarantine, read.quarantine)):
@@ -247,7 +248,9 @@ class _Appender:
         )
         self.result.files.append(ingested)
         note = f" ({ingested.note})" if ingested.note else ""
-        self.log(f"{file.uri}: {ingested.format}, {ingested.rows} rows, {ingested.quarantined} quarantined{note}")
+        self.log(
+            shown(f"{file.uri}: {ingested.format}, {ingested.rows} rows, {ingested.quarantined} quarantined{note}")
+        )
 
 
 class _FileIngest:

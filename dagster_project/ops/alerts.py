@@ -60,15 +60,17 @@ def raise_alerts(
     *,
     endpoints_known: bool,
     thresholds: AlertThresholds,
+    held: bool = False,
 ) -> list[Alert]:
-    """Every condition that needs an operator now, each in one sentence that says what to look at."""
+    """Every condition that needs an operator now, each in one sentence that says what to look at. `held`: the
+    line is held, so no server has work (none is idle for want of it)."""
     return [
         *(_stage_alerts(shards) if shards else []),
         *_mtp_alerts(mtp, thresholds.accept_length_floor),
         *_store_alerts(storage, thresholds.store_retry_share),
         # A store too slow to answer leaves the shards' figures as of its last snapshot: whether work waits now is
         # not known, so an idle server is not blamed for it.
-        *_server_alerts(progress, concurrency, shards_known=storage.delay is None),
+        *_server_alerts(progress, concurrency, shards_known=storage.delay is None and not held),
         *_set_aside_alerts(concurrency),
         *_refused_answer_alerts(concurrency),
         *_eta_alerts(progress, thresholds.eta_slip),

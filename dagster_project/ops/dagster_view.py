@@ -18,6 +18,7 @@ from dagster_project.ops.alerts import Alert
 from dagster_project.ops.answers.progress import DeadRun
 from dagster_project.ops.answers.text import ago
 from dagster_project.ops.pool_slots import FREE_SLOTS_COMMAND, DeadHolder, StuckPool, pool_alerts
+from dagster_project.ops.refresh import REFRESH_INTERVAL_S, SENSOR_TICK_S
 from dagster_project.store.dataclass_json import read_record, to_json
 from dagster_project.store.storage import Store
 
@@ -28,6 +29,13 @@ HEARTBEAT_SAYS_DEAD = "its shard's heartbeat says it died"
 # The daemon beats every 30 s (Dagster's default): silent for this long, it is gone (killed, or its host lost), and
 # with it the run queue, run monitoring, sensors (this page's refresh among them) and backfills.
 DAEMON_SILENT_S = 120.0
+# Plain `dflash status` has only the beat the view recorded, and the view is recorded at each refresh of the page:
+# every REFRESH_INTERVAL_S while shards run (asked for at a sensor tick, then run), once after a run ends, never
+# while nothing runs. So a healthy daemon's view, while shards run, is up to one refresh interval, a sensor tick and
+# the refresh run's own time old (from the record, or from the start of the shard runs where it is older): older
+# than this, a refresh was missed. The sensor that asks for it is the daemon's: a missed refresh is the daemon's
+# silence, seen through the page's cadence (the daemon's own limit is the slack for the refresh run's time).
+REFRESH_OVERDUE_S = REFRESH_INTERVAL_S + SENSOR_TICK_S + DAEMON_SILENT_S
 
 
 @dataclass(frozen=True)
@@ -83,17 +91,40 @@ def take_view(
 
 
 def daemon_alerts(heartbeat_at: float | None, now: float) -> list[Alert]:
-    """The daemon silent past `DAEMON_SILENT_S` (a node that never ran one, the CLI alone, has nothing to say)."""
+    """The daemon silent past `DAEMON_SILENT_S`, read from the instance's own daemon heartbeats (a node that never
+    ran one, the CLI alone, has nothing to say)."""
     if heartbeat_at is None or now - heartbeat_at < DAEMON_SILENT_S:
         return []
-    return [
-        Alert(
-            "daemon",
-            f"Dagster daemon: no heartbeat for {now - heartbeat_at:,.0f} s: queued runs do not start, dead runs are "
-            "not detected and sensors (this page's refresh among them) do not tick; start it again "
-            "(`dagster-daemon run` on this DAGSTER_HOME, or `make dev`)",
-        )
-    ]
+    return [_daemon_alert(f"no heartbeat for {now - heartbeat_at:,.0f} s")]
+
+
+def recorded_daemon_alerts(view: DagsterView | None, now: float, *, running_since: float | None) -> list[Alert]:
+    """The daemon as plain `dflash status` can tell from the recorded view: silent when it was recorded (judged by
+    `daemon_alerts` then), or, while shards run (`running_since`: the start of the oldest live shard run; None when
+    none runs), a refresh of the page overdue, `REFRESH_OVERDUE_S` after the later of the record and that start (its
+    sensor did not tick). While nothing runs no refresh is due: the record's age says nothing of the daemon."""
+    beat = view.daemon_heartbeat_at if view else None
+    if view is None or beat is None:
+        return []
+    if daemon_alerts(beat, view.taken_at):
+        return [_daemon_alert(f"no heartbeat for {view.taken_at - beat:,.0f} s as of {ago(view.taken_at, now)}")]
+    if running_since is not None and now - max(view.taken_at, running_since) >= REFRESH_OVERDUE_S:
+        return [
+            _daemon_alert(
+                f"no heartbeat recorded for {now - beat:,.0f} s while shards run (the page, which records it, is "
+                f"refreshed every {REFRESH_INTERVAL_S:,} s while they do, last {ago(view.taken_at, now)}: "
+                f"the daemon's sensor missed a refresh; `{ACTING_COMMAND}` reads its heartbeats now)"
+            )
+        ]
+    return []
+
+
+def _daemon_alert(silence: str) -> Alert:
+    return Alert(
+        "daemon",
+        f"Dagster daemon: {silence}: queued runs do not start, dead runs are not detected and sensors (this page's "
+        "refresh among them) do not tick; start it again (`dagster-daemon run` on this DAGSTER_HOME, or `make dev`)",
+    )
 
 
 def write_view(store: Store, view: DagsterView) -> None:
@@ -118,11 +149,13 @@ def render_view(view: DagsterView | None, now: float) -> str:
     )
 
 
-def view_alerts(view: DagsterView | None, dead_runs: list[DeadRun], now: float) -> list[Alert]:
-    """The recorded pool alerts, with their age, and the runs seen dead now (their heartbeat) that only the
-    instance can end, with the commands that do it."""
+def view_alerts(
+    view: DagsterView | None, dead_runs: list[DeadRun], now: float, *, running_since: float | None
+) -> list[Alert]:
+    """The recorded pool alerts, with their age, the daemon's silence as the view tells it, and the runs seen dead
+    now (their heartbeat) that only the instance can end, with the commands that do it."""
     alerts = [] if view is None else [Alert("pool", f"{m} (as of {ago(view.taken_at, now)})") for m in view.pool_alerts]
-    alerts += daemon_alerts(view.daemon_heartbeat_at if view else None, now)  # its latest beat the view recorded
+    alerts += recorded_daemon_alerts(view, now, running_since=running_since)
     if view is not None:
         alerts += [
             Alert(alert.kind, f"{alert.message} (as of {ago(view.taken_at, now)})")

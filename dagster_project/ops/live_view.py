@@ -15,6 +15,7 @@ from dagster_project.ops.alerts import render_alerts
 from dagster_project.ops.answers.progress import render_progress
 from dagster_project.ops.answers.shards import render_shards
 from dagster_project.ops.status import Status, render_text
+from dagster_project.shown_text import shown as safe
 
 # The progress answer's lines the live view keeps on screen: events done, the rate, average output and ETA.
 _PROGRESS_LINES = 4
@@ -50,7 +51,10 @@ def watch_reading(
     shown = {*verdict, *shown_progress, *render_alerts(status.alerts)}
     answers = render_text(status).splitlines() + more.splitlines()
     rest = [line for line in answers if line not in shown and line.strip() not in alerts]
-    return WatchReading(verdict, shown_progress, alerts, rest, list(notes or []))
+    # Every line may hold text from the data or a server (ids, file names, model names): escaped for the terminal.
+    return WatchReading(
+        *([safe(line) for line in lines] for lines in (verdict, shown_progress, alerts, rest, notes or []))
+    )
 
 
 def fit_screen(reading: WatchReading, *, width: int, height: int) -> list[tuple[str, str]]:

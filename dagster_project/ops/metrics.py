@@ -197,7 +197,8 @@ def waste_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
         yield family
 
 
-# The quality watch's fleet-wide figures (label `gate`): each blocking answer gate over the answers so far.
+# The quality watch's fleet-wide figures (label `gate`: the gate, and which limit where it has several), each
+# blocking answer gate over the answers so far.
 WATCH_FIGURES: list[tuple[str, str, Callable[[WatchFigure], float]]] = [
     ("watch_figure", "The share the gate judges, over every running shard's answers so far (accept length: tokens "
      "per verify pass).", lambda f: f.figure),
@@ -212,7 +213,7 @@ def _watch_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
     for name, help_, read in WATCH_FIGURES:
         family = GaugeMetricFamily(PREFIX + name, help_, labels=["gate"])
         for figure in figures:
-            family.add_metric([figure.gate], read(figure))
+            family.add_metric([figure.label], read(figure))
         yield family
 
 

@@ -11,7 +11,7 @@ as 0, so a plot never dips to a false zero. The charts of the run so far are `op
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.ops.answers.concurrency import lengths_note
@@ -26,6 +26,7 @@ from dagster_project.ops.answers.storage import retried_calls
 from dagster_project.ops.answers.text import as_of, counted_shards, dollars, shard_list
 from dagster_project.ops.answers.waste import WasteAnswer
 from dagster_project.ops.status import Status
+from dagster_project.shown_text import shown, shown_markdown
 
 # Key figures first, each cell and header a few characters (the two pool usages in one column), so the table fits the
 # asset page's value column at 1,440 px: Dagster does not wrap a table's headers, and the page's timestamp column
@@ -56,13 +57,14 @@ class Table:
 
     def markdown(self) -> list[str]:
         def line(cells: Sequence[str]) -> str:
-            return "| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in cells) + " |"
+            return "| " + " | ".join(shown_markdown(cell).replace("|", "\\|") for cell in cells) + " |"
 
         return [line(self.columns), "|" + "---|" * len(self.columns), *(line(row) for row in self.rows), ""]
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
-    return Table(tuple(columns), tuple(tuple(str(cell) for cell in row) for row in rows))
+    """A table's cells as text, one line each, what the data and the servers wrote in them escaped (`shown`)."""
+    return Table(tuple(columns), tuple(tuple(shown(cell) for cell in row) for row in rows))
 
 
 @dataclass(frozen=True)
@@ -194,11 +196,13 @@ def _quality(status: Status) -> Section:
     """The quality watch: each blocking answer gate over the running shards' answers, with threshold and n."""
     quality = status.quality
     title = "Quality watch"
+    if quality is not None and quality.hold is not None:
+        return Section(title, "None while the line is held: the hold, at the top of the page, is the verdict.")
     if quality is None or not quality.fleet:
         return Section(title, "No shard has reported answers yet.")
     # The figure, its threshold and n in one cell, as status words them: a cell wraps at its spaces where the page is
     # narrow, a header never does (five columns of their own pushed the page past 1,440 px once n had 4 digits).
-    rows = [[f.gate, figure_reading(f), figure_verdict(f)] for f in quality.fleet]
+    rows = [[f.label, figure_reading(f), figure_verdict(f)] for f in quality.fleet]
     text = f"Over {quality.fleet_answers:,} answers of {quality.fleet_runs} shard runs, fleet-wide."
     return Section(title, text, (("Watched gates", _table(["gate", "figure", "verdict"], rows)),))
 
@@ -429,8 +433,9 @@ def _waste(waste: WasteAnswer) -> Table:
 
 def report_sections(status: Status) -> list[Section]:
     """The page in the order the operator reads it: the hold of the line while one stands, alerts, the shards by
-    stage, the six answers, cost, the quality watch."""
-    return [
+    stage, the six answers, cost, the quality watch. Each text as Dagster renders it, Markdown: what the data and the
+    servers wrote in it escaped (`shown_markdown`: no control character, no HTML of theirs rendered)."""
+    sections = [
         *([_hold(status)] if status.quality and status.quality.hold else []),
         _alerts(status),
         _shards(status),
@@ -443,6 +448,7 @@ def report_sections(status: Status) -> list[Section]:
         _cost(status),
         _quality(status),
     ]
+    return [replace(section, text=shown_markdown(section.text)) for section in sections]
 
 
 def render_markdown(status: Status) -> str:

@@ -55,6 +55,7 @@ from dagster_project.ops.plan import read_plan
 from dagster_project.ops.tune import read_report
 from dagster_project.pilot_record import read_latest_pilot
 from dagster_project.sglang.launch import fleet_status
+from dagster_project.shown_text import shown
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET
 from dagster_project.store.manifest import read_published_manifests
 from dagster_project.store.storage import Store
@@ -174,6 +175,8 @@ def answer_all(
     """Every answer, the cost and the alerts from one set of readings; `delay`: the store did not answer in time,
     and the readings from it are the last snapshot's."""
     progress, mtp, concurrency = answer_progress(readings), answer_mtp(readings), answer_concurrency(readings)
+    held = readings.hold is not None  # nothing generates: no time to the end, no server waiting for work
+    progress = progress.while_held() if held else progress
     storage = answer_storage(store, readings, current_fingerprint, materialized, delay)
     shards = answer_shards(readings)
     waste = answer_waste(readings, shards.not_green.get(f"training_set {BLOCKED}", []))
@@ -194,7 +197,14 @@ def answer_all(
             *quality_alerts(quality),
             *pilot_alerts(readings.pilot),
             *raise_alerts(
-                progress, mtp, concurrency, storage, shards, endpoints_known=endpoints_known, thresholds=thresholds
+                progress,
+                mtp,
+                concurrency,
+                storage,
+                shards,
+                endpoints_known=endpoints_known,
+                thresholds=thresholds,
+                held=held,
             ),
         ],
         quality=quality,
@@ -214,27 +224,28 @@ def cost_inputs(readings: Readings, waste: WasteAnswer) -> CostInputs:
 
 
 def render_text(status: Status) -> str:
+    """The answers as text, one line each: what the data and the servers wrote in a line escaped (`shown`), its
+    line breaks among them (a file name or a server's error cannot forge a line, nor move the terminal's cursor)."""
     hold = status.quality.hold if status.quality else None
-    return "\n".join(
-        [
-            *([hold.headline()] if hold else []),  # first: nothing else matters until it is looked at
-            # Every answer below is from readings taken then (the store, the heartbeats, the fleet's probes); the
-            # coverage by id and the last publish say their own age.
-            f"As of {as_of(status.collected_at)}" + _not_refreshed(status.storage.delay),
-            *(render_shards(status.shards) if status.shards else []),
-            *(render_quality(status.quality, status.collected_at) if status.quality else []),
-            *render_progress(status.progress, status.collected_at),
-            *render_mtp(status.mtp),
-            *render_concurrency(status.concurrency),
-            *render_storage(status.storage, status.collected_at),
-            *render_coverage(status.coverage, status.collected_at),
-            *render_multi_turn(status.multi_turn),
-            *render_cost(status.cost),
-            *(render_waste(status.waste) if status.waste else []),
-            *render_alerts(status.alerts),
-            *render_stale_nodes(status.stale_nodes, status.collected_at),
-        ]
-    )
+    lines = [
+        *([hold.headline()] if hold else []),  # first: nothing else matters until it is looked at
+        # Every answer below is from readings taken then (the store, the heartbeats, the fleet's probes); the
+        # coverage by id and the last publish say their own age.
+        f"As of {as_of(status.collected_at)}" + _not_refreshed(status.storage.delay),
+        *(render_shards(status.shards) if status.shards else []),
+        *(render_quality(status.quality, status.collected_at) if status.quality else []),
+        *render_progress(status.progress, status.collected_at),
+        *render_mtp(status.mtp),
+        *render_concurrency(status.concurrency),
+        *render_storage(status.storage, status.collected_at),
+        *render_coverage(status.coverage, status.collected_at),
+        *render_multi_turn(status.multi_turn),
+        *render_cost(status.cost),
+        *(render_waste(status.waste) if status.waste else []),
+        *render_alerts(status.alerts),
+        *render_stale_nodes(status.stale_nodes, status.collected_at),
+    ]
+    return "\n".join(shown(line) for line in lines)
 
 
 def _not_refreshed(delay: StoreDelay | None) -> str:

@@ -48,7 +48,10 @@ def fleet_table(probes: list[Mapping[str, Any]], pids: Mapping[int, int], hostna
     """`fleet_rows` as aligned text columns, the header first; the note column only when a server has one."""
     import socket
 
-    rows = fleet_rows(probes, pids, hostname or socket.gethostname())
+    from dagster_project.shown_text import shown
+
+    # A server's address and its error are what it (or the registry) wrote: escaped before they reach the terminal.
+    rows = [tuple(map(shown, row)) for row in fleet_rows(probes, pids, hostname or socket.gethostname())]
     columns = FLEET_COLUMNS if any(row[-1] for row in rows) else FLEET_COLUMNS[:-1]
     table = [columns, *(row[: len(columns)] for row in rows)]
     widths = [max(len(row[i]) for row in table) for i in range(len(columns))]

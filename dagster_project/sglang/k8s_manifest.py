@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from dagster_project.sglang import capacity
-from dagster_project.sglang.launch import ServerOptions, server_command
+from dagster_project.sglang.launch import EVERY_INTERFACE, ServerOptions, server_command
 from dagster_project.sglang.launch_plan import CapacityTarget, plan_capacity
 
 NAME = "sglang"
@@ -65,7 +65,8 @@ class FleetManifest:
             free = self.target.gpu_memory_gib
             gpu = capacity.GpuMemory(free + capacity.CUDA_CONTEXT_GIB, free)
         planned, _ = plan_capacity(self.options, self.target, gpu)
-        return replace(planned, api_key=None)
+        # A pod is reached at its own address through the Service: its server listens beyond loopback, explicitly.
+        return replace(planned, api_key=None, host=EVERY_INTERFACE)
 
     def container_command(self) -> list[str]:
         """The server's command line; with an API key, behind the shell line that writes its --config file."""

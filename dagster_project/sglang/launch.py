@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -62,6 +63,33 @@ CAPACITY_FLAGS = ("max_running_requests", "mamba_full_memory_ratio", "max_mamba_
 ROUTER_REQUEST_TIMEOUT_S = 24 * 3600
 
 
+# Where a server listens by default: this host only. Listening wider (`--host 0.0.0.0`, for shard runs on other
+# hosts, or in a pod behind a Service) is asked for, and without an API key anyone who reaches the port may use it.
+LOOPBACK = "127.0.0.1"
+EVERY_INTERFACE = "0.0.0.0"
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """The warning a launch listening beyond this host without an API key prints; None when it does not."""
+    if not listens_beyond_this_host(host) or api_key:
+        return None
+    return (
+        f"WARNING: the servers listen on {host} (beyond this host) WITHOUT an API key: anyone who reaches their "
+        "ports can generate on your GPUs and read what they serve. Set SGLANG_API_KEY (the pipeline sends it), or "
+        f"leave --host out to listen on {LOOPBACK} only"
+    )
+
+
+def listens_beyond_this_host(host: str) -> bool:
+    """Whether other hosts may reach a server listening on `host`: anything but a loopback address."""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: one of this host's interfaces
+        return True
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     """Knobs of one `sglang.launch_server`.
@@ -75,7 +103,13 @@ class ServerOptions:
     """
 
     model_path: str = field(default=DEFAULT_MODEL, metadata={"help": "model to serve: a local path or a Hub name"})
-    host: str = field(default="0.0.0.0", metadata={"help": "interface the servers listen on"})
+    host: str = field(
+        default=LOOPBACK,
+        metadata={
+            "help": f"interface the servers listen on (default {LOOPBACK}: this host only; {EVERY_INTERFACE} for shard "
+            "runs on other hosts, with SGLANG_API_KEY set)"
+        },
+    )
     context_length: int = field(default=65536, metadata={"help": "longest prompt + answer a request may have"})
     max_running_requests: int | None = field(
         default=None,
@@ -110,9 +144,9 @@ class ServerOptions:
     cpu: bool = field(
         default=False,
         metadata={
-            "help": "serve on the CPU (tests: a tiny model, no GPU): SGLANG_USE_CPU_ENGINE=1, --device cpu, "
-            "torch-native attention, no speculative decoding; the CUDA-only sgl_kernel wheel must be shadowed by "
-            "CPU ops on PYTHONPATH"
+            "help": "serve on the CPU (a tiny model, no GPU: README): SGLANG_USE_CPU_ENGINE=1, --device cpu, "
+            "torch-native attention, no speculative decoding, CPU stand-ins of the CUDA-only sgl_kernel ops first "
+            "on PYTHONPATH"
         },
     )
     max_total_tokens: int | None = field(
@@ -339,6 +373,17 @@ def log_tail(path: str | Path, lines: int = _LOG_TAIL_LINES) -> str:
 _children: dict[int, subprocess.Popen] = {}
 
 
+# CPU stand-ins for the two `sgl_kernel` ops SGLang 0.5.23 calls on a CPU (PyPI's kernel wheel is CUDA-only): first
+# on a CPU server's PYTHONPATH.
+CPU_KERNELS = Path(__file__).with_name("cpu_kernels")
+
+
+def cpu_server_environment() -> dict[str, str]:
+    """What a CPU server adds to its environment: the CPU engine, and the kernel stand-ins first on its import path."""
+    path = os.pathsep.join(p for p in (str(CPU_KERNELS), os.environ.get("PYTHONPATH", "")) if p)
+    return {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": path}
+
+
 def server_environment() -> dict[str, str]:
     """This process's environment less its secrets: a server outlives the shell and needs no store credentials."""
     return {name: value for name, value in os.environ.items() if not _is_secret(name)}
@@ -382,7 +427,7 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     """Ports the OS reports free right now (held open together, so they are distinct)."""
     sockets = []
     try:
@@ -526,7 +571,7 @@ def launch_fleet(
     options: ServerOptions = ServerOptions(),
     *,
     base_port: int = 30000,
-    connect_host: str = "127.0.0.1",
+    connect_host: str = LOOPBACK,
     startup_timeout_s: float = 1800.0,
     python: str = sys.executable,
 ) -> Fleet:
@@ -537,8 +582,9 @@ def launch_fleet(
     specs = []
     for index, gpu in enumerate(gpus):
         port = base_port + index
-        # On the CPU the index only names the server: SGLang detects the CPU engine from this variable alone.
-        device = {"SGLANG_USE_CPU_ENGINE": "1"} if options.cpu else {"CUDA_VISIBLE_DEVICES": str(gpu)}
+        # On the CPU the index only names the server: SGLang detects the CPU engine from this variable alone, and
+        # imports the CPU stand-ins of the CUDA-only kernel wheel's ops first.
+        device = cpu_server_environment() if options.cpu else {"CUDA_VISIBLE_DEVICES": str(gpu)}
         name = f"{'cpu' if options.cpu else 'gpu'}{gpu}"
         secrets = _secrets_config(run_dir, name, options.api_key)
         command = server_command(options, port, python=python, config_file=secrets)
@@ -559,7 +605,7 @@ def launch_simulators(
     options: Mapping[str, Any] | Sequence[Mapping[str, Any]] = (),
     *,
     ports: Sequence[int] | None = None,
-    host: str = "127.0.0.1",
+    host: str = LOOPBACK,
     tokenizer: str | None = None,
     startup_timeout_s: float = 60.0,
     python: str = sys.executable,

@@ -154,6 +154,7 @@ class Evidence:
 
     def metadata(self, prefix: str = "") -> dict[str, Any]:
         return {
+            f"{prefix}blocks": self.blocks,
             f"{prefix}blocks_from": self.blocks_from,
             f"{prefix}true_share_lower_bound": self.lower_bound,
             f"{prefix}false_block_rate": self.false_block_rate,

@@ -147,8 +147,7 @@ class AnswerQualityWatch:
                 capped,
             ),
         ]
-        figures = [_figure(result, profile) for result in results]
-        figures += [_figure(result, profile) for result, _ in shares]
+        figures = [figure for result in [*results, *(result for result, _ in shares)] for figure in _figures(result)]
         figures.append(_accept_length(answered))
         failed = next(
             (f for f in figures if f.blocking and not f.passed and f.gate not in overridden | NOT_HOLDING), None
@@ -204,17 +203,26 @@ _FIGURE_KEYS = {
 }
 
 
-def _figure(result: GateResult, profile: ShardProfile) -> WatchFigure:
+def _figures(result: GateResult) -> list[WatchFigure]:
+    """The gate's figures: one per limit, each with its own threshold (short_answers has two: empty answers, and
+    short ones), judged by the limit's own evidence."""
     meta = result.metadata
-    if result.name == "short_answers":  # two limits: the one nearer to (or past) its threshold is the figure
-        empty = (meta.get("empty_share", 0.0), meta.get("max_empty_share", 1.0))
-        short = (meta.get("short_share", 0.0), meta.get("max_short_share", 1.0))
-        figure, threshold = max(empty, short, key=lambda pair: pair[0] / pair[1] if pair[1] else 0.0)
-        sample = meta.get("rows", 0)
-    else:
-        figure_key, threshold_key, sample_key = _FIGURE_KEYS[result.name]
-        figure, threshold, sample = meta.get(figure_key, 0.0), meta.get(threshold_key, 0.0), meta.get(sample_key, 0)
-    return WatchFigure(result.name, float(figure), float(threshold), int(sample), result.passed, result.message)
+    if result.name == "short_answers":
+        return [
+            WatchFigure(
+                result.name,
+                float(meta.get(f"{limit}_share", 0.0)),
+                float(meta.get(f"max_{limit}_share", 1.0)),
+                int(meta.get("rows", 0)),
+                not meta.get(f"{limit}_blocks", False),
+                result.message,
+                limit=limit,
+            )
+            for limit in ("empty", "short")
+        ]
+    figure_key, threshold_key, sample_key = _FIGURE_KEYS[result.name]
+    figure, threshold, sample = meta.get(figure_key, 0.0), meta.get(threshold_key, 0.0), meta.get(sample_key, 0)
+    return [WatchFigure(result.name, float(figure), float(threshold), int(sample), result.passed, result.message)]
 
 
 def _accept_length(answered: Sequence[list]) -> WatchFigure:

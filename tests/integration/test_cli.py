@@ -216,6 +216,34 @@ def test_every_launch_logs_the_servers_cap_next_to_the_plans(env):
         dflash(env, "fleet", "down")
 
 
+def test_fleet_up_listens_wider_only_when_asked_and_warns_without_a_key(env, tmp_path):
+    """Servers bind 127.0.0.1 by default; `--host 0.0.0.0` without SGLANG_API_KEY is said loudly, and the registry
+    publishes this host's name for them (reached from other hosts), never 0.0.0.0."""
+    import socket
+
+    from dagster_project.generation.fleet_registry import registered_nodes
+    from dagster_project.store.storage import LocalStore
+
+    keyless = {name: value for name, value in env.items() if name != "SGLANG_API_KEY"}
+    command = [sys.executable, "-m", "dagster_project.cli", "fleet", "up", "--simulate", "1", "--node", "n1"]
+    for host_flags, warned, advertised in (([], False, "127.0.0.1"), (["--host", "0.0.0.0"], True, socket.getfqdn())):
+        try:
+            up = subprocess.run(command + host_flags, env=keyless, capture_output=True, text=True, timeout=120)
+            assert up.returncode == 0, up.stderr[-3000:]
+            assert (
+                "WARNING: the servers listen on 0.0.0.0 (beyond this host) WITHOUT an API key" in up.stderr
+            ) is warned
+            (record,) = registered_nodes(LocalStore(tmp_path / "store"))
+            assert [server.url.split("//")[1].rsplit(":", 1)[0] for server in record.servers] == [advertised]
+        finally:
+            dflash(keyless, "fleet", "down", "--node", "n1")
+    with_key = subprocess.run(command + ["--host", "0.0.0.0"], env=env, capture_output=True, text=True, timeout=120)
+    try:
+        assert with_key.returncode == 0 and "WARNING" not in with_key.stderr, with_key.stderr[-3000:]
+    finally:
+        dflash(env, "fleet", "down", "--node", "n1")
+
+
 def test_fleet_up_with_a_bad_store_starts_nothing_and_a_later_failure_stops_what_it_started(env, tmp_path):
     fleet_dir = tmp_path / "work" / "fleet"
     command = [sys.executable, "-m", "dagster_project.cli", "fleet", "up", "--simulate", "1"]

@@ -153,7 +153,7 @@ def test_the_fleet_manifest_runs_one_server_per_gpu_with_the_launch_flags_of_fle
 
     # The command is `fleet up`'s for the GPU the header names: the planned cap, MTP, radix cache off.
     flags = dict(zip(argv[::2], argv[1::2]))
-    options = ServerOptions(model_path=flags["--model"])
+    options = ServerOptions(model_path=flags["--model"], host="0.0.0.0")  # a pod listens beyond loopback
     target = k8s_manifest.CapacityTarget(gpu_memory_gib=float(flags["--gpu-memory-gib"]))
     planned = k8s_manifest.FleetManifest(1, "image", options=options, target=target).launch_options()
     assert (
@@ -169,6 +169,7 @@ def test_the_fleet_manifest_runs_one_server_per_gpu_with_the_launch_flags_of_fle
     port = container["ports"][0]["containerPort"]
     assert container["command"] + container["args"] == server_command(planned, port, python="python3")
     assert "--max-running-requests" in container["args"] and "--disable-radix-cache" in container["args"]
+    assert container["args"][container["args"].index("--host") + 1] == "0.0.0.0"  # reached through the Service
     assert container["startupProbe"]["httpGet"]["path"] == "/health_generate"
 
     endpoints = config["data"]["DFLASH_SGLANG_ENDPOINTS"].split(",")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dagster_project.generation.progress import ETA_FROM_LIFETIME, ETA_FROM_WINDOW
@@ -56,6 +56,12 @@ class ProgressAnswer:
     # Running shards whose generation has ended, publishing: shard → seconds since it ended (their work is with the
     # store now, not the fleet).
     shards_publishing: dict[int, float] = field(default_factory=dict)
+    # The line is held: no shard generates until it is released, so there is no time to the end to tell.
+    held: bool = False
+
+    def while_held(self) -> ProgressAnswer:
+        """The answer while the line is held: no ETA (nor the plan's for what is left)."""
+        return replace(self, eta_hours=None, plan_eta_hours=None, eta_basis="", eta_settling=False, held=True)
 
 
 def _covered_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -133,6 +139,8 @@ def fleet_slots(fleet: dict[str, dict[str, Any]]) -> int:
 
 def eta_text(progress: ProgressAnswer) -> str:
     """ "1.25 h", marked when it comes from the lifetime rate; or why there is no figure yet."""
+    if progress.held:
+        return "none while the line is held"
     if progress.eta_hours is None and progress.events_remaining and progress.shards_running:
         return "none yet (no answer has finished)"
     if progress.eta_basis == ETA_FROM_LIFETIME:

@@ -27,6 +27,10 @@ class QualityAnswer:
 
 
 def answer_quality(hold: Hold | None, reports: list[WatchReport], now: float) -> QualityAnswer:
+    """The watch's latest figures; while the line is held, the hold alone (its figure and threshold are the verdict:
+    the runs' last figures, from before they stopped, would be stale)."""
+    if hold is not None:
+        return QualityAnswer(hold=hold)
     running = [report for report in reports if report.running and report.is_current(now)]
     latest = max(running or reports, key=lambda report: report.updated_at, default=None)
     if latest is None:
@@ -49,23 +53,48 @@ def figure_reading(figure: WatchFigure) -> str:
 
 
 def figure_verdict(figure: WatchFigure) -> str:
-    if figure.blocking:
-        return "ok" if figure.passed else "FAILED"
-    return "warning only"  # below its floor it alerts, never holds
+    """ "ok" only for a figure judged (its n at the watch's minimum) and within its threshold: a figure of 9
+    answers is not judged yet, whatever it reads; one judged above its threshold without the evidence that blocks
+    (the gate's rule) is said to be so."""
+    if not figure.blocking:
+        return "warning only"  # below its floor it alerts, never holds
+    if not figure.judged:
+        return f"not judged yet (n={figure.sample_size:,} of {figure.min_sample:,})"
+    if not figure.passed:
+        return "FAILED"
+    return "ok" if figure.figure <= figure.threshold else "above its threshold, not yet evidence of it"
 
 
 def describe_figure(figure: WatchFigure) -> str:
-    return f"{figure.gate} {figure_reading(figure)} {figure_verdict(figure)}"
+    return f"{figure.label} {figure_reading(figure)} {figure_verdict(figure)}"
 
 
 def render_quality(answer: QualityAnswer, now: float) -> list[str]:
     lines = []
     if answer.fleet:
+        blocking = [figure for figure in answer.fleet if figure.blocking]
+        if blocking and not any(figure.judged for figure in blocking):  # said once, not after every figure
+            needed = max(figure.min_sample for figure in blocking)
+            scope, figures = (
+                f"; none judged yet: the watch judges from n={needed:,}",
+                [
+                    f"{figure.label} {figure_reading(figure)}" if figure.blocking else describe_figure(figure)
+                    for figure in answer.fleet
+                ],
+            )
+        else:
+            scope, figures = "", [describe_figure(figure) for figure in answer.fleet]
         lines.append(
             f"Quality watch (fleet: {answer.fleet_answers} answers of {answer.fleet_runs} shard runs, "
-            f"{ago(answer.as_of, now)}): " + "; ".join(describe_figure(f) for f in answer.fleet)
+            f"{ago(answer.as_of, now)}{scope}): " + "; ".join(figures)
         )
-        for shard, figures in sorted(answer.shards.items()):
-            failed = [describe_figure(f) for f in figures if f.blocking and not f.passed]
-            lines.append(f"   shard {shard}: " + ("; ".join(failed) if failed else "every watched gate ok"))
+        lines += [f"   shard {shard}: {_shard_verdict(figures)}" for shard, figures in sorted(answer.shards.items())]
     return lines
+
+
+def _shard_verdict(figures: list[WatchFigure]) -> str:
+    """A running shard's figures in a few words: those not "ok", or that every one is."""
+    not_ok = [figure for figure in figures if figure.blocking and figure_verdict(figure) != "ok"]
+    if not_ok and all(not figure.judged and figure.passed for figure in not_ok):
+        return figure_verdict(min(not_ok, key=lambda figure: figure.sample_size))  # "not judged yet (n=9 of 100)"
+    return "; ".join(describe_figure(figure) for figure in not_ok) or "every watched gate ok"

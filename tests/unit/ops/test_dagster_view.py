@@ -8,6 +8,8 @@ from dagster._daemon.types import DaemonHeartbeat
 from dagster_project.assets.dagster_instance import daemon_heartbeat_at
 from dagster_project.ops.answers.progress import DeadRun
 from dagster_project.ops.dagster_view import (
+    DAEMON_SILENT_S,
+    REFRESH_OVERDUE_S,
     DagsterView,
     daemon_alerts,
     read_view,
@@ -17,6 +19,7 @@ from dagster_project.ops.dagster_view import (
     write_view,
 )
 from dagster_project.ops.pool_slots import DeadHolder, StuckPool
+from dagster_project.ops.refresh import REFRESH_INTERVAL_S, SENSOR_TICK_S
 from dagster_project.store.storage import LocalStore
 
 
@@ -54,7 +57,40 @@ def test_a_daemon_silent_past_its_heartbeats_is_an_alert_with_its_age():
     # Plain `dflash status`: the heartbeat the last run_report recorded, aged now.
     view = take_view(1100.0, set(), [], [], daemon_heartbeat_at=beat)
     assert "daemon: last heartbeat 300 s ago" in render_view(view, 1310.0)
-    assert [alert.kind for alert in view_alerts(view, [], 1310.0)] == ["daemon"]
+
+
+def test_plain_status_judges_the_recorded_beat_by_the_cadence_that_records_it():
+    """The view is recorded at each refresh of the page (every REFRESH_INTERVAL_S while shards run): a beat it
+    recorded 131-181 s ago is a healthy daemon between two refreshes, not a silent one."""
+    beat = 1000.0
+    healthy = take_view(1020.0, set(), [], [], daemon_heartbeat_at=beat)  # recorded 20 s after the daemon's beat
+    # Every age a healthy daemon's record reaches between two refreshes (one interval, a tick, the refresh run's
+    # time), with shards running since long before it or with none running.
+    for now in (1151.0, 1201.0, 1020.0 + REFRESH_INTERVAL_S + SENSOR_TICK_S + 100.0):
+        for since in (0.0, None):
+            assert view_alerts(healthy, [], now, running_since=since) == [], (now, since)
+    # While shards run the page is refreshed: a record older than one missed refresh is the daemon's silence.
+    late = healthy.taken_at + REFRESH_OVERDUE_S
+    (alert,) = view_alerts(healthy, [], late, running_since=0.0)
+    recorded_age = late - beat  # the record was taken 20 s after the beat
+    assert (
+        alert.kind == "daemon" and f"no heartbeat recorded for {recorded_age:,.0f} s while shards run" in alert.message
+    )
+    assert f"refreshed every {REFRESH_INTERVAL_S} s while they do, last {REFRESH_OVERDUE_S:,.0f} s ago" in alert.message
+    assert "`dflash status --dagster` reads its heartbeats now" in alert.message
+    # Shards that started after the record (a job begun hours after the last run ended): the first refresh is due
+    # from their start, not from the record.
+    started = beat + 86_400.0
+    assert view_alerts(healthy, [], started + 200.0, running_since=started) == []
+    assert [a.kind for a in view_alerts(healthy, [], started + REFRESH_OVERDUE_S, running_since=started)] == ["daemon"]
+    # Nothing running: no refresh is due, so the record's age says nothing of the daemon (hours after the job ended).
+    assert view_alerts(healthy, [], beat + 86_400.0, running_since=None) == []
+    # Silent already when recorded (judged then by the instance's rule): said with the record's age.
+    silent = take_view(1000.0 + DAEMON_SILENT_S + 30.0, set(), [], [], daemon_heartbeat_at=beat)
+    for since in (0.0, None):
+        (alert,) = view_alerts(silent, [], silent.taken_at + 10.0, running_since=since)
+        assert alert.message.startswith("Dagster daemon: no heartbeat for 150 s as of 10 s ago: queued runs")
+    assert view_alerts(take_view(1000.0, set(), [], []), [], 1e9, running_since=0.0) == []  # no daemon ever
 
 
 def test_a_backfill_whose_runs_failed_is_said_so_where_dagster_lists_it_completed(tmp_path):
@@ -78,6 +114,6 @@ def test_a_backfill_whose_runs_failed_is_said_so_where_dagster_lists_it_complete
     assert [(b.backfill_id, b.failed, b.runs) for b in found] == [("all-failed", 8, 8)]
     store = LocalStore(tmp_path / "store")
     write_view(store, take_view(200.0, set(), [], [], failed_backfills=found))
-    (alert,) = view_alerts(read_view(store), [], now=230.0)
+    (alert,) = view_alerts(read_view(store), [], now=230.0, running_since=None)
     assert alert.kind == "backfill" and alert.message.startswith("backfill all-failed: 8 of 8 runs failed (Dagster")
     assert alert.message.endswith("(as of 30 s ago)")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dagster_project.sglang import capacity
+from dagster_project.sglang import capacity, launch
 from dagster_project.sglang.launch import FleetError, ServerOptions, connect, server_command, write_secrets_config
 from dagster_project.sglang.launch_plan import (
     CapacityTarget,
@@ -254,3 +254,15 @@ def test_a_port_is_busy_while_something_listens_on_it_not_while_closed_connectio
         accepted.close()  # the server side closes first: its end lingers in TIME_WAIT, as a killed server's do
         client.close()
     assert _port_free("127.0.0.1", port)  # a server restarted on its port binds it (SO_REUSEADDR)
+
+
+def test_a_server_listens_on_this_host_only_unless_asked_and_wider_without_a_key_is_warned():
+    command = server_command(ServerOptions(), 30000)
+    assert command[command.index("--host") + 1] == launch.LOOPBACK == "127.0.0.1"
+    assert launch.exposure_warning("127.0.0.1", None) is None and launch.exposure_warning("127.0.0.2", None) is None
+    assert launch.exposure_warning("localhost", None) is None and launch.exposure_warning("::1", None) is None
+    warning = launch.exposure_warning("0.0.0.0", None)
+    assert warning is not None and warning.startswith("WARNING: the servers listen on 0.0.0.0 (beyond this host)")
+    assert "WITHOUT an API key" in warning and "SGLANG_API_KEY" in warning
+    assert launch.exposure_warning("0.0.0.0", "sk-x") is None and launch.exposure_warning("gpu-node-1", "sk-x") is None
+    assert launch.exposure_warning("10.0.0.5", None) is not None

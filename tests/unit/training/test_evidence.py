@@ -94,6 +94,7 @@ def test_the_messages_state_the_share_sample_and_bound():
     blocked = weigh(56, 64, 0.02)
     assert blocked.bound_text().startswith("limit 2%; true share at least 66.3% (") and blocked.share == 56 / 64
     assert blocked.metadata("empty_") == {
+        "empty_blocks": True,
         "empty_blocks_from": 8,
         "empty_true_share_lower_bound": blocked.lower_bound,
         "empty_false_block_rate": FALSE_BLOCK_RATE,

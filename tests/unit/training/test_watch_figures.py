@@ -54,10 +54,30 @@ def test_the_watch_gives_each_gates_own_verdict_on_the_same_rows(rows):
     for row in rows:
         watch.observe(row)
     judged = watch.judge(watch.rows())
-    verdicts = {figure.gate: figure.passed for figure in judged.figures if figure.blocking}
+    verdicts: dict[str, bool] = {}
+    for figure in judged.figures:  # a gate of several limits (short_answers) passes when each of them does
+        if figure.blocking:
+            verdicts[figure.gate] = verdicts.get(figure.gate, True) and figure.passed
     assert verdicts == _gate_verdicts(rows)
     holding = {gate: passed for gate, passed in verdicts.items() if gate not in NOT_HOLDING}
     assert (judged.failed is None) == all(holding.values())
+
+
+def test_each_limit_of_short_answers_is_a_figure_of_its_own_with_one_threshold_whatever_the_answers():
+    """short_answers has two limits (empty answers 1%, short ones 10%): one figure showed whichever was nearer, so
+    its threshold read 1.0% on a healthy fleet and 10.0% on a failing one. Each limit is now a figure with its own."""
+    for rows in (healthy_rows(60), disaster_rows(60)):
+        watch = _watch()
+        for row in rows:
+            watch.observe(row)
+        figures = {f.label: f for f in watch.judge(watch.rows()).figures if f.gate == "short_answers"}
+        assert {label: f.threshold for label, f in figures.items()} == {
+            "short_answers (empty)": gates.MAX_EMPTY_ANSWER_SHARE,
+            "short_answers (short)": gates.MAX_SHORT_ANSWER_SHARE,
+        }
+    # The disaster's "OK." answers are short, none empty: only the short limit fails.
+    assert figures["short_answers (empty)"].passed and figures["short_answers (empty)"].figure == 0.0
+    assert not figures["short_answers (short)"].passed and figures["short_answers (short)"].figure > 0.8
 
 
 def test_a_disaster_holds_the_line_with_its_evidence_and_stops_admission(tmp_path):

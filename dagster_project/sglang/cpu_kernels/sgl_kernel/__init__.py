@@ -1,4 +1,4 @@
-"""CPU stand-ins for the two `sgl_kernel` ops SGLang 0.5.23 still calls on a CPU without AMX (test support only).
+"""CPU stand-ins for the two `sgl_kernel` ops SGLang 0.5.23 still calls on a CPU without AMX (`fleet up --cpu`).
 
 PyPI's `sglang-kernel` wheel is built for CUDA alone: importing it fails on `libcuda.so.1`, and PyPI has no CPU
 build of it. On a CPU without AMX, SGLang's layers take their torch-native paths, and only these two ops of the
@@ -9,8 +9,9 @@ kernel package are still called directly:
 * `copy_all_layer_kv_cache_cpu` — `kernels/ops/kvcache/cache_move.py`, with speculative decoding only: copies KV
   rows within each layer's buffer.
 
-This directory goes first on the real server's PYTHONPATH (`tests/support/sglang_real.py`), so `import
-sgl_kernel` finds this module instead of the CUDA wheel. Any other op SGLang imports from it is a stub that fails
+`dflash fleet up --cpu` puts this module's folder first on the server's PYTHONPATH (`launch.CPU_KERNELS`), so
+`import sgl_kernel` finds this module instead of the CUDA wheel. It runs in the SGLang environment (torch is
+there), never in the project's. Any other op SGLang imports from it is a stub that fails
 loudly when called, naming the op, rather than letting a CPU test run on a path nobody wrote.
 """
 
@@ -63,7 +64,7 @@ def __getattr__(name: str):
 
     def missing(*args, **kwargs):
         raise MissingKernelOp(
-            f"sgl_kernel.{name}: the CPU test stand-in (tests/support/sgl_kernel_cpu) provides only "
+            f"sgl_kernel.{name}: the CPU stand-in (dagster_project/sglang/cpu_kernels) provides only "
             "assign_req_to_token_pool_cpu and copy_all_layer_kv_cache_cpu; SGLang took a path that needs the "
             f"kernel op {name!r}"
         )
