@@ -349,7 +349,7 @@ class Simulator:
         if self.config.health_latency_s:
             await asyncio.sleep(self.config.health_latency_s)
         deadline = time.perf_counter() + self.config.health_check_timeout_s
-        while self.faults.speed == 0:
+        while self.faults.hang:
             if time.perf_counter() >= deadline:
                 return web.Response(status=503)
             await asyncio.sleep(min(_HEALTH_POLL_S, max(0.0, deadline - time.perf_counter())))
