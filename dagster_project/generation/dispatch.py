@@ -371,10 +371,11 @@ class Dispatcher(Resends, ServerChecks):
 
     def _next_work(self) -> _Work | None:
         for queue in (self._retries, self._followups):
-            if queue:
+            while queue:
                 work = queue.popleft()
                 work.queued = False
-                return work
+                if not work.done:  # (a re-send whose original answered while it waited is not sent)
+                    return work
         if self._source_done:
             return None
         if isinstance(self._source, AsyncIterator):

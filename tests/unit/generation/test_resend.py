@@ -5,8 +5,11 @@ wrote is counted (on a virtual clock with in-process servers)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, DispatchStats, GenRequest, Outcome
+from dagster_project.generation.progress import Heartbeat
+from dagster_project.generation.shards import GenerationSummary, RowCounts
 from tests.support.virtual_fleet import FakeServer, StoppableServer, VirtualClockLoop, now, run_virtual
 
 
@@ -48,6 +51,16 @@ def _originals_aborted_after(server: StoppableServer, at: float) -> list[str]:
     return rids
 
 
+def _run_summary(dispatcher: Dispatcher, done: int) -> GenerationSummary:
+    """The completions manifest's run summary of a shard this dispatcher generated (from its heartbeat)."""
+    beat = Heartbeat(
+        shard=0, state="done", settings_fingerprint="f", started_at=0.0, updated_at=time.time(), total_events=done,
+        resumed_events=0, done_events=done, remaining_events=0, ok_events=done,
+        servers=dispatcher.snapshot()["servers"],
+    )  # fmt: skip
+    return GenerationSummary.of(beat, RowCounts())
+
+
 def test_a_lone_server_back_from_a_hang_runs_each_request_once():
     # The trial: one server SIGSTOPped for a minute then SIGCONTed. Its window is re-sent to it once it is back;
     # the originals it still held must be aborted first, not run beside their re-sends.
@@ -61,6 +74,8 @@ def test_a_lone_server_back_from_a_hang_runs_each_request_once():
     # What the aborted originals wrote before the stop (about 10 s of 20 s answers): counted, not lost.
     assert 5 * 50 <= stats.resent_original_tokens <= 5 * 200
     assert dispatcher.snapshot()["servers"][server.base_url]["resent_original_tokens"] == stats.resent_original_tokens
+    # The completions manifest's run summary carries them (the waste ledger's `resent_original`).
+    assert _run_summary(dispatcher, 40).resent_original_output_tokens == stats.resent_original_tokens
 
 
 def test_originals_of_requests_answered_elsewhere_are_aborted_once_their_server_is_back():
