@@ -48,8 +48,8 @@ Failures, and what happens to the requests caught in them:
 
 Each server joins the run as soon as its own first probe (its window, its served model) passes: a server whose
 probe hangs holds no other, and is set aside at the probe's timeout. Quarantined servers are re-probed with
-`/health`, `/server_info` and a one-token canary request, and rejoin when all three pass. If no server is usable for `fleet_down_grace_s`, `run` raises `FleetDownError`
-instead of turning the remaining work into errors.
+`/health`, `/server_info` and a one-token canary request, and rejoin when all three pass. If no server is usable
+for `fleet_down_grace_s`, `run` raises `FleetDownError` instead of turning the remaining work into errors.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Each server's state in the dispatcher (`ServerState`), and how the dispatcher checks its servers: the first
 probe (window from `/server_info`, the served model), through which each server joins on its own (a probe that
-hangs holds no other server: that server alone is set aside at the probe's timeout), periodic health checks, re-probes of set-aside servers, reads of their load
-from `/metrics`, and the verdict of each server's `ServerWatch` on whether it is working on our requests.
+hangs holds no other server: that server alone is set aside at the probe's timeout), periodic health checks,
+re-probes of set-aside servers, reads of their load from `/metrics`, and the verdict of each server's
+`ServerWatch` on whether it is working on our requests.
 
 A mixin of `Dispatcher`, which owns the state these methods read and write (declared below).
 """

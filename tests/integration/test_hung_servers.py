@@ -97,8 +97,8 @@ def test_a_server_whose_generate_hangs_from_the_start_holds_no_other(sim_fleet):
         while dispatcher.snapshot()["servers"][fleet.url(HUNG)]["state"] == "unprobed" and index < 10_000:
             yield request(index)
             index += 1
-        for index in range(index, index + 5):
-            yield request(index)
+        for more in range(index, index + 5):
+            yield request(more)
 
     shard.run(until_set_aside())
     first_s = min(shard.answered_after_s.values())

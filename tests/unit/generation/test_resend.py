@@ -88,7 +88,8 @@ def test_originals_of_requests_answered_elsewhere_are_aborted_once_their_server_
     hedged = {key for key, o in outcomes.items() if o.attempts > 1}
     assert len(hedged) == 5 and all(outcomes[key].server == healthy.base_url for key in hedged)
     aborted = _originals_aborted_after(stopped, 70.0)
-    assert sorted(stopped.rids[rid] for rid in aborted) == sorted(tuple(r.input_ids) for r in _requests(300)
-                                                                  if r.key in hedged)
+    assert sorted(stopped.rids[rid] for rid in aborted) == sorted(
+        tuple(r.input_ids) for r in _requests(300) if r.key in hedged
+    )
     assert sum(stopped.running.values()) == 0  # nothing of ours left running there
     assert stats.resent_original_tokens > 0 and stats.late_results == 0

@@ -84,8 +84,8 @@ def ledger_readings() -> Readings:
     running = replace(beat(), shard=4, output_tokens=100, servers={"http://a": server})
     return Readings(
         0.0, 5, None, None, 100,
-        {0: completions(0, sum(SPLIT.values()), lost_hedges=40, resent=25), 1: completions(1, 500), 2: completions(2, 700),
-         3: completions(3, 90)},
+        {0: completions(0, sum(SPLIT.values()), lost_hedges=40, resent=25), 1: completions(1, 500),
+         2: completions(2, 700), 3: completions(3, 90)},
         [running], {}, None, None,
         training_set={0: training(0, SPLIT), 1: training(1, {outcomes.TRAINED: 500}), 3: training(3, {})},
     )  # fmt: skip
