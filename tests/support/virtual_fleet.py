@@ -212,9 +212,7 @@ class StoppableServer(FakeServer):
         sampling_params: dict,
         rid: str | None = None,
         timeout: float | None = None,
-        *,
-        require_reasoning: bool = True,
-        vocab_size: int | None = None,
+        **options: Any,
     ) -> GenerateResult:
         prompt, rid = tuple(input_ids), rid or ""
         self.received.append((now(), prompt))
