@@ -299,7 +299,7 @@ class Dispatcher(Resends, ServerChecks):
         self._fatal: BaseException | None = None
         self._probes: set[asyncio.Task] = set()
         self._aborts: set[asyncio.Task] = set()
-        self._superseded: set[_Attempt] = set()
+        self._superseded: dict[str, _Attempt] = {}
         self._down_since = None
         for server in self._servers:
             server.in_flight.clear()
@@ -634,7 +634,7 @@ class Dispatcher(Resends, ServerChecks):
 
     async def _shutdown(self, helpers: list[asyncio.Task], session: aiohttp.ClientSession) -> None:
         """Stop helpers; on failure also cancel what is in flight and abort it on the servers."""
-        in_flight = [a for s in self._servers for a in s.in_flight.values()] + list(self._superseded)
+        in_flight = [a for s in self._servers for a in s.in_flight.values()] + list(self._superseded.values())
         for attempt in in_flight:
             attempt.task.cancel()
             self._abort_later(attempt.server, attempt.rid)

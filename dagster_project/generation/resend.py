@@ -28,6 +28,8 @@ from dagster_project.sglang.client import ABORTED, GenerateResult, SGLangError
 logger = logging.getLogger(__name__)
 
 _ABORT_TIMEOUT_S = 5.0  # an abort is one small POST: a server that cannot take it in this long is hung
+# A server that held an aborted request answers it at once; one that never got it (lost on the way) never answers.
+_ABORTED_ANSWER_WAIT_S = 5.0
 
 
 class Resends:
@@ -38,7 +40,7 @@ class Resends:
     stats: DispatchStats
     _clock: Callable[[], float]
     _aborts: set[asyncio.Task]
-    _superseded: set  # attempts superseded and not settled yet: their answers (aborted, or late) still count
+    _superseded: dict  # rid -> attempt superseded and not settled yet: its answer (aborted, or late) still counts
 
     def _requeue(self, work) -> None:
         raise NotImplementedError
@@ -83,7 +85,8 @@ class Resends:
         attempt.superseded = True
         attempt.work.live.remove(attempt)
         self._forget(attempt)
-        self._superseded.add(attempt)
+        self._superseded[attempt.rid] = attempt
+        attempt.task.add_done_callback(lambda _: self._superseded.pop(attempt.rid, None))
 
     async def _abort_superseded(self, server: ServerState) -> None:
         """The server answers again: abort its originals whose requests were re-sent, and the aborts it did not
@@ -99,7 +102,6 @@ class Resends:
     def _settle_superseded(self, attempt, result: GenerateResult | None, error: SGLangError | None) -> None:
         """A superseded attempt ended: a late answer (lost to another attempt) or the answer to our abort, whose
         tokens were generated for nothing. Neither says anything against the server."""
-        self._superseded.discard(attempt)
         server, now = attempt.server, self._clock()
         if result is not None:
             server.watch.answered(now)
@@ -121,3 +123,6 @@ class Resends:
             await server.client.abort(rid, timeout=min(_ABORT_TIMEOUT_S, self.options.probe_timeout_s))
         except SGLangError:
             server.unaborted.add(rid)  # sent again when the server answers again (a dead one never does)
+            return
+        if (attempt := self._superseded.get(rid)) is not None:  # its aborted answer is due: stop waiting soon
+            asyncio.get_running_loop().call_later(_ABORTED_ANSWER_WAIT_S, attempt.task.cancel)

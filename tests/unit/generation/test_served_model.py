@@ -93,7 +93,7 @@ def _dispatch(servers: list[ModelServer], count: int, during=None) -> tuple[Disp
 
 def test_a_server_declaring_another_model_gets_no_request_and_is_named_with_what_differs(caplog):
     llama, qwen = ModelServer("http://llama", model=LLAMA), ModelServer("http://qwen", answer_s=0.5)
-    with caplog.at_level(logging.WARNING, logger="dagster_project.generation.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="dagster_project.generation.resend"):
         dispatcher, outcomes = _dispatch([llama, qwen], 20)
     assert len(outcomes) == 20 and all(o.ok and o.server == "http://qwen" for o in outcomes.values())
     assert {o.served_model for o in outcomes.values()} == {QWEN3_6_27B.label}  # what every row records
