@@ -97,7 +97,7 @@ def measure(tail: tuple[float, float], metrics: bool, requests: int, *, rule_bef
     work = [GenRequest(f"e{i}", [7, 8, 9, i], PARAMS) for i in range(requests)]
     done: set[str] = set()
     handler = _SetAsides()
-    logger = logging.getLogger("dagster_project.generation.dispatch")
+    logger = logging.getLogger("dagster_project.generation.resend")  # where servers are set aside
     logger.addHandler(handler)
     if rule_before:
         ServerWatch.verdict = _verdict_before

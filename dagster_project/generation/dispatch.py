@@ -38,7 +38,9 @@ Failures, and what happens to the requests caught in them:
   of progress (no answer, no read showing ours there) for `silence_s` while other servers answer, or after
   `watchdog_s` without any sign of progress (`server_watch.ServerWatch` keeps the account);
 * whenever a server is quarantined, its in-flight requests are sent again elsewhere at once while the
-  originals keep their chance; the first answer wins and the other attempts are cancelled and aborted;
+  originals keep their chance; the first answer wins and the other attempts are aborted by their rids, and an
+  original whose request was re-sent is aborted as soon as its server answers again, before it gets anything new
+  (`resend`): each request is in flight once, and what the aborted ones wrote is counted as waste;
 * 503 queue full: the server cools down (no new work) for a growing pause, and is quarantined if it
   keeps refusing;
 * request errors (context overflow, bad request) end the request at once as an error outcome;
@@ -47,9 +49,10 @@ Failures, and what happens to the requests caught in them:
   whose answer holds ids outside the served vocabulary, is set aside naming what differs; a request holding
   such an id is never sent (an error outcome at once: it would kill a real server).
 
-Quarantined servers are re-probed with `/health`, `/server_info` and a one-token canary request, and rejoin
-when all three pass. If no server is usable for `fleet_down_grace_s`, `run` raises `FleetDownError`
-instead of turning the remaining work into errors.
+Each server joins the run as soon as its own first probe (its window, its served model) passes: a server whose
+probe hangs holds no other, and is set aside at the probe's timeout. Quarantined servers are re-probed with
+`/health`, `/server_info` and a one-token canary request, and rejoin when all three pass. If no server is usable
+for `fleet_down_grace_s`, `run` raises `FleetDownError` instead of turning the remaining work into errors.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ from dagster_project.generation.dispatch_types import (
     Outcome,
 )
 from dagster_project.generation.ledger import FleetLedger
+from dagster_project.generation.resend import Resends
 from dagster_project.generation.server_checks import HEALTHY, QUARANTINED, ServerChecks, ServerState
 from dagster_project.generation.server_watch import WatchLimits
 from dagster_project.generation.slot_use import SlotUse
@@ -145,6 +149,7 @@ class _Attempt:
     started: float
     task: asyncio.Task | None = None
     abandoned: bool = False  # its server was written off; a hedge runs elsewhere
+    superseded: bool = False  # another attempt won or was sent: this one is aborted, its tokens are waste
 
 
 def _iterate(
@@ -156,7 +161,7 @@ def _iterate(
 _DEFAULT_OPTIONS = DispatchOptions()
 
 
-class Dispatcher(ServerChecks):
+class Dispatcher(Resends, ServerChecks):
     def __init__(
         self,
         endpoints: list[str],
@@ -229,8 +234,8 @@ class Dispatcher(ServerChecks):
             ]
         helpers: list[asyncio.Task] = []
         try:
-            await asyncio.gather(*(self._first_probe(server) for server in self._servers))
-            self._refuse_other_models()
+            for server in self._servers:
+                self._join(server)
             helpers = [asyncio.create_task(self._monitor()), asyncio.create_task(self._deliver(on_outcome))]
             while True:
                 self._wake.clear()
@@ -268,6 +273,7 @@ class Dispatcher(ServerChecks):
                 "errors": dict(s.errors),
                 "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.completion_tokens,
+                "resent_original_tokens": s.resent_original_tokens,
                 "since_progress_s": round(now - s.watch.last_progress, 3) if s.in_flight else None,
                 "set_aside_at": s.set_aside_at if s.state == QUARANTINED else None,
             }
@@ -300,6 +306,7 @@ class Dispatcher(ServerChecks):
         self._fatal: BaseException | None = None
         self._probes: set[asyncio.Task] = set()
         self._aborts: set[asyncio.Task] = set()
+        self._superseded: dict[str, _Attempt] = {}
         self._down_since = None
         for server in self._servers:
             server.in_flight.clear()
@@ -371,10 +378,11 @@ class Dispatcher(ServerChecks):
 
     def _next_work(self) -> _Work | None:
         for queue in (self._retries, self._followups):
-            if queue:
+            while queue:
                 work = queue.popleft()
                 work.queued = False
-                return work
+                if not work.done:  # (a re-send whose original answered while it waited is not sent)
+                    return work
         if self._source_done:
             return None
         if isinstance(self._source, AsyncIterator):
@@ -463,6 +471,10 @@ class Dispatcher(ServerChecks):
     # ---- settling attempts -----------------------------------------------------------------------------
 
     def _settle(self, attempt: _Attempt, result: GenerateResult | None, error: SGLangError | None) -> None:
+        if attempt.superseded:
+            self._settle_superseded(attempt, result, error)
+            self._wake.set()
+            return
         now = self._clock()
         server, work = attempt.server, attempt.work
         self._forget(attempt)
@@ -537,11 +549,8 @@ class Dispatcher(ServerChecks):
     ) -> None:
         work.done = True
         del self._live[work.request.key]
-        for loser in work.live:  # hedges that lost: free their slots
-            loser.task.cancel()
-            self._forget(loser)
-            self._abort_later(loser.server, loser.rid)
-        work.live.clear()
+        for loser in list(work.live):  # hedges that lost: free their slots
+            self._supersede(loser)
         self.stats.outcomes += 1
         if result is not None:
             self.stats.results += 1
@@ -554,16 +563,6 @@ class Dispatcher(ServerChecks):
         self._undelivered += 1
         self._outcome_ready.set()
 
-    def _abort_later(self, server: ServerState, rid: str) -> None:
-        """Best effort: free the slot on the server now rather than when it notices the disconnect."""
-        self._spawn(self._abort(server, rid), self._aborts)
-
-    async def _abort(self, server: ServerState, rid: str) -> None:
-        try:
-            await server.client.abort(rid, timeout=min(5.0, self.options.probe_timeout_s))
-        except SGLangError:
-            pass  # a dead server has nothing left to abort
-
     def _spawn(self, coroutine: Awaitable, tasks: set[asyncio.Task] | None = None) -> None:
         tasks = self._probes if tasks is None else tasks
         task = asyncio.ensure_future(coroutine)
@@ -571,29 +570,6 @@ class Dispatcher(ServerChecks):
         task.add_done_callback(tasks.discard)
 
     # ---- health ----------------------------------------------------------------------------------------------
-
-    def _quarantine(self, server: ServerState, reason: str, now: float, *, share: bool = True) -> None:
-        """Set the server aside (for every run on the node, unless the verdict came from one of them) and send
-        its in-flight requests elsewhere at once."""
-        if server.state == QUARANTINED:
-            return
-        server.state, server.reason, server.set_aside_at = QUARANTINED, reason, time.time()
-        server.next_probe = now  # first re-probe right away; later ones back off
-        logger.warning("server %s set aside (%s): it gets no new requests until a re-probe passes", server.url, reason)
-        if share and self.ledger is not None:
-            self.ledger.set_aside(server.url, reason)
-        self._hedge(server)
-
-    def _hedge(self, server: ServerState) -> None:
-        """Send the requests stuck on a silent server elsewhere; the originals keep running."""
-        for attempt in list(server.in_flight.values()):
-            attempt.abandoned = True
-            work = attempt.work
-            if work.done or work.queued or any(not a.abandoned for a in work.live):
-                continue
-            if work.charged < self.options.max_attempts:
-                self.stats.hedges += 1
-                self._requeue(work)
 
     async def _monitor(self) -> None:
         tick = min(0.25, *(period / 4 for period in (self.options.probe_interval_s, *astuple(self._limits))))
@@ -627,8 +603,7 @@ class Dispatcher(ServerChecks):
             server.client = self._client(server.url)
             self.endpoints.append(server.url)
             self._servers.append(server)
-        await asyncio.gather(*(self._first_probe(server) for server in joining))
-        self._wake.set()
+            self._join(server)
 
     def _check_fleet(self, now: float) -> None:
         if any(s.state == HEALTHY for s in self._servers) or self._finished():
@@ -670,7 +645,7 @@ class Dispatcher(ServerChecks):
 
     async def _shutdown(self, helpers: list[asyncio.Task], session: aiohttp.ClientSession) -> None:
         """Stop helpers; on failure also cancel what is in flight and abort it on the servers."""
-        in_flight = [a for s in self._servers for a in s.in_flight.values()]
+        in_flight = [a for s in self._servers for a in s.in_flight.values()] + list(self._superseded.values())
         for attempt in in_flight:
             attempt.task.cancel()
             self._abort_later(attempt.server, attempt.rid)

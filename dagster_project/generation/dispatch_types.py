@@ -44,6 +44,7 @@ class DispatchStats:
     retries: int = 0
     hedges: int = 0  # requests sent again because their server stopped making progress
     late_results: int = 0  # results that arrived after their request had ended (dropped)
+    resent_original_tokens: int = 0  # output tokens of attempts aborted because their request was re-sent
     prompt_tokens: int = 0
     completion_tokens: int = 0
     elapsed_s: float = 0.0

@@ -1,6 +1,8 @@
 """Each server's state in the dispatcher (`ServerState`), and how the dispatcher checks its servers: the first
-probe (window from `/server_info`), periodic health checks, re-probes of set-aside servers, reads of their load
-from `/metrics`, and the verdict of each server's `ServerWatch` on whether it is working on our requests.
+probe (window from `/server_info`, the served model), through which each server joins on its own (a probe that
+hangs holds no other server: that server alone is set aside at the probe's timeout), periodic health checks,
+re-probes of set-aside servers, reads of their load from `/metrics`, and the verdict of each server's
+`ServerWatch` on whether it is working on our requests.
 
 A mixin of `Dispatcher`, which owns the state these methods read and write (declared below).
 """
@@ -11,12 +13,17 @@ import asyncio
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from dagster_project.generation.dispatch_types import DispatchOptions, FleetRefusesKey
 from dagster_project.generation.ledger import FleetLedger
-from dagster_project.generation.served_model import mismatch_reason, refuse_fleet, served_model_problems
+from dagster_project.generation.served_model import (
+    ServedModelMismatch,
+    mismatch_reason,
+    refuse_fleet,
+    served_model_problems,
+)
 from dagster_project.generation.server_watch import ServerWatch, WatchLimits, next_foreign_load
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.answer_contract import Served
@@ -66,6 +73,8 @@ class ServerState:
     set_aside_at: float | None = None  # wall clock, for the operator: when `_quarantine` set it aside
     served: Served = Served()  # the served vocabulary and end id, once checked: requests and answers are held to it
     foreign_answer: str | None = None  # why an answer of it was not the served model's: out for the run
+    unaborted: set = field(default_factory=set)  # rids of superseded attempts whose abort it did not take (`resend`)
+    resent_original_tokens: int = 0  # output tokens of its attempts aborted because their request was re-sent
 
 
 class _AnotherModel(Exception):
@@ -87,6 +96,13 @@ class ServerChecks:
 
     def _quarantine(self, server: ServerState, reason: str, now: float, *, share: bool = True) -> None:
         """Set the server aside and send its requests elsewhere: the dispatcher's, which owns the requests."""
+        raise NotImplementedError
+
+    async def _abort_superseded(self, server: ServerState) -> None:
+        """Abort the server's originals whose requests were re-sent: the dispatcher's (`resend`)."""
+        raise NotImplementedError
+
+    def _spawn(self, coroutine: Awaitable, tasks: set[asyncio.Task] | None = None) -> None:
         raise NotImplementedError
 
     async def _window(self, server: ServerState) -> int:
@@ -132,13 +148,32 @@ class ServerChecks:
         return None
 
     def _refuse_other_models(self) -> None:
-        """Stop before the first request when every server serves another model (`ServedModelMismatch`)."""
-        if self.expected_model is not None:
-            # Only this run's own verdicts count: a verdict another run left in the ledger was not checked here.
-            reasons = {s.url: s.reason if s.state == QUARANTINED and s.set_aside_at else None for s in self._servers}
+        """Stop the run when every server, all probed, serves another model (`ServedModelMismatch`): none of them
+        was sent a request."""
+        if self.expected_model is None or any(s.state == UNPROBED for s in self._servers):
+            return
+        # Only this run's own verdicts count: a verdict another run left in the ledger was not checked here.
+        reasons = {s.url: s.reason if s.state == QUARANTINED and s.set_aside_at else None for s in self._servers}
+        try:
             refuse_fleet(reasons, self.expected_model)
+        except ServedModelMismatch as exc:
+            self._fatal = self._fatal or exc
+
+    def _join(self, server: ServerState) -> None:
+        """The server joins the run when its own first probe passes; until then it gets no request (and no
+        re-probe), and the other servers do not wait for it."""
+        server.probing = True
+        self._spawn(self._first_probe(server))
 
     async def _first_probe(self, server: ServerState) -> None:
+        try:
+            await self._probe_first(server)
+        finally:
+            server.probing = False
+            self._refuse_other_models()
+            self._wake.set()
+
+    async def _probe_first(self, server: ServerState) -> None:
         now = self._clock()
         # A run joining a busy fleet must not fill a whole window first: its load is read before the first fill,
         # alongside /server_info.
@@ -154,7 +189,8 @@ class ServerChecks:
                     f"{server.url} refused the API key (HTTP 401): set SGLANG_API_KEY to the key the servers were "
                     "started with (--api-key)"
                 )
-            server.state, server.reason, server.next_probe = QUARANTINED, error.kind, now
+            # Its verdict alone (not shared: a first probe that failed says less than a set-aside while serving).
+            self._quarantine(server, error.kind, self._clock(), share=False)
             return
         if other_model is not None:
             if reading is not None:
@@ -194,6 +230,7 @@ class ServerChecks:
             other_model = await self._other_model(server)  # on every reconnect: a restart may bring another model
             if other_model is not None:
                 raise _AnotherModel(other_model)
+            await self._abort_superseded(server)  # it answers again: its re-sent originals go before anything new
         except ValueError as exc:  # the server came back unable to report its cap: a configuration error
             self._fatal = exc
         except (SGLangError, _AnotherModel) as error:

@@ -37,6 +37,9 @@ class GenerationSummary:
     # Output tokens of answers that arrived after another attempt of their request had won (lost hedges): paid
     # for, in no row. Attempts cancelled before they answered report no tokens.
     lost_hedge_output_tokens: int = 0
+    # Output tokens of attempts aborted because their request was re-sent after their server stopped answering
+    # (`generation.resend`): what each wrote before its abort, as its aborted answer reported it.
+    resent_original_output_tokens: int = 0
     excluded_by_reason: dict[str, int] = field(default_factory=dict)  # events not sent, by reason
     # Of the `length` finish reasons, the answers cut at their fitted cap (where the trainer would cut them).
     cut_by_fit: int = 0
@@ -49,14 +52,17 @@ class GenerationSummary:
         if generated or earlier is None:
             lifetime, spec = (heartbeat.lifetime if generated else None), heartbeat.spec
             lost = lost_hedge_tokens(heartbeat) if generated else 0
+            resent = resent_original_tokens(heartbeat) if generated else 0
         else:
             lifetime, spec, lost = earlier.lifetime, earlier.spec, earlier.lost_hedge_output_tokens
+            resent = earlier.resent_original_output_tokens
         return cls(
             lifetime,
             spec,
             dict(rows.finish_reasons),
             dict(rows.errors_by_kind),
             lost,
+            resent,
             dict(rows.excluded_by_reason),
             rows.cut_by_fit,
         )
@@ -67,6 +73,11 @@ def lost_hedge_tokens(heartbeat: Heartbeat) -> int:
     recorded: the tokens of answers that lost to another attempt of their request."""
     answered = sum(int(view.get("completion_tokens") or 0) for view in heartbeat.servers.values())
     return max(answered - heartbeat.output_tokens, 0)
+
+
+def resent_original_tokens(heartbeat: Heartbeat) -> int:
+    """What the run's attempts aborted because their requests were re-sent had written (their servers' counts)."""
+    return sum(int(view.get("resent_original_tokens") or 0) for view in heartbeat.servers.values())
 
 
 @dataclass

@@ -124,8 +124,9 @@ def test_a_late_answer_from_a_written_off_server_is_not_delivered_twice(sim_flee
     # A hedged original that answered first after the server recovered (on a loaded machine the hang can end
     # before the hedge's answer comes) won its race: its hedge elsewhere was the loser.
     originals_won = sum(1 for o in shard.outcomes.values() if o.server == fleet.url(1) and o.attempts > 1)
-    # Every original that lost the race was aborted there, or answered late and was discarded (not delivered).
-    assert outcomes["disconnected"] + stats.late_results >= stats.hedges - originals_won, (outcomes, stats)
+    # Every original that lost the race was aborted there by its rid, or answered late and was discarded (not
+    # delivered).
+    assert outcomes["abort"] + stats.late_results >= stats.hedges - originals_won, (outcomes, stats)
 
 
 def test_slow_server(sim_fleet):

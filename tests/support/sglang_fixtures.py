@@ -153,6 +153,10 @@ class SimFleet:
         """The server's request log: rid, input_hash, prompt_tokens, received_at, outcome."""
         return _call("GET", f"{self.url(index)}/_sim/requests?since={since}")["requests"]
 
+    def aborts(self, index: int) -> list[dict]:
+        """The server's abort log: every /abort_request's rid, when it came (epoch s), how many requests it ended."""
+        return _call("GET", self.url(index) + "/_sim/aborts")["aborts"]
+
     def job_requests(self, index: int, since: int = 0) -> list[dict]:
         """The request log less the dispatcher's own one-token probes: the requests of the job's events."""
         return [entry for entry in self.requests(index, since) if entry["input_hash"] != PROBE_HASH]

@@ -4,7 +4,8 @@
 waits, so an hour of timeouts and probe periods passes in milliseconds and in the same order as for real.
 `FakeServer` stands where an `SGLangClient` would (the dispatcher's `connect=` seam) and plays one server:
 answering after a delay, or losing `/generate` requests behind a `/health` that answers 200 (what a router or
-load balancer in front of a broken server looks like), with or without `/metrics`.
+load balancer in front of a broken server looks like), with or without `/metrics`. `StoppableServer` is one that
+can be SIGSTOPped and SIGCONTed, and aborts a request by its rid.
 """
 
 from __future__ import annotations
@@ -12,12 +13,21 @@ from __future__ import annotations
 import asyncio
 import math
 import selectors
+from collections import Counter
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.answer_contract import UNKNOWN, Served
-from dagster_project.sglang.client import NOT_FOUND, SERVER_ERROR, TIMEOUT, GenerateResult, SGLangClient, SGLangError
+from dagster_project.sglang.client import (
+    ABORTED,
+    NOT_FOUND,
+    SERVER_ERROR,
+    TIMEOUT,
+    GenerateResult,
+    SGLangClient,
+    SGLangError,
+)
 
 T = TypeVar("T")
 EOS = 248046
@@ -134,3 +144,104 @@ class FakeServer(SGLangClient):
 
     def first_received(self, input_ids: Sequence[int]) -> float | None:
         return next((at for at, ids in self.received if ids == tuple(input_ids)), None)
+
+
+class StoppableServer(FakeServer):
+    """A server that can be stopped and resumed (SIGSTOP, SIGCONT) and aborts requests by rid.
+
+    It writes one output token per `TOKEN_S` of running, `answer_s` worth for an answer (or `max_new_tokens`, if
+    fewer). While stopped its requests make no progress and nothing it is asked answers: a call waits for the
+    resume, or for its timeout. An abort by rid ends that request with finish_reason abort, reporting the tokens it
+    wrote. `aborted` lists (time, rid) of the aborts it took; `running` counts each prompt's requests in flight,
+    `peak_per_prompt` is the most requests of one prompt it ran at once (one-token canaries aside).
+    """
+
+    TOKEN_S = 0.1
+
+    def __init__(self, url: str, **options: Any):
+        super().__init__(url, **options)
+        self.stopped = False
+        self._resumed = asyncio.Event()
+        self.aborted: list[tuple[float, str]] = []
+        self.running: Counter = Counter()
+        self.peak_per_prompt = 0
+        self.rids: dict[str, tuple[int, ...]] = {}  # the prompt of every rid it was sent
+        self._aborts: dict[str, asyncio.Event] = {}
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        self.stopped = False
+        self._resumed.set()
+
+    async def _answers(self, timeout: float | None) -> bool:
+        """Whether it answers within `timeout`: at once when running, at the resume when stopped."""
+        if not self.stopped:
+            return True
+        try:
+            await asyncio.wait_for(self._resumed.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _answer_or_time_out(self, timeout: float | None) -> None:
+        if not await self._answers(timeout):
+            raise SGLangError(TIMEOUT, f"no complete answer within {timeout}s", url=self.base_url)
+
+    async def health(self, timeout: float | None = None) -> bool:
+        return await self._answers(timeout)
+
+    async def server_info(self, timeout: float | None = None) -> dict:
+        await self._answer_or_time_out(timeout)
+        return await super().server_info(timeout)
+
+    async def metrics(self, timeout: float | None = None) -> str:
+        await self._answer_or_time_out(timeout)
+        return await super().metrics(timeout)
+
+    async def abort(self, rid: str, timeout: float | None = None) -> None:
+        await self._answer_or_time_out(timeout)
+        self.aborted.append((now(), rid))
+        if rid in self._aborts:
+            self._aborts[rid].set()
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: dict,
+        rid: str | None = None,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> GenerateResult:
+        prompt, rid = tuple(input_ids), rid or ""
+        self.received.append((now(), prompt))
+        self.rids[rid] = prompt
+        abort = self._aborts[rid] = asyncio.Event()
+        needed = min(sampling_params.get("max_new_tokens", 128), max(1, round(self.answer_s / self.TOKEN_S)))
+        deadline = now() + (math.inf if timeout is None else timeout)
+        self.running[prompt] += 1
+        self.working += 1
+        if len(prompt) > 1:
+            self.peak_per_prompt = max(self.peak_per_prompt, self.running[prompt])
+        written = 0
+        try:
+            while written < needed:
+                if now() >= deadline:
+                    raise SGLangError(TIMEOUT, f"no complete answer within {timeout}s", url=self.base_url, rid=rid)
+                try:
+                    await asyncio.wait_for(abort.wait(), self.TOKEN_S)
+                except TimeoutError:
+                    written += 0 if self.stopped else 1
+                    continue
+                partial = GenerateResult(rid, "", [1000] * written, {"type": "abort"}, {}, len(prompt), written)
+                raise SGLangError(ABORTED, "Aborted", url=self.base_url, rid=rid, partial=partial)
+        finally:
+            self.running[prompt] -= 1
+            self.working -= 1
+            del self._aborts[rid]
+        output_ids = [1000] * (written - 1) + [EOS]
+        finish = {"type": "stop", "matched": EOS}
+        meta = {"id": rid, "finish_reason": finish, "prompt_tokens": len(prompt), "completion_tokens": written}
+        return GenerateResult(rid, "answer", output_ids, finish, meta, len(prompt), written)

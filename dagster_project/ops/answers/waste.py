@@ -18,7 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from dagster_project.generation.shards import lost_hedge_tokens
+from dagster_project.generation.shards import lost_hedge_tokens, resent_original_tokens
 from dagster_project.ops.answers.cost import CostAnswer
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.shards import current_training
@@ -32,6 +32,8 @@ class WasteCause(StrEnum):
     EVAL_MATCH = "eval_match"  # conversations matched to an evaluation set
     ERRORS_AND_RETRIES = "errors_and_retries"  # error rows (a failed attempt reports no tokens)
     LOST_HEDGES = "lost_hedges"  # answers that arrived after another attempt of their request won
+    # What originals wrote before they were aborted: their requests were re-sent when their server stopped answering
+    RESENT_ORIGINAL = "resent_original"
     ABORTS = "aborts"
     LENGTH_CAPPED = "length_capped"  # answers cut by max_new_tokens
     PAST_MAX_LENGTH = "past_max_length"  # past the trainer's sequence length (cut, dropped or cut by the trainer)
@@ -77,6 +79,7 @@ def answer_waste(
     trained = pending = 0
     for shard, published in readings.published.items():
         tokens[WasteCause.LOST_HEDGES] += published.generation.lost_hedge_output_tokens
+        tokens[WasteCause.RESENT_ORIGINAL] += published.generation.resent_original_output_tokens
         training = current_training(readings.training_set.get(shard), published)
         split = training.output_tokens_by_outcome if training is not None else {}
         if training is not None and not split:
@@ -101,6 +104,7 @@ def answer_waste(
     for beat in readings.live_unpublished:
         pending += beat.output_tokens
         tokens[WasteCause.LOST_HEDGES] += lost_hedge_tokens(beat)
+        tokens[WasteCause.RESENT_ORIGINAL] += resent_original_tokens(beat)
     not_sent = sum((Counter(m.generation.excluded_by_reason) for m in readings.published.values()), Counter())
     waste = WasteAnswer(
         generated_output_tokens=trained + pending + sum(tokens.values()),

@@ -26,6 +26,9 @@ class Faults:
     crash_after_s: float | None = None  # exit the process this long after the fault is set
     drop: int | bool = 0  # close the connection before the answer (or mid-stream): no HTTP status
     hang: bool = False  # nothing progresses; /health and /health_generate answer 503 after the health timeout
+    # /generate makes no progress while /health answers 200: a server whose generate path is lost behind a health
+    # route that still answers (a proxy or router in front of it answering /health itself)
+    hang_generate: bool = False
     slow: float = 1.0  # every request takes this many times longer
     error_503: int | bool = 0  # answer 503 "The request queue is full." (E4)
     error_503_for_s: float | None = None  # ... for every request during this many seconds
@@ -111,7 +114,7 @@ class Faults:
 
     @property
     def speed(self) -> float:
-        return 0.0 if self.hang else 1.0 / self.slow
+        return 0.0 if self.hang or self.hang_generate else 1.0 / self.slow
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}

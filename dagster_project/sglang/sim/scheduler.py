@@ -245,13 +245,16 @@ class Scheduler:
         finally:
             self._leave(job)
 
-    def abort(self, rid: str, abort_all: bool = False) -> None:
-        """End the in-flight request `rid` (or all of them). Only an exact rid aborts: 0.5.23's tokenizer manager
-        drops an rid it does not hold before the scheduler sees it (the scheduler's prefix match never runs)."""
+    def abort(self, rid: str, abort_all: bool = False) -> int:
+        """End the in-flight request `rid` (or all of them); how many it ended. Only an exact rid aborts: 0.5.23's
+        tokenizer manager drops an rid it does not hold before the scheduler sees it (its prefix match never runs)."""
+        ended = 0
         for job in list(self.jobs.values()):
             if abort_all or job.rid == rid:
                 job.aborted = True
                 job.interrupt()
+                ended += 1
+        return ended
 
     def wake_all(self) -> None:
         """Let running jobs pick up a new speed (hang, slow or the batch size changed)."""

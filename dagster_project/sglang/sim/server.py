@@ -11,13 +11,15 @@ rest lives in:
   the finish reason and spec-decoding stats; a deterministic function of `--seed` and the prompt.
 * `sim.scheduler` — running cap, KV-budget admission and retraction, FIFO queue (503 when bounded and
   full), latency model (decode steps slow with the batch), aborts.
-* `sim.faults` — injected failures: crash, drop, hang, slow, 503 bursts, empty/truncated/NaN answers, a bad
+* `sim.faults` — injected failures: crash, drop, hang (or `/generate` alone hung behind a `/health` that
+  answers), slow, 503 bursts, empty/truncated/NaN answers, a bad
   model's "OK." answers (from the start or after N answers), garbage bodies, MTP off.
 * `sim.ops` — the bodies of /server_info, /model_info, /v1/models and /metrics, and their counters.
 
 Streaming (`"stream": true`) sends cumulative chunks after prefill and at each quarter of the decode,
 the finished response, then `data: [DONE]`. Admin routes under `/_sim/` (never SGLang's) set
-faults, read the request log (`rid`, prompt hash, outcome) and the scheduler state.
+faults, read the request log (`rid`, prompt hash, outcome), the abort log (each `/abort_request`'s rid, when,
+how many requests it ended) and the scheduler state.
 
 Start one with `python -m dagster_project.sglang.sim.server --port 31000 [options]`; fleets are started by
 `dagster_project.sglang.launch.launch_simulators`.
@@ -82,6 +84,7 @@ class Simulator:
         self.stats = sim_ops.Stats()
         self.metrics_collector = sim_ops.SimMetrics(config, self.scheduler, self.stats)
         self.request_log: list[list] = []
+        self.abort_log: list[dict] = []  # every /abort_request: its rid, when (epoch s), how many requests it ended
         # The radix cache, as SGLang keeps it unless launched with --disable-radix-cache.
         self.prefix_cache = None if config.disable_radix_cache else PrefixCache()
         self._tokenizer: Any = None
@@ -354,7 +357,7 @@ class Simulator:
         if self.config.health_latency_s:
             await asyncio.sleep(self.config.health_latency_s)
         deadline = time.perf_counter() + self.config.health_check_timeout_s
-        while self.faults.speed == 0:
+        while self.faults.hang:
             if time.perf_counter() >= deadline:
                 return web.Response(status=503)
             await asyncio.sleep(min(_HEALTH_POLL_S, max(0.0, deadline - time.perf_counter())))
@@ -383,7 +386,10 @@ class Simulator:
             body = await read_json(request)
         except RequestError as error:
             return _json(error.body, error.status)
-        self.scheduler.abort(body.get("rid") or "", bool(body.get("abort_all")))
+        rid, abort_all = body.get("rid") or "", bool(body.get("abort_all"))
+        ended = self.scheduler.abort(rid, abort_all)
+        if len(self.abort_log) < self.config.request_log_limit:
+            self.abort_log.append({"rid": rid, "abort_all": abort_all, "at": time.time(), "ended": ended})
         return web.Response(status=200)
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -413,6 +419,9 @@ class Simulator:
         since = int(request.query.get("since", 0))
         entries = [dict(zip(_LOG_KEYS, entry)) for entry in self.request_log[since:]]
         return _json({"total": len(self.request_log), "requests": entries})
+
+    async def sim_aborts(self, request: web.Request) -> web.Response:
+        return _json({"aborts": self.abort_log})
 
     async def sim_state(self, request: web.Request) -> web.Response:
         now = time.perf_counter()
@@ -469,6 +478,7 @@ class Simulator:
         for method in ("GET", "POST", "DELETE"):
             router.add_route(method, "/_sim/faults", self.sim_faults)
         router.add_get("/_sim/requests", self.sim_requests)
+        router.add_get("/_sim/aborts", self.sim_aborts)
         router.add_route("GET", "/_sim/state", self.sim_state)
         router.add_route("POST", "/_sim/state", self.sim_state)
         return app

@@ -137,7 +137,7 @@ def test_a_server_set_aside_is_named_in_a_warning_and_its_view_says_when(caplog)
     failing = FakeServer("http://failing", failing=True)
     run = Run(failing, FakeServer("http://healthy", answer_s=2.0))
     before = time.time()
-    with caplog.at_level(logging.WARNING, logger="dagster_project.generation.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="dagster_project.generation.resend"):
         run.run(30)
     (warning,) = [record.getMessage() for record in caplog.records if "set aside" in record.getMessage()]
     assert warning.startswith("server http://failing set aside (server_error")

@@ -14,9 +14,9 @@ import pytest
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, GenRequest, Outcome
 from dagster_project.generation.served_model import MODEL_MISMATCH, ExpectedModel, ServedModelMismatch
 from dagster_project.sglang import protocol as proto
-from dagster_project.sglang.client import ANSWER_OUT_OF_VOCAB, BAD_REQUEST, GenerateResult, SGLangError
+from dagster_project.sglang.client import ANSWER_OUT_OF_VOCAB, BAD_REQUEST, TIMEOUT, GenerateResult, SGLangError
 from dagster_project.sglang.model_identity import QWEN3_6_27B, forced_token
-from tests.support.virtual_fleet import FakeServer, VirtualClockLoop, run_virtual
+from tests.support.virtual_fleet import FakeServer, VirtualClockLoop, now, run_virtual
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 CANARY = (0,)  # the one-token request every re-probe sends
@@ -93,7 +93,7 @@ def _dispatch(servers: list[ModelServer], count: int, during=None) -> tuple[Disp
 
 def test_a_server_declaring_another_model_gets_no_request_and_is_named_with_what_differs(caplog):
     llama, qwen = ModelServer("http://llama", model=LLAMA), ModelServer("http://qwen", answer_s=0.5)
-    with caplog.at_level(logging.WARNING, logger="dagster_project.generation.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="dagster_project.generation.resend"):
         dispatcher, outcomes = _dispatch([llama, qwen], 20)
     assert len(outcomes) == 20 and all(o.ok and o.server == "http://qwen" for o in outcomes.values())
     assert {o.served_model for o in outcomes.values()} == {QWEN3_6_27B.label}  # what every row records
@@ -170,3 +170,44 @@ def test_dflash_status_names_the_server_of_another_model_and_what_differs():
     alert = _alerts(readings(4, **{**store_of({}), "heartbeats": [beat]}))["server"]
     assert alert.startswith(f"set aside: http://llama ({MODEL_MISMATCH}: it does not serve Qwen/Qwen3.6-27B")
     assert LLAMA in alert and "by the runs of shards [2]" in alert
+
+
+class HungGenerate(ModelServer):
+    """Names the model and answers `/health`, but every `/generate` hangs, the served-model probes' too."""
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: dict, rid=None, timeout=None, **options):
+        return await FakeServer.generate(self, input_ids, sampling_params, rid, timeout, **options)
+
+
+def test_a_server_whose_first_probe_hangs_holds_no_other():
+    # The trial: beside a healthy server, one whose /generate hangs kept the whole run from sending anything until
+    # its served-model probe timed out (canary_timeout_s, 120 s by default). Each server now joins on its own.
+    hung, qwen = HungGenerate("http://hung", lost=True), ModelServer("http://qwen", answer_s=2.0)
+    loop = VirtualClockLoop()
+    options = DispatchOptions()
+    dispatcher = Dispatcher(
+        [hung.base_url, qwen.base_url],
+        options,
+        clock=loop.time,
+        connect={hung.base_url: hung, qwen.base_url: qwen}.__getitem__,
+        expected_model=ExpectedModel().identity(),
+    )
+    answered_at: dict[str, float] = {}
+    hung_seen: list[tuple[float, str, str | None]] = []  # (time, its state, its reason) at each answer
+
+    def on_outcome(outcome: Outcome) -> None:
+        assert outcome.request.key not in answered_at, f"{outcome.request.key} ended twice"
+        answered_at[outcome.request.key] = now()
+        view = dispatcher.snapshot()["servers"][hung.base_url]
+        hung_seen.append((now(), view["state"], view["reason"]))
+
+    run_virtual(dispatcher.run(_requests(400), on_outcome), loop)
+    assert sorted(answered_at) == sorted(r.key for r in _requests(400))  # each once, none lost
+    assert min(answered_at.values()) < 30.0  # as soon as the healthy server answers (2 s), not after 120 s
+    set_aside = [(at, reason) for at, state, reason in hung_seen if state == "quarantined"]
+    assert set_aside and set_aside[0][1].startswith(TIMEOUT)
+    # Set aside at its probe's timeout (and an answer of the other server later, 0.4 s apart), not before.
+    assert options.canary_timeout_s <= set_aside[0][0] < options.canary_timeout_s + 1.0, set_aside[0]
+    assert all(state == "unprobed" for at, state, _ in hung_seen if at < options.canary_timeout_s)
+    prompts = {tuple(r.input_ids) for r in _requests(400)}
+    assert not prompts & set(hung.requests_received())  # it never got one of the shard's requests
