@@ -431,11 +431,53 @@ def _waste(waste: WasteAnswer) -> Table:
     return _table(["cause", "output tokens", "GPU-s", "cost"], rows)
 
 
+def _at_a_glance(status: Status) -> Section:
+    """The verdict and a line for each of the six questions: what the asset page's first screen shows (Dagster 1.13
+    puts the first metadata entries above the fold; the sections below have the detail)."""
+    p, mtp, storage, turns = status.progress, status.mtp, status.storage, status.multi_turn
+    hold = status.quality.hold if status.quality else None
+    shards = status.shards
+    if hold:
+        headline = f"**LINE HELD**: gate {hold.gate} at {hold.figure:.1%} — see `dflash hold`, then release it"
+    elif shards is not None and shards.shards and shards.done:
+        headline = "**DONE**: every shard exported with every blocking gate green"
+    elif shards is not None and shards.shards:
+        headline = f"**Not done**: {green_shards(shards):,} of {shards.shards:,} shards exported green"
+    else:
+        headline = "**Nothing to report yet**: materialize conversations"
+    alerts = len(status.alerts)
+    headline += f"; {alerts} alert{'s' * (alerts != 1)}" if alerts else "; no alerts"
+    caps = sorted({row.effective_cap for row in status.concurrency.servers.values() if row.effective_cap is not None})
+    limits = sorted({limit_label(row.limited_by) for row in status.concurrency.servers.values()})
+    accept = mtp.accept_length_window or mtp.accept_length_published_shards
+    by_id = status.coverage.by_id
+    lines = [
+        headline,
+        f"1. {_num(p.events_done)}/{_num(p.events_planned)} events ({p.fraction_done:.1%}); ETA {eta_text(p)}",
+        f"2. {mtp_verdict(mtp)}; accept length {_num(accept, 2)}",
+        f"3. {len(status.concurrency.servers)} servers, cap {', '.join(map(str, caps)) or '—'}; "
+        f"{'; '.join(limits) or 'no server known'}",
+        f"4. {storage.shards_published:,}/{storage.shards_total:,} shards in the store; failed uploads "
+        f"{storage.failed_uploads}",
+        "5. by id: "
+        + (
+            f"events missing {_num(by_id.events_missing)}, duplicated {_num(by_id.events_duplicated)}"
+            if by_id
+            else "not counted yet"
+        ),
+        f"6. `{turns.policy}`: {_num(turns.multi_turn_conversations)} multi-turn; turns {generated_of_planned(turns)}",
+    ]
+    # Hard line breaks, not paragraphs: the page's paragraph spacing would push the last answers below the fold.
+    return Section("At a glance", "  \n".join(lines))
+
+
 def report_sections(status: Status) -> list[Section]:
-    """The page in the order the operator reads it: the hold of the line while one stands, alerts, the shards by
-    stage, the six answers, cost, the quality watch. Each text as Dagster renders it, Markdown: what the data and the
-    servers wrote in it escaped (`shown_markdown`: no control character, no HTML of theirs rendered)."""
+    """The page in the order the operator reads it: at a glance (the verdict and the six answers in a line each),
+    the hold of the line while one stands, alerts, the shards by stage, the six answers, cost, the quality watch.
+    Each text as Dagster renders it, Markdown: what the data and the servers wrote in it escaped (`shown_markdown`:
+    no control character, no HTML of theirs rendered)."""
     sections = [
+        _at_a_glance(status),
         *([_hold(status)] if status.quality and status.quality.hold else []),
         _alerts(status),
         _shards(status),

@@ -180,18 +180,22 @@ def clipped(driver, table) -> list[str]:
     )
 
 
-def row_top(driver, table, key: str) -> float:
-    """Where the metadata table's row `key` begins, in px from the top of the page (its element box)."""
-    return driver.execute_script(
+def row_bounds(driver, table, key: str) -> tuple[float, float] | None:
+    """Where the metadata table's row `key` begins and ends, in px from the top of the page (its element box)."""
+    bounds = driver.execute_script(
         """
         const [table, key] = arguments;
         for (const row of table.querySelectorAll(':scope > tbody > tr'))
-            if (row.children[0].innerText.trim() === key) return row.getBoundingClientRect().top + window.scrollY;
+            if (row.children[0].innerText.trim() === key) {
+                const box = row.getBoundingClientRect();
+                return [box.top + window.scrollY, box.bottom + window.scrollY];
+            }
         return null;
         """,
         table,
         key,
     )
+    return tuple(bounds) if bounds else None
 
 
 def resize(driver, width: int) -> None:

@@ -7,9 +7,11 @@ from dataclasses import replace
 
 import pytest
 
+from dagster_project.generation.line_hold import Hold
 from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
 from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, AlertThresholds
 from dagster_project.ops.answers.cost import NO_PRICE, FleetCost
+from dagster_project.ops.answers.quality import QualityAnswer
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.shards import ShardsAnswer, ShardState, gate_failure
 from dagster_project.ops.plan import Plan
@@ -221,6 +223,20 @@ def test_a_pilot_too_small_to_fill_the_fleet_is_a_floor_not_a_plan_to_be_ahead_o
     assert "never filled" not in render_text(full)
 
 
+def test_at_a_glance_is_the_verdict_and_a_line_for_each_question_first_on_the_page(tmp_path):
+    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
+    glance = report_sections(status)[0]
+    assert glance.title == "At a glance" and len(glance.text) < INLINE_MARKDOWN_CHARS
+    lines = glance.text.split("  \n")
+    assert lines[0].startswith("**Not done**") or lines[0].startswith("**Nothing to report yet**")
+    assert [line[:3] for line in lines[1:]] == ["1. ", "2. ", "3. ", "4. ", "5. ", "6. "]
+    assert "accept length" in lines[2] and "2 servers, cap 8" in lines[3]
+    hold = Hold("short_answers", "90% short", figure=0.9, threshold=0.1, sample_size=40, scope="fleet", held_at=0.0)
+    held = replace(status, quality=QualityAnswer(hold=hold), progress=status.progress.while_held())
+    text = report_sections(held)[0].text
+    assert text.startswith("**LINE HELD**: gate short_answers at 90.0%") and "ETA none while the line is held" in text
+
+
 def test_plan_verdicts_read_the_ratio_the_right_way_round():
     assert verdict(1.05) == "on plan" and verdict(1.5) == "ahead of plan" and verdict(0.5) == "behind plan"
     assert verdict(1.5, higher_is_better=False) == "behind plan"  # an ETA 1.5x the plan's
@@ -252,7 +268,9 @@ def test_every_section_text_stays_short_enough_to_show_in_place_at_the_real_jobs
         ),
     )
     sections = report_sections(status)
-    assert [section.title for section in sections][1:8] == [
+    assert [section.title for section in sections][:9] == [
+        "At a glance",
+        "Alerts",
         "Shards by stage",
         "1. Progress vs plan",
         "2. MTP (speculative decoding)",
@@ -265,10 +283,10 @@ def test_every_section_text_stays_short_enough_to_show_in_place_at_the_real_jobs
         assert len(section.text) < INLINE_MARKDOWN_CHARS, (section.title, len(section.text))
     labels = [label for s in sections for label in ([s.title] if s.text else []) + [t for t, _ in s.tables]]
     assert len(labels) == len(set(labels))  # one metadata entry each
-    progress = sections[2].text
+    progress = sections[3].text
     assert "shards running: 64 (0-63); dead: 1,830 (0-1829); failed: 1,830 (0-1829)" in progress
     # The tables carry the rows a sentence cannot: one per server, each cell formatted.
-    servers = dict(sections[4].tables)["3. Servers"]
+    servers = dict(sections[5].tables)["3. Servers"]
     assert [row[0] for row in servers.rows] == ["gpu0:30000", "gpu1:30000"] and servers.rows[0][1:4] == (
         "8/8",
         "0",
