@@ -22,7 +22,7 @@ from dagster_project.ops.status import collect_status, render_text
 from dagster_project.sglang import answer_contract as contract
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.model_identity import QWEN3_6_27B
-from dagster_project.store.storage import local_copy
+from dagster_project.store.transfer import local_copy
 from dagster_project.tokenizer import load_tokenizer, special_ids
 from tests.integration.test_generation_resume import write_multi_turn_prompts
 from tests.support.ingest_helpers import run_stages
