@@ -8,6 +8,7 @@ import pytest
 
 from dagster_project.generation.line_hold import read_hold, release_hold
 from dagster_project.generation.line_stop import LineStop, WatchOptions, condemned_answers, read_watch_reports
+from dagster_project.generation_settings import GenerationSettings
 from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gates
@@ -18,7 +19,7 @@ from tests.support.training_shards import disaster_rows, error_row, healthy_rows
 
 def _watch() -> AnswerQualityWatch:
     tok = tokenizer()
-    return AnswerQualityWatch(special_ids(tok), tok.decode, enable_thinking=True)
+    return AnswerQualityWatch(special_ids(tok), tok.decode, settings=GenerationSettings())
 
 
 def _gate_verdicts(rows: list[dict]) -> dict[str, bool]:
