@@ -34,8 +34,9 @@ from dagster_project.training.export import specforge_key
 from dagster_project.training.shards import read_training_manifest
 
 MAX_LENGTH = 1024  # the trainer's, and fit's
-# A long tail: about a third of the answers run past what a 1,024-token row leaves after its prompt.
-LONG_TAILED = {"output_len": "lognormal:600:0.7", "max_running_requests": 16}
+# Long answers: about half run past what a 1,024-token row leaves after its prompt (a pilot of 58 answers counting
+# them as length-capped blocks; one of 8, as in the issue, could not tell).
+LONG_TAILED = {"output_len": "lognormal:900:0.6", "max_running_requests": 16}
 # The watch may hold from the 20th answer on (a fit-cut answer counted as length-capped would hold it at once).
 WATCH = {"watch_min_answers": 20, "watch_judge_every": 10}
 # Every shard in one range run: generated, judged, assembled, judged, exported.
@@ -83,7 +84,7 @@ def test_a_job_under_fit_passes_its_pilot_and_exports_every_shard_without_overri
         settings = resources["generation"].to_dataclass()
         record = read_pilot(store, settings.fingerprint())
         assert record.passed and record.settings.fit_max_length == MAX_LENGTH
-        assert record.finish_reasons.get("length", 0) > 0.1 * record.ok  # fit-cut answers, passed as such
+        assert record.finish_reasons.get("length", 0) > 0.3 * record.ok  # fit-cut answers, passed as such
         shards = read_conversations_manifest(store).num_shards
         every_shard = {
             "dagster/asset_partition_range_start": layout.partition_key(0),
@@ -97,7 +98,7 @@ def test_a_job_under_fit_passes_its_pilot_and_exports_every_shard_without_overri
     assert all(store.exists(specforge_key(shard)) for shard in range(shards))
     fit_cut = sum(m.generation.cut_by_fit for m in generated)
     answers = sum(m.ok for m in generated)
-    assert fit_cut > 0.1 * answers, (fit_cut, answers)  # more than length_capped_rate's 10%: it would have blocked
+    assert fit_cut > 0.3 * answers, (fit_cut, answers)  # far past length_capped_rate's 10%: it would have blocked
     assert all(m.generation.length_capped == 0 for m in generated)
     assert sum(m.truncated_by_fit for m in trained) == fit_cut and all(m.max_row_tokens <= MAX_LENGTH for m in trained)
     assert all(m.errors == 0 for m in generated)
