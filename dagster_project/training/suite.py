@@ -60,8 +60,8 @@ class SuiteOutcome:
 
 
 def answer_ends(exclude_length_capped: bool) -> list[str]:
-    """How a training row's answer may have ended (`GenerationSettings.answer_end`): finished, or cut by `max_new_tokens:
-    fit` where the trainer cuts it; cut by max_new_tokens too where length-capped answers are not excluded."""
+    """How a training row's answer may have ended (`GenerationSettings.answer_end`): finished, or fit-cut where the
+    trainer cuts it; cut by max_new_tokens too where length-capped answers are not excluded."""
     return ["stop", FIT_CUT] if exclude_length_capped else ["stop", FIT_CUT, "length"]
 
 

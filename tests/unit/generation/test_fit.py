@@ -122,8 +122,12 @@ def test_a_later_turn_after_a_fit_cut_answer_is_not_sent_and_no_error(tmp_path, 
     cut, capped = two_turns("cut"), two_turns("capped")
     fit = GenerationSettings(fit_max_length=1024)
     with Journal(tmp_path / "journal.jsonl") as journal:  # what an earlier run journaled
-        journal.append(journaled("cut#turn0", STATUS_OK, finish_reason="length", prompt_tokens=24, completion_tokens=1000))
-        journal.append(journaled("capped#turn0", STATUS_OK, finish_reason="length", prompt_tokens=24, completion_tokens=9))
+        journal.append(
+            journaled("cut#turn0", STATUS_OK, finish_reason="length", prompt_tokens=24, completion_tokens=1000)
+        )
+        journal.append(
+            journaled("capped#turn0", STATUS_OK, finish_reason="length", prompt_tokens=24, completion_tokens=9)
+        )
 
     with Journal(tmp_path / "journal.jsonl") as journal:
         job = ShardGeneration(0, [cut, capped], tokenizer, fit, journal)
