@@ -165,7 +165,7 @@ def _replay(rows: list[dict], tokenizer, options: WatchOptions) -> tuple[int | N
     alert = None
     for i, row in enumerate(rows):
         watch = watches.setdefault(
-            row["shard"], AnswerQualityWatch(special_ids(tokenizer), tokenizer.decode, enable_thinking=True)
+            row["shard"], AnswerQualityWatch(special_ids(tokenizer), tokenizer.decode, settings=GenerationSettings())
         )
         watch.observe(row)
         if i < onset:
@@ -191,7 +191,7 @@ def run_scenario(scenario: Scenario, root: Path, seed: Path, time_scale: float, 
     try:
         for shard in range(SHARDS):
             starts.append((shard, time.time()))
-            watch = AnswerQualityWatch(special_ids(tokenizer), tokenizer.decode, enable_thinking=True)
+            watch = AnswerQualityWatch(special_ids(tokenizer), tokenizer.decode, settings=GenerationSettings())
             try:
                 generate_shard(
                     store,

@@ -21,6 +21,9 @@ MIN_OUTPUT_TOKENS = 2
 # The model writes the turn's closing `<|im_end|>` itself, as its last output token (counted by max_new_tokens),
 # and a row is prompt + output, so the template's "\n" after it is in no row.
 TEMPLATE_CLOSING_TOKENS = 0
+# How an answer ended when it stopped at its `max_new_tokens: fit` cap (`GenerationSettings.answer_end`): where the
+# trainer cuts its row anyway, so neither length-capped nor an error; every gate, the watch and the suite count it so.
+FIT_CUT = "fit_cut"
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,11 @@ class GenerationSettings:
         """Whether an answer stopped at its fitted cap (below max_new_tokens): cut where the trainer would cut it."""
         cap = self.request_cap(prompt_tokens)
         return finish_reason == "length" and cap < self.max_new_tokens and output_tokens >= cap
+
+    def answer_end(self, prompt_tokens: int, output_tokens: int, finish_reason: str | None) -> str | None:
+        """How an answer ended, as the gates count it: its finish_reason, or `FIT_CUT` where fit cut it (`length`
+        then means what it says: cut by max_new_tokens, length-capped)."""
+        return FIT_CUT if self.cut_by_fit(prompt_tokens, output_tokens, finish_reason) else finish_reason
 
     def sampling_params(self) -> dict:
         """Every sampling parameter explicit: /generate applies no generation_config defaults."""

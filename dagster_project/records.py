@@ -28,6 +28,9 @@ EVAL_CONTAMINATION = "eval_contamination"
 # Why a turn whose prompt leaves no room for an answer in the trainer's max_length is not trained (or, under
 # `max_new_tokens: fit`, not sent).
 PROMPT_FILLS_MAX_LENGTH = "prompt_fills_max_length"
+# Why a later turn of a conversation whose earlier answer `max_new_tokens: fit` cut is not sent: that answer is no
+# history to build on, and the trainer cuts the conversation there anyway.
+PREVIOUS_TURN_FIT_CUT = "previous_turn_fit_cut"
 
 
 @dataclass

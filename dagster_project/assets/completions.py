@@ -15,6 +15,7 @@ from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.generation.slot_use import SlotUse
 from dagster_project.generation.stage import PilotNote, generate_shard
+from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops.report import shard_progress_figures
 from dagster_project.partitions import SHARD_BACKFILL_POLICY, ShardMaterialized, materialize_shards, shard_partitions
 from dagster_project.pilot_record import clearance
@@ -61,7 +62,7 @@ class CompletionsConfig(
     )
 
 
-def _quality_watch(context: dg.AssetExecutionContext, tok: Any, enable_thinking: bool) -> AnswerQualityWatch:
+def _quality_watch(context: dg.AssetExecutionContext, tok: Any, settings: GenerationSettings) -> AnswerQualityWatch:
     """The watch judges by the thresholds the shard's `completions_quality` check blocks by in this run (its run
     config, defaults where it sets none): one rule, so the line is never held for what the shard's gate would pass,
     nor let run past what it would block."""
@@ -72,7 +73,7 @@ def _quality_watch(context: dg.AssetExecutionContext, tok: Any, enable_thinking:
     return AnswerQualityWatch(
         special_ids(tok),
         tok.decode,
-        enable_thinking=enable_thinking,
+        settings=settings,
         thresholds=from_dict(GateThresholds, check_config),
         max_error_share=limits.max_error_share,
         max_length_capped_share=limits.max_length_capped_share,
@@ -154,7 +155,7 @@ def completions(
                 context.log.warning(f"{key}: the line is held: cancelled the queued generating runs {cancelled}")
 
         tok = tokenizer.load()
-        watch = _quality_watch(context, tok, settings.enable_thinking) if config.quality_watch else None
+        watch = _quality_watch(context, tok, settings) if config.quality_watch else None
         try:
             manifest = generate_shard(
                 data,

@@ -165,7 +165,7 @@ def _quality(
         rows=manifest.rows,
         errors=manifest.errors,
         errors_by_kind=run.errors_by_kind,
-        length_capped=run.finish_reasons.get("length", 0) - run.cut_by_fit,  # cut by fit: the trainer cuts there
+        length_capped=run.length_capped,
         max_new_tokens=manifest.settings.max_new_tokens,
     )
     results = gate_sets.completions_gates(

@@ -30,6 +30,7 @@ from dagster_project.training.suite import (
     FRAME_COLUMNS,
     ShardFrame,
     SuiteOutcome,
+    answer_ends,
     training_frame,
     validate_training_frames,
 )
@@ -130,10 +131,10 @@ def _shard_frame(data: Store, manifest: TrainingShardManifest) -> ShardFrame:
     assembly = manifest.assembly
     return ShardFrame(
         shard=manifest.shard,
-        frame=training_frame(iter_training_batches(data, manifest.shard, FRAME_COLUMNS)),
+        frame=training_frame(iter_training_batches(data, manifest.shard, FRAME_COLUMNS), manifest.source.settings),
         rows=manifest.rows,
         max_length=None if assembly.length_policy == KEEP else assembly.max_length,
-        finish_reasons=["stop"] if assembly.exclude_length_capped else ["stop", "length"],
+        finish_reasons=answer_ends(assembly.exclude_length_capped),
     )
 
 

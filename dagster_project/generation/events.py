@@ -23,6 +23,7 @@ from dagster_project.generation.progress import Heartbeat, ShardProgress
 from dagster_project.generation_settings import MIN_OUTPUT_TOKENS, GenerationSettings
 from dagster_project.records import (
     HISTORY_GENERATED,
+    PREVIOUS_TURN_FIT_CUT,
     PROMPT_FILLS_MAX_LENGTH,
     STATUS_ERROR,
     STATUS_EXCLUDED,
@@ -87,14 +88,16 @@ class ShardGeneration:
         """On resume: the first turn of `conversation` without a final record, or None when all have ended.
 
         Turns after a failed or unfinished turn cannot be generated (their history would be missing);
-        they end as errors that inherit whether the cause is worth retrying.
+        they end as errors that inherit whether the cause is worth retrying, or, after an answer fit cut, are not
+        sent (`_end_remaining`).
         """
         for turn in range(conversation.num_turns):
             entry = self.journal.entries.get(conversation.event_id(turn))
             if entry is None or not entry.final:
                 return self._request(conversation, turn)
             if _needs_own_history(conversation) and (entry.status != STATUS_OK or entry.history_message is None):
-                self._end_remaining(conversation, turn, entry.status, entry.finish_reason, entry.retryable)
+                fit_cut = self.settings.cut_by_fit(entry.prompt_tokens, entry.completion_tokens, entry.finish_reason)
+                self._end_remaining(conversation, turn, entry.status, entry.finish_reason, entry.retryable, fit_cut)
                 return None
         return None
 
@@ -128,8 +131,21 @@ class ShardGeneration:
         )
 
     def _end_remaining(
-        self, conversation: Conversation, failed_turn: int, status: str, finish_reason: str | None, retryable: bool
+        self,
+        conversation: Conversation,
+        failed_turn: int,
+        status: str,
+        finish_reason: str | None,
+        retryable: bool,
+        fit_cut: bool = False,
     ) -> None:
+        """The turns after `failed_turn`, which cannot be asked without its answer: errors, or when `max_new_tokens:
+        fit` cut that answer (`fit_cut`), not sent (the trainer cuts the conversation there: nothing is missing)."""
+        if fit_cut:
+            fit = self.settings.fit_max_length
+            why = f"turn {failed_turn} of this conversation was cut at its fit_max_length {fit:,} budget"
+            self._exclude(conversation, PREVIOUS_TURN_FIT_CUT, why, from_turn=failed_turn + 1)
+            return
         if status == STATUS_OK:
             kind, cause = (
                 PREVIOUS_TURN_INCOMPLETE,
@@ -269,7 +285,12 @@ class ShardGeneration:
         if next_turn >= conversation.num_turns or not self._admitting():
             return []  # held: the next turn has no record, and a rerun after the release asks it
         if _needs_own_history(conversation) and (row["status"] != STATUS_OK or row["history_message"] is None):
-            self._end_remaining(conversation, pending.turn, row["status"], row["finish_reason"], row["retryable"])
+            fit_cut = row["status"] == STATUS_OK and self.settings.cut_by_fit(
+                row["prompt_tokens"], row["completion_tokens"], row["finish_reason"]
+            )
+            self._end_remaining(
+                conversation, pending.turn, row["status"], row["finish_reason"], row["retryable"], fit_cut
+            )
             return []
         request = self._request(conversation, next_turn)
         return [request] if request is not None else []

@@ -70,6 +70,9 @@ class JournalEntry:
     status: str
     retryable: bool
     finish_reason: str | None
+    # Its prompt's and answer's tokens: with the settings, whether fit cut it (`GenerationSettings.cut_by_fit`).
+    prompt_tokens: int
+    completion_tokens: int
     # The visible answer (and reasoning) of a turn that later turns of its conversation build on.
     history_message: dict[str, str] | None
 
@@ -132,6 +135,8 @@ class Journal:
             status=record["status"],
             retryable=bool(record.get("retryable")),
             finish_reason=record.get("finish_reason"),
+            prompt_tokens=int(record.get("prompt_tokens") or 0),
+            completion_tokens=int(record.get("completion_tokens") or 0),
             history_message=record.get("history_message"),
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -43,6 +43,11 @@ class GenerationSummary:
     excluded_by_reason: dict[str, int] = field(default_factory=dict)  # events not sent, by reason
     # Of the `length` finish reasons, the answers cut at their fitted cap (where the trainer would cut them).
     cut_by_fit: int = 0
+
+    @property
+    def length_capped(self) -> int:
+        """The answers cut by max_new_tokens: finish_reason `length`, less those fit cut."""
+        return _length_capped(self.finish_reasons, self.cut_by_fit)
 
     @classmethod
     def of(cls, heartbeat: Heartbeat, rows: RowCounts, earlier: GenerationSummary | None = None) -> GenerationSummary:
@@ -88,6 +93,16 @@ class RowCounts:
     errors_by_kind: Counter = field(default_factory=Counter)
     excluded_by_reason: Counter = field(default_factory=Counter)
     cut_by_fit: int = 0  # answers that stopped at their `max_new_tokens: fit` cap (finish_reason length)
+
+    @property
+    def length_capped(self) -> int:
+        return _length_capped(self.finish_reasons, self.cut_by_fit)
+
+
+def _length_capped(finish_reasons: Mapping[str, int], cut_by_fit: int) -> int:
+    """What `length_capped_rate` counts: the `length` finish reasons that are not fit's cut
+    (`GenerationSettings.answer_end`)."""
+    return finish_reasons.get("length", 0) - cut_by_fit
 
 
 @dataclass(frozen=True, kw_only=True)

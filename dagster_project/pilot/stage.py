@@ -45,7 +45,7 @@ from dagster_project.training import gate_messages, gate_sets, gates
 from dagster_project.training.lengths import KEEP, LengthFigures, LengthGateOptions
 from dagster_project.training.shards import AssemblyOptions
 from dagster_project.training.stage import COMPLETION_COLUMNS, assemble_batches
-from dagster_project.training.suite import training_frame, validate_training_frame
+from dagster_project.training.suite import answer_ends, training_frame, validate_training_frame
 from dagster_project.training.tool_call_gate import ToolCallGateOptions
 
 # The shard the pilot's rows name: none of the job's (its sample spans them).
@@ -115,12 +115,12 @@ def run_pilot(
             heartbeat = asyncio.run(job.run(dispatcher))
             parquet = Path(scratch) / "completions.parquet"
             planned = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
-            written = write_completions_parquet(journal, parquet, planned)
+            written = write_completions_parquet(journal, parquet, planned, settings)
         counts = gate_sets.EventCounts(
             rows=written.rows,
             errors=written.errors,
             errors_by_kind=dict(written.counts.errors_by_kind),
-            length_capped=written.counts.finish_reasons.get("length", 0) - written.counts.cut_by_fit,
+            length_capped=written.counts.length_capped,
             max_new_tokens=settings.max_new_tokens,
         )
         results, lengths = _judge(pq.ParquetFile(parquet), counts, settings, tokenizer, limits)
@@ -220,7 +220,7 @@ def _judge_rows(
     rows = [
         training
         for training, _, _ in assemble_batches(
-            [b.select(COMPLETION_COLUMNS) for b in batches], PILOT_SHARD, limits.assembly, lengths
+            [b.select(COMPLETION_COLUMNS) for b in batches], PILOT_SHARD, limits.assembly, lengths, settings=settings
         )
     ]
     profile = gates.profile_training_batches(
@@ -238,11 +238,11 @@ def _judge_rows(
     )
     assembly = limits.assembly
     suite = validate_training_frame(
-        training_frame(rows),
+        training_frame(rows, settings),
         shard=PILOT_SHARD,
         rows=sum(b.num_rows for b in rows),
         max_length=None if assembly.length_policy == KEEP else assembly.max_length,
-        finish_reasons=["stop"] if assembly.exclude_length_capped else ["stop", "length"],
+        finish_reasons=answer_ends(assembly.exclude_length_capped),
     )
     results.append(gates.GateResult("gx_suite", suite.success, suite.message))
     return profile, results

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from dagster_project.generation_settings import FIT_CUT, GenerationSettings
 from dagster_project.records import TRAINING_SCHEMA
 from dagster_project.training.lengths import MIN_OUTPUT_TOKENS
 from dagster_project.training.row_figures import id_bounds, list_lengths, row_sums
@@ -58,8 +59,17 @@ class SuiteOutcome:
         return f"BLOCKED: {len(self.failed)}/{self.evaluated} expectations failed — " + "; ".join(self.failed)
 
 
-def _frame(batch: pa.RecordBatch) -> pd.DataFrame:
+def answer_ends(exclude_length_capped: bool) -> list[str]:
+    """How a training row's answer may have ended (`GenerationSettings.answer_end`): finished, or fit-cut where the
+    trainer cuts it; cut by max_new_tokens too where length-capped answers are not excluded."""
+    return ["stop", FIT_CUT] if exclude_length_capped else ["stop", FIT_CUT, "length"]
+
+
+def _frame(batch: pa.RecordBatch, settings: GenerationSettings | None) -> pd.DataFrame:
     frame = batch.select(SCALAR_COLUMNS).to_pandas()
+    if settings is not None and settings.fit_max_length is not None:  # the answers fit cut, as every gate names them
+        ends = zip(frame["prompt_tokens"], frame["completion_tokens"], frame["finish_reason"], strict=True)
+        frame["finish_reason"] = [settings.answer_end(int(p), int(c), finish) for p, c, finish in ends]
     mask = batch.column("loss_mask")
     mask_min, mask_max = id_bounds(mask)
     frame["input_len"] = list_lengths(batch.column("input_ids"))
@@ -71,10 +81,12 @@ def _frame(batch: pa.RecordBatch) -> pd.DataFrame:
     return frame
 
 
-def training_frame(batches: Iterable[pa.RecordBatch]) -> pd.DataFrame:
-    """One row per training row: scalar columns and the figures measured from its lists (lists dropped)."""
+def training_frame(batches: Iterable[pa.RecordBatch], settings: GenerationSettings | None = None) -> pd.DataFrame:
+    """One row per training row: scalar columns and the figures measured from its lists (lists dropped); its
+    `finish_reason` is how the answer ended under the completions' `settings` (`fit_cut` where fit cut it)."""
     # An empty shard still gets every column, so the suite reports failures rather than errors.
-    frames = [_frame(batch) for batch in batches] or [_frame(pa.RecordBatch.from_pylist([], schema=TRAINING_SCHEMA))]
+    empty = pa.RecordBatch.from_pylist([], schema=TRAINING_SCHEMA)
+    frames = [_frame(batch, settings) for batch in batches] or [_frame(empty, settings)]
     return pd.concat(frames, ignore_index=True)
 
 

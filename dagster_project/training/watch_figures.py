@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from dagster_project.generation.line_hold import HoldExample
 from dagster_project.generation.line_stop import Judgement, WatchFigure
+from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import STATUS_OK
 from dagster_project.training import gate_messages
 from dagster_project.training.gate_sets import (
@@ -76,12 +77,14 @@ class AnswerQualityWatch:
         special: SpecialIds,
         decode: Callable[[Sequence[int]], str],
         *,
-        enable_thinking: bool,
+        settings: GenerationSettings,
         thresholds: GateThresholds | None = None,
         max_error_share: float = MAX_ERROR_SHARE,
         max_length_capped_share: float = MAX_LENGTH_CAPPED_SHARE,
     ):
-        self.special, self.decode, self.enable_thinking = special, decode, enable_thinking
+        """`settings`: the shard's generation settings (thinking, and what `max_new_tokens: fit` cuts)."""
+        self.special, self.decode, self.settings = special, decode, settings
+        self.enable_thinking = settings.enable_thinking
         self.thresholds = thresholds or GateThresholds()
         self.max_error_share, self.max_length_capped_share = max_error_share, max_length_capped_share
         self._rows: deque[list] = deque(maxlen=WINDOW)
@@ -101,7 +104,7 @@ class AnswerQualityWatch:
         return [
             row["event_id"],
             row["status"] if ok else row.get("error_kind") or "error",
-            row.get("finish_reason") if ok else None,
+            self._answer_end(row) if ok else None,
             row.get("server") or "",
             int(profile.lengths[0]),
             int(profile.think_ends[0]),
@@ -115,6 +118,11 @@ class AnswerQualityWatch:
             if ok
             else (row.get("error_message") or "")[:_HEAD],
         ]
+
+    def _answer_end(self, row: Mapping[str, Any]) -> str | None:
+        """Its finish reason, `fit_cut` where fit cut it: not length-capped (`GenerationSettings.answer_end`)."""
+        prompt_tokens = int(row.get("prompt_tokens") or len(row.get("prompt_ids") or []))
+        return self.settings.answer_end(prompt_tokens, int(row.get("completion_tokens") or 0), row.get("finish_reason"))
 
     def judge(self, rows: Sequence[list], overridden: set[str] = frozenset()) -> Judgement:
         """Every watched gate over `rows`, each judged by the gate itself; the first failed one not overridden."""

@@ -128,3 +128,29 @@ def test_a_pilot_of_empty_answers_is_blocked_and_the_shards_still_refuse(prepare
     refused = _materialize(prepared, completions, fleet.urls, other, partition_key=layout.partition_key(1))
     line = _failure(refused)
     assert "blocked by" in line and "completions/short_answers" in line and PILOT_COMMAND in line, line
+
+
+def test_a_pilot_failing_only_a_training_set_gate_is_blocked_and_its_config_thresholds_judge(prepared, sim_fleet):
+    """Answers of one length pass every completions gate, and fail the training set's loss-mask concentration: the
+    pilot blocks on it all the same, and the shards refuse. Its config's threshold (not the default) is the one
+    judged: lifted there, the same answers pass."""
+    fleet = sim_fleet(1, output_len="fixed:120", max_running_requests=8)
+    one_length = GenerationConfig(temperature=0.6)  # its own settings: its own pilot
+    fingerprint = one_length.to_dataclass().fingerprint()
+    sample = {"share": 0.1}
+
+    blocked = _materialize(prepared, pilot, fleet.urls, one_length, run_config=_pilot_config(sample))
+    assert not blocked.success
+    record = read_pilot(prepared.store, fingerprint)
+    assert not record.passed and list(record.failed_gates) == ["training_set/loss_sum_concentration"], record.gates
+    refused = _materialize(prepared, completions, fleet.urls, one_length, partition_key=layout.partition_key(2))
+    assert "training_set/loss_sum_concentration" in _failure(refused) and PILOT_COMMAND in _failure(refused)
+
+    lifted = _materialize(
+        prepared, pilot, fleet.urls, one_length, run_config=_pilot_config({**sample, "max_top_loss_sum_share": 1.0})
+    )
+    assert lifted.success and read_pilot(prepared.store, fingerprint).passed
+
+
+def _pilot_config(config: dict) -> dict:
+    return {"ops": {"pilot": {"config": config}}}

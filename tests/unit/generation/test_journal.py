@@ -93,3 +93,15 @@ def test_the_records_finished_in_a_window_are_dropped_and_the_rest_kept_in_order
         assert journal.append(record("b#turn0", finished_at=50.0))  # asked again
     assert drop_records_between(path, 20.0, 40.0) == 0  # once dropped, the window holds nothing of a later run
     assert drop_records_between(tmp_path / "none.jsonl", 0.0, 1.0) == 0
+
+
+def test_the_first_final_record_wins_when_the_file_holds_two(tmp_path):
+    """A journal restored from checkpoints, or written by a late answer before the guard, may hold two final records
+    of one event: reading it back, the first stands (the one a resume, the Parquet and the coverage all agree on)."""
+    path = tmp_path / "j.jsonl"
+    first = record("a#turn0", text="first answer")
+    late = record("a#turn0", text="a late answer", finish_reason="length")
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in (first, record("b#turn0"), late)))
+    with Journal(path) as journal:
+        assert journal.entries["a#turn0"].finish_reason == "stop" and journal.entries["a#turn0"].line == 0
+        assert [r.get("text") for r in journal.final_records() if r["event_id"] == "a#turn0"] == ["first answer"]

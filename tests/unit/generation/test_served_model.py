@@ -31,6 +31,7 @@ class ModelServer(FakeServer):
         super().__init__(url, **options)
         self.model, self.foreign_ids = model, foreign_ids
         self.architecture, self.vocab, self.eos = QWEN3_6_27B.architecture, QWEN3_6_27B.vocab_size, 248046
+        self.stop_matched: int | None = None  # the id its stop reports matching, if not the token written
 
     async def server_info(self, timeout: float | None = None) -> dict:
         return {**await super().server_info(timeout), "model_path": self.model, "served_model_name": self.model}
@@ -45,7 +46,8 @@ class ModelServer(FakeServer):
             except ValueError as exc:
                 raise SGLangError(BAD_REQUEST, str(exc), status=400, url=self.base_url, rid=rid) from None
             token = forced_token(sampling_params)
-            finish = {"type": "stop", "matched": token} if token == self.eos else {"type": "length", "length": 1}
+            matched = token if self.stop_matched is None else self.stop_matched
+            finish = {"type": "stop", "matched": matched} if token == self.eos else {"type": "length", "length": 1}
             meta = {"id": rid, "finish_reason": finish, "prompt_tokens": 1, "completion_tokens": 1}
             return GenerateResult(rid or "", "", [token], finish, meta, 1, 1)
         result = await super().generate(input_ids, sampling_params, rid, timeout, **options)
@@ -117,6 +119,17 @@ def test_another_vocabulary_architecture_or_eos_is_named_too():
     same_vocab.eos = 1  # its tokenizer ends answers with another id
     dispatcher, _ = _dispatch([same_vocab, ModelServer("http://qwen")], 5)
     assert "id 248046 does not end its answers" in dispatcher.snapshot()["servers"]["http://same-vocab"]["reason"]
+
+
+def test_a_server_whose_stop_on_the_eos_matched_another_id_is_named():
+    """It writes the forced id and stops, but the stop matched another id (its tokenizer's own end of turn, listed
+    as a stop token): the job's EOS does not end its answers, and it is set aside."""
+    other_stop = ModelServer("http://other-stop")
+    other_stop.stop_matched = 151645
+    dispatcher, outcomes = _dispatch([other_stop, ModelServer("http://qwen")], 5)
+    reason = dispatcher.snapshot()["servers"]["http://other-stop"]["reason"]
+    assert "id 248046 does not end its answers" in reason and "151645" in reason
+    assert other_stop.requests_received() == [] and all(o.server == "http://qwen" for o in outcomes.values())
 
 
 def test_a_fleet_of_another_model_stops_the_run_before_any_request():

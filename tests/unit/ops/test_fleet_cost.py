@@ -114,3 +114,15 @@ def test_every_figure_of_question_7_is_the_same_in_the_text_the_page_and_prometh
     for cause, tokens in status.waste.output_tokens.items():
         assert found[("dflash_waste_output_tokens", (("cause", cause),))] == tokens
         assert f"| {cause} | {tokens:,} |" in page
+
+
+def test_generation_before_a_node_was_up_is_not_subtracted_from_its_idle_time(tmp_path):
+    """Node b comes up after the only run ended: none of its 30 minutes were busy. The run's minutes outside b's life
+    count as nothing for it (the overlap clamped at 0), not as negative busy time that inflates its idle cost."""
+    store = LocalStore(tmp_path)
+    record_fleet_up(store, "a", "sglang", gpus=8, cost_per_gpu_hour=3.5, now=T0)
+    record_fleet_up(store, "b", "sglang", gpus=4, cost_per_gpu_hour=2.0, now=T0 + 30 * MINUTE)
+    beats = [generating(T0 + 5 * MINUTE, T0 + 10 * MINUTE)]
+    cost = status_at(store, T0 + 60 * MINUTE, beats).cost
+    assert cost.idle_hours * 60 == pytest.approx(55)  # the fleet was up an hour and busy 5 minutes of it
+    assert cost.idle_cost == pytest.approx(8 * 3.5 * 55 / 60 + 4 * 2.0 * 30 / 60)

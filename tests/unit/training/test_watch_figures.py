@@ -3,11 +3,14 @@ figure, and the line stop holds on the first blocking figure that fails."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pyarrow as pa
 import pytest
 
-from dagster_project.generation.line_hold import read_hold, release_hold
+from dagster_project.generation.line_hold import Hold, put_hold, read_hold, release_hold
 from dagster_project.generation.line_stop import LineStop, WatchOptions, condemned_answers, read_watch_reports
+from dagster_project.generation_settings import GenerationSettings
 from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gates
@@ -18,7 +21,7 @@ from tests.support.training_shards import disaster_rows, error_row, healthy_rows
 
 def _watch() -> AnswerQualityWatch:
     tok = tokenizer()
-    return AnswerQualityWatch(special_ids(tok), tok.decode, enable_thinking=True)
+    return AnswerQualityWatch(special_ids(tok), tok.decode, settings=GenerationSettings())
 
 
 def _gate_verdicts(rows: list[dict]) -> dict[str, bool]:
@@ -178,3 +181,51 @@ def test_a_run_is_told_of_another_runs_hold_once_at_its_next_full_poll(tmp_path)
     assert healthy.poll() == hold and not healthy.admitting()
     healthy.poll()
     assert seen == [hold]
+
+
+def test_a_gate_released_with_override_does_not_hold_the_same_run_again(tmp_path):
+    """`dflash hold release --override GATE`: the run that held, polled again on the same answers, is not held again
+    by the gates released as a false alarm (its own figures are judged with the overrides, as the fleet's are)."""
+    store = LocalStore(tmp_path)
+    stop = LineStop(store, 1, _watch(), "fp", run_id="run-1", options=WatchOptions(watch_min_answers=50))
+    for row in disaster_rows(60):
+        stop.observe(row)
+    assert stop.poll() is not None
+    failing = sorted({f.gate for f in stop.watch.judge(stop.watch.rows()).figures if f.blocking and not f.passed})
+    release_hold(store, by="test", reason="a terse task: known false alarm", override=failing)
+    again = LineStop(store, 1, stop.watch, "fp", run_id="run-2", options=WatchOptions(watch_min_answers=50))
+    assert again.poll() is None and again.admitting() and read_hold(store) is None
+
+
+def test_a_report_of_a_run_started_before_the_release_is_not_counted_again(tmp_path):
+    """Answers from before a release were judged already: a run started before it (still running, its report
+    current) is left out of the fleet's figure after it, so it cannot hold the line a second time."""
+    store = LocalStore(tmp_path)
+    options = WatchOptions(watch_min_answers=100)
+    earlier = LineStop(store, 2, _watch(), "fp", run_id="run-early", options=options, clock=lambda: 1000.0)
+    for row in disaster_rows(30, shard=2):
+        earlier.observe(row)
+    assert earlier.poll() is None  # 30 answers: under the minimum, run and fleet
+    held = LineStop(store, 4, _watch(), "fp", run_id="run-held", clock=lambda: 1000.0)
+    for row in disaster_rows(30, shard=4):
+        held.observe(row)
+    held.close(whole_shard=True)
+    release_hold(store, by="test", reason="fixed the fleet", now=1001.0)
+
+    later = LineStop(store, 3, _watch(), "fp", run_id="run-late", options=options, clock=lambda: 1002.0)
+    for row in healthy_rows(80, shard=3):
+        later.observe(row)
+    # Counted with the earlier run's 30 disaster answers the fleet would hold at 110 answers; without, 80 is too few.
+    assert later.poll() is None and later.admitting() and read_hold(store) is None
+    (report,) = [r for r in read_watch_reports(store, now=1002.0) if r.shard == 3]
+    assert report.fleet_answers == 80 and report.fleet_runs == 1
+
+
+def test_the_first_hold_written_stands_and_a_second_is_told_of_it(tmp_path):
+    store = LocalStore(tmp_path)
+    first = Hold(gate="thinking_structure", message="m1", figure=0.8, threshold=0.01, sample_size=60, scope="run",
+                 held_at=1000.0, shards=[1])  # fmt: skip
+    second = replace(first, gate="short_answers", message="m2", held_at=1001.0, shards=[2])
+    assert put_hold(store, first) == first
+    assert put_hold(store, second) == first  # the one in force, returned to the second writer
+    assert read_hold(store) == first
