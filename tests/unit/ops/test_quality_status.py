@@ -77,7 +77,9 @@ def test_a_hold_is_the_first_line_the_first_alert_the_top_of_the_page_and_a_metr
     assert "dflash hold release" in first
     assert status.alerts[0].kind == "hold" and status.alerts[0].message == hold.headline()
     page = report_sections(status)
-    assert page[0].title == "LINE HELD" and page[0].tables[0][1].rows[0][0] == "c-1#turn0"
+    # The verdict at a glance first, then the hold's evidence.
+    assert page[0].title == "At a glance" and page[0].text.startswith("**LINE HELD**: gate thinking_structure")
+    assert page[1].title == "LINE HELD" and page[1].tables[0][1].rows[0][0] == "c-1#turn0"
     assert samples(render_metrics(status))[("dflash_line_held", ())] == 1.0
 
 
