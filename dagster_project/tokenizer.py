@@ -110,9 +110,20 @@ class TokenizerIdentity:
         parts = {"vocabulary": "vocabulary", "special_tokens": "special tokens", "chat_template": "chat template"}
         return [words for part, words in parts.items() if getattr(self, part) != getattr(other, part)]
 
-    def mismatch(self, other: TokenizerIdentity) -> str:
-        """One line naming both: `self`, what a shard was made under, against `other`."""
-        return f"tokenizer {self.label()} ≠ {other.label()}, their {' and '.join(self.differences(other))} differ"
+
+class TokenizerMismatch(RuntimeError):
+    """A shard made under one tokenizer, a run under another: the rows of one job are rendered by one tokenizer."""
+
+
+def refuse_other_tokenizer(made_under: TokenizerIdentity, run: TokenizerIdentity, what: str, fix: str) -> None:
+    """`TokenizerMismatch`, one line naming both fingerprints, when `what` was made under another tokenizer than
+    the run's (`DFLASH_TOKENIZER`); an unknown one is not refused (`TokenizerIdentity`)."""
+    if made_under.differs_from(run):
+        parts = made_under.differences(run)
+        raise TokenizerMismatch(
+            f"{what} was made under tokenizer {made_under.label()}, but this run's is {run.label()} "
+            f"({' and '.join(parts)} differ{'s' if len(parts) == 1 else ''}): {fix}"
+        )
 
 
 def tokenizer_identity(tokenizer: PreTrainedTokenizerBase) -> TokenizerIdentity:

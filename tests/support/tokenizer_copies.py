@@ -13,9 +13,7 @@ from dagster_project.tokenizer import BUILTIN_TOKENIZER, builtin_tokenizer_dir, 
 THINKING_ALWAYS_OFF = ("{%- if enable_thinking is false %}", "{%- if true %}")
 
 
-def tokenizer_copy(
-    dest: Path, *, template_edit: tuple[str, str] | None = None, eos_token: str | None = None
-) -> Path:
+def tokenizer_copy(dest: Path, *, template_edit: tuple[str, str] | None = None, eos_token: str | None = None) -> Path:
     """A copy of the built-in tokenizer's folder at `dest`: its chat template with `template_edit` (old, new)
     applied, its end-of-sequence token replaced by `eos_token`; returns `dest` (a `DFLASH_TOKENIZER` value)."""
     load_tokenizer(BUILTIN_TOKENIZER)  # builds the folder on a fresh cache

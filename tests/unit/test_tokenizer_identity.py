@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dagster_project.tokenizer import BUILTIN_TOKENIZER, TokenizerIdentity, load_tokenizer, tokenizer_identity
+import pytest
+
+from dagster_project.tokenizer import (
+    BUILTIN_TOKENIZER,
+    TokenizerIdentity,
+    TokenizerMismatch,
+    load_tokenizer,
+    refuse_other_tokenizer,
+    tokenizer_identity,
+)
 from tests.support.tokenizer_copies import THINKING_ALWAYS_OFF, tokenizer_copy
 
 
@@ -28,8 +37,11 @@ def test_an_edited_chat_template_changes_the_fingerprint_and_is_named(tmp_path):
     assert edited.differs_from(builtin)
     assert edited.differences(builtin) == ["chat template"]
     assert (edited.vocabulary, edited.special_tokens) == (builtin.vocabulary, builtin.special_tokens)
-    line = edited.mismatch(builtin)
-    assert edited.fingerprint in line and builtin.fingerprint in line and "chat template" in line
+    with pytest.raises(TokenizerMismatch) as refused:
+        refuse_other_tokenizer(edited, builtin, "completions shard 1", "regenerate it")
+    line = str(refused.value)
+    assert edited.fingerprint in line and builtin.fingerprint in line and "chat template differs" in line
+    refuse_other_tokenizer(builtin, tokenizer_identity(load_tokenizer(BUILTIN_TOKENIZER)), "shard 0", "")  # same
 
 
 def test_another_end_of_sequence_token_changes_the_fingerprint(tmp_path):
