@@ -99,6 +99,14 @@ class ConversationsChanged(RuntimeError):
     on or exported unless the operator accepts it."""
 
 
+def stale_conversations_fix(shard: int) -> str:
+    """What to do about a shard made from conversations edited since: regenerate it, or accept it."""
+    return (
+        f"regenerate it: `{layout.regenerate_command(layout.COMPLETIONS, shard)}`; or, having looked, set "
+        "accept_stale_conversations: true in training_set's config to train on it as it is"
+    )
+
+
 @dataclass(frozen=True)
 class ConversationsUsed:
     """The conversations shard a completions or training shard was made from, as it was published then: its ids

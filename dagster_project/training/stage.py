@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dagster_project.conversations.contamination import EVAL_CONTAMINATION, quarantined_ids
-from dagster_project.conversations.shards import read_shard_conversations_manifest
+from dagster_project.conversations.shards import read_shard_conversations_manifest, stale_conversations_fix
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import PROVENANCE_FIELDS, STATUS_EXCLUDED, STATUS_OK, TRAINING_SCHEMA
@@ -324,14 +324,6 @@ def _completions_source(store: Store, shard: int) -> tuple[CompletionsShardManif
         raise CompletionsNotPublished(f"completions shard {shard} has no manifest: materialize `completions` first")
     raw = store.get_bytes(key)
     return parse_record(store, key, CompletionsShardManifest, raw), sha256_bytes(raw)
-
-
-def stale_conversations_fix(shard: int) -> str:
-    """What to do about a shard made from conversations edited since: regenerate it, or accept it."""
-    return (
-        f"regenerate it: `{regenerate_command(COMPLETIONS, shard)}`; or, having looked, set "
-        "accept_stale_conversations: true in training_set's config to train on it as it is"
-    )
 
 
 def assemble_shard(

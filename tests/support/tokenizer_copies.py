@@ -8,9 +8,8 @@ from pathlib import Path
 
 from dagster_project.tokenizer import BUILTIN_TOKENIZER, builtin_tokenizer_dir, load_tokenizer
 
-# An edit that changes what is rendered: the generation prompt always closes the think block, as a template that
-# turns thinking off does.
-THINKING_ALWAYS_OFF = ("{%- if enable_thinking is false %}", "{%- if true %}")
+# An edit that changes what is rendered: every user turn opens with an instruction the template adds.
+USER_TURNS_PREFIXED = ("'<|im_start|>user\\n' + content", "'<|im_start|>user\\nAnswer briefly. ' + content")
 
 
 def tokenizer_copy(dest: Path, *, template_edit: tuple[str, str] | None = None, eos_token: str | None = None) -> Path:

@@ -14,7 +14,7 @@ from dagster_project.tokenizer import (
     refuse_other_tokenizer,
     tokenizer_identity,
 )
-from tests.support.tokenizer_copies import THINKING_ALWAYS_OFF, tokenizer_copy
+from tests.support.tokenizer_copies import USER_TURNS_PREFIXED, tokenizer_copy
 
 
 def identity_of(path: Path) -> TokenizerIdentity:
@@ -32,7 +32,7 @@ def test_the_same_tokenizer_has_the_same_identity_wherever_it_is_read_from(tmp_p
 
 def test_an_edited_chat_template_changes_the_fingerprint_and_is_named(tmp_path):
     builtin = tokenizer_identity(load_tokenizer(BUILTIN_TOKENIZER))
-    edited = identity_of(tokenizer_copy(tmp_path / "edited", template_edit=THINKING_ALWAYS_OFF))
+    edited = identity_of(tokenizer_copy(tmp_path / "edited", template_edit=USER_TURNS_PREFIXED))
 
     assert edited.differs_from(builtin)
     assert edited.differences(builtin) == ["chat template"]
