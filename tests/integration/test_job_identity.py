@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -107,17 +108,22 @@ def fingerprints(edited: str) -> tuple[str, str]:
     )
 
 
-def test_a_shard_under_an_edited_chat_template_is_refused_naming_both_fingerprints(
-    tmp_path, sim_fleet, edited_tokenizer
-):
+@pytest.fixture
+def shard_0_built_in(tmp_path, sim_fleet) -> Iterator[Job]:
+    """A job whose conversations and completions shard 0 were made under the built-in tokenizer."""
     fleet = sim_fleet(1, **FAST_ANSWERS)
-    builtin, edited = fingerprints(edited_tokenizer)
     with dg.instance_for_test() as instance:
         job = Job(tmp_path, fleet.urls, instance)
         assert job.materialize([raw_prompts, conversations]).success
         assert job.materialize([completions], partition=SHARD_0).success
+        yield job
 
-        message = refusal(job.materialize([completions], tokenizer=edited_tokenizer, partition=SHARD_1))
+
+def test_a_shard_under_an_edited_chat_template_is_refused_naming_both_fingerprints(shard_0_built_in, edited_tokenizer):
+    job = shard_0_built_in
+    builtin, edited = fingerprints(edited_tokenizer)
+
+    message = refusal(job.materialize([completions], tokenizer=edited_tokenizer, partition=SHARD_1))
 
     assert f"conversations shard 1 was made under tokenizer {builtin} ({BUILTIN_TOKENIZER})" in message
     assert f"this run's is {edited} ({edited_tokenizer}) (chat template differs)" in message
@@ -125,30 +131,24 @@ def test_a_shard_under_an_edited_chat_template_is_refused_naming_both_fingerprin
     assert completions_manifest(job.store, 0).tokenizer.fingerprint == builtin
 
 
-def test_status_alerts_on_two_tokenizers_and_training_refuses_the_other_ones_shard(
-    tmp_path, sim_fleet, edited_tokenizer
-):
+def test_status_alerts_on_two_tokenizers_and_training_refuses_the_other_ones_shard(shard_0_built_in, edited_tokenizer):
     """The trial: shard 0 made under the built-in tokenizer, shard 1 under an edited copy (the conversations built
     again under it): both publish, but the store holds two renderings."""
-    fleet = sim_fleet(1, **FAST_ANSWERS)
+    job = shard_0_built_in
     builtin, edited = fingerprints(edited_tokenizer)
-    with dg.instance_for_test() as instance:
-        job = Job(tmp_path, fleet.urls, instance)
-        assert job.materialize([raw_prompts, conversations]).success
-        assert job.materialize([completions], partition=SHARD_0).success
-        assert job.materialize([conversations], tokenizer=edited_tokenizer).success
-        assert job.materialize([completions], tokenizer=edited_tokenizer, partition=SHARD_1).success
+    assert job.materialize([conversations], tokenizer=edited_tokenizer).success
+    assert job.materialize([completions], tokenizer=edited_tokenizer, partition=SHARD_1).success
 
-        (alert,) = [line for line in alerts(job.status()) if line.startswith("ALERT [tokenizer]")]
-        assert f"{builtin} ({BUILTIN_TOKENIZER}): completions 0" in alert
-        assert f"{edited} ({edited_tokenizer}): conversations 0-{NUM_SHARDS - 1}; completions 1" in alert
+    (alert,) = [line for line in alerts(job.status()) if line.startswith("ALERT [tokenizer]")]
+    assert f"{builtin} ({BUILTIN_TOKENIZER}): completions 0" in alert
+    assert f"{edited} ({edited_tokenizer}): conversations 0-{NUM_SHARDS - 1}; completions 1" in alert
 
-        message = refusal(job.materialize([training_set], tokenizer=edited_tokenizer, partition=SHARD_0))
-        assert f"completions shard 0 was made under tokenizer {builtin} ({BUILTIN_TOKENIZER})" in message
-        assert f"this run's is {edited} ({edited_tokenizer})" in message
-        assert "--select completions,training_set,specforge_export,hf_export --partition shard-00000" in message
+    message = refusal(job.materialize([training_set], tokenizer=edited_tokenizer, partition=SHARD_0))
+    assert f"completions shard 0 was made under tokenizer {builtin} ({BUILTIN_TOKENIZER})" in message
+    assert f"this run's is {edited} ({edited_tokenizer})" in message
+    assert "--select completions,training_set,specforge_export,hf_export --partition shard-00000" in message
 
-        assert job.materialize([training_set], tokenizer=edited_tokenizer, partition=SHARD_1).success
+    assert job.materialize([training_set], tokenizer=edited_tokenizer, partition=SHARD_1).success
     assert training_manifest(job.store, 1).source.tokenizer.fingerprint == edited
 
 
