@@ -47,14 +47,20 @@ def child_project(input_dir: Path, output: Path, shards: int) -> dict:
     from dagster_project.generation_settings import GenerationSettings
     from dagster_project.ingest.stage import ingest_to_store
     from dagster_project.store.storage import LocalStore
-    from dagster_project.tokenizer import load_tokenizer
+    from dagster_project.tokenizer import load_tokenizer, tokenizer_identity
 
     store, work = LocalStore(output / "store"), output / "work"
+    tokenizer = tokenizer_identity(load_tokenizer())  # what the asset's resource has loaded before the stage runs
     started, cpu_started = time.perf_counter(), _cpu()
     ingest_to_store(store, [str(input_dir)], work_dir=work)
     ingested, cpu_ingested = time.perf_counter(), _cpu()
     manifest = build_conversations(
-        store, load_tokenizer=load_tokenizer, settings=GenerationSettings(), num_shards=shards, work_dir=work
+        store,
+        load_tokenizer=load_tokenizer,
+        tokenizer=tokenizer,
+        settings=GenerationSettings(),
+        num_shards=shards,
+        work_dir=work,
     )
     cpu_prepared = _cpu()
     return {

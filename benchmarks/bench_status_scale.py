@@ -60,6 +60,7 @@ from dagster_project.store.layout import MANIFEST_NAME
 from dagster_project.store.manifest import StoredObject, ids_digest, publish_shard, write_stage_manifest
 from dagster_project.store.storage import S3_WORKERS, LocalStore, S3Store, Store
 from dagster_project.store.transfer import arrow_filesystem
+from dagster_project.tokenizer import TokenizerIdentity
 from tests.support.stage_manifests import conversations_manifest
 
 REAL_EVENTS, REAL_SHARDS = 913_786, 1_830
@@ -119,7 +120,9 @@ def build_store(store: Store, events: int, num_shards: int, work: Path) -> None:
         multi += conversation.num_turns > 1
         rows += 1
     buffers.flush()
-    shard_manifests = publish_shards(store, buffers, policy="all_turns", build_id="bench")
+    shard_manifests = publish_shards(
+        store, buffers, policy="all_turns", build_id="bench", tokenizer=TokenizerIdentity()
+    )
     write_stage_manifest(
         store,
         conversations_manifest(num_shards=num_shards, rows=rows, turns=events, multi_turn=multi, build_id="bench"),

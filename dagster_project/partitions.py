@@ -25,12 +25,13 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dagster_project import settings
-from dagster_project.conversations.shards import published_num_shards
+from dagster_project.conversations.shards import ConversationsChanged, published_num_shards
 from dagster_project.generation.overlap import overlapped
 from dagster_project.generation.stage import ConversationsGated, ConversationsNotReady
 from dagster_project.resources import DatasetStore
 from dagster_project.store import layout
 from dagster_project.store.storage import Store
+from dagster_project.tokenizer import TokenizerMismatch
 from dagster_project.training.export import LossMaskTooSmall, ShardNotCleared
 from dagster_project.training.shards import TrainingShardNotPublished
 from dagster_project.training.stage import CompletionsGated, CompletionsNotPublished
@@ -49,6 +50,8 @@ REFUSALS = (
     TrainingShardNotPublished,
     ShardNotCleared,
     LossMaskTooSmall,
+    TokenizerMismatch,
+    ConversationsChanged,
 )
 
 

@@ -21,6 +21,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,8 @@ _MODEL_MAX_LENGTH = 262144
 
 _loaded_tokenizers: dict[str, PreTrainedTokenizerBase] = {}
 _load_lock = threading.Lock()
+_identities: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, TokenizerIdentity] = weakref.WeakKeyDictionary()
+_FINGERPRINT_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,81 @@ class SpecialIds:
     im_end: int
     eos_ids: tuple[int, ...]  # generation stops on any of these
     vocab_size: int  # len(tokenizer), added tokens included
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """What a shard's token ids depend on besides its text: the vocabulary, the special tokens and the chat
+    template, each as a digest, and `fingerprint`, one digest of the three. Recorded in every conversations,
+    completions and training manifest: two shards of one job must have been made under one fingerprint.
+
+    A manifest written before tokenizers were recorded reads back with every field empty: unknown, shown as such
+    and never taken for a mismatch (nothing says it differs)."""
+
+    fingerprint: str = ""
+    name: str = ""  # the tokenizer as configured (`DFLASH_TOKENIZER`): a model id, a local path, `builtin:qwen3.6`
+    vocabulary: str = ""
+    special_tokens: str = ""
+    chat_template: str = ""
+
+    @property
+    def known(self) -> bool:
+        return bool(self.fingerprint)
+
+    def label(self) -> str:
+        """`fingerprint (name)`, or `unknown` for a manifest that did not record it."""
+        return f"{self.fingerprint} ({self.name})" if self.known else "unknown (not recorded)"
+
+    def differs_from(self, other: TokenizerIdentity) -> bool:
+        """Both known, and not the same: an unknown identity is never a mismatch."""
+        return self.known and other.known and self.fingerprint != other.fingerprint
+
+    def differences(self, other: TokenizerIdentity) -> list[str]:
+        """The parts that differ, in words."""
+        parts = {"vocabulary": "vocabulary", "special_tokens": "special tokens", "chat_template": "chat template"}
+        return [words for part, words in parts.items() if getattr(self, part) != getattr(other, part)]
+
+
+class TokenizerMismatch(RuntimeError):
+    """A shard made under one tokenizer, a run under another: the rows of one job are rendered by one tokenizer."""
+
+
+def refuse_other_tokenizer(made_under: TokenizerIdentity, run: TokenizerIdentity, what: str, fix: str) -> None:
+    """`TokenizerMismatch`, one line naming both fingerprints, when `what` was made under another tokenizer than
+    the run's (`DFLASH_TOKENIZER`); an unknown one is not refused (`TokenizerIdentity`)."""
+    if made_under.differs_from(run):
+        parts = made_under.differences(run)
+        raise TokenizerMismatch(
+            f"{what} was made under tokenizer {made_under.label()}, but this run's is {run.label()} "
+            f"({' and '.join(parts)} differ{'s' if len(parts) == 1 else ''}): {fix}"
+        )
+
+
+def tokenizer_identity(tokenizer: PreTrainedTokenizerBase) -> TokenizerIdentity:
+    """The identity of `tokenizer` (computed once per tokenizer object: reading its 248K-token vocabulary takes
+    about a second)."""
+    with _load_lock:
+        known = _identities.get(tokenizer)
+    if known is not None:
+        return known
+    import orjson  # here: most importers of this module only need the constants
+
+    def digest(value: Any) -> str:
+        encoded = orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(encoded).hexdigest()[:_FINGERPRINT_CHARS]
+
+    # Each added token's id, text and whether it is special (what splits it from content), and which token plays
+    # which role (eos, pad, ...).
+    added = sorted((int(i), token.content, token.special) for i, token in tokenizer.added_tokens_decoder.items())
+    parts = {
+        "vocabulary": digest(tokenizer.get_vocab()),
+        "special_tokens": digest({"added": added, "roles": tokenizer.special_tokens_map}),
+        "chat_template": digest(tokenizer.chat_template),
+    }
+    identity = TokenizerIdentity(fingerprint=digest(parts), name=str(tokenizer.name_or_path), **parts)
+    with _load_lock:
+        _identities[tokenizer] = identity
+    return identity
 
 
 def load_tokenizer(name_or_path: str = BUILTIN_TOKENIZER) -> PreTrainedTokenizerBase:
@@ -227,7 +305,9 @@ def _load_uncached(name_or_path: str) -> PreTrainedTokenizerBase:
     folder = builtin_tokenizer_dir()
     if not folder.is_dir():
         _build_and_publish(folder)
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    tokenizer.name_or_path = BUILTIN_TOKENIZER  # as configured, not the cache folder it was read from
+    return tokenizer
 
 
 def _cache_root() -> Path:

@@ -214,5 +214,6 @@ def shard_metadata(manifest: CompletionsShardManifest) -> dict[str, object]:
             spec_accept_length=round(run.spec.accept_length_lifetime or 0, 3) or None,
         ),
         "settings_fingerprint": manifest.settings_fingerprint,
+        "tokenizer": manifest.tokenizer.label(),
         "served_models": dg.MetadataValue.json(manifest.served_models),  # answers per model their servers served
     }

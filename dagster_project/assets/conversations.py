@@ -19,6 +19,7 @@ from dagster_project.conversations.stage import (
 )
 from dagster_project.resources import DatasetStore, GenerationConfig, TokenizerResource
 from dagster_project.store import layout
+from dagster_project.tokenizer import tokenizer_identity
 
 
 class ConversationsConfig(dg.Config):
@@ -67,6 +68,7 @@ def conversations(
         manifest = build_conversations(
             data,
             load_tokenizer=tokenizer.load,
+            tokenizer=tokenizer_identity(tokenizer.load()),  # loaded with the run's resources already
             settings=generation.to_dataclass(),
             num_shards=settings.num_shards(),
             work_dir=Path(work_dir),
@@ -97,6 +99,7 @@ def conversations(
             "superseded": dg.MetadataValue.json(manifest.superseded),
             "prompts_tokenized": manifest.prompts_tokenized,
             "ids_digest": manifest.ids_digest,
+            "tokenizer": manifest.tokenizer.label(),
             "rows_per_s": manifest.input_rows / manifest.seconds if manifest.seconds else 0.0,
             "uri": dg.MetadataValue.path(data.url(layout.CONVERSATIONS)),
         }

@@ -11,6 +11,7 @@ checks, several shards at a time on S3.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -39,6 +40,7 @@ from dagster_project.store.manifest import (
 from dagster_project.store.storage import CorruptObject, LocalStore, Store
 from dagster_project.store.transfer import map_in_order
 from dagster_project.store.verdicts import record_verdicts
+from dagster_project.tokenizer import TokenizerIdentity
 
 SHARD_FILE = "conversations.jsonl"
 BUFFERED_BYTES = 64 << 20  # 64 MiB: each flush opens every shard file; fewer flushes, fewer opens
@@ -90,6 +92,52 @@ class ConversationsShardManifest(ShardManifest):
     build_id: str
     multi_turn: int = 0
     turns: int = 0
+    tokenizer: TokenizerIdentity = field(default_factory=TokenizerIdentity)  # what the budget measured prompts with
+
+
+class ConversationsChanged(RuntimeError):
+    """A shard was made from conversations that were edited since (rebuilt with other content): it is not trained
+    on or exported unless the operator accepts it."""
+
+
+def stale_conversations_fix(shard: int) -> str:
+    """What to do about a shard made from conversations edited since: regenerate it, or accept it."""
+    return (
+        f"regenerate it: `{layout.regenerate_command(layout.COMPLETIONS, shard)}`; or, having looked, set "
+        "accept_stale_conversations: true in training_set's config to train on it as it is"
+    )
+
+
+@dataclass(frozen=True)
+class ConversationsUsed:
+    """The conversations shard a completions or training shard was made from, as it was published then: its ids
+    and its content (the checksums of its objects). An empty digest was not recorded (a shard made before it was)
+    and is not compared."""
+
+    ids_digest: str = ""
+    content_digest: str = ""
+
+    @classmethod
+    def of(cls, manifest: ConversationsShardManifest) -> ConversationsUsed:
+        checksums = [stored.sha256 for stored in manifest.data_objects]
+        known = bool(checksums) and all(checksums)
+        content = hashlib.sha256("\n".join(checksums).encode()).hexdigest() if known else ""  # type: ignore[arg-type]
+        return cls(manifest.ids_digest, content)
+
+    def changed_in(self, current: ConversationsShardManifest) -> bool:
+        """Whether the conversations published now are other than these (other ids, or the same ids with other
+        content: prompts edited after the shard was made). A rebuild of the same input publishes the same bytes."""
+        now = ConversationsUsed.of(current)
+        pairs = ((self.ids_digest, now.ids_digest), (self.content_digest, now.content_digest))
+        return any(then and later and then != later for then, later in pairs)
+
+    def refuse_if_changed(self, current: ConversationsShardManifest | None, what: str, fix: str) -> None:
+        """`ConversationsChanged`, one line naming `what` was made from them and `fix`, when they changed."""
+        if current is not None and self.changed_in(current):
+            raise ConversationsChanged(
+                f"{what} was made from conversations shard {current.shard} as it was before its conversations were "
+                f"edited (rebuilt with other content since): {fix}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +172,7 @@ class ConversationsManifest(StageManifest):
     ids_digest: str
     quarantine_rate_max: float
     max_prompt_tokens: int
+    tokenizer: TokenizerIdentity = field(default_factory=TokenizerIdentity)
     prompts_tokenized: int = 0
     enable_thinking: bool = True
     preserve_thinking: bool = False
@@ -325,6 +374,7 @@ def publish_shards(
     *,
     policy: str,
     build_id: str,
+    tokenizer: TokenizerIdentity,
     pool: Executor | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> list[ConversationsShardManifest]:
@@ -334,7 +384,7 @@ def publish_shards(
     side by side (no two workers update one index block): on a local store in `pool`'s processes when one is
     given (the work is on this machine's CPU), else in threads (on S3 they wait on requests)."""
     blocks = object_index.shards_by_block(range(buffers.num_shards))
-    publish = partial(_publish_block, store, buffers, policy=policy, build_id=build_id)
+    publish = partial(_publish_block, store, buffers, policy=policy, build_id=build_id, tokenizer=tokenizer)
     manifests: list[ConversationsShardManifest] = []
     with ExitStack() as stack:
         if pool is None or not isinstance(store, LocalStore):
@@ -346,7 +396,13 @@ def publish_shards(
 
 
 def _publish_block(
-    store: Store, buffers: ShardBuffers, shards: list[int], *, policy: str, build_id: str
+    store: Store,
+    buffers: ShardBuffers,
+    shards: list[int],
+    *,
+    policy: str,
+    build_id: str,
+    tokenizer: TokenizerIdentity,
 ) -> list[ConversationsShardManifest]:
     """Publish `shards`, the shards of one object-index block (in a worker process or thread)."""
     block = shards[0] // object_index.BLOCK_SHARDS
@@ -363,6 +419,7 @@ def _publish_block(
             build_id=build_id,
             multi_turn=counts.multi_turn,
             turns=counts.turns,
+            tokenizer=tokenizer,
         )
         together.append((manifest, [(SHARD_FILE, buffers.path(shard))]))
     published = publish_shards_together(store, together, consume_files=True)  # the files move, not copied

@@ -76,6 +76,7 @@ from dagster_project.store import layout
 from dagster_project.store.jsonl import JsonlZstWriter
 from dagster_project.store.manifest import published_shards, put_object, withdraw_shards, write_stage_manifest
 from dagster_project.store.storage import Store
+from dagster_project.tokenizer import TokenizerIdentity
 from dagster_project.workers import cycle_collector_paused
 
 STAGE = "conversations"
@@ -220,6 +221,7 @@ def build_conversations(
     store: Store,
     *,
     load_tokenizer: Callable[[], Any],
+    tokenizer: TokenizerIdentity,
     settings: GenerationSettings,
     num_shards: int,
     work_dir: Path,
@@ -231,7 +233,8 @@ def build_conversations(
 ) -> ConversationsManifest:
     """Build and publish every conversations shard from the ingest snapshot; return the stage manifest.
 
-    `load_tokenizer` is called only when a prompt may not fit the token budget (`budget.PromptBudget`).
+    `load_tokenizer` is called only when a prompt may not fit the token budget (`budget.PromptBudget`); `tokenizer`
+    is its identity, recorded in every manifest (the completions of a shard are refused under another).
     `supersede_shards`: when shards made from conversations of another shard count are published, withdraw
     them (refused otherwise; see `supersede_downstream`)."""
     raw = read_raw_prompts_manifest(store)
@@ -268,7 +271,9 @@ def build_conversations(
             f"{builder.accounting.kept} conversations, {builder.accounting.quarantined} quarantined, "
             f"{builder.renamed_ids} kept under a hash id because their own id was taken, in {built_s:.1f}s"
         )
-        shard_manifests = publish_shards(store, buffers, policy=settings.policy, build_id=build_id, pool=pool, log=log)
+        shard_manifests = publish_shards(
+            store, buffers, policy=settings.policy, build_id=build_id, tokenizer=tokenizer, pool=pool, log=log
+        )
     stale = remove_stale_shards(store, num_shards)
     quarantine_object = put_object(store, QUARANTINE_KEY, quarantine.path)
     quarantine.path.unlink()
@@ -305,6 +310,7 @@ def build_conversations(
             ids_digest=hashlib.sha256("".join(m.ids_digest for m in shard_manifests).encode()).hexdigest(),
             quarantine_rate_max=quarantine_rate_max,
             max_prompt_tokens=max_prompt_tokens,
+            tokenizer=tokenizer,
             prompts_tokenized=budget.exact_counts,
             enable_thinking=settings.enable_thinking,
             preserve_thinking=settings.preserve_thinking,

@@ -9,12 +9,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dagster_project.conversations.shards import read_conversations
+from dagster_project.conversations.shards import ConversationsUsed, read_conversations
 from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.store.layout import COMPLETIONS
 from dagster_project.store.manifest import ShardManifest, iter_parquet_batches, read_shard_manifest
 from dagster_project.store.storage import Store
+from dagster_project.tokenizer import TokenizerIdentity
 
 if TYPE_CHECKING:  # readers of manifests alone (`dflash status`) never load pyarrow
     import pyarrow as pa
@@ -117,7 +118,10 @@ class CompletionsShardManifest(ShardManifest):
     output_tokens: int = 0
     conversations: int = 0
     conversations_ids_digest: str = ""
+    conversations_content_digest: str = ""  # `ConversationsUsed.content_digest` of the shard's conversations
     settings_fingerprint: str = ""
+    # What rendered the prompts (`tokenizer.tokenizer_identity`); unknown for a shard made before it was recorded.
+    tokenizer: TokenizerIdentity = field(default_factory=TokenizerIdentity)
     # A manifest that did not record its settings was made with the defaults.
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     # The answers per model their servers were checked to serve (`ModelIdentity.label`); answers of servers that
@@ -129,6 +133,11 @@ class CompletionsShardManifest(ShardManifest):
     pilot_skipped: bool = False
     # Watch gates a released hold overrode (`dflash hold release --override GATE`) while this shard was made.
     hold_overrides: dict[str, str] = field(default_factory=dict)  # gate → who, when, why
+
+    @property
+    def conversations_used(self) -> ConversationsUsed:
+        """The conversations shard this shard was made from, as it was published then."""
+        return ConversationsUsed(self.conversations_ids_digest, self.conversations_content_digest)
 
     @property
     def avg_output_tokens(self) -> float:

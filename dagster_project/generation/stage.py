@@ -24,7 +24,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dagster_project.conversations.contamination import ContaminationReportStale, quarantined_ids
-from dagster_project.conversations.shards import read_conversations, read_shard_conversations_manifest
+from dagster_project.conversations.shards import (
+    ConversationsUsed,
+    read_conversations,
+    read_shard_conversations_manifest,
+)
 from dagster_project.generation.dispatch import Dispatcher
 from dagster_project.generation.events import ShardGeneration
 from dagster_project.generation.heartbeat import (
@@ -51,6 +55,7 @@ from dagster_project.store.lease import LeaseLost, LeaseOptions, take_lease
 from dagster_project.store.manifest import ids_digest, publish_shard
 from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import describe_failures, failed_gates
+from dagster_project.tokenizer import refuse_other_tokenizer, tokenizer_identity
 
 ROWS_PER_GROUP = 256
 PARQUET_NAME = "completions.parquet"
@@ -210,6 +215,15 @@ def generate_shard(
             "re-materialize conversations; or, having looked at them, set override_failed_gates: true in "
             "completions' config to generate from them anyway"
         )
+    run_tokenizer = tokenizer_identity(tokenizer)
+    refuse_other_tokenizer(
+        conversations_manifest.tokenizer,
+        run_tokenizer,
+        f"conversations shard {shard}",
+        "this shard's prompts would be rendered otherwise than the other shards'. Run completions with the "
+        "tokenizer the conversations were built with (DFLASH_TOKENIZER), or rebuild conversations under this one "
+        "and regenerate the shards made under the other",
+    )
     if gated:
         log(f"generating from gated conversations (override_failed_gates): {describe_failures(gated)}")
     conversations = list(read_conversations(store, shard))
@@ -276,7 +290,9 @@ def generate_shard(
                 output_tokens=written.output_tokens,
                 conversations=len(conversations),
                 conversations_ids_digest=conversations_manifest.ids_digest,
+                conversations_content_digest=ConversationsUsed.of(conversations_manifest).content_digest,
                 settings_fingerprint=fingerprint,
+                tokenizer=run_tokenizer,
                 settings=settings,
                 served_models=dict(sorted(written.served_models.items())),
                 generation=GenerationSummary.of(

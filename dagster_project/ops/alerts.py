@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dagster_project.conversations.shards import stale_conversations_fix
 from dagster_project.generation.progress import ETA_FROM_WINDOW
 from dagster_project.ops.answers.concurrency import ConcurrencyAnswer, describe_set_aside
 from dagster_project.ops.answers.mtp import MtpAnswer
@@ -46,7 +47,7 @@ DEFAULT_THRESHOLDS = AlertThresholds()
 @dataclass(frozen=True)
 class Alert:
     # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs, daemon, hold,
-    # quality, pilot
+    # quality, pilot, tokenizer, conversations
     kind: str
     message: str
 
@@ -75,6 +76,7 @@ def raise_alerts(
         *_refused_answer_alerts(concurrency),
         *_eta_alerts(progress, thresholds.eta_slip),
         *_shard_alerts(progress, storage, thresholds.publish_slow_s),
+        *_input_alerts(storage),
         *_fleet_alerts(concurrency, endpoints_known),
     ]
 
@@ -266,6 +268,35 @@ def _shard_alerts(progress: ProgressAnswer, storage: StorageAnswer, publish_slow
         alerts.append(Alert("storage", f"{storage.failed_uploads} uploads to the store failed (retried)"))
     if len(storage.settings_fingerprints) > 1:
         alerts.append(Alert("storage", f"published shards mix generation settings: {storage.settings_fingerprints}"))
+    return alerts
+
+
+def _input_alerts(storage: StorageAnswer) -> list[Alert]:
+    """Shards whose inputs are not the job's: made under another tokenizer than other shards, or from conversations
+    edited after they were made."""
+    alerts = []
+    if storage.tokenizers_mixed:
+        alerts.append(
+            Alert(
+                "tokenizer",
+                "published shards were made under different tokenizers (their prompts rendered otherwise): "
+                + " | ".join(use.describe() for use in storage.tokenizers)
+                + ". training_set refuses the shards of a tokenizer other than its run's; regenerate them under "
+                "the job's tokenizer (DFLASH_TOKENIZER)",
+            )
+        )
+    edited = storage.made_from_edited_conversations
+    if edited:
+        shards = sorted({shard for found in edited.values() for shard in found})
+        alerts.append(
+            Alert(
+                "conversations",
+                "shards made from conversations edited since they were made: "
+                + "; ".join(f"{stage} {shard_list(found)}" for stage, found in edited.items())
+                + f". training_set and the exports refuse them; shard {shards[0]}: {stale_conversations_fix(shards[0])}"
+                + (f" (and likewise shards {shard_list(shards[1:])})" if len(shards) > 1 else ""),
+            )
+        )
     return alerts
 
 

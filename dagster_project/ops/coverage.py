@@ -32,7 +32,7 @@ from dagster_project.conversations.shards import ConversationsShardManifest, con
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.records import STATUS_EXCLUDED, STATUS_OK
 from dagster_project.store.dataclass_json import read_record, to_json
-from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET
+from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET, regenerate_command
 from dagster_project.store.manifest import (
     ShardManifest,
     check_object,
@@ -107,7 +107,8 @@ class DatasetCoverage:
         if self.completions_from_other_conversations:
             found.append(
                 f"completions shards made from other conversations than those published now: "
-                f"{self.completions_from_other_conversations} (re-materialize them)"
+                f"{self.completions_from_other_conversations} (conversations edited or rebuilt since; regenerate "
+                f"each: `{regenerate_command(COMPLETIONS, self.completions_from_other_conversations[0])}`)"
             )
         if self.completions_beyond_shard_count:
             found.append(
@@ -180,9 +181,7 @@ def dataset_coverage(store: Store, num_shards: int, *, memory_limit: str = "1GB"
             ],
             conversations_shards_missing=[s for s in range(num_shards) if s not in planned],
             completions_from_other_conversations=[
-                s
-                for s, m in sorted(counted.items())
-                if s in planned and m.conversations_ids_digest and m.conversations_ids_digest != planned[s].ids_digest
+                s for s, m in sorted(counted.items()) if s in planned and m.conversations_used.changed_in(planned[s])
             ],
             completions_beyond_shard_count=sorted(s for s in completions if s >= num_shards),
         )

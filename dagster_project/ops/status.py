@@ -85,20 +85,19 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
         lives = pool.submit(read_fleet_lives, store)
         hold, watch = pool.submit(read_hold, store), pool.submit(read_watch_reports, store)
         pilot = pool.submit(read_latest_pilot, store)
+        planned = pool.submit(read_published_manifests, store, CONVERSATIONS, ConversationsShardManifest)
         stage = conversations.result()
         shards = stage.num_shards if stage else 0  # as published: the environment has no say
+        conversations_shards = {s: m for s, m in planned.result().items() if s < shards}
         # The stage manifest is written last: while it is missing, the shards published so far tell the plan.
-        events_planned = (stage.turns if stage else 0) or sum(
-            m.turns
-            for s, m in read_published_manifests(store, CONVERSATIONS, ConversationsShardManifest).items()
-            if s < shards
-        )
+        events_planned = (stage.turns if stage else 0) or sum(m.turns for m in conversations_shards.values())
         completions, training = generated.result(), assembled.result()
         return Readings(
             now=now,
             num_shards=shards,
             raw=raw.result(),
             conversations=stage,
+            conversations_shards=conversations_shards,
             events_planned=events_planned,
             published={s: m for s, m in completions.manifests.items() if s < shards},
             heartbeats=heartbeats.result(),

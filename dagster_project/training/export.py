@@ -45,6 +45,11 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from dagster_project.conversations.shards import (
+    ConversationsChanged,
+    read_shard_conversations_manifest,
+    stale_conversations_fix,
+)
 from dagster_project.store import verdicts
 from dagster_project.store.layout import EXPORTS, SHARD_DIGITS, TRAINING_SET
 from dagster_project.store.manifest import rows_mismatch
@@ -187,8 +192,14 @@ def cleared_manifest(
     store: Store, shard: int, *, override_failed_gates: bool = False, asset: str = "specforge_export"
 ) -> tuple[TrainingShardManifest, dict[str, str]]:
     """The training shard's manifest and the failed gates overridden; `ShardNotCleared` if `asset` may not export
-    it."""
+    it, `ConversationsChanged` if it was made from conversations edited since and not accepted as such."""
     manifest = training_manifest(store, shard)
+    if not manifest.source.stale_conversations_accepted:
+        manifest.source.conversations.refuse_if_changed(
+            read_shard_conversations_manifest(store, shard),
+            f"training_set shard {shard}",
+            stale_conversations_fix(shard),
+        )
     reasons = uncleared(store, manifest, override_failed_gates=override_failed_gates)
     if reasons:
         fix = (
@@ -227,7 +238,7 @@ def export_shard(
             if counts.rows != manifest.rows or counts.loss_tokens != manifest.loss_tokens:
                 raise rows_mismatch(store, manifest, counts.rows)
             info = store.put_file(specforge_key(shard), path)
-    except (ShardNotCleared, LossMaskTooSmall) as refusal:
+    except (ShardNotCleared, LossMaskTooSmall, ConversationsChanged) as refusal:
         verdicts.record_export_outcome(store, manifest, overridden={}, refused=str(refusal))
         raise
     except CorruptObject as damage:  # `status` shows the training shard damaged, naming the object

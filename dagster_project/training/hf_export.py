@@ -33,6 +33,7 @@ from dagster_project.store.layout import EXPORTS, SHARD_DIGITS
 from dagster_project.store.manifest import rows_mismatch
 from dagster_project.store.storage import Store, StoreError
 from dagster_project.store.verdicts import REQUIRED_VERDICTS, read_verdict
+from dagster_project.tokenizer import TokenizerIdentity
 from dagster_project.training.export import ExportOptions, ThinMasks, cleared_manifest
 from dagster_project.training.lengths import LengthFigures
 from dagster_project.training.shards import AssemblyOptions, TrainingShardWriter, iter_training_batches
@@ -61,6 +62,8 @@ class HfShardExport:
     settings_fingerprint: str = ""
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     served_models: dict[str, int] = field(default_factory=dict)  # answers per model their servers served
+    tokenizer: TokenizerIdentity = field(default_factory=TokenizerIdentity)  # what rendered the prompts
+    stale_conversations_accepted: bool = False  # made from conversations edited since, accepted by the operator
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
     lengths: LengthFigures = field(default_factory=LengthFigures)
     output_tokens_by_outcome: dict[str, int] = field(default_factory=dict)  # the training manifest's
@@ -117,6 +120,8 @@ def export_hf_shard(
         settings_fingerprint=manifest.source.settings_fingerprint,
         settings=manifest.source.settings,
         served_models=manifest.source.served_models,
+        tokenizer=manifest.source.tokenizer,
+        stale_conversations_accepted=manifest.source.stale_conversations_accepted,
         assembly=manifest.assembly,
         lengths=manifest.lengths,
         output_tokens_by_outcome=manifest.output_tokens_by_outcome,
@@ -183,7 +188,11 @@ def dataset_card(records: list[HfShardExport]) -> str:
     lengths = LengthFigures()
     outcomes: Counter = Counter()
     models: Counter = Counter()
+    tokenizers: dict[str, TokenizerIdentity] = {}
+    shards_per_tokenizer: Counter = Counter()
     for record in records:
+        tokenizers[record.tokenizer.fingerprint] = record.tokenizer
+        shards_per_tokenizer[record.tokenizer.fingerprint] += 1
         models.update(record.served_models)
         outcomes.update(record.output_tokens_by_outcome)
         sources.update(record.rows_by_source)
@@ -193,6 +202,7 @@ def dataset_card(records: list[HfShardExport]) -> str:
         lengths.merge(record.lengths)
     cleared = [r.shard for r in records if set(r.checks_passed) == set(REQUIRED_VERDICTS)]
     overridden = [f"shard {r.shard}: {gate}: {message}" for r in records for gate, message in r.overridden.items()]
+    stale_accepted = [r.shard for r in records if r.stale_conversations_accepted]
     watch_overrides = sorted({f"{gate}: {message}" for r in records for gate, message in r.hold_overrides.items()})
     header = "\n".join(
         [
@@ -238,6 +248,23 @@ def dataset_card(records: list[HfShardExport]) -> str:
             ["model", "answers"],
             [[label, f"{n:,}"] for label, n in sorted(models.items())] or [["not recorded", "—"]],
         ),
+        "## Tokenizer and chat template",
+        "The tokenizer that rendered the prompts, by fingerprint (of its vocabulary, special tokens and chat "
+        "template; `training_set` refuses a shard made under another tokenizer than its run's):\n\n"
+        + _table(
+            ["fingerprint", "tokenizer", "vocabulary", "special tokens", "chat template", "shards"],
+            [
+                [
+                    fingerprint or "not recorded",
+                    identity.name or "—",
+                    identity.vocabulary or "—",
+                    identity.special_tokens or "—",
+                    identity.chat_template or "—",
+                    shards_per_tokenizer[fingerprint],
+                ]
+                for fingerprint, identity in sorted(tokenizers.items())
+            ],
+        ),
         "## Generation settings",
         _table(
             ["fingerprint", "shards", "settings"],
@@ -264,6 +291,11 @@ def dataset_card(records: list[HfShardExport]) -> str:
         "suite). No row has a loss mask under the export's minimum."
         + ("\n\nFailed gates exported anyway by an operator:\n" + "\n".join(f"- {line}" for line in overridden))
         * bool(overridden)
+        + (
+            "\n\nMade from conversations edited after they were generated, accepted by an operator "
+            f"(`accept_stale_conversations`): shards {stale_accepted}"
+        )
+        * bool(stale_accepted)
         + (
             "\n\nQuality-watch gates overridden while generating (a hold of the line released as a false alarm):\n"
             + "\n".join(f"- {line}" for line in watch_overrides)

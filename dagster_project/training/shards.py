@@ -21,10 +21,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from dagster_project.conversations.shards import ConversationsUsed
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.store.layout import TRAINING_SET
 from dagster_project.store.manifest import ShardManifest, iter_parquet_batches, read_shard_manifest
 from dagster_project.store.storage import Store
+from dagster_project.tokenizer import TokenizerIdentity
 from dagster_project.training.lengths import KEEP, LENGTH_POLICIES, MIN_OUTPUT_TOKENS, LengthFigures
 
 TRAINING_FILE = "training.parquet"
@@ -91,6 +93,12 @@ class TrainingSource:
     hold_overrides: dict[str, str] = field(default_factory=dict)
     # The answers per model their servers were checked to serve (the completions manifest's `served_models`).
     served_models: dict[str, int] = field(default_factory=dict)
+    # What rendered the prompts (the completions manifest's); unknown for completions made before it was recorded.
+    tokenizer: TokenizerIdentity = field(default_factory=TokenizerIdentity)
+    # The conversations shard the completions were made from, as published then; and whether the operator accepted
+    # that they had been edited since (`accept_stale_conversations`): the exports refuse the shard otherwise.
+    conversations: ConversationsUsed = field(default_factory=ConversationsUsed)
+    stale_conversations_accepted: bool = False
 
 
 @dataclass(frozen=True)

@@ -40,15 +40,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dagster_project.conversations.contamination import EVAL_CONTAMINATION, quarantined_ids
+from dagster_project.conversations.shards import read_shard_conversations_manifest, stale_conversations_fix
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import PROVENANCE_FIELDS, STATUS_EXCLUDED, STATUS_OK, TRAINING_SCHEMA
 from dagster_project.store.dataclass_json import parse_record
-from dagster_project.store.layout import COMPLETIONS, TRAINING_SET, lease_key, shard_manifest_key
+from dagster_project.store.layout import COMPLETIONS, TRAINING_SET, lease_key, regenerate_command, shard_manifest_key
 from dagster_project.store.lease import Lease, LeaseOptions, take_lease
 from dagster_project.store.manifest import ids_digest, iter_parquet_batches, publish_shard, rows_mismatch
 from dagster_project.store.storage import Store, sha256_bytes
 from dagster_project.store.verdicts import describe_failures, failed_gates
+from dagster_project.tokenizer import TokenizerIdentity, refuse_other_tokenizer
 from dagster_project.training.gates import GateResult
 from dagster_project.training.lengths import DROP, KEEP, MIN_OUTPUT_TOKENS, LengthFigures, kept_output
 from dagster_project.training.outcomes import (
@@ -330,6 +332,8 @@ def assemble_shard(
     options: AssemblyOptions,
     staging_dir: Path,
     *,
+    tokenizer: TokenizerIdentity = TokenizerIdentity(),
+    accept_stale_conversations: bool = False,
     override_failed_gates: bool = False,
     run_id: str | None = None,
     lease: LeaseOptions = LeaseOptions(),
@@ -337,11 +341,28 @@ def assemble_shard(
     """Build and publish `training_set/shard=NNNNN/` from the published completions shard; return its manifest.
 
     Refuses a completions shard that failed a blocking gate (its checks' verdicts on this publication), naming
-    the gate, unless `override_failed_gates` (the overridden gates are then recorded in the manifest). One run
+    the gate, unless `override_failed_gates` (the overridden gates are then recorded in the manifest); one made
+    under another tokenizer than the run's, `tokenizer` (`TokenizerMismatch`; the asset passes the run's, unknown
+    compares with nothing); and one made from conversations
+    edited since (`ConversationsChanged`), unless `accept_stale_conversations` (recorded in the manifest). One run
     at a time: the shard's lease is held while it is assembled and published (`run_id` names the holder).
     """
     source, source_sha256 = _completions_source(store, shard)
     refuse_mixed_models(source, store.url(shard_manifest_key(COMPLETIONS, shard)))
+    refuse_other_tokenizer(
+        source.tokenizer,
+        tokenizer,
+        f"completions shard {shard}",
+        "its rows would mix with rows rendered by another chat template. Regenerate it under this tokenizer: "
+        f"`{regenerate_command(COMPLETIONS, shard)}`, or run training_set with the tokenizer it was made under "
+        "(DFLASH_TOKENIZER)",
+    )
+    conversations_now = read_shard_conversations_manifest(store, shard)
+    stale = conversations_now is not None and source.conversations_used.changed_in(conversations_now)
+    if not accept_stale_conversations:
+        source.conversations_used.refuse_if_changed(
+            conversations_now, f"completions shard {shard}", stale_conversations_fix(shard)
+        )
     gated = failed_gates(store, source)  # what the completions checks recorded on this publication
     if gated and not override_failed_gates:
         raise CompletionsGated(
@@ -359,6 +380,7 @@ def assemble_shard(
             source,
             source_sha256,
             gated,
+            stale,
             held,
             contaminated,
             report.computed_at if report is not None else 0.0,
@@ -373,6 +395,7 @@ def _assemble(
     source: CompletionsShardManifest,
     source_sha256: str,
     overridden: dict[str, str],
+    stale_accepted: bool,
     held: Lease,
     contaminated: Set[str],
     contamination_report_at: float,
@@ -430,6 +453,9 @@ def _assemble(
                 gates_overridden=overridden,
                 hold_overrides=source.hold_overrides,
                 served_models=source.served_models,
+                tokenizer=source.tokenizer,
+                conversations=source.conversations_used,
+                stale_conversations_accepted=stale_accepted,
             ),
         )
         held.renew()  # LeaseLost: another run took the shard over, and this one must not publish

@@ -37,7 +37,7 @@ def published(s3_bucket, tmp_path):
         for conversation in read_conversations(local, shard):
             buffers.write(conversation, orjson.dumps(conversation))
     buffers.flush()
-    manifests = publish_shards(store, buffers, policy=stage.policy, build_id=stage.build_id)
+    manifests = publish_shards(store, buffers, policy=stage.policy, build_id=stage.build_id, tokenizer=stage.tokenizer)
     write_stage_manifest(store, stage)
     return store, stage, manifests
 

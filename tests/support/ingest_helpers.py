@@ -20,7 +20,7 @@ from dagster_project.records import Conversation
 from dagster_project.store import layout
 from dagster_project.store.jsonl import read_jsonl_zst
 from dagster_project.store.storage import LocalStore
-from dagster_project.tokenizer import load_tokenizer
+from dagster_project.tokenizer import load_tokenizer, tokenizer_identity
 
 
 @dataclass
@@ -60,6 +60,7 @@ def run_stages(
     manifest = build_conversations(
         store,
         load_tokenizer=load_tokenizer,
+        tokenizer=tokenizer_identity(load_tokenizer()),
         settings=GenerationSettings(policy=policy),
         num_shards=num_shards,
         work_dir=root / "work",

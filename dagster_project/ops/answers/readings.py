@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dagster_project.conversations.shards import ConversationsManifest
+from dagster_project.conversations.shards import ConversationsManifest, ConversationsShardManifest
 from dagster_project.generation.fleet_life import FleetLife
 from dagster_project.generation.heartbeat import ACTIVE_STATES, run_is_alive
 from dagster_project.generation.line_hold import Hold
@@ -18,6 +18,7 @@ from dagster_project.ops.plan import Plan
 from dagster_project.ops.tune import TuneReport
 from dagster_project.pilot_record import PilotRecord
 from dagster_project.store.verdicts import ExportOutcome, Verdict
+from dagster_project.tokenizer import TokenizerIdentity
 from dagster_project.training.shards import TrainingShardManifest
 
 
@@ -45,6 +46,32 @@ class Readings:
     hold: Hold | None = None  # the line's hold, if one stands
     watch: list[WatchReport] = field(default_factory=list)  # every shard's last quality-watch report
     pilot: PilotRecord | None = None  # the last pilot, of any settings (`pilot/latest.json`)
+    conversations_shards: dict[int, ConversationsShardManifest] = field(default_factory=dict)  # as published now
+
+    @property
+    def made_from_edited_conversations(self) -> dict[str, list[int]]:
+        """Stage → its shards made from conversations other than those published now (prompts edited, or rebuilt
+        with other content, after the shard was made); a training shard whose staleness the operator accepted
+        (`accept_stale_conversations`) is not listed."""
+        now = self.conversations_shards
+        completions = [
+            s for s, m in sorted(self.published.items()) if s in now and m.conversations_used.changed_in(now[s])
+        ]
+        training = [
+            s
+            for s, m in sorted(self.training_set.items())
+            if s in now and not m.source.stale_conversations_accepted and m.source.conversations.changed_in(now[s])
+        ]
+        return {stage: shards for stage, shards in (("completions", completions), ("training_set", training)) if shards}
+
+    @property
+    def tokenizers(self) -> dict[str, dict[int, TokenizerIdentity]]:
+        """Stage → shard → the tokenizer its published shard was made under."""
+        return {
+            "conversations": {s: m.tokenizer for s, m in self.conversations_shards.items()},
+            "completions": {s: m.tokenizer for s, m in self.published.items()},
+            "training_set": {s: m.source.tokenizer for s, m in self.training_set.items()},
+        }
 
     @property
     def live(self) -> list[Heartbeat]:

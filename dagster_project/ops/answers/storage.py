@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from dagster_project.ops.answers.readings import Readings
-from dagster_project.ops.answers.text import ago, as_of, fmt
+from dagster_project.ops.answers.text import ago, as_of, fmt, shard_list
 from dagster_project.store.storage import Store
 
 
@@ -31,6 +31,34 @@ class StoreDelay:
 
 
 @dataclass(frozen=True)
+class TokenizerUse:
+    """One tokenizer fingerprint among the published shards: the names it was configured under, and its shards by
+    stage. Fingerprint "": shards that did not record theirs (made before tokenizers were recorded)."""
+
+    fingerprint: str
+    names: list[str]
+    shards: dict[str, list[int]]
+
+    def describe(self) -> str:
+        where = "; ".join(f"{stage} {shard_list(shards)}" for stage, shards in self.shards.items())
+        if not self.fingerprint:
+            return f"unknown (not recorded): {where}"
+        return f"{self.fingerprint} ({', '.join(self.names)}): {where}"
+
+
+def tokenizer_uses(readings: Readings) -> list[TokenizerUse]:
+    """The tokenizers the published shards were made under, the unknown last."""
+    uses: dict[str, TokenizerUse] = {}
+    for stage, by_shard in readings.tokenizers.items():
+        for shard, identity in sorted(by_shard.items()):
+            use = uses.setdefault(identity.fingerprint, TokenizerUse(identity.fingerprint, [], {}))
+            if identity.name and identity.name not in use.names:
+                use.names.append(identity.name)
+            use.shards.setdefault(stage, []).append(shard)
+    return sorted(uses.values(), key=lambda use: (not use.fingerprint, use.fingerprint))
+
+
+@dataclass(frozen=True)
 class StorageAnswer:
     store: str
     shards_total: int
@@ -50,6 +78,14 @@ class StorageAnswer:
     # The shard runs' store calls and those retried, by cause (S3 `SlowDown`, timeouts): nothing lost, time spent.
     store_calls: int = 0
     store_retries: dict[str, int] = field(default_factory=dict)
+    # The tokenizers the published shards were made under: more than one known fingerprint mixes renderings.
+    tokenizers: list[TokenizerUse] = field(default_factory=list)
+    # Stage → shards made from conversations edited since (`Readings.made_from_edited_conversations`).
+    made_from_edited_conversations: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def tokenizers_mixed(self) -> bool:
+        return sum(1 for use in self.tokenizers if use.fingerprint) > 1
 
 
 def answer_storage(
@@ -80,6 +116,8 @@ def answer_storage(
         if materialized is None
         else sorted(s for s in materialized if s not in published or s in damaged),
         delay=delay,
+        tokenizers=tokenizer_uses(readings),
+        made_from_edited_conversations=readings.made_from_edited_conversations,
     )
 
 
@@ -101,6 +139,15 @@ def render_storage(storage: StorageAnswer, now: float) -> list[str]:
         f"   generation settings of published shards: {s.settings_fingerprints or '—'}"
         + ("  ALERT: mixed settings" if len(s.settings_fingerprints) > 1 else "")
         + (f"  stale (made with other settings than configured now): {s.stale_shards}" if s.stale_shards else ""),
+    ]
+    lines += [
+        "   tokenizers of published shards: "
+        + (" | ".join(use.describe() for use in s.tokenizers) or "—")
+        + ("  ALERT: mixed tokenizers" if s.tokenizers_mixed else ""),
+        *(
+            f"   ALERT: {stage} shards made from conversations edited since: {shard_list(shards)}"
+            for stage, shards in s.made_from_edited_conversations.items()
+        ),
     ]
     if s.store_retries:
         lines.append(f"   {retried_calls(s)}")

@@ -10,6 +10,7 @@ from dagster_project.conversations import drafts
 from dagster_project.conversations.shards import ShardBuffers, publish_shards, read_conversations
 from dagster_project.records import Conversation
 from dagster_project.store.storage import LocalStore
+from dagster_project.tokenizer import TokenizerIdentity
 
 SHARDS = 300  # three object-index blocks
 
@@ -21,7 +22,9 @@ def _publish(root, pool):
         buffers.write(conversation, orjson.dumps(conversation))
     buffers.flush()
     store = LocalStore(root / "store")
-    manifests = publish_shards(store, buffers, policy="all_turns", build_id="b", pool=pool)
+    manifests = publish_shards(
+        store, buffers, policy="all_turns", build_id="b", tokenizer=TokenizerIdentity(), pool=pool
+    )
     assert not list((root / "buffers").iterdir()), "the shard files and the ids files are given up"
     return store, [dataclasses.replace(m, published_at=0.0) for m in manifests]
 

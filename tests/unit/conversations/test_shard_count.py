@@ -19,7 +19,7 @@ from dagster_project.ops.coverage import dataset_coverage, read_coverage
 from dagster_project.records import COMPLETION_SCHEMA, empty_completion_row
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET, shard_manifest_key
 from dagster_project.store.manifest import ShardManifest, publish_shard, published_shards
-from dagster_project.tokenizer import load_tokenizer
+from dagster_project.tokenizer import load_tokenizer, tokenizer_identity
 from tests.support.ingest_helpers import run_stages
 
 EXPORT_KEY = "exports/specforge/shard=00003.jsonl"
@@ -46,6 +46,7 @@ def rebuild(store, tmp_path, num_shards: int, **options):
     return build_conversations(
         store,
         load_tokenizer=load_tokenizer,
+        tokenizer=tokenizer_identity(load_tokenizer()),
         settings=GenerationSettings(),
         num_shards=num_shards,
         work_dir=tmp_path / "rebuild",
