@@ -1,0 +1,320 @@
+"""One job through every stage, in process: its inputs written (locally and to moto), `ingest_to_store`,
+`build_conversations`, `generate_shard` on a simulator fleet with the job's fault, `assemble_shard`; then what the
+fleet itself recorded (each server's request log and `sglang:generation_tokens_total`) is collected for the checks.
+
+Faults are injected when the fleet shows the shard under way (a server's request log), never after a sleep.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dagster_aws.s3 import S3Resource
+
+from dagster_project.conversations.stage import build_conversations
+from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
+from dagster_project.generation.line_hold import Hold, LineHeld, put_hold, release_hold
+from dagster_project.generation.served_model import ExpectedModel
+from dagster_project.generation.stage import generate_shard
+from dagster_project.generation_settings import GenerationSettings
+from dagster_project.ingest.stage import ingest_to_store
+from dagster_project.resources.store import DatasetStore
+from dagster_project.store.storage import LocalStore, Store
+from dagster_project.tokenizer import load_tokenizer, special_ids
+from dagster_project.training.gates import GateThresholds
+from dagster_project.training.shards import AssemblyOptions
+from dagster_project.training.stage import assemble_shard
+from dagster_project.training.watch_figures import AnswerQualityWatch
+from tests.support.fault_proxy import FaultProxy
+from tests.support.harness.answer_proxy import AnswerProxy
+from tests.support.harness.jobs import Fault, Job
+from tests.support.s3_server import S3Server
+from tests.support.sglang_fixtures import SimFleet, call, wait_until
+
+MAX_NEW_TOKENS = 64
+FIT_MAX_LENGTH = 160  # with fit on: long prompts are not sent, some answers are cut where the trainer cuts
+# Short answers, a little decode time (so a fault finds requests in flight), /metrics on, hangs found in 0.5 s.
+SIM_OPTIONS: dict[str, Any] = {
+    "output_len": "uniform:8:48",
+    "decode_step_s": 0.002,
+    "max_running_requests": 4,
+    "enable_metrics": True,
+    "health_check_timeout_s": 0.5,
+    "tool_call_share": 0.3,
+}
+# The dispatcher as the fault tests run it: probes and watchdog in seconds, not minutes.
+DISPATCH = DispatchOptions(
+    probe_interval_s=0.2,
+    watchdog_s=1.0,
+    canary_timeout_s=5.0,
+    max_probe_backoff_s=0.5,
+    probe_timeout_s=5.0,
+    fleet_down_grace_s=30.0,
+    load_read_interval_s=0.2,
+)
+# Every server is checked to serve the job's model before its first request, as the fleet resource does.
+EXPECTED_MODEL = ExpectedModel().identity()
+FAULTY_SERVER = 1
+BREAK_EVERY = 3  # the broken-answers proxy breaks every third job answer of its server
+FAULT_WAIT_S = 60.0
+
+
+@dataclass
+class ServerRecord:
+    url: str  # the simulator itself (a proxy may stand between it and the dispatcher)
+    requests: list[dict]  # its request log (probes included)
+    generated_tokens: float  # its sglang:generation_tokens_total
+    killed: bool = False
+
+
+@dataclass
+class JobRun:
+    job: Job
+    root: Path
+    store: Store
+    settings: GenerationSettings
+    assembly: AssemblyOptions
+    uris: dict[str, str]  # input file name → the URI ingest read it from
+    servers: list[ServerRecord] = field(default_factory=list)
+    answer_proxy: AnswerProxy | None = None
+    failures: list[str] = field(default_factory=list)  # a stage or the harness raised
+    refused_while_held: bool = False
+    seconds: float = 0.0
+    started_wall: float = field(default_factory=time.time)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds each part of the job took
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(self.phases.get(name, 0.0) + time.perf_counter() - started, 2)
+
+
+def generation_tokens_total(url: str) -> float:
+    """The server's own count of the output tokens it generated (`sglang:generation_tokens_total`)."""
+    status, text = call(url + "/metrics", timeout=10)
+    assert status == 200, (url, status)
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("sglang:generation_tokens_total")
+    )
+
+
+def _write_inputs(job: Job, root: Path, s3: S3Server, bucket: str) -> dict[str, str]:
+    uris = {}
+    client = s3.client()
+    for file in job.files:
+        data = "".join(row.line + "\n" for row in file.rows).encode()
+        if file.noise_bytes:
+            data = random.Random(job.seed).randbytes(file.noise_bytes)
+        elif file.name.endswith(".gz"):
+            data = gzip.compress(data)
+            if "broken" in file.name:
+                data = data[: len(data) * 2 // 3]  # cut short mid-stream
+        if file.on_s3:
+            key = f"inputs/{file.name}"
+            client.put_object(Bucket=bucket, Key=key, Body=data)
+            uris[file.name] = f"s3://{bucket}/{key}"
+        else:
+            path = root / "inputs" / file.name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            uris[file.name] = str(path)
+    return uris
+
+
+class _FaultInjector:
+    """Injects the job's fault from a thread once the shard is under way; `stop()` ends it however far it got."""
+
+    def __init__(self, run: JobRun, fleet: SimFleet, s3_proxy: FaultProxy | None):
+        self.run, self.fleet, self.s3_proxy = run, fleet, s3_proxy
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._inject, daemon=True)
+        self.killed_record: ServerRecord | None = None
+
+    def __enter__(self) -> _FaultInjector:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=FAULT_WAIT_S)
+
+    def _when(self, predicate: Callable[[], Any], what: str) -> bool:
+        """Wait for `predicate` (True) or the end of generation (False)."""
+        wait_until(lambda: self.stopping.is_set() or predicate(), timeout_s=FAULT_WAIT_S * 5, what=what)
+        return not self.stopping.is_set() or bool(predicate())
+
+    def _inject(self) -> None:
+        try:
+            self._fault(self.run.job.fault)
+        except Exception:  # the harness itself broke: a failure of the job, named
+            self.run.failures.append("fault injection: " + traceback.format_exc(limit=3))
+
+    def _fault(self, fault: Fault) -> None:
+        fleet, index = self.fleet, FAULTY_SERVER
+        if fault is Fault.KILL:
+            if not self._when(lambda: len(fleet.job_requests(index)) >= 3, "requests at the server to kill"):
+                return
+            fleet.set_faults(index, hang=True)  # nothing more finishes: its counters are final
+            self.killed_record = ServerRecord(
+                fleet.url(index), fleet.requests(index), generation_tokens_total(fleet.url(index)), killed=True
+            )
+            fleet.kill(index)
+        elif fault is Fault.HANG_AND_RECOVER:
+            in_flight: set[str] = set()
+
+            def busy() -> bool:
+                in_flight.update(e["input_hash"] for e in fleet.job_requests(index) if e["outcome"] == "pending")
+                return len(in_flight) >= 2
+
+            if not self._when(busy, "requests in flight at the server to hang"):
+                return
+            fleet.set_faults(index, hang=True)
+            pending = {e["input_hash"] for e in fleet.job_requests(index) if e["outcome"] == "pending"}
+
+            def sent_elsewhere() -> bool:
+                others = {e["input_hash"] for i in range(len(fleet.urls)) if i != index for e in fleet.job_requests(i)}
+                return bool(pending & others)
+
+            self._when(sent_elsewhere, "the hung server's requests sent to another server")
+            fleet.set_faults(index, hang=False)  # it comes back, its requests still there
+        elif fault is Fault.S3_OUTAGE:
+            proxy = self.s3_proxy
+            assert proxy is not None
+            if not self._when(lambda: sum(len(fleet.job_requests(i)) for i in range(len(fleet.urls))) >= 4, "work"):
+                return
+            proxy.go_down()
+            self._when(lambda: proxy.refused >= 2, "the store to meet the outage")
+            proxy.come_back()
+
+
+def _watch(tokenizer: Any, settings: GenerationSettings) -> AnswerQualityWatch:
+    return AnswerQualityWatch(
+        special_ids(tokenizer), tokenizer.decode, enable_thinking=settings.enable_thinking, thresholds=GateThresholds()
+    )
+
+
+def run_job(job: Job, root: Path, s3: S3Server, bucket: str, tokenizer: Any) -> JobRun:
+    """Run `job` under `root` (a fresh directory), its S3 objects in `bucket` on `s3`."""
+    started = time.perf_counter()
+    os.environ.update(s3.env)
+    settings = GenerationSettings(
+        max_new_tokens=MAX_NEW_TOKENS, policy=job.policy, fit_max_length=FIT_MAX_LENGTH if job.fit else None
+    )
+    assembly = AssemblyOptions(max_length=FIT_MAX_LENGTH) if job.fit else AssemblyOptions()
+    host, port = s3.endpoint.removeprefix("http://").split(":")
+    s3_proxy = FaultProxy(host, int(port))
+    try:
+        if job.store_on_s3:
+            store = DatasetStore(
+                root=f"s3://{bucket}/runs/seed{job.seed}",
+                work_dir=str(root / "store_work"),
+                s3=S3Resource(endpoint_url=s3_proxy.endpoint),
+                attempts=6,
+                backoff_s=0.2,
+            ).open()
+        else:
+            store = LocalStore(root / "store")
+        run = JobRun(job, root, store, settings, assembly, _write_inputs(job, root, s3, bucket))
+        _run_stages(run, s3, s3_proxy, tokenizer)
+    finally:
+        s3_proxy.close()
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def _run_stages(run: JobRun, s3: S3Server, s3_proxy: FaultProxy, tokenizer: Any) -> None:
+    job, store, work = run.job, run.store, run.root / "work"
+    try:
+        with run.phase("ingest"):
+            ingest_to_store(
+                store, [run.uris[f.name] for f in job.files], work_dir=work, s3_client=functools.cache(s3.client)
+            )
+        with run.phase("conversations"):
+            build_conversations(
+                store, load_tokenizer=load_tokenizer, settings=run.settings, num_shards=job.num_shards, work_dir=work
+            )
+    except Exception:
+        run.failures.append("preparing conversations: " + traceback.format_exc(limit=4))
+        return
+    with run.phase("fleet start"):
+        fleet = SimFleet.start(job.servers, run.root / "fleet", SIM_OPTIONS)
+    endpoints = list(fleet.urls)
+    special = special_ids(tokenizer)
+    if job.fault in (Fault.BROKEN_ANSWERS, Fault.GENERATE_HANGS):
+        run.answer_proxy = AnswerProxy(
+            fleet.url(FAULTY_SERVER),
+            tokenizer.decode,
+            special.eos_ids[0],
+            break_every=BREAK_EVERY if job.fault is Fault.BROKEN_ANSWERS else 0,
+            hang_generate=job.fault is Fault.GENERATE_HANGS,
+        )
+        endpoints[FAULTY_SERVER] = run.answer_proxy.start()
+    try:
+        with _FaultInjector(run, fleet, s3_proxy) as injector:
+            _generate_and_assemble(run, endpoints, tokenizer, work)
+        for index in range(job.servers):
+            if injector.killed_record is not None and index == FAULTY_SERVER:
+                run.servers.append(injector.killed_record)
+            else:
+                url = fleet.url(index)
+                run.servers.append(ServerRecord(url, fleet.requests(index), generation_tokens_total(url)))
+    finally:
+        if run.answer_proxy is not None:
+            run.answer_proxy.close()
+        fleet.stop()
+
+
+def _generate_and_assemble(run: JobRun, endpoints: list[str], tokenizer: Any, work: Path) -> None:
+    job, store = run.job, run.store
+    for shard in range(job.num_shards):
+        try:
+            if job.hold and shard == 0:
+                put_hold(store, _harness_hold())
+                try:
+                    generate_shard(
+                        store, shard, tokenizer=tokenizer, settings=run.settings,
+                        dispatcher=Dispatcher(endpoints, DISPATCH, expected_model=EXPECTED_MODEL), work_dir=work,
+                    )  # fmt: skip
+                except LineHeld:
+                    run.refused_while_held = True
+                release_hold(store, by="harness", reason="the harness's rehearsed hold")
+            with run.phase("generate"):
+                generate_shard(
+                    store,
+                    shard,
+                    tokenizer=tokenizer,
+                    settings=run.settings,
+                    dispatcher=Dispatcher(endpoints, DISPATCH, expected_model=EXPECTED_MODEL),
+                    work_dir=work,
+                    watch=_watch(tokenizer, run.settings),
+                )
+            with run.phase("assemble"):
+                assemble_shard(store, shard, run.assembly, run.root / "staging")
+        except Exception:
+            run.failures.append(f"shard {shard}: " + traceback.format_exc(limit=4))
+
+
+def _harness_hold() -> Hold:
+    return Hold(
+        gate="harness_rehearsal",
+        message="a hold the harness puts before generation and releases",
+        figure=0.0,
+        threshold=0.0,
+        sample_size=0,
+        scope="fleet",
+        held_at=time.time(),
+    )
