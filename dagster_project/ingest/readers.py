@@ -24,6 +24,7 @@ import gzip
 import io
 import json
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,20 +152,26 @@ def iter_rows(path: Path, name: str | None = None, row_range: RowRange | None = 
             part = io.BytesIO(handle.read(row_range.end - row_range.start))  # a range's bytes, not the file's
         yield from _jsonl_rows(part, row_range.first_row)
         return
-    with _open_decompressed(path, compression) as stream:
-        if kind == "json" and _first_byte(stream) == b"[":
-            yield from _json_array_rows(stream, name)
-            return
-        rows = _jsonl_rows(stream)
-        first = next(rows, None)
-        # A `.json` file that is not an array is JSON Lines (as Hugging Face exports are) or one pretty-printed
-        # object (one conversation), which read as lines would turn into a quarantined row per line.
-        if kind == "json" and first is not None and first.reason == "invalid_json":
-            yield _single_object_row(path, name, compression, first.detail)
-            return
-        if first is not None:
-            yield first
-            yield from rows
+    try:
+        with _open_decompressed(path, compression) as stream:
+            if kind == "json" and _first_byte(stream) == b"[":
+                yield from _json_array_rows(stream, name)
+                return
+            rows = _jsonl_rows(stream)
+            first = next(rows, None)
+            # A `.json` file that is not an array is JSON Lines (as Hugging Face exports are) or one pretty-printed
+            # object (one conversation), which read as lines would turn into a quarantined row per line.
+            if kind == "json" and first is not None and first.reason == "invalid_json":
+                yield _single_object_row(path, name, compression, first.detail)
+                return
+            if first is not None:
+                yield first
+                yield from rows
+    except _DAMAGED_STREAM as exc:
+        if compression is None:
+            raise
+        # A file cut short or not compressed at all: its rows before the damage count, the file is named unreadable.
+        raise FileFormatError(f"{name}: damaged {compression} stream: {type(exc).__name__}: {exc}") from exc
 
 
 def _single_object_row(path: Path, name: str, compression: str | None, line_error: str) -> RawRow:
@@ -181,6 +188,10 @@ def _single_object_row(path: Path, name: str, compression: str | None, line_erro
     if not isinstance(value, dict):
         raise FileFormatError(f"{name}: neither a JSON array, JSON Lines nor one JSON object")
     return RawRow(0, value=value)
+
+
+# What a damaged compressed stream raises while it is read: cut short, a bad header, corrupt data.
+_DAMAGED_STREAM = (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)
 
 
 def _open_decompressed(path: Path, compression: str | None) -> BinaryIO:
