@@ -169,8 +169,8 @@ def events_once(run: JobRun, stored: Stored) -> list[str]:
 
 def ledger_balances(run: JobRun, stored: Stored) -> list[str]:
     """trained + pending + every cause of the waste ledger = every output token the fleet generated."""
-    if not run.servers or run.failures:
-        return []
+    if not run.servers or run.failures or run.job.fault is Fault.BROKEN_ANSWERS:
+        return []  # broken answers: their ids are the proxy's, not tokens the fleet generated
     waste = collect_status(run.store, []).waste
     ledger = waste.trained_output_tokens + waste.pending_output_tokens + waste.wasted_output_tokens
     fleet = sum(server.generated_tokens for server in run.servers)

@@ -70,6 +70,58 @@ BREAK_EVERY = 3  # the broken-answers proxy breaks every third job answer of its
 FAULT_WAIT_S = 60.0
 
 
+MAX_SERVERS = 3  # the shared fleet's size; a job uses its first `Job.servers`
+
+
+class FleetPool:
+    """One simulator fleet shared by the jobs (starting one costs seconds on a loaded machine): each job starts
+    with its faults cleared and reads only its own part of the request logs and counters (`ServerMark`); a fleet
+    a job killed a server of is replaced at the next job."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.fleet: SimFleet | None = None
+        self.starts = 0
+
+    def fleet_for_job(self) -> SimFleet:
+        if self.fleet is not None and not all(self.fleet.alive(i) for i in range(MAX_SERVERS)):
+            self.fleet.stop()
+            self.fleet = None
+        if self.fleet is None:
+            self.starts += 1
+            self.fleet = SimFleet.start(MAX_SERVERS, self.run_dir / f"fleet{self.starts}", SIM_OPTIONS)
+        for index in range(MAX_SERVERS):
+            self.fleet.clear_faults(index)
+        return self.fleet
+
+    def close(self) -> None:
+        if self.fleet is not None:
+            self.fleet.stop()
+
+
+@dataclass(frozen=True)
+class ServerMark:
+    """Where a shared server's request log and token counter stood when the job began."""
+
+    logged: int
+    tokens: float
+
+    @classmethod
+    def now(cls, fleet: SimFleet, index: int) -> ServerMark:
+        return cls(len(fleet.requests(index)), generation_tokens_total(fleet.url(index)))
+
+    def record(self, fleet: SimFleet, index: int, killed: bool = False) -> ServerRecord:
+        """The job's part of the server's log and count (once it has settled every request it holds)."""
+        wait_until(lambda: _idle(fleet, index), timeout_s=FAULT_WAIT_S, what=f"server {index} to settle its requests")
+        tokens = generation_tokens_total(fleet.url(index)) - self.tokens
+        return ServerRecord(fleet.url(index), fleet.requests(index, self.logged), tokens, killed)
+
+
+def _idle(fleet: SimFleet, index: int) -> bool:
+    state = fleet.state(index)
+    return state["running"] == 0 and state["queued"] == 0
+
+
 @dataclass
 class ServerRecord:
     url: str  # the simulator itself (a proxy may stand between it and the dispatcher)
@@ -138,8 +190,8 @@ def _write_inputs(job: Job, root: Path, s3: S3Server, bucket: str) -> dict[str, 
 class _FaultInjector:
     """Injects the job's fault from a thread once the shard is under way; `stop()` ends it however far it got."""
 
-    def __init__(self, run: JobRun, fleet: SimFleet, s3_proxy: FaultProxy | None):
-        self.run, self.fleet, self.s3_proxy = run, fleet, s3_proxy
+    def __init__(self, run: JobRun, fleet: SimFleet, marks: list[ServerMark], s3_proxy: FaultProxy | None):
+        self.run, self.fleet, self.marks, self.s3_proxy = run, fleet, marks, s3_proxy
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._inject, daemon=True)
         self.killed_record: ServerRecord | None = None
@@ -163,30 +215,38 @@ class _FaultInjector:
         except Exception:  # the harness itself broke: a failure of the job, named
             self.run.failures.append("fault injection: " + traceback.format_exc(limit=3))
 
+    def _requests(self, index: int) -> list[dict]:
+        """The job's requests at a server so far (no probes)."""
+        return self.fleet.job_requests(index, self.marks[index].logged)
+
     def _fault(self, fault: Fault) -> None:
-        fleet, index = self.fleet, FAULTY_SERVER
+        fleet, index, servers = self.fleet, FAULTY_SERVER, range(self.run.job.servers)
         if fault is Fault.KILL:
-            if not self._when(lambda: len(fleet.job_requests(index)) >= 3, "requests at the server to kill"):
+            if not self._when(lambda: len(self._requests(index)) >= 3, "requests at the server to kill"):
                 return
             fleet.set_faults(index, hang=True)  # nothing more finishes: its counters are final
+            mark = self.marks[index]
             self.killed_record = ServerRecord(
-                fleet.url(index), fleet.requests(index), generation_tokens_total(fleet.url(index)), killed=True
+                fleet.url(index),
+                fleet.requests(index, mark.logged),
+                generation_tokens_total(fleet.url(index)) - mark.tokens,
+                killed=True,
             )
             fleet.kill(index)
         elif fault is Fault.HANG_AND_RECOVER:
             in_flight: set[str] = set()
 
             def busy() -> bool:
-                in_flight.update(e["input_hash"] for e in fleet.job_requests(index) if e["outcome"] == "pending")
+                in_flight.update(e["input_hash"] for e in self._requests(index) if e["outcome"] == "pending")
                 return len(in_flight) >= 2
 
             if not self._when(busy, "requests in flight at the server to hang"):
                 return
             fleet.set_faults(index, hang=True)
-            pending = {e["input_hash"] for e in fleet.job_requests(index) if e["outcome"] == "pending"}
+            pending = {e["input_hash"] for e in self._requests(index) if e["outcome"] == "pending"}
 
             def sent_elsewhere() -> bool:
-                others = {e["input_hash"] for i in range(len(fleet.urls)) if i != index for e in fleet.job_requests(i)}
+                others = {e["input_hash"] for i in servers if i != index for e in self._requests(i)}
                 return bool(pending & others)
 
             self._when(sent_elsewhere, "the hung server's requests sent to another server")
@@ -194,7 +254,7 @@ class _FaultInjector:
         elif fault is Fault.S3_OUTAGE:
             proxy = self.s3_proxy
             assert proxy is not None
-            if not self._when(lambda: sum(len(fleet.job_requests(i)) for i in range(len(fleet.urls))) >= 4, "work"):
+            if not self._when(lambda: sum(len(self._requests(i)) for i in servers) >= 4, "requests under way"):
                 return
             proxy.go_down()
             self._when(lambda: proxy.refused >= 2, "the store to meet the outage")
@@ -207,8 +267,21 @@ def _watch(tokenizer: Any, settings: GenerationSettings) -> AnswerQualityWatch:
     )
 
 
-def run_job(job: Job, root: Path, s3: S3Server, bucket: str, tokenizer: Any) -> JobRun:
-    """Run `job` under `root` (a fresh directory), its S3 objects in `bucket` on `s3`."""
+def _open_store(job: Job, root: Path, bucket: str, endpoint: str) -> Store:
+    if not job.store_on_s3:
+        return LocalStore(root / "store")
+    return DatasetStore(
+        root=f"s3://{bucket}/runs/seed{job.seed}",
+        work_dir=str(root / "store_work"),
+        s3=S3Resource(endpoint_url=endpoint),
+        attempts=6,
+        backoff_s=0.2,
+    ).open()
+
+
+def run_job(job: Job, root: Path, s3: S3Server, bucket: str, tokenizer: Any, fleets: FleetPool) -> JobRun:
+    """Run `job` under `root` (a fresh directory), its S3 objects in `bucket` on `s3`, on the pool's fleet. The
+    store is reached through a TCP proxy (the S3 outage's), and handed back for the checks reaching S3 directly."""
     started = time.perf_counter()
     os.environ.update(s3.env)
     settings = GenerationSettings(
@@ -218,25 +291,17 @@ def run_job(job: Job, root: Path, s3: S3Server, bucket: str, tokenizer: Any) -> 
     host, port = s3.endpoint.removeprefix("http://").split(":")
     s3_proxy = FaultProxy(host, int(port))
     try:
-        if job.store_on_s3:
-            store = DatasetStore(
-                root=f"s3://{bucket}/runs/seed{job.seed}",
-                work_dir=str(root / "store_work"),
-                s3=S3Resource(endpoint_url=s3_proxy.endpoint),
-                attempts=6,
-                backoff_s=0.2,
-            ).open()
-        else:
-            store = LocalStore(root / "store")
+        store = _open_store(job, root, bucket, s3_proxy.endpoint)
         run = JobRun(job, root, store, settings, assembly, _write_inputs(job, root, s3, bucket))
-        _run_stages(run, s3, s3_proxy, tokenizer)
+        _run_stages(run, s3, s3_proxy, tokenizer, fleets)
     finally:
         s3_proxy.close()
+    run.store = _open_store(job, root, bucket, s3.endpoint)
     run.seconds = time.perf_counter() - started
     return run
 
 
-def _run_stages(run: JobRun, s3: S3Server, s3_proxy: FaultProxy, tokenizer: Any) -> None:
+def _run_stages(run: JobRun, s3: S3Server, s3_proxy: FaultProxy, tokenizer: Any, fleets: FleetPool) -> None:
     job, store, work = run.job, run.store, run.root / "work"
     try:
         with run.phase("ingest"):
@@ -251,8 +316,9 @@ def _run_stages(run: JobRun, s3: S3Server, s3_proxy: FaultProxy, tokenizer: Any)
         run.failures.append("preparing conversations: " + traceback.format_exc(limit=4))
         return
     with run.phase("fleet start"):
-        fleet = SimFleet.start(job.servers, run.root / "fleet", SIM_OPTIONS)
-    endpoints = list(fleet.urls)
+        fleet = fleets.fleet_for_job()
+    marks = [ServerMark.now(fleet, index) for index in range(job.servers)]
+    endpoints = list(fleet.urls[: job.servers])
     special = special_ids(tokenizer)
     if job.fault in (Fault.BROKEN_ANSWERS, Fault.GENERATE_HANGS):
         run.answer_proxy = AnswerProxy(
@@ -264,18 +330,16 @@ def _run_stages(run: JobRun, s3: S3Server, s3_proxy: FaultProxy, tokenizer: Any)
         )
         endpoints[FAULTY_SERVER] = run.answer_proxy.start()
     try:
-        with _FaultInjector(run, fleet, s3_proxy) as injector:
+        with _FaultInjector(run, fleet, marks, s3_proxy) as injector:
             _generate_and_assemble(run, endpoints, tokenizer, work)
-        for index in range(job.servers):
+        for index, mark in enumerate(marks):
             if injector.killed_record is not None and index == FAULTY_SERVER:
                 run.servers.append(injector.killed_record)
             else:
-                url = fleet.url(index)
-                run.servers.append(ServerRecord(url, fleet.requests(index), generation_tokens_total(url)))
+                run.servers.append(mark.record(fleet, index))
     finally:
         if run.answer_proxy is not None:
             run.answer_proxy.close()
-        fleet.stop()
 
 
 def _generate_and_assemble(run: JobRun, endpoints: list[str], tokenizer: Any, work: Path) -> None:
