@@ -1,7 +1,7 @@
 """An HTTP proxy in front of one simulator that breaks its /generate answers: what a faulty server, or a faulty
 layer in front of it, looks like to the dispatcher. Every other route passes through unchanged.
 
-Two modes:
+It records every /abort_request it passes on (`aborts`: rid → when). Two modes, or neither (pass-through):
 
 * `break_every=N`: every Nth answer to a job's request (the dispatcher's one-token probes pass untouched) breaks
   the request's contract, the kinds in turn: more output ids than `max_new_tokens` (`overlong`), the end-of-sequence
@@ -56,6 +56,7 @@ class AnswerProxy:
     hang_generate: bool = False
     broken: list[BrokenAnswer] = field(default_factory=list)
     held: list[HeldRequest] = field(default_factory=list)
+    aborts: dict[str, float] = field(default_factory=dict)  # rid → when its abort passed (time.time())
     _job_answers: int = 0
 
     def start(self) -> str:
@@ -97,6 +98,8 @@ class AnswerProxy:
         body = await request.read()
         if request.path == "/generate" and self.hang_generate:
             return await self._hold(request, body)
+        if request.path == "/abort_request" and body:
+            self.aborts.setdefault(str(orjson.loads(body).get("rid")), time.time())
         async with self._session.request(
             request.method,
             self.target + request.path_qs,

@@ -85,6 +85,22 @@ def stages_ran(run: JobRun, stored: Stored) -> list[str]:
     ]
 
 
+def fault_took_effect(run: JobRun, stored: Stored) -> list[str]:
+    """The job's fault happened (a harness that injected nothing would prove nothing)."""
+    if run.failures:
+        return []
+    proxy = run.answer_proxy
+    took_effect = {
+        Fault.NONE: True,
+        Fault.KILL: any(server.killed for server in run.servers),
+        Fault.HANG_AND_RECOVER: bool(run.resent_rids),
+        Fault.BROKEN_ANSWERS: proxy is not None and bool(proxy.broken),
+        Fault.GENERATE_HANGS: proxy is not None and bool(proxy.held),
+        Fault.S3_OUTAGE: run.s3_refused > 0,
+    }[run.job.fault]
+    return [] if took_effect else [_violation("harness", f"the fault {run.job.fault.value} did not take effect")]
+
+
 def rows_accounted(run: JobRun, stored: Stored) -> list[str]:
     """Every input row ends once, by its id, in a conversation or a quarantine record, credited to its own file."""
     promise = "rows accounted by id"
@@ -247,8 +263,21 @@ def rows_render(run: JobRun, stored: Stored, tokenizer: Any, template: str) -> l
 
 
 def in_flight_once(run: JobRun, stored: Stored) -> list[str]:
-    """Each request is generated to its end by the fleet once, unless its answer was refused (a broken answer)."""
+    """Each request is in flight once: a request re-sent from a hung server has its original aborted by rid before
+    the server comes back, and no prompt is generated to its end twice unless its answer was refused."""
     promise = "each request in flight once"
+    violations = []
+    if run.answer_proxy is not None and run.recovered_at is not None:
+        aborted = {rid for rid, at in run.answer_proxy.aborts.items() if at <= run.recovered_at}
+        running = sorted(run.resent_rids - aborted)
+        if running:
+            violations.append(
+                _violation(
+                    promise,
+                    f"{len(running)} of {len(run.resent_rids)} requests of the hung server were re-sent elsewhere "
+                    f"while their originals kept running (no abort by rid before it came back), e.g. {running[:2]}",
+                )
+            )
     refused = Counter(b.input_hash for b in run.answer_proxy.broken) if run.answer_proxy else Counter()
     answered: Counter = Counter()
     for server in run.servers:
@@ -256,15 +285,15 @@ def in_flight_once(run: JobRun, stored: Stored) -> list[str]:
             if entry["input_hash"] != PROBE_HASH and entry["outcome"] in GENERATED_ANSWER_OUTCOMES:
                 answered[entry["input_hash"]] += 1
     twice = {h: n for h, n in answered.items() if n > 1 + refused[h]}
-    if not twice:
-        return []
-    return [
-        _violation(
-            promise,
-            f"{len(twice)} requests were generated to their end more than once (originals left running while "
-            f"re-sent), {sum(twice.values()) - len(twice)} answers too many",
+    if twice:
+        violations.append(
+            _violation(
+                promise,
+                f"{len(twice)} prompts were generated to their end more than once, "
+                f"{sum(twice.values()) - len(twice)} answers too many",
+            )
         )
-    ]
+    return violations
 
 
 def first_answer_not_held_back(run: JobRun, stored: Stored) -> list[str]:
@@ -360,6 +389,7 @@ def check_job(run: JobRun, tokenizer: Any, template: str) -> tuple[list[str], li
     stored = Stored(run)
     checks: list[Callable[[], list[str]]] = [
         lambda: stages_ran(run, stored),
+        lambda: fault_took_effect(run, stored),
         lambda: rows_accounted(run, stored),
         lambda: events_once(run, stored),
         lambda: answer_contract(run, stored, tokenizer),

@@ -42,11 +42,12 @@ from tests.support.harness.jobs import Fault, Job
 from tests.support.s3_server import S3Server
 from tests.support.sglang_fixtures import SimFleet, call, wait_until
 
-MAX_NEW_TOKENS = 64
-FIT_MAX_LENGTH = 160  # with fit on: long prompts are not sent, some answers are cut where the trainer cuts
-# Short answers, a little decode time (so a fault finds requests in flight), /metrics on, hangs found in 0.5 s.
+MAX_NEW_TOKENS = 128
+FIT_MAX_LENGTH = 200  # with fit on: long prompts are not sent, some answers are cut where the trainer cuts
+# Answers long enough for the gates (48-96 tokens), a little decode time (so a fault finds requests in flight),
+# /metrics on, hangs found in 0.5 s.
 SIM_OPTIONS: dict[str, Any] = {
-    "output_len": "uniform:8:48",
+    "output_len": "uniform:48:96",
     "decode_step_s": 0.002,
     "max_running_requests": 4,
     "enable_metrics": True,
@@ -57,7 +58,7 @@ SIM_OPTIONS: dict[str, Any] = {
 DISPATCH = DispatchOptions(
     probe_interval_s=0.2,
     watchdog_s=1.0,
-    canary_timeout_s=5.0,
+    canary_timeout_s=3.0,
     max_probe_backoff_s=0.5,
     probe_timeout_s=5.0,
     fleet_down_grace_s=30.0,
@@ -68,6 +69,10 @@ EXPECTED_MODEL = ExpectedModel().identity()
 FAULTY_SERVER = 1
 BREAK_EVERY = 3  # the broken-answers proxy breaks every third job answer of its server
 FAULT_WAIT_S = 60.0
+# How long a hung server's originals may take to be aborted by rid once they are re-sent (at once, when kept),
+# while the other servers run this many times slower (their answers take seconds).
+ABORT_GRACE_S = 2.0
+HEDGE_SLOWDOWN = 40.0
 
 
 MAX_SERVERS = 3  # the shared fleet's size; a job uses its first `Job.servers`
@@ -142,6 +147,10 @@ class JobRun:
     answer_proxy: AnswerProxy | None = None
     failures: list[str] = field(default_factory=list)  # a stage or the harness raised
     refused_while_held: bool = False
+    # HANG_AND_RECOVER: the rids of the hung server's requests that were re-sent elsewhere, and when it came back.
+    resent_rids: set[str] = field(default_factory=set)
+    recovered_at: float | None = None
+    s3_refused: int = 0  # S3_OUTAGE: the store's connections reset by the outage
     seconds: float = 0.0
     started_wall: float = field(default_factory=time.time)
     phases: dict[str, float] = field(default_factory=dict)  # seconds each part of the job took
@@ -234,23 +243,35 @@ class _FaultInjector:
             )
             fleet.kill(index)
         elif fault is Fault.HANG_AND_RECOVER:
-            in_flight: set[str] = set()
 
             def busy() -> bool:
-                in_flight.update(e["input_hash"] for e in self._requests(index) if e["outcome"] == "pending")
-                return len(in_flight) >= 2
+                return any(e["outcome"] == "pending" for e in self._requests(index))
 
             if not self._when(busy, "requests in flight at the server to hang"):
                 return
+            # Every server slows down first: the requests in flight at the one to hang stay there, and no re-sent
+            # request can win elsewhere (and have its original aborted as the loser) before the hung server comes
+            # back: only an abort at re-sending reaches it in time.
+            others = [i for i in servers if i != index]
+            for server in servers:
+                fleet.set_faults(server, slow=HEDGE_SLOWDOWN)
             fleet.set_faults(index, hang=True)
-            pending = {e["input_hash"] for e in self._requests(index) if e["outcome"] == "pending"}
+            pending = {e["rid"]: e["input_hash"] for e in self._requests(index) if e["outcome"] == "pending"}
 
-            def sent_elsewhere() -> bool:
-                others = {e["input_hash"] for i in servers if i != index for e in self._requests(i)}
-                return bool(pending & others)
+            def resent() -> set[str]:
+                elsewhere = {e["input_hash"] for i in others for e in self._requests(i)}
+                return {rid for rid, prompt in pending.items() if prompt in elsewhere}
 
-            self._when(sent_elsewhere, "the hung server's requests sent to another server")
-            fleet.set_faults(index, hang=False)  # it comes back, its requests still there
+            self._when(resent, "the hung server's requests sent to another server")
+            proxy = self.run.answer_proxy
+            assert proxy is not None
+            try:  # each original is aborted by its rid when it is re-sent (kept running: never)
+                wait_until(lambda: resent() <= set(proxy.aborts), timeout_s=ABORT_GRACE_S, what="originals aborted")
+            except AssertionError:
+                pass  # what the check reports
+            self.run.resent_rids, self.run.recovered_at = resent(), time.time()
+            for server in servers:
+                fleet.clear_faults(server)  # it comes back, its requests still there
         elif fault is Fault.S3_OUTAGE:
             proxy = self.s3_proxy
             assert proxy is not None
@@ -259,6 +280,7 @@ class _FaultInjector:
             proxy.go_down()
             self._when(lambda: proxy.refused >= 2, "the store to meet the outage")
             proxy.come_back()
+            self.run.s3_refused = proxy.refused
 
 
 def _watch(tokenizer: Any, settings: GenerationSettings) -> AnswerQualityWatch:
@@ -320,7 +342,7 @@ def _run_stages(run: JobRun, s3: S3Server, s3_proxy: FaultProxy, tokenizer: Any,
     marks = [ServerMark.now(fleet, index) for index in range(job.servers)]
     endpoints = list(fleet.urls[: job.servers])
     special = special_ids(tokenizer)
-    if job.fault in (Fault.BROKEN_ANSWERS, Fault.GENERATE_HANGS):
+    if job.fault in (Fault.BROKEN_ANSWERS, Fault.GENERATE_HANGS, Fault.HANG_AND_RECOVER):
         run.answer_proxy = AnswerProxy(
             fleet.url(FAULTY_SERVER),
             tokenizer.decode,
