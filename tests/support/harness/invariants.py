@@ -173,13 +173,8 @@ def events_once(run: JobRun, stored: Stored) -> list[str]:
         manifest = read_training_manifest(run.store, shard)
         excluded = sum(manifest.exclusions.values())
         if len(trained) + excluded != len(counted):
-            violations.append(
-                _violation(
-                    promise,
-                    f"shard {shard}: {len(trained)} trained + {excluded} excluded with a reason "
-                    f"!= {len(counted)} events ({manifest.exclusions})",
-                )
-            )
+            summary = f"{len(trained)} trained + {excluded} excluded with a reason != {len(counted)} events"
+            violations.append(_violation(promise, f"shard {shard}: {summary} ({manifest.exclusions})"))
     return violations
 
 
@@ -286,12 +281,9 @@ def in_flight_once(run: JobRun, stored: Stored) -> list[str]:
                 answered[entry["input_hash"]] += 1
     twice = {h: n for h, n in answered.items() if n > 1 + refused[h]}
     if twice:
+        extra = sum(twice.values()) - len(twice)
         violations.append(
-            _violation(
-                promise,
-                f"{len(twice)} prompts were generated to their end more than once, "
-                f"{sum(twice.values()) - len(twice)} answers too many",
-            )
+            _violation(promise, f"{len(twice)} prompts generated to their end twice or more: {extra} too many")
         )
     return violations
 
