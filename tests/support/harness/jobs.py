@@ -27,6 +27,10 @@ class Fault(StrEnum):
     S3_OUTAGE = "s3_outage"  # the store's S3 endpoint resets connections for a while mid-shard
 
 
+# Faults that need requests in flight at a server, and the rows a job with one of them has at least.
+IN_FLIGHT_FAULTS = frozenset({Fault.KILL, Fault.HANG_AND_RECOVER})
+MIN_ROWS_IN_FLIGHT = 12
+
 # Faults of the fleet or the store that leave the data healthy: answers are what the model wrote.
 HEALTHY_DATA_FAULTS = frozenset({Fault.NONE, Fault.S3_OUTAGE})
 
@@ -169,6 +173,10 @@ def build_job(seed: int) -> Job:
     layouts = rng.sample(list(Layout), rng.randint(1, 3))
     files = [f for index, layout in enumerate(layouts) for f in _files(rng, seed, layout, index)]
     fault = rng.choice(list(Fault))
+    extra = random.Random(-seed)  # drawn apart: the other seeds' jobs stay the same
+    while fault in IN_FLIGHT_FAULTS and sum(len(f.rows) for f in files) < MIN_ROWS_IN_FLIGHT:
+        # Enough requests for the fault to find some in flight.
+        files += _files(extra, seed, Layout.LOCAL_JSONL, len(files))
     return Job(
         seed=seed,
         files=files,
