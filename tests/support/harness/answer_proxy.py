@@ -115,11 +115,14 @@ class AnswerProxy:
     async def _hold(self, request: web.Request, body: bytes) -> web.StreamResponse:
         held = HeldRequest(time.time(), orjson.loads(body).get("input_ids") != list(PROBE_INPUT_IDS))
         self.held.append(held)
-        while not self._stopping.is_set():
-            if request.transport is None or request.transport.is_closing():
+        try:
+            while not self._stopping.is_set():
+                if request.transport is None or request.transport.is_closing():
+                    break
+                await asyncio.sleep(0.02)  # polling for the client's departure: the fault is never answering
+        finally:  # the client went away (or aiohttp cancelled the handler when it did), unless the proxy closes
+            if not self._stopping.is_set():
                 held.client_gone_at = time.time()
-                break
-            await asyncio.sleep(0.02)  # polling for the client's departure: the fault is never answering
         return web.Response(status=503)
 
     def _maybe_break(self, sent: dict[str, Any], raw: bytes) -> bytes:
