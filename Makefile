@@ -99,9 +99,11 @@ benchmarks: venv
 rehearsal: venv
 	$(BIN)/python -m benchmarks.bench_rehearsal
 
-# The fault-matrix soak (20-40 min; not part of `make test`): writes its table into RELIABILITY.md.
+# The fault-matrix soak (20-40 min), then the promises harness on 200 random jobs (up to 30 min); not part of
+# `make test` (which runs the harness's fixed seeds): both write their tables into RELIABILITY.md.
 soak: venv
 	$(BIN)/python -m benchmarks.soak_faults --write
+	$(BIN)/python -m benchmarks.soak_harness --write
 
 clean:
 	-$(BIN)/dflash fleet down

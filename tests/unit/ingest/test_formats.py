@@ -106,6 +106,27 @@ def test_compressed_json_lines_json_arrays_and_unreadable_files_are_read_whole(t
         assert not splits_into_ranges(tmp_path / name, name, 10), name
 
 
+# (A .zst cut short reads as the rows before the cut, silently: python-zstandard's stream reader ends there.)
+@pytest.mark.parametrize(
+    ("suffix", "damage"), [("jsonl.gz", "cut_short"), ("jsonl.gz", "not_compressed"), ("jsonl.zst", "not_compressed")]
+)
+def test_a_damaged_compressed_file_is_a_format_error_after_its_readable_rows(
+    tmp_path: Path, suffix: str, damage: str
+) -> None:
+    """A .gz cut short raised EOFError and a file that is not gzip at all BadGzipFile, which took the whole ingest
+    stage down: the rows before the damage count, then the file is named unreadable (`FileFormatError`)."""
+    data = b"".join(json.dumps({"id": i, "prompt": "p" * 50}).encode() + b"\n" for i in range(2000))
+    compressed = gzip.compress(data) if suffix.endswith("gz") else zstandard.ZstdCompressor().compress(data)
+    path = tmp_path / f"rows.{suffix}"
+    path.write_bytes(compressed[: len(compressed) // 2] if damage == "cut_short" else b"not compressed " * 100)
+    read: list = []
+    with pytest.raises(FileFormatError, match=rf"rows.{suffix}: (gzip|zstd) data cut short or corrupt") as raised:
+        read.extend(iter_rows(path))
+    assert raised.value.__cause__ is not None
+    assert [row.value["id"] for row in read] == list(range(len(read)))
+    assert (len(read) > 0) == (damage == "cut_short")
+
+
 def test_json_array_quarantines_only_the_element_with_invalid_utf8(tmp_path: Path) -> None:
     path = tmp_path / "rows.json"
     path.write_bytes(
