@@ -247,6 +247,8 @@ class Answer:
         return self.output_ids[: min(tokens, len(self.output_ids))], steps, histogram
 
 
+# The generation prompt's last tokens, where the think markers that open or close reasoning are looked for.
+_GENERATION_PROMPT_TAIL = 6
 # The share of tool calls the simulator writes after a sentence of text (the rest start with `<tool_call>`).
 _TEXT_BEFORE_CALL_SHARE = 0.3
 
@@ -261,10 +263,11 @@ class OutputModel:
             config.draft_accept_probs, config.accept_decay_tokens, config.seed, decay_batch=config.accept_decay_batch
         )
         self.eos = vocab.eos_ids[0]
-        # `<think>\n\n</think>\n\n` closes the thinking block in the prompt (enable_thinking=False).
-        self.no_think_suffix = [vocab.think_end, vocab.paragraph]
-        close = [vocab.newline, vocab.think_end, vocab.paragraph]
+        close = [vocab.newline, vocab.think_end, vocab.paragraph] if vocab.think_end is not None else []
         self.think_close = (close, vocab.decode(close))
+        # A model whose generation prompt leaves the think block to it (Qwen3) opens it first: `<think>\n`.
+        opens = [vocab.think_start, vocab.newline] if vocab.think_end is not None else []
+        self.think_open = (opens, vocab.decode(opens)) if not vocab.prompt_opens_reasoning else ([], "")
         # The full tokenizer, only for tool calls (reading the tools, writing a call): loaded at start, so no
         # request stalls the server for the seconds it takes.
         self._tokenizer: Any = None
@@ -333,7 +336,7 @@ class OutputModel:
         `empty`, `truncate`, `mtp_off`, `nan` and `bad` (the bad model's answer) are the injected faults that
         shape it."""
         rng = random.Random(f"{self.config.seed}:{prompt_hash}:{sample}")
-        thinking = input_ids[-2:] != self.no_think_suffix
+        thinking = self._thinking(input_ids)
         # A logit_bias that forces a token (the served-model probe) is the sampler's, not the weights': a bad model
         # writes that token as a good one does, and answers every other request badly.
         if bad and forced_token(params) is None:
@@ -366,6 +369,15 @@ class OutputModel:
             ids = [*ids[:-1], self.eos]
             text, finish, stop_text = self.vocab.decode(ids[:-1]), proto.finish_stop(proto.NAN_STOP), ""
         return Answer(ids, text, finish, self._spec(len(input_ids), len(ids), rng, mtp_off, batch), stop_text)
+
+    def _thinking(self, input_ids: list[int]) -> bool:
+        """Whether the prompt asks for reasoning: the model's template reasons, the generation prompt did not close the
+        think block (`<think>\n\n</think>\n\n`: thinking off) and, where the template opens it, opened it."""
+        vocab = self.vocab
+        if vocab.think_end is None:
+            return False
+        tail = input_ids[-_GENERATION_PROMPT_TAIL:]
+        return vocab.think_end not in tail and (not vocab.prompt_opens_reasoning or vocab.think_start in tail)
 
     def bad_draw(self, prompt_hash: str, sample: int = 0) -> float:
         """The uniform draw that decides whether the bad model spoils this sample (`Faults.bad_answer`): the
@@ -403,10 +415,14 @@ class OutputModel:
         `call`, the answer after the reasoning is that tool call."""
         body = natural - 1
         parts: list[tuple[list[int], str]] = []
-        if thinking and body >= 4:
+        if thinking and body >= 4 + len(self.think_open[0]):
             answer = len(call[0]) if call else max(1, round(body * rng.uniform(*self.config.answer_fraction)))
             reasoning = max(1, body - 3 - answer)  # an empty reasoning would render as `<think>\n\n</think>`
             answer = body - 3 - reasoning
+            if self.think_open[0]:
+                reasoning = max(1, reasoning - len(self.think_open[0]))
+                answer = body - 3 - len(self.think_open[0]) - reasoning
+                parts.append(self.think_open)
             parts.append(self.pool.part(rng.randrange(WordPool.SIZE), reasoning))
             parts.append(self.think_close)
             parts.append(call or self.pool.part(rng.randrange(WordPool.SIZE), answer))
