@@ -129,6 +129,14 @@ def _read_profile(tokenizer: PreTrainedTokenizerBase) -> TokenizerProfile:
     user = [{"role": "user", "content": _PROBE_USER}]
     finished = [*user, {"role": "assistant", "content": _PROBE_ANSWER, "reasoning_content": _PROBE_REASONING}]
     turn_text = tokenizer.apply_chat_template(finished, tokenize=False, enable_thinking=True)
+    prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True, enable_thinking=True)
+    # Turn markers an added token writes though its tokenizer does not mark it special (DeepSeek's `<｜User｜>`):
+    # control tokens too. The reasoning markers stay ordinary text a dataset may discuss.
+    control += tuple(
+        token.content
+        for _, token in added
+        if not token.special and token.content not in REASONING_MARKERS and token.content in turn_text + prompt
+    )
     after_answer = turn_text[turn_text.rfind(_PROBE_ANSWER) + len(_PROBE_ANSWER) :]
     turn_end = _first_control_token(after_answer, control)
     if turn_end is None:
@@ -136,7 +144,6 @@ def _read_profile(tokenizer: PreTrainedTokenizerBase) -> TokenizerProfile:
             f"the chat template of {tokenizer.name_or_path!r} ends an assistant turn with no control token"
         )
     eos_ids = _unique([_single_token_id(tokenizer, turn_end), *_configured_eos_ids(tokenizer)])
-    prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True, enable_thinking=True)
     bare = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=False, enable_thinking=True)
     generation_prompt = prompt[len(bare) :] if prompt.startswith(bare) else prompt
     open_marker, close_marker = REASONING_MARKERS

@@ -197,6 +197,7 @@ class SimVocab:
     ok_answer: tuple[int, ...] = ()  # "OK.": the seed's disaster answer (the `bad_model_share` fault)
     think_start: int | None = None
     prompt_opens_reasoning: bool = True  # else the model opens the think block itself (Qwen3)
+    period_paragraph: int | None = None  # ".\n\n" where the tokenizer merges it into one token
 
     @classmethod
     def from_tokenizer(cls, name: str, tokenizer: Any) -> SimVocab:
@@ -220,12 +221,14 @@ class SimVocab:
         punctuation = (single(","), single("."))
         newline, paragraph = single("\n"), single("\n\n")
         ok_answer = tuple(tokenizer.encode("OK.", add_special_tokens=False))
+        period_paragraph = tokenizer.encode(".\n\n", add_special_tokens=False)
         emitted = [
             *ok_answer,
             *words,
             *capitals.values(),
             *openings.values(),
             *punctuation,
+            *(period_paragraph if len(period_paragraph) == 1 else ()),
             newline,
             paragraph,
             *((ids.think_start, ids.think_end) if ids.reasons else ()),
@@ -246,6 +249,7 @@ class SimVocab:
             ok_answer=ok_answer,
             think_start=ids.think_start,
             prompt_opens_reasoning=ids.prompt_opens_reasoning,
+            period_paragraph=period_paragraph[0] if len(period_paragraph) == 1 else None,
         )
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -39,14 +39,18 @@ class WordPool:
         comma, period = vocab.punctuation
         while len(ids) < self.SIZE:
             sentence = rng.choices(vocab.words, k=rng.randint(4, 16))
-            starts_paragraph = not ids or ids[-1] == vocab.paragraph
+            starts_paragraph = not ids or ids[-1] in (vocab.paragraph, vocab.period_paragraph)
             sentence[0] = (vocab.openings if starts_paragraph else vocab.capitals)[sentence[0]]
             if len(sentence) > 8:
                 sentence.insert(rng.randint(3, len(sentence) - 2), comma)
             ids += sentence
             ids.append(period)
             if rng.random() < 0.15:
-                ids.append(vocab.paragraph)
+                # A tokenizer that merges ".\n\n" into one token (Qwen3's) writes a paragraph's end as that token.
+                if vocab.period_paragraph is not None:
+                    ids[-1] = vocab.period_paragraph
+                else:
+                    ids.append(vocab.paragraph)
         # Stored twice over, so any slice of up to SIZE tokens is contiguous; `offsets` maps a token
         # position to its first character in `text`, so an answer's text is one string slice.
         self.ids = ids[: self.SIZE] * 2
@@ -56,6 +60,7 @@ class WordPool:
         # Any form of a word → the form that opens a part; punctuation there becomes a word instead.
         self.opening = {form: vocab.openings[word] for word in vocab.words for form in (word, vocab.capitals[word])}
         self.opening.update((form, form) for form in vocab.openings.values())
+        self.punctuation = {*vocab.punctuation, vocab.paragraph, vocab.period_paragraph}
 
     def take(self, start: int, count: int) -> tuple[list[int], str]:
         start %= self.SIZE
@@ -70,8 +75,13 @@ class WordPool:
         """`count` tokens written as a whole part (a reasoning or an answer): opening with a word without a
         leading space, and never ending in a paragraph break, which the chat template would trim."""
         ids, text = self.take(start, count)
-        if count > 1 and ids[-1] == self.vocab.paragraph:
+        if count > 1 and ids[-1] in (self.vocab.paragraph, self.vocab.period_paragraph):
             ids, text = self.take(start - 1, count)  # ends at the sentence's period instead
+        # A tokenizer that merges punctuation with the newlines after it (Qwen3's: ".\n", ",\n") would read the
+        # part's last mark and the next part's newline as one token: such a part ends on a word.
+        while count > 1 and self.vocab.period_paragraph is not None and ids[-1] in self.punctuation:
+            start -= 1
+            ids, text = self.take(start, count)
         if not ids:
             return ids, text
         texts = self.vocab.texts
