@@ -22,7 +22,7 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -390,15 +390,25 @@ def _build_and_publish(folder: Path) -> None:
     build at once, the loser's rename fails on the non-empty folder and it keeps the winner's copy,
     which was built from the same inputs.
     """
+    publish_folder(folder, _save_builtin_tokenizer)
+
+
+def _save_builtin_tokenizer(staging: Path) -> None:
+    tokenizer = _build_builtin_tokenizer()
+    tokenizer.save_pretrained(str(staging))
+    _list_added_tokens_in_config(staging / "tokenizer_config.json", tokenizer)
+    # As Qwen3.6's generation config: answers end on <|im_end|> or <|endoftext|> (`TokenizerProfile.eos_ids`).
+    end_ids = [_single_token_id(tokenizer, _EOS_TOKEN), _single_token_id(tokenizer, _PAD_TOKEN)]
+    (staging / "generation_config.json").write_text(json.dumps({"eos_token_id": end_ids}) + "\n", encoding="utf-8")
+
+
+def publish_folder(folder: Path, build: Callable[[Path], None]) -> None:
+    """`build` writes into a private staging folder beside `folder`, which is then renamed into place (see
+    `_build_and_publish`): a reader sees no folder or a complete one."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.building-", dir=folder.parent))
     try:
-        tokenizer = _build_builtin_tokenizer()
-        tokenizer.save_pretrained(str(staging))
-        _list_added_tokens_in_config(staging / "tokenizer_config.json", tokenizer)
-        # As Qwen3.6's generation config: answers end on <|im_end|> or <|endoftext|> (`TokenizerProfile.eos_ids`).
-        end_ids = [_single_token_id(tokenizer, _EOS_TOKEN), _single_token_id(tokenizer, _PAD_TOKEN)]
-        (staging / "generation_config.json").write_text(json.dumps({"eos_token_id": end_ids}) + "\n", encoding="utf-8")
+        build(staging)
         # mkdtemp makes the folder private; the published cache may be shared between users.
         staging.chmod(0o755)
         try:

