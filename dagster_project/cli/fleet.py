@@ -66,6 +66,21 @@ def parse_sim_options(pairs: list[str], defaults: dict | None = None) -> dict:
     return options
 
 
+def simulated_model_options() -> dict[str, Any]:
+    """The simulator options that serve the job's model (`DFLASH_TOKENIZER`, `DFLASH_SERVED_MODEL`): its name, its
+    tokenizer's vocabulary, no reasoning parser unless its template reasons."""
+    from dagster_project.tokenizer import load_tokenizer, tokenizer_profile
+
+    profile = tokenizer_profile(load_tokenizer(settings.tokenizer_name()))
+    return {
+        "model_path": settings.served_model(),
+        "vocab_size": profile.vocab_size,
+        "architecture": settings.served_architecture() or "CausalLM",
+        "model_type": "",
+        "reasoning_parser": "qwen3" if profile.reasoning else None,
+    }
+
+
 def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
     from dagster_project.generation import fleet_registry
     from dagster_project.sglang import launch, launch_plan
@@ -88,7 +103,11 @@ def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
         print(launch_plan.describe_plan(plan), flush=True)
         listen = getattr(args, "host", launch.LOOPBACK)
         _warn_if_exposed(launch.exposure_warning(listen, fleet.api_key))
-        up = launch.launch_simulators(args.simulate, run_dir, options, **given_flags(args, {"host"}))
+        served: dict[str, str] = {}
+        if not settings.builtin_model():  # they serve the job's model: its tokenizer, under its name
+            options.update(simulated_model_options())
+            served = {"tokenizer": settings.tokenizer_name()}
+        up = launch.launch_simulators(args.simulate, run_dir, options, **served, **given_flags(args, {"host"}))
     else:
         if not args.gpus and not getattr(args, "cpu", False):
             raise SystemExit("fleet up needs --gpus 0,1,... (real servers), --cpu (one CPU server) or --simulate N")

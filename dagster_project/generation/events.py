@@ -259,16 +259,19 @@ class ShardGeneration:
         """
         if finish_reason != "stop":
             return None
-        if self.special.think_end in output_ids:
+        if self.special.reasons and self.special.think_end in output_ids:
             cut = output_ids.index(self.special.think_end)
-        elif not self.settings.enable_thinking:
+        elif not self.settings.enable_thinking or not self.special.reasons:
             cut = -1
         else:
             return None
         answer = [i for i in output_ids[cut + 1 :] if i not in self.special.eos_ids]
+        reasoning = output_ids[: max(cut, 0)]
+        if self.special.think_start in reasoning:  # a model that opens the think block itself (Qwen3)
+            reasoning = reasoning[reasoning.index(self.special.think_start) + 1 :]
         return {
             "content": self.tokenizer.decode(answer, skip_special_tokens=True).strip(),
-            "reasoning_content": self.tokenizer.decode(output_ids[: max(cut, 0)], skip_special_tokens=True).strip(),
+            "reasoning_content": self.tokenizer.decode(reasoning, skip_special_tokens=True).strip(),
         }
 
     def _journal(self, row: dict[str, Any]) -> None:

@@ -67,24 +67,40 @@ class ExpectedModel:
         },
     )
     served_architecture: str = field(
-        default=QWEN3_6_27B.architecture, metadata={"help": "The architecture /model_info must list."}
+        default=QWEN3_6_27B.architecture,
+        metadata={"help": "The architecture /model_info must list; empty: not checked."},
     )
     served_vocab_size: int = field(
         default=QWEN3_6_27B.vocab_size,
-        metadata={"help": "The served vocabulary (embedding rows); no request holding an id outside it is sent."},
+        metadata={
+            "help": "The served vocabulary (embedding rows); no request holding an id outside it is sent. 0: at "
+            "least the job's tokenizer's (DFLASH_TOKENIZER)."
+        },
     )
     served_eos_token_id: int = field(
         default=QWEN3_6_27B.eos_token_id,
-        metadata={"help": "The id the served model ends an answer with (<|im_end|>); a one-token probe checks it."},
+        metadata={
+            "help": "The id the served model ends an answer with (<|im_end|>); a one-token probe checks it. -1: the "
+            "one the job's chat template ends an assistant turn with."
+        },
     )
 
     def identity(self) -> ModelIdentity | None:
-        """The identity to check servers against, or None when the check is off."""
+        """The identity to check servers against, or None when the check is off; what is left to the job's
+        tokenizer (vocabulary 0, end id -1) is read from its profile."""
         if not self.served_model:
             return None
-        return ModelIdentity(
-            self.served_model, self.served_architecture, self.served_vocab_size, self.served_eos_token_id
-        )
+        vocab, eos, exact = self.served_vocab_size, self.served_eos_token_id, True
+        if vocab <= 0 or eos < 0:
+            from dagster_project.settings import tokenizer_name
+            from dagster_project.tokenizer import load_tokenizer, tokenizer_profile
+
+            profile = tokenizer_profile(load_tokenizer(tokenizer_name()))
+            if vocab <= 0:
+                vocab, exact = profile.vocab_size, False
+            if eos < 0:
+                eos = profile.eos_ids[0]
+        return ModelIdentity(self.served_model, self.served_architecture, vocab, eos, vocab_exact=exact)
 
 
 def _named(source: str, info: Mapping[str, Any], expected: ModelIdentity) -> list[str]:
@@ -102,7 +118,7 @@ def identity_problems(
     for source, info in (("/server_info", server_info), ("/model_info", model_info)):
         if info is not None:
             problems += _named(source, info, expected)
-    if model_info is not None:
+    if model_info is not None and expected.architecture:
         architectures = model_info.get("architectures") or []
         if expected.architecture not in architectures:
             problems.append(f"/model_info architectures {architectures} lack {expected.architecture}")
@@ -170,8 +186,11 @@ async def served_model_problems(
     vocab, unknown = await probe_vocab(client, timeout)
     if unknown is not None:
         problems.append(unknown)
-    elif vocab != expected.vocab_size:
-        problems.append(f"its vocabulary has {vocab:,} ids, not {expected.vocab_size:,}")
+    elif vocab != expected.vocab_size and (expected.vocab_exact or vocab < expected.vocab_size):
+        wanted = (
+            f"{expected.vocab_size:,}" if expected.vocab_exact else f"at least the tokenizer's {expected.vocab_size:,}"
+        )
+        problems.append(f"its vocabulary has {vocab:,} ids, not {wanted}")
     if vocab is not None and expected.eos_token_id < vocab:
         eos_problem = await probe_eos(client, expected.eos_token_id, vocab, timeout)
         if eos_problem is not None:

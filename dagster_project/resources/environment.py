@@ -39,6 +39,8 @@ def resources_from_env(*, resolve_secrets: bool = False) -> dict[str, dg.Configu
             stale_node_after_s=settings.fleet_stale_after_s(),
             served_model=settings.served_model(),
             served_architecture=settings.served_architecture(),
+            # Another model's vocabulary and end id are its tokenizer's, read when a run first checks a server.
+            **({} if settings.builtin_model() else {"served_vocab_size": 0, "served_eos_token_id": -1}),
             # An EnvVar is resolved when the resource is initialized: the key never enters run config or the UI.
             api_key=(os.environ.get("SGLANG_API_KEY") if resolve_secrets else dg.EnvVar("SGLANG_API_KEY"))
             if os.environ.get("SGLANG_API_KEY")

@@ -41,15 +41,18 @@ class ModelIdentity:
     the id it ends an answer with (`<|im_end|>` for Qwen)."""
 
     model: str
-    architecture: str
+    architecture: str  # empty: not checked
     vocab_size: int
     eos_token_id: int
+    # False: `vocab_size` is the tokenizer's, which a served embedding holds (padded to a multiple, it may be larger)
+    vocab_exact: bool = True
 
     @property
     def label(self) -> str:
         """What rows and manifests record of the model: a path's last part, so one model under the paths of
         several nodes reads the same."""
-        return f"{model_basename(self.model)} ({self.architecture}, vocabulary {self.vocab_size})"
+        architecture = f"{self.architecture}, " if self.architecture else ""
+        return f"{model_basename(self.model)} ({architecture}vocabulary {self.vocab_size})"
 
     def served(self) -> Served:
         """What the answer contract holds its servers' answers to: its vocabulary, its end-of-turn id."""

@@ -260,7 +260,12 @@ def thinking_structure(
     """
     finished = np.asarray(finished, dtype=bool)
     judged = int(finished.sum())
-    stray_start = finished & (profile.think_starts > 0)
+    if not profile.reasons:
+        text = "the model's chat template does not reason: no think block to check"
+        return GateResult("thinking_structure", True, _verdict(True, text), {"reasons": False, "rows": len(profile)})
+    # A model whose generation prompt leaves the think block to it (Qwen3) opens it once itself.
+    opened_by_model = 1 if enable_thinking and profile.model_opens else 0
+    stray_start = finished & (profile.think_starts > opened_by_model)
     if enable_thinking:
         problems = {
             "no_think_end": finished & (profile.think_ends == 0),

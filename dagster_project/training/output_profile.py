@@ -30,9 +30,11 @@ class OutputProfile:
 
     lengths: np.ndarray
     think_ends: np.ndarray  # how many `</think>`
-    think_starts: np.ndarray  # how many `<think>` (the prompt opens the block; the model never should)
-    blank_reasoning: np.ndarray  # nothing but whitespace before the first `</think>`
+    think_starts: np.ndarray  # how many `<think>` (the prompt opens the block, or the model once: `model_opens`)
+    blank_reasoning: np.ndarray  # nothing but whitespace between the opening `<think>` and the first `</think>`
     answer_texts: list[str]  # decoded text after the last `</think>` (whole output if none), EOS dropped, stripped
+    reasons: bool = True  # the model's template reasons (`SpecialIds.reasons`): else no think structure is judged
+    model_opens: bool = False  # the model writes the opening `<think>` itself (its generation prompt does not)
 
     def __len__(self) -> int:
         return int(self.lengths.size)
@@ -48,7 +50,17 @@ class OutputProfile:
             think_starts=joined("think_starts", np.int64),
             blank_reasoning=joined("blank_reasoning", bool),
             answer_texts=[text for p in profiles for text in p.answer_texts],
+            **(_model_flags(profiles[0]) if profiles else {}),
         )
+
+
+def _model_flags(profile: OutputProfile) -> dict[str, bool]:
+    return {"reasons": profile.reasons, "model_opens": profile.model_opens}
+
+
+def model_flags(special: SpecialIds) -> dict[str, bool]:
+    """`OutputProfile`'s flags of the model `special` describes."""
+    return {"reasons": special.reasons, "model_opens": special.reasons and not special.prompt_opens_reasoning}
 
 
 def _is_blank(ids: np.ndarray, decode: Decode) -> bool:
@@ -64,10 +76,14 @@ def profile_outputs(outputs: ListColumn, special: SpecialIds, decode: Decode) ->
     for chunk in list_chunks(outputs):
         offsets, values = list_buffers(chunk)
         rows = offsets.size - 1
-        end_positions = np.flatnonzero(values == special.think_end)
+        end_positions = np.flatnonzero(values == special.think_end) if special.reasons else np.zeros(0, np.int64)
         end_rows = row_of(offsets, end_positions)
         think_ends = np.bincount(end_rows, minlength=rows)
-        think_starts = np.bincount(row_of(offsets, np.flatnonzero(values == special.think_start)), minlength=rows)
+        start_positions = np.flatnonzero(values == special.think_start) if special.reasons else np.zeros(0, np.int64)
+        start_rows = row_of(offsets, start_positions)
+        think_starts = np.bincount(start_rows, minlength=rows)
+        first_start = np.full(rows, -1)
+        first_start[start_rows[::-1]] = start_positions[::-1]
         first_end = np.full(rows, -1)
         last_end = np.full(rows, -1)
         # Positions are ascending: assigning in order leaves the last one per row, reversed the first.
@@ -78,10 +94,13 @@ def profile_outputs(outputs: ListColumn, special: SpecialIds, decode: Decode) ->
         for row in range(rows):
             start, stop = offsets[row], offsets[row + 1]
             if first_end[row] >= 0:
-                blank[row] = _is_blank(values[start : first_end[row]], decode)
+                opened = first_start[row] + 1 if start <= first_start[row] < first_end[row] else start
+                blank[row] = _is_blank(values[opened : first_end[row]], decode)
             answer = values[(last_end[row] + 1 if last_end[row] >= 0 else start) : stop]
             while answer.size and int(answer[-1]) in eos:
                 answer = answer[:-1]
             answers.append(decode(answer.tolist()).strip())
-        profiles.append(OutputProfile(np.diff(offsets), think_ends, think_starts, blank, answers))
+        profiles.append(
+            OutputProfile(np.diff(offsets), think_ends, think_starts, blank, answers, **model_flags(special))
+        )
     return OutputProfile.concat(profiles)

@@ -38,6 +38,7 @@ from dagster_project.training.gates import (
     profile_outputs,
     shard_gates,
 )
+from dagster_project.training.output_profile import model_flags
 from dagster_project.training.row_figures import row_digests
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class AnswerQualityWatch:
     def judge(self, rows: Sequence[list], overridden: set[str] = frozenset()) -> Judgement:
         """Every watched gate over `rows`, each judged by the gate itself; the first failed one not overridden."""
         answered = [row for row in rows if row[STATUS] == STATUS_OK]
-        profile = _profile(answered)
+        profile = _profile(answered, self.special)
         results = [
             r
             for r in shard_gates(
@@ -177,7 +178,7 @@ class AnswerQualityWatch:
         return Judgement(figures, failed, examples, servers)
 
 
-def _profile(answered: Sequence[list]) -> ShardProfile:
+def _profile(answered: Sequence[list], special: SpecialIds) -> ShardProfile:
     """The `ShardProfile` of a completions shard holding exactly these answers, as `profile_completion_batches`
     makes it."""
     lengths = np.array([row[LENGTH] for row in answered], dtype=np.int64)
@@ -188,6 +189,7 @@ def _profile(answered: Sequence[list]) -> ShardProfile:
         think_starts=np.array([row[THINK_STARTS] for row in answered], dtype=np.int64),
         blank_reasoning=np.array([row[BLANK] for row in answered], dtype=bool),
         answer_texts=[row[ANSWER] for row in answered],
+        **model_flags(special),
     )
     return ShardProfile(
         loss_sums=lengths,

@@ -49,7 +49,7 @@ def test_a_server_breaking_the_answer_contract_publishes_nothing_and_is_named_in
     assert manifest.ok == manifest.rows == 24  # every turn answered, none with a broken answer
     with local_copy(store, manifest.data_keys[0]) as path:
         rows = pq.read_table(path).to_pylist()
-    end = special_ids(tokenizer).im_end
+    end = special_ids(tokenizer).turn_end
     for row in rows:
         ids = row["output_ids"]
         assert len(ids) <= SETTINGS.max_new_tokens and end not in ids[:-1], row["event_id"]

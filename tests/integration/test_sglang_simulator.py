@@ -70,7 +70,7 @@ def test_a_thinking_answer_is_real_token_ids_with_think_structure_and_exact_text
     )
     ids, meta = body["output_ids"], body["meta_info"]
     assert meta["id"] == "5f0c1e8a9b2d4c6e8f00112233445566"
-    assert meta["finish_reason"] == {"type": "stop", "matched": special.im_end} and ids[-1] == special.im_end
+    assert meta["finish_reason"] == {"type": "stop", "matched": special.turn_end} and ids[-1] == special.turn_end
     close = ids.index(special.think_end)
     assert ids[close - 1 : close + 2] == tokenizer.encode("\n</think>\n\n") and 0 < close < len(ids) - 3
     assert meta["reasoning_tokens"] == close + 1  # counted up to and including </think>
@@ -385,7 +385,7 @@ def test_fault_hang_stops_progress_and_fails_health_after_the_health_timeout(sim
 
 
 def test_fault_nan_ends_the_answer_with_sglangs_nan_stop(sim_fleet, tokenizer):
-    eos = special_ids(tokenizer).im_end
+    eos = special_ids(tokenizer).turn_end
     sims = sim_fleet(1, output_len="fixed:40")
     sims.set_faults(0, nan=1)
     status, body = generate(sims, 0)

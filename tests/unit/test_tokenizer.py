@@ -405,19 +405,18 @@ def test_special_ids(tokenizer: PreTrainedTokenizerBase) -> None:
     assert special_ids(tokenizer) == SpecialIds(
         think_start=248068,
         think_end=248069,
-        im_start=248045,
-        im_end=248046,
         eos_ids=(248046, 248044),
         vocab_size=248070,
+        prompt_opens_reasoning=True,
     )
 
 
-def test_special_ids_rejects_a_tokenizer_without_think_tokens() -> None:
+def test_special_ids_rejects_a_tokenizer_without_a_chat_template() -> None:
     word_level = Tokenizer(models.WordLevel({"<|im_start|>": 0, "<|im_end|>": 1, "[UNK]": 2}, unk_token="[UNK]"))
     word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     foreign = PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="[UNK]")
 
-    with pytest.raises(ValueError, match="<think>"):
+    with pytest.raises(ValueError, match="chat template|chat_template"):
         special_ids(foreign)
 
 

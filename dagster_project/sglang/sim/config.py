@@ -171,7 +171,7 @@ class SimConfig:
 
 _WORD_TOKEN = re.compile(r"^Ġ(?=[a-z]*[aeiouy])[a-z]{2,9}$")  # byte-level BPE " word" with a vowel: fewer fragments
 _WORDS = 3000  # the lowest ids are the earliest merges, i.e. the most frequent words
-_SKETCH_FORMAT = 3  # part of the cache file name: bump when SimVocab's fields change
+_SKETCH_FORMAT = 4  # part of the cache file name: bump when SimVocab's fields change
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ class SimVocab:
     """
 
     tokenizer: str
-    think_end: int
+    think_end: int | None  # None: the model's template does not reason
     eos_ids: tuple[int, ...]
     special_ids: frozenset[int]
     texts: dict[int, str]  # decoded text of every id the simulator emits
@@ -195,6 +195,9 @@ class SimVocab:
     newline: int
     paragraph: int
     ok_answer: tuple[int, ...] = ()  # "OK.": the seed's disaster answer (the `bad_model_share` fault)
+    think_start: int | None = None
+    prompt_opens_reasoning: bool = True  # else the model opens the think block itself (Qwen3)
+    period_paragraph: int | None = None  # ".\n\n" where the tokenizer merges it into one token
 
     @classmethod
     def from_tokenizer(cls, name: str, tokenizer: Any) -> SimVocab:
@@ -218,15 +221,17 @@ class SimVocab:
         punctuation = (single(","), single("."))
         newline, paragraph = single("\n"), single("\n\n")
         ok_answer = tuple(tokenizer.encode("OK.", add_special_tokens=False))
+        period_paragraph = tokenizer.encode(".\n\n", add_special_tokens=False)
         emitted = [
             *ok_answer,
             *words,
             *capitals.values(),
             *openings.values(),
             *punctuation,
+            *(period_paragraph if len(period_paragraph) == 1 else ()),
             newline,
             paragraph,
-            ids.think_end,
+            *((ids.think_start, ids.think_end) if ids.reasons else ()),
             *ids.eos_ids,
         ]
         return cls(
@@ -242,6 +247,9 @@ class SimVocab:
             newline=newline,
             paragraph=paragraph,
             ok_answer=ok_answer,
+            think_start=ids.think_start,
+            prompt_opens_reasoning=ids.prompt_opens_reasoning,
+            period_paragraph=period_paragraph[0] if len(period_paragraph) == 1 else None,
         )
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -39,14 +39,18 @@ class WordPool:
         comma, period = vocab.punctuation
         while len(ids) < self.SIZE:
             sentence = rng.choices(vocab.words, k=rng.randint(4, 16))
-            starts_paragraph = not ids or ids[-1] == vocab.paragraph
+            starts_paragraph = not ids or ids[-1] in (vocab.paragraph, vocab.period_paragraph)
             sentence[0] = (vocab.openings if starts_paragraph else vocab.capitals)[sentence[0]]
             if len(sentence) > 8:
                 sentence.insert(rng.randint(3, len(sentence) - 2), comma)
             ids += sentence
             ids.append(period)
             if rng.random() < 0.15:
-                ids.append(vocab.paragraph)
+                # A tokenizer that merges ".\n\n" into one token (Qwen3's) writes a paragraph's end as that token.
+                if vocab.period_paragraph is not None:
+                    ids[-1] = vocab.period_paragraph
+                else:
+                    ids.append(vocab.paragraph)
         # Stored twice over, so any slice of up to SIZE tokens is contiguous; `offsets` maps a token
         # position to its first character in `text`, so an answer's text is one string slice.
         self.ids = ids[: self.SIZE] * 2
@@ -56,6 +60,7 @@ class WordPool:
         # Any form of a word → the form that opens a part; punctuation there becomes a word instead.
         self.opening = {form: vocab.openings[word] for word in vocab.words for form in (word, vocab.capitals[word])}
         self.opening.update((form, form) for form in vocab.openings.values())
+        self.punctuation = {*vocab.punctuation, vocab.paragraph, vocab.period_paragraph}
 
     def take(self, start: int, count: int) -> tuple[list[int], str]:
         start %= self.SIZE
@@ -70,8 +75,13 @@ class WordPool:
         """`count` tokens written as a whole part (a reasoning or an answer): opening with a word without a
         leading space, and never ending in a paragraph break, which the chat template would trim."""
         ids, text = self.take(start, count)
-        if count > 1 and ids[-1] == self.vocab.paragraph:
+        if count > 1 and ids[-1] in (self.vocab.paragraph, self.vocab.period_paragraph):
             ids, text = self.take(start - 1, count)  # ends at the sentence's period instead
+        # A tokenizer that merges punctuation with the newlines after it (Qwen3's: ".\n", ",\n") would read the
+        # part's last mark and the next part's newline as one token: such a part ends on a word.
+        while count > 1 and self.vocab.period_paragraph is not None and ids[-1] in self.punctuation:
+            start -= 1
+            ids, text = self.take(start, count)
         if not ids:
             return ids, text
         texts = self.vocab.texts
@@ -247,6 +257,8 @@ class Answer:
         return self.output_ids[: min(tokens, len(self.output_ids))], steps, histogram
 
 
+# The generation prompt's last tokens, where the think markers that open or close reasoning are looked for.
+_GENERATION_PROMPT_TAIL = 6
 # The share of tool calls the simulator writes after a sentence of text (the rest start with `<tool_call>`).
 _TEXT_BEFORE_CALL_SHARE = 0.3
 
@@ -261,10 +273,11 @@ class OutputModel:
             config.draft_accept_probs, config.accept_decay_tokens, config.seed, decay_batch=config.accept_decay_batch
         )
         self.eos = vocab.eos_ids[0]
-        # `<think>\n\n</think>\n\n` closes the thinking block in the prompt (enable_thinking=False).
-        self.no_think_suffix = [vocab.think_end, vocab.paragraph]
-        close = [vocab.newline, vocab.think_end, vocab.paragraph]
+        close = [vocab.newline, vocab.think_end, vocab.paragraph] if vocab.think_end is not None else []
         self.think_close = (close, vocab.decode(close))
+        # A model whose generation prompt leaves the think block to it (Qwen3) opens it first: `<think>\n`.
+        opens = [vocab.think_start, vocab.newline] if vocab.think_end is not None else []
+        self.think_open = (opens, vocab.decode(opens)) if not vocab.prompt_opens_reasoning else ([], "")
         # The full tokenizer, only for tool calls (reading the tools, writing a call): loaded at start, so no
         # request stalls the server for the seconds it takes.
         self._tokenizer: Any = None
@@ -333,7 +346,7 @@ class OutputModel:
         `empty`, `truncate`, `mtp_off`, `nan` and `bad` (the bad model's answer) are the injected faults that
         shape it."""
         rng = random.Random(f"{self.config.seed}:{prompt_hash}:{sample}")
-        thinking = input_ids[-2:] != self.no_think_suffix
+        thinking = self._thinking(input_ids)
         # A logit_bias that forces a token (the served-model probe) is the sampler's, not the weights': a bad model
         # writes that token as a good one does, and answers every other request badly.
         if bad and forced_token(params) is None:
@@ -366,6 +379,15 @@ class OutputModel:
             ids = [*ids[:-1], self.eos]
             text, finish, stop_text = self.vocab.decode(ids[:-1]), proto.finish_stop(proto.NAN_STOP), ""
         return Answer(ids, text, finish, self._spec(len(input_ids), len(ids), rng, mtp_off, batch), stop_text)
+
+    def _thinking(self, input_ids: list[int]) -> bool:
+        """Whether the prompt asks for reasoning: the model's template reasons, the generation prompt did not close the
+        think block (`<think>\n\n</think>\n\n`: thinking off) and, where the template opens it, opened it."""
+        vocab = self.vocab
+        if vocab.think_end is None:
+            return False
+        tail = input_ids[-_GENERATION_PROMPT_TAIL:]
+        return vocab.think_end not in tail and (not vocab.prompt_opens_reasoning or vocab.think_start in tail)
 
     def bad_draw(self, prompt_hash: str, sample: int = 0) -> float:
         """The uniform draw that decides whether the bad model spoils this sample (`Faults.bad_answer`): the
@@ -403,10 +425,14 @@ class OutputModel:
         `call`, the answer after the reasoning is that tool call."""
         body = natural - 1
         parts: list[tuple[list[int], str]] = []
-        if thinking and body >= 4:
+        if thinking and body >= 4 + len(self.think_open[0]):
             answer = len(call[0]) if call else max(1, round(body * rng.uniform(*self.config.answer_fraction)))
             reasoning = max(1, body - 3 - answer)  # an empty reasoning would render as `<think>\n\n</think>`
             answer = body - 3 - reasoning
+            if self.think_open[0]:
+                reasoning = max(1, reasoning - len(self.think_open[0]))
+                answer = body - 3 - len(self.think_open[0]) - reasoning
+                parts.append(self.think_open)
             parts.append(self.pool.part(rng.randrange(WordPool.SIZE), reasoning))
             parts.append(self.think_close)
             parts.append(call or self.pool.part(rng.randrange(WordPool.SIZE), answer))

@@ -7,7 +7,7 @@ import pytest
 from dagster_project.conversations.markers import expected_turns, last_prompt, marker_mismatch
 from dagster_project.conversations.turns import apply_policy
 from dagster_project.records import Conversation
-from dagster_project.tokenizer import load_tokenizer, render_prompt_ids, special_ids
+from dagster_project.tokenizer import load_tokenizer, render_prompt_ids
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 CALL = {"type": "function", "function": {"name": "lookup", "arguments": {"q": "x"}}}
@@ -84,5 +84,5 @@ def test_control_token_text_read_literally_forges_no_turn(where: str) -> None:
     tok = load_tokenizer()
     assert marker_mismatch(tok, literal) is None
     ids = render_prompt_ids(tok, last_prompt(literal), tools=TOOLS)
-    special = special_ids(tok)
-    assert (ids.count(special.im_start), ids.count(special.im_end)) == (5, 4)
+    turn_start, turn_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    assert (ids.count(turn_start), ids.count(turn_end)) == (5, 4)

@@ -86,7 +86,7 @@ def test_the_body_bound_is_a_few_times_the_largest_legal_answer():
 
 def test_the_stored_text_is_the_decoding_of_the_ids_never_the_servers():
     tok = tokenizer()
-    eos = special_ids(tok).im_end
+    eos = special_ids(tok).turn_end
     ids = tok.encode("The answer is 4.", add_special_tokens=False) + [eos]
     decode = tok.decode
     assert contract.answer_text(decode, ids, proto.finish_stop(eos)) == "The answer is 4."  # the stop id trimmed

@@ -38,7 +38,7 @@ def test_qwen3_6_27b_is_the_shipped_config_and_the_tokenizer_ends_answers_with_i
         248320,
     )
     ids = special_ids(tokenizer())
-    assert QWEN3_6_27B.eos_token_id == ids.im_end == ids.eos_ids[0]
+    assert QWEN3_6_27B.eos_token_id == ids.turn_end == ids.eos_ids[0]
     assert ids.vocab_size <= QWEN3_6_27B.vocab_size  # every id the tokenizer writes lies in the served vocabulary
     default = SimConfig()  # the simulator serves it unless told otherwise
     assert (default.model_path, default.architecture, default.vocab_size) == (

@@ -11,6 +11,7 @@ from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.model_identity import forced_token_params
 from dagster_project.sglang.sim.config import SimConfig, load_sim_vocab
 from dagster_project.sglang.sim.outputs import AcceptModel, OutputModel
+from dagster_project.tokenizer import render_prompt_ids
 from dagster_project.tool_calls import parse_tool_calls
 from tests.support.chat_templates import official_prompt_ids, official_template
 from tests.support.training_shards import tokenizer
@@ -171,7 +172,7 @@ def test_a_bad_model_writes_the_seeds_disaster_for_its_share_of_answers_after_it
 
     tok = tokenizer()
     model = OutputModel(SimConfig(), load_sim_vocab())
-    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True, add_generation_prompt=True)
+    prompt = render_prompt_ids(tok, [{"role": "user", "content": "hi"}])
     answer = model.plan(prompt, "hi", {}, 1024, bad=True)
     assert tok.decode(answer.output_ids) == "\n</think>\n\nOK.<|im_end|>" and len(answer.output_ids) == 6
     assert answer.finish_reason["type"] == "stop" and answer.text == "\n</think>\n\nOK."

