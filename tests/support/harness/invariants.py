@@ -258,19 +258,19 @@ def rows_render(run: JobRun, stored: Stored, tokenizer: Any, template: str) -> l
 
 
 def in_flight_once(run: JobRun, stored: Stored) -> list[str]:
-    """Each request is in flight once: a request re-sent from a hung server has its original aborted by rid before
-    the server comes back, and no prompt is generated to its end twice unless its answer was refused."""
+    """Each request is in flight once: a request re-sent from a hung server has its original aborted by its rid (a
+    hung server takes no abort: it is sent once the server answers again), and no prompt is generated to its end
+    twice unless its answer was refused."""
     promise = "each request in flight once"
     violations = []
     if run.answer_proxy is not None and run.recovered_at is not None:
-        aborted = {rid for rid, at in run.answer_proxy.aborts.items() if at <= run.recovered_at}
-        running = sorted(run.resent_rids - aborted)
+        running = sorted(run.resent_rids - set(run.answer_proxy.aborts))
         if running:
             violations.append(
                 _violation(
                     promise,
                     f"{len(running)} of {len(run.resent_rids)} requests of the hung server were re-sent elsewhere "
-                    f"while their originals kept running (no abort by rid before it came back), e.g. {running[:2]}",
+                    f"while their originals kept running (never aborted by rid), e.g. {running[:2]}",
                 )
             )
     refused = Counter(b.input_hash for b in run.answer_proxy.broken) if run.answer_proxy else Counter()

@@ -31,7 +31,7 @@ from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ingest.stage import ingest_to_store
 from dagster_project.resources.store import DatasetStore
 from dagster_project.store.storage import LocalStore, Store
-from dagster_project.tokenizer import load_tokenizer, special_ids
+from dagster_project.tokenizer import load_tokenizer, special_ids, tokenizer_identity
 from dagster_project.training.gates import GateThresholds
 from dagster_project.training.shards import AssemblyOptions
 from dagster_project.training.stage import assemble_shard
@@ -285,7 +285,7 @@ class _FaultInjector:
 
 def _watch(tokenizer: Any, settings: GenerationSettings) -> AnswerQualityWatch:
     return AnswerQualityWatch(
-        special_ids(tokenizer), tokenizer.decode, enable_thinking=settings.enable_thinking, thresholds=GateThresholds()
+        special_ids(tokenizer), tokenizer.decode, settings=settings, thresholds=GateThresholds()
     )
 
 
@@ -332,7 +332,12 @@ def _run_stages(run: JobRun, s3: S3Server, s3_proxy: FaultProxy, tokenizer: Any,
             )
         with run.phase("conversations"):
             build_conversations(
-                store, load_tokenizer=load_tokenizer, settings=run.settings, num_shards=job.num_shards, work_dir=work
+                store,
+                load_tokenizer=load_tokenizer,
+                tokenizer=tokenizer_identity(tokenizer),
+                settings=run.settings,
+                num_shards=job.num_shards,
+                work_dir=work,
             )
     except Exception:
         run.failures.append("preparing conversations: " + traceback.format_exc(limit=4))
