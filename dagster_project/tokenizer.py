@@ -170,7 +170,9 @@ def _first_control_token(text: str, control: Sequence[str]) -> str | None:
 def _configured_eos_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The end ids of the tokenizer directory's `generation_config.json` (where it has one), then its eos token."""
     ids: list[int] = []
-    folder = Path(str(tokenizer.name_or_path))
+    # The built-in tokenizer is named as configured; its files are in the cache folder it was built into.
+    named = str(tokenizer.name_or_path)
+    folder = builtin_tokenizer_dir() if named == BUILTIN_TOKENIZER else Path(named)
     config = folder / "generation_config.json"
     if config.is_file():
         eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token_id")
