@@ -17,6 +17,7 @@ from dagster_project.ops.coverage import DatasetCoverage
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.tune import TuneReport
 from dagster_project.pilot_record import PilotRecord
+from dagster_project.sglang.model_identity import QWEN3_6_27B
 from dagster_project.store.verdicts import ExportOutcome, Verdict
 from dagster_project.training.shards import TrainingShardManifest
 
@@ -45,6 +46,8 @@ class Readings:
     hold: Hold | None = None  # the line's hold, if one stands
     watch: list[WatchReport] = field(default_factory=list)  # every shard's last quality-watch report
     pilot: PilotRecord | None = None  # the last pilot, of any settings (`pilot/latest.json`)
+    # The model every server must serve (DFLASH_SERVED_MODEL, as the fleet resource reads it; empty: not checked).
+    served_model: str = QWEN3_6_27B.model
 
     @property
     def live(self) -> list[Heartbeat]:
