@@ -7,16 +7,14 @@ import time
 
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.served_model import ExpectedModel, mismatch_reason
-from dagster_project.ops.alerts import DEFAULT_THRESHOLDS
 from dagster_project.ops.answers.concurrency import QUARANTINED, answer_concurrency, render_concurrency
-from dagster_project.ops.answers.cost import NO_PRICE
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.report import render_markdown
-from dagster_project.ops.status import Status, answer_all
+from dagster_project.ops.status import Status
 from dagster_project.ops.terminal import fleet_table
 from dagster_project.processes import this_process
 from dagster_project.sglang.model_identity import QWEN3_6_27B
-from dagster_project.store.storage import LocalStore
+from tests.unit.ops.test_figures import status_of
 
 HOST, PID, STARTED = this_process()
 GOOD, OTHER = "http://gpu0:30000", "http://gpu1:30000"
@@ -48,19 +46,6 @@ def set_aside_view() -> dict:
     return {"state": QUARANTINED, "reason": REASON, "window": 4, "in_flight": 0, "set_aside_at": time.time() - 300}
 
 
-def status_of(fleet: dict[str, dict], beats: list[Heartbeat], tmp_path) -> Status:
-    readings = Readings(time.time(), 1, None, None, 100, {}, beats, fleet, None, None)
-    return answer_all(
-        LocalStore(tmp_path),
-        readings,
-        current_fingerprint=None,
-        materialized=None,
-        cost=NO_PRICE,
-        thresholds=DEFAULT_THRESHOLDS,
-        endpoints_known=True,
-    )
-
-
 def server_alerts(status: Status) -> list[str]:
     return [alert.message for alert in status.alerts if alert.kind == "server"]
 
@@ -69,7 +54,7 @@ def test_a_server_naming_another_model_is_shown_with_it_and_alerted_not_called_i
     """During a run: the server of another model idles because the run set it aside, which its alert says; the
     "idle while shards have work waiting" alert would send the operator after the dispatcher."""
     running = run_beat("running", {GOOD: {"window": 4, "in_flight": 4}, OTHER: set_aside_view()}, remaining=60)
-    status = status_of({GOOD: probe(QWEN3_6_27B.model, running=4), OTHER: probe(LLAMA)}, [running], tmp_path)
+    status = status_of(tmp_path, [running], {GOOD: probe(QWEN3_6_27B.model, running=4), OTHER: probe(LLAMA)})
 
     good, other = status.concurrency.servers[GOOD], status.concurrency.servers[OTHER]
     assert (good.model, good.other_model) == (QWEN3_6_27B.model, None)
@@ -86,26 +71,26 @@ def test_after_the_run_the_runs_verdict_stays_while_the_server_is_in_the_fleet(t
     vocabulary under the job's name); the finished run's last heartbeat still says what it found."""
     finished = run_beat("published", {GOOD: {"state": "healthy"}, OTHER: set_aside_view()}, remaining=0)
     fleet = {GOOD: probe(QWEN3_6_27B.model), OTHER: probe(QWEN3_6_27B.model)}
-    status = status_of(fleet, [finished], tmp_path)
+    status = status_of(tmp_path, [finished], fleet)
 
     other = status.concurrency.servers[OTHER]
     assert other.other_model == f"the run of shard 0 set it aside: {REASON}"
     assert server_alerts(status) == [f"{OTHER}: the run of shard 0 set it aside: {REASON}; {STOP_IT}"]
     assert status.concurrency.servers[GOOD].other_model is None
     # Out of the fleet, it is not alerted on.
-    assert server_alerts(status_of({GOOD: probe(QWEN3_6_27B.model)}, [finished], tmp_path)) == []
+    assert server_alerts(status_of(tmp_path, [finished], {GOOD: probe(QWEN3_6_27B.model)})) == []
 
 
 def test_a_later_run_that_found_the_jobs_model_clears_the_verdict(tmp_path):
     earlier = run_beat("published", {OTHER: set_aside_view()}, remaining=0, ago=3600)
     later = run_beat("published", {OTHER: {"state": "healthy", "reason": None}}, remaining=0)
-    status = status_of({OTHER: probe(QWEN3_6_27B.model)}, [earlier, later], tmp_path)
+    status = status_of(tmp_path, [earlier, later], {OTHER: probe(QWEN3_6_27B.model)})
     assert status.concurrency.servers[OTHER].other_model is None and server_alerts(status) == []
 
 
 def test_the_page_and_the_fleet_table_show_each_servers_model_and_the_verdict(tmp_path):
     fleet = {GOOD: {"url": GOOD, **probe(QWEN3_6_27B.model)}, OTHER: {"url": OTHER, **probe(LLAMA)}}
-    page = render_markdown(status_of(fleet, [], tmp_path))
+    page = render_markdown(status_of(tmp_path, [], fleet))
     assert "| server | model | busy/cap | queued | KV/mamba | limit |" in page
     assert "| gpu0:30000 | Qwen3.6-27B | 0/8 | 0 |" in page
     assert "| gpu1:30000 | Llama-3.1-8B-Instruct OTHER MODEL | 0/8 | 0 |" in page
@@ -122,7 +107,7 @@ def test_the_page_and_the_fleet_table_show_each_servers_model_and_the_verdict(tm
 
 def test_a_probe_that_names_no_model_is_not_judged(tmp_path):
     """A router (no /server_info) or a server that did not answer: its model is unknown, not another."""
-    status = status_of({GOOD: probe(None)}, [], tmp_path)
+    status = status_of(tmp_path, [], {GOOD: probe(None)})
     row = status.concurrency.servers[GOOD]
     assert (row.model, row.other_model) == (None, None) and server_alerts(status) == []
     assert "      model: — (its /server_info names none)" in "\n".join(render_concurrency(status.concurrency))
