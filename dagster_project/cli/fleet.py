@@ -187,7 +187,8 @@ def cmd_fleet_status(args: argparse.Namespace, resources: Any) -> int:
             print(json.dumps(server))
     else:
         local = launch.Fleet.load(fleet_dir)
-        print(fleet_table(probes, {member.port: member.pid for member in local.members} if local else {}))
+        pids = {member.port: member.pid for member in local.members} if local else {}
+        print(fleet_table(probes, pids, served_model=settings.served_model()))
     return 0
 
 

@@ -38,17 +38,15 @@ from dagster_project.sglang.client import (
     new_session,
 )
 from dagster_project.sglang.model_identity import (
+    MODEL_MISMATCH,
     PROBE_INPUT_IDS,
     QWEN3_6_27B,
     ModelIdentity,
     forced_token_params,
-    names_model,
+    info_names_model,
     vocab_from_refusal,
     vocab_probe_params,
 )
-
-# The reason a server is set aside for serving another model (the start of its `reason`).
-MODEL_MISMATCH = "served_model_mismatch"
 
 
 class ServedModelMismatch(RuntimeError):
@@ -104,9 +102,9 @@ class ExpectedModel:
 
 
 def _named(source: str, info: Mapping[str, Any], expected: ModelIdentity) -> list[str]:
-    reported = [info.get("model_path"), info.get("served_model_name")]
-    if any(names_model(name, expected.model) for name in reported):
+    if info_names_model(info, expected.model):
         return []
+    reported = info.get("model_path"), info.get("served_model_name")
     return [f"{source} names model_path {reported[0]!r}, served_model_name {reported[1]!r}, not {expected.model}"]
 
 

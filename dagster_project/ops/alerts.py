@@ -72,6 +72,7 @@ def raise_alerts(
         # A store too slow to answer leaves the shards' figures as of its last snapshot: whether work waits now is
         # not known, so an idle server is not blamed for it.
         *_server_alerts(progress, concurrency, shards_known=storage.delay is None and not held),
+        *_other_model_alerts(concurrency),
         *_set_aside_alerts(concurrency),
         *_refused_answer_alerts(concurrency),
         *_eta_alerts(progress, thresholds.eta_slip),
@@ -211,6 +212,8 @@ def _server_alerts(progress: ProgressAnswer, concurrency: ConcurrencyAnswer, *, 
     # Shards that finished generating and are publishing have no work for the fleet: an idle server is theirs.
     generating = [shard for shard in progress.shards_running if shard not in progress.shards_publishing]
     work_waits = shards_known and bool(generating) and progress.events_remaining > 0
+    # A server set aside, or serving another model, is sent no work: its own alert says why it idles.
+    excluded = {server.url for server in concurrency.set_aside}
     for url, row in concurrency.servers.items():
         cap, running, queued = row.effective_cap, row.running, row.queued
         if cap is None or running is None:
@@ -225,7 +228,7 @@ def _server_alerts(progress: ProgressAnswer, concurrency: ConcurrencyAnswer, *, 
                     "lower the fleet resource's oversubscription or raise the server's cap",
                 )
             )
-        elif running == 0 and work_waits:
+        elif running == 0 and work_waits and url not in excluded and row.other_model is None:
             alerts.append(Alert("server", f"{url} is idle while shards {generating} have work waiting"))
     return alerts
 
@@ -300,8 +303,24 @@ def _input_alerts(storage: StorageAnswer) -> list[Alert]:
     return alerts
 
 
+def _other_model_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
+    """A server of the fleet that serves another model: every run sets it aside before its first request, during a
+    run and after it, so it only takes a GPU."""
+    return [
+        Alert("server", f"{url}: {row.other_model}; no shard sends it work — stop it or point it at the right model")
+        for url, row in concurrency.servers.items()
+        if row.other_model is not None
+    ]
+
+
 def _set_aside_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
-    return [Alert("server", f"set aside: {describe_set_aside(server)}") for server in concurrency.set_aside]
+    """Servers the running shards set aside, but for serving another model (`_other_model_alerts` names those)."""
+    other_model = {url for url, row in concurrency.servers.items() if row.other_model is not None}
+    return [
+        Alert("server", f"set aside: {describe_set_aside(server)}")
+        for server in concurrency.set_aside
+        if server.url not in other_model
+    ]
 
 
 def _refused_answer_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:

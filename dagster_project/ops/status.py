@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagster_project import settings
 from dagster_project.conversations.shards import (
     ConversationsShardManifest,
     read_conversations_manifest,
@@ -112,6 +113,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
             hold=hold.result(),
             watch=watch.result(),
             pilot=pilot.result(),
+            served_model=settings.served_model(),
         )
 
 

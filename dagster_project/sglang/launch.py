@@ -30,7 +30,7 @@ import psutil
 
 from dagster_project.processes import live_process, process_start, this_process
 from dagster_project.sglang import capacity
-from dagster_project.sglang.model_identity import QWEN3_6_27B
+from dagster_project.sglang.model_identity import MODEL_NAME_FIELDS, QWEN3_6_27B
 from dagster_project.sglang.protocol import parse_metrics
 from dagster_project.sglang.speculative import RECIPE, parse_setting
 from dagster_project.store.dataclass_json import from_dict
@@ -679,7 +679,8 @@ def connect(endpoints: Sequence[str] | str | None = None, router_url: str | None
 
 
 async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeout_s: float = 5.0) -> list[dict]:
-    """Live state of each endpoint: health, speculative decoding, its running cap, load (from `/metrics`)."""
+    """Live state of each endpoint: health, the model it serves (`/server_info`'s names of it, under their keys there:
+    `model_identity.serves_other_model` judges a probe), speculative decoding, its running cap, load (`/metrics`)."""
     from dagster_project.sglang.client import SGLangClient, SGLangError, new_session
 
     async with new_session() as session:
@@ -690,6 +691,7 @@ async def probe_endpoints(urls: Sequence[str], api_key: str | None = None, timeo
             try:
                 info = await client.server_info()
                 states = info.get("internal_states") or [{}]
+                status |= {name: info.get(name) for name in MODEL_NAME_FIELDS}
                 status["speculative_algorithm"] = info.get("speculative_algorithm")
                 status["max_running_requests_flag"] = info.get("max_running_requests")
                 # The real cap: the mamba state pool can lower it below the flag, and only

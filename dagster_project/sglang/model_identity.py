@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,12 @@ _VOCAB_REFUSAL = re.compile(r"logit_bias must has keys in \[0, (\d+)\]")
 # Far above any logit a model writes: under greedy sampling the biased id is the token drawn.
 FORCING_BIAS = 1000.0
 PROBE_INPUT_IDS = [0]  # id 0 lies in every vocabulary: safe to send before the vocabulary is known
+# The reason a dispatcher sets a server aside for serving another model (the start of its `reason`).
+MODEL_MISMATCH = "served_model_mismatch"
+# What status, `dflash fleet status` and the page write beside a server whose reported model is not the job's.
+OTHER_MODEL = "OTHER MODEL"
+# The fields of an info route's body (/server_info, /model_info) that name the served model.
+MODEL_NAME_FIELDS = ("model_path", "served_model_name")
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,25 @@ def model_basename(name: str) -> str:
 def names_model(reported: Any, expected: str) -> bool:
     """Whether a reported `model_path` or `served_model_name` names the expected model."""
     return isinstance(reported, str) and bool(reported) and model_basename(reported) == model_basename(expected)
+
+
+def info_names_model(info: Mapping[str, Any], expected: str) -> bool:
+    """Whether an info route's body (or a probe keeping its fields) names the expected model: its `model_path` or its
+    `served_model_name` (SGLang serves a model under a name of the operator's choosing, its path kept)."""
+    return any(names_model(info.get(name), expected) for name in MODEL_NAME_FIELDS)
+
+
+def reported_model(info: Mapping[str, Any]) -> str | None:
+    """The model an info route's body names, as an operator reads it: the name it is served under, else its path
+    (None: it names none, e.g. a router)."""
+    named = [info.get(name) for name in reversed(MODEL_NAME_FIELDS)]
+    return next((name for name in named if isinstance(name, str) and name), None)
+
+
+def serves_other_model(info: Mapping[str, Any], expected: str) -> bool:
+    """An info route's body names a model and it is not the expected one (an empty `expected`: the check is off;
+    a body naming no model cannot tell)."""
+    return bool(expected) and reported_model(info) is not None and not info_names_model(info, expected)
 
 
 def vocab_probe_params() -> dict:

@@ -15,6 +15,7 @@ import pytest
 from dagster_project.cli import main
 from dagster_project.settings import DEMO_DATA_DIR
 from dagster_project.sglang import launch, launch_plan
+from dagster_project.sglang.model_identity import QWEN3_6_27B
 from tests.support.ingest_helpers import run_stages
 
 SECRET = "sk-test-4f1d9a7c"
@@ -69,8 +70,8 @@ def test_fleet_up_status_down_never_shows_the_api_key_and_what_it_cost_outlives_
             and again.stderr.count("\n") == 1
         )
         table = dflash(env, "fleet", "status").splitlines()
-        assert table[0].split() == ["pid", "address", "health", "cap", "running", "queued"]
-        assert [row.split()[2] for row in table[1:]] == ["healthy", "healthy"]
+        assert table[0].split() == ["pid", "address", "health", "model", "cap", "running", "queued"]
+        assert [row.split()[2:4] for row in table[1:]] == [["healthy", QWEN3_6_27B.model]] * 2
         record = json.loads((tmp_path / "work" / "fleet" / "fleet.json").read_text())
         assert sorted(int(row.split()[0]) for row in table[1:]) == sorted(m["pid"] for m in record["members"])
         servers = [json.loads(line) for line in dflash(env, "fleet", "status", "--json").splitlines()]

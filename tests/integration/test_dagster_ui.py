@@ -254,7 +254,7 @@ def test_the_operator_page_renders_the_six_answers_and_the_per_server_table(oper
     for answer in page.SIX_ANSWERS:
         assert answer in report, answer
     # The per-server tables, drawn in place: their headers and one row per server of the fleet.
-    assert "busy/cap" in report and "what limits it now; its cap" in report
+    assert "busy/cap" in report and "its model; what limits it now; its cap" in report
     for url in operator_ui.fleet.urls:
         assert url.removeprefix("http://") in report, url
     assert "$7.00" in report  # the fleet's $/hour: 2 servers at $3.50 per GPU-hour

@@ -21,6 +21,7 @@ from dagster_project.ops.dagster_view import DagsterView, write_view
 from dagster_project.ops.pool_slots import DeadHolder
 from dagster_project.ops.terminal import fleet_table
 from dagster_project.processes import process_start, this_process
+from dagster_project.sglang.model_identity import QWEN3_6_27B
 from dagster_project.store.dataclass_json import to_json
 from dagster_project.store.layout import progress_key
 from dagster_project.store.storage import LocalStore, StoreLocationError, open_store
@@ -97,11 +98,11 @@ def test_fleet_status_is_a_table_with_pids_of_this_nodes_servers():
         {"url": "http://127.0.0.1:30000", "healthy": True, "max_running_requests": 69, "running": 12, "queued": 3},
         {"url": "http://gpu-2:30000", "healthy": False, "error": "connection refused"},
     ]
-    lines = fleet_table(probes, {30000: 4242}, hostname="head").splitlines()
-    assert lines[0].split() == ["pid", "address", "health", "cap", "running", "queued", "note"]
-    assert lines[1].split() == ["4242", "127.0.0.1:30000", "healthy", "69", "12", "3"]
+    lines = fleet_table(probes, {30000: 4242}, hostname="head", served_model=QWEN3_6_27B.model).splitlines()
+    assert lines[0].split() == ["pid", "address", "health", "model", "cap", "running", "queued", "note"]
+    assert lines[1].split() == ["4242", "127.0.0.1:30000", "healthy", "—", "69", "12", "3"]
     # Another node's server: no pid here, figures it did not report are unknown, not 0.
-    assert lines[2].split()[:6] == ["—", "gpu-2:30000", "unreachable", "—", "—", "—"]
+    assert lines[2].split()[:7] == ["—", "gpu-2:30000", "unreachable", "—", "—", "—", "—"]
     assert lines[2].endswith("connection refused")
 
 

@@ -94,8 +94,9 @@ def test_the_ingest_log_escapes_a_file_name_that_holds_escapes(tmp_path):
 
 
 def test_fleet_status_escapes_what_a_server_answered():
-    table = fleet_table([{"url": "http://127.0.0.1:30000", "error": EVIL, "healthy": False}], {}, "here")
-    assert not _raw(table) and not _forged(table) and "\\x1b[2J" in table
+    answered = {"url": "http://127.0.0.1:30000", "error": EVIL, "healthy": False, "served_model_name": EVIL}
+    table = fleet_table([answered], {}, "here", served_model="Qwen/Qwen3.6-27B")
+    assert not _raw(table) and not _forged(table) and table.count("\\x1b[2J") == 2
 
 
 def test_the_live_view_escapes_what_it_shows(tmp_path):

@@ -11,6 +11,7 @@ from dagster_project.ops.answers.text import fmt, utc
 from dagster_project.ops.tune import TuneReport, gain
 from dagster_project.sglang import capacity
 from dagster_project.sglang.answer_contract import BREACHES
+from dagster_project.sglang.model_identity import MODEL_MISMATCH, OTHER_MODEL, reported_model, serves_other_model
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class ServerConcurrency:
     limited_by: str
     capacity: ServerCapacity | None = None
     capacity_error: str | None = None  # why there is no capacity answer (no /server_info fields, a router)
+    model: str | None = None  # the model its /server_info names now (None: it names none, or did not answer)
+    # Why it is not serving the job's model (`other_model_verdicts`); None: nothing says so.
+    other_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,11 +69,13 @@ class ConcurrencyAnswer:
     # Server → kind → answers its dispatchers refused as not answers (each retried, on another server where there
     # is one), over the last run of every shard (`refused_answers`).
     refused_answers: dict[str, dict[str, int]] = field(default_factory=dict)
+    served_model: str = ""  # the model every server must serve (empty: not checked)
 
 
-# A dispatcher's state of a server it set aside (`generation.server_checks.QUARANTINED`, not imported: the dispatcher
-# imports aiohttp, which `dflash status` does without).
-QUARANTINED = "quarantined"
+# A dispatcher's states of a server it set aside and of one it has not checked yet
+# (`generation.server_checks.QUARANTINED`, `UNPROBED`, not imported: the dispatcher imports aiohttp, which `dflash
+# status` does without).
+QUARANTINED, UNPROBED = "quarantined", "unprobed"
 # The error kinds of an HTTP 200 that is not an answer: a body that is not a response (`sglang.client`, not imported
 # for the same reason), and every breach of the answer contract ("NaN happened", a length stop short of the request's
 # max_new_tokens, the end-of-turn id mid-answer, ...).
@@ -190,6 +196,7 @@ def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
             windows[url] += int(view.get("window") or 0)
             in_flight[url] += int(view.get("in_flight") or 0)
     prompt, output, lengths = observed_lengths(readings)
+    other_models = other_model_verdicts(readings)
     servers = {}
     for url in sorted(set(readings.fleet) | set(windows)):
         server = readings.fleet.get(url, {"healthy": False})
@@ -214,13 +221,40 @@ def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
             limited_by=_limit_reason(server, window, flying, fix),
             capacity=fix,
             capacity_error=problem,
+            model=reported_model(server),
+            other_model=other_models.get(url),
         )
     return ConcurrencyAnswer(
         servers,
         f"{prompt:,.0f} prompt + {output:,.0f} output tokens per request, {lengths}",
         set_aside_servers(readings),
         refused_answers(readings),
+        readings.served_model,
     )
+
+
+def other_model_verdicts(readings: Readings) -> dict[str, str]:
+    """Server → why it does not serve the job's model: the model its /server_info names now, when that is another
+    (`model_identity.serves_other_model`, the dispatcher's own test of a name); else the verdict of the last shard
+    run that checked it, running or finished (its last heartbeat), when that run set it aside as another model
+    (names, architecture, vocabulary, end-of-sequence id: `generation.served_model`). A later run that found the
+    job's model there clears it."""
+    expected = readings.served_model
+    found = {
+        url: f"serves {reported_model(probe)}, not the job's {expected}"
+        for url, probe in readings.fleet.items()
+        if serves_other_model(probe, expected)
+    }
+    last_checked: dict[str, tuple[float, int, dict[str, Any]]] = {}
+    for beat in readings.heartbeats:
+        for url, view in beat.servers.items():
+            if view.get("state") != UNPROBED and beat.updated_at >= last_checked.get(url, (-1.0,))[0]:
+                last_checked[url] = (beat.updated_at, beat.shard, view)
+    for url, (_, shard, view) in last_checked.items():
+        reason = view.get("reason") or ""
+        if url not in found and view.get("state") == QUARANTINED and reason.startswith(MODEL_MISMATCH):
+            found[url] = f"the run of shard {shard} set it aside: {reason}"
+    return found
 
 
 def refused_answers(readings: Readings) -> dict[str, dict[str, int]]:
@@ -264,12 +298,21 @@ def render_concurrency(concurrency: ConcurrencyAnswer) -> list[str]:
             f"   {url}: {fmt(row.client_window)} / {fmt(row.in_flight)} / {fmt(row.effective_cap)} / "
             f"{fmt(row.running)} / {fmt(row.queued)} → {row.limited_by}"
         )
+        lines.append(f"      model: {describe_model(row, concurrency.served_model)}")
         if row.capacity is not None:
             lines.append(f"      capacity: {row.capacity.explanation}")
     if any(row.capacity for row in concurrency.servers.values()):
         lines.append(f"   (capacity at {concurrency.lengths}{lengths_note(concurrency.lengths)})")
     lines += [f"   SET ASIDE: {describe_set_aside(server)}" for server in concurrency.set_aside]
     return lines
+
+
+def describe_model(row: ServerConcurrency, served_model: str) -> str:
+    """The model a server serves and the verdict on it: OTHER MODEL and why, or that it is the job's."""
+    named = row.model or "— (its /server_info names none)"
+    if row.other_model is not None:
+        return f"{named} — {OTHER_MODEL}: {row.other_model}"
+    return f"{named}, the job's" if row.model and served_model else named
 
 
 def lengths_note(lengths: str) -> str:

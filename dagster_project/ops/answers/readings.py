@@ -17,6 +17,7 @@ from dagster_project.ops.coverage import DatasetCoverage
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.tune import TuneReport
 from dagster_project.pilot_record import PilotRecord
+from dagster_project.sglang.model_identity import QWEN3_6_27B
 from dagster_project.store.verdicts import ExportOutcome, Verdict
 from dagster_project.tokenizer import TokenizerIdentity
 from dagster_project.training.shards import TrainingShardManifest
@@ -47,6 +48,8 @@ class Readings:
     watch: list[WatchReport] = field(default_factory=list)  # every shard's last quality-watch report
     pilot: PilotRecord | None = None  # the last pilot, of any settings (`pilot/latest.json`)
     conversations_shards: dict[int, ConversationsShardManifest] = field(default_factory=dict)  # as published now
+    # The model every server must serve (DFLASH_SERVED_MODEL, as the fleet resource reads it; empty: not checked).
+    served_model: str = QWEN3_6_27B.model
 
     @property
     def made_from_edited_conversations(self) -> dict[str, list[int]]:

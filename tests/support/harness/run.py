@@ -284,9 +284,7 @@ class _FaultInjector:
 
 
 def _watch(tokenizer: Any, settings: GenerationSettings) -> AnswerQualityWatch:
-    return AnswerQualityWatch(
-        special_ids(tokenizer), tokenizer.decode, settings=settings, thresholds=GateThresholds()
-    )
+    return AnswerQualityWatch(special_ids(tokenizer), tokenizer.decode, settings=settings, thresholds=GateThresholds())
 
 
 def _open_store(job: Job, root: Path, bucket: str, endpoint: str) -> Store:

@@ -181,8 +181,8 @@ def test_dflash_status_names_the_server_of_another_model_and_what_differs():
         servers=dispatcher.snapshot()["servers"],
     )  # fmt: skip
     alert = _alerts(readings(4, **{**store_of({}), "heartbeats": [beat]}))["server"]
-    assert alert.startswith(f"set aside: http://llama ({MODEL_MISMATCH}: it does not serve Qwen/Qwen3.6-27B")
-    assert LLAMA in alert and "by the runs of shards [2]" in alert
+    assert alert.startswith(f"http://llama: the run of shard 2 set it aside: {MODEL_MISMATCH}: it does not serve Qwen")
+    assert LLAMA in alert and alert.endswith("no shard sends it work — stop it or point it at the right model")
 
 
 class HungGenerate(ModelServer):
