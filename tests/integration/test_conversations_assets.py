@@ -76,6 +76,8 @@ def test_demo_data_materializes_and_every_check_passes(resources: dict, tmp_path
         "unreadable_file",
         "line_too_long",
         "too_deep",
+        "unparsable_transcript",
+        "flattened_layout",
         "unknown_part",
         "misplaced_part",
     }

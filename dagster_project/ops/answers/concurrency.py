@@ -298,7 +298,9 @@ def render_concurrency(concurrency: ConcurrencyAnswer) -> list[str]:
             f"   {url}: {fmt(row.client_window)} / {fmt(row.in_flight)} / {fmt(row.effective_cap)} / "
             f"{fmt(row.running)} / {fmt(row.queued)} → {row.limited_by}"
         )
-        lines.append(f"      model: {describe_model(row, concurrency.served_model)}")
+        # A server that did not answer its probe names no model: said only of one a run set aside as another's.
+        if row.effective_cap is not None or row.other_model is not None:
+            lines.append(f"      model: {describe_model(row, concurrency.served_model)}")
         if row.capacity is not None:
             lines.append(f"      capacity: {row.capacity.explanation}")
     if any(row.capacity for row in concurrency.servers.values()):
