@@ -26,7 +26,7 @@ demo: venv
 	DFLASH_EVAL_SETS="$(EVAL_SETS)" $(BIN)/python -m dagster_project.cli demo
 
 # How many pytest-xdist workers `make test` runs the tests on. More than the cores: most integration tests wait on
-# processes they started (simulators, Dagster runs, `dagster dev`), so the cores are idle without company.
+# processes they started (simulators, Dagster runs, `dagster dev`). Not yet measured against 2 and 3 on quiet cores.
 TEST_WORKERS ?= 4
 # `loadgroup`: a module whose tests share a module-scoped fixture runs on one worker (tests/conftest.py groups it),
 # every other test goes to whichever worker is free.
