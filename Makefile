@@ -28,9 +28,10 @@ demo: venv
 # How many pytest-xdist workers `make test` runs the tests on. More than the cores: most integration tests wait on
 # processes they started (simulators, Dagster runs, `dagster dev`). Not yet measured against 2 and 3 on quiet cores.
 TEST_WORKERS ?= 4
-# `loadgroup`: a module whose tests share a module-scoped fixture runs on one worker (tests/conftest.py groups it),
-# every other test goes to whichever worker is free.
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+# `loadscope`: each module runs whole on one worker, in order, so a module-scoped fixture (a fleet, a published store,
+# `dagster dev`) is made once; the modules go to whichever worker is free, the slowest first (tests/conftest.py).
+# (Not `loadgroup`: with pytest 9.2 it no longer groups, xdist 3.8 renames a test's nodeid through `_nodeid`.)
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadscope
 
 # Every test: tests/unit/ and tests/integration/. It first checks the tools outside Python it needs (Chromium and
 # its driver, PostgreSQL, the shared fixtures) and fails naming how to install any that is missing; no test skips

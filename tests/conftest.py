@@ -54,14 +54,6 @@ def _start_order(item: pytest.Item) -> int:
     return len(SLOWEST_FIRST) + (0 if _is_integration(item) else 1)
 
 
-def _shares_a_module_fixture(item: pytest.Item) -> bool:
-    fixtures = getattr(item, "_fixtureinfo", None)
-    return fixtures is not None and any(
-        definition.scope in ("module", "package") for definitions in fixtures.name2fixturedefs.values()
-        for definition in definitions
-    )  # fmt: skip
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     misplaced = []
     for item in items:
@@ -69,10 +61,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         elif asked := sorted(PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))):
             misplaced.append(f"{item.nodeid} asks for {', '.join(asked)}")
-        if _shares_a_module_fixture(item):
-            # Under pytest-xdist (`--dist loadgroup`, make test) the module's tests run on one worker, one after
-            # another, so its module-scoped fixture (a fleet, a published store, `dagster dev`) is made once.
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     # The longest first, so that under pytest-xdist no worker starts a long test while the others run out of work:
     # the modules that run a whole pipeline through `dagster dev`, then the other integration tests, then the units.
     items.sort(key=_start_order)
