@@ -31,7 +31,9 @@ TEST_WORKERS ?= 4
 # `loadscope`: each module runs whole on one worker, in order, so a module-scoped fixture (a fleet, a published store,
 # `dagster dev`) is made once; the modules go to whichever worker is free, the slowest first (tests/conftest.py).
 # (Not `loadgroup`: with pytest 9.2 it no longer groups, xdist 3.8 renames a test's nodeid through `_nodeid`.)
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadscope
+# `--no-loadscope-reorder`: in that order, not xdist's default of the modules with the most tests first (which
+# started the three `dagster dev` modules last).
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # Every test: tests/unit/ and tests/integration/. It first checks the tools outside Python it needs (Chromium and
 # its driver, PostgreSQL, the shared fixtures) and fails naming how to install any that is missing; no test skips
