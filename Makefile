@@ -25,15 +25,29 @@ EVAL_SETS ?= $(subst $(space),$(comma),$(wildcard ../shared/data/eval_sets/*/*))
 demo: venv
 	DFLASH_EVAL_SETS="$(EVAL_SETS)" $(BIN)/python -m dagster_project.cli demo
 
-# Every test: tests/unit/ and tests/integration/.
-test: lint
-	$(BIN)/python -m pytest -q
+# How many pytest-xdist workers `make test` runs the tests on. More than the cores: most integration tests wait on
+# processes they started (simulators, Dagster runs, `dagster dev`). Not yet measured against 2 and 3 on quiet cores.
+TEST_WORKERS ?= 4
+# `loadscope`: each module runs whole on one worker, in order, so a module-scoped fixture (a fleet, a published store,
+# `dagster dev`) is made once; the modules go to whichever worker is free, the slowest first (tests/conftest.py).
+# (Not `loadgroup`: with pytest 9.2 it no longer groups, xdist 3.8 renames a test's nodeid through `_nodeid`.)
+# `--no-loadscope-reorder`: in that order, not xdist's default of the modules with the most tests first (which
+# started the three `dagster dev` modules last).
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-# The unit tests alone (tests/unit/, ~1.5 min on 2 cores). Skips everything marked `integration` (all of tests/integration/):
-# the tests that drive Dagster (its CLI, `dagster dev`, an instance) or start servers: the moto S3 server,
-# simulator fleets, the real sglang-router, fault injection, the CLI pipeline.
+# Every test: tests/unit/ and tests/integration/. It first checks the tools outside Python it needs (Chromium and
+# its driver, PostgreSQL, the shared fixtures) and fails naming how to install any that is missing; no test skips
+# but the GPU-only one (a skip fails the run: tests/conftest.py).
+test: lint
+	$(BIN)/python -m tests.support.required_tools
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
+
+# The unit tests alone (tests/unit/). Skips everything marked `integration` (all of tests/integration/): the tests
+# that drive Dagster (its CLI, `dagster dev`, an instance) or start servers: the moto S3 server, simulator fleets,
+# the real sglang-router, fault injection, the CLI pipeline. The quick target: a test whose tool (the shared
+# fixtures) is missing skips here, naming it.
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not integration"
+	TESTS_MAY_SKIP=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not integration"
 
 # The real-SGLang tier: SGLang 0.5.23 itself on this machine's CPU, in an environment of its own (~11 GB, ~9.5 min
 # from the registry; pip's cache makes a rebuild fast). Never in the project's environment: its CUDA torch and

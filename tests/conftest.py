@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.support.postgres_server import postgres_bin_dir, running_postgres
+from tests.support.required_tools import POSTGRES, may_skip, require
 from tests.support.s3_server import running_s3_server
 from tests.support.sglang_fixtures import SimFleet
 
@@ -43,6 +44,16 @@ def _is_integration(node: pytest.Item) -> bool:
     return INTEGRATION_DIR in node.path.parents
 
 
+# The slowest modules (measured: `make test` prints its slowest tests), started first.
+SLOWEST_FIRST = ("test_andon_dagster.py", "test_head_node.py", "test_dagster_ui.py", "test_rehearsal.py")
+
+
+def _start_order(item: pytest.Item) -> int:
+    if item.path.name in SLOWEST_FIRST:
+        return SLOWEST_FIRST.index(item.path.name)
+    return len(SLOWEST_FIRST) + (0 if _is_integration(item) else 1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     misplaced = []
     for item in items:
@@ -50,6 +61,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         elif asked := sorted(PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))):
             misplaced.append(f"{item.nodeid} asks for {', '.join(asked)}")
+    # The longest first, so that under pytest-xdist no worker starts a long test while the others run out of work:
+    # the modules that run a whole pipeline through `dagster dev`, then the other integration tests, then the units.
+    items.sort(key=_start_order)
     if misplaced:
         # A test that starts processes must not run in `make test-fast`: it belongs in tests/integration/.
         raise pytest.UsageError(
@@ -70,10 +84,8 @@ def _integration_only(request: pytest.FixtureRequest) -> None:
 @pytest.fixture(scope="session")
 def postgres_cluster():
     """A real PostgreSQL server on loopback for the session (the Postgres-backed Dagster instance's tests)."""
-    bin_dir = postgres_bin_dir()
-    if bin_dir is None:
-        pytest.skip("no PostgreSQL server binaries (initdb, postgres) on PATH or in /usr/lib/postgresql/*/bin")
-    with running_postgres(bin_dir) as server:
+    require(POSTGRES)
+    with running_postgres(postgres_bin_dir()) as server:
         yield server
 
 
@@ -130,3 +142,32 @@ def sim_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callab
     yield start
     for fleet in fleets:
         fleet.stop()
+
+
+# ---- no skip counts as passing ------------------------------------------------------------------------------
+
+# A test may skip only where it must: one marked `gpu_only` (it needs a GPU node's SGLang), or any under
+# `make test-fast` (TESTS_MAY_SKIP=1). Any other skip fails the run, listed with its reason.
+_unexpected_skips: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail") and "gpu_only" not in report.keywords and not may_skip():
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _unexpected_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _unexpected_skips and not hasattr(session.config, "workerinput") and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if _unexpected_skips and not hasattr(config, "workerinput"):
+        terminalreporter.section("skipped tests fail this run", red=True)
+        for line in _unexpected_skips:
+            terminalreporter.line(line)
+        terminalreporter.line(
+            "make test skips nothing but the gpu_only tests: install what is named (python -m "
+            "tests.support.required_tools lists it); `make test-fast` alone may skip (TESTS_MAY_SKIP=1)"
+        )

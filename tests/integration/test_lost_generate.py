@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from dagster_project.generation.dispatch import Dispatcher, GenRequest, Outcome
 from dagster_project.generation.server_watch import NOT_RUNNING, SILENT
 from dagster_project.resources.fleet import SGLangFleet
@@ -78,7 +76,6 @@ def test_a_server_losing_generate_behind_a_passing_health_is_set_aside(sim_fleet
 
 
 def test_the_same_behind_sglang_router(sim_fleet, tmp_path):
-    pytest.importorskip("sglang_router")
     fleet = simulators(sim_fleet)
     with lost_generate(fleet.url(BEHIND)) as front, running_router([front.endpoint], tmp_path / "router") as router:
         # The router has no /server_info (its window is the default one) and no /metrics.

@@ -15,8 +15,6 @@ from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.model_identity import QWEN3_6_27B
 from tests.support.sglang_fixtures import call, running_router, wait_until
 
-pytest.importorskip("sglang_router")
-
 CAP = 4
 PARAMS = proto.sampling_params(max_new_tokens=1024)
 

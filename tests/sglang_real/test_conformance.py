@@ -46,9 +46,12 @@ META_KEYS = {
 }  # fmt: skip
 SIM_ONLY_SPEC = pytest.param(
     "real",
-    marks=pytest.mark.skip(
-        reason="simulator-only: speculative decoding does not run on a CPU without AMX (0.5.23 stops EAGLE on "
-        "torch_native attention); checked on a GPU node by scripts/gpu_check.sh"
+    marks=(
+        pytest.mark.gpu_only,
+        pytest.mark.skip(
+            reason="simulator-only: speculative decoding does not run on a CPU without AMX (0.5.23 stops EAGLE on "
+            "torch_native attention); checked on a GPU node by scripts/gpu_check.sh"
+        ),
     ),
 )
 _pool = ThreadPoolExecutor(max_workers=8)

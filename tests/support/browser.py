@@ -12,12 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote
 
-import pytest
-
 from tests.support.paths import PROJECT_ROOT
+from tests.support.required_tools import BROWSER, CHROMEDRIVER, CHROMIUM, require
 
-CHROMIUM = Path(os.environ.get("CHROMIUM_BIN", "/usr/bin/chromium"))
-CHROMEDRIVER = Path(os.environ.get("CHROMEDRIVER_BIN", "/usr/bin/chromedriver"))
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", PROJECT_ROOT / "test-artifacts")) / "browser"
 SIX_ANSWERS = (
     "1. Progress vs plan",
@@ -39,12 +36,9 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 @contextlib.contextmanager
 def headless_chromium() -> Iterator:
-    """A Selenium driver of headless Chromium, its window WINDOW_WIDTH wide; the test skips without Chromium (fails
-    where REQUIRE_BROWSER says it must run, as in CI)."""
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        if os.environ.get("REQUIRE_BROWSER"):
-            pytest.fail(f"no {CHROMIUM} or {CHROMEDRIVER}: apt-get install -y chromium chromium-driver")
-        pytest.skip(f"no {CHROMIUM} or {CHROMEDRIVER} (apt-get install -y chromium chromium-driver)")
+    """A Selenium driver of headless Chromium, its window WINDOW_WIDTH wide; without Chromium the test fails naming
+    how to install it (`make test-fast` alone lets it skip: tests.support.required_tools)."""
+    require(BROWSER)
     with chromium_driver(WINDOW_WIDTH, 4400) as driver:
         yield driver
 

@@ -13,7 +13,7 @@ OFFICIAL_TEMPLATE_NAME = "qwen3_6.official_reconstructed.jinja"
 
 
 def official_template() -> str:
-    """Its text; the test skips (fails under REQUIRE_SHARED_FIXTURES=1) when ../shared is absent."""
+    """Its text; the test fails (skips under `make test-fast`) when ../shared is absent."""
     return require_shared("fixtures", "chat_templates", OFFICIAL_TEMPLATE_NAME).read_text(encoding="utf-8")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,14 +12,12 @@ SHARED_DATA = SHARED / "data"
 
 
 def require_shared(*relative: str) -> Path:
-    """A file from ../shared (beside the checkout); skip the test, saying why, when it is absent.
+    """A file from ../shared (beside the checkout); the test fails, naming it, when it is absent (`make test-fast`
+    alone lets it skip: tests.support.required_tools), so a test that reads it never passes by being skipped."""
+    from tests.support.required_tools import SHARED_FIXTURES, require
 
-    CI has the folder and sets REQUIRE_SHARED_FIXTURES=1: there a missing file fails the test instead, so the
-    tests that read it can never pass by being skipped."""
     path = SHARED.joinpath(*relative)
     if not path.exists():
-        reason = f"{path} is absent: this test reads the shared fixtures that sit beside the repository"
-        if os.environ.get("REQUIRE_SHARED_FIXTURES") == "1":
-            pytest.fail(reason + " (REQUIRE_SHARED_FIXTURES=1)")
-        pytest.skip(reason)
+        require(SHARED_FIXTURES)  # the folder is there: the file itself is missing, which no install fixes
+        pytest.fail(f"{path} is absent from the shared fixtures that sit beside the repository")
     return path

@@ -112,6 +112,7 @@ def test_the_api_key_goes_in_a_config_file_only_its_user_reads_never_on_the_comm
 
 
 @pytest.mark.integration  # a subprocess of the GPU node's python
+@pytest.mark.gpu_only
 @pytest.mark.skipif(
     not os.environ.get("SGLANG_PYTHON"), reason="set SGLANG_PYTHON to a python with sglang 0.5.23 (GPU nodes)"
 )
