@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from dagster_project.generation.progress import Heartbeat
-from dagster_project.ops.answers.concurrency import ServerConcurrency, describe_model, lengths_note
+from dagster_project.ops.answers.concurrency import describe_model, lengths_note
 from dagster_project.ops.answers.cost import idle_line, render_cost, spent_line
 from dagster_project.ops.answers.coverage import by_id_summary
 from dagster_project.ops.answers.mtp import mtp_verdict
@@ -26,14 +26,15 @@ from dagster_project.ops.answers.storage import retried_calls
 from dagster_project.ops.answers.text import as_of, counted_shards, dollars, shard_list
 from dagster_project.ops.answers.waste import WasteAnswer
 from dagster_project.ops.status import Status
-from dagster_project.sglang.model_identity import OTHER_MODEL
 from dagster_project.shown_text import shown, shown_markdown
 
 # Key figures first, each cell and header a few characters (the two pool usages in one column), so the table fits the
 # asset page's value column at 1,440 px: Dagster does not wrap a table's headers, and the page's timestamp column
 # beside it widens with a two-digit hour or day. What limits a server, in full, is in the next table, where the
 # sentence can wrap.
-SERVER_COLUMNS = ["server", "model", "busy/cap", "queued", "KV/mamba", "limit"]
+# The model each server serves is in the next table too (a sixth column made this one 499 px at its narrowest, wider
+# than the value column at 1,440 px): its name and verdict can wrap there.
+SERVER_COLUMNS = ["server", "busy/cap", "queued", "KV/mamba", "limit"]
 # Measured / planned within this band of 1 is "on plan".
 ON_PLAN_BAND = 0.1
 # Dagster 1.13's asset page shows a Markdown metadata value in place only while it is shorter than this; a longer
@@ -96,13 +97,6 @@ def gate_label(stage: str, gate: str) -> str:
 def server_name(url: str) -> str:
     """A server as the tables show it: `http://10.0.0.12:30000` → `10.0.0.12:30000`."""
     return url.split("://", 1)[-1].rstrip("/")
-
-
-def model_label(row: ServerConcurrency) -> str:
-    """A server's model in a few words, for the servers table: the last part of the name it serves, OTHER MODEL
-    after it when it is not the job's (the whole name and why, in the next table)."""
-    named = row.model.rstrip("/").rsplit("/", 1)[-1] if row.model else "—"
-    return f"{named} {OTHER_MODEL}" if row.other_model is not None else named
 
 
 def limit_label(limited_by: str) -> str:
@@ -322,7 +316,6 @@ def _concurrency(status: Status) -> Section:
         [
             [
                 server_name(url),
-                model_label(row),
                 f"{_num(row.running)}/{_num(row.effective_cap)}",
                 _num(row.queued),
                 f"{_percent(row.kv_usage)}/{_percent(row.mamba_usage)}",

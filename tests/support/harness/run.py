@@ -272,6 +272,9 @@ class _FaultInjector:
             self.run.resent_rids, self.run.recovered_at = resent(), time.time()
             for server in servers:
                 fleet.clear_faults(server)  # it comes back, its requests still there
+            # ... and still slow: its originals must not outrun the dispatcher's re-probe, which aborts them by rid
+            # as the server answers again (on a loaded machine the probe comes seconds later).
+            fleet.set_faults(index, slow=HEDGE_SLOWDOWN)
         elif fault is Fault.S3_OUTAGE:
             proxy = self.s3_proxy
             assert proxy is not None

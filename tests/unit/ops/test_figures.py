@@ -99,7 +99,7 @@ def test_what_binds_a_servers_cap_is_one_statement_the_same_in_every_table_and_t
     server = URL.removeprefix("http://")
     # The servers table says what limits it in a few words; the capacity table, in full, the same statement both
     # for what limits it now and for what binds its cap.
-    servers_row = next(line for line in page.splitlines() if line.startswith(f"| {server} | — | 69/69 | 3 |"))
+    servers_row = next(line for line in page.splitlines() if line.startswith(f"| {server} | 69/69 | 3 |"))
     capacity_row = next(line for line in page.splitlines() if line.startswith(f"| {server} | Model: "))
     assert servers_row.endswith("| the server's cap |") and capacity_row.count(binding) == 2
     assert "| 21%/100% |" in servers_row  # KV use is the KV pool's; the mamba pool is the full one
