@@ -140,7 +140,7 @@ def test_status_answers_within_its_budget_from_its_snapshot_when_every_s3_answer
             "DFLASH_SGLANG_ENDPOINTS": fleet.url(0),
             "DFLASH_STATUS_BUDGET_S": str(STATUS_BUDGET_S),
         }
-        in_time, _ = _status(env)
+        in_time, in_time_s = _status(env)
         assert f"ALERT [server]: {fleet.url(0)} is idle while shards [0] have work waiting" in in_time
         assert "store slow" not in in_time
 
@@ -148,7 +148,11 @@ def test_status_answers_within_its_budget_from_its_snapshot_when_every_s3_answer
         late, took_s = _status(env)
         scrape, scrape_s = _dflash(env, "metrics", "--once")
         proxy.slow_s = 0.0
-    assert took_s < STATUS_BUDGET_S + 10, f"status took {took_s:.1f} s with a budget of {STATUS_BUDGET_S} s"
+    # Against the same command with the store answering in time (its process start, imports and probes, which a
+    # loaded machine slows for both alike): the held answers cost no more than the budget, never their 60 s.
+    assert took_s < in_time_s + STATUS_BUDGET_S + 10, (
+        f"status took {took_s:.1f} s with a budget of {STATUS_BUDGET_S} s ({in_time_s:.1f} s in time)"
+    )
     print(f"S3 answers held {HELD_S:.0f} s, budget {STATUS_BUDGET_S}: status {took_s:.1f} s, metrics {scrape_s:.1f} s")
     slow = re.search(r"store slow: last call (\d+) s", late)
     assert slow and int(slow.group(1)) >= STATUS_BUDGET_S - 1, late  # measured: no call answered within the budget
