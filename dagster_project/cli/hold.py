@@ -34,9 +34,7 @@ def cmd_hold(args: argparse.Namespace, resources: Any) -> int:
     if args.action == "release":
         by = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
         try:
-            released = release_hold(
-                store, by=by, reason=args.reason, override=args.override, drop_all=args.drop_all
-            )
+            released = release_hold(store, by=by, reason=args.reason, override=args.override, drop_all=args.drop_all)
         except LookupError as exc:
             raise SystemExit(f"dflash hold release: {exc}") from None
         overridden = f"; gates overridden from now on: {', '.join(released.overridden)}" if released.overridden else ""
