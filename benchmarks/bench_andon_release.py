@@ -156,11 +156,12 @@ def render(rows: list[Row], time_scale: float) -> str:
         f"({gpu_s / 3600:.2f} GPU-hours, ${gpu_s / 3600 * FLEET_DOLLARS_PER_HOUR / FLEET_GPUS:.2f}) per hold "
         f"released**, with **{onset.bad_published} bad answers published** (goal 0: "
         f"**{'met' if onset.bad_published == 0 and onset.exact else 'NOT met'}**).",
-        f"* After the onset, {onset.not_bad_after_onset} answers were not the disaster's (the other server, before "
+        f"* After the onset, {onset.not_bad_after_onset} answers were not the disaster's (the other server's before "
         "it switched, and answers in flight): the most that keeping each answer that passes every answer-level gate "
-        "could keep besides. Not chosen: a share gate judges a fleet, not one answer, so a bad fleet's answer "
-        "that passes on its own is not thereby good, and one bad answer kept costs a training run's worth of "
-        "doubt against these GPU-seconds; the onset keeps only what the watch saw before any evidence.",
+        f"could keep besides ({onset.not_bad_after_onset * FLEET_GPUS / REAL_ANSWERS_PER_S:,.0f} GPU-s more). Not "
+        "chosen: a share gate judges many answers, not one, so an answer of a fleet already known bad that passes "
+        "on its own is not thereby good (a wrong answer of normal shape passes every gate), and nothing would name "
+        "it once it is in the training set; the onset keeps only answers written before the first evidence.",
     ]
     return "\n".join(lines)
 

@@ -57,8 +57,9 @@ class Hold:
     release_reason: str | None = None
     overridden: list[str] = field(default_factory=list)  # gates released as a known false alarm
     limit: str = ""  # which of the gate's limits failed, for a gate of several (`WatchFigure.limit`)
-    # When the first answer that failed the gate on its own finished (`Judgement.onset`): a release without
-    # --override condemns the answers from there (`line_stop.condemned_answers`); None: unknown, from the runs' starts.
+    # A run's hold: when the first of its answers that failed the gate on its own finished (`Judgement.onset`); a
+    # release without --override condemns its shard's answers from there (`line_stop.condemned_answers`). None: unknown
+    # (a fleet's hold), from the runs' starts.
     onset: float | None = None
     drop_all: bool = False  # released with --drop-all: the held runs' answers condemned whole, onset or not
 

@@ -127,7 +127,6 @@ class WatchReport:
     fleet_runs: int = 0
     held: bool = False
     running: bool = True  # false once the run ended: its answers were judged, and no longer count as the fleet's
-    complete: bool = False  # `rows` holds every answer of the run (as of the write): an onset in them is its first
 
     def is_current(self, now: float) -> bool:
         return now - self.updated_at <= STALE_POLLS * self.poll_interval_s
@@ -159,16 +158,18 @@ def condemned_answers(store: Store, shard: int, fingerprint: str) -> tuple[float
     """When the answers a hold condemned in the shard's journal were written: from the hold's onset (the finish of
     the first answer that failed the gate on its own: those before it were good, and are kept) to the release of
     the hold that stood while the shard's last run ran, released without `--override` (the answers were wrong: the
-    shard generates them again). From that run's start instead where the onset is unknown, or the release said
-    `--drop-all`. None where nothing is condemned: the shard's last run was not held, its hold stands or was
-    released as a false alarm (its answers are kept), or the report is of other settings."""
+    shard generates them again). From that run's start instead where the onset is unknown (a fleet's hold, or a
+    shard other than the one whose answers the onset was found in), or the release said `--drop-all`. None where
+    nothing is condemned: the shard's last run was not held, its hold stands or was released as a false alarm (its
+    answers are kept), or the report is of other settings."""
     report = read_record(store, watch_key(shard), WatchReport)
     if report is None or not report.held or report.settings_fingerprint != fingerprint:
         return None
     release = next((h for h in read_hold_log(store).released if (h.released_at or 0.0) > report.started_at), None)
     if release is None or release.overridden or release.released_at is None:
         return None
-    since = report.started_at if release.drop_all or release.onset is None else release.onset
+    onset_known = release.onset is not None and release.shards == [shard] and not release.drop_all
+    since = release.onset if onset_known else report.started_at
     return since, release.released_at
 
 
@@ -239,9 +240,9 @@ class LineStop:
             self._wake.set()
 
     def _hold(
-        self, judgement: Judgement, scope: str, sample: int, runs: list[str], shards: list[int], complete: bool
+        self, judgement: Judgement, scope: str, sample: int, runs: list[str], shards: list[int], onset: float | None
     ) -> Hold:
-        """`complete`: the rows judged hold every answer of their runs, so the judgement's onset is theirs."""
+        """`onset`: the judgement's, where the rows judged held every answer of `shards` before it (else None)."""
         failed = judgement.failed
         assert failed is not None
         hold = Hold(
@@ -258,7 +259,7 @@ class LineStop:
             servers=judgement.servers,
             runs=sorted({run for run in runs if run}),
             shards=sorted(set(shards)),
-            onset=judgement.onset if complete else None,
+            onset=onset,
         )
         return put_hold(self.store, hold)
 
@@ -294,12 +295,13 @@ class LineStop:
                 [self.run_id or "", *(r.run_id or "" for r in others)],
                 [self.shard, *(r.shard for r in others)],
             )
-            complete = self.watch.complete()  # after `own` was taken: it held all of the run's answers then too
             if mine.failed is not None and (whole_shard or len(own) >= self.options.watch_min_answers):
-                hold = self._hold(mine, SCOPE_RUN, len(own), [self.run_id or ""], [self.shard], complete)
+                # Complete now (after `own` was taken): `own` held every answer of the run too.
+                onset = mine.onset if self.watch.complete() else None
+                hold = self._hold(mine, SCOPE_RUN, len(own), [self.run_id or ""], [self.shard], onset)
             elif fleet.failed is not None and len(fleet_rows) >= self.options.watch_min_answers:
-                complete = complete and all(report.complete for report in others)
-                hold = self._hold(fleet, SCOPE_FLEET, len(fleet_rows), runs, shards, complete)
+                # No onset: another run's answers after its report was written, before the onset, were not seen.
+                hold = self._hold(fleet, SCOPE_FLEET, len(fleet_rows), runs, shards, None)
         if hold is not None and self.held is None:
             self.held = hold  # admission stops first
             self.log(f"shard {self.shard}: {hold.headline()}")
@@ -339,7 +341,6 @@ class LineStop:
             fleet_runs=runs,
             held=held,
             running=running,
-            complete=self.watch.complete(),
         )
         self.store.put_bytes(watch_key(self.shard), to_json(report))
         self._last = (mine, fleet, answers, runs)

@@ -76,6 +76,19 @@ def test_a_release_condemns_from_the_onset_and_keeps_the_good_answers_before_it(
         assert [r["event_id"] for r in kept.final_records()] == [row["event_id"] for row in rows[:GOOD]]
 
 
+def test_another_shard_held_by_the_same_hold_is_condemned_from_its_runs_start(tmp_path):
+    """The onset was found in shard 4's answers: shard 5's answers after its last report were not seen, so its run is
+    condemned whole."""
+    store = LocalStore(tmp_path)
+    _held(store, _switched_bad())
+    other = LineStop(store, 5, _watch(), "fp", run_id="run-2")
+    other.started_at = 1500.0
+    assert other.poll() is not None  # it sees the hold: its report says held
+    release_hold(store, by="test", reason="restarted the fleet", now=5000.0)
+    assert condemned_answers(store, 5, "fp") == (1500.0, 5000.0)
+    assert condemned_answers(store, 4, "fp") == (1000.0 + GOOD, 5000.0)
+
+
 def test_drop_all_condemns_the_held_runs_answers_from_its_start_as_before(tmp_path):
     store = LocalStore(tmp_path)
     _held(store, _switched_bad(), started_at=999.0)
