@@ -44,6 +44,10 @@ class GenerationSummary:
     excluded_by_reason: dict[str, int] = field(default_factory=dict)  # events not sent, by reason
     # Of the `length` finish reasons, the answers cut at their fitted cap (where the trainer would cut them).
     cut_by_fit: int = 0
+    # Answers a hold condemned, dropped from the journal when it was released and generated again, and their output
+    # tokens: paid for, in no row (`line_stop.DroppedAtRelease`).
+    dropped_at_release: int = 0
+    dropped_at_release_output_tokens: int = 0
 
     @property
     def length_capped(self) -> int:

@@ -57,10 +57,23 @@ WINDOW = 2000  # the rows a run keeps and stores: its most recent answers
 _TEXT_KEPT = 64
 _HEAD = 80
 
-# One answer's compact row; positions, as lists are what JSON stores cheaply.
-(EVENT, STATUS, FINISH, SERVER, LENGTH, THINK_ENDS, THINK_STARTS, BLANK, ANSWER, PROMPT, TOKENS, VERIFY, HEAD) = range(
-    13
-)
+# One answer's compact row; positions, as lists are what JSON stores cheaply. FINISHED: its journal `finished_at`.
+(
+    EVENT,
+    STATUS,
+    FINISH,
+    SERVER,
+    LENGTH,
+    THINK_ENDS,
+    THINK_STARTS,
+    BLANK,
+    ANSWER,
+    PROMPT,
+    TOKENS,
+    VERIFY,
+    HEAD,
+    FINISHED,
+) = range(14)
 
 
 def answer_key(text: str) -> str:
@@ -89,12 +102,19 @@ class AnswerQualityWatch:
         self.thresholds = thresholds or GateThresholds()
         self.max_error_share, self.max_length_capped_share = max_error_share, max_length_capped_share
         self._rows: deque[list] = deque(maxlen=WINDOW)
+        self._seen = 0
 
     def observe(self, row: Mapping[str, Any]) -> None:
         self._rows.append(self.compact(row))
+        self._seen += 1
 
     def rows(self) -> list[list]:
         return list(self._rows)
+
+    def complete(self) -> bool:
+        """Every answer observed is still among the rows (none left the window): an onset found in them is the
+        run's first."""
+        return self._seen <= WINDOW
 
     def compact(self, row: Mapping[str, Any]) -> list:
         """One journaled row as the watch keeps it."""
@@ -118,6 +138,7 @@ class AnswerQualityWatch:
             self.decode((row.get("output_ids") or [])[:_HEAD])[:_HEAD]
             if ok
             else (row.get("error_message") or "")[:_HEAD],
+            row.get("finished_at"),
         ]
 
     def _answer_end(self, row: Mapping[str, Any]) -> str | None:
@@ -126,7 +147,9 @@ class AnswerQualityWatch:
         return self.settings.answer_end(prompt_tokens, int(row.get("completion_tokens") or 0), row.get("finish_reason"))
 
     def judge(self, rows: Sequence[list], overridden: set[str] = frozenset()) -> Judgement:
-        """Every watched gate over `rows`, each judged by the gate itself; the first failed one not overridden."""
+        """Every watched gate over `rows`, each judged by the gate itself; the first failed one not overridden, and
+        the onset: when the first answer (by finish time) that fails a failed holding gate on its own finished."""
+        rows = sorted(rows, key=_finished_key)  # the watch's order: the fleet's rows come run by run
         answered = [row for row in rows if row[STATUS] == STATUS_OK]
         profile = _profile(answered, self.special)
         results = [
@@ -158,24 +181,44 @@ class AnswerQualityWatch:
         ]
         figures = [figure for result in [*results, *(result for result, _ in shares)] for figure in _figures(result)]
         figures.append(_accept_length(answered))
-        failed = next(
-            (f for f in figures if f.blocking and not f.passed and f.gate not in overridden | NOT_HOLDING), None
-        )
-        if failed is None:
+        holding = [f for f in figures if f.blocking and not f.passed and f.gate not in overridden | NOT_HOLDING]
+        if not holding:
             return Judgement(figures, None)
+        failed = holding[0]
         by_event = {row[EVENT]: row for row in rows}
         share_rows = dict((result.name, bad) for result, bad in shares)
-        if failed.gate in share_rows:
-            events = [row[EVENT] for row in share_rows[failed.gate]]
-        else:
-            result = next(r for r in results if r.name == failed.gate)
-            events = gate_messages.example_ids(result, profile, self.thresholds)
+
+        def failing(gate: str) -> list[str]:
+            """The events that fail `gate` on their own, in the watch's order (the first few for a gate that
+            samples its rows)."""
+            if gate in share_rows:
+                return [row[EVENT] for row in share_rows[gate]]
+            result = next(r for r in results if r.name == gate)
+            return gate_messages.example_ids(result, profile, self.thresholds)
+
+        events = failing(failed.gate)
         examples = [
             HoldExample(event, by_event[event][HEAD], by_event[event][SERVER])
             for event in events[: gate_messages.EXAMPLES]
         ]
         servers = sorted({row[SERVER] for row in rows if row[SERVER]})
-        return Judgement(figures, failed, examples, servers)
+        firsts = [failing(gate)[:1] for gate in dict.fromkeys(f.gate for f in holding)]
+        onset = _onset([by_event[first[0]] for first in firsts]) if all(firsts) else None
+        return Judgement(figures, failed, examples, servers, onset)
+
+
+def _finished_key(row: list) -> float:
+    """A row's finish time; a row without one (written before rows carried it) sorts first."""
+    finished = row[FINISHED] if len(row) > FINISHED else None
+    return float("-inf") if finished is None else float(finished)
+
+
+def _onset(first_failing: Sequence[list]) -> float | None:
+    """The earliest finish among each failed gate's first failing answer; None (unknown) if a row has no finish
+    time (or a gate names no row on its own: the caller's): the hold then condemns its runs' answers whole."""
+    if any(_finished_key(row) == float("-inf") for row in first_failing):
+        return None
+    return min(_finished_key(row) for row in first_failing)
 
 
 def _profile(answered: Sequence[list], special: SpecialIds) -> ShardProfile:

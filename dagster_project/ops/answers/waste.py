@@ -34,6 +34,8 @@ class WasteCause(StrEnum):
     LOST_HEDGES = "lost_hedges"  # answers that arrived after another attempt of their request won
     # What originals wrote before they were aborted: their requests were re-sent when their server stopped answering
     RESENT_ORIGINAL = "resent_original"
+    # Answers a hold condemned, dropped at its release and generated again (`dflash hold release`)
+    DROPPED_AT_RELEASE = "dropped_at_release"
     ABORTS = "aborts"
     LENGTH_CAPPED = "length_capped"  # answers cut by max_new_tokens
     PAST_MAX_LENGTH = "past_max_length"  # past the trainer's sequence length (cut, dropped or cut by the trainer)
@@ -80,6 +82,7 @@ def answer_waste(
     for shard, published in readings.published.items():
         tokens[WasteCause.LOST_HEDGES] += published.generation.lost_hedge_output_tokens
         tokens[WasteCause.RESENT_ORIGINAL] += published.generation.resent_original_output_tokens
+        tokens[WasteCause.DROPPED_AT_RELEASE] += published.generation.dropped_at_release_output_tokens
         training = current_training(readings.training_set.get(shard), published)
         split = training.output_tokens_by_outcome if training is not None else {}
         if training is not None and not split:

@@ -50,10 +50,13 @@ def test_assembly_counts_every_output_token_under_trained_past_max_length_or_its
     assert sum(counted.values()) == sum(len(row["output_ids"] or []) for row in rows)
 
 
-def completions(shard: int, output_tokens: int, lost_hedges: int = 0, resent: int = 0) -> CompletionsShardManifest:
+def completions(
+    shard: int, output_tokens: int, lost_hedges: int = 0, resent: int = 0, dropped: int = 0
+) -> CompletionsShardManifest:
     return CompletionsShardManifest(
         shard=shard, rows=10, ids_digest=f"d{shard}", output_tokens=output_tokens,
-        generation=GenerationSummary(lost_hedge_output_tokens=lost_hedges, resent_original_output_tokens=resent),
+        generation=GenerationSummary(lost_hedge_output_tokens=lost_hedges, resent_original_output_tokens=resent,
+                                     dropped_at_release=3, dropped_at_release_output_tokens=dropped),
     )  # fmt: skip
 
 
@@ -78,13 +81,13 @@ SPLIT = {
 
 def ledger_readings() -> Readings:
     """A run where every cause occurs: shard 0 assembled (every exclusion, lost hedges, aborted originals of re-sent
-    requests), shard 1 blocked by a gate, shard 2 not assembled yet, shard 3 assembled before the ledger, shard 4
-    still generating."""
+    requests, answers dropped at a hold's release), shard 1 blocked by a gate, shard 2 not assembled yet, shard 3
+    assembled before the ledger, shard 4 still generating."""
     server = {"completion_tokens": 130, "resent_original_tokens": 15}
     running = replace(beat(), shard=4, output_tokens=100, servers={"http://a": server})
     return Readings(
         0.0, 5, None, None, 100,
-        {0: completions(0, sum(SPLIT.values()), lost_hedges=40, resent=25), 1: completions(1, 500),
+        {0: completions(0, sum(SPLIT.values()), lost_hedges=40, resent=25, dropped=35), 1: completions(1, 500),
          2: completions(2, 700), 3: completions(3, 90)},
         [running], {}, None, None,
         training_set={0: training(0, SPLIT), 1: training(1, {outcomes.TRAINED: 500}), 3: training(3, {})},
@@ -102,6 +105,7 @@ def test_trained_pending_and_every_cause_add_up_to_what_was_generated():
         WasteCause.ERRORS_AND_RETRIES: 30,
         WasteCause.LOST_HEDGES: 40 + 30,
         WasteCause.RESENT_ORIGINAL: 25 + 15,
+        WasteCause.DROPPED_AT_RELEASE: 35,
         WasteCause.ABORTS: 20,
         WasteCause.LENGTH_CAPPED: 300,
         WasteCause.PAST_MAX_LENGTH: 260,
