@@ -64,7 +64,7 @@ class WasteAnswer:
     pending_output_tokens: int  # not assembled yet, or still generating: neither trained nor wasted so far
     output_tokens: dict[str, int]  # cause → output tokens, every cause listed
     # cause → answers (rows, or answers in no row); a cause whose tokens are part of kept rows counts none
-    rows: dict[str, int] = field(default_factory=dict)
+    answers: dict[str, int] = field(default_factory=dict)
     gpu_seconds: dict[str, float] = field(default_factory=dict)  # cause → estimated GPU-seconds (with a cost)
     dollars: dict[str, float] = field(default_factory=dict)
     blocked_or_held_shards: list[int] = field(default_factory=list)
@@ -83,32 +83,32 @@ def answer_waste(
     `cost`, tokens only (`price_waste` adds the GPU-seconds and dollars)."""
     stopped = set(blocked) | set(held)
     tokens: Counter = Counter(dict.fromkeys(WasteCause, 0))
-    rows: Counter = Counter(dict.fromkeys(WasteCause, 0))
+    answers: Counter = Counter(dict.fromkeys(WasteCause, 0))
     trained = pending = 0
     for shard, published in readings.published.items():
         attempts = published.generation.unrecorded
         tokens.update(attempts.tokens)
-        rows.update(attempts.answers)
+        answers.update(attempts.answers)
         training = current_training(readings.training_set.get(shard), published)
         split = training.output_tokens_by_outcome if training is not None else {}
         if (training is None or not split) and shard in stopped:
             tokens[WasteCause.BLOCKED_OR_HELD] += published.output_tokens
-            rows[WasteCause.BLOCKED_OR_HELD] += published.ok
+            answers[WasteCause.BLOCKED_OR_HELD] += published.ok
             continue
         if training is None:
             pending += published.output_tokens
             continue
         if not split:
             tokens[WasteCause.NOT_ITEMIZED] += published.output_tokens
-            rows[WasteCause.NOT_ITEMIZED] += published.ok
+            answers[WasteCause.NOT_ITEMIZED] += published.ok
             continue
         for reason, count in training.exclusions.items():
-            rows[_CAUSE_OF_OUTCOME.get(reason, WasteCause.OTHER_EXCLUSIONS)] += count
+            answers[_CAUSE_OF_OUTCOME.get(reason, WasteCause.OTHER_EXCLUSIONS)] += count
         for outcome, count in split.items():
             if outcome == outcomes.TRAINED:
                 if shard in stopped:
                     tokens[WasteCause.BLOCKED_OR_HELD] += count
-                    rows[WasteCause.BLOCKED_OR_HELD] += training.rows
+                    answers[WasteCause.BLOCKED_OR_HELD] += training.rows
                 else:
                     trained += count
             else:
@@ -117,14 +117,14 @@ def answer_waste(
         pending += beat.output_tokens
         attempts = unrecorded_of(beat)
         tokens.update(attempts.tokens)
-        rows.update(attempts.answers)
+        answers.update(attempts.answers)
     not_sent = sum((Counter(m.generation.excluded_by_reason) for m in readings.published.values()), Counter())
     waste = WasteAnswer(
         generated_output_tokens=trained + pending + sum(tokens.values()),
         trained_output_tokens=trained,
         pending_output_tokens=pending,
         output_tokens={str(cause): count for cause, count in tokens.items()},
-        rows={str(cause): count for cause, count in rows.items()},
+        answers={str(cause): count for cause, count in answers.items()},
         blocked_or_held_shards=sorted(stopped & (readings.published.keys())),
         not_sent=dict(not_sent),
     )
@@ -149,10 +149,10 @@ def render_waste(waste: WasteAnswer) -> list[str]:
     wasted, generated = waste.wasted_output_tokens, waste.generated_output_tokens
     share = f" ({wasted / generated:.1%})" if generated else ""
     causes = "; ".join(
-        f"{cause} {waste.rows.get(cause, 0):,} answers, {count:,} tokens"
+        f"{cause} {waste.answers.get(cause, 0):,} answers, {count:,} tokens"
         + (f" {dollars(waste.dollars[cause])}" if cause in waste.dollars else "")
         for cause, count in waste.output_tokens.items()
-        if count or waste.rows.get(cause)
+        if count or waste.answers.get(cause)
     )
     return [
         f"   waste: {wasted:,} of {generated:,} output tokens generated{share} are not trained; "

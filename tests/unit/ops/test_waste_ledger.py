@@ -130,13 +130,13 @@ def test_trained_pending_and_every_cause_add_up_to_what_was_generated():
     assert waste.trained_output_tokens == 1000 and waste.pending_output_tokens == 700 + 100
     # Answers beside tokens: those in no row from the runs' counts (a manifest from before them gives none), the
     # stopped shard's answers, its training shard's exclusions.
-    assert {cause: waste.rows[cause] for cause in ("refused", "probes", "lost_hedges", "resent_original")} == {
+    assert {cause: waste.answers[cause] for cause in ("refused", "probes", "lost_hedges", "resent_original")} == {
         "refused": 2,
         "probes": 3,
         "lost_hedges": 1 + 2,
         "resent_original": 1,
     }
-    assert waste.rows[WasteCause.BLOCKED_OR_HELD] == 10
+    assert waste.answers[WasteCause.BLOCKED_OR_HELD] == 10
     assert waste.generated_output_tokens == 1000 + 800 + sum(tokens.values())  # exact, by construction
     # The busy GPU-time (2.0 - 0.4 GPU-hours) and dollars ($30 - $6 idle) shared by output token.
     per_token_s = 1.6 * 3600 / waste.generated_output_tokens
@@ -155,7 +155,8 @@ def test_trained_pending_and_every_cause_add_up_to_what_was_generated():
 def test_the_ledger_is_the_same_in_status_text_page_and_prometheus(tmp_path):
     status = replace(status_of([beat()], {}, tmp_path=tmp_path), waste=answer_waste(ledger_readings(), [1], None))
     assert "blocked_or_held 10 answers, 500 tokens" in render_text(status)
-    assert "| blocked_or_held | 500 |" in render_markdown(status)
+    assert "| blocked_or_held | 10 | 500 |" in render_markdown(status)
     found = samples(render_metrics(status))
     assert found[("dflash_waste_output_tokens", (("cause", "blocked_or_held"),))] == 500
+    assert found[("dflash_waste_answers", (("cause", "refused"),))] == 2
     assert found[("dflash_generated_output_tokens", ())] == status.waste.generated_output_tokens
