@@ -139,7 +139,9 @@ class ServerChecks:
             return server.foreign_answer
         workers = [client for client in server.load_clients if client is not server.client]
         expected, timeout = self.expected_model, self.options.canary_timeout_s
-        problems = await served_model_problems(server.client, expected, timeout, workers)
+        problems = await served_model_problems(
+            server.client, expected, timeout, workers, lambda tokens: self._unrecorded(server, PROBES, tokens)
+        )
         if problems:
             return mismatch_reason(problems, expected)
         if problems is None and server.served.vocab_size is None:
