@@ -113,7 +113,8 @@ def write_completions_parquet(
             batch.append({name: record.get(name) for name in columns})
             written.event_ids.append(record["event_id"])
             written.rows += 1
-            written.prompt_tokens += int(record.get("prompt_tokens") or 0)
+            if record["status"] != STATUS_EXCLUDED:  # (an excluded turn's prompt, where measured, was never sent)
+                written.prompt_tokens += int(record.get("prompt_tokens") or 0)
             if record["status"] == STATUS_OK:
                 written.ok += 1
                 written.output_tokens += int(record.get("completion_tokens") or 0)

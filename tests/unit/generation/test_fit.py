@@ -55,6 +55,8 @@ def test_each_request_asks_for_the_room_left_and_a_prompt_that_fills_the_row_is_
         assert request.sampling_params["max_new_tokens"] == 150 - len(request.input_ids)
         assert job.progress.excluded_by_reason == {PROMPT_FILLS_MAX_LENGTH: 2}  # both turns of "long"
         assert journal.entries["long#turn1"].final
+        # The store shows where the fit boundary fell: the unsent turn's rendered prompt is recorded, past the row.
+        assert journal.entries["long#turn0"].prompt_tokens > 150
 
 
 def test_an_answer_fit_cut_is_kept_truncated_not_length_capped_and_counted_apart(tmp_path):
