@@ -38,11 +38,14 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.report import write_section
-from dagster_project.checks.completions import MAX_ERROR_SHARE, MAX_LENGTH_CAPPED_SHARE, _share_gate
+from dagster_project.generation.line_stop import WatchOptions
 from dagster_project.sglang.sim.outputs import parse_length_distribution
 from dagster_project.tokenizer import load_tokenizer, special_ids
 from dagster_project.training import evidence, gates
+from dagster_project.training.evidence import percent
+from dagster_project.training.gate_sets import MAX_ERROR_SHARE, MAX_LENGTH_CAPPED_SHARE, share_gate
 from dagster_project.training.output_profile import OutputProfile, profile_outputs
+from dagster_project.training.watch_figures import WINDOW
 
 MEAN_OUTPUT_TOKENS = 2472  # the brief's measured average
 SIGMA = 0.8
@@ -213,8 +216,8 @@ def judge(answers: Answers, disaster: DisasterFigures) -> list[gates.GateResult]
     results = gates.shard_gates(profile, vocab_size=1, enable_thinking=True)
     capped = int((kinds == KINDS.index("runaway")).sum())
     return [
-        _share_gate("error_rate", int((~ok).sum()), events, MAX_ERROR_SHARE, "ended in an error", {}),
-        _share_gate("length_capped_rate", capped, events, MAX_LENGTH_CAPPED_SHARE, "hit max_new_tokens", {}),
+        share_gate("error_rate", int((~ok).sum()), events, MAX_ERROR_SHARE, "ended in an error", {}),
+        share_gate("length_capped_rate", capped, events, MAX_LENGTH_CAPPED_SHARE, "hit max_new_tokens", {}),
         *(result for result in results if result.name in GATES),
     ]
 
@@ -424,13 +427,124 @@ def report(args: argparse.Namespace) -> str:
     return "## Gates: false blocks on healthy shards, the disaster stopped\n\n" + "\n".join(lines) + "\n"
 
 
+# ---- the watch's false holds at the job's scale ------------------------------------------------------------
+
+JOB_ANSWERS = 913_786  # the real job's answers
+WATCH = WatchOptions()  # judged every `watch_judge_every` answers, once `watch_min_answers` are in
+JOB_GOAL = 1  # false holds per 1,000 healthy jobs, at most
+DISASTER_SUM = 6  # the seed's loss_mask sum: empty reasoning and "OK."
+ONE_LENGTH = f"fixed:{DISASTER_SUM}"
+CONTROL_JOBS = 100  # the control holds every job: fewer of them show it
+
+
+def job_lengths(spec: str, rng: np.random.Generator, answers: int) -> np.ndarray:
+    """`answers` output lengths from the simulator's distribution `spec` (as `parse_length_distribution` reads it,
+    drawn by numpy: a job's 913,786 draws one by one would take seconds)."""
+    kind, *args = spec.split(":")
+    if kind == "fixed":
+        return np.full(answers, int(args[0]), dtype=np.int64)
+    if kind == "uniform":
+        return rng.integers(int(args[0]), int(args[1]) + 1, answers)
+    median, sigma = map(float, args)
+    return np.floor(rng.lognormal(math.log(median), sigma, answers)).astype(np.int64)
+
+
+def job_rows(spec: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A healthy job's answers in order: each one's supervised length, and whether it is a training row (not an
+    error, not length-capped), with the healthy defects of `HEALTHY`."""
+    lengths = np.maximum(job_lengths(spec, rng, JOB_ANSWERS), 1)
+    draw = rng.random(JOB_ANSWERS)
+    trivial = draw < HEALTHY.trivial
+    lengths[trivial] = rng.integers(8, LIMITS.loss_floor, int(trivial.sum()))
+    kept = (draw >= HEALTHY.trivial + HEALTHY.error + HEALTHY.runaway) | trivial
+    return lengths, kept & (lengths < MAX_NEW_TOKENS)
+
+
+def job_holds(lengths: np.ndarray, kept: np.ndarray) -> tuple[dict[str, bool], int, int]:
+    """Whether the watch's `loss_sum_concentration` held this job, per rule, judged every `watch_judge_every`
+    answers over its last `WINDOW`; and the largest count on one sum in a full window, with the smallest count that
+    holds in one. Windows filling (the first `WINDOW` answers) are judged by `gates.concentration_gate` itself; full
+    ones by their largest count on one sum in *any* window of `WINDOW` answers (every one, not every 25th: an upper
+    bound) against the smallest count that holds at the fewest training rows a full window has, and the window with
+    that largest count is judged by the gate too."""
+    held = dict.fromkeys(RULES, False)
+    for end in range(WATCH.watch_min_answers, WINDOW, WATCH.watch_judge_every):
+        result = gates.concentration_gate(lengths[:end][kept[:end]], LIMITS)
+        for rule, blocks in RULES.items():
+            held[rule] = held[rule] or blocks(result)
+    positions = np.flatnonzero(kept)
+    keys = np.sort(lengths[positions] * (JOB_ANSWERS + WINDOW + 1) + positions)
+    in_window = np.searchsorted(keys, keys + WINDOW) - np.arange(keys.size)  # its sum's rows in the next WINDOW
+    top = int(in_window.max())
+    rows = np.cumsum(kept)
+    fewest = int((rows[WINDOW - 1 :] - np.concatenate([[0], rows[:-WINDOW]])).min())
+    holds_from = evidence.weigh(
+        0, fewest, LIMITS.max_top_loss_sum_share, among_many=True, min_count=LIMITS.min_repeats
+    ).blocks_from
+    start = int(keys[int(in_window.argmax())] % (JOB_ANSWERS + WINDOW + 1))
+    worst = gates.concentration_gate(lengths[start : start + WINDOW][kept[start : start + WINDOW]], LIMITS)
+    held["evidence"] = held["evidence"] or not worst.passed or (holds_from is not None and top >= holds_from)
+    held["fixed"] = held["fixed"] or fixed_rule_blocks(worst)
+    return held, top, holds_from or 0
+
+
+def watch_report(args: argparse.Namespace) -> str:
+    rng = np.random.default_rng(args.seed)
+    judged = (JOB_ANSWERS - WATCH.watch_min_answers) // WATCH.watch_judge_every + 1
+    lines = [
+        "The quality watch holds the line on `loss_sum_concentration` by the `training_set_gates` check's",
+        f"thresholds (defaults: {percent(LIMITS.max_top_loss_sum_share)} on one loss_mask sum, at least",
+        f"{LIMITS.min_repeats} rows). A healthy job: {JOB_ANSWERS:,} answers, judged every",
+        f"{WATCH.watch_judge_every} answers once {WATCH.watch_min_answers} are in ({judged:,} looks a job) over the",
+        f"watch's window of its last {WINDOW:,}, its training rows only (errors {HEALTHY.error:.1%} and",
+        f"length-capped answers {HEALTHY.runaway:.0%} left out; {HEALTHY.trivial:.1%} under 32 tokens). Lengths are",
+        "drawn with numpy from the simulator's distributions; the verdicts are the gate's own",
+        "(`gates.concentration_gate`, `training.evidence`), full windows bounded from above (every window, not every",
+        f"25th). **fixed**: the rule before `training.evidence`, on the same windows. Goal: at most {JOB_GOAL} false",
+        f"hold per 1,000 healthy jobs (`python -m benchmarks.bench_gates --watch-jobs {args.watch_jobs}`).",
+        "",
+        "| answer lengths | jobs | held, fixed | held, evidence | per 1,000 jobs (evidence) | "
+        "largest count on one sum in a full window | count that holds there |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for spec in (LENGTHS, REHEARSAL_LENGTHS, ONE_LENGTH):
+        started = time.perf_counter()
+        held = dict.fromkeys(RULES, 0)
+        tops, holds_from = [], []
+        jobs = args.watch_jobs if spec != ONE_LENGTH else min(args.watch_jobs, CONTROL_JOBS)
+        for _ in range(jobs):
+            verdicts, top, first = job_holds(*job_rows(spec, rng))
+            for rule in RULES:
+                held[rule] += verdicts[rule]
+            tops.append(top)
+            holds_from.append(first)
+        print(f"{jobs} jobs of {spec} judged in {time.perf_counter() - started:.0f} s")
+        lines.append(
+            f"| `{spec}` | {jobs:,} | {held['fixed']} | {held['evidence']} | "
+            f"{per_1000(held['evidence'], jobs)} | {max(tops)} | {min(holds_from)} |"
+        )
+    lines += [
+        "",
+        "Reading it: the first two rows are healthy jobs, so every hold there is a false one; natural lengths spread,",
+        "and no sum comes near the count that holds in a full window. The last row is the control, the seed's",
+        f"signature (`{ONE_LENGTH}`: every answer loss_mask sum {DISASTER_SUM}): every job held, at its first look.",
+    ]
+    return "## Gates: the watch's false holds at the job's scale\n\n" + "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shards", type=int, default=5000, help="healthy shards per cell (at least 1,000)")
     parser.add_argument("--runs", type=int, default=1000, help="disaster shards per size and watch runs per row")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--watch-jobs", type=int, default=1000, help="healthy jobs the watch judges per length")
+    parser.add_argument("--watch-only", action="store_true", help="only the watch's false holds at the job's scale")
     parser.add_argument("--no-write", action="store_true", help="print the section without writing BENCHMARKS.md")
     args = parser.parse_args()
+    watched = watch_report(args)
+    print(watched if args.no_write else f"{watched}\nwritten to {write_section('gates_watch', watched)}")
+    if args.watch_only:
+        return
     markdown = report(args)
     print(markdown if args.no_write else f"{markdown}\nwritten to {write_section('gates', markdown)}")
 

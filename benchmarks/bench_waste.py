@@ -12,8 +12,12 @@ Measured: `--shards` shards of synthetic single-turn prompts (one of them an MT-
 contamination check) through the real stages in this process (no Dagster): two simulators at that length setting,
 `max_new_tokens` 8,192 (so some answers are length-capped in a run this small), the fleet's life recorded as `fleet
 up` records it, every shard generated and assembled at max_length 4,096 (`keep`), one training shard blocked by a
-recorded gate verdict; then `dflash status`'s answers (`collect_status`) after the fleet is down, the ledger among
-them. Results go to the `waste` section of BENCHMARKS.md.
+recorded gate verdict; a hold put on the line before the first shard (its run refuses to start) and released; a server
+fault: one simulator breaks the answer contract on a share of its answers (the end id mid-answer), which the
+dispatcher refuses, retries elsewhere and, after a few, sets the server aside until its canary passes. Then `dflash
+status`'s answers (`collect_status`) after the fleet is down, the ledger among them, against what the simulators
+themselves counted (`sglang:generation_tokens_total`, read before they stop). Results go to the `waste` section of
+BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from benchmarks.report import write_section
 from dagster_project.conversations.contamination import ContaminationOptions, scan_conversations, write_report
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
 from dagster_project.generation.fleet_life import close_lives, record_fleet_up
+from dagster_project.generation.line_hold import Hold, LineHeld, put_hold, release_hold
 from dagster_project.generation.stage import generate_shard
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops.answers.cost import FleetCost, render_cost
@@ -44,6 +49,7 @@ from dagster_project.training.shards import AssemblyOptions, training_manifest
 from dagster_project.training.stage import assemble_shard
 from tests.support.ingest_helpers import run_stages
 from tests.support.paths import SHARED
+from tests.support.sglang_fixtures import call
 
 LONG_TAILED = "lognormal:1795:0.8"
 PILOT_ANSWERS = 5_000
@@ -52,6 +58,7 @@ PROMPTS_PER_SHARD = 8
 MEASURED_MAX_NEW_TOKENS = 8192
 SIMULATORS = 2
 PRICE_PER_GPU_HOUR = 27.0 / 7
+FAULTY = {"eos_mid_answer_share": 0.05}  # simulator 1's fault: answers breaking the contract, refused
 MT_BENCH_81 = (
     "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
     "and must-see attractions."
@@ -90,6 +97,29 @@ def write_prompts(path: Path, count: int) -> Path:
     return path
 
 
+def generation_tokens_total(url: str) -> int:
+    """The server's own count of the output tokens it generated (`sglang:generation_tokens_total`)."""
+    _, text = call(url + "/metrics", timeout=10)
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(_GENERATED)))
+
+
+_GENERATED = "sglang:generation_tokens_total"
+
+
+def held_then_released(store, shard: int, run) -> None:
+    """A hold on the line: the shard's run refuses to start; released, it runs."""
+    put_hold(
+        store, Hold("bench_rehearsal", "a hold the benchmark puts and releases", 0.0, 0.0, 0, "fleet", time.time())
+    )
+    try:
+        run()
+    except LineHeld:
+        pass
+    else:
+        raise AssertionError(f"shard {shard} ran while the line was held")
+    release_hold(store, by="bench_waste", reason="the benchmark's rehearsed hold")
+
+
 def measured_section(shards: int, root: Path) -> str:
     outcome = run_stages(
         root, [str(write_prompts(root / "prompts.jsonl", shards * PROMPTS_PER_SHARD))], num_shards=shards
@@ -102,14 +132,21 @@ def measured_section(shards: int, root: Path) -> str:
     fleet = launch_simulators(SIMULATORS, root / "fleet", options)
     settings = GenerationSettings(max_new_tokens=MEASURED_MAX_NEW_TOKENS)
     tokenizer = load_tokenizer()
+    call(fleet.urls[1] + "/_sim/faults", FAULTY)
+
+    def generate(shard: int) -> None:
+        dispatcher = Dispatcher(fleet.urls, DispatchOptions())
+        generate_shard(
+            store, shard, tokenizer=tokenizer, settings=settings, dispatcher=dispatcher, work_dir=root / "work"
+        )
+
     started = time.time()
     try:
         record_fleet_up(store, "bench", "simulator", SIMULATORS, PRICE_PER_GPU_HOUR)
+        held_then_released(store, 0, lambda: generate(0))
         for shard in range(shards):
-            dispatcher = Dispatcher(fleet.urls, DispatchOptions())
-            generate_shard(
-                store, shard, tokenizer=tokenizer, settings=settings, dispatcher=dispatcher, work_dir=root / "work"
-            )
+            generate(shard)
+        fleet_generated = sum(generation_tokens_total(url) for url in fleet.urls)
     finally:
         stop_fleet(root / "fleet")
         close_lives(store, "bench")
@@ -121,19 +158,25 @@ def measured_section(shards: int, root: Path) -> str:
     status = collect_status(store, [], cost=FleetCost(cost_per_gpu_hour=PRICE_PER_GPU_HOUR))
     waste = status.waste
     rows = [
-        f"| {cause} | {tokens:,} | {waste.gpu_seconds.get(cause, 0.0):,.1f} | ${waste.dollars.get(cause, 0.0):,.4f} |"
+        f"| {cause} | {waste.answers.get(cause, 0):,} | {tokens:,} | {waste.gpu_seconds.get(cause, 0.0):,.1f} "
+        f"| ${waste.dollars.get(cause, 0.0):,.4f} |"
         for cause, tokens in waste.output_tokens.items()
     ]
     question7 = [*render_cost(status.cost), *render_waste(waste)]  # as `dflash status` prints them
     total = waste.trained_output_tokens + waste.pending_output_tokens + waste.wasted_output_tokens
     return (
         f"### A measured run: {shards} shards, {SIMULATORS} simulators, `max_new_tokens` {MEASURED_MAX_NEW_TOKENS:,}, "
-        f"max_length 4,096, shard {blocked} blocked, one evaluation-set match\n\n"
+        f"max_length 4,096, shard {blocked} blocked, one evaluation-set match, a hold and its release, simulator 1 "
+        f"breaking the answer contract ({FAULTY})\n\n"
         f"Generated in {generated_s:,.0f} s. The ledger (`dflash status` after `fleet down`):\n\n"
-        "| cause | output tokens | GPU-s | $ |\n|---|---:|---:|---:|\n" + "\n".join(rows) + "\n"
-        f"| trained | {waste.trained_output_tokens:,} | | |\n| pending | {waste.pending_output_tokens:,} | | |\n"
-        f"| **generated** | **{waste.generated_output_tokens:,}** | | |\n\n"
+        "| cause | answers | output tokens | GPU-s | $ |\n|---|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
+        f"| trained | | {waste.trained_output_tokens:,} | | |\n| pending | | {waste.pending_output_tokens:,} | | |\n"
+        f"| **generated** | | **{waste.generated_output_tokens:,}** | | |\n\n"
         f"trained + pending + every cause = {total:,} = generated. Not sent: {waste.not_sent or 'none'}.\n\n"
+        f"The simulators' own count (`{_GENERATED}`, summed): {fleet_generated:,}; the ledger "
+        f"{'=' if total == fleet_generated else 'differs by'} "
+        f"{'' if total == fleet_generated else f'{total - fleet_generated:+,} '}"
+        f"({(total - fleet_generated) / max(fleet_generated, 1):+.2%}).\n\n"
         "Question 7 as `dflash status` prints it:\n\n```\n" + "\n".join(question7) + "\n```"
     )
 

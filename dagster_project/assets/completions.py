@@ -1,5 +1,5 @@
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +28,16 @@ from dagster_project.store.lease import LeaseOptions
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gate_sets
+from dagster_project.training.gate_messages import COMPLETIONS_GATES, TRAINING_GATES
 from dagster_project.training.gates import GateThresholds
 from dagster_project.training.watch_figures import AnswerQualityWatch
 
 # A range run generates two shards at once: the next one's requests fill the servers while the current one's tail
 # ends and it is published (`generation.overlap`); memory holds two shards.
 SHARDS_AT_ONCE = 2
-# The blocking check whose thresholds the quality watch holds by (`checks/completions.py`).
-QUALITY_CHECK = "completions_quality"
+# The blocking checks whose thresholds the quality watch holds by: the answer gates' (`checks/completions.py`), and
+# the supervised length's concentration, a training-set gate (`checks/training_set.py`).
+QUALITY_CHECK, TRAINING_CHECK = COMPLETIONS_GATES.check, TRAINING_GATES.check
 
 
 class CompletionsConfig(
@@ -62,12 +64,15 @@ class CompletionsConfig(
     )
 
 
-def _quality_watch(context: dg.AssetExecutionContext, tok: Any, settings: GenerationSettings) -> AnswerQualityWatch:
-    """The watch judges by the thresholds the shard's `completions_quality` check blocks by in this run (its run
-    config, defaults where it sets none): one rule, so the line is never held for what the shard's gate would pass,
-    nor let run past what it would block."""
-    ops = context.run.run_config.get("ops") or {}
-    check_config = (ops.get(QUALITY_CHECK) or {}).get("config") or {}
+def quality_watch(run_config: Mapping[str, Any], tok: Any, settings: GenerationSettings) -> AnswerQualityWatch:
+    """The watch judges by the thresholds the shard's `completions_quality` check blocks by in this run, and the
+    supervised length's concentration by the `training_set_gates` check's (their run config, defaults where it sets
+    none): one rule, so the line is never held for what the shard's gates would pass, nor let run past what they
+    would block."""
+    ops = run_config.get("ops") or {}
+    check_config, training_config = (
+        ((ops.get(name) or {}).get("config") or {}) for name in (QUALITY_CHECK, TRAINING_CHECK)
+    )
     # A check's config read as its dataclasses read a record: the fields each has, defaults for the rest.
     limits = from_dict(gate_sets.CompletionShareLimits, check_config)
     return AnswerQualityWatch(
@@ -75,6 +80,7 @@ def _quality_watch(context: dg.AssetExecutionContext, tok: Any, settings: Genera
         tok.decode,
         settings=settings,
         thresholds=from_dict(GateThresholds, check_config),
+        training_thresholds=from_dict(GateThresholds, training_config),
         max_error_share=limits.max_error_share,
         max_length_capped_share=limits.max_length_capped_share,
     )
@@ -155,7 +161,7 @@ def completions(
                 context.log.warning(f"{key}: the line is held: cancelled the queued generating runs {cancelled}")
 
         tok = tokenizer.load()
-        watch = _quality_watch(context, tok, settings) if config.quality_watch else None
+        watch = quality_watch(context.run.run_config, tok, settings) if config.quality_watch else None
         try:
             manifest = generate_shard(
                 data,

@@ -34,13 +34,13 @@ def cmd_hold(args: argparse.Namespace, resources: Any) -> int:
     if args.action == "release":
         by = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
         try:
-            released = release_hold(store, by=by, reason=args.reason, override=args.override)
+            released = release_hold(store, by=by, reason=args.reason, override=args.override, drop_all=args.drop_all)
         except LookupError as exc:
             raise SystemExit(f"dflash hold release: {exc}") from None
         overridden = f"; gates overridden from now on: {', '.join(released.overridden)}" if released.overridden else ""
         released_line = (
             f"hold on gate {released.gate} released by {by} at {_when(released.released_at)} ({args.reason})"
-            f"{overridden}. Now {released.rerun()} (it generates only what is missing)"
+            f"{overridden}; {_dropped(released)}. Now {released.rerun()} (it generates only what is missing)"
         )
         print(shown(released_line))
         return 0
@@ -58,6 +58,19 @@ def cmd_hold(args: argparse.Namespace, resources: Any) -> int:
     return 0
 
 
+def _dropped(released: Any) -> str:
+    """What the held shards' next runs drop from their journals (`line_stop.condemned_answers`)."""
+    if released.overridden:
+        return "a false alarm: every answer the held runs journaled is kept"
+    if released.drop_all or released.onset is None:
+        why = "--drop-all" if released.drop_all else "the onset is unknown"
+        return f"every answer the held runs journaled is dropped and generated again ({why})"
+    return (
+        f"answers journaled from the onset {_when(released.onset)} (the first to fail the gate on its own) are "
+        "dropped and generated again; those before it are kept"
+    )
+
+
 def hold_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", nargs="?", choices=("show", "release"), default="show")
     parser.add_argument("--reason", help="release: why the line may run again (recorded)")
@@ -69,6 +82,11 @@ def hold_flags(parser: argparse.ArgumentParser) -> None:
         metavar="GATE",
         help="release: a known false alarm: the watch no longer holds on GATE (recorded in the manifests)",
     )
+    parser.add_argument(
+        "--drop-all",
+        action="store_true",
+        help="release: drop every answer the held runs journaled, not only those from the hold's onset on",
+    )
     parser.add_argument("--last", type=int, default=5, help="show: the last N released holds (default 5)")
     parser.set_defaults(func=_checked)
 
@@ -78,4 +96,8 @@ def _checked(args: argparse.Namespace, resources: Any) -> int:
         raise SystemExit("dflash hold release: say why with --reason TEXT (it is recorded with who and when)")
     if args.action != "release" and args.override:
         raise SystemExit("dflash hold: --override goes with release (`dflash hold release --override GATE ...`)")
+    if args.action != "release" and args.drop_all:
+        raise SystemExit("dflash hold: --drop-all goes with release (`dflash hold release --drop-all ...`)")
+    if args.override and args.drop_all:
+        raise SystemExit("dflash hold release: --override keeps every answer, --drop-all drops them: choose one")
     return cmd_hold(args, resources)

@@ -87,10 +87,11 @@ from dagster_project.generation.dispatch_types import (
     Outcome,
 )
 from dagster_project.generation.ledger import FleetLedger
-from dagster_project.generation.resend import Resends
+from dagster_project.generation.resend import Resends, unrecorded_cause
 from dagster_project.generation.server_checks import HEALTHY, QUARANTINED, ServerChecks, ServerState
 from dagster_project.generation.server_watch import WatchLimits
 from dagster_project.generation.slot_use import SlotUse
+from dagster_project.generation.unrecorded import LOST_HEDGES
 from dagster_project.sglang.answer_contract import MALFORMED_ANSWER_KINDS, breaches_of, describe
 from dagster_project.sglang.client import (
     ABORTED,
@@ -273,7 +274,7 @@ class Dispatcher(Resends, ServerChecks):
                 "errors": dict(s.errors),
                 "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.completion_tokens,
-                "resent_original_tokens": s.resent_original_tokens,
+                "unrecorded": s.unrecorded.as_dict(),
                 "since_progress_s": round(now - s.watch.last_progress, 3) if s.in_flight else None,
                 "set_aside_at": s.set_aside_at if s.state == QUARANTINED else None,
             }
@@ -490,10 +491,13 @@ class Dispatcher(Resends, ServerChecks):
             server.completion_tokens += result.completion_tokens
             if work.done:
                 self.stats.late_results += 1  # first result wins
+                self._unrecorded(server, LOST_HEDGES, result.completion_tokens)
             else:
                 self._finish(work, result, None, server, latency)
             return
         server.errors[error.kind] += 1
+        if error.partial is not None:  # it wrote an answer that is no record: aborted by its server, or refused
+            self._unrecorded(server, unrecorded_cause(error), error.partial.completion_tokens)
         if error.kind == UNAUTHORIZED and self._fatal is None:
             self._fatal = FleetRefusesKey(
                 f"{server.url} refused the API key (HTTP 401): set SGLANG_API_KEY to the key the servers were "

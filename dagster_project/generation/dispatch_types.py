@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagster_project.generation.unrecorded import RESENT_ORIGINAL, Unrecorded
 from dagster_project.sglang.client import GenerateResult, SGLangError
 
 
@@ -44,13 +45,17 @@ class DispatchStats:
     retries: int = 0
     hedges: int = 0  # requests sent again because their server stopped making progress
     late_results: int = 0  # results that arrived after their request had ended (dropped)
-    resent_original_tokens: int = 0  # output tokens of attempts aborted because their request was re-sent
+    unrecorded: Unrecorded = field(default_factory=Unrecorded)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     elapsed_s: float = 0.0
 
+    @property
+    def resent_original_tokens(self) -> int:
+        return self.unrecorded.tokens[RESENT_ORIGINAL]
+
     def as_dict(self) -> dict:
-        return {**self.__dict__, "errors": dict(self.errors)}
+        return {**self.__dict__, "errors": dict(self.errors), "unrecorded": self.unrecorded.as_dict()}
 
 
 class FleetDownError(RuntimeError):

@@ -116,7 +116,7 @@ class ShardGeneration:
         if cap < MIN_OUTPUT_TOKENS:
             fit = self.settings.fit_max_length
             why = f"its {len(input_ids):,}-token prompt leaves no room for an answer in fit_max_length {fit:,}"
-            self._exclude(conversation, PROMPT_FILLS_MAX_LENGTH, why, from_turn=turn)
+            self._exclude(conversation, PROMPT_FILLS_MAX_LENGTH, why, from_turn=turn, prompt_tokens=len(input_ids))
             return None
         params = (
             self.sampling_params
@@ -165,10 +165,16 @@ class ShardGeneration:
             )
             self._journal(row)
 
-    def _exclude(self, conversation: Conversation, reason: str, why: str, from_turn: int = 0) -> None:
+    def _exclude(
+        self, conversation: Conversation, reason: str, why: str, from_turn: int = 0, prompt_tokens: int = 0
+    ) -> None:
+        """`prompt_tokens`: of the turn `from_turn`'s rendered prompt, recorded on its row (the later turns' prompts,
+        longer still, are never rendered): the store shows where the fit boundary fell."""
         for turn in range(from_turn, conversation.num_turns):
             row = self._base_row(conversation, turn)
             row.update(status=STATUS_EXCLUDED, error_kind=reason, error_message=f"not generated: {why}")
+            if turn == from_turn:
+                row.update(prompt_tokens=prompt_tokens)
             self._journal(row)  # a turn journaled before (generated, then quarantined) keeps its record
 
     def _admitting(self) -> bool:

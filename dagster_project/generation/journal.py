@@ -205,31 +205,41 @@ class Journal:
                     yield orjson.loads(raw)
 
 
-def drop_records_between(path: Path, since: float, until: float) -> int:
+@dataclass(frozen=True)
+class DroppedRecords:
+    """Records a release condemned: how many, and the output tokens their answers had cost."""
+
+    records: int = 0
+    output_tokens: int = 0
+
+
+def drop_records_between(path: Path, since: float, until: float) -> DroppedRecords:
     """Rewrite the journal at `path` (not open) without the records that finished in [since, until): answers a hold
     condemned (`line_stop.condemned_answers`), generated again by the next run. A torn last line goes too. Returns
-    how many records were dropped. The window is a span of time, so a conversation loses a suffix of its turns:
-    every later turn kept was written before the window, on the turns before it."""
+    what was dropped. The window is a span of time, so a conversation loses a suffix of its turns: every later turn
+    kept was written before the window, on the turns before it."""
     if not path.exists():
-        return 0
-    kept, dropped = bytearray(), 0
+        return DroppedRecords()
+    kept, dropped, tokens = bytearray(), 0, 0
     with open(path, "rb") as handle:
         for raw in handle:
             if not raw.endswith(b"\n"):
                 continue  # a torn last line: dropped as opening the journal would
             try:
-                finished = orjson.loads(raw).get("finished_at")
+                record = orjson.loads(raw)
             except ValueError:
-                finished = None
+                record = {}
+            finished = record.get("finished_at")
             if finished is not None and since <= finished < until:
                 dropped += 1
+                tokens += int(record.get("completion_tokens") or 0) if record.get("status") == STATUS_OK else 0
                 continue
             kept += raw
     if dropped:
         staging = path.with_name(f".{path.name}.dropping")
         staging.write_bytes(bytes(kept))
         os.replace(staging, path)
-    return dropped
+    return DroppedRecords(dropped, tokens)
 
 
 def _lock_exclusively(lock_path: Path):

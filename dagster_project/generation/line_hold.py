@@ -57,6 +57,11 @@ class Hold:
     release_reason: str | None = None
     overridden: list[str] = field(default_factory=list)  # gates released as a known false alarm
     limit: str = ""  # which of the gate's limits failed, for a gate of several (`WatchFigure.limit`)
+    # A run's hold: when the first of its answers that failed the gate on its own finished (`Judgement.onset`); a
+    # release without --override condemns its shard's answers from there (`line_stop.condemned_answers`). None: unknown
+    # (a fleet's hold), from the runs' starts.
+    onset: float | None = None
+    drop_all: bool = False  # released with --drop-all: the held runs' answers condemned whole, onset or not
 
     def headline(self) -> str:
         """One line: what holds the line, on what evidence, and what to do."""
@@ -132,8 +137,17 @@ def put_hold(store: Store, hold: Hold) -> Hold:
         return read_hold(store) or hold
 
 
-def release_hold(store: Store, *, by: str, reason: str, override: list[str] = (), now: float | None = None) -> Hold:
-    """Release the hold in force, recorded with who, when, why and the gates overridden; `LookupError` if none."""
+def release_hold(
+    store: Store,
+    *,
+    by: str,
+    reason: str,
+    override: list[str] = (),
+    drop_all: bool = False,
+    now: float | None = None,
+) -> Hold:
+    """Release the hold in force, recorded with who, when, why, the gates overridden and whether the held runs'
+    answers are dropped whole (`drop_all`) rather than from the onset; `LookupError` if none."""
     current = store.get_versioned(hold_key())
     if current is None:
         raise LookupError("no hold is in force (`dflash hold` shows the last ones released)")
@@ -144,6 +158,7 @@ def release_hold(store: Store, *, by: str, reason: str, override: list[str] = ()
         released_by=by,
         release_reason=reason,
         overridden=sorted(set(override)),
+        drop_all=drop_all,
     )
     log = read_hold_log(store)
     log.released.append(released)

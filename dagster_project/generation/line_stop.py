@@ -31,7 +31,7 @@ from dagster_project.generation.line_hold import (
     read_hold_log,
 )
 from dagster_project.store.dataclass_json import read_record, to_json
-from dagster_project.store.layout import WATCH, watch_key
+from dagster_project.store.layout import WATCH, dropped_key, watch_key
 from dagster_project.store.storage import CorruptObject, Store, StoreError
 
 SCOPE_RUN, SCOPE_FLEET = "run", "fleet"
@@ -70,13 +70,18 @@ class Judgement:
     failed: WatchFigure | None  # the first blocking figure that failed, not overridden
     examples: list[HoldExample] = field(default_factory=list)
     servers: list[str] = field(default_factory=list)
+    # When the first answer that fails a failed gate on its own finished (journal `finished_at`): what a release
+    # condemns starts there. None: unknown.
+    onset: float | None = None
 
 
 class QualityWatch(Protocol):
-    """What a shard run needs of the watch: take each journaled row, hand back compact rows, judge rows."""
+    """What a shard run needs of the watch: take each journaled row, hand back compact rows (`complete`: all of
+    the run's, none dropped from its window), judge rows."""
 
     def observe(self, row: Mapping[str, Any]) -> None: ...
     def rows(self) -> list[list]: ...
+    def complete(self) -> bool: ...
     def judge(self, rows: Sequence[list], overridden: set[str]) -> Judgement: ...
 
 
@@ -150,17 +155,47 @@ def read_watch_reports(store: Store, now: float | None = None) -> list[WatchRepo
 
 
 def condemned_answers(store: Store, shard: int, fingerprint: str) -> tuple[float, float] | None:
-    """When the answers the shard's held run journaled were written, if a hold condemned them: from that run's start
-    to the release of the hold that stood while it ran, released without `--override` (the answers were wrong: the
-    shard generates them again). None where nothing is condemned: the shard's last run was not held, its hold stands
-    or was released as a false alarm (its answers are kept), or the report is of other settings."""
+    """When the answers a hold condemned in the shard's journal were written: from the hold's onset (the finish of
+    the first answer that failed the gate on its own: those before it were good, and are kept) to the release of
+    the hold that stood while the shard's last run ran, released without `--override` (the answers were wrong: the
+    shard generates them again). From that run's start instead where the onset is unknown (a fleet's hold, or a
+    shard other than the one whose answers the onset was found in), or the release said `--drop-all`. None where
+    nothing is condemned: the shard's last run was not held, its hold stands or was released as a false alarm (its
+    answers are kept), or the report is of other settings."""
     report = read_record(store, watch_key(shard), WatchReport)
     if report is None or not report.held or report.settings_fingerprint != fingerprint:
         return None
     release = next((h for h in read_hold_log(store).released if (h.released_at or 0.0) > report.started_at), None)
     if release is None or release.overridden or release.released_at is None:
         return None
-    return report.started_at, release.released_at
+    onset_known = release.onset is not None and release.shards == [shard] and not release.drop_all
+    since = release.onset if onset_known else report.started_at
+    return since, release.released_at
+
+
+@dataclass(frozen=True)
+class DroppedAtRelease:
+    """What releases of holds dropped from a shard's journal under its settings, all of them summed: answers paid for
+    and generated again (the waste ledger's `dropped_at_release`)."""
+
+    settings_fingerprint: str
+    answers: int = 0
+    output_tokens: int = 0
+
+
+def read_dropped_at_release(store: Store, shard: int, fingerprint: str) -> DroppedAtRelease:
+    """The shard's drops under these settings (none recorded, or under other settings: zero)."""
+    recorded = read_record(store, dropped_key(shard), DroppedAtRelease)
+    if recorded is None or recorded.settings_fingerprint != fingerprint:
+        return DroppedAtRelease(fingerprint)
+    return recorded
+
+
+def record_dropped_at_release(store: Store, shard: int, fingerprint: str, answers: int, output_tokens: int) -> None:
+    """Add a drop to the shard's record (one writer: the run holding the shard's lease)."""
+    earlier = read_dropped_at_release(store, shard, fingerprint)
+    total = replace(earlier, answers=earlier.answers + answers, output_tokens=earlier.output_tokens + output_tokens)
+    store.put_bytes(dropped_key(shard), to_json(total))
 
 
 class LineStop:
@@ -204,7 +239,10 @@ class LineStop:
         if self._wake is not None and self._unjudged >= self.options.watch_judge_every:
             self._wake.set()
 
-    def _hold(self, judgement: Judgement, scope: str, sample: int, runs: list[str], shards: list[int]) -> Hold:
+    def _hold(
+        self, judgement: Judgement, scope: str, sample: int, runs: list[str], shards: list[int], onset: float | None
+    ) -> Hold:
+        """`onset`: the judgement's, where the rows judged held every answer of `shards` before it (else None)."""
         failed = judgement.failed
         assert failed is not None
         hold = Hold(
@@ -221,6 +259,7 @@ class LineStop:
             servers=judgement.servers,
             runs=sorted({run for run in runs if run}),
             shards=sorted(set(shards)),
+            onset=onset,
         )
         return put_hold(self.store, hold)
 
@@ -257,9 +296,12 @@ class LineStop:
                 [self.shard, *(r.shard for r in others)],
             )
             if mine.failed is not None and (whole_shard or len(own) >= self.options.watch_min_answers):
-                hold = self._hold(mine, SCOPE_RUN, len(own), [self.run_id or ""], [self.shard])
+                # Complete now (after `own` was taken): `own` held every answer of the run too.
+                onset = mine.onset if self.watch.complete() else None
+                hold = self._hold(mine, SCOPE_RUN, len(own), [self.run_id or ""], [self.shard], onset)
             elif fleet.failed is not None and len(fleet_rows) >= self.options.watch_min_answers:
-                hold = self._hold(fleet, SCOPE_FLEET, len(fleet_rows), runs, shards)
+                # No onset: another run's answers after its report was written, before the onset, were not seen.
+                hold = self._hold(fleet, SCOPE_FLEET, len(fleet_rows), runs, shards, None)
         if hold is not None and self.held is None:
             self.held = hold  # admission stops first
             self.log(f"shard {self.shard}: {hold.headline()}")

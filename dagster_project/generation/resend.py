@@ -8,7 +8,7 @@ So an original whose request was re-sent is *superseded*: it gives up its slot a
 at once when its request was answered elsewhere, and in any case as soon as its server answers again (a re-probe
 passes), before anything more is sent there. An abort the server did not take (it was hung) is kept and sent
 again then. The tokens a superseded original wrote, as its aborted answer reports them, are counted
-(`ServerState.resent_original_tokens`): output paid for and in no row, the waste ledger's `resent_original`.
+(`ServerState.unrecorded`): output paid for and in no row, the waste ledger's `resent_original`.
 
 A mixin of `Dispatcher`, which owns the requests and the attempts these methods read and write (declared below).
 """
@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable
 from dagster_project.generation.dispatch_types import DispatchOptions, DispatchStats
 from dagster_project.generation.ledger import FleetLedger
 from dagster_project.generation.server_checks import QUARANTINED, ServerState
+from dagster_project.generation.unrecorded import ERRORS_AND_RETRIES, LOST_HEDGES, REFUSED, RESENT_ORIGINAL
+from dagster_project.sglang.answer_contract import MALFORMED_ANSWER_KINDS
 from dagster_project.sglang.client import ABORTED, GenerateResult, SGLangError
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,11 @@ logger = logging.getLogger(__name__)
 _ABORT_TIMEOUT_S = 5.0  # an abort is one small POST: a server that cannot take it in this long is hung
 # A server that held an aborted request answers it at once; one that never got it (lost on the way) never answers.
 _ABORTED_ANSWER_WAIT_S = 5.0
+
+
+def unrecorded_cause(error: SGLangError) -> str:
+    """Where a failed attempt's output goes in the waste ledger: a refused answer, or a failed one."""
+    return REFUSED if error.kind in MALFORMED_ANSWER_KINDS else ERRORS_AND_RETRIES
 
 
 class Resends:
@@ -50,6 +57,11 @@ class Resends:
 
     def _spawn(self, coroutine: Awaitable, tasks: set[asyncio.Task] | None = None) -> None:
         raise NotImplementedError
+
+    def _unrecorded(self, server: ServerState, cause: str, tokens: int) -> None:
+        """The server generated an answer of `tokens` output tokens that no record holds (the waste ledger's)."""
+        server.unrecorded.add(cause, tokens)
+        self.stats.unrecorded.add(cause, tokens)
 
     def _quarantine(self, server: ServerState, reason: str, now: float, *, share: bool = True) -> None:
         """Set the server aside (for every run on the node, unless the verdict came from one of them) and send
@@ -106,13 +118,14 @@ class Resends:
         if result is not None:
             server.watch.answered(now)
             server.done += 1
-            server.completion_tokens += result.completion_tokens  # a lost hedge's answer (`lost_hedge_tokens`)
+            server.completion_tokens += result.completion_tokens
             self.stats.late_results += 1
+            self._unrecorded(server, LOST_HEDGES, result.completion_tokens)
         elif error.kind == ABORTED:
             server.watch.answered(now)
-            written = error.partial.completion_tokens if error.partial is not None else 0
-            server.resent_original_tokens += written
-            self.stats.resent_original_tokens += written
+            self._unrecorded(server, RESENT_ORIGINAL, error.partial.completion_tokens if error.partial else 0)
+        elif error.partial is not None:  # it failed otherwise (broke the contract): what it wrote is in no record
+            self._unrecorded(server, unrecorded_cause(error), error.partial.completion_tokens)
 
     def _abort_later(self, server: ServerState, rid: str) -> None:
         """Free the slot on the server now rather than when it notices the disconnect."""

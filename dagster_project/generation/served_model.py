@@ -24,7 +24,7 @@ server (`SGLangClient.generate(served=...)`, `sglang.answer_contract`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,10 +132,20 @@ async def _info(client: SGLangClient, route: str, timeout: float) -> dict | None
         raise
 
 
-async def probe_vocab(client: SGLangClient, timeout: float) -> tuple[int | None, str | None]:
+Generated = Callable[[int], None]  # told the output tokens of each probe answer (the waste ledger's `probes`)
+
+
+def _uncounted(tokens: int) -> None:
+    """A probe answer's tokens, where no ledger counts them (`dflash fleet check`)."""
+
+
+async def probe_vocab(
+    client: SGLangClient, timeout: float, generated: Generated = _uncounted
+) -> tuple[int | None, str | None]:
     """(the server's vocabulary size, None), or (None, why it is unknown). A failure of the server raises."""
     try:
-        await client.generate(PROBE_INPUT_IDS, vocab_probe_params(), timeout=timeout, require_reasoning=False)
+        answer = await client.generate(PROBE_INPUT_IDS, vocab_probe_params(), timeout=timeout, require_reasoning=False)
+        generated(answer.completion_tokens)
     except SGLangError as error:
         if error.kind != BAD_REQUEST:
             raise
@@ -144,7 +154,9 @@ async def probe_vocab(client: SGLangClient, timeout: float) -> tuple[int | None,
     return None, "the vocabulary probe (a logit_bias key outside every vocabulary) was answered, not refused"
 
 
-async def probe_eos(client: SGLangClient, eos: int, vocab_size: int, timeout: float) -> str | None:
+async def probe_eos(
+    client: SGLangClient, eos: int, vocab_size: int, timeout: float, generated: Generated = _uncounted
+) -> str | None:
     """Why the job's end-of-sequence id, forced, does not end this server's answer (None: it does)."""
     try:
         result = await client.generate(
@@ -158,6 +170,7 @@ async def probe_eos(client: SGLangClient, eos: int, vocab_size: int, timeout: fl
         if error.kind not in (BAD_REQUEST, ANSWER_OUT_OF_VOCAB):
             raise
         return f"the end-of-sequence probe failed: {error}"
+    generated(result.completion_tokens)
     if result.output_ids != [eos]:
         return f"forced to write id {eos} it wrote {result.output_ids}: its logits are not over the job's vocabulary"
     if result.finish_reason.get("type") != "stop" or result.finish_reason.get("matched") != eos:
@@ -166,7 +179,11 @@ async def probe_eos(client: SGLangClient, eos: int, vocab_size: int, timeout: fl
 
 
 async def served_model_problems(
-    client: SGLangClient, expected: ModelIdentity, timeout: float, workers: Sequence[SGLangClient] = ()
+    client: SGLangClient,
+    expected: ModelIdentity,
+    timeout: float,
+    workers: Sequence[SGLangClient] = (),
+    generated: Generated = _uncounted,
 ) -> list[str] | None:
     """Everything the server reports or does that is not the job's model (empty: it serves it; None: it cannot be
     told, a router whose `workers` are not known). An `SGLangError` is a failure of the server, not a verdict on
@@ -177,11 +194,11 @@ async def served_model_problems(
             return None
         problems = []
         for worker in workers:
-            found = await served_model_problems(worker, expected, timeout)
+            found = await served_model_problems(worker, expected, timeout, generated=generated)
             problems += [f"its worker {worker.base_url}: {problem}" for problem in found or ()]
         return problems
     problems = identity_problems(server_info, model_info, expected)
-    vocab, unknown = await probe_vocab(client, timeout)
+    vocab, unknown = await probe_vocab(client, timeout, generated)
     if unknown is not None:
         problems.append(unknown)
     elif vocab != expected.vocab_size and (expected.vocab_exact or vocab < expected.vocab_size):
@@ -190,7 +207,7 @@ async def served_model_problems(
         )
         problems.append(f"its vocabulary has {vocab:,} ids, not {wanted}")
     if vocab is not None and expected.eos_token_id < vocab:
-        eos_problem = await probe_eos(client, expected.eos_token_id, vocab, timeout)
+        eos_problem = await probe_eos(client, expected.eos_token_id, vocab, timeout, generated)
         if eos_problem is not None:
             problems.append(eos_problem)
     return problems

@@ -25,6 +25,7 @@ from dagster_project.generation.served_model import (
     served_model_problems,
 )
 from dagster_project.generation.server_watch import ServerWatch, WatchLimits, next_foreign_load
+from dagster_project.generation.unrecorded import PROBES, Unrecorded
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.answer_contract import Served
 from dagster_project.sglang.client import NOT_FOUND, SERVER_UNAVAILABLE, UNAUTHORIZED, SGLangClient, SGLangError
@@ -74,7 +75,7 @@ class ServerState:
     served: Served = Served()  # the served vocabulary and end id, once checked: requests and answers are held to it
     foreign_answer: str | None = None  # why an answer of it was not the served model's: out for the run
     unaborted: set = field(default_factory=set)  # rids of superseded attempts whose abort it did not take (`resend`)
-    resent_original_tokens: int = 0  # output tokens of its attempts aborted because their request was re-sent
+    unrecorded: Unrecorded = field(default_factory=Unrecorded)  # what it generated that is in no record, by cause
 
 
 class _AnotherModel(Exception):
@@ -96,6 +97,10 @@ class ServerChecks:
 
     def _quarantine(self, server: ServerState, reason: str, now: float, *, share: bool = True) -> None:
         """Set the server aside and send its requests elsewhere: the dispatcher's, which owns the requests."""
+        raise NotImplementedError
+
+    def _unrecorded(self, server: ServerState, cause: str, tokens: int) -> None:
+        """Count an answer in no record: the dispatcher's (`resend`)."""
         raise NotImplementedError
 
     async def _abort_superseded(self, server: ServerState) -> None:
@@ -134,7 +139,9 @@ class ServerChecks:
             return server.foreign_answer
         workers = [client for client in server.load_clients if client is not server.client]
         expected, timeout = self.expected_model, self.options.canary_timeout_s
-        problems = await served_model_problems(server.client, expected, timeout, workers)
+        problems = await served_model_problems(
+            server.client, expected, timeout, workers, lambda tokens: self._unrecorded(server, PROBES, tokens)
+        )
         if problems:
             return mismatch_reason(problems, expected)
         if problems is None and server.served.vocab_size is None:
@@ -224,9 +231,10 @@ class ServerChecks:
             if not await server.client.health(timeout=self.options.probe_timeout_s):
                 raise SGLangError(SERVER_UNAVAILABLE, "/health failed", url=server.url)
             window = await self._window(server)
-            await server.client.generate(
+            canary = await server.client.generate(
                 [0], _CANARY_PARAMS, timeout=self.options.canary_timeout_s, require_reasoning=False
             )
+            self._unrecorded(server, PROBES, canary.completion_tokens)
             other_model = await self._other_model(server)  # on every reconnect: a restart may bring another model
             if other_model is not None:
                 raise _AnotherModel(other_model)

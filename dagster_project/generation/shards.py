@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from dagster_project.conversations.shards import ConversationsUsed, read_conversations
 from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
+from dagster_project.generation.unrecorded import LOST_HEDGES, RESENT_ORIGINAL, Unrecorded
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.store.layout import COMPLETIONS
 from dagster_project.store.manifest import ShardManifest, iter_parquet_batches, read_shard_manifest
@@ -35,20 +36,35 @@ class GenerationSummary:
     spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
     finish_reasons: dict[str, int] = field(default_factory=dict)
     errors_by_kind: dict[str, int] = field(default_factory=dict)
-    # Output tokens of answers that arrived after another attempt of their request had won (lost hedges): paid
-    # for, in no row. Attempts cancelled before they answered report no tokens.
+    # Answers the run's servers generated that are in no row, and their output tokens, by cause
+    # (`dispatch_types.Unrecorded`: refused, failed, lost hedges, aborted originals, probes): paid for, never trained.
+    # Attempts cancelled before they answered report no tokens.
+    unrecorded_answers: dict[str, int] = field(default_factory=dict)
+    unrecorded_output_tokens: dict[str, int] = field(default_factory=dict)
+    # Manifests written before `unrecorded_*`: lost hedges' and aborted originals' tokens, without answers.
     lost_hedge_output_tokens: int = 0
-    # Output tokens of attempts aborted because their request was re-sent after their server stopped answering
-    # (`generation.resend`): what each wrote before its abort, as its aborted answer reported it.
     resent_original_output_tokens: int = 0
     excluded_by_reason: dict[str, int] = field(default_factory=dict)  # events not sent, by reason
     # Of the `length` finish reasons, the answers cut at their fitted cap (where the trainer would cut them).
     cut_by_fit: int = 0
+    # Answers a hold condemned, dropped from the journal when it was released and generated again, and their output
+    # tokens: paid for, in no row (`line_stop.DroppedAtRelease`).
+    dropped_at_release: int = 0
+    dropped_at_release_output_tokens: int = 0
 
     @property
     def length_capped(self) -> int:
         """The answers cut by max_new_tokens: finish_reason `length`, less those fit cut."""
         return _length_capped(self.finish_reasons, self.cut_by_fit)
+
+    @property
+    def unrecorded(self) -> Unrecorded:
+        """Answers in no row and their tokens by cause; a manifest written before they were counted gives its lost
+        hedges' and aborted originals' tokens (answers unknown: 0)."""
+        if self.unrecorded_output_tokens or not (self.lost_hedge_output_tokens or self.resent_original_output_tokens):
+            return Unrecorded(Counter(self.unrecorded_answers), Counter(self.unrecorded_output_tokens))
+        tokens = {LOST_HEDGES: self.lost_hedge_output_tokens, RESENT_ORIGINAL: self.resent_original_output_tokens}
+        return Unrecorded(Counter(), Counter({cause: n for cause, n in tokens.items() if n}))
 
     @classmethod
     def of(cls, heartbeat: Heartbeat, rows: RowCounts, earlier: GenerationSummary | None = None) -> GenerationSummary:
@@ -57,33 +73,29 @@ class GenerationSummary:
         generated = heartbeat.done_events > heartbeat.resumed_events
         if generated or earlier is None:
             lifetime, spec = (heartbeat.lifetime if generated else None), heartbeat.spec
-            lost = lost_hedge_tokens(heartbeat) if generated else 0
-            resent = resent_original_tokens(heartbeat) if generated else 0
+            unrecorded = unrecorded_of(heartbeat) if generated else Unrecorded()
         else:
-            lifetime, spec, lost = earlier.lifetime, earlier.spec, earlier.lost_hedge_output_tokens
-            resent = earlier.resent_original_output_tokens
+            lifetime, spec, unrecorded = earlier.lifetime, earlier.spec, earlier.unrecorded
         return cls(
             lifetime,
             spec,
             dict(rows.finish_reasons),
             dict(rows.errors_by_kind),
-            lost,
-            resent,
-            dict(rows.excluded_by_reason),
-            rows.cut_by_fit,
+            dict(unrecorded.answers),
+            dict(unrecorded.tokens),
+            excluded_by_reason=dict(rows.excluded_by_reason),
+            cut_by_fit=rows.cut_by_fit,
         )
 
 
-def lost_hedge_tokens(heartbeat: Heartbeat) -> int:
-    """What the run's servers answered (their dispatcher's count, late answers included) beyond the answers it
-    recorded: the tokens of answers that lost to another attempt of their request."""
-    answered = sum(int(view.get("completion_tokens") or 0) for view in heartbeat.servers.values())
-    return max(answered - heartbeat.output_tokens, 0)
-
-
-def resent_original_tokens(heartbeat: Heartbeat) -> int:
-    """What the run's attempts aborted because their requests were re-sent had written (their servers' counts)."""
-    return sum(int(view.get("resent_original_tokens") or 0) for view in heartbeat.servers.values())
+def unrecorded_of(heartbeat: Heartbeat) -> Unrecorded:
+    """What the run's servers generated that is in no row, by cause (their dispatcher's counts)."""
+    total = Unrecorded()
+    for view in heartbeat.servers.values():
+        counted = view.get("unrecorded") or {}
+        total.answers.update(counted.get("answers") or {})
+        total.tokens.update(counted.get("tokens") or {})
+    return total
 
 
 @dataclass

@@ -16,7 +16,8 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,14 @@ from dagster_project.generation.heartbeat import (
 )
 from dagster_project.generation.journal import Journal, drop_records_between
 from dagster_project.generation.line_hold import Hold, LineHeld, read_hold, read_hold_log
-from dagster_project.generation.line_stop import LineStop, QualityWatch, WatchOptions, condemned_answers
+from dagster_project.generation.line_stop import (
+    LineStop,
+    QualityWatch,
+    WatchOptions,
+    condemned_answers,
+    read_dropped_at_release,
+    record_dropped_at_release,
+)
 from dagster_project.generation.preflight import check_before_dispatch
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import (
@@ -105,7 +113,8 @@ def write_completions_parquet(
             batch.append({name: record.get(name) for name in columns})
             written.event_ids.append(record["event_id"])
             written.rows += 1
-            written.prompt_tokens += int(record.get("prompt_tokens") or 0)
+            if record["status"] != STATUS_EXCLUDED:  # (an excluded turn's prompt, where measured, was never sent)
+                written.prompt_tokens += int(record.get("prompt_tokens") or 0)
             if record["status"] == STATUS_OK:
                 written.ok += 1
                 written.output_tokens += int(record.get("completion_tokens") or 0)
@@ -279,6 +288,8 @@ def generate_shard(
             parquet = Path(staging) / PARQUET_NAME
             expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
             written = write_completions_parquet(journal, parquet, expected, settings)
+            dropped = read_dropped_at_release(store, shard, fingerprint)
+            summary = GenerationSummary.of(last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint))
             manifest = CompletionsShardManifest(
                 shard=shard,
                 rows=written.rows,
@@ -295,8 +306,10 @@ def generate_shard(
                 tokenizer=run_tokenizer,
                 settings=settings,
                 served_models=dict(sorted(written.served_models.items())),
-                generation=GenerationSummary.of(
-                    last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint)
+                generation=replace(
+                    summary,
+                    dropped_at_release=dropped.answers,
+                    dropped_at_release_output_tokens=dropped.output_tokens,
                 ),
                 pilot=pilot.message,
                 pilot_skipped=pilot.skipped,
@@ -337,6 +350,10 @@ def _earlier_summary(store: Store, shard: int, fingerprint: str) -> GenerationSu
     return earlier.generation if earlier is not None and earlier.settings_fingerprint == fingerprint else None
 
 
+def _utc(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 @contextmanager
 def _open_journal(
     store: Store, shard: int, fingerprint: str, work_dir: Path, log: Callable[[str], None]
@@ -349,14 +366,19 @@ def _open_journal(
         log(f"journal restored from the store's checkpoint (a resume on a new node): {restored} bytes, {local_journal}")
     condemned = condemned_answers(store, shard, fingerprint)
     if condemned is not None:
-        dropped = drop_records_between(local_journal, *condemned)
+        since, until = condemned
+        dropped = drop_records_between(local_journal, since, until)
         # The store's checkpoints still hold them: gone too, and this run checkpoints its journal whole, first thing.
         for info in list(store.list(journal_segments_prefix(shard, fingerprint))):
             store.delete(info.key)
         restored = 0
+        if dropped.records:  # the ledger's `dropped_at_release`: paid for, generated again
+            record_dropped_at_release(store, shard, fingerprint, dropped.records, dropped.output_tokens)
         log(
-            f"shard {shard}: {dropped} answers journaled by its run the line's hold stopped are dropped and asked "
-            "again (the hold was released without --override: they were the answers the hold judged)"
+            f"shard {shard}: {dropped.records} answers ({dropped.output_tokens:,} output tokens) journaled from "
+            f"{_utc(since)} to the hold's release at {_utc(until)} are dropped and asked again (the hold was "
+            "released without --override: from the first answer that failed its gate on its own, or with "
+            "--drop-all or an unknown onset from the held run's start); the answers before are kept"
         )
     with Journal(local_journal) as journal:
         yield journal, restored

@@ -185,6 +185,8 @@ def waste_metrics(status: Status) -> Iterator[GaugeMetricFamily]:
     by_cause = [
         ("waste_output_tokens", "Output tokens generated and not trained, by cause.",
          waste.output_tokens if waste else {}),
+        ("waste_answers", "Answers (rows, or answers in no row) generated and not trained, by cause.",
+         waste.answers if waste else {}),
         ("waste_gpu_seconds", "Estimated GPU-seconds of the output tokens not trained, by cause.",
          waste.gpu_seconds if waste else {}),
         ("waste_dollars", "Estimated dollars of the output tokens not trained, by cause.",

@@ -80,6 +80,11 @@ def hold_log_key() -> str:
     return f"{HOLDS}/released.json"
 
 
+def dropped_key(shard: int) -> str:
+    """What releases of the line's holds dropped from the shard's journal (`line_stop.DroppedAtRelease`)."""
+    return f"{PROGRESS}/dropped/shard={shard:0{SHARD_DIGITS}d}.json"
+
+
 def watch_key(shard: int) -> str:
     """A running shard's quality watch: its answers' figures so far, next to its heartbeat."""
     return f"{WATCH}/shard={shard:0{SHARD_DIGITS}d}.json"

@@ -648,6 +648,20 @@ def profile_completion_batches(batches: Iterable[pa.RecordBatch], special: Speci
     return _joined(parts, {})
 
 
+def concentration_gate(
+    loss_sums: np.ndarray, thresholds: GateThresholds, *, false_block_rate: float = FALSE_BLOCK_RATE
+) -> GateResult:
+    """`loss_sum_concentration` by `thresholds`: as `shard_gates` judges a training shard, and the quality watch
+    its answers (`training.watch_figures`), both by the `training_set_gates` check's thresholds."""
+    return loss_sum_concentration(
+        loss_sums,
+        max_top_share=thresholds.max_top_loss_sum_share,
+        min_repeats=thresholds.min_repeats,
+        floor=thresholds.loss_floor,
+        false_block_rate=false_block_rate,
+    )
+
+
 def shard_gates(
     profile: ShardProfile,
     *,
@@ -669,13 +683,7 @@ def shard_gates(
             max_share_below=thresholds.max_share_below_floor,
             false_block_rate=rate,
         ),
-        loss_sum_concentration(
-            profile.loss_sums,
-            max_top_share=thresholds.max_top_loss_sum_share,
-            min_repeats=thresholds.min_repeats,
-            floor=thresholds.loss_floor,
-            false_block_rate=rate,
-        ),
+        concentration_gate(profile.loss_sums, thresholds, false_block_rate=rate),
         consecutive_supervised(profile.pairs, min_pairs=thresholds.min_supervised_pairs),
         ids_in_vocabulary(profile.min_ids, profile.max_ids, vocab_size),
         thinking_structure(

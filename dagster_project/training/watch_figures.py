@@ -3,10 +3,11 @@
 One definition per rule: each answer becomes one compact row (the per-row figures `training.gates` takes from a
 shard, via its own `profile_outputs`), and judging rows rebuilds the `ShardProfile` those figures make and calls
 `gates.shard_gates` and `gate_sets.share_gate` with the same `GateThresholds` and shares as the
-`completions_quality` check, so the watch and the gate give the same verdict on the same rows. Rows are small
-enough for the store (the fleet's figure sums every running shard's rows, `generation.line_stop`); an answer's text
-is kept whole up to `_TEXT_KEPT` characters, a longer one as its head and a digest of the whole, which keeps
-"same answer", "empty" and "short" exactly as the gates see them.
+`completions_quality` check, and `gates.concentration_gate` with the `training_set_gates` check's (the supervised
+length's concentration is a training-set gate), so the watch and the gates give the same verdicts on the same rows.
+Rows are small enough for the store (the fleet's figure sums every running shard's rows, `generation.line_stop`);
+an answer's text is kept whole up to `_TEXT_KEPT` characters, a longer one as its head and a digest of the whole,
+which keeps "same answer", "empty" and "short" exactly as the gates see them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dagster_project.training.gates import (
     GateThresholds,
     OutputProfile,
     ShardProfile,
+    concentration_gate,
     profile_outputs,
     shard_gates,
 )
@@ -44,23 +46,34 @@ from dagster_project.training.row_figures import row_digests
 if TYPE_CHECKING:
     from dagster_project.tokenizer import SpecialIds
 
-# The gates of `shard_gates` the watch judges answers by: those of a completions shard, and the concentration of
-# the supervised length (the training gate that would block the same rows one stage later).
-WATCHED_ANSWER_GATES = ("loss_sum_concentration", "thinking_structure", "degenerate_answers", "short_answers")
-# Shown and alerting, but not holding the line: the supervised length's concentration is a training_set gate, which
-# `completions_quality` does not block on, so the watch holds on what the completions gate would block (a fleet of
-# one answer length, as the test fleets are, passes its shards' completions gates). The seed's disaster fails
-# thinking_structure and short_answers from its first answers, which do hold.
-NOT_HOLDING = frozenset({"loss_sum_concentration"})
+# The gates of `shard_gates` the watch judges answers by, every one holding the line: those of a completions shard,
+# and the concentration of the supervised length (the training gate that would block the same rows one stage later,
+# judged by that gate's thresholds: the seed's own signature, every answer one loss_mask sum). Where several fail, a
+# hold names the first: a completions gate, which would block the shard a stage sooner.
+CONCENTRATION = "loss_sum_concentration"
+WATCHED_ANSWER_GATES = ("thinking_structure", "degenerate_answers", "short_answers", CONCENTRATION)
 ACCEPT_LENGTH = "accept_length"  # shown beside them; a warning (MTP off), never a hold
 WINDOW = 2000  # the rows a run keeps and stores: its most recent answers
 _TEXT_KEPT = 64
 _HEAD = 80
 
-# One answer's compact row; positions, as lists are what JSON stores cheaply.
-(EVENT, STATUS, FINISH, SERVER, LENGTH, THINK_ENDS, THINK_STARTS, BLANK, ANSWER, PROMPT, TOKENS, VERIFY, HEAD) = range(
-    13
-)
+# One answer's compact row; positions, as lists are what JSON stores cheaply. FINISHED: its journal `finished_at`.
+(
+    EVENT,
+    STATUS,
+    FINISH,
+    SERVER,
+    LENGTH,
+    THINK_ENDS,
+    THINK_STARTS,
+    BLANK,
+    ANSWER,
+    PROMPT,
+    TOKENS,
+    VERIFY,
+    HEAD,
+    FINISHED,
+) = range(14)
 
 
 def answer_key(text: str) -> str:
@@ -80,21 +93,32 @@ class AnswerQualityWatch:
         *,
         settings: GenerationSettings,
         thresholds: GateThresholds | None = None,
+        training_thresholds: GateThresholds | None = None,
         max_error_share: float = MAX_ERROR_SHARE,
         max_length_capped_share: float = MAX_LENGTH_CAPPED_SHARE,
     ):
-        """`settings`: the shard's generation settings (thinking, and what `max_new_tokens: fit` cuts)."""
+        """`settings`: the shard's generation settings (thinking, and what `max_new_tokens: fit` cuts);
+        `thresholds`: the `completions_quality` check's; `training_thresholds`: the `training_set_gates` check's,
+        which `loss_sum_concentration` is judged by."""
         self.special, self.decode, self.settings = special, decode, settings
         self.enable_thinking = settings.enable_thinking
         self.thresholds = thresholds or GateThresholds()
+        self.training_thresholds = training_thresholds or GateThresholds()
         self.max_error_share, self.max_length_capped_share = max_error_share, max_length_capped_share
         self._rows: deque[list] = deque(maxlen=WINDOW)
+        self._seen = 0
 
     def observe(self, row: Mapping[str, Any]) -> None:
         self._rows.append(self.compact(row))
+        self._seen += 1
 
     def rows(self) -> list[list]:
         return list(self._rows)
+
+    def complete(self) -> bool:
+        """Every answer observed is still among the rows (none left the window): an onset found in them is the
+        run's first."""
+        return self._seen <= WINDOW
 
     def compact(self, row: Mapping[str, Any]) -> list:
         """One journaled row as the watch keeps it."""
@@ -118,6 +142,7 @@ class AnswerQualityWatch:
             self.decode((row.get("output_ids") or [])[:_HEAD])[:_HEAD]
             if ok
             else (row.get("error_message") or "")[:_HEAD],
+            row.get("finished_at"),
         ]
 
     def _answer_end(self, row: Mapping[str, Any]) -> str | None:
@@ -126,21 +151,29 @@ class AnswerQualityWatch:
         return self.settings.answer_end(prompt_tokens, int(row.get("completion_tokens") or 0), row.get("finish_reason"))
 
     def judge(self, rows: Sequence[list], overridden: set[str] = frozenset()) -> Judgement:
-        """Every watched gate over `rows`, each judged by the gate itself; the first failed one not overridden."""
+        """Every watched gate over `rows`, each judged by the gate itself; the first failed one not overridden, and
+        the onset: when the first answer (by finish time) that fails a failed holding gate on its own finished."""
+        rows = sorted(rows, key=_finished_key)  # the watch's order: the fleet's rows come run by run
         answered = [row for row in rows if row[STATUS] == STATUS_OK]
         profile = _profile(answered, self.special)
+        cut = _capped(answered)
         results = [
-            r
-            for r in shard_gates(
-                profile,
-                vocab_size=self.special.vocab_size,
-                enable_thinking=self.enable_thinking,
-                thresholds=self.thresholds,
-            )
-            if r.name in WATCHED_ANSWER_GATES
+            *(
+                r
+                for r in shard_gates(
+                    profile,
+                    vocab_size=self.special.vocab_size,
+                    enable_thinking=self.enable_thinking,
+                    thresholds=self.thresholds,
+                )
+                if r.name in WATCHED_ANSWER_GATES and r.name != CONCENTRATION
+            ),
+            # Over the answers that become training rows: a length-capped one is excluded from them, and all of
+            # them share one length (max_new_tokens), under length_capped_rate's own limit.
+            concentration_gate(profile.loss_sums[~cut], self.training_thresholds),
         ]
         errors = [row for row in rows if row[STATUS] != STATUS_OK]
-        capped = [row for row in answered if row[FINISH] == "length"]
+        capped = [row for row, capped_row in zip(answered, cut, strict=True) if capped_row]
         by_kind: dict[str, int] = {}
         for row in errors:
             by_kind[row[STATUS]] = by_kind.get(row[STATUS], 0) + 1
@@ -158,24 +191,49 @@ class AnswerQualityWatch:
         ]
         figures = [figure for result in [*results, *(result for result, _ in shares)] for figure in _figures(result)]
         figures.append(_accept_length(answered))
-        failed = next(
-            (f for f in figures if f.blocking and not f.passed and f.gate not in overridden | NOT_HOLDING), None
-        )
-        if failed is None:
+        holding = [f for f in figures if f.blocking and not f.passed and f.gate not in overridden]
+        if not holding:
             return Judgement(figures, None)
+        failed = holding[0]
         by_event = {row[EVENT]: row for row in rows}
         share_rows = dict((result.name, bad) for result, bad in shares)
-        if failed.gate in share_rows:
-            events = [row[EVENT] for row in share_rows[failed.gate]]
-        else:
-            result = next(r for r in results if r.name == failed.gate)
-            events = gate_messages.example_ids(result, profile, self.thresholds)
+
+        def failing(gate: str) -> list[str]:
+            """The events that fail `gate` on their own, in the watch's order (the first few for a gate that
+            samples its rows)."""
+            if gate in share_rows:
+                return [row[EVENT] for row in share_rows[gate]]
+            result = next(r for r in results if r.name == gate)
+            limits = self.training_thresholds if gate == CONCENTRATION else self.thresholds
+            return gate_messages.example_ids(result, profile, limits)
+
+        events = failing(failed.gate)
         examples = [
             HoldExample(event, by_event[event][HEAD], by_event[event][SERVER])
             for event in events[: gate_messages.EXAMPLES]
         ]
         servers = sorted({row[SERVER] for row in rows if row[SERVER]})
-        return Judgement(figures, failed, examples, servers)
+        firsts = [failing(gate)[:1] for gate in dict.fromkeys(f.gate for f in holding)]
+        onset = _onset([by_event[first[0]] for first in firsts]) if all(firsts) else None
+        return Judgement(figures, failed, examples, servers, onset)
+
+
+def _finished_key(row: list) -> float:
+    """A row's finish time; a row without one (written before rows carried it) sorts first."""
+    finished = row[FINISHED] if len(row) > FINISHED else None
+    return float("-inf") if finished is None else float(finished)
+
+
+def _onset(first_failing: Sequence[list]) -> float | None:
+    """The earliest finish among each failed gate's first failing answer; None (unknown) if a row has no finish
+    time (or a gate names no row on its own: the caller's): the hold then condemns its runs' answers whole."""
+    if any(_finished_key(row) == float("-inf") for row in first_failing):
+        return None
+    return min(_finished_key(row) for row in first_failing)
+
+
+def _capped(answered: Sequence[list]) -> np.ndarray:
+    return np.array([row[FINISH] == "length" for row in answered], dtype=bool)
 
 
 def _profile(answered: Sequence[list], special: SpecialIds) -> ShardProfile:

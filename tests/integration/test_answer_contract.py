@@ -60,8 +60,13 @@ def test_a_server_breaking_the_answer_contract_publishes_nothing_and_is_named_in
     broken = contract.breaches_of(faulty["errors"])
     assert broken.get(contract.END_MID_ANSWER) and broken.get(contract.OVER_BUDGET), faulty
     assert not contract.breaches_of(dispatcher.snapshot()["servers"][fleet.url(0)]["errors"])
+    # Each refused answer was generated and paid for: the run summary counts it, and the waste ledger's `refused`.
+    refused = contract.breaches_of(faulty["errors"], contract.MALFORMED_ANSWER_KINDS)
+    assert manifest.generation.unrecorded_answers["refused"] == sum(refused.values())
+    assert manifest.generation.unrecorded_output_tokens["refused"] >= sum(refused.values())
 
     status = collect_status(store, [])
+    assert status.waste.answers["refused"] == sum(refused.values())
     text = render_text(status)
     named = f"SERVER {fleet.url(1)}: {sum(broken.values())} answers broke the contract: {contract.describe(broken)}"
     assert named in text, text

@@ -27,6 +27,7 @@ from dagster_project.assets.specforge_export import specforge_export
 from dagster_project.assets.training_set import training_set
 from dagster_project.checks import completions as completions_checks
 from dagster_project.checks import training_set as training_set_checks
+from dagster_project.generation.journal import Journal
 from dagster_project.generation.line_hold import read_hold, read_hold_log, release_hold
 from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest, shard_coverage
 from dagster_project.resources import (
@@ -323,3 +324,52 @@ def test_the_watch_holds_by_the_thresholds_the_runs_quality_check_blocks_by(tmp_
         assert result.success
         assert shard_coverage(prepared.store, 3).exact
     assert completions_checks.completions_quality.node_def.name == QUALITY_CHECK  # the name the watch reads
+
+
+BAD_ANSWER = "\n</think>\n\nOK."  # the disaster's answer as the journal's `text` holds it
+
+
+def _journaled(store: LocalStore, shard: int) -> list[dict]:
+    """The records of the shard's journal (one settings fingerprint in this store), oldest first."""
+    [path] = (store.root.parent / "work" / "journal" / layout.shard_prefix(layout.COMPLETIONS, shard)).glob("*.jsonl")
+    with Journal(path) as journal:
+        return sorted(journal.final_records(), key=lambda record: record["finished_at"])
+
+
+def test_a_release_keeps_the_answers_before_the_onset_and_regenerates_only_the_rest(tmp_path, sim_fleet):
+    """A fleet switched bad mid-shard: the hold records its onset, the first answer that failed the holding gate on
+    its own; a release without --override drops the answers from there (recorded for the waste ledger) and keeps
+    those before it, and the shard then finishes once, exact, with no bad answer published."""
+    fleet = sim_fleet(2, **SLOW_BAD_MODEL)
+    shard = 3
+    with _prepare(tmp_path) as prepared:
+        store = prepared.store
+        held = _run_watched_completions(prepared, shard, fleet.urls)
+        assert not held.success
+        hold = read_hold(store)
+        assert hold is not None and hold.onset is not None
+        journaled = _journaled(store, shard)
+        before = [record for record in journaled if record["finished_at"] < hold.onset]
+        after = [record for record in journaled if record["finished_at"] >= hold.onset]
+        assert before and after and all(record["text"] != BAD_ANSWER for record in before)
+        assert after[0]["text"] == BAD_ANSWER  # the onset is the first bad answer
+
+        release_hold(store, by="test", reason="restarted the fleet")  # the answers were wrong: no --override
+        for index in range(2):
+            fleet.clear_faults(index)
+        resumed = _run_watched_completions(prepared, shard, fleet.urls)
+
+        assert resumed.success
+        assert shard_coverage(store, shard).exact
+        published = {
+            row["event_id"]: row
+            for batch in iter_completion_batches(store, shard, ["event_id", "text", "finished_at"])
+            for row in batch.to_pylist()
+        }
+        assert all(row["text"] != BAD_ANSWER for row in published.values())
+        # Kept as journaled, not asked again; the rest were.
+        assert all(published[record["event_id"]]["finished_at"] == record["finished_at"] for record in before)
+        assert all(published[record["event_id"]]["finished_at"] > hold.onset for record in after)
+        manifest = read_completions_manifest(store, shard)
+        assert manifest.generation.dropped_at_release == len(after)
+        assert manifest.generation.dropped_at_release_output_tokens == sum(r["completion_tokens"] for r in after)

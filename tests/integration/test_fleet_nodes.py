@@ -36,7 +36,7 @@ from tests.support.journal_files import journal_records
 from tests.support.sglang_fixtures import wait_until
 
 NODE_CAP = 4
-SLOW = {"output_len": "fixed:40", "decode_step_s": 0.01, "max_running_requests": NODE_CAP}
+SLOW = {"output_len": "uniform:20:60", "decode_step_s": 0.01, "max_running_requests": NODE_CAP}
 
 
 def dflash(env: dict[str, str], *args: str) -> str:
@@ -136,7 +136,9 @@ def test_a_node_that_joins_while_a_shard_runs_through_dagster_reaches_its_cap_wi
     servers start and register (what its `fleet up` writes). The same run process takes them on at its next
     registry read and fills each to its running cap, and finishes the shard exactly once."""
     store = LocalStore(tmp_path / "store")
-    first = sim_fleet(1, host="127.0.0.2", output_len="fixed:40", decode_step_s=0.03, max_running_requests=NODE_CAP)
+    first = sim_fleet(
+        1, host="127.0.0.2", output_len="uniform:20:60", decode_step_s=0.03, max_running_requests=NODE_CAP
+    )
     register_node(store, "node-a", "simulator", registry_entries(first.fleet, "127.0.0.2", {}))
     env = node_env(tmp_path, store, "node-a")
     home = dagster_home(Path(env["DAGSTER_HOME"]))

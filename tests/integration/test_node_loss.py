@@ -58,7 +58,7 @@ SHARDS = [f"shard-{i:05d}" for i in range(NUM_SHARDS)]
 FINGERPRINT = GenerationSettings().fingerprint()
 # ~0.5 s per answer, two running per server: a shard takes several seconds of generation, so the kill lands
 # mid-shard, and the in-flight window stays small.
-SLOW = {"output_len": "fixed:48", "decode_step_s": 0.01, "max_running_requests": 2}
+SLOW = {"output_len": "uniform:28:68", "decode_step_s": 0.01, "max_running_requests": 2}
 # Report often, checkpoint every second: the window of journaled-but-not-checkpointed events stays small.
 FAST_REPORTS = {"ops": {"completions": {"config": {"heartbeat_interval_s": 0.5, "checkpoint_interval_s": 1.0}}}}
 NODES = {"node-a": "127.0.0.2", "node-b": "127.0.0.3"}

@@ -41,7 +41,7 @@ POOL = "sglang_fleet"
 INSTANCE_YAML = PROJECT_ROOT / "deploy" / "dagster-postgres.yaml"
 # Slow enough that the shards' completions steps, started at once, would overlap without the pool (until the first
 # step ends: `slow_until_cleared`).
-SLOW_FLEET = {"output_len": "fixed:64", "decode_step_s": 0.02, "max_running_requests": 2, "enable_metrics": True}
+SLOW_FLEET = {"output_len": "uniform:44:84", "decode_step_s": 0.02, "max_running_requests": 2, "enable_metrics": True}
 PARENT_RUN_TAG = "dagster/parent_run_id"
 
 

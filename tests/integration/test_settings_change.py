@@ -28,7 +28,7 @@ def pipeline_resources(tmp_path, fleet):
 
 
 def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim_fleet):
-    fleet = sim_fleet(2, output_len="fixed:16")
+    fleet = sim_fleet(2, output_len="uniform:16:56")
     store, resources = pipeline_resources(tmp_path, fleet)
 
     def report_metadata(max_new_tokens: int) -> dict:
@@ -60,7 +60,7 @@ def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim
 
 
 def test_the_report_flags_a_materialized_shard_whose_objects_left_the_store(tmp_path, sim_fleet):
-    fleet = sim_fleet(1, output_len="fixed:16")
+    fleet = sim_fleet(1, output_len="uniform:16:56")
     store, stage_resources = pipeline_resources(tmp_path, fleet)
     resources = stage_resources()
     with dg.instance_for_test() as instance:

@@ -48,7 +48,7 @@ from tests.support.sglang_fixtures import slow_until_cleared, wait_until
 
 NUM_SHARDS = 4  # the demo data over 4 shards: ~65 events per shard, some multi-turn
 # Slow enough that a shard takes several seconds: ~0.5 s per answer, 2 running per server.
-SLOW_FLEET = {"output_len": "fixed:64", "decode_step_s": 0.02, "max_running_requests": 2, "enable_metrics": True}
+SLOW_FLEET = {"output_len": "uniform:44:84", "decode_step_s": 0.02, "max_running_requests": 2, "enable_metrics": True}
 # A test needs its shard slow only while it acts mid-shard (a kill, a status read, a refresh, a refusal);
 # its fleet runs at `slow_until_cleared` options, and the test's `clear_faults` after that moment lets the rest of
 # the shard finish at full speed.
@@ -222,7 +222,7 @@ def test_status_while_a_shard_runs_answers_the_six_questions(pipeline, sim_fleet
     assert progress["shards_running"] == [2]
     assert 0 < progress["events_done"] < progress["events_planned"]
     assert progress["window_req_per_s"] > 0 and progress["window_output_tok_per_s"] > 0
-    assert progress["avg_output_tokens"] == 64
+    assert 44 <= progress["avg_output_tokens"] <= 84  # the answers' own, of SLOW_FLEET's lengths
     assert progress["plan"]["req_per_s"] == 5.0 and progress["plan_eta_hours"] > 0
     # Seconds into the run, its window is not stable yet: the ETA is the lifetime rate's, and says so.
     assert progress["eta_settling"] and progress["eta_basis"] == "lifetime" and progress["eta_hours"] > 0
@@ -249,13 +249,17 @@ def test_mtp_switched_off_mid_shard_raises_the_mtp_alert_within_one_refresh(pipe
     """The fault an operator must hear about: the servers stop accepting drafts while a shard runs. The next
     refresh the sensor asks for, the report's `operator_alerts` check warns, naming the accept length."""
     store, env = pipeline
-    fleet = sim_fleet(2, **slow_until_cleared({**SLOW_FLEET, "decode_step_s": 0.05}))  # ~1 answer/s per running request
+    # ~1 answer/s per running request, every answer one length: the count of answers below outweighs the start only
+    # if each weighs the same in the accept length's window. The quality watch would hold such a fleet on
+    # loss_sum_concentration (what it is for): this run, about MTP, is not watched.
+    one_length = {**SLOW_FLEET, "output_len": "fixed:64", "decode_step_s": 0.05}
+    fleet = sim_fleet(2, **slow_until_cleared(one_length))
     resources = {
         "store": DatasetStore(root=store.uri, work_dir=env["DFLASH_WORK_DIR"], s3=S3Resource()),
         "fleet": SGLangFleet(endpoints=fleet.urls),
         "generation": GenerationConfig(),
     }
-    run = materialize_shard(env, 3, fleet.urls, config={"heartbeat_interval_s": 0.5})
+    run = materialize_shard(env, 3, fleet.urls, config={"heartbeat_interval_s": 0.5, "quality_watch": False})
     try:
         wait_until(
             lambda: heartbeat(store, 3).get("done_events", 0) >= 2, timeout_s=120, interval_s=0.1, what="2 events done"

@@ -272,3 +272,23 @@ def test_hold_shows_the_gate_and_its_evidence_and_a_release_records_who_when_why
     assert (released.released_by, released.release_reason, released.overridden) == ("ana", "known", ["short_answers"])
     with pytest.raises(SystemExit, match="no hold is in force"):
         cli.main(["hold", "release", "--reason", "again"])
+
+
+def test_hold_release_says_what_it_drops_and_drop_all_is_recorded(tmp_path, monkeypatch, capsys):
+    """A release keeps the answers before the hold's onset; `--drop-all` drops the held runs' answers whole (recorded
+    in the log, which `line_stop.condemned_answers` reads)."""
+    from dagster_project.generation.line_hold import Hold, put_hold, read_hold_log
+
+    monkeypatch.setenv("DFLASH_STORE", str(tmp_path))
+    store = LocalStore(tmp_path)
+    held = Hold("short_answers", "BLOCKED", 0.9, 0.1, 120, "run", time.time(), onset=time.time() - 60)
+    put_hold(store, held)
+    assert cli.main(["hold", "release", "--reason", "fixed", "--by", "ana"]) == 0
+    assert "those before it are kept" in capsys.readouterr().out
+    put_hold(store, held)
+    assert cli.main(["hold", "release", "--drop-all", "--reason", "unsure", "--by", "ana"]) == 0
+    assert "every answer the held runs journaled is dropped" in capsys.readouterr().out
+    assert [hold.drop_all for hold in read_hold_log(store).released] == [False, True]
+    put_hold(store, held)
+    with pytest.raises(SystemExit, match="choose one"):
+        cli.main(["hold", "release", "--drop-all", "--override", "short_answers", "--reason", "r"])

@@ -18,7 +18,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from dagster_project.generation.shards import lost_hedge_tokens, resent_original_tokens
+from dagster_project.generation import unrecorded
+from dagster_project.generation.shards import unrecorded_of
 from dagster_project.ops.answers.cost import CostAnswer
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.shards import current_training
@@ -30,13 +31,19 @@ class WasteCause(StrEnum):
     # A shard a blocking gate stops (and, with a hold on the fleet, a held one): its whole output.
     BLOCKED_OR_HELD = "blocked_or_held"
     EVAL_MATCH = "eval_match"  # conversations matched to an evaluation set
-    ERRORS_AND_RETRIES = "errors_and_retries"  # error rows (a failed attempt reports no tokens)
-    LOST_HEDGES = "lost_hedges"  # answers that arrived after another attempt of their request won
+    # Error rows, and what failed attempts (aborted by their server, cut short) wrote before they failed
+    ERRORS_AND_RETRIES = unrecorded.ERRORS_AND_RETRIES
+    REFUSED = unrecorded.REFUSED  # answers that broke the answer contract: never rows
+    LOST_HEDGES = unrecorded.LOST_HEDGES  # answers that arrived after another attempt of their request won
     # What originals wrote before they were aborted: their requests were re-sent when their server stopped answering
-    RESENT_ORIGINAL = "resent_original"
+    RESENT_ORIGINAL = unrecorded.RESENT_ORIGINAL
+    PROBES = unrecorded.PROBES  # the one-token canaries of servers rejoining
+    # Answers a hold condemned, dropped at its release and generated again (`dflash hold release`)
+    DROPPED_AT_RELEASE = "dropped_at_release"
     ABORTS = "aborts"
     LENGTH_CAPPED = "length_capped"  # answers cut by max_new_tokens
     PAST_MAX_LENGTH = "past_max_length"  # past the trainer's sequence length (cut, dropped or cut by the trainer)
+    PROMPT_FILLS_MAX_LENGTH = outcomes.PROMPT_FILLS_MAX_LENGTH  # answered turns whose prompt alone fills it
     OTHER_EXCLUSIONS = "other_exclusions"  # empty outputs, events recorded twice, unknown finish reasons
     NOT_ITEMIZED = "not_itemized"  # training shards assembled before their output's split was recorded
 
@@ -47,7 +54,7 @@ _CAUSE_OF_OUTCOME = {
     outcomes.ABORTED: WasteCause.ABORTS,
     outcomes.LENGTH_CAPPED: WasteCause.LENGTH_CAPPED,
     outcomes.OVER_MAX_LENGTH: WasteCause.PAST_MAX_LENGTH,
-    outcomes.PROMPT_FILLS_MAX_LENGTH: WasteCause.PAST_MAX_LENGTH,
+    outcomes.PROMPT_FILLS_MAX_LENGTH: WasteCause.PROMPT_FILLS_MAX_LENGTH,
     outcomes.PAST_MAX_LENGTH: WasteCause.PAST_MAX_LENGTH,
 }
 
@@ -58,6 +65,8 @@ class WasteAnswer:
     trained_output_tokens: int
     pending_output_tokens: int  # not assembled yet, or still generating: neither trained nor wasted so far
     output_tokens: dict[str, int]  # cause → output tokens, every cause listed
+    # cause → answers (rows, or answers in no row); a cause whose tokens are part of kept rows counts none
+    answers: dict[str, int] = field(default_factory=dict)
     gpu_seconds: dict[str, float] = field(default_factory=dict)  # cause → estimated GPU-seconds (with a cost)
     dollars: dict[str, float] = field(default_factory=dict)
     blocked_or_held_shards: list[int] = field(default_factory=list)
@@ -76,41 +85,50 @@ def answer_waste(
     `cost`, tokens only (`price_waste` adds the GPU-seconds and dollars)."""
     stopped = set(blocked) | set(held)
     tokens: Counter = Counter(dict.fromkeys(WasteCause, 0))
+    answers: Counter = Counter(dict.fromkeys(WasteCause, 0))
     trained = pending = 0
     for shard, published in readings.published.items():
-        tokens[WasteCause.LOST_HEDGES] += published.generation.lost_hedge_output_tokens
-        tokens[WasteCause.RESENT_ORIGINAL] += published.generation.resent_original_output_tokens
+        attempts = published.generation.unrecorded
+        tokens.update(attempts.tokens)
+        answers.update(attempts.answers)
+        tokens[WasteCause.DROPPED_AT_RELEASE] += published.generation.dropped_at_release_output_tokens
+        answers[WasteCause.DROPPED_AT_RELEASE] += published.generation.dropped_at_release
         training = current_training(readings.training_set.get(shard), published)
         split = training.output_tokens_by_outcome if training is not None else {}
-        if training is not None and not split:
-            tokens[WasteCause.BLOCKED_OR_HELD if shard in stopped else WasteCause.NOT_ITEMIZED] += (
-                published.output_tokens
-            )
+        if (training is None or not split) and shard in stopped:
+            tokens[WasteCause.BLOCKED_OR_HELD] += published.output_tokens
+            answers[WasteCause.BLOCKED_OR_HELD] += published.ok
             continue
         if training is None:
-            if shard in stopped:
-                tokens[WasteCause.BLOCKED_OR_HELD] += published.output_tokens
-            else:
-                pending += published.output_tokens
+            pending += published.output_tokens
             continue
+        if not split:
+            tokens[WasteCause.NOT_ITEMIZED] += published.output_tokens
+            answers[WasteCause.NOT_ITEMIZED] += published.ok
+            continue
+        for reason, count in training.exclusions.items():
+            answers[_CAUSE_OF_OUTCOME.get(reason, WasteCause.OTHER_EXCLUSIONS)] += count
         for outcome, count in split.items():
             if outcome == outcomes.TRAINED:
                 if shard in stopped:
                     tokens[WasteCause.BLOCKED_OR_HELD] += count
+                    answers[WasteCause.BLOCKED_OR_HELD] += training.rows
                 else:
                     trained += count
             else:
                 tokens[_CAUSE_OF_OUTCOME.get(outcome, WasteCause.OTHER_EXCLUSIONS)] += count
     for beat in readings.live_unpublished:
         pending += beat.output_tokens
-        tokens[WasteCause.LOST_HEDGES] += lost_hedge_tokens(beat)
-        tokens[WasteCause.RESENT_ORIGINAL] += resent_original_tokens(beat)
+        attempts = unrecorded_of(beat)
+        tokens.update(attempts.tokens)
+        answers.update(attempts.answers)
     not_sent = sum((Counter(m.generation.excluded_by_reason) for m in readings.published.values()), Counter())
     waste = WasteAnswer(
         generated_output_tokens=trained + pending + sum(tokens.values()),
         trained_output_tokens=trained,
         pending_output_tokens=pending,
         output_tokens={str(cause): count for cause, count in tokens.items()},
+        answers={str(cause): count for cause, count in answers.items()},
         blocked_or_held_shards=sorted(stopped & (readings.published.keys())),
         not_sent=dict(not_sent),
     )
@@ -135,9 +153,10 @@ def render_waste(waste: WasteAnswer) -> list[str]:
     wasted, generated = waste.wasted_output_tokens, waste.generated_output_tokens
     share = f" ({wasted / generated:.1%})" if generated else ""
     causes = "; ".join(
-        f"{cause} {count:,}" + (f" {dollars(waste.dollars[cause])}" if cause in waste.dollars else "")
+        f"{cause} {waste.answers.get(cause, 0):,} answers, {count:,} tokens"
+        + (f" {dollars(waste.dollars[cause])}" if cause in waste.dollars else "")
         for cause, count in waste.output_tokens.items()
-        if count
+        if count or waste.answers.get(cause)
     )
     return [
         f"   waste: {wasted:,} of {generated:,} output tokens generated{share} are not trained; "

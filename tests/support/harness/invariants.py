@@ -34,8 +34,11 @@ from tests.support.harness.jobs import Fault, Layout
 from tests.support.harness.run import JobRun
 from tests.support.sglang_fixtures import PROBE_HASH
 
-# Issue 44 item 2: the waste ledger does not yet count every attempt the fleet generated (probes, canaries, lost
-# answers, retried answers): enable when it does. Until then the check runs and its finding is reported, not failed.
+# Issue 44 item 2: the waste ledger counts every answer the dispatcher received (refused, failed, lost hedges, aborted
+# originals, probes), and six of the seven seeds balance to the token; `hang_and_recover` does not yet: what the hung
+# server's originals wrote after the dispatcher stopped waiting for them (their answers cancelled at the run's end, up
+# to a whole answer run to its end) reaches no count (1 to 93 tokens of about 1,000 in five runs). Enable when it
+# does; until then the check runs and its finding is reported, not failed.
 LEDGER_INVARIANT = False
 LEDGER = "ledger"
 GENERATED_ANSWER_OUTCOMES = ("stop", "length")  # a request the server generated to its end and answered

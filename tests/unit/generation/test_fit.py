@@ -55,6 +55,8 @@ def test_each_request_asks_for_the_room_left_and_a_prompt_that_fills_the_row_is_
         assert request.sampling_params["max_new_tokens"] == 150 - len(request.input_ids)
         assert job.progress.excluded_by_reason == {PROMPT_FILLS_MAX_LENGTH: 2}  # both turns of "long"
         assert journal.entries["long#turn1"].final
+        # The store shows where the fit boundary fell: the unsent turn's rendered prompt is recorded, past the row.
+        assert journal.entries["long#turn0"].prompt_tokens > 150
 
 
 def test_an_answer_fit_cut_is_kept_truncated_not_length_capped_and_counted_apart(tmp_path):
@@ -77,12 +79,13 @@ def test_an_answer_fit_cut_is_kept_truncated_not_length_capped_and_counted_apart
 
 
 def _cut_rows(fit: GenerationSettings, count: int) -> list[dict]:
-    """`count` answers, a third of them stopped by `length` at what the settings allow their 96-token prompt."""
-    cap = fit.request_cap(96)
+    """`count` answers, a third of them stopped by `length` at what the settings allow their prompt (of 96 tokens
+    and more: prompts differ, and so do the fit-cut answers' lengths, or the supervised length's concentration
+    would hold on them)."""
     return [
-        completion_row(f"c{i}#turn0", [1] * 96, healthy_output(i), finish_reason="stop")
+        completion_row(f"c{i}#turn0", [1] * (96 + i), healthy_output(i), finish_reason="stop")
         if i % 3
-        else completion_row(f"c{i}#turn0", [1] * 96, [2] * cap, finish_reason="length")
+        else completion_row(f"c{i}#turn0", [1] * (96 + i), [2] * fit.request_cap(96 + i), finish_reason="length")
         for i in range(count)
     ]
 

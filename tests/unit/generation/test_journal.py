@@ -87,12 +87,12 @@ def test_the_records_finished_in_a_window_are_dropped_and_the_rest_kept_in_order
     with open(path, "ab") as handle:
         handle.write(b'{"event_id": "d#turn0", "finis')  # a torn last line goes as opening would drop it
 
-    assert drop_records_between(path, 20.0, 40.0) == 2
+    assert drop_records_between(path, 20.0, 40.0).records == 2
     with Journal(path) as journal:
         assert [r["event_id"] for r in journal.final_records()] == ["a#turn0", "c#turn0"]
         assert journal.append(record("b#turn0", finished_at=50.0))  # asked again
-    assert drop_records_between(path, 20.0, 40.0) == 0  # once dropped, the window holds nothing of a later run
-    assert drop_records_between(tmp_path / "none.jsonl", 0.0, 1.0) == 0
+    assert drop_records_between(path, 20.0, 40.0).records == 0  # once dropped, the window holds nothing of a later run
+    assert drop_records_between(tmp_path / "none.jsonl", 0.0, 1.0).records == 0
 
 
 def test_the_first_final_record_wins_when_the_file_holds_two(tmp_path):

@@ -73,9 +73,15 @@ def test_a_lone_server_back_from_a_hang_runs_each_request_once():
     assert sum(server.running.values()) == 0
     # What the aborted originals wrote before the stop (about 10 s of 20 s answers): counted, not lost.
     assert 5 * 50 <= stats.resent_original_tokens <= 5 * 200
-    assert dispatcher.snapshot()["servers"][server.base_url]["resent_original_tokens"] == stats.resent_original_tokens
-    # The completions manifest's run summary carries them (the waste ledger's `resent_original`).
-    assert _run_summary(dispatcher, 40).resent_original_output_tokens == stats.resent_original_tokens
+    view = dispatcher.snapshot()["servers"][server.base_url]["unrecorded"]
+    # (and the one-token canary it answered to rejoin)
+    assert view == {
+        "answers": {"resent_original": 5, "probes": 1},
+        "tokens": {"resent_original": stats.resent_original_tokens, "probes": 1},
+    }
+    # The completions manifest's run summary carries them, answers beside tokens (the ledger's `resent_original`).
+    summary = _run_summary(dispatcher, 40)
+    assert summary.unrecorded_output_tokens == view["tokens"] and summary.unrecorded_answers == view["answers"]
 
 
 def test_originals_of_requests_answered_elsewhere_are_aborted_once_their_server_is_back():

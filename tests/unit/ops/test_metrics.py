@@ -90,7 +90,7 @@ def expected_from_json(answers: dict) -> dict[tuple[str, tuple], float]:
         **{name: answers["waste"][key] for name, key in WASTE_FIGURES.items()},
     }
     expected = {(name, ()): float(value) for name, value in job.items() if value is not None}
-    for key in ("output_tokens", "gpu_seconds", "dollars"):
+    for key in ("output_tokens", "answers", "gpu_seconds", "dollars"):
         for cause, value in answers["waste"][key].items():
             expected[(f"dflash_waste_{key}", (("cause", cause),))] = value
     for url, row in answers["concurrency"]["servers"].items():

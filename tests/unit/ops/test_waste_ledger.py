@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from dagster_project.generation.shards import CompletionsShardManifest, GenerationSummary
+from dagster_project.generation.unrecorded import Unrecorded
 from dagster_project.ops.answers.cost import FLEET_LIFE, CostAnswer
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.waste import WasteCause, answer_waste, render_waste
@@ -50,11 +51,32 @@ def test_assembly_counts_every_output_token_under_trained_past_max_length_or_its
     assert sum(counted.values()) == sum(len(row["output_ids"] or []) for row in rows)
 
 
-def completions(shard: int, output_tokens: int, lost_hedges: int = 0, resent: int = 0) -> CompletionsShardManifest:
-    return CompletionsShardManifest(
-        shard=shard, rows=10, ids_digest=f"d{shard}", output_tokens=output_tokens,
-        generation=GenerationSummary(lost_hedge_output_tokens=lost_hedges, resent_original_output_tokens=resent),
+def completions(
+    shard: int,
+    output_tokens: int,
+    lost_hedges: int = 0,
+    resent: int = 0,
+    attempts: Unrecorded | None = None,
+    dropped: int = 0,
+) -> CompletionsShardManifest:
+    """`lost_hedges`, `resent`: as a manifest written before answers in no row were counted by cause records them;
+    `dropped`: the output tokens of 3 answers a hold's release dropped."""
+    attempts = attempts or Unrecorded()
+    generation = GenerationSummary(
+        lost_hedge_output_tokens=lost_hedges, resent_original_output_tokens=resent,
+        unrecorded_answers=dict(attempts.answers), unrecorded_output_tokens=dict(attempts.tokens),
+        dropped_at_release=3 if dropped else 0, dropped_at_release_output_tokens=dropped,
     )  # fmt: skip
+    return CompletionsShardManifest(
+        shard=shard, rows=10, ok=10, ids_digest=f"d{shard}", output_tokens=output_tokens, generation=generation
+    )
+
+
+# Shard 2's run: answers the fleet generated in no row, by cause (`dispatch`'s count).
+ATTEMPTS = Unrecorded(
+    Counter({"refused": 2, "errors_and_retries": 1, "probes": 3, "lost_hedges": 1}),
+    Counter({"refused": 12, "errors_and_retries": 8, "probes": 3, "lost_hedges": 5}),
+)
 
 
 def training(shard: int, split: dict[str, int]) -> TrainingShardManifest:
@@ -78,14 +100,15 @@ SPLIT = {
 
 def ledger_readings() -> Readings:
     """A run where every cause occurs: shard 0 assembled (every exclusion, lost hedges, aborted originals of re-sent
-    requests), shard 1 blocked by a gate, shard 2 not assembled yet, shard 3 assembled before the ledger, shard 4
-    still generating."""
-    server = {"completion_tokens": 130, "resent_original_tokens": 15}
+    requests, answers dropped at a hold's release), shard 1 blocked by a gate, shard 2 not assembled yet, shard 3
+    assembled before the ledger, shard 4 still generating."""
+    server = {"unrecorded": {"answers": {"lost_hedges": 2, "resent_original": 1},
+                             "tokens": {"lost_hedges": 30, "resent_original": 15}}}  # fmt: skip
     running = replace(beat(), shard=4, output_tokens=100, servers={"http://a": server})
     return Readings(
         0.0, 5, None, None, 100,
-        {0: completions(0, sum(SPLIT.values()), lost_hedges=40, resent=25), 1: completions(1, 500),
-         2: completions(2, 700), 3: completions(3, 90)},
+        {0: completions(0, sum(SPLIT.values()), lost_hedges=40, resent=25, dropped=35), 1: completions(1, 500),
+         2: completions(2, 700, attempts=ATTEMPTS), 3: completions(3, 90)},
         [running], {}, None, None,
         training_set={0: training(0, SPLIT), 1: training(1, {outcomes.TRAINED: 500}), 3: training(3, {})},
     )  # fmt: skip
@@ -99,9 +122,13 @@ def test_trained_pending_and_every_cause_add_up_to_what_was_generated():
     assert tokens == {
         WasteCause.BLOCKED_OR_HELD: 500,
         WasteCause.EVAL_MATCH: 50,
-        WasteCause.ERRORS_AND_RETRIES: 30,
-        WasteCause.LOST_HEDGES: 40 + 30,
+        WasteCause.ERRORS_AND_RETRIES: 30 + 8,
+        WasteCause.REFUSED: 12,
+        WasteCause.LOST_HEDGES: 40 + 30 + 5,
         WasteCause.RESENT_ORIGINAL: 25 + 15,
+        WasteCause.DROPPED_AT_RELEASE: 35,
+        WasteCause.PROBES: 3,
+        WasteCause.PROMPT_FILLS_MAX_LENGTH: 0,
         WasteCause.ABORTS: 20,
         WasteCause.LENGTH_CAPPED: 300,
         WasteCause.PAST_MAX_LENGTH: 260,
@@ -109,6 +136,17 @@ def test_trained_pending_and_every_cause_add_up_to_what_was_generated():
         WasteCause.NOT_ITEMIZED: 90,
     }
     assert waste.trained_output_tokens == 1000 and waste.pending_output_tokens == 700 + 100
+    # Answers beside tokens: those in no row from the runs' counts (a manifest from before them gives none), the
+    # stopped shard's answers, its training shard's exclusions.
+    causes = ("refused", "probes", "lost_hedges", "resent_original", "dropped_at_release")
+    assert {cause: waste.answers[cause] for cause in causes} == {
+        "refused": 2,
+        "probes": 3,
+        "lost_hedges": 1 + 2,
+        "resent_original": 1,
+        "dropped_at_release": 3,
+    }
+    assert waste.answers[WasteCause.BLOCKED_OR_HELD] == 10
     assert waste.generated_output_tokens == 1000 + 800 + sum(tokens.values())  # exact, by construction
     # The busy GPU-time (2.0 - 0.4 GPU-hours) and dollars ($30 - $6 idle) shared by output token.
     per_token_s = 1.6 * 3600 / waste.generated_output_tokens
@@ -120,13 +158,15 @@ def test_trained_pending_and_every_cause_add_up_to_what_was_generated():
     held = answer_waste(ledger_readings(), blocked=[1], cost=None, held=[2])
     assert held.output_tokens[WasteCause.BLOCKED_OR_HELD] == 1200 and held.pending_output_tokens == 100
     assert held.gpu_seconds == {}  # no cost, no estimate
-    assert "by cause: blocked_or_held 500 $" in "\n".join(render_waste(waste))
+    assert "by cause: blocked_or_held 10 answers, 500 tokens $" in "\n".join(render_waste(waste))
+    assert "refused 2 answers, 12 tokens $" in "\n".join(render_waste(waste))
 
 
 def test_the_ledger_is_the_same_in_status_text_page_and_prometheus(tmp_path):
     status = replace(status_of([beat()], {}, tmp_path=tmp_path), waste=answer_waste(ledger_readings(), [1], None))
-    assert "blocked_or_held 500" in render_text(status)
-    assert "| blocked_or_held | 500 |" in render_markdown(status)
+    assert "blocked_or_held 10 answers, 500 tokens" in render_text(status)
+    assert "| blocked_or_held | 10 | 500 |" in render_markdown(status)
     found = samples(render_metrics(status))
     assert found[("dflash_waste_output_tokens", (("cause", "blocked_or_held"),))] == 500
+    assert found[("dflash_waste_answers", (("cause", "refused"),))] == 2
     assert found[("dflash_generated_output_tokens", ())] == status.waste.generated_output_tokens

@@ -8,6 +8,8 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
+from dagster_project.assets.completions import TRAINING_CHECK, quality_watch
+from dagster_project.checks import training_set as training_set_checks
 from dagster_project.generation.line_hold import Hold, put_hold, read_hold, release_hold
 from dagster_project.generation.line_stop import LineStop, WatchOptions, condemned_answers, read_watch_reports
 from dagster_project.generation_settings import GenerationSettings
@@ -15,7 +17,7 @@ from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import special_ids
 from dagster_project.training import gates
 from dagster_project.training.gate_sets import share_gate
-from dagster_project.training.watch_figures import NOT_HOLDING, WATCHED_ANSWER_GATES, AnswerQualityWatch
+from dagster_project.training.watch_figures import WATCHED_ANSWER_GATES, AnswerQualityWatch
 from tests.support.training_shards import disaster_rows, error_row, healthy_rows, templated_rows, tokenizer
 
 
@@ -62,8 +64,51 @@ def test_the_watch_gives_each_gates_own_verdict_on_the_same_rows(rows):
         if figure.blocking:
             verdicts[figure.gate] = verdicts.get(figure.gate, True) and figure.passed
     assert verdicts == _gate_verdicts(rows)
-    holding = {gate: passed for gate, passed in verdicts.items() if gate not in NOT_HOLDING}
-    assert (judged.failed is None) == all(holding.values())
+    assert (judged.failed is None) == all(verdicts.values())
+
+
+def _judged(watch: AnswerQualityWatch, rows: list[dict]):
+    for row in rows:
+        watch.observe(row)
+    return watch.judge(watch.rows())
+
+
+def test_the_watch_holds_on_answers_of_one_supervised_length_and_not_on_varied_ones(tmp_path):
+    """The seed's signature, every answer one loss_mask sum, held the line only where another gate failed with it:
+    a fleet whose answers differ in text but all have one supervised length (40 tokens) fails only the training
+    set's `loss_sum_concentration`, and the watch now holds on it, at its configured 5%; varied lengths do not."""
+    one_length = templated_rows(20, 20)
+    assert len({len(row["output_ids"]) for row in one_length}) == 1
+    store = LocalStore(tmp_path)
+    stop = LineStop(store, 1, _watch(), "fp", run_id="run-1", options=WatchOptions(watch_min_answers=20))
+    for row in one_length:
+        stop.observe(row)
+    hold = stop.poll()
+    assert hold is not None and hold.gate == "loss_sum_concentration"
+    assert hold.threshold == gates.MAX_TOP_LOSS_SUM_SHARE and hold.figure == 1.0 and len(hold.examples) == 5
+
+    varied = LineStop(LocalStore(tmp_path / "varied"), 1, _watch(), "fp", options=WatchOptions(watch_min_answers=20))
+    for row in healthy_rows(60):
+        varied.observe(row)
+    assert varied.poll() is None and varied.admitting()
+
+
+def test_the_concentration_the_watch_holds_by_is_the_training_set_gates_threshold(tmp_path):
+    """One definition: the watch judges the supervised length's concentration by the `training_set_gates` check's
+    run config (the gate that blocks those rows a stage later), not by the completions check's copy of the field."""
+    tok = tokenizer()
+    rows = templated_rows(60, 20)  # a third of the answers on one supervised length: over 5%, under 50%
+    lifted = {"max_top_loss_sum_share": 0.5}
+
+    def verdict(run_config: dict) -> str | None:
+        failed = _judged(quality_watch(run_config, tok, GenerationSettings()), rows).failed
+        return failed.gate if failed else None
+
+    assert verdict({}) == "loss_sum_concentration"
+    assert verdict({"ops": {TRAINING_CHECK: {"config": lifted}}}) is None
+    assert verdict({"ops": {"completions_quality": {"config": lifted}}}) == "loss_sum_concentration"
+    assert verdict({"ops": {TRAINING_CHECK: {"config": {"min_repeats": 21}}}}) is None  # its other key, too
+    assert training_set_checks.training_set_gates.node_def.name == TRAINING_CHECK  # the name the watch reads
 
 
 def test_each_limit_of_short_answers_is_a_figure_of_its_own_with_one_threshold_whatever_the_answers():
