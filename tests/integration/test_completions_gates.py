@@ -316,13 +316,15 @@ def test_a_fleet_going_bad_holds_the_line_and_a_release_resumes_exactly_once(pre
 
 def test_the_watch_holds_by_the_thresholds_the_runs_quality_check_blocks_by(tmp_path, sim_fleet):
     """One rule: a run that lifts the completions_quality check's thresholds (its run config) is not held by the
-    watch for what that check passes. The same disaster fleet holds the line at the defaults (the test above)."""
+    watch for what that check passes. The same disaster fleet holds the line at the defaults (the test above); with
+    the completions gates lifted it is still held, by the supervised length's concentration, which the watch judges
+    by the training_set_gates check's thresholds (not lifted here): the seed's own signature."""
     fleet = sim_fleet(2, **SLOW_BAD_MODEL)
     with _prepare(tmp_path) as prepared:
         result = _run_watched_completions(prepared, 3, fleet.urls, quality=LIFTED_ANSWER_GATES)
-        assert read_hold(prepared.store) is None
-        assert result.success
-        assert shard_coverage(prepared.store, 3).exact
+        hold = read_hold(prepared.store)
+        assert hold is not None and hold.gate == "loss_sum_concentration", hold
+        assert not result.success
     assert completions_checks.completions_quality.node_def.name == QUALITY_CHECK  # the name the watch reads
 
 
