@@ -420,24 +420,20 @@ def _cost(status: Status) -> Section:
 
 
 def _waste(waste: WasteAnswer) -> Table:
-    """The waste ledger as the text says it: each cause's answers, output tokens, GPU-seconds and dollars, then what
-    was trained and what is pending, which with the causes make up what was generated."""
+    """The waste ledger as the text says it: each cause's answers, output tokens and dollars, then what was trained
+    and what is pending, which with the causes make up what was generated. Short headers and no GPU-seconds column
+    (the dollars are priced from them; `dflash status --json` has both): the longest cause
+    (`prompt_fills_max_length`) cannot wrap, and the table must fit the value column at 1,440 px."""
     rows = [
-        [
-            cause,
-            _num(waste.answers.get(cause, 0)),
-            _num(count),
-            _num(waste.gpu_seconds.get(cause), 0),
-            dollars(waste.dollars.get(cause)),
-        ]
+        [cause, _num(waste.answers.get(cause, 0)), _num(count), dollars(waste.dollars.get(cause))]
         for cause, count in waste.output_tokens.items()
     ]
     rows += [
-        ["trained", "", _num(waste.trained_output_tokens), "", ""],
-        ["pending", "", _num(waste.pending_output_tokens), "", ""],
-        ["generated", "", _num(waste.generated_output_tokens), "", ""],
+        ["trained", "", _num(waste.trained_output_tokens), ""],
+        ["pending", "", _num(waste.pending_output_tokens), ""],
+        ["generated", "", _num(waste.generated_output_tokens), ""],
     ]
-    return _table(["cause", "answers", "output tokens", "GPU-s", "cost"], rows)
+    return _table(["cause", "answers", "tokens", "cost"], rows)
 
 
 def _at_a_glance(status: Status) -> Section:
