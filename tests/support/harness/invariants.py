@@ -282,7 +282,16 @@ def in_flight_once(run: JobRun, stored: Stored) -> list[str]:
         for entry in server.requests:
             if entry["input_hash"] != PROBE_HASH and entry["outcome"] in GENERATED_ANSWER_OUTCOMES:
                 answered[entry["input_hash"]] += 1
-    twice = {h: n for h, n in answered.items() if n > 1 + refused[h]}
+    # A hung server's original that finished before its abort could reach it (the server answers again, then the
+    # dispatcher's re-probe aborts it): the dispatcher did what it can; an original never aborted is reported above.
+    aborted = set(run.answer_proxy.aborts) if run.answer_proxy else set()
+    raced = {
+        entry["input_hash"]
+        for server in run.servers
+        for entry in server.requests
+        if entry.get("rid") in aborted and entry.get("rid") in run.resent_rids
+    }
+    twice = {h: n for h, n in answered.items() if n > 1 + refused[h] and h not in raced}
     if twice:
         extra = sum(twice.values()) - len(twice)
         violations.append(
