@@ -18,13 +18,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dagster_project.sglang.model_identity import QWEN3_6_27B
+
 # The directory's name is the served model's: the fleet resource matches a path ending in it (DFLASH_SERVED_MODEL).
 TINY_MODEL_NAME = "tiny-qwen3"
-# Qwen3.6's vocabulary and special ids (`tokenizer.special_ids`); the layers are as small as SGLang serves.
+# Qwen3.6's vocabulary and special ids, from its shipped config (`QWEN3_6_27B`); the layers as small as SGLang serves.
+_QWEN3_6_GENERATION = json.loads(
+    (Path(__file__).with_name("qwen3_6_27b") / "generation_config.json").read_text(encoding="utf-8")
+)
+GENERATION_CONFIG = {key: _QWEN3_6_GENERATION[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
 TINY_CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
-    "vocab_size": 248320,
+    "vocab_size": QWEN3_6_27B.vocab_size,
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
@@ -38,10 +44,9 @@ TINY_CONFIG = {
     "hidden_act": "silu",
     "attention_bias": False,
     "torch_dtype": "bfloat16",
-    "bos_token_id": 248044,
-    "eos_token_id": 248046,
+    "bos_token_id": GENERATION_CONFIG["bos_token_id"],
+    "eos_token_id": QWEN3_6_27B.eos_token_id,
 }
-GENERATION_CONFIG = {"bos_token_id": 248044, "eos_token_id": [248046, 248044], "pad_token_id": 248044}
 # What the fleet resource checks such a model's servers against (its name and architecture; Qwen3.6's vocabulary
 # and end token are the defaults), as a job on another model sets it in the environment.
 TINY_MODEL_ENV = {"DFLASH_SERVED_MODEL": TINY_MODEL_NAME, "DFLASH_SERVED_ARCHITECTURE": TINY_CONFIG["architectures"][0]}
