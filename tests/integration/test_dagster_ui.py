@@ -57,6 +57,7 @@ from tests.support.dagster_helpers import (
     dagster_home,
     materialize_all,
     materialized_partitions,
+    page_refreshed_after,
     pipeline_env,
     publish_conversations,
     run_cli,
@@ -151,7 +152,10 @@ def operator_ui(tmp_path_factory) -> Iterator[OperatorUI]:
                     return runs if done else None
 
                 runs = wait_until(finished_runs, timeout_s=300, interval_s=1.0, what="the daemon to run the backfill")
-                # The page after the shards, with an alert to show: an accept-length floor no run reaches.
+                # The page after the shards, with an alert to show: an accept-length floor no run reaches. Once the
+                # sensor has refreshed the page for the backfill's end, so that refresh (default config) cannot
+                # land after this one and replace the alert.
+                wait_until(lambda: page_refreshed_after(dev, backfill), timeout_s=120, what="the page's refresh")
                 run_cli([*MATERIALIZE_REPORT, "--config-json", ALERTING_REPORT], env=env, cwd=root, timeout_s=300)
                 yield OperatorUI(dev, home, fleet, runs)
     finally:

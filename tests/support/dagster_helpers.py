@@ -304,7 +304,12 @@ FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 
 BACKFILL_STATUS = """
 query Backfill($id: String!) {
-  partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill { status } }
+  partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill { status endTimestamp } }
+}
+"""
+PAGE_REFRESHES = """
+{
+  runsOrError(filter: {pipelineName: "refresh_run_report"}) { ... on Runs { results { status creationTime } } }
 }
 """
 # A backfill's terminal states (Dagster's BulkActionStatus).
@@ -462,6 +467,17 @@ def backfill_ended(dev: DagsterUI, backfill: str) -> tuple[str, list[dict]] | No
     if status in BACKFILL_ENDED and all(run["status"] in FINISHED for run in runs):
         return status, runs
     return None
+
+
+def page_refreshed_after(dev: DagsterUI, backfill: str) -> list[dict] | None:
+    """The page's refreshes (the run_report_refresh sensor's runs) created after the backfill ended and finished,
+    once there is one (for `wait_until`). After it no refresh is owed: a test that materializes run_report with
+    config of its own then, sees its own materialization stay the latest."""
+    ended = dev.query(BACKFILL_STATUS, {"id": backfill})["partitionBackfillOrError"].get("endTimestamp")
+    if not ended:
+        return None
+    runs = dev.query(PAGE_REFRESHES)["runsOrError"]["results"]
+    return [run for run in runs if run["creationTime"] >= ended and run["status"] in FINISHED] or None
 
 
 def workspace_locations(workspace: Path = WORKSPACE) -> set[str]:
