@@ -150,6 +150,7 @@ class _Attempt:
     started: float
     task: asyncio.Task | None = None
     abandoned: bool = False  # its server was written off; a hedge runs elsewhere
+    answer_begun: float | None = None  # when its answer's status and headers arrived: its server is done with it
     superseded: bool = False  # another attempt won or was sent: this one is aborted, its tokens are waste
 
 
@@ -201,7 +202,9 @@ class Dispatcher(Resends, ServerChecks):
         self.ledger = ledger
         self._discover = discover
         self._clock, self._connect, self._slot_use = clock, connect, slot_use
-        self._limits = WatchLimits(options.unserved_after_s, options.silence_s, options.watchdog_s)
+        self._limits = WatchLimits(
+            options.unserved_after_s, options.silence_s, options.watchdog_s, options.trickle_after_s
+        )
         sources = {url.rstrip("/"): [u.rstrip("/") for u in urls] for url, urls in (load_sources or {}).items()}
         self._servers = [ServerState(url, load_urls=sources.get(url, [url])) for url in self.endpoints]
         self._running = False
@@ -277,6 +280,7 @@ class Dispatcher(Resends, ServerChecks):
                 "unrecorded": s.unrecorded.as_dict(),
                 "since_progress_s": round(now - s.watch.last_progress, 3) if s.in_flight else None,
                 "set_aside_at": s.set_aside_at if s.state == QUARANTINED else None,
+                "slow": self._slowness(s),
             }
         totals = {
             **self.stats.as_dict(),
@@ -460,6 +464,7 @@ class Dispatcher(Resends, ServerChecks):
                 timeout=self.options.request_timeout_s,
                 require_reasoning=self.options.require_reasoning,
                 served=attempt.server.served,
+                on_answer_begun=lambda: self._answer_begun(attempt),
             )
         except SGLangError as error:
             self._settle(attempt, None, error)
@@ -468,6 +473,9 @@ class Dispatcher(Resends, ServerChecks):
             self._wake.set()
         else:
             self._settle(attempt, result, None)
+
+    def _answer_begun(self, attempt: _Attempt) -> None:
+        attempt.answer_begun = self._clock()
 
     # ---- settling attempts -----------------------------------------------------------------------------
 

@@ -104,6 +104,13 @@ class DispatchOptions:
             "answer is set aside (its requests go elsewhere; the originals keep running)."
         },
     )
+    trickle_after_s: float = field(
+        default=15.0,
+        metadata={
+            "help": "A server whose answer has begun (its status and headers in) and is not complete after this long "
+            "is set aside (its body trickles: a throttled link, a proxy); its requests go elsewhere."
+        },
+    )
     fleet_down_grace_s: float = field(
         default=300.0, metadata={"help": "With no usable server for this long, the run stops (FleetDownError)."}
     )
@@ -131,5 +138,5 @@ class DispatchOptions:
     def __post_init__(self) -> None:
         if self.oversubscription <= 0 or self.max_attempts < 1 or self.load_read_interval_s < 0:
             raise ValueError("oversubscription must be > 0, max_attempts >= 1 and load_read_interval_s >= 0")
-        if min(self.watchdog_s, self.unserved_after_s, self.silence_s) <= 0:
-            raise ValueError("watchdog_s, unserved_after_s and silence_s must be > 0")
+        if min(self.watchdog_s, self.unserved_after_s, self.silence_s, self.trickle_after_s) <= 0:
+            raise ValueError("watchdog_s, unserved_after_s, silence_s and trickle_after_s must be > 0")

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dagster_project.generation.dispatch_types import DispatchOptions, DispatchStats
 from dagster_project.generation.ledger import FleetLedger
 from dagster_project.generation.server_checks import QUARANTINED, ServerState
+from dagster_project.generation.server_watch import SLOWNESS
 from dagster_project.generation.unrecorded import ERRORS_AND_RETRIES, LOST_HEDGES, REFUSED, RESENT_ORIGINAL
 from dagster_project.sglang.answer_contract import MALFORMED_ANSWER_KINDS
 from dagster_project.sglang.client import ABORTED, GenerateResult, SGLangError
@@ -69,6 +70,8 @@ class Resends:
         if server.state == QUARANTINED:
             return
         server.state, server.reason, server.set_aside_at = QUARANTINED, reason, time.time()
+        if reason in SLOWNESS:
+            server.slow[reason] += 1
         server.next_probe = now  # first re-probe right away; later ones back off
         logger.warning("server %s set aside (%s): it gets no new requests until a re-probe passes", server.url, reason)
         if share and self.ledger is not None:

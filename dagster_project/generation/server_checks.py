@@ -24,7 +24,7 @@ from dagster_project.generation.served_model import (
     refuse_fleet,
     served_model_problems,
 )
-from dagster_project.generation.server_watch import ServerWatch, WatchLimits, next_foreign_load
+from dagster_project.generation.server_watch import TRICKLING, ServerWatch, WatchLimits, next_foreign_load
 from dagster_project.generation.unrecorded import PROBES, Unrecorded
 from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.answer_contract import Served
@@ -76,6 +76,10 @@ class ServerState:
     foreign_answer: str | None = None  # why an answer of it was not the served model's: out for the run
     unaborted: set = field(default_factory=set)  # rids of superseded attempts whose abort it did not take (`resend`)
     unrecorded: Unrecorded = field(default_factory=Unrecorded)  # what it generated that is in no record, by cause
+    # Times this run set it aside for slowness, by reason (`server_watch.SLOWNESS`), and the answers it caught
+    # trickling: kept when it rejoins, so that the run's last heartbeat still says it was slow.
+    slow: Counter = field(default_factory=Counter)
+    answers_trickled: int = 0
 
 
 class _AnotherModel(Exception):
@@ -331,12 +335,35 @@ class ServerChecks:
 
     @staticmethod
     def _ours(server: ServerState, sent_before: float = math.inf) -> int:
-        """This run's requests in flight at the server that were not written off (sent before `sent_before`)."""
-        return sum(not a.abandoned and a.started < sent_before for a in server.in_flight.values())
+        """This run's requests at the server that were not written off (sent before `sent_before`) and that it still
+        works on: one whose answer has begun arriving is done there (its `/metrics` no longer count it)."""
+        return sum(
+            not a.abandoned and a.started < sent_before and a.answer_begun is None for a in server.in_flight.values()
+        )
+
+    def _slowness(self, server: ServerState) -> dict:
+        """The server's set-asides for slowness in this run, with the limits they were judged by, and the answers it
+        caught trickling (empty: none): what `status` says of it after the run as well as during it."""
+        if not server.slow:
+            return {}
+        return {
+            "set_aside": dict(server.slow),
+            "limits_s": {reason: self._limits.of(reason) for reason in server.slow},
+            "answers_trickled": server.answers_trickled,
+        }
 
     def _watch(self, server: ServerState, now: float) -> None:
-        """Set aside a server that has our requests and, by its answers and reads, is not working on them."""
-        if server.state != HEALTHY or not self._ours(server):
+        """Set aside a server whose answers trickle in, or that has our requests and, by its answers and reads, is not
+        working on them."""
+        if server.state != HEALTHY:
+            return
+        begun = [a.answer_begun for a in server.in_flight.values() if not a.abandoned and a.answer_begun is not None]
+        trickling = sum(now - at >= self._limits.trickle_after_s for at in begun)
+        if trickling:
+            server.answers_trickled += trickling
+            self._quarantine(server, TRICKLING, now)
+            return
+        if not self._ours(server):
             return
         others_last_answer = max((s.watch.last_answer for s in self._servers if s is not server), default=-math.inf)
         reason = server.watch.verdict(now, self._limits, others_last_answer)

@@ -18,6 +18,18 @@ NOT_RUNNING = "requests_not_running"  # its /metrics report nothing running or q
 # No answer and no load read showing ours there for `silence_s`, while other servers answered.
 SILENT = "silent_while_others_answer"
 NO_PROGRESS = "no_progress"  # no sign of progress at all for `watchdog_s`
+# Answers begun (status and headers in) and not complete after `trickle_after_s`: the server finished them, and their
+# bodies trickle in (a throttled link, a proxy that trickles).
+TRICKLING = "answers_trickling"
+# The set-asides for slowness (no progress on our requests, or answers arriving too slowly): each reason's limit (a
+# `WatchLimits` field, the fleet resource's option of that name) and what it means for the operator, worded after it.
+# `status` counts them per server after the run as well as during it.
+SLOWNESS = {
+    TRICKLING: ("trickle_after_s", "answers begun and not complete within {:g} s"),
+    NOT_RUNNING: ("unserved_after_s", "none of ours running or queued by its /metrics for {:g} s"),
+    SILENT: ("silence_s", "no answer for {:g} s while other servers answered"),
+    NO_PROGRESS: ("watchdog_s", "no sign of progress for {:g} s"),
+}
 
 
 @dataclass(frozen=True)
@@ -25,6 +37,11 @@ class WatchLimits:
     unserved_after_s: float  # reads reporting nothing running or queued for this long, ours in flight
     silence_s: float  # no answer for this long while another server answered
     watchdog_s: float  # no sign of progress for this long
+    trickle_after_s: float  # an answer begun and not complete for this long
+
+    def of(self, reason: str) -> float:
+        """The limit a set-aside for slowness (a key of `SLOWNESS`) was judged by."""
+        return getattr(self, SLOWNESS[reason][0])
 
 
 @dataclass

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from dagster_project.conversations.shards import stale_conversations_fix
 from dagster_project.generation.progress import ETA_FROM_WINDOW
-from dagster_project.ops.answers.concurrency import ConcurrencyAnswer, describe_set_aside
+from dagster_project.ops.answers.concurrency import ConcurrencyAnswer, describe_set_aside, describe_slow
 from dagster_project.ops.answers.mtp import MtpAnswer
 from dagster_project.ops.answers.progress import ProgressAnswer
 from dagster_project.ops.answers.quality import QualityAnswer, describe_figure
@@ -46,8 +46,8 @@ DEFAULT_THRESHOLDS = AlertThresholds()
 
 @dataclass(frozen=True)
 class Alert:
-    # mtp, server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs, daemon, hold,
-    # quality, pilot, tokenizer, conversations
+    # mtp, server, slow server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs,
+    # daemon, hold, quality, pilot, tokenizer, conversations
     kind: str
     message: str
 
@@ -74,6 +74,7 @@ def raise_alerts(
         *_server_alerts(progress, concurrency, shards_known=storage.delay is None and not held),
         *_other_model_alerts(concurrency),
         *_set_aside_alerts(concurrency),
+        *_slow_server_alerts(concurrency),
         *_refused_answer_alerts(concurrency),
         *_eta_alerts(progress, thresholds.eta_slip),
         *_shard_alerts(progress, storage, thresholds.publish_slow_s),
@@ -314,13 +315,33 @@ def _other_model_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
 
 
 def _set_aside_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
-    """Servers the running shards set aside, but for serving another model (`_other_model_alerts` names those)."""
-    other_model = {url for url, row in concurrency.servers.items() if row.other_model is not None}
+    """Servers the running shards set aside, but for serving another model (`_other_model_alerts` names those) or
+    for slowness (`_slow_server_alerts`)."""
+    named = {url for url, row in concurrency.servers.items() if row.other_model is not None}
+    named |= {server.url for server in concurrency.slow_servers}
     return [
         Alert("server", f"set aside: {describe_set_aside(server)}")
         for server in concurrency.set_aside
-        if server.url not in other_model
+        if server.url not in named
     ]
+
+
+def _slow_server_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
+    """Servers a shard run set aside for slowness, during the run and after it (its last heartbeat keeps the count):
+    their requests were answered elsewhere, and the fleet ran short of them."""
+    set_aside_now = {server.url: server for server in concurrency.set_aside}
+    alerts = []
+    for server in concurrency.slow_servers:
+        now = set_aside_now.get(server.url)
+        alerts.append(
+            Alert(
+                "slow server",
+                f"{server.url}: {describe_slow(server)}. Their requests were re-sent to other servers"
+                + (f"; it is set aside now ({now.reason}) until a re-probe passes" if now else "")
+                + ". Look at the path to it (a proxy, a load balancer, a congested link) and its log",
+            )
+        )
+    return alerts
 
 
 def _refused_answer_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:

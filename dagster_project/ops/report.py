@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from dagster_project.generation.progress import Heartbeat
-from dagster_project.ops.answers.concurrency import describe_model, lengths_note
+from dagster_project.ops.answers.concurrency import describe_model, describe_slow, lengths_note
 from dagster_project.ops.answers.cost import idle_line, render_cost, spent_line
 from dagster_project.ops.answers.coverage import by_id_summary
 from dagster_project.ops.answers.mtp import mtp_verdict
@@ -338,6 +338,11 @@ def _concurrency(status: Status) -> Section:
         ],
     )
     tables = [("3. Servers", servers), ("3. Capacity per server", why)]
+    if c.slow_servers:  # after the run as well as during it
+        slow = _table(
+            ["server", "set aside for slowness"], [[server_name(s.url), describe_slow(s)] for s in c.slow_servers]
+        )
+        tables.append(("3. Slow servers", slow))
     return Section(title, f"{len(c.servers)} servers; capacity at {c.lengths}{lengths_note(c.lengths)}.", tuple(tables))
 
 

@@ -8,7 +8,7 @@ finished answer (an abort, a malformed body) is an error too, never a result.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -333,9 +333,10 @@ class SGLangClient:
         timeout: float | None,
         rid: str | None = None,
         limit: int = _GET_BODY_LIMIT,
+        on_answer_begun: Callable[[], None] | None = None,
     ) -> tuple[int, bytes]:
         """(status, body); a body past `limit` bytes is refused (`OVERSIZED_BODY`) as soon as it passes it, never
-        read whole."""
+        read whole. `on_answer_begun` is called when the status and headers are in, before the body is read."""
         if self._session is None:
             self._session = new_session()
         url = self.base_url + path
@@ -345,6 +346,8 @@ class SGLangClient:
             async with self._session.request(
                 method, url, data=data, headers=headers, timeout=client_timeout
             ) as response:
+                if on_answer_begun is not None:
+                    on_answer_begun()
                 return response.status, await _read_capped(response, limit, self.base_url, rid)
         except TimeoutError:
             raise SGLangError(TIMEOUT, f"no complete answer within {timeout}s", url=self.base_url, rid=rid) from None
@@ -372,12 +375,15 @@ class SGLangClient:
         *,
         require_reasoning: bool = True,
         served: Served = UNKNOWN,
+        on_answer_begun: Callable[[], None] | None = None,
     ) -> GenerateResult:
         """One non-streamed native `/generate` call; raises `SGLangError` unless the answer finished.
 
         With the `served` vocabulary, input ids outside it are refused before anything is sent (such an id kills a
         real SGLang server: an IndexError in its embedding). Every answer is held to the answer contract
-        (`answer_contract.breach`); a body past `answer_contract.body_limit` is refused unread."""
+        (`answer_contract.breach`); a body past `answer_contract.body_limit` is refused unread. `on_answer_begun` is
+        told when the answer's status and headers arrive: the server is done with the request, and its body follows
+        (a body that trickles in is the path's fault, or a proxy's, not the generation's)."""
         rid = rid or uuid.uuid4().hex
         where = out_of_vocab(input_ids, served.vocab_size) if served.vocab_size is not None else None
         if where is not None:
@@ -388,7 +394,9 @@ class SGLangClient:
             request["require_reasoning"] = True
         limit = body_limit(sampling_params)
         data = orjson.dumps(request)
-        status, body = await self._call("POST", "/generate", data=data, timeout=timeout, rid=rid, limit=limit)
+        status, body = await self._call(
+            "POST", "/generate", data=data, timeout=timeout, rid=rid, limit=limit, on_answer_begun=on_answer_begun
+        )
         if status != 200:
             raise self._clean(classify_http_error(status, body, url=self.base_url, rid=rid))
         try:

@@ -14,7 +14,7 @@ import asyncio
 import math
 import selectors
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from dagster_project.sglang import protocol as proto
@@ -77,7 +77,9 @@ class FakeServer(SGLangClient):
 
     `answer_s`: seconds each request takes; `lost`: `/generate` requests are accepted and never answered (the
     client's timeout ends them); `failing`: every request gets a 500; `metrics`: serves `/metrics`, reporting
-    the requests it is working on (none when they are lost). `/health` answers 200 throughout.
+    the requests it is working on (none when they are lost, nor while their answers arrive); `body_s`: seconds each
+    answer's body takes to arrive after its status and headers (a body that trickles in). `/health` answers 200
+    throughout.
     """
 
     def __init__(
@@ -89,9 +91,11 @@ class FakeServer(SGLangClient):
         lost: bool = False,
         failing: bool = False,
         metrics: bool = True,
+        body_s: float = 0.0,
     ):
         super().__init__(url)
         self.cap, self.answer_s, self.lost, self.failing, self.metrics_enabled = cap, answer_s, lost, failing, metrics
+        self.body_s = body_s
         self.working = 0  # requests it is running or queueing
         self.received: list[tuple[float, tuple[int, ...]]] = []  # (virtual time, input ids) of each /generate
 
@@ -122,6 +126,7 @@ class FakeServer(SGLangClient):
         *,
         require_reasoning: bool = True,
         served: Served = UNKNOWN,
+        on_answer_begun: Callable[[], None] | None = None,
     ) -> GenerateResult:
         self.received.append((now(), tuple(input_ids)))
         if self.lost:
@@ -137,6 +142,9 @@ class FakeServer(SGLangClient):
             await asyncio.sleep(self.answer_s)
         finally:
             self.working -= 1
+        if on_answer_begun is not None:
+            on_answer_begun()
+        await asyncio.sleep(self.body_s)
         output_ids = [1000 + len(input_ids), EOS]
         finish = {"type": "stop", "matched": EOS}
         meta = {"id": rid, "finish_reason": finish, "prompt_tokens": len(input_ids), "completion_tokens": 2}

@@ -6,8 +6,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagster_project.generation.server_watch import SLOWNESS
 from dagster_project.ops.answers.readings import Readings
-from dagster_project.ops.answers.text import fmt, utc
+from dagster_project.ops.answers.text import fmt, shard_list, utc
 from dagster_project.ops.tune import TuneReport, gain
 from dagster_project.sglang import capacity
 from dagster_project.sglang.answer_contract import BREACHES
@@ -62,6 +63,18 @@ class SetAside:
 
 
 @dataclass(frozen=True)
+class SlowServer:
+    """A server the shard runs set aside for slowness (`server_watch.SLOWNESS`: answers trickling in, or no progress
+    on their requests), by the last run of every shard, running or finished: it stays in view after the run."""
+
+    url: str
+    set_aside: dict[str, int]  # reason → times the runs set it aside for it
+    limits_s: dict[str, float]  # reason → the limit it was judged by (the fleet resource's option of that reason)
+    answers_trickled: int  # answers caught arriving for longer than their limit (each re-sent elsewhere)
+    shards: list[int]  # the runs that set it aside
+
+
+@dataclass(frozen=True)
 class ConcurrencyAnswer:
     servers: dict[str, ServerConcurrency] = field(default_factory=dict)
     lengths: str = ""  # the request lengths the capacity answers assume, and their source
@@ -70,6 +83,7 @@ class ConcurrencyAnswer:
     # is one), over the last run of every shard (`refused_answers`).
     refused_answers: dict[str, dict[str, int]] = field(default_factory=dict)
     served_model: str = ""  # the model every server must serve (empty: not checked)
+    slow_servers: list[SlowServer] = field(default_factory=list)
 
 
 # A dispatcher's states of a server it set aside and of one it has not checked yet
@@ -230,6 +244,7 @@ def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
         set_aside_servers(readings),
         refused_answers(readings),
         readings.served_model,
+        slow_servers(readings),
     )
 
 
@@ -270,6 +285,46 @@ def refused_answers(readings: Readings) -> dict[str, dict[str, int]]:
     return {url: dict(sorted(kinds.items())) for url, kinds in sorted(found.items())}
 
 
+def slow_servers(readings: Readings) -> list[SlowServer]:
+    """The servers set aside for slowness, by the dispatchers' own counts in the shard runs' last heartbeats (a
+    finished run's included: the run's end does not make a slow server fast)."""
+    times: dict[str, Counter] = {}
+    limits: dict[str, dict[str, float]] = {}
+    trickled: Counter = Counter()
+    shards: dict[str, list[int]] = {}
+    for beat in readings.heartbeats:
+        for url, view in beat.servers.items():
+            slow = view.get("slow") or {}
+            if not slow.get("set_aside"):
+                continue
+            times.setdefault(url, Counter()).update(slow["set_aside"])
+            judged = limits.setdefault(url, {})
+            for reason, limit in (slow.get("limits_s") or {}).items():
+                judged[reason] = max(limit, judged.get(reason, limit))
+            trickled[url] += int(slow.get("answers_trickled") or 0)
+            shards.setdefault(url, []).append(beat.shard)
+    return [
+        SlowServer(url, dict(sorted(times[url].items())), limits[url], trickled[url], sorted(shards[url]))
+        for url in sorted(times)
+    ]
+
+
+def describe_slow(server: SlowServer) -> str:
+    """ "3 answers trickled in; set aside for slowness by the runs of shards 0: answers_trickling 1× (answers begun
+    and not complete within 15 s)": each reason worded after the limit it was judged by."""
+    reasons = "; ".join(
+        f"{reason} {count}×"
+        + (
+            f" ({SLOWNESS[reason][1].format(server.limits_s[reason])})"
+            if reason in SLOWNESS and reason in server.limits_s
+            else ""
+        )
+        for reason, count in server.set_aside.items()
+    )
+    trickled = f"{server.answers_trickled:,} answers trickled in; " if server.answers_trickled else ""
+    return f"{trickled}set aside for slowness by the runs of shards {shard_list(server.shards)}: {reasons}"
+
+
 def set_aside_servers(readings: Readings) -> list[SetAside]:
     """The servers the running shards' dispatchers have set aside, by the dispatchers' own views (heartbeats)."""
     found: dict[str, list[tuple[int, str, float | None]]] = {}
@@ -306,6 +361,7 @@ def render_concurrency(concurrency: ConcurrencyAnswer) -> list[str]:
     if any(row.capacity for row in concurrency.servers.values()):
         lines.append(f"   (capacity at {concurrency.lengths}{lengths_note(concurrency.lengths)})")
     lines += [f"   SET ASIDE: {describe_set_aside(server)}" for server in concurrency.set_aside]
+    lines += [f"   SLOW: {server.url}: {describe_slow(server)}" for server in concurrency.slow_servers]
     return lines
 
 

@@ -30,6 +30,9 @@ class Faults:
     # route that still answers (a proxy or router in front of it answering /health itself)
     hang_generate: bool = False
     slow: float = 1.0  # every request takes this many times longer
+    # Non-streamed /generate answers: the status and headers at once, then the body at this many bytes a second (a
+    # throttled link, a proxy that trickles): the server is done with the request while its answer is still arriving.
+    trickle_bytes_per_s: float | None = None
     error_503: int | bool = 0  # answer 503 "The request queue is full." (E4)
     error_503_for_s: float | None = None  # ... for every request during this many seconds
     empty: int | bool = 0  # the answer is the EOS token alone
@@ -59,6 +62,9 @@ class Faults:
             raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
         if not isinstance(changes.get("slow", 1.0), (int, float)) or changes.get("slow", 1.0) < 1.0:
             raise ValueError("slow must be a number >= 1 (a slowdown factor)")
+        trickle = changes.get("trickle_bytes_per_s")
+        if trickle is not None and (not isinstance(trickle, (int, float)) or trickle <= 0):
+            raise ValueError("trickle_bytes_per_s must be a rate > 0 (or null: answers at full speed)")
         for name, share in changes.items():
             if name.endswith("_share") and (not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0):
                 raise ValueError(f"{name} must be a share in [0, 1]")

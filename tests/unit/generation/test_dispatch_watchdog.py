@@ -14,7 +14,7 @@ import time
 import pytest
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, FleetDownError, GenRequest, Outcome
-from dagster_project.generation.server_watch import NO_PROGRESS, NOT_RUNNING, SILENT
+from dagster_project.generation.server_watch import NO_PROGRESS, NOT_RUNNING, SILENT, TRICKLING
 from tests.support.virtual_fleet import FakeServer, VirtualClockLoop, now, run_virtual
 
 PARAMS = {"max_new_tokens": 64}
@@ -153,3 +153,31 @@ def test_a_slow_server_with_long_answers_is_not_silent_while_a_fast_one_answers(
     stats = run.run(200)
     assert run.view(slow)["state"] == "healthy" and stats.hedges == 0
     assert any(o.server == slow.base_url for o in run.outcomes.values())
+
+
+def test_a_server_whose_answers_trickle_in_is_set_aside_as_slow_and_its_requests_answered_elsewhere():
+    # Its answers are generated in 2 s, then their bodies take an hour to arrive (a throttled link): its /metrics
+    # show none of ours running meanwhile, which is no loss (`unserved_after_s`), the answers being on their way.
+    trickling = FakeServer("http://trickling", answer_s=2.0, body_s=3600.0)
+    healthy = FakeServer("http://healthy", answer_s=2.0)
+    run = Run(trickling, healthy)
+    stats = run.run(60)
+    assert all(o.ok and o.server == healthy.base_url for o in run.outcomes.values())
+    view = run.view(trickling)
+    assert view["state"] == "quarantined" and view["reason"] == TRICKLING
+    # The three answers that began arriving at 2 s are caught at the limit, 15 s later; the other two of its window
+    # (cap 4 x 1.25, sent as the estimate of the load at a new server fell) had begun later.
+    assert view["slow"] == {"set_aside": {TRICKLING: 1}, "limits_s": {TRICKLING: 15.0}, "answers_trickled": 3}
+    sent = [ids for _, ids in trickling.received if ids != (0,)]  # less the re-probe's canary
+    # All re-sent at the set-aside, as the healthy server's window has room (it is answering its own).
+    resent_at = sorted(healthy.first_received(ids) for ids in sent)
+    assert stats.hedges == len(sent) == 5 and resent_at[0] == 17.0 and resent_at[-1] < 20.0, resent_at
+    assert run.view(healthy)["slow"] == {}  # the healthy server: nothing to report
+
+
+def test_a_slower_body_under_the_trickle_limit_keeps_its_server():
+    slow_link = FakeServer("http://slow-link", answer_s=2.0, body_s=10.0)
+    run = Run(slow_link, FakeServer("http://healthy", answer_s=2.0))
+    stats = run.run(30)
+    assert stats.hedges == 0 and run.view(slow_link)["state"] == "healthy" and run.view(slow_link)["slow"] == {}
+    assert any(o.server == slow_link.base_url for o in run.outcomes.values())

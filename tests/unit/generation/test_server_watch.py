@@ -6,7 +6,7 @@ import math
 
 from dagster_project.generation.server_watch import NO_PROGRESS, NOT_RUNNING, SILENT, ServerWatch, WatchLimits
 
-LIMITS = WatchLimits(unserved_after_s=15.0, silence_s=45.0, watchdog_s=120.0)
+LIMITS = WatchLimits(unserved_after_s=15.0, silence_s=45.0, watchdog_s=120.0, trickle_after_s=30.0)
 NEVER = -math.inf
 
 

@@ -138,7 +138,7 @@ def test_every_simulator_option_survives_the_command_line(tmp_path):
     from dataclasses import fields
 
     from dagster_project.sglang.launch import simulator_command
-    from dagster_project.sglang.sim.server import SimConfig, parse_args
+    from dagster_project.sglang.sim.command_line import SimConfig, parse_args
 
     options = {
         "model_path": "m", "served_model_name": "served", "model_type": "llama", "architecture": "LlamaForCausalLM",

@@ -156,7 +156,7 @@ def _typed_calls(calls: list[dict]) -> list[dict]:
 
 
 def test_tool_call_shares_outside_zero_to_one_are_refused(capsys):
-    from dagster_project.sglang.sim.server import parse_args
+    from dagster_project.sglang.sim.command_line import parse_args
 
     for flag in ("--tool-call-share", "--malformed-tool-call-share"):
         with pytest.raises(SystemExit):
