@@ -40,7 +40,13 @@ from dagster_project.sglang.model_identity import QWEN3_6_27B
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.shards import read_training_manifest
-from tests.support.dagster_helpers import FAST_ANSWERS, LIFTED_ANSWER_GATES, asset_check_keys, evaluations_by_check
+from tests.support.dagster_helpers import (
+    FAST_ANSWERS,
+    LIFTED_ANSWER_GATES,
+    asset_check_keys,
+    evaluations_by_check,
+    partition_colours,
+)
 
 SHARD_RUN = [
     completions,
@@ -49,6 +55,7 @@ SHARD_RUN = [
     *dg.load_asset_checks_from_modules([training_set_checks]),
     specforge_export,
 ]
+SHARD_ASSETS = ("completions", "training_set", "specforge_export")
 # Gates a fleet of empty answers must trip; each says what it saw.
 EMPTY_ANSWER_GATES = {"short_answers": "empty", "thinking_structure": "</think>"}
 
@@ -155,6 +162,11 @@ def test_empty_answers_fail_the_blocking_gates_and_stop_training_set_in_the_same
     assert {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()} == {"completions"}
     assert partition not in prepared.instance.get_materialized_partitions(dg.AssetKey("training_set"))
     assert read_training_manifest(prepared.store, shard) is None
+    # What Dagster's partitions view shows of the blocked shard (docs/OPERATIONS.md, "A blocked shard in Dagster's
+    # partitions view"): completions green, its failed checks counting for nothing there; the stages the run planned
+    # after it red, planned and never materialized in a failed run.
+    colours = {asset: partition_colours(prepared.instance, asset).get(partition) for asset in SHARD_ASSETS}
+    assert colours == {"completions": "Materialized", "training_set": "Failed", "specforge_export": "Failed"}
 
     # A later run of training_set alone refuses the gated shard, naming the gates and the way out ...
     later = _run_training_set(prepared, shard)

@@ -631,3 +631,20 @@ def shard_of_run(tags: Mapping[str, str]) -> str | None:
 
 def materialized_partitions(instance: dg.DagsterInstance, assets: Iterable[str]) -> dict[str, set[str]]:
     return {asset: set(instance.get_materialized_partitions(dg.AssetKey(asset))) for asset in assets}
+
+
+def partition_colours(instance: dg.DagsterInstance, asset: str) -> dict[str, str]:
+    """Each shard of `asset` as Dagster 1.13's partitions view colours it: "Failed" (red), "Materialized" (green), or
+    absent (gray). The view reads GraphQL's `assetPartitionStatuses`, which comes from the asset status cache read
+    here: failed = the latest planned materialization of the partition had none after it, in a run that failed;
+    materialized = a materialization, less the failed ones (`dagster_graphql`'s `build_partition_statuses`)."""
+    from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
+
+    from dagster_project.partitions import shard_partitions
+
+    value = get_and_update_asset_status_cache_value(instance, dg.AssetKey(asset), shard_partitions)
+    if value is None:
+        return {}
+    failed = set(value.deserialize_failed_partition_subsets(shard_partitions).get_partition_keys())
+    materialized = set(value.deserialize_materialized_partition_subsets(shard_partitions).get_partition_keys())
+    return {**dict.fromkeys(materialized - failed, "Materialized"), **dict.fromkeys(failed, "Failed")}
