@@ -46,7 +46,7 @@ DEFAULT_THRESHOLDS = AlertThresholds()
 
 @dataclass(frozen=True)
 class Alert:
-    # mtp, server, slow server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs,
+    # mtp, server, slow_server, eta, shards, fleet, storage, blocked, overridden, damaged, export, pool, dead_runs,
     # daemon, hold, quality, pilot, tokenizer, conversations
     kind: str
     message: str
@@ -335,7 +335,7 @@ def _slow_server_alerts(concurrency: ConcurrencyAnswer) -> list[Alert]:
         now = set_aside_now.get(server.url)
         alerts.append(
             Alert(
-                "slow server",
+                "slow_server",
                 f"{server.url}: {describe_slow(server)}. Their requests were re-sent to other servers"
                 + (f"; it is set aside now ({now.reason}) until a re-probe passes" if now else "")
                 + ". Look at the path to it (a proxy, a load balancer, a congested link) and its log",

@@ -54,9 +54,9 @@ def test_a_server_whose_answers_trickle_is_alerted_on_after_the_run(tmp_path, si
         "answers_trickling 1× (answers begun and not complete within 3 s). Their requests were re-sent to other servers"
     )
     look = "Look at the path to it (a proxy, a load balancer, a congested link) and its log"
-    assert [alert.message for alert in status.alerts if alert.kind == "slow server"] == [f"{said}. {look}"]
+    assert [alert.message for alert in status.alerts if alert.kind == "slow_server"] == [f"{said}. {look}"]
     text = render_text(status)
-    assert f"ALERT [slow server]: {said}" in text and f"   SLOW: {trickling}: {trickled} answers trickled in" in text
+    assert f"ALERT [slow_server]: {said}" in text and f"   SLOW: {trickling}: {trickled} answers trickled in" in text
     assert healthy not in text.split("Alerts")[-1]
     (slow,) = json.loads(json.dumps(dataclasses.asdict(status)))["concurrency"]["slow_servers"]
     assert slow["url"] == trickling and slow["answers_trickled"] == trickled and slow["limits_s"] == {TRICKLING: 3.0}

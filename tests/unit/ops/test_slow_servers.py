@@ -30,7 +30,7 @@ def probe(model: str, running: float = 0) -> dict:
 
 
 def slow_alerts(status) -> list[str]:
-    return [alert.message for alert in status.alerts if alert.kind == "slow server"]
+    return [alert.message for alert in status.alerts if alert.kind == "slow_server"]
 
 
 def test_after_the_run_the_slow_server_is_alerted_on_and_shown_in_status_json_and_the_page(tmp_path):
@@ -38,16 +38,16 @@ def test_after_the_run_the_slow_server_is_alerted_on_and_shown_in_status_json_an
     status = status_of(tmp_path, [finished], {GOOD: probe(MODEL), OTHER: probe(MODEL)})
 
     assert slow_alerts(status) == [f"{OTHER}: {SAID}. Their requests were re-sent to other servers{LOOK}"]
-    assert [alert.kind for alert in status.alerts] == ["slow server"]  # the healthy server: nothing
+    assert [alert.kind for alert in status.alerts] == ["slow_server"]  # the healthy server: nothing
     text = render_text(status)
-    assert f"   SLOW: {OTHER}: {SAID}" in text and f"ALERT [slow server]: {OTHER}: {SAID}" in text
+    assert f"   SLOW: {OTHER}: {SAID}" in text and f"ALERT [slow_server]: {OTHER}: {SAID}" in text
     (slow,) = json.loads(json.dumps(dataclasses.asdict(status)))["concurrency"]["slow_servers"]
     assert slow == {
         "url": OTHER, "set_aside": {TRICKLING: 1}, "limits_s": {TRICKLING: 30.0}, "answers_trickled": 3, "shards": [0],
     }  # fmt: skip
     page = render_markdown(status)
     assert "| server | set aside for slowness |" in page and f"| gpu1:30000 | {SAID} |" in page
-    assert f"| slow server | {OTHER}: {SAID}" in page
+    assert f"| slow_server | {OTHER}: {SAID}" in page
 
 
 def test_while_set_aside_one_alert_says_so_and_the_runs_counts_add_up(tmp_path):
