@@ -1,7 +1,7 @@
 """A healthy run raises no alert: `dagster dev` (webserver, daemon, the page's refresh sensor, as `make dev` runs
 it), one shard generating on a healthy, slow simulator fleet, and plain `dflash status` read every 20 s as an
-operator's `--watch` would, for 4.5 minutes (the issue asked for 5; shortened for the test's cost, still past the
-page's 180 s refresh interval plus the daemon's 120 s limit, the ages the old rule alarmed at).
+operator's `--watch` would, for over 5 minutes (past the page's 180 s refresh interval plus the daemon's 120 s limit,
+the ages the old rule alarmed at). Mostly waiting: under xdist it overlaps the other workers' tests.
 
 Plain `dflash status` reads the daemon's heartbeat the page recorded at its last refresh: every sample is checked to
 say "Alerts: none", and the samples must have seen that record older than the daemon's own silence limit (else the
@@ -32,7 +32,7 @@ from tests.support.dagster_helpers import (
 from tests.support.sglang_fixtures import SimFleet, wait_until
 
 SAMPLE_EVERY_S = 20.0
-WATCHED_S = 270.0
+WATCHED_S = 310.0
 # A fleet that answers well and slowly: the shard generates for far longer than the test watches it.
 SLOW_HEALTHY = {"output_len": "uniform:48:160", "max_running_requests": 4, "decode_step_s": 0.25}
 
