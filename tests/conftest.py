@@ -123,8 +123,8 @@ def tokenizer():
 
 @pytest.fixture
 def sim_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., SimFleet]]:
-    """Factory: `sim_fleet(count, options=None, host="127.0.0.1", **common)` starts a fleet; all are stopped at
-    teardown."""
+    """Factory: `sim_fleet(count, options=None, host="127.0.0.1", tokenizer=None, served_model=None, **common)`
+    starts a fleet (`SimFleet.start`); all are stopped at teardown."""
     _integration_only(request)
     fleets: list[SimFleet] = []
 

@@ -69,16 +69,9 @@ def parse_sim_options(pairs: list[str], defaults: dict | None = None) -> dict:
 def simulated_model_options() -> dict[str, Any]:
     """The simulator options that serve the job's model (`DFLASH_TOKENIZER`, `DFLASH_SERVED_MODEL`): its name, its
     tokenizer's vocabulary, no reasoning parser unless its template reasons."""
-    from dagster_project.tokenizer import load_tokenizer, tokenizer_profile
+    from dagster_project.sglang.sim.config import serving_options
 
-    profile = tokenizer_profile(load_tokenizer(settings.tokenizer_name()))
-    return {
-        "model_path": settings.served_model(),
-        "vocab_size": profile.vocab_size,
-        "architecture": settings.served_architecture() or "CausalLM",
-        "model_type": "",
-        "reasoning_parser": "qwen3" if profile.reasoning else None,
-    }
+    return serving_options(settings.tokenizer_name(), settings.served_model(), settings.served_architecture())
 
 
 def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:

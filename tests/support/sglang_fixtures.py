@@ -38,6 +38,7 @@ from dagster_project.sglang.launch import (
     stop_fleet,
 )
 from dagster_project.sglang.model_identity import PROBE_INPUT_IDS
+from dagster_project.sglang.sim.config import serving_options
 
 T = TypeVar("T")
 
@@ -119,15 +120,21 @@ class SimFleet:
         options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         *,
         host: str = "127.0.0.1",
+        tokenizer: str | None = None,
+        served_model: str | None = None,
         **common: Any,
     ) -> SimFleet:
         """`count` simulators listening on `host`; `common` options apply to all, `options` may give one mapping
-        per server."""
+        per server. With `tokenizer` (a `DFLASH_TOKENIZER` value) and `served_model` they serve that model as
+        `fleet up --simulate` does under those settings: its vocabulary, end ids and name, answers in its text."""
+        model: dict[str, Any] = {}
+        if tokenizer is not None:
+            model = serving_options(tokenizer, served_model or tokenizer)
         if options is None or isinstance(options, Mapping):
-            per_server: Any = {**FAST_DEFAULTS, **(options or {}), **common}
+            per_server: Any = {**FAST_DEFAULTS, **model, **(options or {}), **common}
         else:
-            per_server = [{**FAST_DEFAULTS, **common, **o} for o in options]
-        return cls(launch_simulators(count, run_dir, per_server, host=host))
+            per_server = [{**FAST_DEFAULTS, **model, **common, **o} for o in options]
+        return cls(launch_simulators(count, run_dir, per_server, host=host, tokenizer=tokenizer))
 
     def __enter__(self) -> Self:
         return self

@@ -281,6 +281,23 @@ class SimVocab:
         return path
 
 
+def serving_options(tokenizer: str, served_model: str, architecture: str = "") -> dict[str, Any]:
+    """The `SimConfig` fields of a simulator of the model `tokenizer` describes (a `DFLASH_TOKENIZER` value),
+    served under the name `served_model`: that tokenizer's vocabulary (`len(tokenizer)`), `architecture` (a
+    generic causal LM where none is given), and Qwen's reasoning parser only when its chat template reasons. Its
+    end ids and the text of its answers come from the tokenizer's sketch (`load_sim_vocab(tokenizer)`)."""
+    from dagster_project.tokenizer import load_tokenizer, tokenizer_profile
+
+    profile = tokenizer_profile(load_tokenizer(tokenizer))
+    return {
+        "model_path": served_model,
+        "vocab_size": profile.vocab_size,
+        "architecture": architecture or "CausalLM",
+        "model_type": "",
+        "reasoning_parser": "qwen3" if profile.reasoning else None,
+    }
+
+
 def load_sim_vocab(tokenizer: str | None = None) -> SimVocab:
     """The vocabulary sketch of `tokenizer` (default: built-in), cached on disk next to the tokenizer.
 
@@ -294,9 +311,19 @@ def load_sim_vocab(tokenizer: str | None = None) -> SimVocab:
     if name == tokenization.BUILTIN_TOKENIZER:
         cache = builtin.with_name(f"{builtin.name}.simvocab-v{_SKETCH_FORMAT}.json")
     else:
-        cache = builtin.parent / f"simvocab-v{_SKETCH_FORMAT}-{hashlib.sha256(name.encode()).hexdigest()[:16]}.json"
+        cache = builtin.parent / f"simvocab-v{_SKETCH_FORMAT}-{_tokenizer_key(name)}.json"
     if cache.is_file():
         return SimVocab.from_json(cache.read_bytes())
     vocab = SimVocab.from_tokenizer(name, tokenization.load_tokenizer(name))
     vocab.save(cache)
     return vocab
+
+
+def _tokenizer_key(name: str) -> str:
+    """A digest of `name` and, for a local directory, of its files' names, sizes and times: a tokenizer directory
+    edited or replaced in place gets a new sketch, never the old one's vocabulary."""
+    folder = Path(name)
+    files = (
+        sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()) if folder.is_dir() else []
+    )
+    return hashlib.sha256(orjson.dumps([name, files])).hexdigest()[:16]

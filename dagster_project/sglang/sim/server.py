@@ -274,9 +274,10 @@ class Simulator:
 
     async def _tokenize(self, text: str) -> list[int]:
         if self._tokenizer is None:  # loaded on first use: most clients send input_ids
-            from dagster_project.tokenizer import BUILTIN_TOKENIZER, load_tokenizer
+            from dagster_project.tokenizer import load_tokenizer
 
-            self._tokenizer = await asyncio.to_thread(load_tokenizer, self.config.tokenizer or BUILTIN_TOKENIZER)
+            # The sketch's tokenizer: a fleet's servers get the sketch (--vocab-file), not --tokenizer.
+            self._tokenizer = await asyncio.to_thread(load_tokenizer, self.vocab.tokenizer)
         return self._tokenizer.encode(text, add_special_tokens=False)
 
     def _respond(self, job: Job, input_ids: list[int], item: GenerateItem, cached: int) -> dict:
