@@ -88,6 +88,7 @@ class SpecialIds:
 # The reasoning markers a template may write; a model whose template writes neither does not reason.
 REASONING_MARKERS = ("<think>", "</think>")
 _PROBE_USER, _PROBE_REASONING, _PROBE_ANSWER = "Probe question", "Probe reasoning", "Probe answer"
+_PROBE_TOOL = "probe_tool"
 
 
 @dataclass(frozen=True)
@@ -98,13 +99,16 @@ class TokenizerProfile:
     dataset's content); `eos_ids`: the id its template ends an assistant turn with, then the other end ids of its
     generation config and tokenizer; `reasoning`: the think markers when its template renders reasoning, and
     `prompt_opens_reasoning` whether its generation prompt opens the think block (Qwen3.6, DeepSeek-R1) or leaves
-    it to the model (Qwen3)."""
+    it to the model (Qwen3); `tool_arguments_as_text` how its template takes a call's arguments."""
 
     control_tokens: tuple[str, ...]
     eos_ids: tuple[int, ...]
     reasoning: tuple[str, str] | None
     prompt_opens_reasoning: bool
     vocab_size: int
+    # Whether the template takes a tool call's `arguments` as JSON text (DeepSeek's concatenates them) rather than
+    # the object the conversations hold (Qwen's, and transformers' convention).
+    tool_arguments_as_text: bool = False
 
     def special_ids(self, tokenizer: PreTrainedTokenizerBase) -> SpecialIds:
         start, end = (
@@ -159,7 +163,44 @@ def _read_profile(tokenizer: PreTrainedTokenizerBase) -> TokenizerProfile:
         reasoning=REASONING_MARKERS if reasons else None,
         prompt_opens_reasoning=opens,
         vocab_size=len(tokenizer),
+        tool_arguments_as_text=_takes_arguments_as_text(tokenizer, user),
     )
+
+
+def _takes_arguments_as_text(tokenizer: PreTrainedTokenizerBase, user: list[dict[str, Any]]) -> bool:
+    """Whether the template fails on a call's arguments as an object by joining them to text (DeepSeek's writes
+    `'\n' + arguments`): it is then given them as JSON text. A template that refuses the probe call for another
+    reason, or renders no tool calls, takes the object."""
+    call = {"name": _PROBE_TOOL, "arguments": {"probe_key": "probe value"}}
+    exchange = [*user, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]}]
+    try:
+        tokenizer.apply_chat_template(exchange, tokenize=False)
+    except TypeError:
+        return True
+    except Exception:  # its own refusal (a required call id, say) says nothing of the arguments
+        return False
+    return False
+
+
+def template_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` in the form the tokenizer's template takes: tool-call arguments as JSON text where it wants text
+    (`TokenizerProfile.tool_arguments_as_text`), else as they are."""
+    if not tokenizer_profile(tokenizer).tool_arguments_as_text:
+        return messages
+    return [
+        {**message, "tool_calls": [_arguments_as_text(call) for call in message["tool_calls"]]}
+        if message.get("tool_calls")
+        else message
+        for message in messages
+    ]
+
+
+def _arguments_as_text(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function", {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        return call
+    return {**call, "function": {**function, "arguments": json.dumps(arguments, ensure_ascii=False)}}
 
 
 def _first_control_token(text: str, control: Sequence[str]) -> str | None:
@@ -298,7 +339,7 @@ def render_prompt_ids(
     flags = {"enable_thinking": enable_thinking, "preserve_thinking": preserve_thinking}
     if not holds_control_tokens([messages, tools], tokenizer_profile(tokenizer).control_tokens):
         encoded = tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=True, **flags
+            template_messages(tokenizer, messages), tools=tools, add_generation_prompt=True, tokenize=True, **flags
         )
         # transformers 5 returns a BatchEncoding, older versions a plain list.
         token_ids: Sequence[int] = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
@@ -318,7 +359,7 @@ def render_text(
 ) -> str:
     """The chat-template text of ``messages``, e.g. a full transcript for training."""
     return tokenizer.apply_chat_template(
-        messages,
+        template_messages(tokenizer, messages),
         tools=tools,
         add_generation_prompt=add_generation_prompt,
         tokenize=False,

@@ -259,12 +259,17 @@ def thinking_structure(
     a length-capped or truncated answer may legitimately stop inside its reasoning.
     """
     finished = np.asarray(finished, dtype=bool)
-    judged = int(finished.sum())
     if not profile.reasons:
         text = "the model's chat template does not reason: no think block to check"
         return GateResult("thinking_structure", True, _verdict(True, text), {"reasons": False, "rows": len(profile)})
-    # A model whose generation prompt leaves the think block to it (Qwen3) opens it once itself.
-    opened_by_model = 1 if enable_thinking and profile.model_opens else 0
+    prompt_opened = profile.opened_by_prompt()
+    # A model whose generation prompt leaves the think block to it (Qwen3) opens it once itself. Where a template
+    # that opens the block left a turn without it (DeepSeek-R1's reply to tool results), the answer was not asked
+    # to reason: it is not judged.
+    not_asked = finished & ~prompt_opened & (not profile.model_opens) if enable_thinking else np.zeros_like(finished)
+    finished = finished & ~not_asked
+    judged = int(finished.sum())
+    opened_by_model = (~prompt_opened).astype(np.int64) if enable_thinking else 0
     stray_start = finished & (profile.think_starts > opened_by_model)
     if enable_thinking:
         problems = {
@@ -286,6 +291,7 @@ def thinking_structure(
         "enable_thinking": enable_thinking,
         "rows": len(profile),
         "finished_rows_checked": judged,
+        "not_asked_to_reason": int(not_asked.sum()),
         "bad_rows": bad_rows,
         "bad_share": _share(bad_rows, judged),
         "max_bad_share": max_bad_share,
@@ -557,7 +563,8 @@ class ShardProfile:
 
 
 def _part(prompts: pa.Array, outputs: pa.Array, special: SpecialIds, decode: Decode, **figures: Any) -> dict[str, Any]:
-    return {**figures, "outputs": profile_outputs(outputs, special, decode), "prompt_digests": row_digests(prompts)}
+    profile = profile_outputs(outputs, special, decode, prompts)
+    return {**figures, "outputs": profile, "prompt_digests": row_digests(prompts)}
 
 
 def _joined(parts: list[dict[str, Any]], digests: dict[str, RowDigest]) -> ShardProfile:

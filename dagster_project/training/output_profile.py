@@ -35,6 +35,15 @@ class OutputProfile:
     answer_texts: list[str]  # decoded text after the last `</think>` (whole output if none), EOS dropped, stripped
     reasons: bool = True  # the model's template reasons (`SpecialIds.reasons`): else no think structure is judged
     model_opens: bool = False  # the model writes the opening `<think>` itself (its generation prompt does not)
+    # Per row, whether its prompt ends inside an open think block (None: as the model's generation prompt does). A
+    # template that opens the block may leave a turn without it (DeepSeek-R1's after tool results): that answer was
+    # not asked to reason.
+    prompt_opened: np.ndarray | None = None
+
+    def opened_by_prompt(self) -> np.ndarray:
+        if self.prompt_opened is not None:
+            return self.prompt_opened
+        return np.full(len(self), self.reasons and not self.model_opens, dtype=bool)
 
     def __len__(self) -> int:
         return int(self.lengths.size)
@@ -51,6 +60,7 @@ class OutputProfile:
             blank_reasoning=joined("blank_reasoning", bool),
             answer_texts=[text for p in profiles for text in p.answer_texts],
             **(_model_flags(profiles[0]) if profiles else {}),
+            prompt_opened=np.concatenate([p.opened_by_prompt() for p in profiles]) if profiles else None,
         )
 
 
@@ -69,8 +79,27 @@ def _is_blank(ids: np.ndarray, decode: Decode) -> bool:
     return ids.size <= _BLANK_PROBE_TOKENS or not decode(ids.tolist()).strip()
 
 
-def profile_outputs(outputs: ListColumn, special: SpecialIds, decode: Decode) -> OutputProfile:
-    """Thinking structure and answer text per output: completions' `output_ids` or training rows' supervised part."""
+def prompts_opening_reasoning(prompts: ListColumn, special: SpecialIds) -> np.ndarray:
+    """Per prompt, whether it ends inside an open think block: its last `<think>` after its last `</think>`."""
+
+    def opened(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
+        rows = offsets.size - 1
+        last_start, last_end = np.full(rows, -1), np.full(rows, -1)
+        if special.reasons:
+            for token, last in ((special.think_start, last_start), (special.think_end, last_end)):
+                positions = np.flatnonzero(values == token)
+                last[row_of(offsets, positions)] = positions  # ascending: the last one per row stays
+        return last_start > last_end
+
+    parts = [opened(*list_buffers(chunk)) for chunk in list_chunks(prompts)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+
+
+def profile_outputs(
+    outputs: ListColumn, special: SpecialIds, decode: Decode, prompts: ListColumn | None = None
+) -> OutputProfile:
+    """Thinking structure and answer text per output: completions' `output_ids` or training rows' supervised part;
+    with their `prompts`, whether each prompt opened the think block (`OutputProfile.prompt_opened`)."""
     profiles = []
     eos = set(special.eos_ids)
     for chunk in list_chunks(outputs):
@@ -103,4 +132,7 @@ def profile_outputs(outputs: ListColumn, special: SpecialIds, decode: Decode) ->
         profiles.append(
             OutputProfile(np.diff(offsets), think_ends, think_starts, blank, answers, **model_flags(special))
         )
-    return OutputProfile.concat(profiles)
+    profile = OutputProfile.concat(profiles)
+    if prompts is not None:
+        profile.prompt_opened = prompts_opening_reasoning(prompts, special)
+    return profile

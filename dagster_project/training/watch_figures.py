@@ -73,7 +73,8 @@ _HEAD = 80
     VERIFY,
     HEAD,
     FINISHED,
-) = range(14)
+    PROMPT_OPENED,
+) = range(15)
 
 
 def answer_key(text: str) -> str:
@@ -124,8 +125,9 @@ class AnswerQualityWatch:
         """One journaled row as the watch keeps it."""
         ok = row["status"] == STATUS_OK
         outputs = pa.array([row.get("output_ids") or [] if ok else []], type=pa.list_(pa.int64()))
-        profile = profile_outputs(outputs, self.special, self.decode)
-        prompt = row_digests(pa.array([row.get("prompt_ids") or []], type=pa.list_(pa.int64())))[0]
+        prompts = pa.array([row.get("prompt_ids") or []], type=pa.list_(pa.int64()))
+        profile = profile_outputs(outputs, self.special, self.decode, prompts)
+        prompt = row_digests(prompts)[0]
         return [
             row["event_id"],
             row["status"] if ok else row.get("error_kind") or "error",
@@ -143,6 +145,7 @@ class AnswerQualityWatch:
             if ok
             else (row.get("error_message") or "")[:_HEAD],
             row.get("finished_at"),
+            bool(profile.opened_by_prompt()[0]),
         ]
 
     def _answer_end(self, row: Mapping[str, Any]) -> str | None:
@@ -248,6 +251,12 @@ def _profile(answered: Sequence[list], special: SpecialIds) -> ShardProfile:
         blank_reasoning=np.array([row[BLANK] for row in answered], dtype=bool),
         answer_texts=[row[ANSWER] for row in answered],
         **model_flags(special),
+    )
+    # A row stored before rows carried it: as the model's generation prompt does.
+    opens = outputs.opened_by_prompt()
+    outputs.prompt_opened = np.array(
+        [row[PROMPT_OPENED] if len(row) > PROMPT_OPENED else default for row, default in zip(answered, opens)],
+        dtype=bool,
     )
     return ShardProfile(
         loss_sums=lengths,

