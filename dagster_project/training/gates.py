@@ -37,8 +37,10 @@ itself (`training.evidence`: the exact binomial tail for the sample at hand, so 
   weighed among many values.
 * **every row has a supervised pair** (two consecutive supervised tokens): SpecForge's DFlash rejects a
   row without one, and a batch without any raises.
-* **thinking structure** (thinking on): in a finished answer, exactly one `</think>`, no `<think>`, and
-  non-blank reasoning before it; at most 1% of finished answers may break this.
+* **thinking structure** (thinking on, a template that reasons): in a finished answer, exactly one `</think>`, no
+  `<think>` (one, for a model that opens the block itself), and non-blank reasoning before it; at most 1% of
+  finished answers may break this. An answer whose prompt left the block closed where the template opens it
+  elsewhere (DeepSeek-R1's reply to tool results) was not asked to reason and is not judged.
 * **degenerate answers**: no answer text on more than 5% of distinct prompts (never on fewer than 5), weighed
   among many answers like the loss sums.
 * **short answers**: at most 10% of finished answers under 8 characters, at most 1% empty.
