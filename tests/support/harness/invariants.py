@@ -25,7 +25,7 @@ from dagster_project.records import HISTORY_GENERATED, STATUS_OK, Conversation
 from dagster_project.store.jsonl import read_jsonl_zst
 from dagster_project.tokenizer import special_ids
 from dagster_project.tool_calls import parse_tool_calls
-from dagster_project.training import gate_sets, gates
+from dagster_project.training import gate_result, gate_sets, gates
 from dagster_project.training.lengths import LengthGateOptions
 from dagster_project.training.shards import iter_training_batches, read_training_manifest
 from dagster_project.training.tool_call_gate import ToolCallGateOptions
@@ -347,7 +347,7 @@ def healthy_run_is_quiet(run: JobRun, stored: Stored, tokenizer: Any) -> list[st
     return violations
 
 
-def _gates(run: JobRun, stored: Stored, shard: int, tokenizer: Any) -> list[gates.GateResult]:
+def _gates(run: JobRun, stored: Stored, shard: int, tokenizer: Any) -> list[gate_result.GateResult]:
     """The completions and training-set gates at their default thresholds, as their checks run them."""
     special = special_ids(tokenizer)
     completions = pa.Table.from_pylist(stored.completions[shard])
