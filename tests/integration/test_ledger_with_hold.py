@@ -16,7 +16,6 @@ import json
 import os
 
 import dagster as dg
-from dagster_aws.s3 import S3Resource
 
 from dagster_project.assets.completions import completions
 from dagster_project.assets.conversations import conversations
@@ -30,11 +29,10 @@ from dagster_project.generation.line_hold import read_hold, read_hold_log
 from dagster_project.generation.shards import read_completions_manifest, shard_coverage
 from dagster_project.generation.unrecorded import STOPPED_IN_FLIGHT
 from dagster_project.ops.answers.waste import WasteCause
-from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.export import specforge_key
-from tests.support.dagster_helpers import BIN_DIR, run_cli
+from tests.support.dagster_helpers import BIN_DIR, in_process_resources, run_cli
 from tests.support.harness.invariants import LEDGER_TOLERANCE
 from tests.support.harness.run import generation_tokens_total
 from tests.support.sglang_fixtures import wait_until
@@ -69,12 +67,7 @@ def _settled(fleet) -> bool:
 def test_a_fleet_gone_bad_is_held_released_and_finished_and_the_ledger_equals_what_it_generated(sim_fleet, tmp_path):
     fleet = sim_fleet(2, FLEET)
     store = LocalStore(tmp_path / "store")
-    resources = {
-        "store": DatasetStore(root=store.uri, work_dir=str(tmp_path / "work"), s3=S3Resource()),
-        "tokenizer": TokenizerResource(),
-        "generation": GenerationConfig(),
-        "fleet": SGLangFleet(endpoints=fleet.urls),
-    }
+    resources = in_process_resources(store, tmp_path / "work", fleet.urls)
     operator = {name: value for name, value in os.environ.items() if not name.startswith(("DFLASH_", "DAGSTER_"))}
     operator |= {"DFLASH_STORE": str(store.root), "DFLASH_SGLANG_ENDPOINTS": ",".join(fleet.urls)}
     with dg.instance_for_test() as instance:
