@@ -41,7 +41,7 @@ from benchmarks.report import write_section
 from dagster_project.generation.line_stop import WatchOptions
 from dagster_project.sglang.sim.outputs import parse_length_distribution
 from dagster_project.tokenizer import load_tokenizer, special_ids
-from dagster_project.training import evidence, gates
+from dagster_project.training import evidence, gate_result, gates
 from dagster_project.training.evidence import percent
 from dagster_project.training.gate_sets import MAX_ERROR_SHARE, MAX_LENGTH_CAPPED_SHARE, share_gate
 from dagster_project.training.output_profile import OutputProfile, profile_outputs
@@ -185,7 +185,7 @@ class Simulator:
         return Answers(kinds, tokens, texts, first)
 
 
-def judge(answers: Answers, disaster: DisasterFigures) -> list[gates.GateResult]:
+def judge(answers: Answers, disaster: DisasterFigures) -> list[gate_result.GateResult]:
     """The gates over these answers, as the completions and training-set checks run them."""
     kinds, events = answers.kinds, int(answers.kinds.size)
     ok = kinds != KINDS.index("error")
@@ -222,7 +222,7 @@ def judge(answers: Answers, disaster: DisasterFigures) -> list[gates.GateResult]
     ]
 
 
-def fixed_rule_blocks(result: gates.GateResult) -> bool:
+def fixed_rule_blocks(result: gate_result.GateResult) -> bool:
     """The verdict of the rule before `training.evidence`, from the same result's figures."""
     m = result.metadata
     if result.name in ("error_rate", "length_capped_rate"):
@@ -240,7 +240,7 @@ def fixed_rule_blocks(result: gates.GateResult) -> bool:
     raise ValueError(result.name)
 
 
-RULES: dict[str, Callable[[gates.GateResult], bool]] = {
+RULES: dict[str, Callable[[gate_result.GateResult], bool]] = {
     "fixed": fixed_rule_blocks,
     "evidence": lambda result: not result.passed,
 }

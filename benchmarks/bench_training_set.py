@@ -36,7 +36,7 @@ from dagster_project.records import COMPLETION_SCHEMA
 from dagster_project.store.manifest import ids_digest, iter_parquet_batches, publish_shard, verify_shard
 from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import load_tokenizer, special_ids
-from dagster_project.training import gates
+from dagster_project.training import gates, row_gates
 from dagster_project.training.export import export_shard, record_verdict
 from dagster_project.training.shards import iter_training_batches, training_manifest
 from dagster_project.training.stage import AssemblyOptions, assemble_shard
@@ -129,7 +129,7 @@ def _gates(root: str, shards: int) -> int:
         results = gates.shard_gates(profile, vocab_size=special.vocab_size, enable_thinking=True)
         completions = completions_manifest(store, shard)
         batches = iter_parquet_batches(store, completions, ["event_id", "prompt_ids", "output_ids"])
-        results.append(gates.ids_match_completions(profile.digests, batches))
+        results.append(row_gates.ids_match_completions(profile.digests, batches))
         manifest = training_manifest(store, shard)
         record_verdict(store, manifest, "gates", {r.name: r.message for r in results if not r.passed})
         tokens += manifest.tokens

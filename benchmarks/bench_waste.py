@@ -11,19 +11,22 @@ mean), as a pilot run on simulators would measure them (natural lengths; none re
 Measured: `--shards` shards of synthetic single-turn prompts (one of them an MT-Bench question, quarantined by the
 contamination check) through the real stages in this process (no Dagster): two simulators at that length setting,
 `max_new_tokens` 8,192 (so some answers are length-capped in a run this small), the fleet's life recorded as `fleet
-up` records it, every shard generated and assembled at max_length 4,096 (`keep`), one training shard blocked by a
-recorded gate verdict; a hold put on the line before the first shard (its run refuses to start) and released; a server
-fault: one simulator breaks the answer contract on a share of its answers (the end id mid-answer), which the
-dispatcher refuses, retries elsewhere and, after a few, sets the server aside until its canary passes. Then `dflash
-status`'s answers (`collect_status`) after the fleet is down, the ledger among them, against what the simulators
-themselves counted (`sglang:generation_tokens_total`, read before they stop). Results go to the `waste` section of
-BENCHMARKS.md.
+up` records it, every shard generated with the quality watch on and assembled at max_length 4,096 (`keep`), one
+training shard blocked by a recorded gate verdict; a hold: simulator 0 goes bad as shard 0 starts (the seed's "OK.")
+while simulator 1 writes its long answers, the watch holds the line and stops the run at once (`hold_drain_s` 0: the
+answers in flight are aborted), the hold is released without --override (the answers from its onset dropped and
+asked again) and simulator 0 made healthy; a server fault: simulator 1 breaks the answer contract on a share of its
+answers (the end id mid-answer), which the dispatcher refuses, retries elsewhere and, after a few, sets the server
+aside until its canary passes. Then `dflash status`'s answers (`collect_status`) after the fleet is down, the ledger
+among them, against what the simulators themselves counted (`sglang:generation_tokens_total`, read before they stop).
+Results go to the `waste` section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import tempfile
 import time
@@ -33,7 +36,8 @@ from benchmarks.report import write_section
 from dagster_project.conversations.contamination import ContaminationOptions, scan_conversations, write_report
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions
 from dagster_project.generation.fleet_life import close_lives, record_fleet_up
-from dagster_project.generation.line_hold import Hold, LineHeld, put_hold, release_hold
+from dagster_project.generation.line_hold import LineHeld, read_hold, release_hold
+from dagster_project.generation.line_stop import WatchOptions
 from dagster_project.generation.stage import generate_shard
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops.answers.cost import FleetCost, render_cost
@@ -44,9 +48,10 @@ from dagster_project.ops.status import collect_status
 from dagster_project.sglang.launch import launch_simulators, stop_fleet
 from dagster_project.sglang.sim.outputs import parse_length_distribution
 from dagster_project.store.verdicts import record_verdict
-from dagster_project.tokenizer import load_tokenizer
+from dagster_project.tokenizer import load_tokenizer, special_ids
 from dagster_project.training.shards import AssemblyOptions, training_manifest
 from dagster_project.training.stage import assemble_shard
+from dagster_project.training.watch_figures import AnswerQualityWatch
 from tests.support.ingest_helpers import run_stages
 from tests.support.paths import SHARED
 from tests.support.sglang_fixtures import call
@@ -59,6 +64,9 @@ MEASURED_MAX_NEW_TOKENS = 8192
 SIMULATORS = 2
 PRICE_PER_GPU_HOUR = 27.0 / 7
 FAULTY = {"eos_mid_answer_share": 0.05}  # simulator 1's fault: answers breaking the contract, refused
+GOES_BAD = {"bad_model_share": 1.0}  # simulator 0 from shard 0's start until the release: the seed's "OK."
+# The watch holds from the third answer (a shard holds 8) and stops the run at once, its long answers in flight.
+WATCH = WatchOptions(watch_min_answers=3, watch_judge_every=1, watch_poll_interval_s=0.2, hold_drain_s=0.0)
 MT_BENCH_81 = (
     "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
     "and must-see attractions."
@@ -106,18 +114,23 @@ def generation_tokens_total(url: str) -> int:
 _GENERATED = "sglang:generation_tokens_total"
 
 
-def held_then_released(store, shard: int, run) -> None:
-    """A hold on the line: the shard's run refuses to start; released, it runs."""
-    put_hold(
-        store, Hold("bench_rehearsal", "a hold the benchmark puts and releases", 0.0, 0.0, 0, "fleet", time.time())
-    )
+def held_then_released(store, run, fleet) -> str:
+    """Shard 0 with simulator 0 gone bad: the watch holds the line mid-shard; released without --override, with
+    simulator 0 healthy again. Returns what held the line."""
+    call(fleet.urls[0] + "/_sim/faults", GOES_BAD)
     try:
-        run()
+        run(0)
     except LineHeld:
         pass
     else:
-        raise AssertionError(f"shard {shard} ran while the line was held")
-    release_hold(store, by="bench_waste", reason="the benchmark's rehearsed hold")
+        raise AssertionError("shard 0 was not held: the watch let simulator 0's disaster through")
+    hold = read_hold(store)
+    release_hold(store, by="bench_waste", reason="restarted simulator 0 on the right weights")
+    call(fleet.urls[0] + "/_sim/faults", method="DELETE")
+    return (
+        f"gate {hold.gate} at {hold.figure:.0%} (threshold {hold.threshold:.0%}) over {hold.sample_size} answers of "
+        "shard 0, released without --override"
+    )
 
 
 def measured_section(shards: int, root: Path) -> str:
@@ -134,16 +147,20 @@ def measured_section(shards: int, root: Path) -> str:
     tokenizer = load_tokenizer()
     call(fleet.urls[1] + "/_sim/faults", FAULTY)
 
+    special = special_ids(tokenizer)
+
     def generate(shard: int) -> None:
         dispatcher = Dispatcher(fleet.urls, DispatchOptions())
+        watch = AnswerQualityWatch(special, tokenizer.decode, settings=settings)
         generate_shard(
-            store, shard, tokenizer=tokenizer, settings=settings, dispatcher=dispatcher, work_dir=root / "work"
-        )
+            store, shard, tokenizer=tokenizer, settings=settings, dispatcher=dispatcher, work_dir=root / "work",
+            watch=watch, watch_options=WATCH,
+        )  # fmt: skip
 
     started = time.time()
     try:
         record_fleet_up(store, "bench", "simulator", SIMULATORS, PRICE_PER_GPU_HOUR)
-        held_then_released(store, 0, lambda: generate(0))
+        held = held_then_released(store, generate, fleet)
         for shard in range(shards):
             generate(shard)
         fleet_generated = sum(generation_tokens_total(url) for url in fleet.urls)
@@ -166,9 +183,10 @@ def measured_section(shards: int, root: Path) -> str:
     total = waste.trained_output_tokens + waste.pending_output_tokens + waste.wasted_output_tokens
     return (
         f"### A measured run: {shards} shards, {SIMULATORS} simulators, `max_new_tokens` {MEASURED_MAX_NEW_TOKENS:,}, "
-        f"max_length 4,096, shard {blocked} blocked, one evaluation-set match, a hold and its release, simulator 1 "
-        f"breaking the answer contract ({FAULTY})\n\n"
-        f"Generated in {generated_s:,.0f} s. The ledger (`dflash status` after `fleet down`):\n\n"
+        f"max_length 4,096, shard {blocked} blocked, one evaluation-set match, simulator 0 gone bad in shard 0 "
+        f"({GOES_BAD}) held by the watch and released, simulator 1 breaking the answer contract ({FAULTY})\n\n"
+        f"The hold: {held}. Generated in {generated_s:,.0f} s (load average {os.getloadavg()[0]:.1f}: the 2 cores "
+        "shared). The ledger (`dflash status` after `fleet down`):\n\n"
         "| cause | answers | output tokens | GPU-s | $ |\n|---|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
         f"| trained | | {waste.trained_output_tokens:,} | | |\n| pending | | {waste.pending_output_tokens:,} | | |\n"
         f"| **generated** | | **{waste.generated_output_tokens:,}** | | |\n\n"

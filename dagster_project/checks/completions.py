@@ -19,7 +19,7 @@ from dagster_project.store.manifest import verify_shard
 from dagster_project.store.storage import Store
 from dagster_project.store.verdicts import record_verdict
 from dagster_project.tokenizer import special_ids
-from dagster_project.training import gate_messages, gate_sets, gates
+from dagster_project.training import gate_messages, gate_result, gate_sets, gates
 from dagster_project.training.gate_sets import SPEC_ACCEPT_LENGTH_FLOOR
 
 QUALITY_DESCRIPTIONS = {
@@ -46,7 +46,7 @@ def _exactly_once(context: dg.AssetCheckExecutionContext, shard: int, data: Stor
     manifest = completions_manifest(data, shard)
     coverage = shard_coverage(data, shard)
     verdict = gate_messages.actionable(
-        gates.GateResult("exactly_once", coverage.exact, coverage.describe()),
+        gate_result.GateResult("exactly_once", coverage.exact, coverage.describe()),
         limits=None,
         where=gate_messages.COMPLETIONS_GATES,
         examples=[*coverage.missing, *coverage.duplicated, *coverage.unexpected],
@@ -77,7 +77,7 @@ def _published(context: dg.AssetCheckExecutionContext, shard: int, data: Store) 
     manifest = completions_manifest(data, shard)
     problems = verify_shard(data, manifest)
     verdict = gate_messages.actionable(
-        gates.GateResult("published", not problems, "; ".join(problems) or "manifest and objects agree"),
+        gate_result.GateResult("published", not problems, "; ".join(problems) or "manifest and objects agree"),
         limits=None,
         where=gate_messages.COMPLETIONS_GATES,
     )

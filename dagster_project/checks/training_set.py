@@ -21,7 +21,7 @@ from dagster_project.store import layout
 from dagster_project.store.manifest import iter_parquet_batches
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import special_ids
-from dagster_project.training import gate_messages, gate_sets, gates
+from dagster_project.training import gate_messages, gate_result, gate_sets, gates
 from dagster_project.training.export import record_verdict
 from dagster_project.training.lengths import KEEP, LengthGateOptions
 from dagster_project.training.shards import TrainingShardManifest, iter_training_batches, training_manifest
@@ -142,7 +142,9 @@ def _gx_result(
     context: dg.AssetCheckExecutionContext, data: Store, manifest: TrainingShardManifest, outcome: SuiteOutcome
 ) -> dg.AssetCheckResult:
     verdict = gate_messages.actionable(
-        gates.GateResult("gx_suite", outcome.success, outcome.message), limits=None, where=gate_messages.TRAINING_GATES
+        gate_result.GateResult("gx_suite", outcome.success, outcome.message),
+        limits=None,
+        where=gate_messages.TRAINING_GATES,
     )
     record_verdict(data, manifest, "gx_suite", {} if outcome.success else {"gx_suite": verdict.message})
     result = dg.AssetCheckResult(

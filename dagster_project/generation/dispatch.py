@@ -152,6 +152,7 @@ class _Attempt:
     abandoned: bool = False  # its server was written off; a hedge runs elsewhere
     answer_begun: float | None = None  # when its answer's status and headers arrived: its server is done with it
     superseded: bool = False  # another attempt won or was sent: this one is aborted, its tokens are waste
+    stopped: bool = False  # in flight when the run stopped: aborted, its tokens are waste
 
 
 def _iterate(
@@ -656,16 +657,14 @@ class Dispatcher(Resends, ServerChecks):
             raise
 
     async def _shutdown(self, helpers: list[asyncio.Task], session: aiohttp.ClientSession) -> None:
-        """Stop helpers; on failure also cancel what is in flight and abort it on the servers."""
-        in_flight = [a for s in self._servers for a in s.in_flight.values()] + list(self._superseded.values())
-        for attempt in in_flight:
-            attempt.task.cancel()
-            self._abort_later(attempt.server, attempt.rid)
+        """Stop helpers; abort what is still in flight (a run that failed or was stopped) and what was superseded,
+        reading their aborted answers for the tokens they wrote (`resend.Resends._settle_at_stop`)."""
         for task in helpers:
             task.cancel()
         if self._pull is not None:
             self._pull.cancel()
-        pending = [*helpers, *(a.task for a in in_flight), *self._probes]
+        await self._settle_at_stop()
+        pending = [*helpers, *self._probes]
         if self._aborts:
             # Aborts get a moment to reach live servers; probes and canaries are simply cancelled.
             await asyncio.wait(self._aborts, timeout=2.0)

@@ -343,6 +343,7 @@ class ShardGeneration:
                 reporting.cancel()
                 await asyncio.gather(reporting, return_exceptions=True)
                 await reporter.checkpoint_journal()
+                await reporter.record_unrecorded()  # after the dispatcher's stop: what it aborted is counted
                 await reporter.beat()
         return self.snapshot()
 

@@ -4,6 +4,9 @@
 * every minute or so, what its journal gained since the last checkpoint, as one more append-only segment
   under `<store>/progress/journal/shard=NNNNN/<fingerprint>/<writer>/`, so a run resumed on another node
   loses at most that minute of work and no checkpoint of a run re-uploads what an earlier one stored;
+* at each checkpoint and at its end, what its servers generated that is in no record (`generation.unrecorded`),
+  under `<store>/progress/unrecorded/shard=NNNNN/<fingerprint>/<writer>.json`: a run stopped before it published (a
+  hold, a failure) keeps its count, which the run that publishes the shard adds to its manifest's;
 * at a slower pace, a progress line for Dagster's logs (each one is a database write).
 
 It also renews the shard's lease (every checkpoint, or a quarter of the lease's time to live if that is
@@ -29,10 +32,12 @@ from typing import Any
 
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.progress import Heartbeat
+from dagster_project.generation.shards import unrecorded_of
+from dagster_project.generation.unrecorded import Unrecorded
 from dagster_project.processes import live_process, this_process
 from dagster_project.store import object_index
-from dagster_project.store.dataclass_json import to_json
-from dagster_project.store.layout import PROGRESS, SHARD_DIGITS, progress_key
+from dagster_project.store.dataclass_json import parse_record, to_json
+from dagster_project.store.layout import PROGRESS, SHARD_DIGITS, progress_key, unrecorded_prefix
 from dagster_project.store.lease import Lease, LeaseLost
 from dagster_project.store.storage import Store, StoreError
 
@@ -107,6 +112,27 @@ def restore_journal(store: Store, shard: int, fingerprint: str, local_path: Path
 
 
 @dataclass(frozen=True)
+class RunUnrecorded:
+    """One shard run's answers in no record and their output tokens, by cause, as its reporter last wrote them."""
+
+    run_id: str | None = None
+    answers: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+
+
+def read_runs_unrecorded(store: Store, shard: int, fingerprint: str, *, leaving_out: str = "") -> Unrecorded:
+    """What the shard's runs under these settings recorded of their answers in no record, summed; the run of writer
+    `leaving_out` is left out (the run that publishes counts its own from its dispatcher)."""
+    prefix = unrecorded_prefix(shard, fingerprint)
+    total = Unrecorded()
+    for info in store.list(prefix):
+        if info.key != f"{prefix}{leaving_out}.json":
+            record = parse_record(store, info.key, RunUnrecorded, store.get_bytes(info.key))
+            total += Unrecorded.of({"answers": record.answers, "tokens": record.tokens})
+    return total
+
+
+@dataclass(frozen=True)
 class ReportIntervals:
     """How often a running shard reports (the `completions` op config)."""
 
@@ -149,6 +175,12 @@ class ShardReporter:
         default_factory=lambda: f"{time.time_ns():020d}-{socket.gethostname()}-{os.getpid()}", init=False
     )
     _beaten: bool = field(default=False, init=False)  # a heartbeat of this run is in the store
+    _unrecorded_stored: Unrecorded = field(default_factory=Unrecorded, init=False)
+
+    @property
+    def writer(self) -> str:
+        """This run's name among the shard's writers (its journal segments' folder, its unrecorded count's key)."""
+        return self._writer
 
     def report(self) -> Heartbeat:
         host, pid, start = this_process()
@@ -214,6 +246,17 @@ class ShardReporter:
             self.checkpointed_bytes += complete
             self.segments_written += 1
 
+    async def record_unrecorded(self) -> None:
+        """Store what the run's servers generated that is in no record so far, when it changed: a run that stops
+        before it publishes keeps its count. A failed write is retried at the next checkpoint."""
+        counted = unrecorded_of(self.snapshot())
+        if self.fenced or counted == self._unrecorded_stored:
+            return
+        record = RunUnrecorded(self.run_id, dict(counted.answers), dict(counted.tokens))
+        key = f"{unrecorded_prefix(self.shard, self.fingerprint)}{self._writer}.json"
+        if await self._guarded("record of the answers in no record", self.store.put_bytes, key, to_json(record)):
+            self._unrecorded_stored = counted
+
     async def beat(self) -> None:
         """Write the heartbeat, fenced by the lease like a publish: a run paused past its lease's expiry (SIGSTOP,
         a long pause) renews it first, and finding it taken over writes nothing (its `run` raises `LeaseLost`),
@@ -250,6 +293,7 @@ class ShardReporter:
                 last_renewal = now
             if now - last_checkpoint >= self.intervals.checkpoint_interval_s:
                 await self.checkpoint_journal()
+                await self.record_unrecorded()
                 last_checkpoint = now
             if self.on_progress is not None and now - last_log >= self.intervals.log_interval_s:
                 self.on_progress(self.report())

@@ -104,7 +104,10 @@ class WatchOptions:
     )
     hold_drain_s: float = field(
         default=300.0,
-        metadata={"help": "After a hold, seconds in-flight requests may take to finish before they are cancelled."},
+        metadata={
+            "help": "After a hold, seconds in-flight requests may take to finish before they are aborted (what they "
+            "wrote is counted: the waste ledger's stopped_in_flight)."
+        },
     )
 
 

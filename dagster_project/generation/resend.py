@@ -24,7 +24,13 @@ from dagster_project.generation.dispatch_types import DispatchOptions, DispatchS
 from dagster_project.generation.ledger import FleetLedger
 from dagster_project.generation.server_checks import QUARANTINED, ServerState
 from dagster_project.generation.server_watch import SLOWNESS
-from dagster_project.generation.unrecorded import ERRORS_AND_RETRIES, LOST_HEDGES, REFUSED, RESENT_ORIGINAL
+from dagster_project.generation.unrecorded import (
+    ERRORS_AND_RETRIES,
+    LOST_HEDGES,
+    REFUSED,
+    RESENT_ORIGINAL,
+    STOPPED_IN_FLIGHT,
+)
 from dagster_project.sglang.answer_contract import MALFORMED_ANSWER_KINDS
 from dagster_project.sglang.client import ABORTED, GenerateResult, SGLangError
 
@@ -33,6 +39,8 @@ logger = logging.getLogger(__name__)
 _ABORT_TIMEOUT_S = 5.0  # an abort is one small POST: a server that cannot take it in this long is hung
 # A server that held an aborted request answers it at once; one that never got it (lost on the way) never answers.
 _ABORTED_ANSWER_WAIT_S = 5.0
+# When the run stops, a server gets this long to take the aborts of what is still there (a hung one never does).
+_ABORT_AT_STOP_TIMEOUT_S = 2.0
 
 
 def unrecorded_cause(error: SGLangError) -> str:
@@ -46,6 +54,7 @@ class Resends:
     options: DispatchOptions
     ledger: FleetLedger | None
     stats: DispatchStats
+    _servers: list[ServerState]
     _clock: Callable[[], float]
     _aborts: set[asyncio.Task]
     _superseded: dict  # rid -> attempt superseded and not settled yet: its answer (aborted, or late) still counts
@@ -123,10 +132,11 @@ class Resends:
             server.done += 1
             server.completion_tokens += result.completion_tokens
             self.stats.late_results += 1
-            self._unrecorded(server, LOST_HEDGES, result.completion_tokens)
+            self._unrecorded(server, STOPPED_IN_FLIGHT if attempt.stopped else LOST_HEDGES, result.completion_tokens)
         elif error.kind == ABORTED:
             server.watch.answered(now)
-            self._unrecorded(server, RESENT_ORIGINAL, error.partial.completion_tokens if error.partial else 0)
+            cause = STOPPED_IN_FLIGHT if attempt.stopped else RESENT_ORIGINAL
+            self._unrecorded(server, cause, error.partial.completion_tokens if error.partial else 0)
         elif error.partial is not None:  # it failed otherwise (broke the contract): what it wrote is in no record
             self._unrecorded(server, unrecorded_cause(error), error.partial.completion_tokens)
 
@@ -142,3 +152,32 @@ class Resends:
             return
         if (attempt := self._superseded.get(rid)) is not None:  # its aborted answer is due: stop waiting soon
             asyncio.get_running_loop().call_later(_ABORTED_ANSWER_WAIT_S, attempt.task.cancel)
+
+    async def _settle_at_stop(self) -> None:
+        """The run stops: every attempt still in flight (a run that failed, or a hold's drain that ran out) is given
+        up, and it and every superseded attempt not settled yet is aborted by its rid and its aborted answer read for
+        the tokens it wrote (`stopped_in_flight`, or the superseded one's cause). Cancelled unread instead, what they
+        wrote would be in the server's count (`sglang:generation_tokens_total`) and in none of ours wherever the abort
+        reached them first (a proxy in front of the server that does not pass a disconnect on). An attempt whose abort
+        its server does not take in `_ABORT_AT_STOP_TIMEOUT_S` (hung, dead), or whose answer does not come in
+        `_ABORTED_ANSWER_WAIT_S`, is cancelled unread."""
+        for server in self._servers:
+            for attempt in list(server.in_flight.values()):
+                attempt.stopped = True
+                self._give_up(attempt)
+        settling = [asyncio.ensure_future(self._abort_and_read(a)) for a in list(self._superseded.values())]
+        try:
+            await asyncio.gather(*settling)
+        finally:  # (the run cancelled again meanwhile: what is left is cancelled unread)
+            for attempt in list(self._superseded.values()):
+                attempt.task.cancel()
+
+    async def _abort_and_read(self, attempt) -> None:
+        try:
+            await attempt.server.client.abort(attempt.rid, timeout=_ABORT_AT_STOP_TIMEOUT_S)
+        except SGLangError:
+            attempt.task.cancel()
+        else:
+            await asyncio.wait([attempt.task], timeout=_ABORTED_ANSWER_WAIT_S)
+            attempt.task.cancel()
+        await asyncio.gather(attempt.task, return_exceptions=True)

@@ -67,13 +67,20 @@ class GenerationSummary:
         return Unrecorded(Counter(), Counter({cause: n for cause, n in tokens.items() if n}))
 
     @classmethod
-    def of(cls, heartbeat: Heartbeat, rows: RowCounts, earlier: GenerationSummary | None = None) -> GenerationSummary:
+    def of(
+        cls,
+        heartbeat: Heartbeat,
+        rows: RowCounts,
+        earlier: GenerationSummary | None = None,
+        stopped_runs: Unrecorded | None = None,
+    ) -> GenerationSummary:
         """The run's rates, or when it generated nothing (a re-run of a finished shard) those of the run that
-        published the same rows before (`earlier`), if any; the counts of the rows themselves."""
+        published the same rows before (`earlier`), if any; the counts of the rows themselves. The answers in no
+        row: the run's, and those the shard's runs that stopped before publishing recorded (`stopped_runs`)."""
         generated = heartbeat.done_events > heartbeat.resumed_events
         if generated or earlier is None:
             lifetime, spec = (heartbeat.lifetime if generated else None), heartbeat.spec
-            unrecorded = unrecorded_of(heartbeat) if generated else Unrecorded()
+            unrecorded = (unrecorded_of(heartbeat) if generated else Unrecorded()) + (stopped_runs or Unrecorded())
         else:
             lifetime, spec, unrecorded = earlier.lifetime, earlier.spec, earlier.unrecorded
         return cls(
@@ -90,12 +97,7 @@ class GenerationSummary:
 
 def unrecorded_of(heartbeat: Heartbeat) -> Unrecorded:
     """What the run's servers generated that is in no row, by cause (their dispatcher's counts)."""
-    total = Unrecorded()
-    for view in heartbeat.servers.values():
-        counted = view.get("unrecorded") or {}
-        total.answers.update(counted.get("answers") or {})
-        total.tokens.update(counted.get("tokens") or {})
-    return total
+    return sum((Unrecorded.of(view.get("unrecorded") or {}) for view in heartbeat.servers.values()), Unrecorded())
 
 
 @dataclass

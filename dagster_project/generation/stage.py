@@ -36,6 +36,7 @@ from dagster_project.generation.heartbeat import (
     ReportIntervals,
     ShardReporter,
     journal_segments_prefix,
+    read_runs_unrecorded,
     restore_journal,
 )
 from dagster_project.generation.journal import Journal, drop_records_between
@@ -289,7 +290,10 @@ def generate_shard(
             expected = {c.event_id(t) for c in conversations for t in range(c.num_turns)}
             written = write_completions_parquet(journal, parquet, expected, settings)
             dropped = read_dropped_at_release(store, shard, fingerprint)
-            summary = GenerationSummary.of(last_heartbeat, written.counts, _earlier_summary(store, shard, fingerprint))
+            # The runs of the shard that stopped before publishing (held, failed) recorded theirs.
+            stopped_runs = read_runs_unrecorded(store, shard, fingerprint, leaving_out=reporter.writer)
+            earlier = _earlier_summary(store, shard, fingerprint)
+            summary = GenerationSummary.of(last_heartbeat, written.counts, earlier, stopped_runs)
             manifest = CompletionsShardManifest(
                 shard=shard,
                 rows=written.rows,

@@ -12,6 +12,9 @@ ERRORS_AND_RETRIES = "errors_and_retries"  # what failed attempts (aborted by th
 LOST_HEDGES = "lost_hedges"  # answers that arrived after another attempt of their request had won
 RESENT_ORIGINAL = "resent_original"  # what attempts aborted because their request was sent again wrote
 PROBES = "probes"  # the one-token canaries a set-aside server answers to rejoin
+# What requests in flight when their run stopped (a hold whose drain ran out, a failure, a lost lease) wrote before
+# they were aborted: their answers reach no record, and the shard's next run asks them again.
+STOPPED_IN_FLIGHT = "stopped_in_flight"
 
 
 @dataclass
@@ -27,3 +30,11 @@ class Unrecorded:
 
     def as_dict(self) -> dict:
         return {"answers": dict(self.answers), "tokens": dict(self.tokens)}
+
+    @classmethod
+    def of(cls, counted: dict) -> Unrecorded:
+        """From `as_dict`'s form."""
+        return cls(Counter(counted.get("answers") or {}), Counter(counted.get("tokens") or {}))
+
+    def __add__(self, other: Unrecorded) -> Unrecorded:
+        return Unrecorded(self.answers + other.answers, self.tokens + other.tokens)

@@ -41,7 +41,7 @@ from dagster_project.pilot_record import LengthDistribution, PilotRecord, write_
 from dagster_project.records import STATUS_OK
 from dagster_project.store.storage import Store
 from dagster_project.tokenizer import special_ids
-from dagster_project.training import gate_messages, gate_sets, gates
+from dagster_project.training import gate_messages, gate_result, gate_sets, gates
 from dagster_project.training.lengths import KEEP, LengthFigures, LengthGateOptions
 from dagster_project.training.shards import AssemblyOptions
 from dagster_project.training.stage import COMPLETION_COLUMNS, assemble_batches
@@ -181,7 +181,7 @@ def _judge(
     settings: GenerationSettings,
     tokenizer: Any,
     limits: PilotLimits,
-) -> tuple[list[gates.GateResult], np.ndarray]:
+) -> tuple[list[gate_result.GateResult], np.ndarray]:
     """Every completions gate and every training-set gate over the pilot's answers; the answers' output lengths."""
     special = special_ids(tokenizer)
     keys = limits.keys()
@@ -200,10 +200,10 @@ def _judge(
     )
     row_profile, row_results = _judge_rows(batches, settings, tokenizer, limits)
 
-    def judged(stage: str, result: gates.GateResult, profile: gates.ShardProfile) -> gates.GateResult:
+    def judged(stage: str, result: gate_result.GateResult, profile: gates.ShardProfile) -> gate_result.GateResult:
         examples = gate_messages.example_ids(result, profile, keys)
         result = gate_messages.actionable(result, limits=keys, where=PILOT_GATES, examples=examples)
-        return gates.GateResult(f"{stage}/{result.name}", result.passed, result.message, result.metadata)
+        return gate_result.GateResult(f"{stage}/{result.name}", result.passed, result.message, result.metadata)
 
     results = [judged("completions", r, answer_profile) for r in answer_results]
     results += [judged("training_set", r, row_profile) for r in row_results]
@@ -213,7 +213,7 @@ def _judge(
 
 def _judge_rows(
     batches: list[pa.RecordBatch], settings: GenerationSettings, tokenizer: Any, limits: PilotLimits
-) -> tuple[gates.ShardProfile, list[gates.GateResult]]:
+) -> tuple[gates.ShardProfile, list[gate_result.GateResult]]:
     """The answers assembled into training rows as `training_set` would, and the training set's gates on them."""
     special = special_ids(tokenizer)
     lengths = LengthFigures(limits.assembly.max_length, limits.assembly.length_policy)
@@ -244,5 +244,5 @@ def _judge_rows(
         max_length=None if assembly.length_policy == KEEP else assembly.max_length,
         finish_reasons=answer_ends(assembly.exclude_length_capped),
     )
-    results.append(gates.GateResult("gx_suite", suite.success, suite.message))
+    results.append(gate_result.GateResult("gx_suite", suite.success, suite.message))
     return profile, results

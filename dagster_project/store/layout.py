@@ -85,6 +85,12 @@ def dropped_key(shard: int) -> str:
     return f"{PROGRESS}/dropped/shard={shard:0{SHARD_DIGITS}d}.json"
 
 
+def unrecorded_prefix(shard: int, fingerprint: str) -> str:
+    """What the shard's runs under these settings generated that is in no record (`generation.unrecorded`): one
+    object per run, `<writer>.json`, so that a run stopped before it published (a hold, a failure) keeps its count."""
+    return f"{PROGRESS}/unrecorded/shard={shard:0{SHARD_DIGITS}d}/{fingerprint}/"
+
+
 def watch_key(shard: int) -> str:
     """A running shard's quality watch: its answers' figures so far, next to its heartbeat."""
     return f"{WATCH}/shard={shard:0{SHARD_DIGITS}d}.json"

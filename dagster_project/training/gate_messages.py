@@ -5,8 +5,8 @@ that wrote the rows it failed on (a server of another vocabulary, say, is named)
     examples, servers = example_ids(r, profile, config), writing_servers(r, profile, config)
     results = [actionable(r, limits=config, where=TRAINING_GATES, examples=examples, servers=servers) ...]
 
-The gates themselves (`training.gates`) judge; this only completes their messages, so every surface that shows
-a gate's message (the check's description, the run's log, the verdict next to the shard, `dflash status`) says
+The gates themselves (run by `training.gates`) judge; this only completes their messages, so every surface that
+shows a gate's message (the check's description, the run's log, the verdict next to the shard, `dflash status`) says
 what to do about it.
 """
 
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # `dflash status` reads the config keys without loading numpy
     import numpy as np
 
-    from dagster_project.training.gates import GateResult, ShardProfile
+    from dagster_project.training.gate_result import GateResult
+    from dagster_project.training.gates import ShardProfile
 
 EXAMPLES = 5
 

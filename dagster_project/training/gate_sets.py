@@ -2,8 +2,9 @@
 stages (`checks/completions.py`, `checks/training_set.py`) and the pilot (`pilot/stage.py`) call these, so a
 gate added to a stage's set judges the pilot's sample too, with the same thresholds.
 
-The gates themselves are in `training.gates` (answers and rows), `training.tool_call_gate` and
-`training.lengths`; here are only the completions' share gates (errors, length caps) and the two sets.
+The gates themselves are in `training.distribution_gates` and `training.row_gates` (run over a shard by
+`training.gates`), `training.tool_call_gate` and `training.lengths`; here are only the completions' share gates
+(errors, length caps) and the two sets.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from dagster_project.training import evidence, gates
+from dagster_project.training import evidence, gate_result, gates, row_gates
 from dagster_project.training.lengths import LengthFigures, LengthGateOptions
 from dagster_project.training.tool_call_gate import ToolCallGateOptions, malformed_tool_calls
 
@@ -58,12 +59,12 @@ def share_gate(
     by_kind: Mapping,
     *,
     false_block_rate: float = evidence.FALSE_BLOCK_RATE,
-) -> gates.GateResult:
+) -> gate_result.GateResult:
     """Blocks on evidence that more than `max_share` of the events `what` (`training.evidence`)."""
     weighed = evidence.weigh(count, total, max_share, false_block_rate=false_block_rate)
     passed = not weighed.blocks
     verdict = "ok" if passed else "BLOCKED"
-    return gates.GateResult(
+    return gate_result.GateResult(
         name,
         passed,
         f"{verdict}: {weighed.share:.1%} of events ({count}/{total}) {what} ({weighed.bound_text('events')})"
@@ -87,7 +88,7 @@ def completions_gates(
     enable_thinking: bool,
     thresholds: gates.GateThresholds,
     limits: CompletionShareLimits,
-) -> list[gates.GateResult]:
+) -> list[gate_result.GateResult]:
     """Every gate of `completions_quality`: the error and length-capped shares, then the answer gates over
     `profile` (`gates.profile_completion_batches`)."""
     results = [
@@ -119,7 +120,7 @@ def training_gates(
     thresholds: gates.GateThresholds,
     tool_calls: ToolCallGateOptions,
     length: LengthGateOptions,
-) -> list[gates.GateResult]:
+) -> list[gate_result.GateResult]:
     """Every row-level gate of `training_set_gates` over `profile` (`gates.profile_training_batches`):
     `completion_batches` (event_id, prompt_ids, output_ids) are the completions the rows were built from. The
     check adds `source_is_current` (which compares publications in the store)."""
@@ -128,6 +129,6 @@ def training_gates(
         malformed_tool_calls(
             profile.outputs.answer_texts, profile.finished, max_share=tool_calls.max_malformed_tool_call_share
         ),
-        gates.ids_match_completions(profile.digests, completion_batches),
-        gates.length_loss(lengths, max_lost_share=length.max_lost_supervised_share),
+        row_gates.ids_match_completions(profile.digests, completion_batches),
+        row_gates.length_loss(lengths, max_lost_share=length.max_lost_supervised_share),
     ]

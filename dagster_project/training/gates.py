@@ -9,10 +9,15 @@ Two layers, both plain numpy over Arrow list columns, one chunk at a time:
 * **per-row figures** — `list_lengths`, `row_sums`, `supervised_pairs`, `id_bounds`, `row_digests`,
   `split_by_mask` (in `training.row_figures`), and `profile_outputs` (in `training.output_profile`: thinking
   structure and answer text of generated outputs);
-* **gates over those figures** — `loss_sum_floor`, `loss_sum_concentration`, `consecutive_supervised`,
-  `ids_in_vocabulary`, `thinking_structure`, `degenerate_answers`, `short_answers`, `ids_match_completions`,
-  `length_loss`; `malformed_tool_calls` (the model's own tool calls) lives beside them in
-  `training.tool_call_gate`.
+* **gates over those figures** — the share gates, which weigh how many rows or answers show a sign against the
+  largest share a healthy shard may have (`training.distribution_gates`: `loss_sum_floor`,
+  `loss_sum_concentration`, `thinking_structure`, `degenerate_answers`, `short_answers`), and the row gates, which
+  every row must pass (`training.row_gates`: `consecutive_supervised`, `ids_in_vocabulary`, `length_loss`,
+  `ids_match_completions`); `malformed_tool_calls` (the model's own tool calls) lives beside them in
+  `training.tool_call_gate`. Each returns a `training.gate_result.GateResult`.
+
+This module gathers a shard's figures in one pass (`ShardProfile`) and runs its gates (`shard_gates`) by their
+thresholds (`GateThresholds`).
 
 They serve completions (`output_ids` is the would-be supervised part) and training rows (the part under
 `loss_mask == 1`) alike; end to end, per shard:
@@ -50,465 +55,51 @@ itself (`training.evidence`: the exact binomial tail for the sample at hand, so 
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from dagster_project.training.evidence import FALSE_BLOCK_RATE, weigh
-from dagster_project.training.lengths import LengthFigures
+from dagster_project.training.distribution_gates import (
+    LOSS_FLOOR,
+    MAX_BAD_THINKING_SHARE,
+    MAX_DEGENERATE_SHARE,
+    MAX_EMPTY_ANSWER_SHARE,
+    MAX_SHARE_BELOW_FLOOR,
+    MAX_SHORT_ANSWER_SHARE,
+    MAX_TOP_LOSS_SUM_SHARE,
+    MIN_REPEATS,
+    SHORT_ANSWER_CHARS,
+    degenerate_answers,
+    loss_sum_concentration,
+    loss_sum_floor,
+    short_answers,
+    thinking_structure,
+)
+from dagster_project.training.evidence import FALSE_BLOCK_RATE
+from dagster_project.training.gate_result import GateResult
 from dagster_project.training.output_profile import Decode, OutputProfile, profile_outputs
 from dagster_project.training.row_figures import (
     adjacent_per_row,
     id_bounds,
-    ids_digest,
-    list_buffers,
     list_lengths,
     row_digests,
     row_sums,
     split_by_mask,
     supervised_pairs,
 )
+from dagster_project.training.row_gates import (
+    MIN_SUPERVISED_PAIRS,
+    RowDigest,
+    consecutive_supervised,
+    ids_in_vocabulary,
+)
 
 if TYPE_CHECKING:
     from dagster_project.tokenizer import SpecialIds
 
-LOSS_FLOOR = 32
-MAX_SHARE_BELOW_FLOOR = 0.02
-MAX_TOP_LOSS_SUM_SHARE = 0.05
-MIN_REPEATS = 5
-MIN_SUPERVISED_PAIRS = 1
-MAX_BAD_THINKING_SHARE = 0.01
-MAX_DEGENERATE_SHARE = 0.05
-SHORT_ANSWER_CHARS = 8
-MAX_SHORT_ANSWER_SHARE = 0.10
-MAX_EMPTY_ANSWER_SHARE = 0.01
-
-_HISTOGRAM_TOP = 10
-_SAMPLE = 5
-
-
-@dataclass(frozen=True)
-class GateResult:
-    name: str
-    passed: bool
-    message: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-def _verdict(passed: bool, text: str) -> str:
-    return f"{'ok' if passed else 'BLOCKED'}: {text}"
-
-
-def _pct(part: int, whole: int) -> str:
-    return f"{100 * part / whole:.0f}%" if whole else "0%"
-
-
-def _share(part: int, whole: int) -> float:
-    return part / whole if whole else 0.0
-
-
-# ---- gates ----------------------------------------------------------------------------------------
-
-
-def loss_sum_histogram(loss_sums: np.ndarray, top: int = _HISTOGRAM_TOP) -> dict[str, int]:
-    """The most common loss_mask sums and their row counts, most common first."""
-    values, counts = np.unique(np.asarray(loss_sums), return_counts=True)
-    order = np.argsort(-counts, kind="stable")[:top]
-    return {str(int(values[i])): int(counts[i]) for i in order}
-
-
-def _quantiles(values: np.ndarray) -> dict[str, float]:
-    if not values.size:
-        return {}
-    points = np.percentile(values, [0, 5, 50, 95, 100])
-    return dict(zip(("min", "p5", "median", "p95", "max"), (float(p) for p in points), strict=True))
-
-
-def loss_sum_floor(
-    loss_sums: np.ndarray,
-    *,
-    floor: int = LOSS_FLOOR,
-    max_share_below: float = MAX_SHARE_BELOW_FLOOR,
-    false_block_rate: float = FALSE_BLOCK_RATE,
-) -> GateResult:
-    """Few rows may have fewer than `floor` supervised tokens; none at all means the shard is empty."""
-    sums = np.asarray(loss_sums)
-    rows, below = int(sums.size), int((sums < floor).sum())
-    evidence = weigh(below, rows, max_share_below, false_block_rate=false_block_rate)
-    metadata = {
-        "rows": rows,
-        "floor": floor,
-        "rows_below_floor": below,
-        "share_below_floor": _share(below, rows),
-        "max_share_below_floor": max_share_below,
-        **evidence.metadata(),
-        "loss_sum_quantiles": _quantiles(sums),
-    }
-    if not rows:
-        return GateResult("loss_sum_floor", False, _verdict(False, "the shard has no rows"), metadata)
-    passed = not evidence.blocks
-    text = (
-        f"{_pct(below, rows)} of rows ({below}/{rows}) have fewer than {floor} supervised tokens "
-        f"(median {np.median(sums):.0f}); {evidence.bound_text()}"
-    )
-    return GateResult("loss_sum_floor", passed, _verdict(passed, text), metadata)
-
-
-def loss_sum_concentration(
-    loss_sums: np.ndarray,
-    *,
-    max_top_share: float = MAX_TOP_LOSS_SUM_SHARE,
-    min_repeats: int = MIN_REPEATS,
-    floor: int = LOSS_FLOOR,
-    false_block_rate: float = FALSE_BLOCK_RATE,
-) -> GateResult:
-    """No single loss_mask sum may dominate: natural answer lengths spread; a template does not.
-
-    Any sum could be the most common one, so the evidence is weighed among many (`training.evidence`): whatever
-    the healthy spread of lengths, a shard where no sum's true share exceeds `max_top_share` is blocked at most
-    once in 1 / `false_block_rate`; and never below `min_repeats` rows on the sum.
-    """
-    sums = np.asarray(loss_sums)
-    rows = int(sums.size)
-    histogram = loss_sum_histogram(sums)
-    metadata: dict[str, Any] = {
-        "rows": rows,
-        "max_top_share": max_top_share,
-        "min_repeats": min_repeats,
-        "distinct_sums": int(np.unique(sums).size),
-        "top_sums": histogram,
-    }
-    if not rows:
-        return GateResult("loss_sum_concentration", True, _verdict(True, "no rows to check"), metadata)
-    top_value, top_count = next((int(v), c) for v, c in histogram.items())
-    evidence = weigh(
-        top_count, rows, max_top_share, false_block_rate=false_block_rate, among_many=True, min_count=min_repeats
-    )
-    metadata.update(top_sum=top_value, top_count=top_count, top_share=_share(top_count, rows), **evidence.metadata())
-    passed = not evidence.blocks
-    covered = f"{_pct(top_count, rows)} of rows ({top_count}/{rows})"
-    if passed:
-        text = f"the most common loss_mask sum ({top_value}) covers {covered}; {evidence.bound_text()}"
-    else:
-        text = f"{covered} have loss_mask sum exactly {top_value} — " + (
-            "the signature of empty reasoning + a one-word answer such as 'OK.'"
-            if top_value < floor
-            else "one output shape repeated across the shard"
-        )
-        text += f"; {evidence.bound_text()}"
-    return GateResult("loss_sum_concentration", passed, _verdict(passed, text), metadata)
-
-
-def consecutive_supervised(pair_counts: np.ndarray, *, min_pairs: int = MIN_SUPERVISED_PAIRS) -> GateResult:
-    """Every row needs two consecutive supervised tokens: without one DFlash has no anchor to train on."""
-    pairs = np.asarray(pair_counts)
-    rows, short = int(pairs.size), int((pairs < min_pairs).sum())
-    metadata = {
-        "rows": rows,
-        "min_pairs": min_pairs,
-        "rows_without_enough_pairs": short,
-        "min_pairs_in_a_row": int(pairs.min()) if rows else 0,
-        "sample_rows": np.flatnonzero(pairs < min_pairs)[:_SAMPLE].tolist(),
-    }
-    passed = short == 0
-    text = (
-        f"every row has at least {min_pairs} pair(s) of consecutive supervised tokens"
-        if passed
-        else f"{short}/{rows} rows have fewer than {min_pairs} pair(s) of consecutive supervised tokens "
-        "— DFlash cannot place an anchor in them"
-    )
-    return GateResult("consecutive_supervised", passed, _verdict(passed, text), metadata)
-
-
-def ids_in_vocabulary(min_ids: np.ndarray, max_ids: np.ndarray, vocab_size: int) -> GateResult:
-    """Every id lies in [0, vocab_size): anything else is a corrupted row or a different tokenizer."""
-    low, high = np.asarray(min_ids), np.asarray(max_ids)
-    bad = (low < 0) | (high >= vocab_size)
-    rows, bad_rows = int(low.size), int(bad.sum())
-    metadata = {
-        "rows": rows,
-        "vocab_size": vocab_size,
-        "rows_out_of_range": bad_rows,
-        "min_id": int(low.min()) if rows else 0,
-        "max_id": int(high.max()) if rows else -1,
-        "sample_rows": np.flatnonzero(bad)[:_SAMPLE].tolist(),
-    }
-    passed = bad_rows == 0
-    text = (
-        f"all ids lie in [0, {vocab_size}) (largest {metadata['max_id']})"
-        if passed
-        else f"{bad_rows}/{rows} rows hold ids outside [0, {vocab_size}) (smallest {metadata['min_id']}, "
-        f"largest {metadata['max_id']}) — wrong tokenizer or corrupted rows"
-    )
-    return GateResult("ids_in_vocabulary", passed, _verdict(passed, text), metadata)
-
-
-def thinking_structure(
-    profile: OutputProfile,
-    finished: np.ndarray,
-    *,
-    enable_thinking: bool = True,
-    max_bad_share: float = MAX_BAD_THINKING_SHARE,
-    false_block_rate: float = FALSE_BLOCK_RATE,
-) -> GateResult:
-    """Finished answers close the think block once after real reasoning (thinking on), or carry no markers (off).
-
-    `finished` selects the rows to judge: answers that ended on their own (`stop`) and were not cut, since
-    a length-capped or truncated answer may legitimately stop inside its reasoning.
-    """
-    finished = np.asarray(finished, dtype=bool)
-    if not profile.reasons:
-        text = "the model's chat template does not reason: no think block to check"
-        return GateResult("thinking_structure", True, _verdict(True, text), {"reasons": False, "rows": len(profile)})
-    prompt_opened = profile.opened_by_prompt()
-    # A model whose generation prompt leaves the think block to it (Qwen3) opens it once itself. Where a template
-    # that opens the block left a turn without it (DeepSeek-R1's reply to tool results), the answer was not asked
-    # to reason: it is not judged.
-    not_asked = finished & ~prompt_opened & (not profile.model_opens) if enable_thinking else np.zeros_like(finished)
-    finished = finished & ~not_asked
-    judged = int(finished.sum())
-    opened_by_model = (~prompt_opened).astype(np.int64) if enable_thinking else 0
-    stray_start = finished & (profile.think_starts > opened_by_model)
-    if enable_thinking:
-        problems = {
-            "no_think_end": finished & (profile.think_ends == 0),
-            "several_think_ends": finished & (profile.think_ends > 1),
-            "stray_think_start": stray_start,
-            "blank_reasoning": finished & (profile.think_ends > 0) & profile.blank_reasoning,
-        }
-    else:
-        problems = {
-            "think_end_with_thinking_off": finished & (profile.think_ends > 0),
-            "stray_think_start": stray_start,
-        }
-    bad = np.logical_or.reduce(list(problems.values()))
-    bad_rows = int(bad.sum())
-    counts = {name: int(rows.sum()) for name, rows in problems.items()}
-    evidence = weigh(bad_rows, judged, max_bad_share, false_block_rate=false_block_rate)
-    metadata = {
-        "enable_thinking": enable_thinking,
-        "rows": len(profile),
-        "finished_rows_checked": judged,
-        "not_asked_to_reason": int(not_asked.sum()),
-        "bad_rows": bad_rows,
-        "bad_share": _share(bad_rows, judged),
-        "max_bad_share": max_bad_share,
-        **evidence.metadata(),
-        **counts,
-        "sample_rows": np.flatnonzero(bad)[:_SAMPLE].tolist(),
-    }
-    if not judged:
-        text = f"no finished answers to check ({len(profile)} rows, all length-capped or truncated)"
-        return GateResult("thinking_structure", True, _verdict(True, text), metadata)
-    passed = not evidence.blocks
-    if passed:
-        shape = "close </think> once after non-blank reasoning" if enable_thinking else "carry no think markers"
-        text = f"{judged - bad_rows}/{judged} finished answers {shape}; {bad_rows} bad, "
-        text += evidence.bound_text("answers")
-    else:
-        worst = max(counts, key=counts.get)
-        described = {
-            "no_think_end": "never close the think block (no </think>)",
-            "several_think_ends": "close the think block more than once",
-            "stray_think_start": "open a second <think>",
-            "blank_reasoning": "have empty reasoning before </think> — the model is not thinking",
-            "think_end_with_thinking_off": "contain </think> although thinking is off",
-        }[worst]
-        text = f"{_pct(counts[worst], judged)} of finished answers ({counts[worst]}/{judged}) {described}"
-        if len(counts) > 1 and bad_rows > counts[worst]:
-            text += f" ({bad_rows} bad in all)"
-        text += f"; {evidence.bound_text()}"
-    return GateResult("thinking_structure", passed, _verdict(passed, text), metadata)
-
-
-def degenerate_answers(
-    answer_texts: Sequence[str],
-    prompt_digests: Sequence[bytes],
-    *,
-    max_share: float = MAX_DEGENERATE_SHARE,
-    min_repeats: int = MIN_REPEATS,
-    false_block_rate: float = FALSE_BLOCK_RATE,
-) -> GateResult:
-    """No answer text may recur across many distinct prompts (the "OK." for everything failure).
-
-    The same answer to the same prompt (duplicated source rows) is not degenerate, so answers are counted
-    over distinct prompts. Any answer could be the most repeated one: the evidence is weighed among many, as
-    for `loss_sum_concentration`.
-    """
-    prompts_per_answer: dict[str, set[bytes]] = {}
-    for text, prompt in zip(answer_texts, prompt_digests, strict=True):
-        prompts_per_answer.setdefault(text, set()).add(prompt)
-    distinct_prompts = len(set(prompt_digests))
-    top = Counter({text: len(prompts) for text, prompts in prompts_per_answer.items()}).most_common(_SAMPLE)
-    metadata: dict[str, Any] = {
-        "rows": len(answer_texts),
-        "distinct_prompts": distinct_prompts,
-        "distinct_answers": len(prompts_per_answer),
-        "max_share": max_share,
-        "min_repeats": min_repeats,
-        "top_answers": [{"answer": text[:200], "distinct_prompts": n} for text, n in top],
-    }
-    if not top:
-        return GateResult("degenerate_answers", True, _verdict(True, "no answers to check"), metadata)
-    answer, count = top[0]
-    evidence = weigh(
-        count, distinct_prompts, max_share, false_block_rate=false_block_rate, among_many=True, min_count=min_repeats
-    )
-    metadata.update(top_answer_prompts=count, top_answer_share=_share(count, distinct_prompts), **evidence.metadata())
-    passed = not evidence.blocks
-    shown = repr(answer[:60] + ("…" if len(answer) > 60 else ""))
-    covered = f"{_pct(count, distinct_prompts)} of distinct prompts ({count}/{distinct_prompts})"
-    if passed:
-        text = f"the most repeated answer covers {covered}; {evidence.bound_text('distinct prompts')}"
-    else:
-        text = (
-            f"{covered} got the same answer {shown} — one answer for everything, whatever was asked; "
-            f"{evidence.bound_text('distinct prompts')}"
-        )
-    return GateResult("degenerate_answers", passed, _verdict(passed, text), metadata)
-
-
-def short_answers(
-    answer_texts: Sequence[str],
-    *,
-    min_chars: int = SHORT_ANSWER_CHARS,
-    max_short_share: float = MAX_SHORT_ANSWER_SHARE,
-    max_empty_share: float = MAX_EMPTY_ANSWER_SHARE,
-    false_block_rate: float = FALSE_BLOCK_RATE,
-) -> GateResult:
-    """Empty and very short visible answers, as a share of the finished answers given."""
-    rows = len(answer_texts)
-    empty = sum(1 for text in answer_texts if not text)
-    short = sum(1 for text in answer_texts if len(text) < min_chars)
-    examples = Counter(text for text in answer_texts if len(text) < min_chars).most_common(_SAMPLE)
-    empty_evidence = weigh(empty, rows, max_empty_share, false_block_rate=false_block_rate)
-    short_evidence = weigh(short, rows, max_short_share, false_block_rate=false_block_rate)
-    metadata = {
-        "rows": rows,
-        "empty_answers": empty,
-        "short_answers": short,
-        "empty_share": _share(empty, rows),
-        "short_share": _share(short, rows),
-        "min_chars": min_chars,
-        "max_short_share": max_short_share,
-        "max_empty_share": max_empty_share,
-        **empty_evidence.metadata("empty_"),
-        **short_evidence.metadata("short_"),
-        "common_short_answers": {text: n for text, n in examples},
-    }
-    if not rows:
-        return GateResult("short_answers", True, _verdict(True, "no finished answers to check"), metadata)
-    if empty_evidence.blocks:
-        text = f"{_pct(empty, rows)} of finished answers ({empty}/{rows}) are empty after </think>"
-        text += f"; {empty_evidence.bound_text('answers')}"
-    else:
-        text = (
-            f"{_pct(short, rows)} of finished answers ({short}/{rows}) are shorter than {min_chars} characters"
-            + (f", most often {examples[0][0]!r}" if examples else "")
-            + f"; {short_evidence.bound_text('answers')}"
-        )
-    passed = not (empty_evidence.blocks or short_evidence.blocks)
-    return GateResult("short_answers", passed, _verdict(passed, text), metadata)
-
-
-def length_loss(figures: LengthFigures, *, max_lost_share: float) -> GateResult:
-    """Few supervised tokens may be lost to the trainer's sequence length (`training.lengths`)."""
-    lost, total = figures.supervised_tokens_beyond, figures.supervised_tokens
-    metadata = {
-        "max_length": figures.max_length,
-        "length_policy": figures.policy,
-        "rows": figures.rows,
-        "rows_over_max_length": figures.rows_over,
-        "supervised_tokens": total,
-        "supervised_tokens_lost": lost,
-        "lost_share": figures.lost_share,
-        "max_lost_share": max_lost_share,
-        "length_histogram": figures.histogram,
-    }
-    passed = figures.lost_share <= max_lost_share
-    how = {"keep": "would be cut by a trainer at", "truncate": "were cut at", "drop": "were dropped over"}
-    text = (
-        f"{figures.lost_share:.1%} of supervised tokens ({lost}/{total}) {how[figures.policy]} max_length "
-        f"{figures.max_length} ({figures.rows_over}/{figures.rows} rows longer); limit {max_lost_share:.0%}"
-    )
-    return GateResult("length_loss", passed, _verdict(passed, text), metadata)
-
-
-# ---- identity with the completions ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RowDigest:
-    """What a training row claims about its generation event, small enough to hold for a whole shard."""
-
-    prompt_tokens: int
-    supervised_tokens: int
-    prompt_digest: bytes
-    supervised_digest: bytes
-    mask_is_boundary: bool  # zeros over the prompt, then ones: the engine boundary and nothing else
-
-
-def ids_match_completions(rows: Mapping[str, RowDigest], completion_batches: Iterable[pa.RecordBatch]) -> GateResult:
-    """Each training row is its event's `prompt_ids` + `output_ids` exactly (a prefix of the output when
-    truncated), with the loss mask on the output only: nothing was re-tokenized, shifted or mixed up."""
-    problems: dict[str, list[str]] = {"prompt_differs": [], "output_differs": [], "duplicated_in_completions": []}
-    found: set[str] = set()
-    for batch in completion_batches:
-        events = batch.column("event_id").to_pylist()
-        wanted = [i for i, event in enumerate(events) if event in rows]
-        if not wanted:
-            continue
-        picked = batch.take(pa.array(wanted))
-        prompt_offsets, prompt_values = list_buffers(picked.column("prompt_ids"))
-        output_offsets, output_values = list_buffers(picked.column("output_ids"))
-        for j, i in enumerate(wanted):
-            event, row = events[i], rows[events[i]]
-            if event in found:
-                problems["duplicated_in_completions"].append(event)
-                continue
-            found.add(event)
-            prompt = prompt_values[prompt_offsets[j] : prompt_offsets[j + 1]]
-            output = output_values[output_offsets[j] : output_offsets[j + 1]]
-            if prompt.size != row.prompt_tokens or ids_digest(prompt) != row.prompt_digest:
-                problems["prompt_differs"].append(event)
-            elif (
-                output.size < row.supervised_tokens
-                or ids_digest(output[: row.supervised_tokens]) != row.supervised_digest
-            ):
-                problems["output_differs"].append(event)
-    problems["not_in_completions"] = sorted(rows.keys() - found)
-    problems["mask_not_at_boundary"] = sorted(event for event, row in rows.items() if not row.mask_is_boundary)
-    counts = {name: len(events) for name, events in problems.items()}
-    bad = sum(counts.values())
-    metadata = {
-        "rows": len(rows),
-        "matched_rows": len(found) - counts["prompt_differs"] - counts["output_differs"],
-        **counts,
-        "samples": {name: events[:_SAMPLE] for name, events in problems.items() if events},
-    }
-    passed = bad == 0
-    if passed:
-        text = f"all {len(rows)} rows are their completions' prompt_ids + output_ids, mask 1 exactly over the output"
-    else:
-        described = {
-            "prompt_differs": "have a prompt that differs from the ids sent to SGLang",
-            "output_differs": "have supervised ids that differ from the ids SGLang returned",
-            "duplicated_in_completions": "match an event recorded twice in the completions",
-            "not_in_completions": "belong to no event of the completions shard",
-            "mask_not_at_boundary": "have a loss mask that is not 0 over the prompt then 1 over the output",
-        }
-        worst = max(counts, key=counts.get)
-        text = f"{counts[worst]}/{len(rows)} rows {described[worst]}" + (
-            f" ({bad} problems in all)" if bad > counts[worst] else ""
-        )
-    return GateResult("ids_match_completions", passed, _verdict(passed, text), metadata)
-
-
-# ---- a shard, end to end: completions or training rows --------------------------------------------
 
 TRAINING_GATE_COLUMNS = ["event_id", "input_ids", "loss_mask", "finish_reason", "truncated", "server"]
 COMPLETION_GATE_COLUMNS = ["event_id", "status", "prompt_ids", "output_ids", "finish_reason", "server"]

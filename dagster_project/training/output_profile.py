@@ -1,4 +1,4 @@
-"""Per-row structure of generated outputs, the figures the answer gates (`training.gates`) judge: how many
+"""Per-row structure of generated outputs, the figures the answer gates (`training.distribution_gates`) judge: how many
 `</think>` and `<think>` each output holds, whether its reasoning is blank, and the visible answer after it.
 
 It serves completions' `output_ids` and training rows' supervised part alike; nothing here imports dagster or a

@@ -51,7 +51,7 @@ from dagster_project.store.manifest import ids_digest, iter_parquet_batches, pub
 from dagster_project.store.storage import Store, sha256_bytes
 from dagster_project.store.verdicts import describe_failures, failed_gates
 from dagster_project.tokenizer import TokenizerIdentity, refuse_other_tokenizer
-from dagster_project.training.gates import GateResult
+from dagster_project.training.gate_result import GateResult
 from dagster_project.training.lengths import DROP, KEEP, MIN_OUTPUT_TOKENS, LengthFigures, kept_output
 from dagster_project.training.outcomes import (
     ABORTED,

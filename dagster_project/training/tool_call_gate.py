@@ -15,7 +15,7 @@ import numpy as np
 
 from dagster_project.tool_calls import OPEN, parse_tool_calls
 from dagster_project.training.evidence import FALSE_BLOCK_RATE, weigh
-from dagster_project.training.gates import GateResult
+from dagster_project.training.gate_result import GateResult
 
 MAX_MALFORMED_TOOL_CALL_SHARE = 0.05
 _SAMPLE = 5

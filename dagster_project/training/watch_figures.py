@@ -25,22 +25,15 @@ from dagster_project.generation.line_stop import Judgement, WatchFigure
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.records import STATUS_OK
 from dagster_project.training import gate_messages
+from dagster_project.training.gate_result import GateResult
 from dagster_project.training.gate_sets import (
     MAX_ERROR_SHARE,
     MAX_LENGTH_CAPPED_SHARE,
     SPEC_ACCEPT_LENGTH_FLOOR,
     share_gate,
 )
-from dagster_project.training.gates import (
-    GateResult,
-    GateThresholds,
-    OutputProfile,
-    ShardProfile,
-    concentration_gate,
-    profile_outputs,
-    shard_gates,
-)
-from dagster_project.training.output_profile import model_flags
+from dagster_project.training.gates import GateThresholds, ShardProfile, concentration_gate, shard_gates
+from dagster_project.training.output_profile import OutputProfile, model_flags, profile_outputs
 from dagster_project.training.row_figures import row_digests
 
 if TYPE_CHECKING:

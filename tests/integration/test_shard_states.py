@@ -29,7 +29,7 @@ from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFlee
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import render_prompt_ids
-from dagster_project.training.gates import loss_sum_concentration
+from dagster_project.training.distribution_gates import loss_sum_concentration
 from tests.support.dagster_helpers import dagster_home, evaluations_by_check
 from tests.support.ingest_helpers import run_stages
 from tests.support.training_shards import (

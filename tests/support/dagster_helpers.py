@@ -8,6 +8,7 @@
 * `assert_token_exact`: every training row of a shard against what the simulators logged and the completions
   shard recorded.
 * `check_evaluations`: asset-check evaluations of the instance, by (asset, check, partition).
+* `in_process_resources`: the definitions' resources for `dg.materialize` in the test's own process.
 
 Never sleep to synchronize: `wait_until` (from tests.support.sglang_fixtures) polls a condition with a deadline.
 """
@@ -35,11 +36,13 @@ import yaml
 from dagster._core.storage.asset_check_execution_record import (
     AssetCheckExecutionRecordStatus,
 )
+from dagster_aws.s3 import S3Resource
 
 from dagster_project.generation.shards import iter_completion_batches
+from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.sglang.launch import free_ports
 from dagster_project.sglang.protocol import input_hash
-from dagster_project.store.storage import Store
+from dagster_project.store.storage import LocalStore, Store
 from dagster_project.training.shards import iter_training_batches
 from tests.support.paths import PROJECT_ROOT
 from tests.support.sglang_fixtures import wait_until
@@ -132,6 +135,19 @@ EXPECTED_CHECKS = {
 
 
 # ---- instance and environment ------------------------------------------------------------------------------
+
+
+def in_process_resources(
+    store: LocalStore, work_dir: Path, endpoints: Sequence[str], generation: GenerationConfig | None = None
+) -> dict[str, Any]:
+    """The resources `dg.materialize` needs, as the definitions name them: `store` (its journals under `work_dir`),
+    the builtin tokenizer, `generation` (default: the default settings) and the fleet at `endpoints`."""
+    return {
+        "store": DatasetStore(root=store.uri, work_dir=str(work_dir), s3=S3Resource()),
+        "tokenizer": TokenizerResource(),
+        "generation": generation or GenerationConfig(),
+        "fleet": SGLangFleet(endpoints=list(endpoints)),
+    }
 
 
 def dagster_home(path: Path) -> Path:

@@ -161,7 +161,8 @@ class StoppableServer(FakeServer):
     fewer). While stopped its requests make no progress and nothing it is asked answers: a call waits for the
     resume, or for its timeout. An abort by rid ends that request with finish_reason abort, reporting the tokens it
     wrote. `aborted` lists (time, rid) of the aborts it took; `running` counts each prompt's requests in flight,
-    `peak_per_prompt` is the most requests of one prompt it ran at once (one-token canaries aside).
+    `peak_per_prompt` is the most requests of one prompt it ran at once (one-token canaries aside); `generated` the
+    output tokens of every request that ended with an answer, aborted ones included (`sglang:generation_tokens_total`).
     """
 
     TOKEN_S = 0.1
@@ -174,6 +175,7 @@ class StoppableServer(FakeServer):
         self.running: Counter = Counter()
         self.peak_per_prompt = 0
         self.rids: dict[str, tuple[int, ...]] = {}  # the prompt of every rid it was sent
+        self.generated = 0
         self._aborts: dict[str, asyncio.Event] = {}
 
     def stop(self) -> None:
@@ -244,11 +246,13 @@ class StoppableServer(FakeServer):
                     written += 0 if self.stopped else 1
                     continue
                 partial = GenerateResult(rid, "", [1000] * written, {"type": "abort"}, {}, len(prompt), written)
+                self.generated += written
                 raise SGLangError(ABORTED, "Aborted", url=self.base_url, rid=rid, partial=partial)
         finally:
             self.running[prompt] -= 1
             self.working -= 1
             del self._aborts[rid]
+        self.generated += written
         output_ids = [1000] * (written - 1) + [EOS]
         finish = {"type": "stop", "matched": EOS}
         meta = {"id": rid, "finish_reason": finish, "prompt_tokens": len(prompt), "completion_tokens": written}

@@ -38,6 +38,8 @@ class WasteCause(StrEnum):
     # What originals wrote before they were aborted: their requests were re-sent when their server stopped answering
     RESENT_ORIGINAL = unrecorded.RESENT_ORIGINAL
     PROBES = unrecorded.PROBES  # the one-token canaries of servers rejoining
+    # What requests in flight when their run stopped (a hold, a failure) wrote before they were aborted
+    STOPPED_IN_FLIGHT = unrecorded.STOPPED_IN_FLIGHT
     # Answers a hold condemned, dropped at its release and generated again (`dflash hold release`)
     DROPPED_AT_RELEASE = "dropped_at_release"
     ABORTS = "aborts"

@@ -25,7 +25,7 @@ from dagster_project.records import HISTORY_GENERATED, STATUS_OK, Conversation
 from dagster_project.store.jsonl import read_jsonl_zst
 from dagster_project.tokenizer import special_ids
 from dagster_project.tool_calls import parse_tool_calls
-from dagster_project.training import gate_sets, gates
+from dagster_project.training import gate_result, gate_sets, gates
 from dagster_project.training.lengths import LengthGateOptions
 from dagster_project.training.shards import iter_training_batches, read_training_manifest
 from dagster_project.training.tool_call_gate import ToolCallGateOptions
@@ -34,12 +34,9 @@ from tests.support.harness.jobs import Fault, Layout
 from tests.support.harness.run import JobRun
 from tests.support.sglang_fixtures import PROBE_HASH
 
-# Issue 44 item 2: the waste ledger counts every answer the dispatcher received (refused, failed, lost hedges, aborted
-# originals, probes), and six of the seven seeds balance to the token; `hang_and_recover` does not yet: what the hung
-# server's originals wrote after the dispatcher stopped waiting for them (their answers cancelled at the run's end, up
-# to a whole answer run to its end) reaches no count (1 to 93 tokens of about 1,000 in five runs). Enable when it
-# does; until then the check runs and its finding is reported, not failed.
-LEDGER_INVARIANT = False
+# The waste ledger's trained + pending + causes against the fleet's own count of the tokens it generated (issue 44):
+# equal within this share of the fleet's count.
+LEDGER_TOLERANCE = 0.01
 LEDGER = "ledger"
 GENERATED_ANSWER_OUTCOMES = ("stop", "length")  # a request the server generated to its end and answered
 HARNESS_HOLD_GATE = "harness_rehearsal"
@@ -182,20 +179,21 @@ def events_once(run: JobRun, stored: Stored) -> list[str]:
 
 
 def ledger_balances(run: JobRun, stored: Stored) -> list[str]:
-    """trained + pending + every cause of the waste ledger = every output token the fleet generated."""
+    """trained + pending + every cause of the waste ledger = every output token the fleet generated, within
+    `LEDGER_TOLERANCE`."""
     if not run.servers or run.failures or run.job.fault is Fault.BROKEN_ANSWERS:
         return []  # broken answers: their ids are the proxy's, not tokens the fleet generated
     waste = collect_status(run.store, []).waste
     ledger = waste.trained_output_tokens + waste.pending_output_tokens + waste.wasted_output_tokens
     fleet = sum(server.generated_tokens for server in run.servers)
-    if ledger == fleet:
+    if abs(ledger - fleet) <= LEDGER_TOLERANCE * fleet:
         return []
     return [
         _violation(
             LEDGER,
             f"the waste ledger accounts {ledger} output tokens (trained {waste.trained_output_tokens}, pending "
             f"{waste.pending_output_tokens}, causes {waste.output_tokens}), the fleet generated {fleet:.0f} "
-            "(sglang:generation_tokens_total)",
+            f"(sglang:generation_tokens_total): more than {LEDGER_TOLERANCE:.0%} apart",
         )
     ]
 
@@ -349,7 +347,7 @@ def healthy_run_is_quiet(run: JobRun, stored: Stored, tokenizer: Any) -> list[st
     return violations
 
 
-def _gates(run: JobRun, stored: Stored, shard: int, tokenizer: Any) -> list[gates.GateResult]:
+def _gates(run: JobRun, stored: Stored, shard: int, tokenizer: Any) -> list[gate_result.GateResult]:
     """The completions and training-set gates at their default thresholds, as their checks run them."""
     special = special_ids(tokenizer)
     completions = pa.Table.from_pylist(stored.completions[shard])
@@ -391,9 +389,8 @@ def _gates(run: JobRun, stored: Stored, shard: int, tokenizer: Any) -> list[gate
     return results
 
 
-def check_job(run: JobRun, tokenizer: Any, template: str) -> tuple[list[str], list[str]]:
-    """(violations, reported): every promise's violations; `reported` holds those of a promise not enforced yet
-    (`LEDGER_INVARIANT`)."""
+def check_job(run: JobRun, tokenizer: Any, template: str) -> list[str]:
+    """Every promise's violations."""
     stored = Stored(run)
     checks: list[Callable[[], list[str]]] = [
         lambda: stages_ran(run, stored),
@@ -405,7 +402,6 @@ def check_job(run: JobRun, tokenizer: Any, template: str) -> tuple[list[str], li
         lambda: in_flight_once(run, stored),
         lambda: first_answer_not_held_back(run, stored),
         lambda: healthy_run_is_quiet(run, stored, tokenizer),
+        lambda: ledger_balances(run, stored),
     ]
-    violations = [v for check in checks for v in check()]
-    ledger = ledger_balances(run, stored)
-    return (violations + ledger, []) if LEDGER_INVARIANT else (violations, ledger)
+    return [v for check in checks for v in check()]

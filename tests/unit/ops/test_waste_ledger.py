@@ -72,10 +72,11 @@ def completions(
     )
 
 
-# Shard 2's run: answers the fleet generated in no row, by cause (`dispatch`'s count).
+# Shard 2's runs: answers the fleet generated in no row, by cause (`dispatch`'s count), one run held with requests
+# in flight.
 ATTEMPTS = Unrecorded(
-    Counter({"refused": 2, "errors_and_retries": 1, "probes": 3, "lost_hedges": 1}),
-    Counter({"refused": 12, "errors_and_retries": 8, "probes": 3, "lost_hedges": 5}),
+    Counter({"refused": 2, "errors_and_retries": 1, "probes": 3, "lost_hedges": 1, "stopped_in_flight": 2}),
+    Counter({"refused": 12, "errors_and_retries": 8, "probes": 3, "lost_hedges": 5, "stopped_in_flight": 70}),
 )
 
 
@@ -128,6 +129,7 @@ def test_trained_pending_and_every_cause_add_up_to_what_was_generated():
         WasteCause.RESENT_ORIGINAL: 25 + 15,
         WasteCause.DROPPED_AT_RELEASE: 35,
         WasteCause.PROBES: 3,
+        WasteCause.STOPPED_IN_FLIGHT: 70,
         WasteCause.PROMPT_FILLS_MAX_LENGTH: 0,
         WasteCause.ABORTS: 20,
         WasteCause.LENGTH_CAPPED: 300,
@@ -138,12 +140,13 @@ def test_trained_pending_and_every_cause_add_up_to_what_was_generated():
     assert waste.trained_output_tokens == 1000 and waste.pending_output_tokens == 700 + 100
     # Answers beside tokens: those in no row from the runs' counts (a manifest from before them gives none), the
     # stopped shard's answers, its training shard's exclusions.
-    causes = ("refused", "probes", "lost_hedges", "resent_original", "dropped_at_release")
+    causes = ("refused", "probes", "lost_hedges", "resent_original", "stopped_in_flight", "dropped_at_release")
     assert {cause: waste.answers[cause] for cause in causes} == {
         "refused": 2,
         "probes": 3,
         "lost_hedges": 1 + 2,
         "resent_original": 1,
+        "stopped_in_flight": 2,
         "dropped_at_release": 3,
     }
     assert waste.answers[WasteCause.BLOCKED_OR_HELD] == 10

@@ -16,8 +16,8 @@ from dagster_project.store.lease import Lease, LeaseLost
 from dagster_project.store.manifest import ids_digest
 from dagster_project.store.storage import LocalStore
 from dagster_project.training import stage as assemble
-from dagster_project.training.gates import length_loss
 from dagster_project.training.lengths import DROP, KEEP, TRUNCATE, LengthFigures
+from dagster_project.training.row_gates import length_loss
 from dagster_project.training.shards import TRAINING_FILE, iter_training_batches, read_training_manifest
 from dagster_project.training.stage import AssemblyOptions, assemble_batch, assemble_shard, source_is_current
 from tests.support.training_shards import completion_row, error_row, healthy_rows, publish_completions

@@ -6,14 +6,16 @@ import pyarrow as pa
 
 from dagster_project.records import COMPLETION_SCHEMA
 from dagster_project.tokenizer import special_ids
-from dagster_project.training import gate_messages, gates
+from dagster_project.training import gate_messages, gate_result, gates
 from dagster_project.training.lengths import LengthGateOptions
 from tests.support.training_shards import disaster_rows, healthy_rows, tokenizer
 
 from .test_gates import _training_batch
 
 
-def _actionable(profile: gates.ShardProfile, where: gate_messages.GateStage, limits) -> dict[str, gates.GateResult]:
+def _actionable(
+    profile: gates.ShardProfile, where: gate_messages.GateStage, limits
+) -> dict[str, gate_result.GateResult]:
     special = special_ids(tokenizer())
     results = gates.shard_gates(profile, vocab_size=special.vocab_size, enable_thinking=True)
     return {
@@ -62,7 +64,7 @@ def test_completions_gates_point_at_the_training_set_override_and_name_answered_
 
 
 def test_a_gate_without_rows_to_show_still_names_its_key():
-    failed = gates.GateResult("length_loss", False, "BLOCKED: 9.0% of supervised tokens were cut", {})
+    failed = gate_result.GateResult("length_loss", False, "BLOCKED: 9.0% of supervised tokens were cut", {})
     message = gate_messages.actionable(failed, limits=LengthGateOptions(), where=gate_messages.TRAINING_GATES).message
     assert "threshold max_lost_supervised_share=" in message and "examples:" not in message
 

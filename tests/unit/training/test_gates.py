@@ -9,7 +9,7 @@ import pytest
 from dagster_project.records import COMPLETION_SCHEMA
 from dagster_project.tokenizer import render_prompt_ids, special_ids
 from dagster_project.tool_calls import render_call
-from dagster_project.training import gates, row_figures
+from dagster_project.training import distribution_gates, gate_result, gates, output_profile, row_figures, row_gates
 from dagster_project.training.evidence import percent, weigh
 from dagster_project.training.lengths import TRUNCATE
 from dagster_project.training.stage import AssemblyOptions, assemble_batch
@@ -32,7 +32,7 @@ def _training_batch(rows: list[dict], options: AssemblyOptions | None = None) ->
     return batch
 
 
-def _evaluate(rows: list[dict], **kwargs) -> dict[str, gates.GateResult]:
+def _evaluate(rows: list[dict], **kwargs) -> dict[str, gate_result.GateResult]:
     tok = tokenizer()
     special = special_ids(tok)
     profile = gates.profile_training_batches([_training_batch(rows)], special, tok.decode)
@@ -117,17 +117,17 @@ def test_loss_floor_blocks_on_evidence_that_the_share_exceeds_its_limit():
     """Over the limit by chance is not enough: at 100 rows and a 2% limit, 10 rows below the floor block and 9 do
     not (a healthy shard at 2% shows 10 once in ~30,000)."""
     sums = np.array([10] * 9 + [500 + i for i in range(91)])
-    passed = gates.loss_sum_floor(sums)
+    passed = distribution_gates.loss_sum_floor(sums)
     assert passed.passed and passed.metadata["blocks_from"] == 10
     assert passed.message == (
         "ok: 9% of rows (9/100) have fewer than 32 supervised tokens (median 540); limit 2%; of 100 rows, 10 would "
         "block (false-block rate 1 in 10,000)"
     )
-    blocked = gates.loss_sum_floor(np.append(sums[:99], 5))
+    blocked = distribution_gates.loss_sum_floor(np.append(sums[:99], 5))
     assert not blocked.passed and blocked.metadata["true_share_lower_bound"] > 0.02
     assert blocked.message.startswith("BLOCKED: 10% of rows (10/100) have fewer than 32 supervised tokens")
-    assert gates.loss_sum_floor(sums, floor=8).metadata["rows_below_floor"] == 0
-    empty = gates.loss_sum_floor(np.array([], dtype=np.int64))
+    assert distribution_gates.loss_sum_floor(sums, floor=8).metadata["rows_below_floor"] == 0
+    empty = distribution_gates.loss_sum_floor(np.array([], dtype=np.int64))
     assert not empty.passed and empty.message == "BLOCKED: the shard has no rows"
 
 
@@ -137,11 +137,11 @@ def _sums(top: int, rows: int) -> np.ndarray:
 
 
 def test_loss_sum_concentration_blocks_from_the_count_that_is_evidence_among_every_sum():
-    assert gates.loss_sum_concentration(_sums(4, 10)).passed  # 40%, but 4 of 10 is too few to be evidence
+    assert distribution_gates.loss_sum_concentration(_sums(4, 10)).passed  # 40%, but 4 of 10 is too few to be evidence
     # At 64 rows, 5 on one sum (8%, over the 5% limit) is chance; among every sum that could be top, 14 is not.
-    assert gates.loss_sum_concentration(_sums(5, 64)).passed
-    assert gates.loss_sum_concentration(_sums(13, 64)).passed
-    blocked = gates.loss_sum_concentration(_sums(14, 64))
+    assert distribution_gates.loss_sum_concentration(_sums(5, 64)).passed
+    assert distribution_gates.loss_sum_concentration(_sums(13, 64)).passed
+    blocked = distribution_gates.loss_sum_concentration(_sums(14, 64))
     assert not blocked.passed and blocked.metadata["blocks_from"] == 14 and blocked.metadata["top_sums"]["700"] == 14
     assert blocked.message == (
         "BLOCKED: 22% of rows (14/64) have loss_mask sum exactly 700 — one output shape repeated across the shard; "
@@ -153,16 +153,18 @@ def test_loss_sum_concentration_blocks_from_the_count_that_is_evidence_among_eve
 def test_loss_sum_concentration_never_blocks_under_min_repeats_rows():
     """The repeats boundary: a sum seen exactly `min_repeats` times, with strong evidence beyond the share, blocks;
     one time fewer does not (here `min_repeats` 20 is above the 14 the evidence alone needs at 64 rows)."""
-    assert gates.loss_sum_concentration(_sums(19, 64), min_repeats=20).passed
-    blocked = gates.loss_sum_concentration(_sums(20, 64), min_repeats=20)
+    assert distribution_gates.loss_sum_concentration(_sums(19, 64), min_repeats=20).passed
+    blocked = distribution_gates.loss_sum_concentration(_sums(20, 64), min_repeats=20)
     assert not blocked.passed and blocked.metadata["blocks_from"] == 20
-    assert not gates.loss_sum_concentration(_sums(19, 64)).passed  # at the default 5, evidence alone decides
+    assert not distribution_gates.loss_sum_concentration(
+        _sums(19, 64)
+    ).passed  # at the default 5, evidence alone decides
 
 
 def test_consecutive_supervised_pairs_never_straddle_rows():
     masks = pa.array([[0, 0, 1, 0, 1], [0, 1], [1, 0, 0], [0, 1, 1, 1], []], pa.list_(pa.int8()))
     assert row_figures.supervised_pairs(masks).tolist() == [0, 0, 0, 2, 0]
-    result = gates.consecutive_supervised(row_figures.supervised_pairs(masks))
+    result = row_gates.consecutive_supervised(row_figures.supervised_pairs(masks))
     assert not result.passed
     assert result.message.startswith("BLOCKED: 4/5 rows have fewer than 1 pair(s) of consecutive supervised tokens")
     assert result.metadata["sample_rows"] == [0, 1, 2, 4]
@@ -185,19 +187,21 @@ def test_per_row_figures_read_sliced_and_chunked_columns():
 def test_ids_outside_the_vocabulary_are_named():
     vocab = special_ids(tokenizer()).vocab_size
     low, high = row_figures.id_bounds(pa.array([[1, 2], [3, vocab], [-1, 5]], pa.list_(pa.int32())))
-    result = gates.ids_in_vocabulary(low, high, vocab)
+    result = row_gates.ids_in_vocabulary(low, high, vocab)
     assert not result.passed
     assert result.message == (
         f"BLOCKED: 2/3 rows hold ids outside [0, {vocab}) (smallest -1, largest {vocab}) "
         "— wrong tokenizer or corrupted rows"
     )
-    assert gates.ids_in_vocabulary(np.array([0]), np.array([vocab - 1]), vocab).passed
+    assert row_gates.ids_in_vocabulary(np.array([0]), np.array([vocab - 1]), vocab).passed
 
 
-def _thinking(outputs: list[list[int]], finished: list[bool] | None = None, **kwargs) -> gates.GateResult:
+def _thinking(outputs: list[list[int]], finished: list[bool] | None = None, **kwargs) -> gate_result.GateResult:
     tok = tokenizer()
-    profile = gates.profile_outputs(pa.array(outputs, pa.list_(pa.int32())), special_ids(tok), tok.decode)
-    return gates.thinking_structure(profile, np.array(finished or [True] * len(outputs)), max_bad_share=0.0, **kwargs)
+    profile = output_profile.profile_outputs(pa.array(outputs, pa.list_(pa.int32())), special_ids(tok), tok.decode)
+    return distribution_gates.thinking_structure(
+        profile, np.array(finished or [True] * len(outputs)), max_bad_share=0.0, **kwargs
+    )
 
 
 def test_thinking_structure_names_each_way_an_answer_can_be_malformed():
@@ -225,7 +229,7 @@ def test_thinking_structure_names_each_way_an_answer_can_be_malformed():
 def test_thinking_profile_reads_completions_output_ids_too():
     tok = tokenizer()
     capped = output_ids("Long reasoning", "unused")[:3]  # a length-capped answer, still inside its reasoning
-    profile = gates.profile_outputs([healthy_output(3), capped], special_ids(tok), tok.decode)
+    profile = output_profile.profile_outputs([healthy_output(3), capped], special_ids(tok), tok.decode)
     assert profile.think_ends.tolist() == [1, 0]
     assert profile.answer_texts[0] == "3 times 6 is 18."
     assert profile.answer_texts[1] == tok.decode(capped).strip()  # no </think>: the whole output is the answer
@@ -233,22 +237,24 @@ def test_thinking_profile_reads_completions_output_ids_too():
 
 def test_the_same_answer_to_the_same_prompt_is_not_degenerate():
     prompts = [b"p1"] * 6 + [b"p2", b"p3", b"p4"]
-    assert gates.degenerate_answers(["Paris."] * 6 + ["a", "b", "c"], prompts).passed
-    result = gates.degenerate_answers(["Paris."] * 6 + ["Paris."] * 3, prompts)
+    assert distribution_gates.degenerate_answers(["Paris."] * 6 + ["a", "b", "c"], prompts).passed
+    result = distribution_gates.degenerate_answers(["Paris."] * 6 + ["Paris."] * 3, prompts)
     assert result.passed  # 4 distinct prompts: fewer than min_repeats (5)
     prompts = [bytes([i]) for i in range(10)]
-    spread = gates.degenerate_answers(["OK."] * 6 + list("abcd"), prompts)
+    spread = distribution_gates.degenerate_answers(["OK."] * 6 + list("abcd"), prompts)
     assert not spread.passed and spread.metadata["top_answer_prompts"] == 6 and spread.metadata["blocks_from"] == 6
-    assert gates.degenerate_answers(["OK."] * 5 + list("abcde"), prompts).passed  # 5 of 10 could be chance
+    assert distribution_gates.degenerate_answers(["OK."] * 5 + list("abcde"), prompts).passed  # 5 of 10 could be chance
 
 
 def test_short_answers_separate_empty_from_short():
     answers = ["A complete sentence."] * 90 + [""] * 7 + ["4"] * 3
-    result = gates.short_answers(answers)
+    result = distribution_gates.short_answers(answers)
     assert not result.passed and "7% of finished answers (7/100) are empty after </think>" in result.message
     assert result.metadata["empty_blocks_from"] == 7 and result.metadata["short_blocks_from"] == 24
-    assert gates.short_answers(answers, max_empty_share=0.02).passed  # 7 of 100 at 2%: 10 would block
-    assert gates.short_answers(answers[:96] + answers[97:]).passed  # 6 empty of 99: over 1%, not evidence of it
+    assert distribution_gates.short_answers(answers, max_empty_share=0.02).passed  # 7 of 100 at 2%: 10 would block
+    assert distribution_gates.short_answers(
+        answers[:96] + answers[97:]
+    ).passed  # 6 empty of 99: over 1%, not evidence of it
     assert result.metadata["short_answers"] == 10 and result.metadata["common_short_answers"] == {"": 7, "4": 3}
 
 
@@ -263,9 +269,9 @@ def _completions(rows: list[dict]) -> list[pa.RecordBatch]:
 
 def test_training_rows_equal_the_completions_ids():
     rows = healthy_rows(8)
-    assert gates.ids_match_completions(_profile(rows).digests, _completions(rows)).passed
+    assert row_gates.ids_match_completions(_profile(rows).digests, _completions(rows)).passed
     truncated = _profile(rows, AssemblyOptions(max_length=60, length_policy=TRUNCATE))
-    assert gates.ids_match_completions(truncated.digests, _completions(rows)).passed  # a prefix of the output
+    assert row_gates.ids_match_completions(truncated.digests, _completions(rows)).passed  # a prefix of the output
 
 
 @pytest.mark.parametrize(
@@ -280,7 +286,7 @@ def test_a_row_that_differs_from_its_completion_is_blocked(tamper, problem):
     rows = healthy_rows(5)
     training_source = [dict(row) for row in rows]
     tamper(training_source[2])
-    result = gates.ids_match_completions(_profile(training_source).digests, _completions(rows))
+    result = row_gates.ids_match_completions(_profile(training_source).digests, _completions(rows))
     assert not result.passed and result.metadata[problem] == 1, result.message
     assert result.message.startswith("BLOCKED: 1/5 rows ")
 
@@ -293,7 +299,7 @@ def test_a_mask_that_is_not_the_engine_boundary_is_blocked():
     batch = batch.set_column(5, "loss_mask", pa.array(masks, pa.list_(pa.int8())))
     tok = tokenizer()
     profile = gates.profile_training_batches([batch], special_ids(tok), tok.decode)
-    result = gates.ids_match_completions(profile.digests, _completions(rows))
+    result = row_gates.ids_match_completions(profile.digests, _completions(rows))
     assert not result.passed and result.metadata["mask_not_at_boundary"] == 1
 
 

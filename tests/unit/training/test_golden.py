@@ -15,7 +15,7 @@ import pytest
 
 from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import render_prompt_ids, render_text, special_ids
-from dagster_project.training import gates
+from dagster_project.training import gates, row_gates
 from dagster_project.training.shards import iter_training_batches
 from dagster_project.training.stage import AssemblyOptions, assemble_shard
 from tests.support.paths import require_shared
@@ -97,5 +97,5 @@ def test_the_gates_pass_on_the_multi_turn_public_sample(tmp_path):
     special = special_ids(tok)
     profile = gates.profile_training_batches(iter_training_batches(store, 0), special, tok.decode)
     results = gates.shard_gates(profile, vocab_size=special.vocab_size, enable_thinking=True)
-    results.append(gates.ids_match_completions(profile.digests, pa.Table.from_pylist(rows).to_batches()))
+    results.append(row_gates.ids_match_completions(profile.digests, pa.Table.from_pylist(rows).to_batches()))
     assert {r.name: r.message for r in results if not r.passed} == {}

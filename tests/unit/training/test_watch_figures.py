@@ -15,7 +15,7 @@ from dagster_project.generation.line_stop import LineStop, WatchOptions, condemn
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.store.storage import LocalStore
 from dagster_project.tokenizer import special_ids
-from dagster_project.training import gates
+from dagster_project.training import distribution_gates, gates
 from dagster_project.training.gate_sets import share_gate
 from dagster_project.training.watch_figures import WATCHED_ANSWER_GATES, AnswerQualityWatch
 from tests.support.training_shards import disaster_rows, error_row, healthy_rows, templated_rows, tokenizer
@@ -85,7 +85,9 @@ def test_the_watch_holds_on_answers_of_one_supervised_length_and_not_on_varied_o
         stop.observe(row)
     hold = stop.poll()
     assert hold is not None and hold.gate == "loss_sum_concentration"
-    assert hold.threshold == gates.MAX_TOP_LOSS_SUM_SHARE and hold.figure == 1.0 and len(hold.examples) == 5
+    assert (
+        hold.threshold == distribution_gates.MAX_TOP_LOSS_SUM_SHARE and hold.figure == 1.0 and len(hold.examples) == 5
+    )
 
     varied = LineStop(LocalStore(tmp_path / "varied"), 1, _watch(), "fp", options=WatchOptions(watch_min_answers=20))
     for row in healthy_rows(60):
@@ -120,8 +122,8 @@ def test_each_limit_of_short_answers_is_a_figure_of_its_own_with_one_threshold_w
             watch.observe(row)
         figures = {f.label: f for f in watch.judge(watch.rows()).figures if f.gate == "short_answers"}
         assert {label: f.threshold for label, f in figures.items()} == {
-            "short_answers (empty)": gates.MAX_EMPTY_ANSWER_SHARE,
-            "short_answers (short)": gates.MAX_SHORT_ANSWER_SHARE,
+            "short_answers (empty)": distribution_gates.MAX_EMPTY_ANSWER_SHARE,
+            "short_answers (short)": distribution_gates.MAX_SHORT_ANSWER_SHARE,
         }
     # The disaster's "OK." answers are short, none empty: only the short limit fails.
     assert figures["short_answers (empty)"].passed and figures["short_answers (empty)"].figure == 0.0
