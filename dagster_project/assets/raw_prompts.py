@@ -21,8 +21,9 @@ from dagster_project.ingest.formats import (
 )
 from dagster_project.ingest.readers import MAX_LINE_BYTES
 from dagster_project.ingest.stage import ingest_to_store
-from dagster_project.resources import DatasetStore
+from dagster_project.resources import DatasetStore, TokenizerResource
 from dagster_project.store import layout
+from dagster_project.tokenizer import tokenizer_profile
 
 
 class RawPromptsConfig(dg.Config):
@@ -38,7 +39,8 @@ class RawPromptsConfig(dg.Config):
     )
     control_tokens: str = Field(
         default=CONTROL_TOKENS_QUARANTINE,
-        description="Control-token text (<|im_start|>, <|im_end|>, ...) in a row's content: "
+        description="The model's control-token text (its special tokens and turn markers: Qwen3.6's <|im_start|>, "
+        "<|im_end|>, ...; DeepSeek's <｜User｜>; Mistral's [INST]) in a row's content: "
         f"{' or '.join(CONTROL_TOKEN_MODES)}. `quarantine` sets the row aside (reason control_tokens); `literal` "
         "keeps it and encodes the text as ordinary text, never as a control token, so it cannot forge a turn.",
     )
@@ -61,16 +63,19 @@ class RawPromptsConfig(dg.Config):
     description="Every source row, normalized to messages or quarantined with a reason (raw_prompts/ in the store).",
 )
 def raw_prompts(
-    context: dg.AssetExecutionContext, config: RawPromptsConfig, store: DatasetStore
+    context: dg.AssetExecutionContext, config: RawPromptsConfig, store: DatasetStore, tokenizer: TokenizerResource
 ) -> dg.MaterializeResult:
     tag_asset_run(context)
     data = store.open()
+    # The job's model's control tokens: what would forge a turn of its template (`DFLASH_TOKENIZER`).
+    model_tokens = tokenizer_profile(tokenizer.load()).control_tokens
+    policy = ControlTokenPolicy(config.control_tokens, frozenset(config.literal_control_token_sources), model_tokens)
     with tempfile.TemporaryDirectory(prefix="raw_prompts-", dir=store.local_dir()) as work_dir:
         manifest = ingest_to_store(
             data,
             config.sources,
             fmt=config.format,
-            control_tokens=ControlTokenPolicy(config.control_tokens, frozenset(config.literal_control_token_sources)),
+            control_tokens=policy,
             work_dir=Path(work_dir),
             s3_client=functools.cache(store.s3.get_client),
             log=context.log.info,
@@ -83,6 +88,7 @@ def raw_prompts(
             "quarantined": manifest.quarantined,
             "quarantined_by_reason": dg.MetadataValue.md(counts_table("reason", manifest.quarantined_by_reason)),
             "control_tokens": config.control_tokens,
+            "control_tokens_of": tokenizer.name_or_path,
             "literal_control_token_sources": ", ".join(config.literal_control_token_sources) or "none",
             "max_line_bytes": config.max_line_bytes,
             "by_source": dg.MetadataValue.md(counts_table("source", manifest.by_source)),

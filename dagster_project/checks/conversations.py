@@ -122,8 +122,9 @@ def conversations_unique_ids(context: dg.AssetCheckExecutionContext, store: Data
 @dg.asset_check(
     asset=conversations,
     blocking=True,
-    description="Every conversation's last prompt, rendered by the chat template, holds exactly one <|im_start|> "
-    "per turn its messages make and no other control token: no text forges a turn.",
+    description="Every conversation's last prompt, rendered by the chat template, holds exactly the control tokens "
+    "the template writes (the model's own: Qwen3.6's <|im_start|>/<|im_end|>, DeepSeek's <｜User｜>, ...), none from "
+    "its content: no text forges a turn.",
 )
 def conversations_turn_markers(
     context: dg.AssetCheckExecutionContext, store: DatasetStore, tokenizer: TokenizerResource

@@ -37,11 +37,13 @@ render or raises `Rejected` with a reason:
   field (LLaMA-Factory's multimodal rows, which keep `<image>` placeholders in
   the text), quarantines the row as `image_content`: the fleet is sent text only, so an answer regenerated
   without the picture would train on the wrong context.
-* **Control tokens** (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, the vision markers, ...) inside any
-  content quarantine the row (`control_tokens`): the tokenizer would turn them into real control tokens, so
-  the text could forge a turn of its own (`"...<|im_end|>\n<|im_start|>system\n..."`). With
-  `control_tokens: literal` the row is kept, marked in `extra`, and the text is encoded as ordinary text
-  (`tokenizer.render_prompt_ids`).
+* **Control tokens** of the job's model (`TokenizerProfile.control_tokens`: its special tokens and the turn
+  markers its template writes; Qwen3.6's `<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, the vision markers, ...,
+  DeepSeek's `<｜User｜>`, Mistral's `[INST]`) inside any content quarantine the row (`control_tokens`): the
+  tokenizer would turn them into real control tokens, so the text could forge a turn of its own
+  (`"...<|im_end|>\n<|im_start|>system\n..."`). Another model's markers are ordinary text (no control token of
+  this model). With `control_tokens: literal` the row is kept, marked in `extra`, and the text is encoded as
+  ordinary text (`tokenizer.render_prompt_ids`).
 * **Tool calling**: `tools` (or `functions`, or the leaderboard's `function`: a list or a JSON string of one;
   each definition in OpenAI's `{"type": "function", "function": {...}}` form, or bare `{name, description,
   parameters}`, which is wrapped in that form) becomes the row's tool list; the parameters' non-standard
@@ -86,7 +88,7 @@ from dagster_project.ingest.public_layouts import (
     transcript_messages,
 )
 from dagster_project.ingest.quarantine import Rejected
-from dagster_project.tokenizer import CONTROL_TOKENS
+from dagster_project.tokenizer import CONTROL_TOKENS, control_token_pattern
 
 FORMATS = ("sharegpt", "openai", "alpaca", "prompt", "text", *LAYOUTS)
 AUTO = "auto"
@@ -157,7 +159,6 @@ _PLAIN_ROLES = {name: role for name, role in _ROLE_ALIASES.items() if role in ("
 # Roles whose message *is* a tool call (LLaMA-Factory's ShareGPT), its content the call's JSON.
 _CALL_ROLES = frozenset({"function_call", "tool_call"})
 _REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
-_CONTROL_TOKEN = re.compile("|".join(re.escape(token) for token in CONTROL_TOKENS))
 _LEADING_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
 _EXTRA_MAX_FIELDS = 16
 _EXTRA_MAX_CHARS = 256
@@ -176,10 +177,13 @@ class ParsedRow:
 
 @dataclass(frozen=True)
 class ControlTokenPolicy:
-    """What becomes of control-token text, for the whole run (`default`) and for the sources named literal."""
+    """What becomes of control-token text, for the whole run (`default`) and for the sources named literal;
+    `tokens`: the job's model's control tokens (`TokenizerProfile.control_tokens`), the built-in Qwen3.6's by
+    default."""
 
     default: str = CONTROL_TOKENS_QUARANTINE
     literal_sources: frozenset[str] = frozenset()
+    tokens: tuple[str, ...] = CONTROL_TOKENS
 
     def __post_init__(self) -> None:
         if self.default not in CONTROL_TOKEN_MODES:
@@ -218,12 +222,16 @@ def detect_format(sample: Iterable[Any]) -> str | None:
 
 
 def parse_row(
-    value: Any, fmt: str, field_name: str | None = None, control_tokens: str = CONTROL_TOKENS_QUARANTINE
+    value: Any,
+    fmt: str,
+    field_name: str | None = None,
+    control_tokens: str = CONTROL_TOKENS_QUARANTINE,
+    model_control_tokens: tuple[str, ...] = CONTROL_TOKENS,
 ) -> ParsedRow:
     """Normalize one row of format `fmt`; raises `Rejected` when a rule is broken.
 
     `field_name`: the source's own name for the format's main field (`MAIN_FIELD`); `control_tokens`: one of
-    `CONTROL_TOKEN_MODES`."""
+    `CONTROL_TOKEN_MODES`; `model_control_tokens`: the job's model's (`ControlTokenPolicy.tokens`)."""
     if not isinstance(value, dict):
         raise Rejected("unrecognized_format", f"expected a JSON object, got {type(value).__name__}")
     if field_name and fmt in MAIN_FIELD:
@@ -261,8 +269,9 @@ def parse_row(
     extra.pop(CONTROL_TOKENS_KEY, None)
     if control_tokens == CONTROL_TOKENS_LITERAL:
         return ParsedRow(messages, row_id, extra | {CONTROL_TOKENS_KEY: CONTROL_TOKENS_LITERAL}, tools)
-    _reject_control_tokens(messages)
-    found = _CONTROL_TOKEN.search(json.dumps(tools, ensure_ascii=False)) if tools else None
+    pattern = control_token_pattern(model_control_tokens)
+    _reject_control_tokens(messages, pattern)
+    found = pattern.search(json.dumps(tools, ensure_ascii=False)) if tools else None
     if found:
         raise Rejected("control_tokens", f"a tool definition holds the control token {found.group()!r}")
     return ParsedRow(messages, row_id, extra, tools)
@@ -320,16 +329,16 @@ def _reject_media_fields(value: dict[str, Any]) -> None:
             raise Rejected("image_content", f"the row carries media ({key!r}); only text is sent to the fleet")
 
 
-def _reject_control_tokens(messages: list[dict[str, Any]]) -> None:
+def _reject_control_tokens(messages: list[dict[str, Any]], pattern: re.Pattern[str]) -> None:
     for message in messages:
         if len(message) > 2:
             break
     else:  # plain {role, content} messages: one search for all
-        if _CONTROL_TOKEN.search("\n".join([message["content"] for message in messages])) is None:
+        if pattern.search("\n".join([message["content"] for message in messages])) is None:
             return
     for index, message in enumerate(messages):
         for key in ("content", "reasoning_content"):
-            found = _CONTROL_TOKEN.search(message.get(key) or "")
+            found = pattern.search(message.get(key) or "")
             if found:
                 raise Rejected(
                     "control_tokens",
@@ -337,7 +346,7 @@ def _reject_control_tokens(messages: list[dict[str, Any]]) -> None:
                     "which would render as a real turn marker",
                 )
         for call in message.get("tool_calls") or ():
-            found = _CONTROL_TOKEN.search(json.dumps(call["function"], ensure_ascii=False))
+            found = pattern.search(json.dumps(call["function"], ensure_ascii=False))
             if found:
                 raise Rejected("control_tokens", f"message {index} has a tool call holding {found.group()!r}")
 

@@ -32,7 +32,8 @@ REASONS: dict[str, str] = {
     "unknown_part": "a content part of a type the ingest does not read (the type is named in the detail)",
     "misplaced_part": "reasoning, a tool call or a tool result in a message that cannot hold it",
     "image_content": "images, video or audio in the row: the fleet is sent text only, never the media",
-    "control_tokens": "chat control tokens (<|im_start|>, <|im_end|>, ...) in the text: they would forge turns",
+    "control_tokens": "the model's control tokens (Qwen3.6's <|im_start|>, <|im_end|>, ..., DeepSeek's <｜User｜>) in "
+    "the text: they would forge turns",
     "unknown_role": "a message role that is not system/user/assistant/tool or a known alias",
     "bad_tool_definition": "a `tools` field that is not a list of named tool definitions (or bad JSON)",
     "bad_tool_call": "an assistant tool call without a function name or with arguments that are not an object",

@@ -133,12 +133,12 @@ def ingest_files(
                 running.append(_Part(reading, None, last=True))
                 continue
             path = reading.copy.enter_context(local_copy(file, work_dir, s3_client))
-            mode = control_tokens.for_source(file.source)
+            rule = (control_tokens.for_source(file.source), control_tokens.tokens)
             file_format, ranges = _ranges(file, path, file.format or fmt, range_bytes if pool else None, max_line_bytes)
             for number, row_range in enumerate(ranges):
                 make_room()
                 part = work_dir / _PARTS / f"{index:05d}-{number:05d}"
-                job = (file, file_format, mode, path, part, row_range, max_line_bytes)
+                job = (file, file_format, rule, path, part, row_range, max_line_bytes)
                 running.append(_Part(reading, pool.submit(_ingest_file, *job) if pool else _ingest_file(*job)))
             running[-1].last = True
         while running:
@@ -196,14 +196,14 @@ class _Part:
 def _ingest_file(
     file: SourceFile,
     fmt: str,
-    control_tokens: str,
+    control_tokens: tuple[str, tuple[str, ...]],
     path: Path,
     part: Path,
     row_range: RowRange | None,
     max_line_bytes: int,
 ) -> _FilePart:
     """Read one file's rows (`row_range`'s only, when given) into part files under `part` (in a worker process,
-    or in this one)."""
+    or in this one); `control_tokens`: the file's mode (`CONTROL_TOKEN_MODES`) and the model's control tokens."""
     accounting = Accounting()
     with (
         JsonlZstWriter(part / "prompts.jsonl.zst") as prompts,
@@ -211,7 +211,7 @@ def _ingest_file(
         cycle_collector_paused(),
     ):
         file_reader = _FileIngest(file, fmt, prompts, quarantine, accounting)
-        file_reader.control_tokens = control_tokens
+        file_reader.control_tokens, file_reader.model_control_tokens = control_tokens
         file_reader.run(path, row_range, max_line_bytes)
     return _FilePart(accounting, file_reader.format, file_reader.note, prompts.path, quarantine.path)
 
@@ -263,6 +263,7 @@ class _FileIngest:
         self.prompts, self.quarantine, self.accounting = prompts, quarantine, accounting
         self.format = "unknown"
         self.control_tokens = QUARANTINE_CONTROL_TOKENS.default
+        self.model_control_tokens = QUARANTINE_CONTROL_TOKENS.tokens
         self.note = ""
         self.rows_read = 0
         self.kept = 0  # counted in `accounting` once the file is read: a call per row costs more than the count
@@ -318,7 +319,7 @@ class _FileIngest:
                 raise Rejected(raw.reason, raw.detail)
             if undetectable:
                 raise Rejected("unrecognized_format", undetectable)
-            row = parse_row(raw.value, self.format, self.file.field, self.control_tokens)
+            row = parse_row(raw.value, self.format, self.file.field, self.control_tokens, self.model_control_tokens)
         except Rejected as rejected:
             self._quarantine(rejected.reason, rejected.detail, {"source_row": raw.row, **_evidence(raw)})
             return
