@@ -448,7 +448,9 @@ def _literal_encoder(tokenizer: PreTrainedTokenizerBase) -> Any:
     from tokenizers import AddedToken, Tokenizer
 
     added = {token.content: token for token in tokenizer.added_tokens_decoder.values()}
-    unmarked = [text for text in tokenizer_profile(tokenizer).control_tokens if text in added and not added[text].special]
+    unmarked = [
+        text for text in tokenizer_profile(tokenizer).control_tokens if text in added and not added[text].special
+    ]
     encoder = None
     if unmarked:
         encoder = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())

@@ -67,7 +67,8 @@ def fleet_tuning(
     data = store.open()
     settings = generation.to_dataclass()
     if options.synthetic_prompt_tokens:
-        prompts = tune.synthetic_prompts(options.sample, options.synthetic_prompt_tokens, options.seed)
+        tokens, seed = options.synthetic_prompt_tokens, options.seed
+        prompts = tune.synthetic_prompts(tokenizer.load(), options.sample, tokens, seed)
         source = f"synthetic, {options.synthetic_prompt_tokens} tokens each"
     else:
         prompts = tune.conversation_prompts(data, tokenizer.load(), settings, options.sample, options.seed)

@@ -66,12 +66,22 @@ def parse_sim_options(pairs: list[str], defaults: dict | None = None) -> dict:
     return options
 
 
-def simulated_model_options() -> dict[str, Any]:
-    """The simulator options that serve the job's model (`DFLASH_TOKENIZER`, `DFLASH_SERVED_MODEL`): its name, its
-    tokenizer's vocabulary, no reasoning parser unless its template reasons."""
+def job_simulator_options(pairs: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """What simulators started for this job (`fleet up --simulate`, `tune --simulate`) run with: their `SimConfig`
+    options (the `--sim-option` pairs over the demo's), and the `launch_simulators` arguments. Both serve the job's
+    model (`DFLASH_TOKENIZER`, `DFLASH_SERVED_MODEL`): its name, its tokenizer's vocabulary and text, no reasoning
+    parser unless its template reasons."""
+    from dagster_project.sglang import launch_plan
     from dagster_project.sglang.sim.config import serving_options
 
-    return serving_options(settings.tokenizer_name(), settings.served_model(), settings.served_architecture())
+    given = parse_sim_options(pairs, defaults={})
+    options = parse_sim_options(pairs)
+    if "gpu_memory_gb" in given and not set(given) & set(launch_plan.SIM_CAPACITY_OPTIONS):
+        options.pop("max_running_requests", None)  # a memory model and no cap given: the plan sets it
+    if settings.builtin_model():
+        return options, {}
+    options.update(serving_options(settings.tokenizer_name(), settings.served_model(), settings.served_architecture()))
+    return options, {"tokenizer": settings.tokenizer_name()}
 
 
 def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
@@ -86,20 +96,13 @@ def cmd_fleet_up(args: argparse.Namespace, resources: Any) -> int:
     next(store.list(fleet_registry.FLEET_PREFIX), None)  # one listing: a bucket or credentials that cannot work
     target = launch_plan.CapacityTarget(**given_flags(args, launch_plan.CapacityTarget))
     if args.simulate:
-        given = parse_sim_options(args.sim_option, defaults={})
-        options = parse_sim_options(args.sim_option)
-        if "gpu_memory_gb" in given and not set(given) & set(launch_plan.SIM_CAPACITY_OPTIONS):
-            options.pop("max_running_requests", None)  # a memory model and no cap given: the plan sets it
+        options, served = job_simulator_options(args.sim_option)
         if fleet.api_key:  # simulators guard their routes like servers started with --api-key
             options["api_key"] = fleet.api_key
         options, plan = launch_plan.plan_simulators(options, target)
         print(launch_plan.describe_plan(plan), flush=True)
         listen = getattr(args, "host", launch.LOOPBACK)
         _warn_if_exposed(launch.exposure_warning(listen, fleet.api_key))
-        served: dict[str, str] = {}
-        if not settings.builtin_model():  # they serve the job's model: its tokenizer, under its name
-            options.update(simulated_model_options())
-            served = {"tokenizer": settings.tokenizer_name()}
         up = launch.launch_simulators(args.simulate, run_dir, options, **served, **given_flags(args, {"host"}))
     else:
         if not args.gpus and not getattr(args, "cpu", False):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dagster_project.cli.common import add_flags, given_flags, open_configured_store, option_flag
-from dagster_project.cli.fleet import parse_sim_options, sim_option_help
+from dagster_project.cli.fleet import job_simulator_options, sim_option_help
 
 
 def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
@@ -23,7 +23,8 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
     store = resources.store.open()
     settings = resources.generation.to_dataclass()
     if options.synthetic_prompt_tokens:
-        prompts = tune.synthetic_prompts(options.sample, options.synthetic_prompt_tokens, options.seed)
+        tokens, seed = options.synthetic_prompt_tokens, options.seed
+        prompts = tune.synthetic_prompts(resources.tokenizer.load(), options.sample, tokens, seed)
         source = f"synthetic, {options.synthetic_prompt_tokens} tokens each"
     else:
         prompts = tune.conversation_prompts(store, resources.tokenizer.load(), settings, options.sample, options.seed)
@@ -34,12 +35,10 @@ def cmd_tune(args: argparse.Namespace, resources: Any) -> int:
     endpoints: list[str] = []
     launcher = spec_options = None
     if args.simulate:
-        given = parse_sim_options(args.sim_option, defaults={})
-        base = parse_sim_options(args.sim_option)
-        if "gpu_memory_gb" in given and not set(given) & set(launch_plan.SIM_CAPACITY_OPTIONS):
-            base.pop("max_running_requests", None)
+        base, served = job_simulator_options(args.sim_option)  # simulators of the job's model, as `fleet up` starts
         settings_grid = tune.launch_settings_grid(_sweeps(args.sweep, None), _launch_flag)
-        launcher = _simulator_launcher(args.simulate, Path(fleet.fleet_dir).with_name("tune-fleet"), base, target)
+        run_dir = Path(fleet.fleet_dir).with_name("tune-fleet")
+        launcher = _simulator_launcher(args.simulate, run_dir, base, target, served)
         spec_options = launch_plan.sim_spec_options
     elif args.gpus:
         base_options = launch.ServerOptions(
@@ -123,13 +122,13 @@ def _launcher(run_dir: Path, plan: Any, start: Any) -> Any:
     return serve
 
 
-def _simulator_launcher(count: int, run_dir: Path, base: dict, target: Any) -> Any:
+def _simulator_launcher(count: int, run_dir: Path, base: dict, target: Any, served: dict[str, str]) -> Any:
     from dagster_project.sglang import launch, launch_plan
 
     return _launcher(
         run_dir,
         lambda setting: launch_plan.plan_simulators({**base, **setting.options}, target),
-        lambda options: launch.launch_simulators(count, run_dir, options),
+        lambda options: launch.launch_simulators(count, run_dir, options, **served),
     )
 
 

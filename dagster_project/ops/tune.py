@@ -131,10 +131,19 @@ def conversation_prompts(
     return prompts
 
 
-def synthetic_prompts(count: int, tokens: int, seed: int = 0) -> list[list[int]]:
-    """`count` distinct prompts of exactly `tokens` ordinary token ids (no prefix shared between them)."""
+def synthetic_prompts(tokenizer: Any, count: int, tokens: int, seed: int = 0) -> list[list[int]]:
+    """`count` distinct prompts of exactly `tokens` ordinary token ids of `tokenizer`'s vocabulary (no prefix shared
+    between them): from `_SYNTHETIC_IDS`, below its first added token there (a control token of its model)."""
+    start, stop = _SYNTHETIC_IDS.start, _SYNTHETIC_IDS.stop
+    added = [token_id for token_id in tokenizer.added_tokens_decoder if token_id >= start]
+    stop = min(stop, len(tokenizer), *added)
     rng = random.Random(seed)
-    return [[rng.randrange(1000, 150_000) for _ in range(tokens)] for _ in range(count)]
+    return [[rng.randrange(start, stop) for _ in range(tokens)] for _ in range(count)]
+
+
+# Where synthetic prompts draw their ids: past the first thousand (Mistral's tekken holds its control tokens there),
+# and below Qwen3.6's 150,000 at most.
+_SYNTHETIC_IDS = range(1000, 150_000)
 
 
 # ---- the sweep ------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFlee
 from dagster_project.settings import DEMO_DATA_DIR
 from dagster_project.store.storage import LocalStore
 from tests.support.ingest_helpers import run_stages
+from tests.support.model_families import DEEPSEEK, family_settings
 
 # Short answers and quick steps that slow with the batch: a sweep takes seconds.
 FAST = {"output_len": "uniform:20:40", "decode_step_s": 0.001, "decode_step_growth": 0.05, "enable_metrics": True}
@@ -82,6 +83,21 @@ def test_tune_in_launch_mode_restarts_simulators_per_server_setting(env, tmp_pat
     assert "tune [max_running_requests=8, speculative off]" in out
     assert spec.verdict.startswith("MTP on: +") and f"speculative decoding: {spec.verdict}" in out
     assert "## Speculative decoding" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_tune_in_launch_mode_serves_the_jobs_model(env, tmp_path):
+    """Under `DFLASH_TOKENIZER`/`DFLASH_SERVED_MODEL` of DeepSeek-R1 the simulators it starts serve that model, as
+    `fleet up --simulate` does: each point's served-model check (name, vocabulary, end id) passes, and the synthetic
+    prompts are ids its 129,280-row embedding takes. (Simulators of Qwen3.6 fail that check: tune stops.)"""
+    env = {**env, **family_settings(DEEPSEEK)}
+    options = [f"--sim-option={name}={json.dumps(value)}" for name, value in FAST.items()]
+    dflash(
+        env, "tune", "--simulate", "1", *options, "--spec-settings", "off", "--synthetic-prompt-tokens", "100",
+        *SWEEP, "--out", str(tmp_path / "report"),
+    )  # fmt: skip
+    report = tune.read_report(LocalStore(env["DFLASH_STORE"]))
+    assert report.knee is not None and {1, 4, 8} <= {p.concurrency for p in report.points}
+    assert all(p.errors == 0 and p.output_tok_per_s > 0 for p in report.points)
 
 
 def test_the_fleet_tuning_asset_records_the_sweep(tmp_path, sim_fleet):

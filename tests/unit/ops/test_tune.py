@@ -12,6 +12,8 @@ from dagster_project.ops.knee import KneeEstimate
 from dagster_project.ops.tune import TuneReport
 from dagster_project.ops.tune_point import RequestRecord, TunePoint
 from dagster_project.store.dataclass_json import from_json, to_json
+from dagster_project.tokenizer import load_tokenizer
+from tests.support.model_families import DEEPSEEK, MISTRAL, QWEN3_6, family_tokenizer
 
 
 def served(concurrency: int, cap: int, requests: int, service_s=lambda i: 1.0, tokens: int = 100) -> list:
@@ -166,5 +168,20 @@ def test_options_and_request_parameters():
     assert options.requests_per_server(1) == 8 and options.requests_per_server(10) == 40
     with pytest.raises(ValueError):
         tune.TuneOptions(knee_fraction=1.5)
-    prompts = tune.synthetic_prompts(3, 5, seed=1)
-    assert len(prompts) == 3 and {len(p) for p in prompts} == {5} and prompts == tune.synthetic_prompts(3, 5, seed=1)
+
+
+@pytest.mark.parametrize("family", [QWEN3_6, DEEPSEEK, MISTRAL])
+def test_synthetic_prompts_are_ordinary_ids_of_the_models_vocabulary(family: str) -> None:
+    """Below the model's added tokens, which DeepSeek's vocabulary starts at 128,000 (and a simulator of it refuses
+    an id past its 129,280), and past Mistral's control tokens (its first thousand ids)."""
+    tok = load_tokenizer(family_tokenizer(family))
+    prompts = tune.synthetic_prompts(tok, 3, 400, seed=1)
+    assert (
+        len(prompts) == 3
+        and {len(p) for p in prompts} == {400}
+        and prompts == tune.synthetic_prompts(tok, 3, 400, seed=1)
+    )
+    ids = {token_id for prompt in prompts for token_id in prompt}
+    assert not ids & set(tok.added_tokens_decoder) and min(ids) >= 1000
+    assert max(ids) < min([len(tok), 150_000, *(i for i in tok.added_tokens_decoder if i >= 1000)])
+    assert max(ids) > 100_000  # the whole range is drawn from
