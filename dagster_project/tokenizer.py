@@ -439,9 +439,10 @@ _literal_encoders: dict[int, tuple[Any, Any]] = {}
 
 
 def _literal_encoder(tokenizer: PreTrainedTokenizerBase) -> Any:
-    """For a tokenizer with control tokens (`TokenizerProfile.control_tokens`) it does not mark special (DeepSeek's `<｜User｜>`), which
-    `split_special_tokens` leaves whole: a copy of its backend with those marked special and every special token
-    split, so their text encodes as ordinary text. None where `split_special_tokens` splits them all (Qwen3.6)."""
+    """For a tokenizer with control tokens (`TokenizerProfile.control_tokens`) it does not mark special
+    (DeepSeek's `<｜User｜>`), which `split_special_tokens` leaves whole: a copy of its backend with those marked
+    special and every special token split, so their text encodes as ordinary text. None where
+    `split_special_tokens` splits them all (Qwen3.6)."""
     cached = _literal_encoders.get(id(tokenizer))
     if cached is not None and cached[0] is tokenizer:
         return cached[1]
