@@ -20,7 +20,7 @@ from dagster_project.resources.config_fields import config_fields
 from dagster_project.store import layout
 from dagster_project.store.manifest import iter_parquet_batches
 from dagster_project.store.storage import Store
-from dagster_project.tokenizer import special_ids
+from dagster_project.tokenizer import special_ids, tokenizer_profile
 from dagster_project.training import gate_messages, gate_result, gate_sets, gates
 from dagster_project.training.export import record_verdict
 from dagster_project.training.lengths import KEEP, LengthGateOptions
@@ -44,7 +44,8 @@ GATE_DESCRIPTIONS = {
     "thinking_structure": "Finished answers close </think> once after non-blank reasoning (thinking on).",
     "degenerate_answers": "No answer text repeated across many distinct prompts.",
     "short_answers": "Few empty or very short visible answers.",
-    "malformed_tool_calls": "Few malformed Qwen3.6 <tool_call> blocks among the tool calls the model wrote.",
+    "malformed_tool_calls": "Few malformed Qwen3.6 <tool_call> blocks among the tool calls the model wrote (not "
+    "judged, and said so, for a model whose template writes calls in another form).",
     "ids_match_completions": "Rows are exactly the completions' prompt_ids + output_ids, mask 1 on the output.",
     "length_loss": "Few supervised tokens lost to max_length (cut, dropped, or cut by the trainer under 'keep').",
     "source_is_current": "Built from the completions shard now published; every event kept or excluded with a reason.",
@@ -91,6 +92,7 @@ def _gates(
         enable_thinking=manifest.source.settings.enable_thinking,
         thresholds=config.to_dataclass(gates.GateThresholds),
         tool_calls=config.to_dataclass(ToolCallGateOptions),
+        tool_calls_known=tokenizer_profile(tok).tool_calls_known,
         length=config.to_dataclass(LengthGateOptions),
     )
     results.append(source_is_current(data, manifest))

@@ -40,7 +40,7 @@ from dagster_project.pilot.sample import PilotSampleOptions, sample_conversation
 from dagster_project.pilot_record import LengthDistribution, PilotRecord, write_pilot
 from dagster_project.records import STATUS_OK
 from dagster_project.store.storage import Store
-from dagster_project.tokenizer import special_ids
+from dagster_project.tokenizer import special_ids, tokenizer_profile
 from dagster_project.training import gate_messages, gate_result, gate_sets, gates
 from dagster_project.training.lengths import KEEP, LengthFigures, LengthGateOptions
 from dagster_project.training.shards import AssemblyOptions
@@ -234,6 +234,7 @@ def _judge_rows(
         enable_thinking=settings.enable_thinking,
         thresholds=limits.thresholds,
         tool_calls=limits.tool_calls,
+        tool_calls_known=tokenizer_profile(tokenizer).tool_calls_known,
         length=limits.length,
     )
     assembly = limits.assembly

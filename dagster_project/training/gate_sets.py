@@ -119,6 +119,7 @@ def training_gates(
     enable_thinking: bool,
     thresholds: gates.GateThresholds,
     tool_calls: ToolCallGateOptions,
+    tool_calls_known: bool,
     length: LengthGateOptions,
 ) -> list[gate_result.GateResult]:
     """Every row-level gate of `training_set_gates` over `profile` (`gates.profile_training_batches`):
@@ -127,7 +128,10 @@ def training_gates(
     return [
         *gates.shard_gates(profile, vocab_size=vocab_size, enable_thinking=enable_thinking, thresholds=thresholds),
         malformed_tool_calls(
-            profile.outputs.answer_texts, profile.finished, max_share=tool_calls.max_malformed_tool_call_share
+            profile.outputs.answer_texts,
+            profile.finished,
+            calls_known=tool_calls_known,
+            max_share=tool_calls.max_malformed_tool_call_share,
         ),
         row_gates.ids_match_completions(profile.digests, completion_batches),
         row_gates.length_loss(lengths, max_lost_share=length.max_lost_supervised_share),

@@ -50,7 +50,7 @@ itself (`training.evidence`: the exact binomial tail for the sample at hand, so 
   among many answers like the loss sums.
 * **short answers**: at most 10% of finished answers under 8 characters, at most 1% empty.
 * **malformed tool calls** (`training.tool_call_gate`): at most 5% of the tool calls written in finished answers
-  break the Qwen3.6 `<tool_call>` format.
+  break the Qwen3.6 `<tool_call>` format (judged only for a model whose template writes calls in that form).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from dagster_project.assets.conversations import conversations
 from dagster_project.assets.raw_prompts import RawPromptsConfig, raw_prompts
 from dagster_project.assets.training_set import training_set
 from dagster_project.checks import completions as completions_checks
+from dagster_project.checks import conversations as conversations_checks
 from dagster_project.checks import training_set as training_set_checks
 from dagster_project.conversations.shards import read_conversations
 from dagster_project.partitions import NUM_SHARDS
@@ -185,19 +186,25 @@ def test_a_shard_of_the_familys_model_is_its_templates_render_then_its_answers(
     sources = _write_sources(tmp_path / "sources", family)
     resources = resources_from_env()
     with dg.instance_for_test() as instance:
+        # With every conversations check: the turn markers counted are the model's own.
         prepared = dg.materialize(
-            [raw_prompts, conversations],
+            [raw_prompts, conversations, *dg.load_asset_checks_from_modules([conversations_checks])],
             resources=resources,
             instance=instance,
             run_config=dg.RunConfig(ops={"raw_prompts": RawPromptsConfig(sources=list(sources))}),
+            raise_on_error=False,
         )
-        assert prepared.success
+        checked = {e.check_name: e.passed for e in prepared.get_asset_check_evaluations()}
+        assert prepared.success and checked["conversations_turn_markers"] and all(checked.values()), checked
         # One run over every shard, with every check of the two stages, as a backfill runs them.
         built = dg.materialize(
             SHARD_RUN, tags=EVERY_SHARD, resources=resources, instance=instance, raise_on_error=False
         )
     failed = {(e.check_name, e.partition): e.description for e in built.get_asset_check_evaluations() if not e.passed}
     assert failed == {}
+    # Tool calls are judged in Qwen3.6's form only; another model's are not judged, and the gate says so.
+    tool_gate = [e.description for e in built.get_asset_check_evaluations() if e.check_name == "malformed_tool_calls"]
+    assert len(tool_gate) == NUM_SHARDS and all(("not judged" in d) == (family != QWEN3_6) for d in tool_gate)
 
     store = LocalStore(tmp_path / "store")
     tok = load_tokenizer(tokenizer)

@@ -279,17 +279,27 @@ class OutputModel:
         opens = [vocab.think_start, vocab.newline] if vocab.think_end is not None else []
         self.think_open = (opens, vocab.decode(opens)) if not vocab.prompt_opens_reasoning else ([], "")
         # The full tokenizer, only for tool calls (reading the tools, writing a call): loaded at start, so no
-        # request stalls the server for the seconds it takes.
+        # request stalls the server for the seconds it takes. Calls are written in Qwen3.6's form only, so only for
+        # a model whose template writes them so (`TokenizerProfile.tool_calls_known`); another model's answers to
+        # prompts with tools are text, as `calls_note` says.
         self._tokenizer: Any = None
+        self.calls_note = ""
         if config.tool_call_share:
-            from dagster_project.tokenizer import load_tokenizer
+            from dagster_project.tokenizer import load_tokenizer, tokenizer_profile
 
-            self._tokenizer = load_tokenizer(vocab.tokenizer)
+            tokenizer = load_tokenizer(vocab.tokenizer)
+            if tokenizer_profile(tokenizer).tool_calls_known:
+                self._tokenizer = tokenizer
+            else:
+                self.calls_note = (
+                    f"tool_call_share {config.tool_call_share} ignored: the chat template of {vocab.tokenizer} writes "
+                    "tool calls in another form than Qwen3.6's <tool_call>, the only one the simulator writes"
+                )
 
     def _tool_call(self, input_ids: list[int], prompt_hash: str, sample: int) -> tuple[list[int], str] | None:
         """The `<tool_call>` that answers this sample, if its prompt declares tools and it draws one."""
         rng = random.Random(f"{self.config.seed}:{prompt_hash}:{sample}:tool")  # the answers' own draws stay put
-        if not self.config.tool_call_share or rng.random() >= self.config.tool_call_share:
+        if self._tokenizer is None or rng.random() >= self.config.tool_call_share:
             return None
         tools = tool_calls.declared_tools(self._tokenizer.decode(input_ids))
         if not tools:

@@ -520,6 +520,8 @@ async def serve(config: SimConfig, vocab: SimVocab) -> None:
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
     await site.start()
+    if simulator.model.calls_note:
+        print(simulator.model.calls_note, flush=True)
     print(f"simulator ready on http://{config.host}:{config.port} (pid {os.getpid()})", flush=True)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

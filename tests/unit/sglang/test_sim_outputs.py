@@ -11,9 +11,10 @@ from dagster_project.sglang import protocol as proto
 from dagster_project.sglang.model_identity import forced_token_params
 from dagster_project.sglang.sim.config import SimConfig, load_sim_vocab
 from dagster_project.sglang.sim.outputs import AcceptModel, OutputModel
-from dagster_project.tokenizer import render_prompt_ids
+from dagster_project.tokenizer import load_tokenizer, render_prompt_ids
 from dagster_project.tool_calls import parse_tool_calls
 from tests.support.chat_templates import official_prompt_ids, official_template
+from tests.support.model_families import QWEN3, family_tokenizer
 from tests.support.training_shards import tokenizer
 
 
@@ -137,6 +138,23 @@ def test_tool_calls_are_the_official_templates_rendering_of_the_parsed_call():
     # Without tools in the prompt, no call is ever written.
     plain = official_prompt_ids(tok, template, messages)
     assert not any("<tool_call>" in model.plan(plain, "plain", {}, 1024, sample).text for sample in range(20))
+
+
+def test_a_model_whose_template_writes_calls_in_another_form_is_answered_in_text():
+    """Qwen3's template declares tools in the same `<tools>` block but writes calls as JSON: the simulator, which
+    writes Qwen3.6's form only, answers its tool prompts in text and says so (the gate does not judge them)."""
+    name = family_tokenizer(QWEN3)
+    tok = load_tokenizer(name)
+    model = OutputModel(SimConfig(output_len="uniform:1:300", tool_call_share=1.0), load_sim_vocab(name))
+    assert model.calls_note == (
+        f"tool_call_share 1.0 ignored: the chat template of {name} writes tool calls in another form than Qwen3.6's "
+        "<tool_call>, the only one the simulator writes"
+    )
+    messages = [{"role": "user", "content": "Is it raining in Lyon?"}]
+    prompt = tok.apply_chat_template(messages, tools=[WEATHER, CLOCK], add_generation_prompt=True, tokenize=False)
+    assert "<tools>" in prompt
+    prompt_ids = tok.encode(prompt, add_special_tokens=False)
+    assert not any("<tool_call>" in model.plan(prompt_ids, "q3", {}, 1024, sample).text for sample in range(10))
 
 
 def _typed_calls(calls: list[dict]) -> list[dict]:

@@ -7,13 +7,14 @@ import pyarrow as pa
 import pytest
 
 from dagster_project.records import COMPLETION_SCHEMA
-from dagster_project.tokenizer import render_prompt_ids, special_ids
+from dagster_project.tokenizer import load_tokenizer, render_prompt_ids, special_ids, tokenizer_profile
 from dagster_project.tool_calls import render_call
 from dagster_project.training import distribution_gates, gate_result, gates, output_profile, row_figures, row_gates
 from dagster_project.training.evidence import percent, weigh
 from dagster_project.training.lengths import TRUNCATE
 from dagster_project.training.stage import AssemblyOptions, assemble_batch
 from dagster_project.training.tool_call_gate import malformed_tool_calls
+from tests.support.model_families import DEEPSEEK, MISTRAL, QWEN3, QWEN3_6, family_tokenizer
 from tests.support.training_shards import (
     disaster_rows,
     error_row,
@@ -351,6 +352,31 @@ def test_malformed_generated_tool_calls_block_above_their_share():
     assert malformed_tool_calls(worse[:-2] + worse[-1:], np.ones(len(worse) - 1, dtype=bool)).passed  # 7 of 26
     assert blocked.metadata["sample_rows"] == [18, 19, 20, 21, 22]
     assert malformed_tool_calls(["Plain answer."], np.array([True])).passed
+
+
+# A call as Qwen3's template writes one (hermes JSON inside the same tags as Qwen3.6's XML form).
+QWEN3_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("family", [QWEN3_6, QWEN3, DEEPSEEK, MISTRAL])
+def test_tool_calls_are_judged_only_in_the_form_the_gate_reads(family: str) -> None:
+    """The profile reads the form off the template's render of a call: Qwen3.6's `<tool_call>` blocks are judged;
+    Qwen3's JSON ones (the same `<tool_call>` tags) would all read as malformed, DeepSeek's and Mistral's not at
+    all, so their calls are not judged and the gate says so."""
+    tok = load_tokenizer(family_tokenizer(family))
+    known = tokenizer_profile(tok).tool_calls_known
+    assert known == (family == QWEN3_6)
+    answers = [f"Checking.\n\n{QWEN3_CALL}"] * 20  # well-formed calls as Qwen3 writes them
+    result = malformed_tool_calls(answers, np.ones(20, dtype=bool), calls_known=known)
+    if known:
+        assert not result.passed and result.metadata["malformed_tool_calls"] == 20  # not Qwen3.6's form
+        return
+    assert result.passed and result.metadata == {"calls_known": False, "not_judged_answers": 20,
+                                                  "max_malformed_share": 0.05}  # fmt: skip
+    assert result.message == (
+        "ok: not judged: the model's chat template writes tool calls in another form than Qwen3.6's <tool_call>, "
+        "the only one this gate reads (20 finished answers not read)"
+    )
 
 
 def test_error_and_length_capped_shares_block_on_evidence_too():
