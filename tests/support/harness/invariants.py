@@ -23,7 +23,7 @@ from dagster_project.ingest.shards import QUARANTINE_KEY as INGEST_QUARANTINE_KE
 from dagster_project.ops.status import collect_status
 from dagster_project.records import HISTORY_GENERATED, STATUS_OK, Conversation
 from dagster_project.store.jsonl import read_jsonl_zst
-from dagster_project.tokenizer import special_ids
+from dagster_project.tokenizer import special_ids, tokenizer_profile
 from dagster_project.tool_calls import parse_tool_calls
 from dagster_project.training import gate_result, gate_sets, gates
 from dagster_project.training.lengths import LengthGateOptions
@@ -384,6 +384,7 @@ def _gates(run: JobRun, stored: Stored, shard: int, tokenizer: Any) -> list[gate
             enable_thinking=run.settings.enable_thinking,
             thresholds=thresholds,
             tool_calls=ToolCallGateOptions(),
+            tool_calls_known=tokenizer_profile(tokenizer).tool_calls_known,
             length=LengthGateOptions(),
         )
     return results
