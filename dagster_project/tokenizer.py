@@ -399,8 +399,28 @@ def holds_control_tokens(value: Any, control_tokens: Sequence[str] = CONTROL_TOK
 
 @functools.lru_cache(maxsize=16)
 def control_token_pattern(control_tokens: tuple[str, ...]) -> re.Pattern[str]:
-    """A regex of `control_tokens`, the longest first (so no token is matched as a prefix of another)."""
-    return re.compile("|".join(re.escape(token) for token in sorted(control_tokens, key=len, reverse=True)))
+    """A regex of `control_tokens` that matches the longest at a position (no token is matched as a prefix of
+    another). Written as their prefix tree: a flat alternation of DeepSeek's 1,232 or Mistral's 1,000 tokens (most
+    of them `<｜place▁holder▁no▁N｜>`, `<SPECIAL_N>`) tries each at every `<` or `[` of a text, a hundred times
+    slower."""
+    trie: dict[str, Any] = {}
+    for token in control_tokens:
+        node = trie
+        for char in token:
+            node = node.setdefault(char, {})
+        node[_TOKEN_END] = {}
+    return re.compile(_trie_pattern(trie))
+
+
+_TOKEN_END = ""
+
+
+def _trie_pattern(node: dict[str, Any]) -> str:
+    branches = [re.escape(char) + _trie_pattern(child) for char, child in sorted(node.items()) if char != _TOKEN_END]
+    if not branches:
+        return ""
+    body = branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
+    return f"(?:{body})?" if _TOKEN_END in node else body  # a longer token first, else the one ending here
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
+import random
+import re
 import shutil
 import unicodedata
 from pathlib import Path
@@ -31,6 +33,7 @@ from dagster_project.tokenizer import (
     special_ids,
 )
 from tests.support.chat_templates import OFFICIAL_TEMPLATE_NAME
+from tests.support.model_families import family_tokenizer
 from tests.support.paths import require_shared
 
 PROJECT_TEMPLATE_PATH = Path(tokenizer_module.__file__).with_name("chat_template.jinja")
@@ -535,3 +538,25 @@ def test_saved_config_lists_the_added_tokens_so_loading_parses_tokenizer_json_on
         assert render_prompt_ids(tokenizer, case) == render_prompt_ids(default_load, case)
     ids = render_prompt_ids(tokenizer, CONV, tools=WEATHER_TOOLS)
     assert tokenizer.decode(ids, skip_special_tokens=True) == default_load.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        ("<a>", "<a>b", "<ab>", "[X]", "[X]]"),  # tokens that are prefixes of others
+        pytest.param("deepseek", id="deepseek"),
+    ],
+)
+def test_the_control_token_pattern_matches_the_longest_token_at_each_position(tokens: Any) -> None:
+    """The prefix-tree pattern finds what a flat longest-first alternation of the tokens finds, on random texts of
+    the tokens, their pieces and their prefixes."""
+    if tokens == "deepseek":
+        tokens = tokenizer_module.tokenizer_profile(load_tokenizer(family_tokenizer(tokens))).control_tokens
+    flat = re.compile("|".join(re.escape(token) for token in sorted(tokens, key=len, reverse=True)))
+    pattern = tokenizer_module.control_token_pattern(tuple(tokens))
+    rng = random.Random(0)
+    sample = [*tokens[:30], *tokens[-20:]]  # DeepSeek's: its first placeholders, and its turn markers
+    pieces = [*sample, *(token[: len(token) // 2] for token in sample), "x", "<", "[", "｜"]
+    for _ in range(500):
+        text = "".join(rng.choice(pieces) for _ in range(20))
+        assert [m.span() for m in pattern.finditer(text)] == [m.span() for m in flat.finditer(text)], text
