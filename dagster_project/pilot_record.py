@@ -1,7 +1,8 @@
 """What a pilot found, in the store, and what it decides for the shards.
 
 Each pilot writes its `PilotRecord` to `pilot/<fingerprint>.json` (the last pilot run with those generation
-settings) and to `pilot/latest.json` (the last pilot of any settings: what `dflash plan --project` reads). The
+settings), to `pilot/latest.json` (the last pilot of any settings: what `dflash plan --project` reads) and to
+`pilot/runs/<start>-<fingerprint>.json`, never overwritten: every pilot's output is in the waste ledger. The
 shards' generation asks `clearance` before it starts: a passed pilot with the same generation-settings fingerprint,
 or the operator's recorded decision to skip it.
 """
@@ -25,8 +26,15 @@ SKIP_SWITCH = "DFLASH_SKIP_PILOT=1 (or skip_pilot: true in completions' run conf
 PERCENTILES = (10, 50, 90, 99)
 
 
+RUNS_PREFIX = f"{PILOT}/runs/"
+
+
 def pilot_key(fingerprint: str) -> str:
     return f"{PILOT}/{fingerprint}.json"
+
+
+def pilot_run_key(record: PilotRecord) -> str:
+    return f"{RUNS_PREFIX}{int(record.started_at * 1000):015d}-{record.settings_fingerprint}.json"
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,10 @@ class PilotRecord:
     avg_prompt_tokens: float = 0.0
     accept_length: float | None = None  # None: no server reported spec-decoding stats (MTP off)
     output_lengths: LengthDistribution = field(default_factory=LengthDistribution)
+    # What the fleet generated for the pilot, none of it a training row: its answers' output tokens, and what its
+    # servers generated that no answer holds, by cause (`Unrecorded.as_dict`).
+    output_tokens: int = 0
+    unrecorded: dict = field(default_factory=dict)
     servers: list[str] = field(default_factory=list)
     # Every gate's message, and those of the gates that blocked (name → message).
     gates: dict[str, str] = field(default_factory=dict)
@@ -116,6 +128,7 @@ class PilotRecord:
 
 def write_pilot(store: Store, record: PilotRecord) -> None:
     data = to_json(record)
+    store.put_bytes(pilot_run_key(record), data)
     store.put_bytes(pilot_key(record.settings_fingerprint), data)
     store.put_bytes(LATEST_KEY, data)
 
@@ -126,6 +139,12 @@ def read_pilot(store: Store, fingerprint: str) -> PilotRecord | None:
 
 def read_latest_pilot(store: Store) -> PilotRecord | None:
     return read_record(store, LATEST_KEY, PilotRecord)
+
+
+def read_pilot_runs(store: Store) -> list[PilotRecord]:
+    """Every pilot run's record, oldest first."""
+    keys = sorted(info.key for info in store.list(RUNS_PREFIX) if info.key.endswith(".json"))
+    return [record for key in keys if (record := read_record(store, key, PilotRecord)) is not None]
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,15 @@ def _integration_only(request: pytest.FixtureRequest) -> None:
         )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _store_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The default store and work directory are the session's, never the checkout's `.demo/` (where `make demo`
+    leaves a pilot and a plan that a command run with defaults would read)."""
+    root = tmp_path_factory.mktemp("default_store")
+    os.environ["DFLASH_STORE"] = str(root / "store")
+    os.environ["DFLASH_WORK_DIR"] = str(root / "work")
+
+
 @pytest.fixture(scope="session")
 def postgres_cluster():
     """A real PostgreSQL server on loopback for the session (the Postgres-backed Dagster instance's tests)."""

@@ -54,7 +54,7 @@ from dagster_project.ops.answers.waste import WasteAnswer, answer_waste, price_w
 from dagster_project.ops.coverage import read_coverage
 from dagster_project.ops.plan import read_plan
 from dagster_project.ops.tune import read_report
-from dagster_project.pilot_record import read_latest_pilot
+from dagster_project.pilot_record import read_latest_pilot, read_pilot_runs
 from dagster_project.sglang.launch import fleet_status
 from dagster_project.shown_text import shown
 from dagster_project.store.layout import COMPLETIONS, CONVERSATIONS, TRAINING_SET
@@ -85,7 +85,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
         assembled = pool.submit(read_stage_records, store, TRAINING_SET, TrainingShardManifest)
         lives = pool.submit(read_fleet_lives, store)
         hold, watch = pool.submit(read_hold, store), pool.submit(read_watch_reports, store)
-        pilot = pool.submit(read_latest_pilot, store)
+        pilot, pilot_runs = pool.submit(read_latest_pilot, store), pool.submit(read_pilot_runs, store)
         planned = pool.submit(read_published_manifests, store, CONVERSATIONS, ConversationsShardManifest)
         stage = conversations.result()
         shards = stage.num_shards if stage else 0  # as published: the environment has no say
@@ -113,6 +113,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
             hold=hold.result(),
             watch=watch.result(),
             pilot=pilot.result(),
+            pilot_runs=pilot_runs.result(),
             served_model=settings.served_model(),
         )
 

@@ -33,6 +33,7 @@ from dagster_project.generation.dispatch import Dispatcher
 from dagster_project.generation.events import ShardGeneration
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.preflight import check_before_dispatch
+from dagster_project.generation.shards import unrecorded_of
 from dagster_project.generation.stage import write_completions_parquet
 from dagster_project.generation_settings import GenerationSettings
 from dagster_project.ops.plan import Plan, read_plan, write_plan
@@ -147,6 +148,8 @@ def run_pilot(
         avg_prompt_tokens=written.prompt_tokens / written.rows if written.rows else 0.0,
         accept_length=heartbeat.spec.accept_length_lifetime,
         output_lengths=LengthDistribution.of(lengths),
+        output_tokens=heartbeat.output_tokens,
+        unrecorded=unrecorded_of(heartbeat).as_dict(),
         servers=sorted(heartbeat.servers),
         gates={r.name: r.message for r in results},
         failed_gates=failed,

@@ -47,6 +47,7 @@ class Readings:
     hold: Hold | None = None  # the line's hold, if one stands
     watch: list[WatchReport] = field(default_factory=list)  # every shard's last quality-watch report
     pilot: PilotRecord | None = None  # the last pilot, of any settings (`pilot/latest.json`)
+    pilot_runs: list[PilotRecord] = field(default_factory=list)  # every pilot run (`pilot/runs/`), for the ledger
     conversations_shards: dict[int, ConversationsShardManifest] = field(default_factory=dict)  # as published now
     # The model every server must serve (DFLASH_SERVED_MODEL, as the fleet resource reads it; empty: not checked).
     served_model: str = QWEN3_6_27B.model

@@ -3,8 +3,9 @@
 Exact by construction: every output token of a published completions shard is counted once, under where it went
 when its training shard was assembled (`training.outcomes`, recorded in the training manifest) — trained, or a
 cause — and the shard's whole output goes to `blocked_or_held` while a blocking gate stops it; a shard not
-assembled yet, and what running shards generated so far, is `pending`. So trained + pending + every cause =
-generated, always.
+assembled yet, and what running shards generated so far, is `pending`. Each pilot's output (every pilot run
+recorded under `pilot/runs/`) is `pilot`: its answers judge the settings and become no row. So trained + pending +
+every cause = generated, always.
 
 GPU-seconds and dollars are estimated: the fleet's busy GPU-time (its up-time less its idle time, `answers.cost`)
 is shared among the output tokens generated, each request's share its output tokens (decoding dominates a long
@@ -20,6 +21,7 @@ from enum import StrEnum
 
 from dagster_project.generation import unrecorded
 from dagster_project.generation.shards import unrecorded_of
+from dagster_project.generation.unrecorded import Unrecorded
 from dagster_project.ops.answers.cost import CostAnswer
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.shards import current_training
@@ -38,6 +40,8 @@ class WasteCause(StrEnum):
     # What originals wrote before they were aborted: their requests were re-sent when their server stopped answering
     RESENT_ORIGINAL = unrecorded.RESENT_ORIGINAL
     PROBES = unrecorded.PROBES  # the one-token canaries of servers rejoining
+    # What each pilot generated (its answers judge the settings and become no row) and its servers' unrecorded output
+    PILOT = "pilot"
     # What requests in flight when their run stopped (a hold, a failure) wrote before they were aborted
     STOPPED_IN_FLIGHT = unrecorded.STOPPED_IN_FLIGHT
     # Answers a hold condemned, dropped at its release and generated again (`dflash hold release`)
@@ -124,6 +128,9 @@ def answer_waste(
         attempts = unrecorded_of(beat)
         tokens.update(attempts.tokens)
         answers.update(attempts.answers)
+    for pilot in readings.pilot_runs:
+        tokens[WasteCause.PILOT] += pilot.output_tokens + sum(Unrecorded.of(pilot.unrecorded).tokens.values())
+        answers[WasteCause.PILOT] += pilot.answers
     not_sent = sum((Counter(m.generation.excluded_by_reason) for m in readings.published.values()), Counter())
     waste = WasteAnswer(
         generated_output_tokens=trained + pending + sum(tokens.values()),

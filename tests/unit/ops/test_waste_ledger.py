@@ -17,6 +17,7 @@ from dagster_project.ops.answers.waste import WasteCause, answer_waste, render_w
 from dagster_project.ops.metrics import render_metrics
 from dagster_project.ops.report import render_markdown
 from dagster_project.ops.status import render_text
+from dagster_project.pilot_record import PilotRecord
 from dagster_project.records import COMPLETION_SCHEMA, EVAL_CONTAMINATION
 from dagster_project.training import outcomes
 from dagster_project.training.shards import AssemblyOptions, TrainingShardManifest, TrainingSource
@@ -99,6 +100,13 @@ SPLIT = {
 }
 
 
+# Two pilots of the same settings (the first blocked, run again): each one's output is in the ledger.
+PILOTS = [
+    PilotRecord(False, "f", started_at=1.0, answers=8, output_tokens=400, unrecorded={"tokens": {"probes": 1}}),
+    PilotRecord(True, "f", started_at=2.0, answers=8, output_tokens=450),
+]
+
+
 def ledger_readings() -> Readings:
     """A run where every cause occurs: shard 0 assembled (every exclusion, lost hedges, aborted originals of re-sent
     requests, answers dropped at a hold's release), shard 1 blocked by a gate, shard 2 not assembled yet, shard 3
@@ -112,6 +120,7 @@ def ledger_readings() -> Readings:
          2: completions(2, 700, attempts=ATTEMPTS), 3: completions(3, 90)},
         [running], {}, None, None,
         training_set={0: training(0, SPLIT), 1: training(1, {outcomes.TRAINED: 500}), 3: training(3, {})},
+        pilot_runs=PILOTS,
     )  # fmt: skip
 
 
@@ -129,6 +138,7 @@ def test_trained_pending_and_every_cause_add_up_to_what_was_generated():
         WasteCause.RESENT_ORIGINAL: 25 + 15,
         WasteCause.DROPPED_AT_RELEASE: 35,
         WasteCause.PROBES: 3,
+        WasteCause.PILOT: 400 + 1 + 450,
         WasteCause.STOPPED_IN_FLIGHT: 70,
         WasteCause.PROMPT_FILLS_MAX_LENGTH: 0,
         WasteCause.ABORTS: 20,
@@ -140,10 +150,11 @@ def test_trained_pending_and_every_cause_add_up_to_what_was_generated():
     assert waste.trained_output_tokens == 1000 and waste.pending_output_tokens == 700 + 100
     # Answers beside tokens: those in no row from the runs' counts (a manifest from before them gives none), the
     # stopped shard's answers, its training shard's exclusions.
-    causes = ("refused", "probes", "lost_hedges", "resent_original", "stopped_in_flight", "dropped_at_release")
+    causes = ("refused", "probes", "pilot", "lost_hedges", "resent_original", "stopped_in_flight", "dropped_at_release")
     assert {cause: waste.answers[cause] for cause in causes} == {
         "refused": 2,
         "probes": 3,
+        "pilot": 16,
         "lost_hedges": 1 + 2,
         "resent_original": 1,
         "stopped_in_flight": 2,

@@ -15,6 +15,7 @@ from dagster_project.pilot_record import (
     clearance,
     read_latest_pilot,
     read_pilot,
+    read_pilot_runs,
     write_pilot,
 )
 from dagster_project.settings import SettingsError, skip_pilot
@@ -62,6 +63,15 @@ def test_only_a_passed_pilot_of_the_same_fingerprint_clears(tmp_path):
     cleared = clearance(store, FINGERPRINT)
     assert cleared.allowed and cleared.message.startswith("pilot of 40 answers at ") and not cleared.skipped
     assert read_pilot(store, FINGERPRINT) == read_latest_pilot(store) == _record()
+
+
+def test_every_pilot_run_is_kept_for_the_ledger_though_the_next_of_its_settings_replaces_it(tmp_path):
+    store = LocalStore(tmp_path)
+    runs = [_record(passed=False, started_at=10.0, output_tokens=300), _record(started_at=20.0, output_tokens=310)]
+    for run in runs:
+        write_pilot(store, run)
+    assert read_pilot(store, FINGERPRINT) == runs[-1]  # what clears the shards: the last one
+    assert read_pilot_runs(store) == runs  # what the fleet generated: both
 
 
 def test_the_skip_switch_clears_and_says_so(tmp_path):
