@@ -544,5 +544,3 @@ def test_the_ratio_decays_admits_more_and_a_full_pool_retracts(sim_fleet):
     assert fleet.state(0)["peaks"]["running"] > 6  # the decayed ratio let more in than the first batch
     retracted = proto.parse_metrics(call(fleet.url(0) + "/metrics")[1])["sglang:num_retracted_requests_total"]
     assert retracted >= 1 and sum(body["meta_info"]["num_retractions"] for body in bodies) == retracted
-
-
