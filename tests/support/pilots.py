@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pytest
 
 from dagster_project.assets.pilot import pilot
 from dagster_project.pilot_record import PilotRecord, read_pilot
 from dagster_project.resources import SGLangFleet
+from dagster_project.resources.environment import resources_from_env
 from tests.support.dagster_helpers import FAST_ANSWERS
 from tests.support.sglang_fixtures import SimFleet
 
@@ -40,3 +42,18 @@ def pass_pilot(
     record = read_pilot(resources["store"].open(), resources["generation"].to_dataclass().fingerprint())
     assert record is not None and record.passed, record
     return record
+
+
+def pass_pilot_of_env(home: Path, env: Mapping[str, str], *, own_fleet: Path | None = None) -> PilotRecord:
+    """OPERATIONS §4's pilot after the conversations, in this process, with the resources a pipeline process of `env`
+    gets (its store, fleet and generation settings: what `dagster asset materialize --select pilot` would use),
+    recorded in the instance at `home`; `own_fleet` as for `pass_pilot`."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            if name.startswith(("DFLASH_", "SGLANG_")):
+                patch.setenv(name, value)
+        instance = dg.DagsterInstance.from_config(str(home))
+        try:
+            return pass_pilot(resources_from_env(resolve_secrets=True), instance, own_fleet=own_fleet)
+        finally:
+            instance.dispose()
