@@ -1,7 +1,7 @@
 """The pilot a test's shards need before they generate, as in production (`pilot_record.clearance`): the `pilot` asset
 materialized in this process with the job's resources. It generates a stratified sample of the published
-conversations (9 answers of the demo data's 5 conversations) and judges them by every gate: about 4 s, 8 s when it is
-the process's first (measured on 2 busy cores)."""
+conversations (9 answers of the demo data's 5 conversations) and judges them by every gate: 1 s on a fast simulator
+fleet, 3 s when it is the process's first (2 quiet cores; 4 and 8 s on busy ones)."""
 
 from __future__ import annotations
 
