@@ -77,6 +77,7 @@ def tiny_shards(scratch: Path, shards: int, prompts: int) -> Iterator[dict[str, 
             num_shards=shards,
             endpoints=fleet.urls,
             extra={"DFLASH_SOURCES": str(source), "DFLASH_FLEET_DIR": str(scratch / "work" / "fleet")},
+            without_pilot="a shard run's own overhead is measured; the pilot is a run of its own, before the job",
         )
         materialize(env, ROOT, "raw_prompts,conversations", timeout_s=1800)
         yield env

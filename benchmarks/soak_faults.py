@@ -421,6 +421,7 @@ def run(args: argparse.Namespace) -> list[FaultResult]:
             work_dir=root / "work",
             num_shards=args.shards,
             extra={**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint, "DFLASH_SOURCES": str(root / "prompts.jsonl")},
+            without_pilot="the soak's shard runs meet faults it injects; a pilot would meet them first and block",
         )
         materialize(env, root, "raw_prompts,conversations", timeout_s=900)
         os.environ.update(s3.env)  # this process reads the store straight from moto

@@ -35,9 +35,6 @@ KEPT_VARIABLES = {"DFLASH_CACHE_DIR", "SGLANG_PYTHON", "SGLANG_TEST_MODEL", "SGL
 for _name in [n for n in os.environ if n.startswith(("DFLASH_", "SGLANG_")) or n == "DAGSTER_HOME"]:
     if _name not in KEPT_VARIABLES:
         del os.environ[_name]
-# The shards' generation refuses to start without a passed pilot of its settings; the tests that are not about
-# the pilot generate without one (recorded in their manifests). tests/integration/test_pilot.py takes it away.
-os.environ["DFLASH_SKIP_PILOT"] = "1"
 
 
 def _is_integration(node: pytest.Item) -> bool:
@@ -151,6 +148,24 @@ def sim_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callab
     yield start
     for fleet in fleets:
         fleet.stop()
+
+
+# ---- the pilot, as in production ------------------------------------------------------------------------------
+
+# The shards refuse to generate until a pilot of their generation settings has passed, in the tests as in production:
+# a test that generates shards runs its pilot first (tests/support/pilots.py), or says why its shards must generate
+# without one: `@pytest.mark.without_pilot(reason=...)` for this process (DFLASH_SKIP_PILOT=1, recorded in each
+# completions manifest), `pipeline_env(without_pilot=...)` for the pipeline processes it starts.
+
+
+@pytest.fixture(autouse=True)
+def _without_pilot_when_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = request.node.get_closest_marker("without_pilot")
+    if marker is None:
+        return
+    if not marker.kwargs.get("reason"):
+        pytest.fail(f"{request.node.nodeid}: without_pilot(reason=...) must say why its shards generate without one")
+    monkeypatch.setenv("DFLASH_SKIP_PILOT", "1")
 
 
 # ---- no skip counts as passing ------------------------------------------------------------------------------

@@ -332,46 +332,56 @@ class LocalStore:
 class S3Store:
     """Objects under `s3://bucket/prefix`, through a boto3 client (see `bounded_client`)."""
 
-    def __init__(self, uri: str, client: Any, policy: RetryPolicy = RetryPolicy()):
+    def __init__(
+        self,
+        uri: str,
+        client: Any,
+        policy: RetryPolicy = RetryPolicy(),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        """`clock` and `sleep` time the retries' backoff and deadlines (a test's virtual clock stands in for them)."""
         self.bucket, self.prefix = parse_s3_uri(uri)
         self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self.client = client
         self.policy = policy
         self.calls = StoreCalls()
+        self._clock, self._sleep = clock, sleep
         self._answered_s: float | None = None  # how long the last S3 call that answered took
-        self._waiting: dict[object, float] = {}  # the calls in flight: token → when it began (monotonic)
-        self._deadline: tuple[float, str] | None = None  # (monotonic time, what it bounds), while one holds
+        self._waiting: dict[object, float] = {}  # the calls in flight: token → when it began (`clock`)
+        self._deadline: tuple[float, str] | None = None  # (`clock` time, what it bounds), while one holds
 
     @property
     def last_call_s(self) -> float | None:
         """How long the store's last call took, for a deadline's message and `dflash status`: a call still waiting
         counts its wait so far (a store too slow to answer within a budget shows how slow), else the last answer's."""
-        now = time.monotonic()
+        now = self._clock()
         return max((now - begun for begun in list(self._waiting.values())), default=self._answered_s)
 
     @contextmanager
     def _timed(self) -> Iterator[None]:
-        token, begun = object(), time.monotonic()
+        token, begun = object(), self._clock()
         self._waiting[token] = begun
         try:
             yield
         finally:
             del self._waiting[token]
-            self._answered_s = time.monotonic() - begun
+            self._answered_s = self._clock() - begun
 
     @contextmanager
     def deadline(self, what: str) -> Iterator[None]:
         if not self.policy.publish_deadline_s:
             yield
             return
-        self._deadline = (time.monotonic() + self.policy.publish_deadline_s, what)
+        self._deadline = (self._clock() + self.policy.publish_deadline_s, what)
         try:
             yield
         finally:
             self._deadline = None
 
     def _check_deadline(self, action: str, key: str) -> None:
-        if self._deadline is not None and time.monotonic() > self._deadline[0]:
+        if self._deadline is not None and self._clock() > self._deadline[0]:
             last_s = self.last_call_s
             last = f"{last_s:.1f} s" if last_s is not None else "unknown"
             raise StoreError(
@@ -389,7 +399,7 @@ class S3Store:
     def _retrying(self, action: str, key: str, call: Callable[[], Any]) -> Any:
         """Transient S3 failures (throttling, a restarting or hung endpoint) are retried with exponential
         backoff, within the policy's attempts and deadline; permanent ones fail at once."""
-        policy, started = self.policy, time.monotonic()
+        policy, started = self.policy, self._clock()
         for attempt in range(1, policy.attempts + 1):
             self._check_deadline(action, key)
             self.calls.made += 1
@@ -398,7 +408,7 @@ class S3Store:
                     result = call()
             except Exception as exc:  # botocore raises many unrelated types for transport errors
                 delay = policy.backoff_s * 2 ** (attempt - 1)
-                elapsed = time.monotonic() - started
+                elapsed = self._clock() - started
                 if not _is_transient(exc):
                     raise StoreError(f"{action} {self.url(key)} failed: {exc} (not retried: permanent)") from exc
                 if attempt == policy.attempts or elapsed + delay > policy.deadline_s:
@@ -406,7 +416,7 @@ class S3Store:
                         f"{action} {self.url(key)} failed after {attempt} attempt(s) in {elapsed:.0f} s: {exc}"
                     ) from exc
                 self.calls.retried[_error_code(exc) or type(exc).__name__] += 1
-                time.sleep(delay)
+                self._sleep(delay)
             else:
                 return result
         raise AssertionError("unreachable")

@@ -2,11 +2,11 @@
 disaster, `dagster dev` with its daemon and sensors (as `make dev` runs it), and "Materialize all" on the shard
 assets.
 
-The shards generate without a pilot (`DFLASH_SKIP_PILOT=1`) at the default `DFLASH_SHARDS_PER_RUN` (64: one run for
-the 8 shards). In headless Chromium, as an operator clicks it (the global asset lineage filtered to completions,
-training_set, specforge_export and hf_export, "Materialize all…", "Confirm" at Dagster's warning that the pilot is
-not materialized, every partition, "Launch backfill"), one asset backfill over every partition is launched while
-both simulators answer every request with empty reasoning then "OK." (`bad_model_share` 1.0). Asserted: the quality
+The job's pilot passes on the healthy fleet first; then the fleet goes bad, and the shards generate at the default
+`DFLASH_SHARDS_PER_RUN` (64: one run for the 8 shards). In headless Chromium, as an operator clicks it (the global
+asset lineage filtered to completions, training_set, specforge_export and hf_export, "Materialize all…", every
+partition, "Launch backfill"), one asset backfill over every partition is launched while both simulators answer every
+request with empty reasoning then "OK." (`bad_model_share` 1.0). Asserted: the quality
 watch writes the hold (a blocking gate, its figure over its threshold, the "OK." answers as evidence); the fleet
 receives no job request later than the hold plus the watch's poll (the run stops admitting) and none after the
 backfill ended; no generating run is created after the hold (the runs as the instance records them); the backfill
@@ -47,6 +47,7 @@ from tests.support.dagster_helpers import (
     publish_conversations,
     run_cli,
 )
+from tests.support.pilots import pass_pilot_of_env
 from tests.support.sglang_fixtures import SimFleet, wait_until
 
 NUM_SHARDS = 8
@@ -74,8 +75,9 @@ def _materialize_all(dev: DagsterDev, browser) -> str:
     return launched
 
 
-def _job_requests(fleet: SimFleet) -> list[dict]:
-    return [entry for index in range(SERVERS) for entry in fleet.job_requests(index)]
+def _job_requests(fleet: SimFleet, since: list[int]) -> list[dict]:
+    """The job's requests each server logged from `since[server]` on (its log's index)."""
+    return [entry for index in range(SERVERS) for entry in fleet.job_requests(index, since=since[index])]
 
 
 def _dflash(env: dict, cwd, *args: str) -> str:
@@ -96,18 +98,22 @@ def _generating_runs_created_after(instance: dg.DagsterInstance, at: float) -> l
 def test_materialize_all_on_a_bad_fleet_holds_the_line_and_after_the_release_the_job_finishes(tmp_path):
     store_dir = tmp_path / "store"
     store = LocalStore(store_dir)
-    with SimFleet.start(SERVERS, tmp_path / "fleet", **FAST_ANSWERS, faults=DISASTER) as fleet:
+    with SimFleet.start(SERVERS, tmp_path / "fleet", **FAST_ANSWERS) as fleet:
         home = dagster_home(tmp_path / "dagster_home")
         env = pipeline_env(
             home=home, store=store_dir, work_dir=tmp_path / "work", num_shards=NUM_SHARDS, endpoints=fleet.urls
         )
-        assert "DFLASH_SHARDS_PER_RUN" not in env and env["DFLASH_SKIP_PILOT"] == "1"
+        assert "DFLASH_SHARDS_PER_RUN" not in env and "DFLASH_SKIP_PILOT" not in env
         publish_conversations(home, store_dir, env)
+        pass_pilot_of_env(home, env)  # on the healthy fleet: a pilot on the bad one blocks the job before it starts
+        for index in range(SERVERS):
+            fleet.set_faults(index, **DISASTER)
+        after_pilot = [len(fleet.requests(index)) for index in range(SERVERS)]  # the job's requests come after
 
         with DagsterDev.running(env, tmp_path) as dev, page.headless_chromium() as browser:
             first = _materialize_all(dev, browser)
             status, runs = _ended(dev, first, "the backfill to end")
-            asked = _job_requests(fleet)
+            asked = _job_requests(fleet, after_pilot)
             hold = read_hold(store)
             assert hold is not None, f"no hold: {len(asked)} answers of the bad fleet, backfill {status}, runs {runs}"
 
@@ -137,7 +143,7 @@ def test_materialize_all_on_a_bad_fleet_holds_the_line_and_after_the_release_the
             page.wait_for(browser, "dflash hold release")
             shown = page.save(browser, "run_report_line_held")
             assert "LINE HELD" in shown and f"gate {hold.gate}" in shown, shown
-            assert len(_job_requests(fleet)) == len(asked)  # still nothing asked of the fleet
+            assert len(_job_requests(fleet, after_pilot)) == len(asked)  # still nothing asked of the fleet
 
             # A healthy fleet, the hold released after a look, and "Materialize all" again.
             held = {f"shard-{r.shard:05d}" for r in read_watch_reports(store) if r.held}
@@ -155,7 +161,7 @@ def test_materialize_all_on_a_bad_fleet_holds_the_line_and_after_the_release_the
                 instance.dispose()
             by_id = _dflash(env, tmp_path, "status", "--by-id")
 
-        resumed = _job_requests(fleet)[len(asked) :]
+        resumed = _job_requests(fleet, after_pilot)[len(asked) :]
     # The job finished: every shard asset of every shard, each event exactly once.
     assert status == "COMPLETED_SUCCESS" and {run["status"] for run in runs} == {"SUCCESS"}, (status, runs)
     assert done == {asset: SHARDS for asset in SHARD_ASSETS}, done

@@ -2,18 +2,19 @@
 
 `dagster asset materialize -m dagster_project.definitions` runs as a subprocess against a persistent temp
 instance (DAGSTER_HOME with the project's dagster.yaml), a temp store and work dir, two shards, and a fleet of
-simulator processes it reaches through DFLASH_SGLANG_ENDPOINTS: first `raw_prompts,conversations`, then
-`completions,training_set,specforge_export` for each shard (the two shard runs at once, as the demo does).
+simulator processes it reaches through DFLASH_SGLANG_ENDPOINTS: first `raw_prompts,conversations`, then `pilot`,
+then `completions,training_set,specforge_export` for each shard (the two shard runs at once, as the demo does).
 
 Then, from the outside:
 * every training row is token-exact: its prompt is what the simulator received (length and hash from the
   simulator's own request log), its tail is exactly the `output_ids` the completions shard recorded for that
-  request, and `loss_mask` is 0 over exactly the prompt and 1 over exactly the output;
+  request, and `loss_mask` is 0 over exactly the prompt and 1 over exactly the output; the fleet got one request
+  per event, and before them one per answer of the pilot;
 * the instance holds one materialization per shard partition and every check evaluation attributed to
   its shard, from runs tagged `dagster/partition`;
 * the same flow with the store on S3 (the moto server process, reached through AWS_ENDPOINT_URL and
-  credentials in the CLI's environment) writes every object under the store's prefix, each shard behind its
-  manifest.
+  credentials in the CLI's environment) writes every object under the store's prefix, the pilot's record and each
+  shard behind its manifest.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import pytest
 
 from dagster_project.conversations.shards import read_conversations_manifest
 from dagster_project.generation.shards import iter_completion_batches
+from dagster_project.generation_settings import GenerationSettings
+from dagster_project.pilot_record import pilot_key, read_pilot
 from dagster_project.store import layout
 from dagster_project.store.manifest import ShardManifest, read_shard_manifest, verify_shard
 from dagster_project.store.storage import LocalStore, Store, open_store
@@ -50,6 +53,7 @@ from tests.support.dagster_helpers import (
 from tests.support.sglang_fixtures import SimFleet
 
 NUM_SHARDS = 2
+FINGERPRINT = GenerationSettings().fingerprint()
 SHARDS = layout.partition_keys(NUM_SHARDS)
 # Checks that warn instead of gating; every other check of a shard asset must pass on every shard.
 WARNINGS = {"completions_spec_decoding"}
@@ -60,7 +64,8 @@ class CliRun:
     root: Path
     home: Path
     store: Store
-    logged: dict[str, LoggedRequest]
+    logged: dict[str, LoggedRequest]  # the shards' requests
+    pilot_logged: dict[str, LoggedRequest]  # the pilot's, before them
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +77,12 @@ def local_run(tmp_path_factory) -> CliRun:
             home=home, store=root / "store", work_dir=root / "work", num_shards=NUM_SHARDS, endpoints=fleet.urls
         )
         materialize(env, root, "raw_prompts,conversations")
+        materialize(env, root, "pilot")  # OPERATIONS §4: the shards generate once a pilot of their settings passed
+        pilot_logged = request_logs(fleet)
         with ThreadPoolExecutor(NUM_SHARDS) as pool:
             list(pool.map(lambda key: materialize(env, root, SHARD_ASSETS, key), SHARDS))
-        logged = request_logs(fleet)
-    return CliRun(root, home, LocalStore(root / "store"), logged)
+        logged = {rid: request for rid, request in request_logs(fleet).items() if rid not in pilot_logged}
+    return CliRun(root, home, LocalStore(root / "store"), logged, pilot_logged)
 
 
 def _events(store: Store, shard: int) -> list[dict]:
@@ -86,10 +93,12 @@ def _events(store: Store, shard: int) -> list[dict]:
 def test_every_training_row_is_what_the_engine_received_and_returned(local_run):
     rows = {shard: assert_token_exact(local_run.store, shard, local_run.logged) for shard in range(NUM_SHARDS)}
     assert all(count > 10 for count in rows.values()), rows
-    # A healthy fleet got exactly one request per generation event, and every event is one of them.
+    # A healthy fleet got exactly one request per generation event, and every event is one of them; before them,
+    # one per answer of the pilot, none of which became an event.
     events = [event for shard in range(NUM_SHARDS) for event in _events(local_run.store, shard)]
     assert all(event["status"] == "ok" for event in events)
     assert sorted(event["rid"] for event in events) == sorted(local_run.logged)
+    assert len(local_run.pilot_logged) == read_pilot(local_run.store, FINGERPRINT).answers > 0
     # Every event became a row or was excluded with a counted reason; the export is the training rows verbatim.
     for shard in range(NUM_SHARDS):
         manifest = training_manifest(local_run.store, shard)
@@ -119,7 +128,8 @@ def test_the_instance_shows_each_shard_materialized_with_its_checks(local_run):
     instance = dg.DagsterInstance.from_config(str(local_run.home))
     try:
         runs = instance.get_runs()
-        assert len(runs) == 1 + NUM_SHARDS and all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs)
+        # The conversations', the pilot's, one per shard.
+        assert len(runs) == 2 + NUM_SHARDS and all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs)
         partition_of_run = {run.run_id: run.tags.get("dagster/partition") for run in runs}
         assert sorted(filter(None, partition_of_run.values())) == SHARDS
 
@@ -162,6 +172,7 @@ def test_the_same_flow_with_the_store_on_s3(sim_fleet, s3_server, s3_bucket, tmp
     home = Path(env["DAGSTER_HOME"])
     shard = 1
     materialize(env, tmp_path, "raw_prompts,conversations")
+    materialize(env, tmp_path, "pilot")
     materialize(env, tmp_path, SHARD_ASSETS, layout.partition_key(shard))
     instance = dg.DagsterInstance.from_config(str(home))
     try:
@@ -178,6 +189,7 @@ def test_the_same_flow_with_the_store_on_s3(sim_fleet, s3_server, s3_bucket, tmp
     relative = {key[len(prefix) + 1 :] for key in keys}
     for stage in (layout.RAW_PROMPTS, layout.CONVERSATIONS):
         assert layout.stage_manifest_key(stage) in relative, stage
+    assert pilot_key(FINGERPRINT) in relative
     for conversations_shard in range(NUM_SHARDS):
         assert layout.shard_manifest_key(layout.CONVERSATIONS, conversations_shard) in relative
     for stage in (layout.COMPLETIONS, layout.TRAINING_SET):

@@ -30,6 +30,7 @@ from dagster_project.checks import training_set as training_set_checks
 from dagster_project.generation.journal import Journal
 from dagster_project.generation.line_hold import read_hold, read_hold_log, release_hold
 from dagster_project.generation.shards import iter_completion_batches, read_completions_manifest, shard_coverage
+from dagster_project.pilot_record import PilotRecord
 from dagster_project.resources import (
     DatasetStore,
     GenerationConfig,
@@ -47,6 +48,7 @@ from tests.support.dagster_helpers import (
     evaluations_by_check,
     partition_colours,
 )
+from tests.support.pilots import pass_pilot
 
 SHARD_RUN = [
     completions,
@@ -64,16 +66,19 @@ EMPTY_ANSWER_GATES = {"short_answers": "empty", "thinking_structure": "</think>"
 class Prepared:
     store: LocalStore
     instance: dg.DagsterInstance
+    pilot: PilotRecord
 
 
 @contextmanager
 def _prepare(root: Path) -> Iterator[Prepared]:
-    """The demo's conversations, sharded like the loaded partitions, published in a store and instance of their own."""
+    """The demo's conversations, sharded like the loaded partitions, published in a store and instance of their own,
+    and the job's pilot passed on a healthy fleet (before a test's fleet goes bad)."""
     with dg.instance_for_test() as instance:
         store = LocalStore(root / "store")
         result = dg.materialize([raw_prompts, conversations], resources=_resources(store, []), instance=instance)
         assert result.success
-        yield Prepared(store, instance)
+        record = pass_pilot(_resources(store, []), instance, own_fleet=root / "pilot_fleet")
+        yield Prepared(store, instance, record)
 
 
 @pytest.fixture(scope="module")
@@ -205,9 +210,9 @@ def test_a_healthy_fleet_passes_every_completions_check_and_the_shard_goes_throu
     }
     trained = read_training_manifest(prepared.store, shard)
     assert trained.rows > 10
-    # Generated without a pilot (the tests' DFLASH_SKIP_PILOT=1), and its manifest says so.
+    # Cleared by the job's pilot, which its manifest names.
     completions = read_completions_manifest(prepared.store, shard)
-    assert completions.pilot_skipped and completions.pilot.startswith("pilot skipped (DFLASH_SKIP_PILOT=1")
+    assert not completions.pilot_skipped and completions.pilot.startswith(prepared.pilot.label())
     # Every answer came from a server checked to serve the job's model, and the manifests say which.
     assert completions.served_models == trained.source.served_models == {QWEN3_6_27B.label: completions.ok}
 

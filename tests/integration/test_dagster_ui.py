@@ -4,12 +4,12 @@ operator's page reads in a real browser.
 One `dagster dev -w workspace.yaml` (webserver, daemon, code server; the repository's workspace.yaml, as `make dev`
 runs it, so the location it names is the one loaded) serves both tests of this module: it runs as its own process
 group on a temp DAGSTER_HOME holding the project's dagster.yaml, with the `sglang_fleet` pool set to 1 through
-`dagster instance concurrency set` (OPERATIONS §4.3). Before it starts, the conversations are published in-process,
-a plan and a price are set, and `run_report` is materialized through the Dagster CLI (the start of the page's
-chart). Through its GraphQL endpoint — what the UI's pages and buttons call — the module's fixture reads the shard
-partitions and launches a partition backfill of the shard assets over all shards (`launchPartitionBackfill`, the
-Materialize dialog's "launch backfill"), waits for the daemon to run it, then materializes `run_report` again
-through the CLI.
+`dagster instance concurrency set` (OPERATIONS §4.3). Before it starts, the conversations are published and their
+pilot passed in-process, a plan and a price are set, and `run_report` is materialized through the Dagster CLI (the
+start of the page's chart). Through its GraphQL endpoint — what the UI's pages and buttons call — the module's
+fixture reads the shard partitions and launches a partition backfill of the shard assets over all shards
+(`launchPartitionBackfill`, the Materialize dialog's "launch backfill"), waits for the daemon to run it, then
+materializes `run_report` again through the CLI.
 
 The first test checks what the UI shows of it: the assets, their checks, pools and shards; one run per shard
 (`DFLASH_SHARDS_PER_RUN=1`; the backfill policy tags each with a range of one shard) and with the backfill's tag;
@@ -65,6 +65,7 @@ from tests.support.dagster_helpers import (
     step_windows,
 )
 from tests.support.paths import PROJECT_ROOT
+from tests.support.pilots import pass_pilot_of_env
 from tests.support.sglang_fixtures import SimFleet, wait_until
 
 NUM_SHARDS = 2
@@ -138,6 +139,7 @@ def operator_ui(tmp_path_factory) -> Iterator[OperatorUI]:
             )
             run_cli([DAGSTER, "instance", "concurrency", "set", POOL, "1"], env=env, cwd=root)
             publish_conversations(home, store, env)
+            pass_pilot_of_env(home, env)  # the shards' pilot; the plan below replaces the one it made
             plan = Plan(source="browser test", req_per_s=20.0, avg_output_tokens=100, output_tok_per_s=2000)
             write_plan(LocalStore(store), plan)
             run_cli(MATERIALIZE_REPORT, env=env, cwd=root, timeout_s=300)  # before the shards: the chart's start

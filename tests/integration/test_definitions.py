@@ -72,6 +72,7 @@ def test_dagster_definitions_validate_cli(tmp_path):
 
 
 @pytest.mark.parametrize("asset", [completions, training_set], ids=lambda asset: asset.key.to_user_string())
+@pytest.mark.without_pilot(reason="the refusal of a store sharded otherwise is under test, not the pilot's first")
 def test_a_shard_run_refuses_conversations_sharded_otherwise_than_its_partitions(tmp_path, asset):
     """The partitions are fixed when the definitions load; the store's conversations may have been built with
     another DFLASH_NUM_SHARDS. A shard run then fails saying so, before it generates or assembles anything."""
@@ -92,6 +93,7 @@ def test_a_shard_run_refuses_conversations_sharded_otherwise_than_its_partitions
     assert f"have {published} shards" in message and f"DFLASH_NUM_SHARDS={published}" in message
 
 
+@pytest.mark.without_pilot(reason="the stage's refusal is under test; without conversations there is no pilot either")
 def test_completions_before_conversations_fail_in_one_line_naming_the_fix(tmp_path):
     """Every stage's refusal (`partitions.REFUSALS`) ends its step the same way; completions stand for them."""
     resources = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 
@@ -193,13 +192,12 @@ def test_snapshot_shows_live_per_server_state(sim_fleet):
 
 def test_a_wrong_api_key_fails_the_run_at_once_without_showing_the_key(sim_fleet):
     fleet = sim_fleet(2, api_key="right-key")
-    # A grace of minutes: the run must not wait for the fleet to look down, the first 401 ends it.
-    dispatcher = Dispatcher(fleet.urls, DispatchOptions(fleet_down_grace_s=300), api_key="wrong-key")
+    # A grace of an hour: the run must not wait for the fleet to look down, the first 401 ends it (a run that waited
+    # would be stopped by pytest's timeout, 600 s, and fail).
+    dispatcher = Dispatcher(fleet.urls, DispatchOptions(fleet_down_grace_s=3600), api_key="wrong-key")
     recorder = Recorder()
-    started = time.monotonic()
     with pytest.raises(FleetRefusesKey, match="refused the API key.*SGLANG_API_KEY") as refused:
         dispatch(dispatcher, requests(10), recorder)
-    assert time.monotonic() - started < 60
     assert "wrong-key" not in str(refused.value) and "right-key" not in str(refused.value)
     assert recorder.outcomes == {}  # nothing was turned into an error record
 

@@ -21,7 +21,9 @@ from tests.support.sglang_fixtures import SimFleet, call, wait_until
 
 EOS = 248046
 PARAMS = proto.sampling_params(max_new_tokens=1024)
-FAST_HEALTH = {"probe_interval_s": 0.2, "watchdog_s": 0.5, "canary_timeout_s": 0.5, "max_probe_backoff_s": 0.5}
+# Probes every 0.2 s; a hung server set aside after 2 s without an answer, far past a healthy one's pause between
+# answers (tenths of a second) even on a loaded machine, so only the faults set servers aside.
+FAST_HEALTH = {"probe_interval_s": 0.2, "watchdog_s": 2.0, "canary_timeout_s": 2.0, "max_probe_backoff_s": 0.5}
 
 
 def requests(count: int) -> list[GenRequest]:
@@ -104,12 +106,20 @@ def test_hang_is_detected_by_the_watchdog_and_its_work_moves(sim_fleet):
 
 def test_a_late_answer_from_a_written_off_server_is_not_delivered_twice(sim_fleet):
     fleet = slow_fleet(sim_fleet)
+    shard: Shard
+    recovering: list[asyncio.Future] = []  # held: the loop keeps only a weak reference to a task
 
     def hang_then_recover() -> None:
+        """Hung until the dispatcher has written it off (its requests hedged elsewhere), then back: the originals
+        answer late or are aborted."""
         fleet.set_faults(1, hang=True)
-        asyncio.get_running_loop().call_later(
-            1.0, lambda: asyncio.ensure_future(asyncio.to_thread(fleet.set_faults, 1, hang=False))
-        )
+
+        async def recover_once_set_aside() -> None:
+            while shard.server(1)["state"] != "quarantined":
+                await asyncio.sleep(0.01)  # polling a state in the same loop, not timing anything
+            await asyncio.to_thread(fleet.set_faults, 1, hang=False)
+
+        recovering.append(asyncio.ensure_future(recover_once_set_aside()))
 
     shard = Shard(fleet, 200, hang_then_recover, 30)
     stats = shard.run()
@@ -194,8 +204,10 @@ def test_killing_one_of_four_servers_mid_shard_loses_nothing(sim_fleet):
 
 
 def test_timeouts_end_as_error_records_after_max_attempts(sim_fleet):
-    fleet = sim_fleet(2, decode_step_s=0.05, output_len="fixed:200")
-    shard = Shard(fleet, 6, lambda: None, 0, request_timeout_s=0.3, max_attempts=2, watchdog_s=60)
+    fleet = sim_fleet(2)
+    for server in range(2):  # /generate never answers while /health does: every attempt ends at its timeout
+        fleet.set_faults(server, hang_generate=True)
+    shard = Shard(fleet, 6, lambda: None, 0, request_timeout_s=1.0, max_attempts=2, watchdog_s=60)
     shard.run()
     assert {o.error.kind for o in shard.outcomes.values()} == {"timeout"}
     assert all(o.attempts == 2 and o.error.retryable for o in shard.outcomes.values())
@@ -233,13 +245,16 @@ def test_a_hung_server_is_found_by_its_health_check_and_its_work_moves_at_once(s
 
 
 def test_a_server_busy_with_long_answers_is_not_written_off(sim_fleet):
-    # Every answer takes seconds, far longer than the watchdog; the server keeps generating, and its /metrics,
-    # read more often than the watchdog's limit, show our requests running there: that is progress.
-    fleet = sim_fleet(1, max_running_requests=4, decode_step_s=0.01, output_len="fixed:900", enable_metrics=True)
-    shard = Shard(fleet, 8, lambda: None, 0, watchdog_s=0.5, load_read_interval_s=0.1)
+    # Every answer takes longer than the watchdog, twice over; the server keeps generating, and its /metrics, read
+    # thirty times within the watchdog's limit (a loaded machine delays a read by far less), show our requests
+    # running there: that is progress. Counting only answers as progress, the watchdog would set it aside.
+    watchdog_s = 3.0
+    fleet = sim_fleet(1, max_running_requests=4, decode_step_s=0.025, output_len="fixed:900", enable_metrics=True)
+    shard = Shard(fleet, 4, lambda: None, 0, watchdog_s=watchdog_s, load_read_interval_s=0.1)
     stats = shard.run()
     assert all(o.ok for o in shard.outcomes.values())
-    assert min(o.latency_s for o in shard.outcomes.values()) > 1.0  # longer than the watchdog, twice over
+    # What the test stands on (the simulator's step times make it a floor, which a loaded machine only raises).
+    assert min(o.latency_s for o in shard.outcomes.values()) > 2 * watchdog_s
     assert stats.hedges == 0 and shard.server(0)["state"] == "healthy"
 
 

@@ -50,10 +50,7 @@ SHARD_RUN = [
 
 
 @pytest.mark.parametrize("policy", ["last_turn", "all_turns"])
-def test_a_job_under_fit_passes_its_pilot_and_exports_every_shard_without_override_or_hold(
-    policy, sim_fleet, tmp_path, monkeypatch
-):
-    monkeypatch.delenv("DFLASH_SKIP_PILOT")
+def test_a_job_under_fit_passes_its_pilot_and_exports_every_shard_without_override_or_hold(policy, sim_fleet, tmp_path):
     fleet = sim_fleet(2, **LONG_TAILED)
     store = LocalStore(tmp_path / "store")
     resources = {

@@ -33,6 +33,7 @@ from tests.support.dagster_helpers import (
     publish_conversations,
 )
 from tests.support.journal_files import journal_records
+from tests.support.pilots import pass_pilot_of_env
 from tests.support.sglang_fixtures import wait_until
 
 NODE_CAP = 4
@@ -143,6 +144,7 @@ def test_a_node_that_joins_while_a_shard_runs_through_dagster_reaches_its_cap_wi
     env = node_env(tmp_path, store, "node-a")
     home = dagster_home(Path(env["DAGSTER_HOME"]))
     publish_conversations(home, store.root, env)
+    pass_pilot_of_env(home, env)  # on node A's server, the registry's one
     # Registry read every second (10 s by default): the join is seen well before the shard ends.
     config = {"resources": {"fleet": {"config": {"discovery_interval_s": 1.0}}}}
     command = [DAGSTER, "asset", "materialize", "-m", DEFS_MODULE, "--select", "completions"]

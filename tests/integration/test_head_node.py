@@ -42,6 +42,7 @@ from tests.support.dagster_helpers import (
     publish_conversations,
     run_cli,
 )
+from tests.support.pilots import pass_pilot_of_env
 from tests.support.sglang_fixtures import SimFleet, wait_until
 from tests.support.supervised_head import SupervisedHead
 
@@ -97,6 +98,7 @@ def test_a_daemon_killed_mid_backfill_is_restarted_and_the_backfill_completes_ex
                     what="the daemon's first heartbeat",
                 )
                 publish_conversations(home, store, env)
+                pass_pilot_of_env(home, env)
                 backfill_id = materialize_all(head, "all shards, the daemon killed")
 
                 def backfill_runs() -> list[dict]:

@@ -2,7 +2,7 @@
 once.
 
 * One of two servers answers `/health` while its `/generate` hangs from the start (the `hang_generate` fault): the
-  run's first answer comes as soon as the healthy server's would, the hung one is set aside at its served-model
+  healthy server answers while the hung one's served-model probe still waits, the hung one is set aside at that
   probe's timeout, and the shard ends with every request once.
 * A lone server hangs mid-run (the `hang` fault: its `/health` fails) and comes back: the requests it held are
   re-sent to it once it answers again, their originals aborted by their rids first (its abort log), and what
@@ -40,18 +40,19 @@ def shard_requests(fleet: SimFleet, index: int, count: int) -> list[dict]:
 
 
 class Shard:
-    """A shard's requests through a dispatcher, each outcome checked to end once, with its wall time from the start."""
+    """A shard's requests through a dispatcher, each outcome checked to end once, with when it came (wall clock, as the
+    dispatcher's `set_aside_at`)."""
 
     def __init__(self, dispatcher: Dispatcher):
         self.dispatcher = dispatcher
-        self.answered_after_s: dict[str, float] = {}
-        self.started = self.wall_started = 0.0
+        self.answered_at: dict[str, float] = {}
+        self.started_at = 0.0
 
     def on_outcome(self, outcome: Outcome) -> None:
         key = outcome.request.key
-        assert key not in self.answered_after_s, f"{key} ended twice"
+        assert key not in self.answered_at, f"{key} ended twice"
         assert outcome.ok, outcome.error
-        self.answered_after_s[key] = time.monotonic() - self.started
+        self.answered_at[key] = time.time()
 
     def run(self, batch: Iterable[GenRequest] | AsyncIterable[GenRequest], during=None) -> DispatchStats:
         sent: list[str] = []
@@ -74,14 +75,14 @@ class Shard:
                 if side is not None:
                     side.cancel()
 
-        self.started, self.wall_started = time.monotonic(), time.time()
+        self.started_at = time.time()
         stats = asyncio.run(run())
-        assert sorted(self.answered_after_s) == sorted(sent)  # every request ended, each once
+        assert sorted(self.answered_at) == sorted(sent)  # every request ended, each once
         return stats
 
 
 HEALTHY, HUNG = 0, 1
-PROBE_TIMEOUT_S = 35.0  # the served-model probe's (canary_timeout_s): longer than the first answer's bound
+PROBE_TIMEOUT_S = 10.0  # the served-model probe's (canary_timeout_s): tens of the healthy server's first answers
 
 
 def test_a_server_whose_generate_hangs_from_the_start_holds_no_other(sim_fleet):
@@ -101,18 +102,18 @@ def test_a_server_whose_generate_hangs_from_the_start_holds_no_other(sim_fleet):
             yield request(more)
 
     shard.run(until_set_aside())
-    first_s = min(shard.answered_after_s.values())
-    # Before: nothing for the probe's whole timeout (the trial: 150 s with the default 120 s). Now: as soon as the
-    # healthy server answers.
-    assert first_s < 30.0, first_s
     hung = dispatcher.snapshot()["servers"][fleet.url(HUNG)]
+    # Set aside by its probe's timeout (its reason), and not before that timeout could have passed.
     assert hung["state"] == "quarantined" and hung["reason"].startswith(TIMEOUT), hung
-    set_aside_after_s = hung["set_aside_at"] - shard.wall_started
-    assert PROBE_TIMEOUT_S <= set_aside_after_s < PROBE_TIMEOUT_S + 10.0, set_aside_after_s
-    assert shard_requests(fleet, HUNG, len(shard.answered_after_s)) == []  # only its probes went to it
+    assert hung["set_aside_at"] - shard.started_at >= PROBE_TIMEOUT_S
+    # Before: nothing answered until the hung server's probe had timed out (the trial: 150 s with the default 120 s).
+    # Now the healthy server answers while that probe still waits.
+    answered_first = sum(at < hung["set_aside_at"] for at in shard.answered_at.values())
+    assert answered_first >= 1, shard.answered_at
+    assert shard_requests(fleet, HUNG, len(shard.answered_at)) == []  # only its probes went to it
     print(
-        f"hung /generate beside a healthy server: first answer after {first_s:.1f} s, the hung one set aside after "
-        f"{set_aside_after_s:.1f} s (probe timeout {PROBE_TIMEOUT_S:.0f} s), {len(shard.answered_after_s)} answered"
+        f"hung /generate beside a healthy server: {answered_first} of {len(shard.answered_at)} answered before the "
+        f"hung one was set aside (probe timeout {PROBE_TIMEOUT_S:.0f} s)"
     )
 
 
@@ -127,7 +128,7 @@ def test_a_server_back_from_a_hang_runs_each_request_once(sim_fleet):
     back: list[float] = []
 
     async def hang_then_resume() -> None:
-        while len(shard.answered_after_s) < 5:  # mid-run: its second window is running
+        while len(shard.answered_at) < 5:  # mid-run: its second window is running
             await asyncio.sleep(0.05)
         await asyncio.to_thread(fleet.set_faults, 0, hang=True)
         while dispatcher.snapshot()["servers"][fleet.url(0)]["state"] != "quarantined":

@@ -31,6 +31,7 @@ from dagster_project.tokenizer import BUILTIN_TOKENIZER, load_tokenizer, tokeniz
 from dagster_project.training.export import specforge_key
 from dagster_project.training.shards import training_manifest
 from tests.support.dagster_helpers import FAST_ANSWERS, pipeline_env
+from tests.support.pilots import pass_pilot
 from tests.support.tokenizer_copies import USER_TURNS_PREFIXED, tokenizer_copy
 
 SHARD_0, SHARD_1 = layout.partition_keys(2)
@@ -115,6 +116,7 @@ def shard_0_built_in(tmp_path, sim_fleet) -> Iterator[Job]:
     with dg.instance_for_test() as instance:
         job = Job(tmp_path, fleet.urls, instance)
         assert job.materialize([raw_prompts, conversations]).success
+        pass_pilot(job.resources(BUILTIN_TOKENIZER), instance)
         assert job.materialize([completions], partition=SHARD_0).success
         yield job
 
@@ -167,6 +169,7 @@ def test_edited_conversations_are_an_alert_and_their_shard_is_not_exported_until
     with dg.instance_for_test() as instance:
         job = Job(tmp_path, fleet.urls, instance, prompts=prompts)
         assert job.materialize([raw_prompts, conversations]).success
+        pass_pilot(job.resources(BUILTIN_TOKENIZER), instance)
         assert job.materialize([completions, *TRAINING], partition=SHARD_0).success
         assert alerts(job.status()) == []
 

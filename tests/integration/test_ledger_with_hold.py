@@ -35,6 +35,7 @@ from dagster_project.training.export import specforge_key
 from tests.support.dagster_helpers import BIN_DIR, in_process_resources, run_cli
 from tests.support.harness.invariants import LEDGER_TOLERANCE
 from tests.support.harness.run import generation_tokens_total
+from tests.support.pilots import pass_pilot
 from tests.support.sglang_fixtures import wait_until
 
 ANSWERS = {"output_len": "uniform:48:160", "max_running_requests": 4, "enable_metrics": True}
@@ -76,6 +77,9 @@ def test_a_fleet_gone_bad_is_held_released_and_finished_and_the_ledger_equals_wh
             return dg.materialize(assets, resources=resources, instance=instance, raise_on_error=False, **options)
 
         assert materialize([raw_prompts, conversations]).success
+        # The pilot passed on a healthy fleet of its own, before: this fleet's generated tokens are the job's alone,
+        # which the ledger accounts for (it has no cause for a pilot's answers).
+        pass_pilot(resources, instance, own_fleet=tmp_path / "pilot_fleet")
         shards = read_conversations_manifest(store).num_shards
         every_shard = {
             "dagster/asset_partition_range_start": layout.partition_key(0),

@@ -47,6 +47,7 @@ from tests.support.model_families import (
     mistral_reference,
 )
 from tests.support.paths import require_shared
+from tests.support.pilots import pass_pilot
 from tests.support.sglang_fixtures import call
 
 # With their ids (chat-N) these chats fall in every one of the default four shards: none is empty.
@@ -196,6 +197,7 @@ def test_a_shard_of_the_familys_model_is_its_templates_render_then_its_answers(
         )
         checked = {e.check_name: e.passed for e in prepared.get_asset_check_evaluations()}
         assert prepared.success and checked["conversations_turn_markers"] and all(checked.values()), checked
+        pass_pilot(resources, instance)  # the family's own pilot, on its fleet, before the shards
         # One run over every shard, with every check of the two stages, as a backfill runs them.
         built = dg.materialize(
             SHARD_RUN, tags=EVERY_SHARD, resources=resources, instance=instance, raise_on_error=False

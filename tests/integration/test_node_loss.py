@@ -51,6 +51,7 @@ from tests.support.dagster_helpers import (
 from tests.support.journal_files import journal_records
 from tests.support.node_launcher import NODE_TAG, PID_TAG
 from tests.support.paths import PROJECT_ROOT
+from tests.support.pilots import pass_pilot_of_env
 from tests.support.sglang_fixtures import wait_until
 
 NUM_SHARDS = 2
@@ -122,6 +123,8 @@ def test_a_backfill_survives_a_node_lost_mid_shard_and_resends_at_most_its_in_fl
         },
     )
     publish_conversations(home, store_uri, env)
+    pass_pilot_of_env(home, env)  # on both nodes' servers; what they received of it is not the backfill's
+    after_pilot = {node: [len(fleets[node].requests(index)) for index in range(2)] for node in NODES}
 
     with DagsterDev.running(env, tmp_path) as dev:
         params = {
@@ -154,7 +157,10 @@ def test_a_backfill_survives_a_node_lost_mid_shard_and_resends_at_most_its_in_fl
             for index in range(2):
                 fleet.set_faults(index, hang=True)
         sent_before = {
-            entry["input_hash"] for fleet in fleets.values() for index in range(2) for entry in fleet.requests(index)
+            entry["input_hash"]
+            for node, fleet in fleets.items()
+            for index in range(2)
+            for entry in fleet.requests(index, since=after_pilot[node][index])
         }
         logged_before = [len(fleets["node-b"].requests(i)) for i in range(2)]
         (tmp_path / "launcher" / "lost").mkdir(parents=True)

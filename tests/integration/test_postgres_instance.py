@@ -124,6 +124,7 @@ def test_the_demos_stages_on_postgres_with_the_pool_of_one_slot(postgres_server,
     )
     run_cli([DAGSTER, "instance", "concurrency", "set", POOL, "1"], env=env, cwd=tmp_path)
     materialize(env, tmp_path, "raw_prompts,conversations")
+    materialize(env, tmp_path, "pilot")  # as the demo: the shards generate once a pilot of their settings passed
 
     with ThreadPoolExecutor(len(SHARDS)) as pool:
         runs = [pool.submit(materialize, env, tmp_path, "completions", shard) for shard in SHARDS]

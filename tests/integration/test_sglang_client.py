@@ -86,8 +86,10 @@ def test_server_failures_are_typed_and_retryable(sim_fleet):
     )
     fleet.set_faults(0, drop=1)
     assert run(expect_error(url, "generate", PROMPT, PARAMS)).kind == "connection_dropped"
+    fleet.set_faults(0, hang_generate=True)  # no answer ever comes: the client's own timeout ends the call
     error = run(expect_error(url, "generate", PROMPT, PARAMS, timeout=0.2))
     assert (error.kind, error.retryable) == ("timeout", True)
+    fleet.clear_faults(0)
 
     async def aborted() -> sgl.SGLangError:
         task = asyncio.create_task(expect_error(url, "generate", PROMPT, PARAMS, rid="to-abort"))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -336,9 +338,18 @@ def test_request_log_records_rids_and_prompt_hashes(fleet):
 
 def test_a_client_that_disconnects_frees_its_slot(fleet):
     since = len(fleet.requests(SLOW))
-    with pytest.raises(OSError):  # socket timeout
-        call(fleet.url(SLOW) + "/generate", {"input_ids": [4, 4], "rid": "gone"}, timeout=0.3)
-    wait_until(lambda: fleet.requests(SLOW, since=since)[0]["outcome"] == "disconnected", what="the server to abort it")
+    fleet.set_faults(SLOW, hang=True)  # no answer comes: the client leaves mid-answer, however slow the machine
+    try:
+        client = http.client.HTTPConnection(urllib.parse.urlsplit(fleet.url(SLOW)).netloc, timeout=30)
+        body = orjson.dumps({"input_ids": [4, 4], "rid": "gone"})
+        client.request("POST", "/generate", body, {"Content-Type": "application/json"})
+        wait_until(lambda: fleet.state(SLOW)["running"] == 1, what="the request to run")
+        client.close()
+        wait_until(
+            lambda: fleet.requests(SLOW, since=since)[0]["outcome"] == "disconnected", what="the server to abort it"
+        )
+    finally:
+        fleet.clear_faults(SLOW)
     assert fleet.state(SLOW)["running"] == 0
 
 
@@ -392,15 +403,6 @@ def test_fault_nan_ends_the_answer_with_sglangs_nan_stop(sim_fleet, tokenizer):
     assert status == 200 and body["meta_info"]["finish_reason"] == {"type": "stop", "matched": "NaN happened"}
     assert body["output_ids"][-1] == eos and len(body["output_ids"]) == body["meta_info"]["completion_tokens"]
     assert generate(sims, 0)[1]["meta_info"]["finish_reason"]["matched"] == eos  # one request only
-
-
-def test_fault_slow_multiplies_latency(sim_fleet):
-    sims = sim_fleet(1, decode_step_s=0.005, output_len="fixed:60")
-    generate(sims, 0, input_ids=[1])  # warm-up: the first request builds the simulator's draw tables
-    normal = generate(sims, 0)[1]["meta_info"]["e2e_latency"]
-    sims.set_faults(0, slow=5)
-    slowed = generate(sims, 0)[1]["meta_info"]["e2e_latency"]
-    assert slowed > 3 * normal
 
 
 def test_fault_drop_closes_the_connection_without_a_status(sim_fleet):
@@ -542,20 +544,3 @@ def test_the_ratio_decays_admits_more_and_a_full_pool_retracts(sim_fleet):
     assert fleet.state(0)["peaks"]["running"] > 6  # the decayed ratio let more in than the first batch
     retracted = proto.parse_metrics(call(fleet.url(0) + "/metrics")[1])["sglang:num_retracted_requests_total"]
     assert retracted >= 1 and sum(body["meta_info"]["num_retractions"] for body in bodies) == retracted
-
-
-def test_decode_steps_slow_down_as_the_batch_grows(sim_fleet):
-    fleet = sim_fleet(
-        1,
-        speculative=False,
-        decode_step_s=0.005,
-        decode_step_growth=0.1,
-        output_len="fixed:100",
-        max_running_requests=9,
-    )
-    alone = generate(fleet, 0, input_ids=[9, 0])[1]["meta_info"]["e2e_latency"]
-    futures = [in_background(generate, fleet, 0, input_ids=[9, i]) for i in range(1, 10)]
-    batch = [f.result(timeout=60)[1]["meta_info"]["e2e_latency"] for f in futures]
-    # Without MTP a step is priced from the 3/1/4 one (`sim.speculation.step_factor`): 0.78 of it alone, 99 steps
-    # of 3.9 ms; a batch of nine steps 1.12, 1.45 times slower.
-    assert 0.35 < alone < 0.7 and min(batch) > 1.25 * alone

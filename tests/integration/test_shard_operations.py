@@ -44,6 +44,7 @@ from tests.support.dagster_helpers import (
     publish_conversations,
 )
 from tests.support.journal_files import journal_records
+from tests.support.pilots import pass_pilot_of_env
 from tests.support.sglang_fixtures import slow_until_cleared, wait_until
 
 NUM_SHARDS = 4  # the demo data over 4 shards: ~65 events per shard, some multi-turn
@@ -57,12 +58,14 @@ FINGERPRINT = GenerationSettings().fingerprint()
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory) -> Path:
-    """Conversations of the demo data published once for the module: a local store and the instance that recorded
-    them (its SQLite storage initialised here, before CLI runs use it concurrently)."""
+    """Conversations of the demo data published once for the module, and their pilot passed (on a fleet of its own): a
+    local store and the instance that recorded them (its SQLite storage initialised here, before CLI runs use it
+    concurrently)."""
     root = tmp_path_factory.mktemp("published")
     home = dagster_home(root / "dagster_home")
     env = pipeline_env(home=home, store=root / "store", work_dir=root / "work", num_shards=NUM_SHARDS)
     publish_conversations(home, root / "store", env)
+    pass_pilot_of_env(home, env, own_fleet=root / "pilot_fleet")
     return root
 
 

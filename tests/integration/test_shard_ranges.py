@@ -27,6 +27,7 @@ from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.hf_export import CARD_KEY
 from tests.support.dagster_helpers import FAST_ANSWERS, asset_check_keys
+from tests.support.pilots import pass_pilot
 
 SHARD_ASSETS = [completions, training_set, specforge_export, hf_export]
 SHARD_RUN = [
@@ -60,10 +61,13 @@ def _range_run(store: LocalStore, instance: dg.DagsterInstance, first: int, last
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
-    """The demo's conversations over the loaded shard partitions, in a local store, and a test instance."""
+    """The demo's conversations over the loaded shard partitions, in a local store, their pilot passed, and a test
+    instance."""
     with dg.instance_for_test() as instance:
-        store = LocalStore(tmp_path_factory.mktemp("ranges") / "store")
+        root = tmp_path_factory.mktemp("ranges")
+        store = LocalStore(root / "store")
         assert dg.materialize([raw_prompts, conversations], resources=_resources(store, []), instance=instance).success
+        pass_pilot(_resources(store, []), instance, own_fleet=root / "pilot_fleet")
         yield store, instance
 
 

@@ -29,6 +29,7 @@ from tests.support.dagster_helpers import (
     publish_conversations,
     run_cli,
 )
+from tests.support.pilots import pass_pilot_of_env
 from tests.support.sglang_fixtures import SimFleet, wait_until
 
 SAMPLE_EVERY_S = 20.0
@@ -45,6 +46,7 @@ def test_plain_status_raises_no_alert_while_a_healthy_shard_runs_under_dagster_d
         home = dagster_home(tmp_path / "dagster_home")
         env = pipeline_env(home=home, store=store_dir, work_dir=tmp_path / "work", num_shards=1, endpoints=fleet.urls)
         publish_conversations(home, store_dir, env)
+        pass_pilot_of_env(home, env)  # on this fleet: its measured rate is the plan the watched run is judged by
         with DagsterDev.running(env, tmp_path):
             shard = subprocess.Popen(
                 [DAGSTER, "asset", "materialize", "-m", DEFS_MODULE, "--select", "completions",

@@ -34,6 +34,7 @@ from dagster_project.training.shards import iter_training_batches
 from tests.support.chat_templates import official_prompt_ids, official_template
 from tests.support.dagster_helpers import evaluations_by_check
 from tests.support.paths import SHARED_DATA, require_shared
+from tests.support.pilots import pass_pilot
 from tests.support.training_shards import tokenizer
 
 
@@ -62,6 +63,8 @@ def test_glaive_tool_calls_reach_the_training_set_token_exact(sim_fleet, tmp_pat
             [raw_prompts, conversations], resources=resources, instance=instance, run_config=config
         )
         assert prepared.success
+        # Passed on a healthy fleet of its own: this one writes malformed calls on purpose, which the pilot blocks.
+        pass_pilot(resources, instance, own_fleet=tmp_path / "pilot_fleet")
         for partition in layout.partition_keys(NUM_SHARDS):
             assert dg.materialize(
                 [completions], partition_key=partition, resources=resources, instance=instance

@@ -20,6 +20,7 @@ from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.export import specforge_key
 from dagster_project.training.shards import iter_training_batches
+from tests.support.pilots import pass_pilot
 from tests.support.training_shards import tokenizer
 
 SHARD = 0
@@ -39,6 +40,7 @@ def test_a_demo_shard_passes_every_training_gate_and_is_exported(sim_fleet, tmp_
     partition = layout.partition_key(SHARD)
     with dg.instance_for_test() as instance:
         assert dg.materialize([raw_prompts, conversations], resources=resources, instance=instance).success
+        pass_pilot(resources, instance)
         assert dg.materialize([completions], partition_key=partition, resources=resources, instance=instance).success
         result = dg.materialize(
             [training_set, training_set_gates, training_set_gx_suite, specforge_export],

@@ -165,12 +165,15 @@ def pipeline_env(
     num_shards: int,
     endpoints: Sequence[str] = (),
     extra: Mapping[str, str] | None = None,
+    without_pilot: str | None = None,
 ) -> dict[str, str]:
     """The environment of a pipeline process: this interpreter's, minus any DFLASH_/DAGSTER_/SGLANG_ setting
-    inherited from the shell, plus the given ones. Its shards generate without a pilot (`DFLASH_SKIP_PILOT=1`, as
-    every test's own process: tests/conftest.py); `extra={"DFLASH_SKIP_PILOT": "0"}` makes them wait for one."""
+    inherited from the shell, plus the given ones. Its shards generate only after a pilot of their settings passed,
+    as in production (materialize `pilot` first); `without_pilot`: why they must generate without one here
+    (`DFLASH_SKIP_PILOT=1`, recorded in their manifests)."""
     env = {name: value for name, value in os.environ.items() if not name.startswith(_PIPELINE_PREFIXES)}
-    env["DFLASH_SKIP_PILOT"] = "1"
+    if without_pilot:
+        env["DFLASH_SKIP_PILOT"] = "1"
     env.update(
         DAGSTER_HOME=str(home),
         DFLASH_STORE=str(store),

@@ -4,7 +4,8 @@ While `down`, every new connection is accepted and reset at once (what a restart
 connections already open are cut. While `silent`, new connections are accepted and never answered (a hung
 endpoint). `refused` and `held` count the connections turned away or left hanging, so a test can wait for
 the client to have hit the fault before lifting it. `slow_s`: every chunk of an answer is held that long before
-it is passed on (a slow endpoint: each call succeeds, late).
+it is passed on (a slow endpoint: each call succeeds, late). `hold_answers`: every answer is held until
+`release_answers` (an endpoint later than any budget), `answers_held` counting those that waited.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class FaultProxy:
         self.refused = 0
         self.held = 0
         self.slow_s = 0.0
+        self.answers_held = 0
+        self._answers_flow = threading.Event()
+        self._answers_flow.set()
         self._hanging: list[socket.socket] = []
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -71,6 +75,10 @@ class FaultProxy:
     def _pipe(self, source: socket.socket, sink: socket.socket, answers: bool = False) -> None:
         try:
             while data := source.recv(65536):
+                if answers and not self._answers_flow.is_set():
+                    with self._lock:
+                        self.answers_held += 1
+                    self._answers_flow.wait()
                 if answers and self.slow_s:
                     time.sleep(self.slow_s)  # the fault itself: a late answer, not a wait for anything
                 sink.sendall(data)
@@ -98,6 +106,12 @@ class FaultProxy:
     def go_silent(self) -> None:
         self.silent.set()
 
+    def hold_answers(self) -> None:
+        self._answers_flow.clear()
+
+    def release_answers(self) -> None:
+        self._answers_flow.set()
+
     def come_back(self) -> None:
         self.down.clear()
         self.silent.clear()
@@ -108,6 +122,7 @@ class FaultProxy:
 
     def close(self) -> None:
         self._closed = True
+        self.release_answers()
         self.go_down()
         self.listener.close()
 
