@@ -2,7 +2,8 @@
 hold release` (the answers before the hold's onset kept), and the job finishes; then `dflash status --json`'s waste
 ledger (trained + pending + every cause) equals what the fleet's servers generated (`sglang:generation_tokens_total`,
 summed) within 1%, with the held run's answers under their causes: those the release dropped (`dropped_at_release`)
-and those the hold's stop cut short in flight (`stopped_in_flight`, counted by the held run and kept in the store).
+and those the hold's stop cut short in flight (`stopped_in_flight`, counted by the held run and kept in the store),
+and the pilot's answers, passed before on a healthy fleet of its own, under `pilot` (its servers' count included).
 
 Two simulators: one switches to the seed's disaster ("OK.") after a few answers; the other stays healthy and answers
 slowly, so it has answers in flight when the hold stops the run (`hold_drain_s` 0). Every shard in one range run (what
@@ -29,6 +30,7 @@ from dagster_project.generation.line_hold import read_hold, read_hold_log
 from dagster_project.generation.shards import read_completions_manifest, shard_coverage
 from dagster_project.generation.unrecorded import STOPPED_IN_FLIGHT
 from dagster_project.ops.answers.waste import WasteCause
+from dagster_project.resources import SGLangFleet
 from dagster_project.store import layout
 from dagster_project.store.storage import LocalStore
 from dagster_project.training.export import specforge_key
@@ -77,9 +79,9 @@ def test_a_fleet_gone_bad_is_held_released_and_finished_and_the_ledger_equals_wh
             return dg.materialize(assets, resources=resources, instance=instance, raise_on_error=False, **options)
 
         assert materialize([raw_prompts, conversations]).success
-        # The pilot passed on a healthy fleet of its own, before: this fleet's generated tokens are the job's alone,
-        # which the ledger accounts for (it has no cause for a pilot's answers).
-        pass_pilot(resources, instance, own_fleet=tmp_path / "pilot_fleet")
+        # The pilot passed on a healthy fleet of its own, before this one goes bad: its servers are counted too.
+        pilot_fleet = sim_fleet(2, ANSWERS)
+        pilot = pass_pilot({**resources, "fleet": SGLangFleet(endpoints=pilot_fleet.urls)}, instance)
         shards = read_conversations_manifest(store).num_shards
         every_shard = {
             "dagster/asset_partition_range_start": layout.partition_key(0),
@@ -103,7 +105,7 @@ def test_a_fleet_gone_bad_is_held_released_and_finished_and_the_ledger_equals_wh
     assert all(shard_coverage(store, shard).exact for shard in range(shards))
     assert all(store.exists(specforge_key(shard)) for shard in range(shards))
     wait_until(lambda: _settled(fleet), timeout_s=30, what="the servers to settle their requests")
-    generated = sum(generation_tokens_total(url) for url in fleet.urls)
+    generated = sum(generation_tokens_total(url) for url in fleet.urls + pilot_fleet.urls)
 
     waste = json.loads(_dflash(operator, tmp_path, "status", "--json"))["waste"]
     tokens, answers = waste["output_tokens"], waste["answers"]
@@ -119,3 +121,4 @@ def test_a_fleet_gone_bad_is_held_released_and_finished_and_the_ledger_equals_wh
     assert tokens[WasteCause.DROPPED_AT_RELEASE] == dropped_tokens
     assert answers[STOPPED_IN_FLIGHT] > 0 and tokens[STOPPED_IN_FLIGHT] > answers[STOPPED_IN_FLIGHT], (answers, tokens)
     assert waste["pending_output_tokens"] == 0 and tokens[WasteCause.BLOCKED_OR_HELD] == 0
+    assert answers[WasteCause.PILOT] == pilot.answers and tokens[WasteCause.PILOT] >= pilot.output_tokens > 0

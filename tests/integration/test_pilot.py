@@ -41,11 +41,9 @@ class Prepared:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Iterator[Prepared]:
-    """The demo's conversations, published once for the module, and the shards' pilot required (the tests' skip
-    taken away)."""
+    """The demo's conversations, published once for the module (the shards' pilot required, as in every test)."""
     root = tmp_path_factory.mktemp("pilot")
-    with pytest.MonkeyPatch.context() as patch, dg.instance_for_test() as instance:
-        patch.delenv("DFLASH_SKIP_PILOT")
+    with dg.instance_for_test() as instance:
         store = LocalStore(root / "store")
         assert dg.materialize([raw_prompts, conversations], resources=_resources(store, []), instance=instance).success
         yield Prepared(store, instance)
