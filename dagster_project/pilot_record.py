@@ -98,6 +98,9 @@ class PilotRecord:
     # servers generated that no answer holds, by cause (`Unrecorded.as_dict`).
     output_tokens: int = 0
     unrecorded: dict = field(default_factory=dict)
+    # The fingerprint of the tokenizer the pilot ran under (`TokenizerIdentity.fingerprint`; empty in a record from
+    # before: unknown, never taken for a mismatch). Another model's pilot clears nothing of this one.
+    tokenizer: str = ""
     servers: list[str] = field(default_factory=list)
     # Every gate's message, and those of the gates that blocked (name → message).
     gates: dict[str, str] = field(default_factory=dict)
@@ -156,16 +159,19 @@ class Clearance:
     skipped: bool = False
 
 
-def clearance(store: Store, fingerprint: str, *, skip: bool = False) -> Clearance:
-    """Generation under `fingerprint` is allowed once a pilot with that fingerprint passed, or when the operator
-    skips the pilot (`skip`); otherwise one line naming the command to run."""
+def clearance(store: Store, fingerprint: str, *, tokenizer: str = "", skip: bool = False) -> Clearance:
+    """Generation under `fingerprint` and the `tokenizer` fingerprint is allowed once a pilot with both passed, or
+    when the operator skips the pilot (`skip`); otherwise one line naming the command to run."""
     if skip:
         return Clearance(True, f"pilot skipped ({SKIP_SWITCH})", skipped=True)
     record = read_pilot(store, fingerprint)
-    if record is not None and record.passed:
+    other_model = record is not None and bool(record.tokenizer and tokenizer) and record.tokenizer != tokenizer
+    if record is not None and record.passed and not other_model:
         return Clearance(True, f"{record.label()} passed with settings {fingerprint}")
     if record is None:
         why = f"no pilot has run with these generation settings (fingerprint {fingerprint})"
+    elif other_model:
+        why = f"the {record.label()} with these settings ran under tokenizer {record.tokenizer}, not {tokenizer}"
     else:
         why = f"the {record.label()} with these settings was blocked by {', '.join(sorted(record.failed_gates))}"
     return Clearance(False, f"{why}: run `{PILOT_COMMAND}` first, or set {SKIP_SWITCH} to generate without one")

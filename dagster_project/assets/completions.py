@@ -26,7 +26,7 @@ from dagster_project.store import layout
 from dagster_project.store.dataclass_json import from_dict
 from dagster_project.store.lease import LeaseOptions
 from dagster_project.store.storage import Store
-from dagster_project.tokenizer import special_ids
+from dagster_project.tokenizer import special_ids, tokenizer_identity
 from dagster_project.training import gate_sets
 from dagster_project.training.gate_messages import COMPLETIONS_GATES, TRAINING_GATES
 from dagster_project.training.gates import GateThresholds
@@ -129,7 +129,9 @@ def completions(
 ) -> Iterator[dg.MaterializeResult | dg.AssetMaterialization]:
     tag_asset_run(context)
     settings = generation.to_dataclass()
-    cleared = clearance(store.open(), settings.fingerprint(), skip=config.skip_pilot or skip_pilot())
+    skip = config.skip_pilot or skip_pilot()
+    model = "" if skip else tokenizer_identity(tokenizer.load()).fingerprint
+    cleared = clearance(store.open(), settings.fingerprint(), tokenizer=model, skip=skip)
     if not cleared.allowed:
         raise dg.Failure(description=cleared.message, allow_retries=False)
     context.log.info(cleared.message)

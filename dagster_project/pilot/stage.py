@@ -41,7 +41,7 @@ from dagster_project.pilot.sample import PilotSampleOptions, sample_conversation
 from dagster_project.pilot_record import LengthDistribution, PilotRecord, write_pilot
 from dagster_project.records import STATUS_OK
 from dagster_project.store.storage import Store
-from dagster_project.tokenizer import special_ids, tokenizer_profile
+from dagster_project.tokenizer import special_ids, tokenizer_identity, tokenizer_profile
 from dagster_project.training import gate_messages, gate_result, gate_sets, gates
 from dagster_project.training.lengths import KEEP, LengthFigures, LengthGateOptions
 from dagster_project.training.shards import AssemblyOptions
@@ -149,6 +149,7 @@ def run_pilot(
         accept_length=heartbeat.spec.accept_length_lifetime,
         output_lengths=LengthDistribution.of(lengths),
         output_tokens=heartbeat.output_tokens,
+        tokenizer=tokenizer_identity(tokenizer).fingerprint,
         unrecorded=unrecorded_of(heartbeat).as_dict(),
         servers=sorted(heartbeat.servers),
         gates={r.name: r.message for r in results},

@@ -124,7 +124,11 @@ def shard_0_built_in(tmp_path, sim_fleet) -> Iterator[Job]:
 def test_a_shard_under_an_edited_chat_template_is_refused_naming_both_fingerprints(shard_0_built_in, edited_tokenizer):
     job = shard_0_built_in
     builtin, edited = fingerprints(edited_tokenizer)
+    # The built-in tokenizer's pilot clears nothing under the edited one: the refusal names the pilot first.
+    first = refusal(job.materialize([completions], tokenizer=edited_tokenizer, partition=SHARD_1))
+    assert f"ran under tokenizer {builtin}, not {edited}" in first
 
+    pass_pilot(job.resources(edited_tokenizer), job.instance)
     message = refusal(job.materialize([completions], tokenizer=edited_tokenizer, partition=SHARD_1))
 
     assert f"conversations shard 1 was made under tokenizer {builtin} ({BUILTIN_TOKENIZER})" in message
@@ -139,6 +143,7 @@ def test_status_alerts_on_two_tokenizers_and_training_refuses_the_other_ones_sha
     job = shard_0_built_in
     builtin, edited = fingerprints(edited_tokenizer)
     assert job.materialize([conversations], tokenizer=edited_tokenizer).success
+    pass_pilot(job.resources(edited_tokenizer), job.instance)  # the edited tokenizer's own pilot
     assert job.materialize([completions], tokenizer=edited_tokenizer, partition=SHARD_1).success
 
     (alert,) = [line for line in alerts(job.status()) if line.startswith("ALERT [tokenizer]")]

@@ -65,6 +65,17 @@ def test_only_a_passed_pilot_of_the_same_fingerprint_clears(tmp_path):
     assert read_pilot(store, FINGERPRINT) == read_latest_pilot(store) == _record()
 
 
+def test_a_pilot_under_another_tokenizer_clears_nothing_of_this_model(tmp_path):
+    store = LocalStore(tmp_path)
+    write_pilot(store, _record(tokenizer="qwen3.6-fingerprint"))
+    refused = clearance(store, FINGERPRINT, tokenizer="deepseek-fingerprint")
+    assert not refused.allowed and PILOT_COMMAND in refused.message
+    assert "ran under tokenizer qwen3.6-fingerprint, not deepseek-fingerprint" in refused.message
+    assert clearance(store, FINGERPRINT, tokenizer="qwen3.6-fingerprint").allowed
+    write_pilot(store, _record())  # a record from before tokenizers were recorded: unknown, not a mismatch
+    assert clearance(store, FINGERPRINT, tokenizer="deepseek-fingerprint").allowed
+
+
 def test_every_pilot_run_is_kept_for_the_ledger_though_the_next_of_its_settings_replaces_it(tmp_path):
     store = LocalStore(tmp_path)
     runs = [_record(passed=False, started_at=10.0, output_tokens=300), _record(started_at=20.0, output_tokens=310)]
