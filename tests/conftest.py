@@ -56,6 +56,7 @@ SLOWEST_FIRST = (
     "test_demo.py",
     "test_cli.py",
     "test_cli_pipeline.py",
+    "test_model_families_pipeline.py",
     "test_postgres_instance.py",
     "test_fleet_nodes.py",
 )
