@@ -72,6 +72,7 @@ def _materialize_all(dev: DagsterDev, browser) -> str:
         browser, f"http://127.0.0.1:{dev.port}", selection, assets=len(SHARD_ASSETS), partitions=NUM_SHARDS
     )
     (launched,) = backfill_ids(dev) - before
+    page.park(browser)  # until the backfill ends: the lineage page would keep polling the webserver meanwhile
     return launched
 
 

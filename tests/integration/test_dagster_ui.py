@@ -157,7 +157,14 @@ def operator_ui(tmp_path_factory) -> Iterator[OperatorUI]:
                 # The page after the shards, with an alert to show: an accept-length floor no run reaches. Once the
                 # sensor has refreshed the page for the backfill's end, so that refresh (default config) cannot
                 # land after this one and replace the alert.
-                wait_until(lambda: page_refreshed_after(dev, backfill), timeout_s=120, what="the page's refresh")
+                # Asked once a second, as the other waits on the webserver: at wait_until's default (every 10 ms) its
+                # two GraphQL queries kept the webserver busy for the whole of the sensor's refresh run.
+                wait_until(
+                    lambda: page_refreshed_after(dev, backfill),
+                    timeout_s=120,
+                    interval_s=1.0,
+                    what="the page's refresh",
+                )
                 run_cli([*MATERIALIZE_REPORT, "--config-json", ALERTING_REPORT], env=env, cwd=root, timeout_s=300)
                 yield OperatorUI(dev, home, fleet, runs)
     finally:

@@ -174,7 +174,13 @@ def test_a_run_killed_while_starting_gives_back_its_pool_slot(pipeline, sim_flee
     with socket.create_server(("127.0.0.1", 0)) as silent:
         run = materialize_shard(env, 3, [f"http://127.0.0.1:{silent.getsockname()[1]}"])
         with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
-            wait_until(lambda: instance.event_log_storage.get_concurrency_run_ids(), timeout_s=120, what="a pool slot")
+            # Every 0.1 s, as the other waits here: each asks the instance's database.
+            wait_until(
+                lambda: instance.event_log_storage.get_concurrency_run_ids(),
+                timeout_s=120,
+                interval_s=0.1,
+                what="a pool slot",
+            )
             (run_id,) = instance.event_log_storage.get_concurrency_run_ids()
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
@@ -420,7 +426,12 @@ def test_the_page_is_refreshed_at_the_first_tick_after_the_last_run_of_a_backfil
     with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
         try:
             try:
-                wait_until(lambda: heartbeat(store, 0).get("done_events", 0) >= 2, timeout_s=300, what="2 events done")
+                wait_until(
+                    lambda: heartbeat(store, 0).get("done_events", 0) >= 2,
+                    timeout_s=300,
+                    interval_s=0.1,
+                    what="2 events done",
+                )
             except AssertionError as exc:
                 os.killpg(generating.pid, signal.SIGKILL)
                 exc.add_note(generating.communicate()[0][-4000:])
