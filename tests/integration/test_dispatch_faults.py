@@ -106,23 +106,20 @@ def test_hang_is_detected_by_the_watchdog_and_its_work_moves(sim_fleet):
 
 def test_a_late_answer_from_a_written_off_server_is_not_delivered_twice(sim_fleet):
     fleet = slow_fleet(sim_fleet)
-    shard: Shard
     recovering: list[asyncio.Future] = []  # held: the loop keeps only a weak reference to a task
 
-    def hang_then_recover() -> None:
-        """Hung until the dispatcher has written it off (its requests hedged elsewhere), then back: the originals
-        answer late or are aborted."""
-        fleet.set_faults(1, hang=True)
+    class HungUntilWrittenOff(Shard):
+        """Server 1 hangs at the trigger and comes back at the first outcome after the dispatcher wrote it off (its
+        requests hedged elsewhere): the originals answer late or are aborted."""
 
-        async def recover_once_set_aside() -> None:
-            while shard.server(1)["state"] != "quarantined":
-                await asyncio.sleep(0.01)  # polling a state in the same loop, not timing anything
-            await asyncio.to_thread(fleet.set_faults, 1, hang=False)
+        def on_outcome(self, outcome: Outcome) -> None:
+            super().on_outcome(outcome)
+            if self.after_fault and not recovering and self.server(1)["state"] == "quarantined":
+                recovering.append(asyncio.ensure_future(asyncio.to_thread(fleet.set_faults, 1, hang=False)))
 
-        recovering.append(asyncio.ensure_future(recover_once_set_aside()))
-
-    shard = Shard(fleet, 200, hang_then_recover, 30)
+    shard = HungUntilWrittenOff(fleet, 200, lambda: fleet.set_faults(1, hang=True), 30)
     stats = shard.run()
+    assert recovering, "the hung server was never written off while outcomes came: the test proves nothing"
     assert all(o.ok for o in shard.outcomes.values()) and stats.hedges > 0
     # The server notices a client gone at its next step: wait until it has settled every request it received.
     log = wait_until(
