@@ -54,7 +54,7 @@ from dagster_project.training.stage import assemble_shard
 from dagster_project.training.watch_figures import AnswerQualityWatch
 from tests.support.ingest_helpers import run_stages
 from tests.support.paths import SHARED
-from tests.support.sglang_fixtures import call
+from tests.support.sglang_fixtures import call, generation_tokens_total
 
 LONG_TAILED = "lognormal:1795:0.8"
 PILOT_ANSWERS = 5_000
@@ -103,15 +103,6 @@ def write_prompts(path: Path, count: int) -> Path:
     rows[count // 2] = {"prompt": MT_BENCH_81}  # an evaluation-set question: quarantined, not sent
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
-
-
-def generation_tokens_total(url: str) -> int:
-    """The server's own count of the output tokens it generated (`sglang:generation_tokens_total`)."""
-    _, text = call(url + "/metrics", timeout=10)
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(_GENERATED)))
-
-
-_GENERATED = "sglang:generation_tokens_total"
 
 
 def held_then_released(store, run, fleet) -> str:
@@ -191,7 +182,7 @@ def measured_section(shards: int, root: Path) -> str:
         f"| trained | | {waste.trained_output_tokens:,} | | |\n| pending | | {waste.pending_output_tokens:,} | | |\n"
         f"| **generated** | | **{waste.generated_output_tokens:,}** | | |\n\n"
         f"trained + pending + every cause = {total:,} = generated. Not sent: {waste.not_sent or 'none'}.\n\n"
-        f"The simulators' own count (`{_GENERATED}`, summed): {fleet_generated:,}; the ledger "
+        f"The simulators' own count (`sglang:generation_tokens_total`, summed): {fleet_generated:,}; the ledger "
         f"{'=' if total == fleet_generated else 'differs by'} "
         f"{'' if total == fleet_generated else f'{total - fleet_generated:+,} '}"
         f"({(total - fleet_generated) / max(fleet_generated, 1):+.2%}).\n\n"

@@ -36,9 +36,8 @@ from dagster_project.store.storage import LocalStore
 from dagster_project.training.export import specforge_key
 from tests.support.dagster_helpers import BIN_DIR, in_process_resources, run_cli
 from tests.support.harness.invariants import LEDGER_TOLERANCE
-from tests.support.harness.run import generation_tokens_total
 from tests.support.pilots import pass_pilot
-from tests.support.sglang_fixtures import wait_until
+from tests.support.sglang_fixtures import generation_tokens_total, wait_until
 
 ANSWERS = {"output_len": "uniform:48:160", "max_running_requests": 4, "enable_metrics": True}
 BAD, SLOW = 0, 1

@@ -106,6 +106,14 @@ def call(
         return status, raw.decode()
 
 
+def generation_tokens_total(url: str) -> int:
+    """The server's own count of the output tokens it generated (`sglang:generation_tokens_total`): what the
+    waste ledger is checked against."""
+    status, text = call(url + "/metrics", timeout=10)
+    assert status == 200, (url, status)
+    return round(proto.parse_metrics(text).get("sglang:generation_tokens_total", 0.0))
+
+
 class SimFleet:
     """A running fleet of simulator processes and the controls tests need over it."""
 

@@ -40,7 +40,7 @@ from tests.support.fault_proxy import FaultProxy
 from tests.support.harness.answer_proxy import AnswerProxy
 from tests.support.harness.jobs import Fault, Job
 from tests.support.s3_server import S3Server
-from tests.support.sglang_fixtures import SimFleet, call, wait_until
+from tests.support.sglang_fixtures import SimFleet, generation_tokens_total, wait_until
 
 MAX_NEW_TOKENS = 128
 FIT_MAX_LENGTH = 200  # with fit on: long prompts are not sent, some answers are cut where the trainer cuts
@@ -162,15 +162,6 @@ class JobRun:
             yield
         finally:
             self.phases[name] = round(self.phases.get(name, 0.0) + time.perf_counter() - started, 2)
-
-
-def generation_tokens_total(url: str) -> float:
-    """The server's own count of the output tokens it generated (`sglang:generation_tokens_total`)."""
-    status, text = call(url + "/metrics", timeout=10)
-    assert status == 200, (url, status)
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("sglang:generation_tokens_total")
-    )
 
 
 def _write_inputs(job: Job, root: Path, s3: S3Server, bucket: str) -> dict[str, str]:
