@@ -1,6 +1,8 @@
 """An HTTP proxy in front of the S3 server that answers a share of the requests as S3 does when it throttles:
 `503 SlowDown`, with S3's XML error body. The others go through unchanged. Deterministic: every `every`-th request
-is throttled, so a test knows how many were."""
+is throttled, so a test knows how many were — but never the same call twice: a retry of a throttled call goes through.
+(Throttling by count alone starves a caller whose retries keep landing on the `every`-th slot while other threads
+fill the slots between, as a store reading several keys at once does.)"""
 
 from __future__ import annotations
 
@@ -27,17 +29,21 @@ class ThrottlingProxy(ThreadingHTTPServer):
         self.every = every
         self.requests = 0
         self.throttled = 0
+        self._throttled_calls: set[tuple[str, str]] = set()
         self.lock = threading.Lock()
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def throttles_next(self) -> bool:
+    def throttles_next(self, method: str, path: str) -> bool:
         with self.lock:
             self.requests += 1
-            throttle = self.requests % self.every == 0
-            self.throttled += throttle
+            call = (method, path)
+            throttle = self.requests % self.every == 0 and call not in self._throttled_calls
+            if throttle:
+                self._throttled_calls.add(call)
+                self.throttled += 1
             return throttle
 
 
@@ -50,7 +56,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _forward(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.server.throttles_next():
+        if self.server.throttles_next(self.command, self.path):
             self.send_response(503)
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(SLOW_DOWN)))
@@ -80,7 +86,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @contextmanager
 def throttling_proxy(endpoint: str, every: int) -> Iterator[ThrottlingProxy]:
-    """A proxy to `endpoint` answering every `every`-th request with 503 SlowDown, for the `with` block."""
+    """A proxy to `endpoint` answering every `every`-th request (each call once at most) with 503 SlowDown, for the
+    `with` block."""
     proxy = ThrottlingProxy(endpoint, every)
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()
