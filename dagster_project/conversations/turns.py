@@ -100,7 +100,7 @@ def source_messages(conversation: Conversation, upto: int) -> list[dict[str, Any
 
 def _source_message(message: dict[str, Any]) -> dict[str, Any]:
     shown = {"role": message["role"], "content": message["content"]}
-    for key in ("tool_calls", "reasoning_content"):
+    for key in ("tool_calls", "tool_call_id", "reasoning_content"):
         if message.get(key) is not None:
             shown[key] = message[key]
     return shown

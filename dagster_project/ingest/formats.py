@@ -49,11 +49,13 @@ render or raises `Rejected` with a reason:
   parameters}`, which is wrapped in that form) becomes the row's tool list; the parameters' non-standard
   JSON Schema types are renamed to the standard ones (`dict` → `object`, `float` → `number`, `tuple` →
   `array`, as the leaderboard writes them), so the chat template renders a valid schema; assistant tool calls
-  become `tool_calls: [{"type": "function", "function": {"name", "arguments": {...}}}]` with `arguments`
-  parsed when the source stores JSON as a string; tool results become `tool` messages. Consecutive
-  assistant messages where the later only calls tools merge into one message (a reply then its call).
-  A call needs a name and object arguments (`bad_tool_call`); a tool result must follow a call
-  (`orphan_tool_result`). An empty tool list (`"tools": "[]"`) is no tools: the row is an ordinary chat.
+  become `tool_calls: [{"type": "function", "function": {"name", "arguments": {...}}, "id"}]` with `arguments`
+  parsed when the source stores JSON as a string; tool results become `tool` messages with the `tool_call_id`
+  of the call they answer (ids kept from the source, made up where it has none, results paired with calls in
+  order: `tool_call_ids`). Consecutive assistant messages where the later only calls tools merge into one
+  message (a reply then its call). A call needs a name and object arguments (`bad_tool_call`); a tool result
+  must follow a call (`orphan_tool_result`) and answer one of its calls (`unpaired_tool_result`). An empty tool
+  list (`"tools": "[]"`) is no tools: the row is an ordinary chat.
 * **Reasoning**: an assistant's `reasoning_content` (or `reasoning`) is kept as `reasoning_content`; a
   leading `<think>...</think>` in its content is split out into it, so `content` is the visible answer.
   What a prompt shows of it follows the chat template (see `conversations.turns`).
@@ -88,6 +90,7 @@ from dagster_project.ingest.public_layouts import (
     transcript_messages,
 )
 from dagster_project.ingest.quarantine import Rejected
+from dagster_project.ingest.tool_call_ids import CALL_ID_KEYS, RESULT_ID_KEYS, pair_tool_results, source_call_id
 from dagster_project.tokenizer import CONTROL_TOKENS, control_token_pattern
 
 FORMATS = ("sharegpt", "openai", "alpaca", "prompt", "text", *LAYOUTS)
@@ -265,6 +268,10 @@ def parse_row(
     else:
         messages = _system_field(value) + _message_list(_first_present(value, _MESSAGE_LIST_FIELDS[fmt]))
     check_structure(messages)
+    for message in messages:  # a loop, not any(): this runs for every row
+        if message.get("tool_calls"):
+            pair_tool_results(messages)
+            break
     tools = _tools(value)
     extra.pop(CONTROL_TOKENS_KEY, None)
     if control_tokens == CONTROL_TOKENS_LITERAL:
@@ -346,7 +353,7 @@ def _reject_control_tokens(messages: list[dict[str, Any]], pattern: re.Pattern[s
                     "which would render as a real turn marker",
                 )
         for call in message.get("tool_calls") or ():
-            found = pattern.search(json.dumps(call["function"], ensure_ascii=False))
+            found = pattern.search(json.dumps(call, ensure_ascii=False))  # its function and its id
             if found:
                 raise Rejected("control_tokens", f"message {index} has a tool call holding {found.group()!r}")
 
@@ -483,23 +490,33 @@ def _messages(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
         parts = split_parts(content, where)
         content = parts.joined_text
     if role != "assistant":
-        return _asking_messages(role, content, parts, where)
+        return _asking_messages(item, role, content, parts, where)
     return [_assistant_message(item, content, parts, where)]
 
 
-def _asking_messages(role: str, content: Any, parts: Any, where: str) -> list[dict[str, Any]]:
+def _asking_messages(item: dict[str, Any], role: str, content: Any, parts: Any, where: str) -> list[dict[str, Any]]:
     """A system, user or tool message; tool-result parts (Anthropic's user message of results) become tool turns."""
     if parts is not None and (parts.reasoning or parts.calls):
         kind = "reasoning" if parts.reasoning else "a tool call"
         raise Rejected("misplaced_part", f"{where} holds {kind}; only an assistant message can")
-    if parts is None or not parts.results:
+    if (parts is None or not parts.results) and role != "tool":
         return [{"role": role, "content": flatten_content(content, where)}]
+    if parts is None or not parts.results:  # a tool message: the call it names is the message's (OpenAI's)
+        return [_result_message(content, source_call_id(item, RESULT_ID_KEYS, "unpaired_tool_result", where), where)]
     if role == "system":
         raise Rejected("misplaced_part", f"{where} holds tool results")
-    results = [{"role": "tool", "content": flatten_content(result, where)} for result in parts.results]
+    results = [_result_message(result.text, result.call_id, where) for result in parts.results]
     if not content.strip():
         return results
     return [*results, {"role": role, "content": flatten_content(content, where)}]
+
+
+def _result_message(content: Any, call_id: str | None, where: str) -> dict[str, Any]:
+    """A tool message, with the id of the call it answers where the source names it (`tool_call_ids` pairs the rest)."""
+    message = {"role": "tool", "content": flatten_content(content, where)}
+    if call_id is not None:
+        message["tool_call_id"] = call_id
+    return message
 
 
 def _assistant_message(item: dict[str, Any], content: Any, parts: Any, where: str) -> dict[str, Any]:
@@ -525,7 +542,8 @@ def _assistant_message(item: dict[str, Any], content: Any, parts: Any, where: st
 
 
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
-    """Calls in the chat template's form: `{"type": "function", "function": {"name", "arguments": {...}}}`."""
+    """Calls in the chat template's form: `{"type": "function", "function": {"name", "arguments": {...}}}`, and the
+    source's `id` where it has one (`tool_call_ids` makes up the others)."""
     calls = calls if isinstance(calls, list) else [calls]
     normalized = []
     for number, call in enumerate(calls):
@@ -538,7 +556,10 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
             arguments = {}
         if not isinstance(arguments, dict):
             raise Rejected("bad_tool_call", f"{where} call {number} arguments are a {type(arguments).__name__}")
+        call_id = source_call_id(call, CALL_ID_KEYS, "bad_tool_call", f"{where} call {number}")
         normalized.append({"type": "function", "function": {"name": function["name"], "arguments": arguments}})
+        if call_id is not None:
+            normalized[-1]["id"] = call_id
     if not normalized:
         raise Rejected("bad_tool_call", f"{where} has an empty list of calls")
     return normalized

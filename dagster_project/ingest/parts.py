@@ -8,9 +8,11 @@ Layouts read (each part a `{"type": ..., ...}` object, a bare string being text)
   `content` lists of `summary_text` / `reasoning_text` parts), Anthropic's `thinking` (in `thinking`; its
   `signature` is dropped). Several reasoning parts join with a blank line.
 * **Tool calls**: `tool_call` / `function_call` (LLaMA-Factory: `value` the JSON of `{name, arguments}`;
-  OpenAI Responses: `name` and `arguments` a JSON string), Anthropic's `tool_use` (`name`, `input`).
-* **Tool results**: Anthropic's `tool_result` (`content` a string or text blocks), OpenAI Responses'
-  `function_call_output` (`output`), LLaMA-Factory's `observation` / `tool_response` (`value`).
+  OpenAI Responses: `name` and `arguments` a JSON string, its id in `call_id`), Anthropic's `tool_use` (`name`,
+  `input`, `id`).
+* **Tool results**: Anthropic's `tool_result` (`content` a string or text blocks, the call's id in `tool_use_id`),
+  OpenAI Responses' `function_call_output` (`output`, `call_id`), LLaMA-Factory's `observation` / `tool_response`
+  (`value`). The ids are kept (`tool_call_ids`).
 * **Media** (`image`, `image_url`, `input_audio`, ...) quarantine the row as `image_content`.
 
 Any other part type (Anthropic's `redacted_thinking`, whose text is encrypted, a `document`, ...)
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster_project.ingest.quarantine import Rejected
+from dagster_project.ingest.tool_call_ids import RESULT_ID_KEYS, source_call_id
 
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 _TEXT_PART_KEYS = ("text", "value", "content")
@@ -44,6 +47,14 @@ _HARMONY_CHANNELS = ("analysis", "final", "commentary")
 _HARMONY_NAMESPACE = "functions."
 
 
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool result's text, and the id of the call it answers where the source names it."""
+
+    text: str
+    call_id: str | None = None
+
+
 @dataclass
 class Parts:
     """What a `content` list holds, by kind."""
@@ -51,7 +62,7 @@ class Parts:
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     calls: list[Any] = field(default_factory=list)  # raw `{name, arguments}` objects, normalized by the caller
-    results: list[str] = field(default_factory=list)
+    results: list[ToolResult] = field(default_factory=list)
 
     @property
     def joined_text(self) -> str:
@@ -84,7 +95,8 @@ def split_parts(content: list[Any], where: str) -> Parts:
         elif kind in _CALL_PART_TYPES:
             parts.calls.append(_call(part, kind))
         elif kind in _RESULT_PART_KEYS:
-            parts.results.append(_result_text(part, kind, at))
+            call_id = source_call_id(part, RESULT_ID_KEYS, "unpaired_tool_result", at)
+            parts.results.append(ToolResult(_result_text(part, kind, at), call_id))
         else:
             raise Rejected("unknown_part", f"{where} part {number} has the unknown type {kind!r}")
     return parts
@@ -122,7 +134,7 @@ def _reasoning_text(part: dict[str, Any], kind: str, at: str) -> str:
 
 def _call(part: dict[str, Any], kind: str) -> Any:
     if kind == "tool_use":
-        return {"name": part.get("name"), "arguments": part.get("input", {})}
+        return {"name": part.get("name"), "arguments": part.get("input", {}), "id": part.get("id")}
     if "name" in part or "function" in part:
         return part
     # LLaMA-Factory keeps the call's JSON in `value`; `formats` parses it like any stored call.

@@ -36,8 +36,11 @@ REASONS: dict[str, str] = {
     "the text: they would forge turns",
     "unknown_role": "a message role that is not system/user/assistant/tool or a known alias",
     "bad_tool_definition": "a `tools` field that is not a list of named tool definitions (or bad JSON)",
-    "bad_tool_call": "an assistant tool call without a function name or with arguments that are not an object",
+    "bad_tool_call": "an assistant tool call without a function name, with arguments that are not an object, or with "
+    "the id of another call of its message",
     "orphan_tool_result": "a tool result that follows no tool call",
+    "unpaired_tool_result": "a tool result that answers none of the calls before it: more results than calls, a call "
+    "id the message did not make, or a call answered twice",
     "no_user_turn": "no user message at all",
     "starts_with_assistant": "the first message after the system prompt is not a user message",
     "misplaced_system": "a system message after the first message (the chat template refuses it)",

@@ -4,6 +4,7 @@ content_parts/, written here in each layout's documented shape), read row by row
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -25,8 +26,19 @@ def rows(name: str) -> dict[str, dict]:
     return {row["id"]: row for row in map(json.loads, lines)}
 
 
-def call(city: str) -> dict:
-    return {"type": "function", "function": {"name": WEATHER_CALL, "arguments": {"city": city}}}
+def call(city: str, call_id: str) -> dict:
+    return {"type": "function", "function": {"name": WEATHER_CALL, "arguments": {"city": city}}, "id": call_id}
+
+
+def result(content: str, call_id: str) -> dict:
+    return {"role": "tool", "content": content, "tool_call_id": call_id}
+
+
+def made_up_id(message: dict) -> str:
+    """The id ingest made up for the message's one call (the layout has none): 9 letters and digits."""
+    (made,) = [call["id"] for call in message["tool_calls"]]
+    assert re.fullmatch("[A-Za-z0-9]{9}", made)
+    return made
 
 
 def reason_of(row: dict) -> tuple[str, str]:
@@ -42,6 +54,7 @@ def test_llamafactory_parts_reasoning_calls_and_tools_as_a_json_string() -> None
         {"role": "assistant", "content": "It is 51.", "reasoning_content": "17 * 3 = 51."},
     ]
     parsed = parse_row(layout["lf-tools"], "openai")
+    made = made_up_id(parsed.messages[2])
     assert parsed.messages == [
         {"role": "system", "content": "You are a weather assistant."},
         {"role": "user", "content": "How warm is it in Oslo?"},
@@ -49,9 +62,9 @@ def test_llamafactory_parts_reasoning_calls_and_tools_as_a_json_string() -> None
             "role": "assistant",
             "content": "",
             "reasoning_content": "I should look up the weather in Oslo.",
-            "tool_calls": [call("Oslo")],
+            "tool_calls": [call("Oslo", made)],
         },
-        {"role": "tool", "content": '{"temp_c": 4}'},
+        result('{"temp_c": 4}', made),
         {"role": "assistant", "content": "It is 4 °C in Oslo."},
     ]
     assert [tool["function"]["name"] for tool in parsed.tools] == [WEATHER_CALL]
@@ -70,9 +83,9 @@ def test_openai_parts_chat_completions_and_responses_items() -> None:
             "role": "assistant",
             "content": "Checking.",
             "reasoning_content": "Call the tool.",
-            "tool_calls": [call("Lima")],
+            "tool_calls": [call("Lima", "call_1")],
         },
-        {"role": "tool", "content": '{"temp_c": 19}'},
+        result('{"temp_c": 19}', "call_1"),
         {"role": "assistant", "content": "19 °C."},
     ]
     assert parse_row(layout["oa-responses"], "openai").messages == [
@@ -81,9 +94,9 @@ def test_openai_parts_chat_completions_and_responses_items() -> None:
             "role": "assistant",
             "content": "",
             "reasoning_content": "The user wants Paris weather.",
-            "tool_calls": [call("Paris")],
+            "tool_calls": [call("Paris", "fc_1")],
         },
-        {"role": "tool", "content": '{"temp_c": 12}'},
+        result('{"temp_c": 12}', "fc_1"),
         {"role": "assistant", "content": "12 °C in Paris."},
     ]
     reason, detail = reason_of(layout["oa-unknown"])
@@ -100,17 +113,17 @@ def test_anthropic_blocks_thinking_tool_use_and_tool_results_in_the_user_turn() 
             "role": "assistant",
             "content": "Let me check.",
             "reasoning_content": "I need the current weather.",
-            "tool_calls": [call("Oslo")],
+            "tool_calls": [call("Oslo", "toolu_01")],
         },
-        {"role": "tool", "content": '{"temp_c": -3}'},
+        result('{"temp_c": -3}', "toolu_01"),
         {"role": "user", "content": "And is that below freezing?"},
         {"role": "assistant", "content": "Yes, -3 °C is below freezing."},
     ]
     # Anthropic's input_schema is the definition's parameters.
     assert parsed.tools[0]["function"]["parameters"]["required"] == ["city"]
     assert parse_row(layout["an-plain-result"], "openai").messages[1:3] == [
-        {"role": "assistant", "content": "", "tool_calls": [call("Rome")]},
-        {"role": "tool", "content": '{"temp_c": 21}'},
+        {"role": "assistant", "content": "", "tool_calls": [call("Rome", "toolu_02")]},
+        result('{"temp_c": 21}', "toolu_02"),
     ]
     reason, detail = reason_of(layout["an-redacted"])
     assert reason == "unknown_part" and "'redacted_thinking'" in detail
@@ -118,16 +131,18 @@ def test_anthropic_blocks_thinking_tool_use_and_tool_results_in_the_user_turn() 
 
 def test_harmony_channels_make_one_assistant_turn_per_step() -> None:
     layout = rows("harmony_channels.jsonl")
-    assert parse_row(layout["hm-tools"], "openai").messages == [
+    parsed = parse_row(layout["hm-tools"], "openai")
+    made = made_up_id(parsed.messages[2])
+    assert parsed.messages == [
         {"role": "system", "content": "Answer in one sentence."},
         {"role": "user", "content": "What is the weather in Oslo?"},
         {
             "role": "assistant",
             "content": "",
             "reasoning_content": "Need get_weather for Oslo.",
-            "tool_calls": [call("Oslo")],
+            "tool_calls": [call("Oslo", made)],
         },
-        {"role": "tool", "content": '{"temp_c": 4}'},
+        result('{"temp_c": 4}', made),
         {"role": "assistant", "content": "It is 4 °C in Oslo.", "reasoning_content": "4 degrees."},
     ]
     assert parse_row(layout["hm-chat"], "openai").messages[1] == {

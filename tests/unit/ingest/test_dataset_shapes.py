@@ -24,8 +24,8 @@ WEATHER = {
 }
 
 
-def call(name: str, **arguments: object) -> dict:
-    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+def call(name: str, call_id: str, **arguments: object) -> dict:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}, "id": call_id}
 
 
 @pytest.mark.parametrize(
@@ -58,10 +58,11 @@ def test_glaive_tool_rows_become_calls_and_results_with_parsed_json() -> None:
     }
     parsed = parse_row(row, "sharegpt")
     assert parsed.tools == [{"type": "function", "function": WEATHER}]
+    made = parsed.messages[1]["tool_calls"][0]["id"]  # glaive's calls have no id: one is made up
     assert parsed.messages == [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [call("get_weather", city="Paris")]},
-        {"role": "tool", "content": '{"temp": 21}'},
+        {"role": "assistant", "content": "", "tool_calls": [call("get_weather", made, city="Paris")]},
+        {"role": "tool", "content": '{"temp": 21}', "tool_call_id": made},
         {"role": "assistant", "content": "It is 21 degrees."},
     ]
 
@@ -80,13 +81,16 @@ def test_openai_parallel_calls_reasoning_and_a_reply_before_its_call_are_one_tur
         "tools": [{"type": "function", "function": WEATHER}],
     }
     messages = parse_row(row, "openai").messages
+    made = [made_call["id"] for made_call in messages[1]["tool_calls"]]
     assert messages[1] == {
         "role": "assistant",
         "content": "Let me check.",
         "reasoning_content": "Two cities.",
-        "tool_calls": [call("w"), call("w", x=1)],
+        "tool_calls": [call("w", made[0]), call("w", made[1], x=1)],
     }
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
+    # The results answer the merged message's calls in order.
+    assert [m["tool_call_id"] for m in messages[2:4]] == made and made[0] != made[1]
     assert messages[-1] == {"role": "assistant", "content": "Done.", "reasoning_content": "Both fine."}
 
 
@@ -107,7 +111,7 @@ def test_reasoning_before_a_sharegpt_call_is_kept_as_the_calls_reasoning() -> No
     assert messages[1] == {
         "role": "assistant",
         "content": "",
-        "tool_calls": [call("get_weather")],
+        "tool_calls": [call("get_weather", messages[2]["tool_call_id"])],
         "reasoning_content": "I need the tool.",
     }
     assert messages[3] == {"role": "assistant", "content": "Sunny.", "reasoning_content": "It says sunny."}
