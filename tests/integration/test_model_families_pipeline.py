@@ -4,17 +4,19 @@ as `dflash fleet up --simulate` does under those settings), and the stages run a
 resources the environment configures: raw_prompts → conversations → completions over HTTP → training_set.
 
 The source is small: multi-turn chats (LLaMA-Factory's kto sample, OpenAI messages) and tool-calling chats (its
-glaive sample, written here as OpenAI messages with `tool_calls` and `tool` results). Every training row is checked
-against an independent render, `transformers`' own `apply_chat_template` on the family's tokenizer directory, of the
-messages this test reads from its own source files (never the project's conversations): the source's earlier turns
-for a tool-calling chat, the model's own earlier answers (decoded here from the rows) for a plain one; the rest of
-the row is the model's answer, text of that tokenizer ending on its end id, with reasoning markers exactly when the
-template reasons."""
+glaive sample, written here as OpenAI messages with `tool_calls` and `tool` results: one without call ids, as glaive
+writes it, one with ids as OpenAI writes them, one with ids as Mistral writes them). Every training row is checked
+against an independent render, `transformers`' own `apply_chat_template` on the family's tokenizer directory (for
+Mistral NeMo, mistral-common's own encoder), of the messages this test reads from its own source files (never the
+project's conversations): the source's earlier turns for a tool-calling chat, the model's own earlier answers (decoded
+here from the rows) for a plain one; the rest of the row is the model's answer, text of that tokenizer ending on its
+end id, with reasoning markers exactly when the template reasons."""
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +53,13 @@ from tests.support.pilots import pass_pilot
 from tests.support.sglang_fixtures import call
 
 # With their ids (chat-N) these chats fall in every one of the default four shards: none is empty.
-CHATS, TOOL_CHATS = (0, 1, 2, 6), 2
+CHATS = (0, 1, 2, 6)
 FAMILIES = [QWEN3_6, QWEN3, DEEPSEEK, MISTRAL]
-# Mistral's template and encoder require every call to carry an id and every result to name it, which the
-# conversations do not keep (docs/TRAINING_DATA.md §8): its job has no tool-calling chats.
-CALLS_WITHOUT_IDS = {QWEN3_6: True, QWEN3: True, DEEPSEEK: True, MISTRAL: False}
+# The call ids of each tool-calling chat's source, formatted with the call's number in it: none (as glaive writes
+# them: ingest makes them up), ids as OpenAI writes them (which Mistral's template refuses: its render fits them), ids
+# as Mistral writes them (9 letters and digits: kept as they are).
+TOOL_CALL_IDS = [None, "call_{number}Xq7vB2mWk9RtLp4sHd6Yc3", "Nemo{number}Call"]
+MISTRAL_CALL_ID = re.compile("[A-Za-z0-9]{9}")
 SHARD_RUN = [
     completions,
     training_set,
@@ -79,7 +83,8 @@ def _chats() -> list[dict[str, Any]]:
 
 def _tool_chats() -> list[dict[str, Any]]:
     """Glaive chats that open with a call (user, call, result, answer, ...) in OpenAI's form: a call is an assistant
-    message with `tool_calls` (arguments an object), its result a `tool` message, the tools wrapped as functions."""
+    message with `tool_calls` (arguments an object, the id of `TOOL_CALL_IDS` where it has one), its result a `tool`
+    message (naming the call's id where the call has one), the tools wrapped as functions."""
     records = json.loads(require_shared("data", "LLaMA-Factory", "glaive_toolcall_en_demo.json").read_text())
     roles = {"human": "user", "gpt": "assistant", "observation": "tool"}
     chats = []
@@ -87,27 +92,34 @@ def _tool_chats() -> list[dict[str, Any]]:
         turns = record["conversations"]
         if [turn["from"] for turn in turns[:3]] != ["human", "function_call", "observation"]:
             continue
-        messages = []
+        ids = TOOL_CALL_IDS[len(chats)]
+        messages: list[dict[str, Any]] = []
+        calls = 0
         for turn in turns:
             if turn["from"] == "function_call":
                 call = json.loads(turn["value"])
-                function = {"name": call["name"], "arguments": call["arguments"]}
+                made = {"type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+                if ids:
+                    made["id"] = ids.format(number=calls)
+                messages.append({"role": "assistant", "content": "", "tool_calls": [made]})
+                calls += 1
+            elif turn["from"] == "observation" and ids:
                 messages.append(
-                    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": function}]}
+                    {"role": "tool", "content": turn["value"], "tool_call_id": ids.format(number=calls - 1)}
                 )
             else:
                 messages.append({"role": roles[turn["from"]], "content": turn["value"]})
         tools = [{"type": "function", "function": tool} for tool in json.loads(record["tools"])]
         chats.append({"id": f"tool-{len(chats)}", "messages": messages, "tools": tools})
-    return chats[:TOOL_CHATS]
+        if len(chats) == len(TOOL_CALL_IDS):
+            return chats
+    raise AssertionError("the glaive sample has fewer chats that open with a call than the test writes")
 
 
 def _write_sources(folder: Path, family: str) -> dict[str, list[dict[str, Any]]]:
     """The source files (OpenAI messages), by path: the rows this test renders independently."""
     folder.mkdir(parents=True)
-    sources = {str(folder / "chats.json"): _chats()}
-    if CALLS_WITHOUT_IDS[family]:
-        sources[str(folder / "tools.json")] = _tool_chats()
+    sources = {str(folder / "chats.json"): _chats(), str(folder / "tools.json"): _tool_chats()}
     for path, rows in sources.items():
         Path(path).write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
     return sources
@@ -129,20 +141,75 @@ def _split(tok, output: list[int]) -> tuple[str, str]:
     return reasoning.replace("<think>", "").strip(), answer.strip()
 
 
-def _independent_prompt(family: str, tok, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
-    """transformers' render of the family's template; for Mistral, mistral-common's own request encoder."""
-    if family == MISTRAL:
-        from mistral_common.protocol.instruct.request import ChatCompletionRequest
-
-        request = ChatCompletionRequest.from_openai(messages=messages, tools=tools)
-        return _mistral_reference().encode_chat_completion(request).tokens
+def _independent_prompt(tok, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
+    """transformers' render of the family's template."""
     text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return tok.encode(text, add_special_tokens=False)
+
+
+def _mistral_encoding(messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
+    """mistral-common's own request encoder, Mistral NeMo's reference."""
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+    request = ChatCompletionRequest.from_openai(messages=messages, tools=tools)
+    return _mistral_reference().encode_chat_completion(request).tokens
 
 
 @functools.cache
 def _mistral_reference():
     return mistral_reference()
+
+
+def _with_the_rows_call_ids(tok, prompt: list[int], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The source's messages with the call ids the row's prompt writes (mistral-common refuses any but 9 letters and
+    digits, and a source without ids has none to give it), each result naming the call it answers: the one its source
+    names, else the next of the message before it. The source's ids that are 9 letters and digits already must be in
+    the row as they are, and the ids of a prompt must all differ."""
+    blocks = re.findall(r"\[TOOL_CALLS\](\[.*?\])</s>", tok.decode(prompt))
+    written = [call["id"] for block in blocks for call in json.loads(block)]
+    assert len(set(written)) == len(written) and all(MISTRAL_CALL_ID.fullmatch(call_id) for call_id in written)
+    ids = iter(written)
+    renamed: dict[str, str] = {}  # the source's id -> the row's
+    unanswered: list[str] = []
+    shown = []
+    for message in messages:
+        if message.get("tool_calls"):
+            calls = [{**call, "id": next(ids)} for call in message["tool_calls"]]
+            for source, call in zip(message["tool_calls"], calls, strict=True):
+                if source.get("id") is not None:
+                    assert call["id"] == source["id"] or not MISTRAL_CALL_ID.fullmatch(source["id"]), "a fitting id"
+                    renamed[source["id"]] = call["id"]
+            unanswered = [call["id"] for call in calls]
+            message = {**message, "tool_calls": calls}
+        elif message["role"] == "tool":
+            answered = renamed[message["tool_call_id"]] if message.get("tool_call_id") else unanswered[0]
+            unanswered.remove(answered)
+            message = {**message, "tool_call_id": answered}
+        shown.append(message)
+    assert next(ids, None) is None
+    return shown
+
+
+def _results_as_the_template_writes(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with each tool result that Mistral's template and mistral-common's encoder write differently given
+    to the encoder as a JSON string (its text quoted). The template transformers writes for Mistral's tekken file
+    writes a result as a JSON string, except a number whose text reads back as itself; the encoder writes any result
+    that is JSON text as its JSON value (`{"content": {"area": 15}, ...}` where the template writes
+    `{"content": "{\\"area\\": 15}", ...}`). Quoted, such a result is written by the encoder as the template does."""
+    quoted = []
+    for message in messages:
+        if message["role"] == "tool" and _json_not_the_templates(message["content"]):
+            message = {**message, "content": json.dumps(message["content"])}
+        quoted.append(message)
+    return quoted
+
+
+def _json_not_the_templates(text: str) -> bool:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False  # not JSON: a string to both
+    return isinstance(value, bool) or not isinstance(value, int | float) or str(value) != text
 
 
 def _as_family_template_takes(family: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -234,7 +301,14 @@ def test_a_shard_of_the_familys_model_is_its_templates_render_then_its_answers(
             cursor = ask + 1
             prompt_length = row["loss_mask"].index(1)
             prompt, output = row["input_ids"][:prompt_length], row["input_ids"][prompt_length:]
-            expected = _independent_prompt(family, tok, _as_family_template_takes(family, shown), tools)
+            if family == MISTRAL:
+                with_ids = _with_the_rows_call_ids(tok, prompt, shown)
+                quoted = _results_as_the_template_writes(with_ids)
+                expected = _mistral_encoding(quoted, tools)
+                # The one difference between the template's render and the model's reference: JSON results.
+                assert (prompt == _mistral_encoding(with_ids, tools)) == (quoted == with_ids)
+            else:
+                expected = _independent_prompt(tok, _as_family_template_takes(family, shown), tools)
             assert prompt == expected, f"{family} {conversation_id} turn {turn}: the prompt is not the template's"
             assert all(row["loss_mask"][prompt_length:]) and output[-1] == profile.eos_ids[0]
             # The answer is text of this tokenizer: its own encoding of the decoded text is the answer's ids.
@@ -260,7 +334,7 @@ def test_a_shard_of_the_familys_model_is_its_templates_render_then_its_answers(
             checked += 1
     assert checked == len(rows) > len(source_of)  # every row checked; multi-turn: more rows than chats
     # The answers to recorded tool results were generated.
-    assert tool_turns >= (TOOL_CHATS if CALLS_WITHOUT_IDS[family] else 0)
+    assert tool_turns >= len(TOOL_CALL_IDS)
 
 
 @pytest.mark.parametrize("family", [QWEN3, DEEPSEEK, MISTRAL])
