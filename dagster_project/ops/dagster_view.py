@@ -142,7 +142,10 @@ def render_view(view: DagsterView | None, now: float) -> str:
             f"`{ACTING_COMMAND}` reads the instance now"
         )
     dead = "; ".join(f"{holder.run_id} ({holder.why})" for holder in view.dead_runs) or "none"
-    daemon = f"last heartbeat {ago(view.daemon_heartbeat_at, now)}" if view.daemon_heartbeat_at else "none seen"
+    # The beat's age when the record was taken, not now: aged now, a healthy daemon's beat read "149 s ago" between
+    # two refreshes of the page, which reads as a daemon silent that long (its silence is the `daemon` alert's call).
+    beat = view.daemon_heartbeat_at
+    daemon = f"last heartbeat {view.taken_at - beat:,.0f} s before this record" if beat else "none seen"
     return (
         f"Dagster (as of {ago(view.taken_at, now)}, recorded by run_report): {len(view.materialized)} completions "
         f"shards materialized; dead runs: {dead}; daemon: {daemon}; `{ACTING_COMMAND}` reads the instance now"
