@@ -97,11 +97,12 @@ def test_while_held_status_says_the_verdict_and_what_to_run_with_no_eta_stale_fi
     first = text.splitlines()[0]
     assert first.startswith("LINE HELD") and "then materialize the held shards 1, 4 again" in first
     for shard in ("shard-00001", "shard-00004"):
-        command = "dagster asset materialize -m dagster_project.definitions --select completions,training_set,"
-        assert f"`{command}specforge_export,hf_export --partition {shard}`" in first
+        command = "dagster asset materialize -m dagster_project.definitions --select 'completions, training_set, "
+        assert f"`{command}specforge_export, hf_export' --partition {shard}`" in first
     assert "ETA none while the line is held" in text and "0.09 h" not in text
     assert "Quality watch (fleet" not in text and not held.quality.fleet
     assert [alert.kind for alert in held.alerts] == ["hold"], held.alerts
     assert held.progress.eta_hours is None and held.progress.plan_eta_hours is None
     [watch] = [s for s in report_sections(held) if s.title == "Quality watch"]
     assert watch.text.startswith("None while the line is held") and not watch.tables
+

@@ -9,7 +9,7 @@ import pytest
 
 from dagster_project.generation.line_hold import Hold
 from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
-from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, AlertThresholds
+from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, Alert, AlertThresholds
 from dagster_project.ops.answers.cost import NO_PRICE, FleetCost
 from dagster_project.ops.answers.quality import QualityAnswer
 from dagster_project.ops.answers.readings import Readings
@@ -349,3 +349,21 @@ def test_shards_needing_a_look_fit_three_columns_and_each_blocking_gate_is_said_
     # A word cannot wrap, so a column is as wide as its longest word: the gate's name, not "gates/<name>" (at 1,440
     # px, quality/degenerate_answers beside its thresholds made the page 2 px wider than its window).
     assert max(gates.rows[0][0].split(), key=len) == "loss_sum_concentration"
+
+
+def test_while_held_the_pages_hold_and_its_alert_wrap_inside_a_1440_px_window(tmp_path):
+    """Seen by hand (issue 45): held, the hold's headline names each held shard's command, and its `--select` list
+    written as one 51-character word set the Alerts table's width: the page was 830 px in the 769 px a 1,440 px
+    window leaves it, cut off at the right. A word cannot wrap, so no word of the hold's entries may be that long."""
+    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
+    hold = Hold(
+        "thinking_structure", "55% blank", figure=0.55, threshold=0.01, sample_size=103, scope="fleet", held_at=0.0,
+        shards=[0, 1],
+    )  # fmt: skip
+    held = replace(status, quality=QualityAnswer(hold=hold), alerts=[Alert("hold", hold.headline())])
+    sections = {section.title: section for section in report_sections(held)}
+    ((_, alerts_table),) = sections["Alerts"].tables
+    words = sections["LINE HELD"].text.split() + [word for row in alerts_table.rows for word in row[1].split()]
+    assert "--partition" in words and "shard-00001`" in words  # each held shard's command is on the page
+    # The longest the Alerts table's second column takes at 1,440 px (it measured 444 px for 51 characters).
+    assert len(max(words, key=len)) <= len("dagster_project.definitions"), max(words, key=len)
