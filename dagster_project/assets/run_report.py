@@ -139,7 +139,10 @@ def run_report(
     )
     stuck = stuck_pools(context.instance, status.progress.dead_runs)
     backfills = failed_backfills(context.instance)  # Dagster's list shows them Completed: the page says otherwise
-    status = replace(status, alerts=[*status.alerts, *pool_alerts(stuck), *backfill_alerts(backfills)])
+    job_done = bool(status.shards and status.shards.done)
+    status = replace(
+        status, alerts=[*status.alerts, *pool_alerts(stuck), *backfill_alerts(backfills, job_done=job_done)]
+    )
     # What `dflash status` shows of Dagster without importing it.
     daemon_beat = daemon_heartbeat_at(context.instance)
     status = replace(status, alerts=[*status.alerts, *daemon_alerts(daemon_beat, status.collected_at)])

@@ -104,6 +104,7 @@ def _read_status(
         delay=delay,
     )
     dead_runs = status.progress.dead_runs
+    job_done = bool(status.shards and status.shards.done)
     if instance:
         from dagster_project.assets.dagster_instance import (
             daemon_heartbeat_at,
@@ -115,11 +116,15 @@ def _read_status(
 
         marked = fail_dead_runs(instance, dead_runs)
         # After the runs found dead here gave their slots back: what still blocks a run needs the operator.
-        dagster_alerts = instance_pool_alerts(instance, dead_runs) + backfill_alerts(failed_backfills(instance))
+        dagster_alerts = instance_pool_alerts(instance, dead_runs)
+        dagster_alerts += backfill_alerts(failed_backfills(instance), job_done=job_done)
         dagster_alerts += daemon_alerts(daemon_heartbeat_at(instance), status.collected_at)
     else:
         running_since = min((beat.started_at for beat in taken.readings.live), default=None)
-        marked, dagster_alerts = [], view_alerts(view, dead_runs, status.collected_at, running_since=running_since)
+        marked, dagster_alerts = (
+            [],
+            view_alerts(view, dead_runs, status.collected_at, running_since=running_since, job_done=job_done),
+        )
     status = dataclasses.replace(status, stale_nodes=taken.stale_nodes, alerts=[*status.alerts, *dagster_alerts])
     notes += [f"marked Dagster run {run_id} failed: its process is gone" for run_id in marked]
     return status, notes, taken

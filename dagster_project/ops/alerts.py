@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 
 from dagster_project.conversations.shards import stale_conversations_fix
 from dagster_project.generation.progress import ETA_FROM_WINDOW
-from dagster_project.ops.answers.concurrency import ConcurrencyAnswer, describe_set_aside, describe_slow
+from dagster_project.ops.answers.concurrency import (
+    ConcurrencyAnswer,
+    ServerConcurrency,
+    describe_set_aside,
+    describe_slow,
+)
 from dagster_project.ops.answers.mtp import MtpAnswer
 from dagster_project.ops.answers.progress import ProgressAnswer
 from dagster_project.ops.answers.quality import QualityAnswer, describe_figure
@@ -229,9 +234,18 @@ def _server_alerts(progress: ProgressAnswer, concurrency: ConcurrencyAnswer, *, 
                     "lower the fleet resource's oversubscription or raise the server's cap",
                 )
             )
-        elif running == 0 and work_waits and url not in excluded and row.other_model is None:
+        elif (
+            running == 0 and work_waits and url not in excluded and row.other_model is None and not _no_work_ready(row)
+        ):
             alerts.append(Alert("server", f"{url} is idle while shards {generating} have work waiting"))
     return alerts
+
+
+def _no_work_ready(row: ServerConcurrency) -> bool:
+    """The running shards send to this server, have room in their window there and none of their requests on it:
+    their dispatchers fill every window greedily, so they have no request ready for it. What remains waits on
+    earlier turns in flight elsewhere (a shard's tail of multi-turn conversations), not on this server."""
+    return bool(row.client_window) and row.in_flight == 0
 
 
 def _eta_alerts(progress: ProgressAnswer, slip: float) -> list[Alert]:

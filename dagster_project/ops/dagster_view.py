@@ -47,7 +47,12 @@ class FailedBackfill:
     failed: int
 
 
-def backfill_alerts(backfills: list[FailedBackfill]) -> list[Alert]:
+def backfill_alerts(backfills: list[FailedBackfill], *, job_done: bool) -> list[Alert]:
+    """Backfills some of whose runs failed, while the job is not done. Done (every shard exported with every blocking
+    gate green), what they failed has been made since: after a hold, its released shards' rerun left "1 of 1 runs
+    failed" beside DONE, an alarm with nothing to do."""
+    if job_done:
+        return []
     return [
         Alert(
             "backfill",
@@ -142,7 +147,10 @@ def render_view(view: DagsterView | None, now: float) -> str:
             f"`{ACTING_COMMAND}` reads the instance now"
         )
     dead = "; ".join(f"{holder.run_id} ({holder.why})" for holder in view.dead_runs) or "none"
-    daemon = f"last heartbeat {ago(view.daemon_heartbeat_at, now)}" if view.daemon_heartbeat_at else "none seen"
+    # The beat's age when the record was taken, not now: aged now, a healthy daemon's beat read "149 s ago" between
+    # two refreshes of the page, which reads as a daemon silent that long (its silence is the `daemon` alert's call).
+    beat = view.daemon_heartbeat_at
+    daemon = f"last heartbeat {view.taken_at - beat:,.0f} s before this record" if beat else "none seen"
     return (
         f"Dagster (as of {ago(view.taken_at, now)}, recorded by run_report): {len(view.materialized)} completions "
         f"shards materialized; dead runs: {dead}; daemon: {daemon}; `{ACTING_COMMAND}` reads the instance now"
@@ -150,7 +158,7 @@ def render_view(view: DagsterView | None, now: float) -> str:
 
 
 def view_alerts(
-    view: DagsterView | None, dead_runs: list[DeadRun], now: float, *, running_since: float | None
+    view: DagsterView | None, dead_runs: list[DeadRun], now: float, *, running_since: float | None, job_done: bool
 ) -> list[Alert]:
     """The recorded pool alerts, with their age, the daemon's silence as the view tells it, and the runs seen dead
     now (their heartbeat) that only the instance can end, with the commands that do it."""
@@ -159,7 +167,7 @@ def view_alerts(
     if view is not None:
         alerts += [
             Alert(alert.kind, f"{alert.message} (as of {ago(view.taken_at, now)})")
-            for alert in backfill_alerts(view.failed_backfills)
+            for alert in backfill_alerts(view.failed_backfills, job_done=job_done)
         ]
     run_ids = sorted({run.run_id for run in dead_runs if run.run_id})
     if run_ids:

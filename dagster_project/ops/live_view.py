@@ -5,6 +5,7 @@ without a terminal; `watch` is the loop."""
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +48,10 @@ def watch_reading(
         verdict = render_shards(status.shards)[:1] if status.shards else []
     progress_lines = render_progress(status.progress, status.collected_at)
     shown_progress = progress_lines[1:_PROGRESS_LINES]  # its heading's words are in each line already
-    alerts = [f"ALERT [{alert.kind}]: {alert.message}" for alert in status.alerts]
+    # Held, the hold is the verdict: its alert would say it again, cut to a line.
+    alerts = [
+        f"ALERT [{alert.kind}]: {alert.message}" for alert in status.alerts if not (hold and alert.kind == "hold")
+    ]
     shown = {*verdict, *shown_progress, *render_alerts(status.alerts)}
     answers = render_text(status).splitlines() + more.splitlines()
     rest = [line for line in answers if line not in shown and line.strip() not in alerts]
@@ -60,8 +64,14 @@ def watch_reading(
 def fit_screen(reading: WatchReading, *, width: int, height: int) -> list[tuple[str, str]]:
     """The lines of one screen of `width` x `height`, each with its style: the verdict and progress first (a short
     terminal never loses them), then the alerts summarized to the lines left, then as much of the rest as fits.
-    Every line is cut to the width, so none wraps into the next."""
-    screen = [(line, _VERDICT_STYLE) for line in reading.verdict] + [(line, "") for line in reading.progress]
+    The verdict is folded onto as many lines as it needs, leaving the progress its lines (the hold's names the held
+    shards and the commands that bring them back: cut to one line, it named neither); every other line is cut to
+    the width, so none wraps into the next."""
+    verdict = [part for line in reading.verdict for part in textwrap.wrap(line, width, subsequent_indent="   ")]
+    room = max(height - len(reading.progress), 1)
+    if len(verdict) > room:
+        verdict = [*verdict[: room - 1], verdict[room - 1] + "…"]
+    screen = [(line, _VERDICT_STYLE) for line in verdict] + [(line, "") for line in reading.progress]
     screen += [(note, "yellow") for note in reading.notes]
     left = height - len(screen)
     if reading.alerts and left > 0:

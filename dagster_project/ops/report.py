@@ -42,6 +42,9 @@ ON_PLAN_BAND = 0.1
 INLINE_MARKDOWN_CHARS = 1000
 # Lists in a sentence (shards, settings) show this many items, then a count of the rest.
 SHOWN_IN_LINE = 12
+# The characters of an "At a glance" answer that fit one line of the value column at 1,440 px, after its number
+# (measured in Chromium: "all_turns: 26 multi-turn; turns 10 of 270" wrapped before its 48th, "planned").
+GLANCE_LINE_CHARS = 47
 
 
 def _num(value: float | int | None, digits: int = 0) -> str:
@@ -443,7 +446,9 @@ def _waste(waste: WasteAnswer) -> Table:
 
 def _at_a_glance(status: Status) -> Section:
     """The verdict and a line for each of the six questions: what the asset page's first screen shows (Dagster 1.13
-    puts the first metadata entries above the fold; the sections below have the detail)."""
+    puts the first metadata entries above the fold; the sections below have the detail). Each answer fits one line
+    of the value column at 1,440 px (`GLANCE_LINE_CHARS`): wrapped, a settling ETA's words and the turns' "planned"
+    pushed the sixth answer to the bottom edge of a 900 px screen."""
     p, mtp, storage, turns = status.progress, status.mtp, status.storage, status.multi_turn
     hold = status.quality.hold if status.quality else None
     shards = status.shards
@@ -463,7 +468,8 @@ def _at_a_glance(status: Status) -> Section:
     by_id = status.coverage.by_id
     lines = [
         headline,
-        f"1. {_num(p.events_done)}/{_num(p.events_planned)} events ({p.fraction_done:.1%}); ETA {eta_text(p)}",
+        f"1. {_num(p.events_done)}/{_num(p.events_planned)} events ({p.fraction_done:.1%}); "
+        f"ETA {eta_text(p, brief=True)}",
         f"2. {mtp_verdict(mtp)}; accept length {_num(accept, 2)}",
         f"3. {len(status.concurrency.servers)} servers, cap {', '.join(map(str, caps)) or '—'}; "
         f"{'; '.join(limits) or 'no server known'}",
@@ -475,7 +481,8 @@ def _at_a_glance(status: Status) -> Section:
             if by_id
             else "not counted yet"
         ),
-        f"6. `{turns.policy}`: {_num(turns.multi_turn_conversations)} multi-turn; turns {generated_of_planned(turns)}",
+        f"6. `{turns.policy}`: {_num(turns.multi_turn_conversations)} multi-turn; turns "
+        f"{_num(turns.generated_turns_done)}/{_num(turns.generated_turns_planned)}",
     ]
     # Hard line breaks, not paragraphs: the page's paragraph spacing would push the last answers below the fold.
     return Section("At a glance", "  \n".join(lines))

@@ -5,6 +5,8 @@ Partition keys are `shard-00042`; the store prefix of that shard is `<stage>/sha
 
 from __future__ import annotations
 
+import shlex
+
 SHARD_DIGITS = 5
 MANIFEST_NAME = "_manifest.json"
 
@@ -35,10 +37,12 @@ def partition_keys(num_shards: int) -> list[str]:
     return [partition_key(i) for i in range(num_shards)]
 
 
-# The assets a shard's stage feeds, which follow it when it is made again.
+# The assets a shard's stage feeds, which follow it when it is made again. A space after each comma (Dagster strips
+# it; the command quotes the list): a line can break there, where the list as one 51-character word widened the
+# operator's page past a 1,440 px window while the line was held (its alerts name these commands).
 REGENERATED_WITH = {
-    COMPLETIONS: "completions,training_set,specforge_export,hf_export",
-    TRAINING_SET: "training_set,specforge_export,hf_export",
+    COMPLETIONS: "completions, training_set, specforge_export, hf_export",
+    TRAINING_SET: "training_set, specforge_export, hf_export",
 }
 
 
@@ -47,7 +51,7 @@ def regenerate_command(stage: str, shard: int) -> str:
     (conversations are built for every shard at once). Completions come back from the shard's journal: nothing
     answered is requested again."""
     select = "conversations" if stage == CONVERSATIONS else REGENERATED_WITH.get(stage, stage)
-    command = f"dagster asset materialize -m dagster_project.definitions --select {select}"
+    command = f"dagster asset materialize -m dagster_project.definitions --select {shlex.quote(select)}"
     return command if stage == CONVERSATIONS else f"{command} --partition {partition_key(shard)}"
 
 

@@ -153,7 +153,7 @@ def test_status_alerts_on_two_tokenizers_and_training_refuses_the_other_ones_sha
     message = refusal(job.materialize([training_set], tokenizer=edited_tokenizer, partition=SHARD_0))
     assert f"completions shard 0 was made under tokenizer {builtin} ({BUILTIN_TOKENIZER})" in message
     assert f"this run's is {edited} ({edited_tokenizer})" in message
-    assert "--select completions,training_set,specforge_export,hf_export --partition shard-00000" in message
+    assert "--select 'completions, training_set, specforge_export, hf_export' --partition shard-00000" in message
 
     assert job.materialize([training_set], tokenizer=edited_tokenizer, partition=SHARD_1).success
     assert training_manifest(job.store, 1).source.tokenizer.fingerprint == edited
@@ -183,7 +183,7 @@ def test_edited_conversations_are_an_alert_and_their_shard_is_not_exported_until
 
         stale = [line for line in alerts(job.status()) if line.startswith("ALERT [conversations]")]
         assert stale and "completions 0; training_set 0" in stale[0]
-        assert "--select completions,training_set,specforge_export,hf_export --partition shard-00000" in stale[0]
+        assert "--select 'completions, training_set, specforge_export, hf_export' --partition shard-00000" in stale[0]
         for export in (specforge_export, hf_export):
             message = refusal(job.materialize([export], partition=SHARD_0))
             assert "training_set shard 0 was made from conversations shard 0 as it was before its" in message

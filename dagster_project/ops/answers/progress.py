@@ -137,14 +137,16 @@ def fleet_slots(fleet: dict[str, dict[str, Any]]) -> int:
     return sum(int(probe.get("max_running_requests") or 0) for probe in fleet.values() if probe.get("healthy"))
 
 
-def eta_text(progress: ProgressAnswer) -> str:
-    """ "1.25 h", marked when it comes from the lifetime rate; or why there is no figure yet."""
+def eta_text(progress: ProgressAnswer, *, brief: bool = False) -> str:
+    """ "1.25 h", marked when it comes from the lifetime rate; or why there is no figure yet. `brief`: the same in a
+    few words, for the page's first screen, whose lines must each fit one line of its value column at 1,440 px."""
     if progress.held:
-        return "none while the line is held"
+        return "none (held)" if brief else "none while the line is held"
     if progress.eta_hours is None and progress.events_remaining and progress.shards_running:
-        return "none yet (no answer has finished)"
+        return "none yet" if brief else "none yet (no answer has finished)"
     if progress.eta_basis == ETA_FROM_LIFETIME:
-        return f"{fmt(progress.eta_hours, 2)} h (at the lifetime rate so far: the windowed rate is still settling)"
+        settling = "settling" if brief else "at the lifetime rate so far: the windowed rate is still settling"
+        return f"{fmt(progress.eta_hours, 2)} h ({settling})"
     return f"{fmt(progress.eta_hours, 2)} h"
 
 

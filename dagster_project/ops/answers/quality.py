@@ -27,12 +27,14 @@ class QualityAnswer:
 
 
 def answer_quality(hold: Hold | None, reports: list[WatchReport], now: float) -> QualityAnswer:
-    """The watch's latest figures; while the line is held, the hold alone (its figure and threshold are the verdict:
-    the runs' last figures, from before they stopped, would be stale)."""
+    """The watch's latest figures, of the shard runs alive now; while the line is held, the hold alone (its figure
+    and threshold are the verdict: the runs' last figures, from before they stopped, would be stale). Once no run is
+    alive there are none: an ended run's last figures are no answers arriving (after a release, the held runs' last
+    figures raised "quality drifting" alerts over answers about to be dropped), and its shard's gates judge them."""
     if hold is not None:
         return QualityAnswer(hold=hold)
     running = [report for report in reports if report.running and report.is_current(now)]
-    latest = max(running or reports, key=lambda report: report.updated_at, default=None)
+    latest = max(running, key=lambda report: report.updated_at, default=None)
     if latest is None:
         return QualityAnswer(hold=hold)
     return QualityAnswer(

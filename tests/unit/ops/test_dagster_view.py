@@ -11,6 +11,7 @@ from dagster_project.ops.dagster_view import (
     DAEMON_SILENT_S,
     REFRESH_OVERDUE_S,
     DagsterView,
+    backfill_alerts,
     daemon_alerts,
     read_view,
     render_view,
@@ -54,9 +55,12 @@ def test_a_daemon_silent_past_its_heartbeats_is_an_alert_with_its_age():
     assert beat == 1010.0 and daemon_alerts(beat, 1100.0) == []  # beating: 90 s is within its silence limit
     (alert,) = daemon_alerts(beat, 1310.0)  # `dflash status --dagster`, the daemon killed 300 s ago
     assert alert.kind == "daemon" and alert.message.startswith("Dagster daemon: no heartbeat for 300 s: queued runs")
-    # Plain `dflash status`: the heartbeat the last run_report recorded, aged now.
+    # Plain `dflash status`: the heartbeat the last run_report recorded, aged when it was recorded (the record's own
+    # age is said first): aged now, a healthy daemon's beat read "149 s ago" between two refreshes (issue 45).
     view = take_view(1100.0, set(), [], [], daemon_heartbeat_at=beat)
-    assert "daemon: last heartbeat 300 s ago" in render_view(view, 1310.0)
+    shown = render_view(view, 1310.0)
+    assert shown.startswith("Dagster (as of 210 s ago, recorded by run_report)"), shown
+    assert "daemon: last heartbeat 90 s before this record;" in shown and "300 s" not in shown
 
 
 def test_plain_status_judges_the_recorded_beat_by_the_cadence_that_records_it():
@@ -68,10 +72,10 @@ def test_plain_status_judges_the_recorded_beat_by_the_cadence_that_records_it():
     # time), with shards running since long before it or with none running.
     for now in (1151.0, 1201.0, 1020.0 + REFRESH_INTERVAL_S + SENSOR_TICK_S + 100.0):
         for since in (0.0, None):
-            assert view_alerts(healthy, [], now, running_since=since) == [], (now, since)
+            assert view_alerts(healthy, [], now, running_since=since, job_done=False) == [], (now, since)
     # While shards run the page is refreshed: a record older than one missed refresh is the daemon's silence.
     late = healthy.taken_at + REFRESH_OVERDUE_S
-    (alert,) = view_alerts(healthy, [], late, running_since=0.0)
+    (alert,) = view_alerts(healthy, [], late, running_since=0.0, job_done=False)
     recorded_age = late - beat  # the record was taken 20 s after the beat
     assert (
         alert.kind == "daemon" and f"no heartbeat recorded for {recorded_age:,.0f} s while shards run" in alert.message
@@ -81,16 +85,20 @@ def test_plain_status_judges_the_recorded_beat_by_the_cadence_that_records_it():
     # Shards that started after the record (a job begun hours after the last run ended): the first refresh is due
     # from their start, not from the record.
     started = beat + 86_400.0
-    assert view_alerts(healthy, [], started + 200.0, running_since=started) == []
-    assert [a.kind for a in view_alerts(healthy, [], started + REFRESH_OVERDUE_S, running_since=started)] == ["daemon"]
+    assert view_alerts(healthy, [], started + 200.0, running_since=started, job_done=False) == []
+    assert [
+        a.kind for a in view_alerts(healthy, [], started + REFRESH_OVERDUE_S, running_since=started, job_done=False)
+    ] == ["daemon"]
     # Nothing running: no refresh is due, so the record's age says nothing of the daemon (hours after the job ended).
-    assert view_alerts(healthy, [], beat + 86_400.0, running_since=None) == []
+    assert view_alerts(healthy, [], beat + 86_400.0, running_since=None, job_done=False) == []
     # Silent already when recorded (judged then by the instance's rule): said with the record's age.
     silent = take_view(1000.0 + DAEMON_SILENT_S + 30.0, set(), [], [], daemon_heartbeat_at=beat)
     for since in (0.0, None):
-        (alert,) = view_alerts(silent, [], silent.taken_at + 10.0, running_since=since)
+        (alert,) = view_alerts(silent, [], silent.taken_at + 10.0, running_since=since, job_done=False)
         assert alert.message.startswith("Dagster daemon: no heartbeat for 150 s as of 10 s ago: queued runs")
-    assert view_alerts(take_view(1000.0, set(), [], []), [], 1e9, running_since=0.0) == []  # no daemon ever
+    assert (
+        view_alerts(take_view(1000.0, set(), [], []), [], 1e9, running_since=0.0, job_done=False) == []
+    )  # no daemon ever
 
 
 def test_a_backfill_whose_runs_failed_is_said_so_where_dagster_lists_it_completed(tmp_path):
@@ -114,6 +122,10 @@ def test_a_backfill_whose_runs_failed_is_said_so_where_dagster_lists_it_complete
     assert [(b.backfill_id, b.failed, b.runs) for b in found] == [("all-failed", 8, 8)]
     store = LocalStore(tmp_path / "store")
     write_view(store, take_view(200.0, set(), [], [], failed_backfills=found))
-    (alert,) = view_alerts(read_view(store), [], now=230.0, running_since=None)
+    (alert,) = view_alerts(read_view(store), [], now=230.0, running_since=None, job_done=False)
     assert alert.kind == "backfill" and alert.message.startswith("backfill all-failed: 8 of 8 runs failed (Dagster")
     assert alert.message.endswith("(as of 30 s ago)")
+    # Seen by hand (issue 45): the backfill a hold failed, its shards since made by another, still alerted beside
+    # DONE. Once every shard is exported green, what it failed has been made: nothing left to do.
+    assert view_alerts(read_view(store), [], now=230.0, running_since=None, job_done=True) == []
+    assert backfill_alerts(found, job_done=True) == [] and len(backfill_alerts(found, job_done=False)) == 1

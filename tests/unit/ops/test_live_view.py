@@ -8,7 +8,9 @@ import json
 
 from rich.console import Console
 
+from dagster_project.generation.line_hold import Hold
 from dagster_project.ops.alerts import Alert
+from dagster_project.ops.answers.quality import QualityAnswer
 from dagster_project.ops.live_view import fit_screen, watch_reading, watch_view
 from dagster_project.ops.status import collect_status
 from tests.support.ingest_helpers import run_stages
@@ -59,3 +61,28 @@ def test_a_very_short_terminal_keeps_the_verdict_and_progress(tmp_path):
     screen = [line for line, _ in fit_screen(reading, width=40, height=4)]
     assert len(screen) == 4 and all(len(line) <= 40 for line in screen)
     assert screen[0].startswith("Shards by stage") and screen[1].startswith("   events 0/6")
+
+
+def test_held_at_80x24_the_verdict_names_the_held_shards_and_their_commands_then_progress(tmp_path):
+    """Seen by hand in tmux (issue 45): held, the verdict was the hold's headline cut to 80 columns, which ends
+    before the held shards and the commands that bring them back, and the hold's alert repeated it, cut the same."""
+    status = status_with_alerts(tmp_path, 2)
+    hold = Hold(
+        "thinking_structure", "55% blank", figure=0.55, threshold=0.01, sample_size=103, scope="fleet", held_at=0.0,
+        shards=[0, 1],
+    )  # fmt: skip
+    held = dataclasses.replace(
+        status,
+        quality=QualityAnswer(hold=hold),
+        progress=status.progress.while_held(),
+        alerts=[Alert("hold", hold.headline()), *status.alerts],
+    )
+    text = shown(watch_reading(held))
+    lines = text.rstrip("\n").split("\n")
+    assert len(lines) <= 23 and all(len(line) <= 80 for line in lines)
+    assert lines[1].startswith("LINE HELD since 1970-01-01 00:00:00 UTC: gate thinking_structure at 55.0%")
+    flat = " ".join(line.strip() for line in text.split("\n"))
+    assert "held shards 0, 1 again" in flat
+    assert "--partition shard-00000" in flat and "--partition shard-00001" in flat
+    assert "ETA none while the line is held" in flat and "events 0/6" in flat
+    assert "ALERT [hold]" not in text and sum(line.startswith("ALERT [server]") for line in lines) == 2

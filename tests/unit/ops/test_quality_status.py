@@ -97,11 +97,27 @@ def test_while_held_status_says_the_verdict_and_what_to_run_with_no_eta_stale_fi
     first = text.splitlines()[0]
     assert first.startswith("LINE HELD") and "then materialize the held shards 1, 4 again" in first
     for shard in ("shard-00001", "shard-00004"):
-        command = "dagster asset materialize -m dagster_project.definitions --select completions,training_set,"
-        assert f"`{command}specforge_export,hf_export --partition {shard}`" in first
+        command = "dagster asset materialize -m dagster_project.definitions --select 'completions, training_set, "
+        assert f"`{command}specforge_export, hf_export' --partition {shard}`" in first
     assert "ETA none while the line is held" in text and "0.09 h" not in text
     assert "Quality watch (fleet" not in text and not held.quality.fleet
     assert [alert.kind for alert in held.alerts] == ["hold"], held.alerts
     assert held.progress.eta_hours is None and held.progress.plan_eta_hours is None
     [watch] = [s for s in report_sections(held) if s.title == "Quality watch"]
     assert watch.text.startswith("None while the line is held") and not watch.tables
+
+
+def test_an_ended_runs_last_figures_are_no_answers_arriving(tmp_path):
+    """Seen by hand (issue 45): released after a hold, with no shard run alive, status raised four "quality drifting
+    ... over the answers arriving" alerts from the held runs' last report (71.6% blank, n=81), and a finished job
+    showed its last run's figures. Only the runs alive now have answers arriving."""
+    drifting = [WatchFigure("thinking_structure", 0.716, 0.01, 81, False, "71.6% blank", min_sample=100)]
+    now = time.time()
+    ended = WatchReport(0, "fp", now - 120, now - 20, 5.0, answers=81, figures=drifting, fleet_figures=drifting,
+                        fleet_answers=81, fleet_runs=2, held=True, running=False)  # fmt: skip
+    status = _status(tmp_path, watch=[ended])
+    assert not [alert for alert in status.alerts if alert.kind == "quality"]
+    assert "Quality watch" not in render_text(status)
+    # The same report of a run alive now: its figure drifting is an alert.
+    alive = dataclasses.replace(ended, updated_at=now, held=False, running=True)
+    assert [alert.kind for alert in _status(tmp_path, watch=[alive]).alerts].count("quality") == 1

@@ -8,14 +8,15 @@ from dataclasses import replace
 import pytest
 
 from dagster_project.generation.line_hold import Hold
-from dagster_project.generation.progress import Heartbeat, Rates, SpecDecodingStats
-from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, AlertThresholds
+from dagster_project.generation.progress import ETA_FROM_LIFETIME, Heartbeat, Rates, SpecDecodingStats
+from dagster_project.ops.alerts import DEFAULT_THRESHOLDS, Alert, AlertThresholds
 from dagster_project.ops.answers.cost import NO_PRICE, FleetCost
 from dagster_project.ops.answers.quality import QualityAnswer
 from dagster_project.ops.answers.readings import Readings
 from dagster_project.ops.answers.shards import ShardsAnswer, ShardState, gate_failure
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.report import (
+    GLANCE_LINE_CHARS,
     INLINE_MARKDOWN_CHARS,
     as_of,
     plot_metrics,
@@ -235,7 +236,7 @@ def test_at_a_glance_is_the_verdict_and_a_line_for_each_question_first_on_the_pa
     hold = Hold("short_answers", "90% short", figure=0.9, threshold=0.1, sample_size=40, scope="fleet", held_at=0.0)
     held = replace(status, quality=QualityAnswer(hold=hold), progress=status.progress.while_held())
     text = report_sections(held)[0].text
-    assert text.startswith("**LINE HELD**: gate short_answers at 90.0%") and "ETA none while the line is held" in text
+    assert text.startswith("**LINE HELD**: gate short_answers at 90.0%") and "ETA none (held)" in text
 
 
 def test_plan_verdicts_read_the_ratio_the_right_way_round():
@@ -349,3 +350,42 @@ def test_shards_needing_a_look_fit_three_columns_and_each_blocking_gate_is_said_
     # A word cannot wrap, so a column is as wide as its longest word: the gate's name, not "gates/<name>" (at 1,440
     # px, quality/degenerate_answers beside its thresholds made the page 2 px wider than its window).
     assert max(gates.rows[0][0].split(), key=len) == "loss_sum_concentration"
+
+
+def test_while_held_the_pages_hold_and_its_alert_wrap_inside_a_1440_px_window(tmp_path):
+    """Seen by hand (issue 45): held, the hold's headline names each held shard's command, and its `--select` list
+    written as one 51-character word set the Alerts table's width: the page was 830 px in the 769 px a 1,440 px
+    window leaves it, cut off at the right. A word cannot wrap, so no word of the hold's entries may be that long."""
+    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
+    hold = Hold(
+        "thinking_structure", "55% blank", figure=0.55, threshold=0.01, sample_size=103, scope="fleet", held_at=0.0,
+        shards=[0, 1],
+    )  # fmt: skip
+    held = replace(status, quality=QualityAnswer(hold=hold), alerts=[Alert("hold", hold.headline())])
+    sections = {section.title: section for section in report_sections(held)}
+    ((_, alerts_table),) = sections["Alerts"].tables
+    words = sections["LINE HELD"].text.split() + [word for row in alerts_table.rows for word in row[1].split()]
+    assert "--partition" in words and "shard-00001`" in words  # each held shard's command is on the page
+    # The longest the Alerts table's second column takes at 1,440 px (it measured 444 px for 51 characters).
+    assert len(max(words, key=len)) <= len("dagster_project.definitions"), max(words, key=len)
+
+
+def test_each_answer_at_a_glance_fits_one_line_of_the_value_column_at_1440_px(tmp_path):
+    """Seen by hand at 1,440 x 900 (issue 45): a settling ETA's explanation took three lines and the turns' "planned"
+    a second one, which pushed the sixth answer to the screen's bottom edge. The first screen is a line per answer."""
+    status = status_of([beat()], HEALTHY, tmp_path=tmp_path)
+    settling = replace(status.progress, eta_hours=0.11, eta_basis=ETA_FROM_LIFETIME, events_done=253)
+    turns = replace(status.multi_turn, generated_turns_done=253, generated_turns_planned=270)
+    hold = Hold("short_answers", "90% short", figure=0.9, threshold=0.1, sample_size=40, scope="fleet", held_at=0.0)
+    glances = []
+    for case in (
+        replace(status, progress=settling, multi_turn=turns),
+        replace(status, quality=QualityAnswer(hold=hold), progress=status.progress.while_held(), multi_turn=turns),
+    ):
+        answers = report_sections(case)[0].text.split("  \n")[1:]
+        shown = [answer[3:].replace("`", "").replace("\\_", "_") for answer in answers]  # as the page draws it
+        assert len(shown) == 6 and all(len(answer) <= GLANCE_LINE_CHARS for answer in shown), shown
+        glances.append(shown)
+    (settled, held) = glances
+    assert settled[0].endswith("ETA 0.11 h (settling)") and held[0].endswith("ETA none (held)")
+    assert settled[5].endswith("multi-turn; turns 253/270")

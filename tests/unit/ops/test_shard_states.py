@@ -296,3 +296,30 @@ def test_a_shard_publishing_long_after_its_generation_ended_blames_the_store_not
         f"shards [0] still publishing 465 s after their generation ended: the store ({STORE.uri}) is slow or "
         "failing, not the fleet (each call is retried within the store's retry policy)"
     )
+
+
+def test_a_server_idle_at_a_shards_tail_is_no_alert_but_one_the_runs_do_not_send_to_is():
+    """A healthy run's tail (seen by hand, issue 45): the last events are later turns of conversations whose earlier
+    turn is in flight on the other server, so one server has nothing to do. Its run sends to it, has room in its
+    window there and nothing on it: the dispatcher has no request ready for it, and "idle while shards have work
+    waiting" was a false alarm. A server the run does not send to at all, idle beside the same work, still is one."""
+    now = time.time()
+    busy, tail_idle, unused = "http://127.0.0.1:30010", "http://127.0.0.1:30011", "http://127.0.0.1:30012"
+    views = {busy: {"window": 40, "in_flight": 3}, tail_idle: {"window": 40, "in_flight": 0}}
+    beat = Heartbeat(
+        shard=2, state="running", settings_fingerprint="f", started_at=now - 300, updated_at=now - 2,
+        total_events=70, resumed_events=0, done_events=67, remaining_events=3, ok_events=67, host=HOST, pid=PID,
+        process_start=STARTED, heartbeat_interval_s=5.0, servers=views,
+    )  # fmt: skip
+    probe = {"healthy": True, "max_running_requests": 16, "queued": 0}
+    fleet = {busy: {**probe, "running": 3}, tail_idle: {**probe, "running": 0}, unused: {**probe, "running": 0}}
+    records = {**store_of({}), "heartbeats": [beat]}
+    found = Readings(now, 4, None, None, 280, plan=None, fleet=fleet, **records)
+    progress, concurrency = answer_progress(found), answer_concurrency(found)
+    assert progress.shards_running == [2] and concurrency.servers[tail_idle].client_window == 40
+    storage = answer_storage(STORE, found, None, None)
+    mtp = MtpAnswer({}, False, None, None, {})
+    alerts = raise_alerts(progress, mtp, concurrency, storage, endpoints_known=False, thresholds=DEFAULT_THRESHOLDS)
+    assert [alert.message for alert in alerts if alert.kind == "server"] == [
+        f"{unused} is idle while shards [2] have work waiting"
+    ]

@@ -97,7 +97,7 @@ def test_damaged_completions_are_refused_by_training_set_the_checks_and_the_mixt
     )
     assert regenerate_command(COMPLETIONS, 0) == (
         "dagster asset materialize -m dagster_project.definitions "
-        "--select completions,training_set,specforge_export,hf_export --partition shard-00000"
+        "--select 'completions, training_set, specforge_export, hf_export' --partition shard-00000"
     )
 
 
@@ -113,7 +113,7 @@ def test_a_damaged_training_shard_is_refused_by_both_exports_the_checks_and_the_
             "mixture_report": lambda: mixture_report(store),
         },
     )
-    assert "--select training_set,specforge_export,hf_export --partition shard-00000" in regenerate_command(
+    assert "--select 'training_set, specforge_export, hf_export' --partition shard-00000" in regenerate_command(
         TRAINING_SET, 0
     )
 
