@@ -198,7 +198,11 @@ def cmd_fleet_router(args: argparse.Namespace, resources: Any) -> int:
     if not workers:
         print("no live node in the fleet registry: run `dflash fleet up` on the GPU nodes first", file=sys.stderr)
         return 1
-    print(shlex.join(launch.router_command(workers, host="0.0.0.0", port=args.router_port)))
+    print(
+        shlex.join(
+            launch.router_command(workers, host="0.0.0.0", port=args.router_port, metrics_port=args.router_metrics_port)
+        )
+    )
     print(
         f"# then, for the pipeline: DFLASH_SGLANG_ROUTER=http://<this host>:{args.router_port}, and the fleet "
         f"resource's router_workers: {json.dumps(workers)}",
@@ -319,4 +323,10 @@ def fleet_flags(fleet: argparse.ArgumentParser) -> None:
         "the pipeline at it. The router does not follow the registry: run it again when nodes join or leave.",
     )
     router.add_argument("--router-port", type=int, default=30000, help="port the router listens on (default 30000)")
+    router.add_argument(
+        "--router-metrics-port",
+        type=int,
+        default=29000,
+        help="port of the router's Prometheus metrics (default 29000, the router's own)",
+    )
     router.set_defaults(func=cmd_fleet_router)

@@ -270,13 +270,18 @@ def simulator_command(
     return command
 
 
-def router_command(worker_urls: Sequence[str], *, host: str, port: int, python: str = sys.executable) -> list[str]:
+def router_command(
+    worker_urls: Sequence[str], *, host: str, port: int, metrics_port: int, python: str = sys.executable
+) -> list[str]:
     """`sglang-router` in front of `worker_urls` as one endpoint for this pipeline: round robin (no prefix is
     shared, so cache-aware routing buys nothing), no router retries (a retried generation would be requested
-    twice: exactly-once stays with the dispatcher), and a request timeout above the longest thinking answer."""
+    twice: exactly-once stays with the dispatcher), and a request timeout above the longest thinking answer.
+    Its Prometheus exporter listens on `host` too, at `metrics_port`: left to the router, it binds every interface
+    at 29000 whatever `host` says, and a second router on the node dies at its start on the taken port."""
     return [
         python, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls,
         "--policy", "round_robin", "--host", host, "--port", str(port),
+        "--prometheus-host", host, "--prometheus-port", str(metrics_port),
         "--disable-retries", "--request-timeout-secs", str(ROUTER_REQUEST_TIMEOUT_S),
     ]  # fmt: skip
 

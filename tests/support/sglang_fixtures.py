@@ -207,9 +207,9 @@ def running_router(worker_urls: Sequence[str], run_dir: Path, *extra_args: str) 
 
     The command `dflash fleet router` prints (`launch.router_command`), quieter and with frequent health checks.
     """
-    port = free_ports(1)[0]
+    port, metrics_port = free_ports(2)
     command = [
-        *router_command(worker_urls, host="127.0.0.1", port=port), "--log-level", "warn",
+        *router_command(worker_urls, host="127.0.0.1", port=port, metrics_port=metrics_port), "--log-level", "warn",
         # Probe workers every second (default 60 s) so the router sees them, or their death, promptly.
         "--health-check-interval-secs", "1", *extra_args,
     ]  # fmt: skip

@@ -109,3 +109,6 @@ def test_fleet_router_prints_the_router_command_for_the_live_nodes_servers(store
     workers = command[command.index("--worker-urls") + 1 : command.index("--policy")]
     assert workers == ["http://10.0.0.1:30000", "http://10.0.0.1:30001"]
     assert command[command.index("--port") + 1] == "31000" and "--disable-retries" in command
+    # The router's metrics beside it, on the port given: never a second router's default.
+    assert command[command.index("--prometheus-host") + 1] == "0.0.0.0"
+    assert command[command.index("--prometheus-port") + 1] == "29000"
