@@ -53,12 +53,27 @@ class _ServerRecord:
     set_aside_by: str | None = None
 
 
+# How a run that follows another's verdict states its reason: the verdict's reason, then the ledger member that set the
+# server aside ("answers_trickling (set aside by 24214-7f3a…)").
+_SET_ASIDE_BY = " (set aside by "
+
+
 @dataclass(frozen=True)
 class Verdict:
     """A server set aside by some run on this node, and why."""
 
     reason: str
     by: str
+
+    def followed(self) -> str:
+        """The reason a run that follows this verdict gives (`split_followed` reads it back)."""
+        return f"{self.reason}{_SET_ASIDE_BY}{self.by})"
+
+
+def split_followed(reason: str) -> tuple[str, str]:
+    """A set-aside reason → the reason itself and who set the server aside, "" for a run's own verdict."""
+    head, found, tail = reason.partition(_SET_ASIDE_BY)
+    return (head, tail.removesuffix(")")) if found and tail.endswith(")") else (reason, "")
 
 
 class FleetLedger:

@@ -212,7 +212,7 @@ class ServerChecks:
         if verdict is not None:  # another run set it aside: it rejoins only through a passing re-probe
             server.state, server.reason, server.next_probe = (
                 QUARANTINED,
-                f"{verdict.reason} (set aside by {verdict.by})",
+                verdict.followed(),
                 now,
             )
             if reading is not None:
@@ -277,8 +277,7 @@ class ServerChecks:
         try:
             verdict = self.ledger.verdict(server.url) if self.ledger is not None else None
             if verdict is not None and server.state == HEALTHY:
-                reason = f"{verdict.reason} (set aside by {verdict.by})"
-                self._quarantine(server, reason, self._clock(), share=False)
+                self._quarantine(server, verdict.followed(), self._clock(), share=False)
                 return
             healthy = await server.client.health(timeout=self.options.probe_timeout_s)
             if not healthy and server.state == HEALTHY:

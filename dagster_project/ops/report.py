@@ -19,11 +19,11 @@ from dagster_project.ops.answers.cost import idle_line, render_cost, spent_line
 from dagster_project.ops.answers.coverage import by_id_summary
 from dagster_project.ops.answers.mtp import mtp_verdict
 from dagster_project.ops.answers.multi_turn import generated_of_planned
-from dagster_project.ops.answers.progress import eta_text
+from dagster_project.ops.answers.progress import eta_text, held_runs_text
 from dagster_project.ops.answers.quality import figure_reading, figure_verdict
 from dagster_project.ops.answers.shards import GREEN, ShardsAnswer, green_shards
 from dagster_project.ops.answers.storage import retried_calls
-from dagster_project.ops.answers.text import as_of, counted_shards, dollars, shard_list
+from dagster_project.ops.answers.text import as_of, counted, counted_shards, counts_in_line, dollars, shard_list, some
 from dagster_project.ops.answers.waste import WasteAnswer
 from dagster_project.ops.status import Status
 from dagster_project.shown_text import shown, shown_markdown
@@ -40,8 +40,6 @@ ON_PLAN_BAND = 0.1
 # Dagster 1.13's asset page shows a Markdown metadata value in place only while it is shorter than this; a longer
 # one hides behind a "[Show Markdown]" dialog. Each section's text and each inline chart stay under it.
 INLINE_MARKDOWN_CHARS = 1000
-# Lists in a sentence (shards, settings) show this many items, then a count of the rest.
-SHOWN_IN_LINE = 12
 # The characters of an "At a glance" answer that fit one line of the value column at 1,440 px, after its number
 # (measured in Chromium: "all_turns: 26 multi-turn; turns 10 of 270" wrapped before its 48th, "planned").
 GLANCE_LINE_CHARS = 47
@@ -81,12 +79,6 @@ class Section:
     title: str
     text: str = ""
     tables: tuple[tuple[str, Table], ...] = ()
-
-
-def _some(items: Sequence[object], limit: int = SHOWN_IN_LINE) -> str:
-    """A list in a sentence, cut after `limit` items so a text stays short at 1,830 shards."""
-    shown = ", ".join(map(str, items[:limit])) or "none"
-    return shown + (f" … (+{len(items) - limit:,} more)" if len(items) > limit else "")
 
 
 def gate_label(stage: str, gate: str) -> str:
@@ -270,16 +262,15 @@ def _shards(status: Status) -> Section:
 def _progress(status: Status) -> Section:
     p = status.progress
     text = [
-        f"{_num(p.events_done)} of {_num(p.events_planned)} events ({p.fraction_done:.1%}); "
+        f"{_num(p.events_done)} of {_num(p.events_planned)} events ({p.fraction_done:.1%}){held_runs_text(p)}; "
         f"shards running: {counted_shards(p.shards_running)}"
         + (f"; dead: {counted_shards(p.shards_dead)}" if p.shards_dead else "")
         + (f"; failed: {counted_shards(p.shards_failed)}" if p.shards_failed else ""),
         "",
-        f"ETA at the measured rate: **{eta_text(p)}**"
-        + ("" if p.shards_running else " (no shard running now)")
-        + f"; at the plan's rate: **{_num(p.plan_eta_hours, 2)} h**; lifetime {_num(p.lifetime_req_per_s, 2)} req/s, "
-        f"{_num(p.lifetime_output_tok_per_s)} output tok/s over {_num(p.lifetime_span_hours * 60, 1)} min of "
-        "generation",
+        f"ETA at the measured rate: **{eta_text(p)}**; "
+        + (f"at the plan's rate: **{_num(p.plan_eta_hours, 2)} h**; " if p.plan_eta_hours is not None else "")
+        + f"lifetime {_num(p.lifetime_req_per_s, 2)} req/s, {_num(p.lifetime_output_tok_per_s)} output tok/s over "
+        f"{_num(p.lifetime_span_hours * 60, 1)} min of generation",
         "",
         (f"Plan: {p.plan.source}" + (f"; {p.plan_floor}" if p.plan_floor else ""))
         if p.plan
@@ -358,8 +349,8 @@ def _storage(status: Status) -> Section:
         f"failed uploads {s.failed_uploads}, last publish "
         f"{as_of(s.last_publish_at) if s.last_publish_at else 'never'}",
         "",
-        f"Generation settings of published shards: {_some(fingerprints) if fingerprints else '—'}"
-        + (f"; stale (other settings than configured now): {_some(s.stale_shards)}" if s.stale_shards else ""),
+        f"Generation settings of published shards: {some(fingerprints) if fingerprints else '—'}"
+        + (f"; stale (other settings than configured now): {some(s.stale_shards)}" if s.stale_shards else ""),
         *(["", _sentence(retried_calls(s))] if s.store_retries else []),
     ]
     return Section("4. Storage", "\n".join(text))
@@ -367,10 +358,10 @@ def _storage(status: Status) -> Section:
 
 def _coverage(status: Status) -> Section:
     cov = status.coverage
-    reasons = [f"{reason} {n:,}" for reason, n in (cov.quarantined_by_reason or {}).items()]
+    reasons = cov.quarantined_by_reason
     text = [
         f"Input rows {_num(cov.input_rows)} → normalized {_num(cov.normalized)} + quarantined "
-        f"{_num(cov.quarantined)}" + (f" ({_some(reasons)})" if reasons else ""),
+        f"{_num(cov.quarantined)}" + (f" ({counts_in_line(reasons)})" if reasons else ""),
         "",
         f"Events planned {_num(cov.events_planned)}, in published shards {_num(cov.events_in_published_shards)} "
         f"(errors {_num(cov.errors_in_published_shards)}).",
@@ -461,15 +452,15 @@ def _at_a_glance(status: Status) -> Section:
     else:
         headline = "**Nothing to report yet**: materialize conversations"
     alerts = len(status.alerts)
-    headline += f"; {alerts} alert{'s' * (alerts != 1)}" if alerts else "; no alerts"
+    headline += f"; {counted(alerts, 'alert')}" if alerts else "; no alerts"
     caps = sorted({row.effective_cap for row in status.concurrency.servers.values() if row.effective_cap is not None})
     limits = sorted({limit_label(row.limited_by) for row in status.concurrency.servers.values()})
     accept = mtp.accept_length_window or mtp.accept_length_published_shards
     by_id = status.coverage.by_id
     lines = [
         headline,
-        f"1. {_num(p.events_done)}/{_num(p.events_planned)} events ({p.fraction_done:.1%}); "
-        f"ETA {eta_text(p, brief=True)}",
+        f"1. {_num(p.events_done)}/{_num(p.events_planned)} events ({p.fraction_done:.1%})"
+        f"{held_runs_text(p, brief=True)}; ETA {eta_text(p, brief=True)}",
         f"2. {mtp_verdict(mtp)}; accept length {_num(accept, 2)}",
         f"3. {len(status.concurrency.servers)} servers, cap {', '.join(map(str, caps)) or '—'}; "
         f"{'; '.join(limits) or 'no server known'}",

@@ -26,7 +26,7 @@ from dagster_project.conversations.shards import (
 from dagster_project.generation.fleet_life import read_fleet_lives
 from dagster_project.generation.fleet_registry import NodeRecord
 from dagster_project.generation.heartbeat import read_heartbeats
-from dagster_project.generation.line_hold import read_hold
+from dagster_project.generation.line_hold import read_hold, read_hold_log
 from dagster_project.generation.line_stop import read_watch_reports
 from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ingest.shards import read_raw_prompts_manifest
@@ -85,6 +85,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
         assembled = pool.submit(read_stage_records, store, TRAINING_SET, TrainingShardManifest)
         lives = pool.submit(read_fleet_lives, store)
         hold, watch = pool.submit(read_hold, store), pool.submit(read_watch_reports, store)
+        hold_log = pool.submit(read_hold_log, store)
         pilot, pilot_runs = pool.submit(read_latest_pilot, store), pool.submit(read_pilot_runs, store)
         planned = pool.submit(read_published_manifests, store, CONVERSATIONS, ConversationsShardManifest)
         stage = conversations.result()
@@ -111,6 +112,7 @@ def take_readings(store: Store, endpoints: list[str], *, api_key: str | None, no
             exports=training.exports,
             fleet_lives=lives.result(),
             hold=hold.result(),
+            released_holds=hold_log.result().released,
             watch=watch.result(),
             pilot=pilot.result(),
             pilot_runs=pilot_runs.result(),

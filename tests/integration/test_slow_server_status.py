@@ -46,21 +46,22 @@ def test_a_server_whose_answers_trickle_is_alerted_on_after_the_run(tmp_path, si
     assert view["reason"] == TRICKLING and view["slow"]["set_aside"] == {TRICKLING: 1}, view
     trickled = view["slow"]["answers_trickled"]
     assert 1 <= trickled <= 5  # of its first window (cap 4 x 1.25): those whose answers began 3 s before the check
+    answers = "1 answer" if trickled == 1 else f"{trickled} answers"
     assert fleet.job_requests(1), "the trickling server was sent none of the shard's requests"
 
     status = collect_status(store, fleet.urls)  # the run has ended: only its last heartbeat tells
     said = (
-        f"{trickling}: {trickled} answers trickled in; set aside for slowness by the runs of shards 0: "
+        f"{trickling}: {answers} trickled in; set aside for slowness by the runs of shards 0: "
         "answers_trickling 1× (answers begun and not complete within 3 s). Their requests were re-sent to other servers"
     )
     look = "Look at the path to it (a proxy, a load balancer, a congested link) and its log"
     assert [alert.message for alert in status.alerts if alert.kind == "slow_server"] == [f"{said}. {look}"]
     text = render_text(status)
-    assert f"ALERT [slow_server]: {said}" in text and f"   SLOW: {trickling}: {trickled} answers trickled in" in text
+    assert f"ALERT [slow_server]: {said}" in text and f"   SLOW: {trickling}: {answers} trickled in" in text
     assert healthy not in text.split("Alerts")[-1]
     (slow,) = json.loads(json.dumps(dataclasses.asdict(status)))["concurrency"]["slow_servers"]
     assert slow["url"] == trickling and slow["answers_trickled"] == trickled and slow["limits_s"] == {TRICKLING: 3.0}
-    assert f"| {trickling.split('://')[1]} | {trickled} answers trickled in;" in render_markdown(status)
+    assert f"| {trickling.split('://')[1]} | {answers} trickled in;" in render_markdown(status)
 
 
 def test_a_healthy_fleet_raises_no_slow_server_alert(tmp_path, sim_fleet):

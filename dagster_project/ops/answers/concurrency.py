@@ -6,9 +6,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagster_project.generation.ledger import split_followed
 from dagster_project.generation.server_watch import SLOWNESS
 from dagster_project.ops.answers.readings import Readings
-from dagster_project.ops.answers.text import fmt, shard_list, utc
+from dagster_project.ops.answers.text import counted, fmt, shard_list, utc
 from dagster_project.ops.tune import TuneReport, gain
 from dagster_project.sglang import capacity
 from dagster_project.sglang.answer_contract import BREACHES
@@ -57,9 +58,12 @@ class SetAside:
     passes."""
 
     url: str
-    reason: str
+    reason: str  # each reason the runs give, once (a run that follows another's verdict gives the verdict's)
     since: float | None  # when it was set aside (None: when the run started, before the time was recorded)
     shards: list[int]  # the runs that have it set aside
+    # The ledger members (runs on the node) whose verdicts the other runs follow (`ledger.Verdict`); empty: each
+    # run found it on its own.
+    found_by: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,8 @@ QUARANTINED, UNPROBED = "quarantined", "unprobed"
 # max_new_tokens, the end-of-turn id mid-answer, ...).
 NOT_AN_ANSWER_KINDS = ("bad_response", *BREACHES)
 EXPECTED_LENGTHS = "expected lengths (no completions yet)"
+# What a server set aside gets, said alike where it is named and in its row of the concurrency answer.
+NO_WORK_UNTIL_REPROBE = "it gets no new requests until a re-probe passes"
 NO_FLEET = "no server known: start a fleet (`dflash fleet up`) or set DFLASH_SGLANG_ENDPOINTS"
 
 
@@ -165,13 +171,20 @@ _CAPACITY_FLAGS = (
 
 
 def _limit_reason(
-    server: dict[str, Any], window: int | None, in_flight: int | None, fix: ServerCapacity | None = None
+    server: dict[str, Any],
+    window: int | None,
+    in_flight: int | None,
+    fix: ServerCapacity | None = None,
+    set_aside: SetAside | None = None,
 ) -> str:
-    """What caps this server's batch now, and so what it would take to run 4-8x more at once."""
+    """What caps this server's batch now, and so what it would take to run 4-8x more at once. `set_aside`: the
+    running shards' verdict on it, which sends it no work (not an idle server, nor a shard's tail)."""
     cap, running, queued = server.get("max_running_requests"), server.get("running"), server.get("queued")
     flag = server.get("max_running_requests_flag")
     if not server.get("healthy"):
         return "unreachable"
+    if set_aside is not None:
+        return f"set aside ({set_aside.reason}): {NO_WORK_UNTIL_REPROBE}"
     if cap is None or running is None:
         return "unknown (no /server_info cap or /metrics)"
     # What binds the cap, said as the capacity answer says it (one statement of it on the page and in the terminal);
@@ -211,6 +224,8 @@ def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
             in_flight[url] += int(view.get("in_flight") or 0)
     prompt, output, lengths = observed_lengths(readings)
     other_models = other_model_verdicts(readings)
+    set_aside = set_aside_servers(readings)
+    set_aside_by_url = {server.url: server for server in set_aside}
     servers = {}
     for url in sorted(set(readings.fleet) | set(windows)):
         server = readings.fleet.get(url, {"healthy": False})
@@ -232,7 +247,7 @@ def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
             queued=server.get("queued"),
             kv_usage=server.get("kv_usage"),
             mamba_usage=server.get("mamba_usage"),
-            limited_by=_limit_reason(server, window, flying, fix),
+            limited_by=_limit_reason(server, window, flying, fix, set_aside_by_url.get(url)),
             capacity=fix,
             capacity_error=problem,
             model=reported_model(server),
@@ -241,7 +256,7 @@ def answer_concurrency(readings: Readings) -> ConcurrencyAnswer:
     return ConcurrencyAnswer(
         servers,
         f"{prompt:,.0f} prompt + {output:,.0f} output tokens per request, {lengths}",
-        set_aside_servers(readings),
+        set_aside,
         refused_answers(readings),
         readings.served_model,
         slow_servers(readings),
@@ -321,24 +336,25 @@ def describe_slow(server: SlowServer) -> str:
         )
         for reason, count in server.set_aside.items()
     )
-    trickled = f"{server.answers_trickled:,} answers trickled in; " if server.answers_trickled else ""
+    trickled = f"{counted(server.answers_trickled, 'answer')} trickled in; " if server.answers_trickled else ""
     return f"{trickled}set aside for slowness by the runs of shards {shard_list(server.shards)}: {reasons}"
 
 
 def set_aside_servers(readings: Readings) -> list[SetAside]:
     """The servers the running shards' dispatchers have set aside, by the dispatchers' own views (heartbeats)."""
-    found: dict[str, list[tuple[int, str, float | None]]] = {}
+    found: dict[str, list[tuple[int, str, str, float | None]]] = {}
     for beat in readings.live:
         for url, view in beat.servers.items():
             if view.get("state") == QUARANTINED:
-                sighting = (beat.shard, view.get("reason") or "unknown", view.get("set_aside_at"))
-                found.setdefault(url, []).append(sighting)
+                reason, by = split_followed(view.get("reason") or "unknown")
+                found.setdefault(url, []).append((beat.shard, reason, by, view.get("set_aside_at")))
     return [
         SetAside(
             url,
-            "; ".join(sorted({reason for _, reason, _ in seen})),
-            min((at for _, _, at in seen if at is not None), default=None),
-            sorted(shard for shard, _, _ in seen),
+            "; ".join(sorted({reason for _, reason, _, _ in seen})),
+            min((at for _, _, _, at in seen if at is not None), default=None),
+            sorted(shard for shard, _, _, _ in seen),
+            sorted({by for _, _, by, _ in seen if by}),
         )
         for url, seen in sorted(found.items())
     ]
@@ -386,7 +402,8 @@ def lengths_note(lengths: str) -> str:
 
 def describe_set_aside(server: SetAside) -> str:
     since = f"since {utc(server.since)}" if server.since else "since its run started"
+    found_by = f", found by {', '.join(server.found_by)}" if server.found_by else ""
     return (
-        f"{server.url} ({server.reason}) {since} by the runs of shards {server.shards}: it gets no new requests "
-        "until a re-probe passes; look at its log"
+        f"{server.url} ({server.reason}{found_by}) {since} by the runs of shards {server.shards}: "
+        f"{NO_WORK_UNTIL_REPROBE}; look at its log"
     )

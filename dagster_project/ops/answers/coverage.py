@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from dagster_project.conversations.shards import SourceTotals
 from dagster_project.ops.answers.readings import Readings
-from dagster_project.ops.answers.text import ago, fmt
+from dagster_project.ops.answers.text import ago, counts_in_line, fmt
 from dagster_project.ops.coverage import DatasetCoverage
 
 
@@ -87,11 +87,13 @@ def _by_id_lines(by_id: DatasetCoverage | None, now: float) -> list[str]:
 
 def render_coverage(coverage: CoverageAnswer, now: float) -> list[str]:
     c = coverage
-    by_source = {name: asdict(totals) for name, totals in c.by_source.items()} if c.by_source else None
+    sources = {name: totals.conversations for name, totals in (c.by_source or {}).items()}
+    by_source = f"({counts_in_line(sources)})" if sources else "—"
+    reasons = f" ({counts_in_line(c.quarantined_by_reason)})" if c.quarantined_by_reason else ""
     return [
         "5. Coverage",
-        f"   input rows {fmt(c.input_rows)} → normalized {fmt(c.normalized)} + quarantined {fmt(c.quarantined)} "
-        f"{c.quarantined_by_reason or ''}",
+        f"   input rows {fmt(c.input_rows)} → normalized {fmt(c.normalized)} + quarantined {fmt(c.quarantined)}"
+        f"{reasons}",
         *(
             [
                 f"   exact duplicates {fmt(c.duplicates)} ({c.duplicate_rate:.1%}): the first copy kept, "
@@ -100,7 +102,7 @@ def render_coverage(coverage: CoverageAnswer, now: float) -> list[str]:
             if c.duplicates and c.duplicate_rate is not None
             else []
         ),
-        f"   conversations {fmt(c.conversations)} by source {fmt(by_source)}; events planned {fmt(c.events_planned)}, "
+        f"   conversations {fmt(c.conversations)} by source {by_source}; events planned {fmt(c.events_planned)}, "
         f"in published shards {fmt(c.events_in_published_shards)} (errors {fmt(c.errors_in_published_shards)}"
         + "".join(f", not sent: {reason} {n:,}" for reason, n in sorted(c.excluded_in_published_shards.items()))
         + ")",

@@ -58,6 +58,9 @@ class ProgressAnswer:
     shards_publishing: dict[int, float] = field(default_factory=dict)
     # The line is held: no shard generates until it is released, so there is no time to the end to tell.
     held: bool = False
+    # Answers the runs a hold stopped journaled, in no published shard and not in `events_done` until their shards run
+    # again (`Readings.held_runs`): shown beside it, so the count does not seem to fall as the held runs end.
+    held_runs_answers: int = 0
 
     def while_held(self) -> ProgressAnswer:
         """The answer while the line is held: no ETA (nor the plan's for what is left)."""
@@ -102,6 +105,7 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
     return ProgressAnswer(
         events_planned=readings.events_planned,
         events_done=done,
+        held_runs_answers=sum(b.done_events for b in readings.held_runs),
         events_remaining=remaining,
         fraction_done=done / readings.events_planned if readings.events_planned else 0.0,
         shards_running=sorted(b.shard for b in readings.live),
@@ -137,13 +141,33 @@ def fleet_slots(fleet: dict[str, dict[str, Any]]) -> int:
     return sum(int(probe.get("max_running_requests") or 0) for probe in fleet.values() if probe.get("healthy"))
 
 
+def held_runs_text(progress: ProgressAnswer, *, brief: bool = False) -> str:
+    """What to add after the events done while the held runs' answers are in no count (`held_runs_answers`), so that
+    the count is not read as fallen: " + 127 answered by the held shard runs (…)"; `brief`: " +127 held", for the
+    page's first screen (as `eta_text`)."""
+    p = progress
+    if not p.held_runs_answers:
+        return ""
+    if brief:
+        return f" +{fmt(p.held_runs_answers)} held"
+    when = "at the release" if p.held else "as the release said, once their shards run again"
+    return f" + {fmt(p.held_runs_answers)} answered by the held shard runs (kept or dropped {when})"
+
+
 def eta_text(progress: ProgressAnswer, *, brief: bool = False) -> str:
-    """ "1.25 h", marked when it comes from the lifetime rate; or why there is no figure yet. `brief`: the same in a
-    few words, for the page's first screen, whose lines must each fit one line of its value column at 1,440 px."""
+    """ "1.25 h", marked when it comes from the lifetime rate; "done" with no event left; or why there is no figure.
+    `brief`: the same in a few words, for the page's first screen, whose lines must each fit one line of its value
+    column at 1,440 px."""
+    if progress.events_planned and not progress.events_remaining:
+        return "done"
     if progress.held:
-        return "none (held)" if brief else "none while the line is held"
+        if brief:  # the held runs' figure beside it names the hold already (`held_runs_text`)
+            return "none" if progress.held_runs_answers else "none (held)"
+        return "none while the line is held"
     if progress.eta_hours is None and progress.events_remaining and progress.shards_running:
         return "none yet" if brief else "none yet (no answer has finished)"
+    if progress.eta_hours is None:
+        return "none (idle)" if brief else "none: no shard is running"
     if progress.eta_basis == ETA_FROM_LIFETIME:
         settling = "settling" if brief else "at the lifetime rate so far: the windowed rate is still settling"
         return f"{fmt(progress.eta_hours, 2)} h ({settling})"
@@ -154,7 +178,7 @@ def render_progress(progress: ProgressAnswer, now: float) -> list[str]:
     p = progress
     lines = [
         "1. Progress vs estimates",
-        f"   events {fmt(p.events_done)}/{fmt(p.events_planned)} ({p.fraction_done:.1%}), "
+        f"   events {fmt(p.events_done)}/{fmt(p.events_planned)} ({p.fraction_done:.1%}){held_runs_text(p)}, "
         f"shards running {counted_shards(p.shards_running)}",
         "   rate: "
         + (

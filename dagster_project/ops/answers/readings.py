@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ class Readings:
     exports: dict[int, ExportOutcome] = field(default_factory=dict)  # the SpecForge export's last outcome
     fleet_lives: list[FleetLife] = field(default_factory=list)  # every `fleet up` to its `fleet down`, priced
     hold: Hold | None = None  # the line's hold, if one stands
+    released_holds: list[Hold] = field(default_factory=list)  # every hold released, oldest first (`HoldLog`)
     watch: list[WatchReport] = field(default_factory=list)  # every shard's last quality-watch report
     pilot: PilotRecord | None = None  # the last pilot, of any settings (`pilot/latest.json`)
     pilot_runs: list[PilotRecord] = field(default_factory=list)  # every pilot run (`pilot/runs/`), for the ledger
@@ -128,6 +130,21 @@ class Readings:
         )
 
     @property
+    def held_runs(self) -> list[Heartbeat]:
+        """The last runs of unpublished shards that ended (failed) while a hold stood, this one or a released one:
+        their journaled answers are in no published shard and no live run until their shards run again (their
+        heartbeats are then the new runs'), and are kept or dropped as the release says."""
+        holds = [*self.released_holds, *([self.hold] if self.hold else [])]
+        return [
+            b
+            for b in self.heartbeats
+            if b.state == "failed"
+            and b.shard not in self.published
+            and any(h.held_at <= b.updated_at <= (h.released_at or math.inf) for h in holds)
+        ]
+
+    @property
     def events_done(self) -> int:
-        """Planned events with a record: the published shards' rows, and what running shards did so far."""
+        """Planned events with a record: the published shards' rows, and what running shards did so far (not the held
+        runs' answers: see `held_runs`)."""
         return sum(m.rows for m in self.published.values()) + sum(b.done_events for b in self.live_unpublished)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
+
+# Lists in a sentence (shards, settings, sources) show this many items, then a count of the rest.
+SHOWN_IN_LINE = 12
 
 
 def fmt(value: Any, digits: int = 1) -> str:
@@ -35,12 +38,30 @@ def number(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
 
 
+def counted(count: int, noun: str) -> str:
+    """ "1 answer", "3 answers": a count and its noun in agreement (a noun whose plural is its +s)."""
+    return f"{count:,} {noun}{'s' * (count != 1)}"
+
+
+def some(items: Sequence[object], limit: int = SHOWN_IN_LINE) -> str:
+    """A list in a sentence, cut after `limit` items so a text stays short at 1,830 shards."""
+    shown = ", ".join(map(str, items[:limit])) or "none"
+    return shown + (f" … (+{len(items) - limit:,} more)" if len(items) > limit else "")
+
+
+def counts_in_line(counts: Mapping[str, int]) -> str:
+    """ "sharegpt 200, ultrachat 32": each name and its count, the largest first (then by name), cut as `some`; a
+    name from the data is escaped with the line it is in (`shown_text`)."""
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return some([f"{name} {count:,}" for name, count in ranked])
+
+
 def counted_shards(shards: Sequence[int]) -> str:
     """Shards in a sentence, their count first: "2 (0-1)", not a bare "0" (shard 0) that reads as none; or "none"."""
     return f"{len(shards):,} ({shard_list(list(shards))})" if shards else "none"
 
 
-def shard_list(shards: list[int], limit: int = 12) -> str:
+def shard_list(shards: list[int], limit: int = SHOWN_IN_LINE) -> str:
     """Shards in a sentence, runs of consecutive ones as ranges ("0-17, 19"), cut after `limit` parts so a line
     stays short at 1,830 shards."""
     parts: list[str] = []

@@ -8,7 +8,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import orjson
 
-from dagster_project.generation.ledger import WANT_TTL_S, FleetLedger
+from dagster_project.generation.ledger import WANT_TTL_S, FleetLedger, split_followed
 from dagster_project.processes import process_start
 
 SERVER = "http://127.0.0.1:30000"
@@ -89,6 +89,18 @@ def test_a_server_set_aside_by_one_run_is_set_aside_for_all(tmp_path):
     assert verdict is not None and verdict.reason == "bad_response" and verdict.by == "a"
     b.clear(SERVER)
     assert a.verdict(SERVER) is None
+
+
+def test_the_reason_a_following_run_gives_reads_back_as_the_verdicts_reason_and_who_set_it_aside(tmp_path):
+    """`status` says the reason once, then who set the server aside (not "bad_response; bad_response (set aside by
+    a)" for two runs, one its finder, one following it)."""
+    a, b = FleetLedger(tmp_path, "24214-7f3a"), FleetLedger(tmp_path, "b")
+    a.set_aside(SERVER, "bad_response")
+    verdict = b.verdict(SERVER)
+    assert verdict is not None and split_followed(verdict.followed()) == ("bad_response", "24214-7f3a")
+    # A run's own reason, a re-probe's note included, is its own.
+    for own in ("bad_response", "answers_trickling (re-probe: timeout)"):
+        assert split_followed(own) == (own, "")
 
 
 def _grab(directory: str, member: str) -> int:

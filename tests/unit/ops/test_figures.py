@@ -6,10 +6,13 @@ to come shown as missing, answer lengths judged "behind plan", and an ETA from a
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
+from dagster_project.conversations.shards import SourceTotals
 from dagster_project.generation.progress import Heartbeat
+from dagster_project.generation.shards import CompletionsShardManifest
 from dagster_project.ops.coverage import DatasetCoverage
 from dagster_project.ops.plan import Plan
 from dagster_project.ops.report import render_markdown
@@ -54,8 +57,8 @@ def live_shard(done: int, **figures) -> Heartbeat:
     )
 
 
-def status_of(tmp_path, beats=(), fleet=None, coverage=None, plan=None) -> Status:
-    readings = Readings(time.time(), 4, None, None, PLANNED, {}, list(beats), fleet or {}, plan, coverage)
+def status_of(tmp_path, beats=(), fleet=None, coverage=None, plan=None, published=None) -> Status:
+    readings = Readings(time.time(), 4, None, None, PLANNED, published or {}, list(beats), fleet or {}, plan, coverage)
     return answer_all(
         LocalStore(tmp_path),
         readings,
@@ -167,3 +170,36 @@ def test_the_fleet_eta_comes_from_the_shards_stable_windows_and_from_the_lifetim
     status = status_of(tmp_path, [live_shard(407, **begun)])
     assert status.progress.eta_hours * 3600 == pytest.approx((PLANNED - 407) / (407 / 1800))
     assert status.progress.eta_basis == "lifetime"
+
+
+def test_a_finished_job_reads_done_and_an_idle_one_why_it_has_no_eta_not_an_unknown_number_of_hours(tmp_path):
+    """Seen by hand (operator check): "ETA — h" in status and on the page's first screen for a job with no event left,
+    and for one with no shard running."""
+    rows = {"rows": PLANNED, "ok": PLANNED, "errors": 0, "output_tokens": 373 * PLANNED, "prompt_tokens": 50 * PLANNED}
+    finished = from_dict(CompletionsShardManifest, {"shard": 0, "ids_digest": "c0", "published_at": 0.0, **rows})
+    text, page = both(status_of(tmp_path, published={0: finished}))
+    assert "ETA done" in text and "ETA at the measured rate: **done**;" in page
+    assert "— h" not in text + page and "1. 1,153/1,153 events (100.0%); ETA done" in page
+
+    half = from_dict(CompletionsShardManifest, {"shard": 0, "ids_digest": "c0", "published_at": 0.0, **rows})
+    text, page = both(status_of(tmp_path, published={0: replace(half, rows=407, ok=407)}))
+    assert (
+        "ETA none: no shard is running" in text and "ETA at the measured rate: **none: no shard is running**;" in page
+    )
+    assert "— h" not in text + page and "1. 407/1,153 events (35.3%); ETA none (idle)" in page
+
+
+def test_conversations_by_source_read_as_names_and_counts_the_largest_first_not_a_python_dict(tmp_path):
+    """Seen by hand (operator check): "conversations 232 by source {'sharegpt': {'input_rows': …}, …}"."""
+    status = status_of(tmp_path)
+    sources = {"ultrachat": 32, "sharegpt": 200, "evil\x1b[2Jsource": 1} | {f"tail{n:02d}": 1 for n in range(12)}
+    by_source = {name: SourceTotals(input_rows=n, conversations=n, quarantined=0) for name, n in sources.items()}
+    quarantined = {"duplicate": 2, "bad_tool_call": 1, "control_tokens": 14}
+    coverage = replace(status.coverage, conversations=246, by_source=by_source, quarantined_by_reason=quarantined)
+    text = render_text(replace(status, coverage=coverage))
+    said = (
+        "   conversations 246 by source (sharegpt 200, ultrachat 32, evil\\x1b[2Jsource 1, tail00 1, tail01 1, "
+        "tail02 1, tail03 1, tail04 1, tail05 1, tail06 1, tail07 1, tail08 1 … (+3 more)); events planned 1,153,"
+    )
+    assert said in text and "{" not in text.split("5. Coverage")[1].split("6. Multi-turn")[0]
+    assert "quarantined — (control_tokens 14, duplicate 2, bad_tool_call 1)" in text

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import time
 
+from dagster_project.generation.ledger import Verdict
 from dagster_project.generation.server_watch import NOT_RUNNING, TRICKLING
 from dagster_project.ops.answers.concurrency import QUARANTINED
 from dagster_project.ops.report import render_markdown
@@ -81,3 +82,43 @@ def test_a_healthy_fleet_raises_no_slow_server_alert(tmp_path):
     status = status_of(tmp_path, [finished], {GOOD: probe(MODEL), OTHER: probe(MODEL)})
     assert status.concurrency.slow_servers == [] and status.alerts == []
     assert "SLOW" not in render_text(status) and "slow" not in render_markdown(status)
+
+
+def test_one_answer_trickled_in_is_said_in_the_singular_in_status_alerts_and_the_page(tmp_path):
+    """Seen by hand (operator check): "1 answers trickled in"."""
+    one = {**TRICKLED, "answers_trickled": 1}
+    finished = run_beat("published", {OTHER: {"slow": one}}, remaining=0)
+    status = status_of(tmp_path, [finished], {OTHER: probe(MODEL)})
+    said = "1 answer trickled in; set aside for slowness by the runs of shards 0"
+    assert f"   SLOW: {OTHER}: {said}" in render_text(status) and slow_alerts(status)[0].startswith(f"{OTHER}: {said}")
+    assert f"| gpu1:30000 | {said}" in render_markdown(status)
+
+
+def test_a_server_runs_set_aside_on_one_verdict_reads_its_reason_once_and_its_row_says_it_is_set_aside(tmp_path):
+    """Seen by hand (operator check): "SET ASIDE: <url> (answers_trickling; answers_trickling (set aside by
+    24214-…))", the second run following the first's verdict through the node's ledger; and the server's row said
+    "not enough work in flight (…; idle server or the tail of a shard)"."""
+    follows = Verdict(TRICKLING, "24214-7f3a").followed()  # what the second run's dispatcher gives as its reason
+    assert follows == f"{TRICKLING} (set aside by 24214-7f3a)"
+    found = {"state": QUARANTINED, "reason": TRICKLING, "window": 4, "in_flight": 0, "set_aside_at": time.time()}
+    runs = [
+        dataclasses.replace(
+            run_beat("running", {GOOD: {"window": 4, "in_flight": 4}, OTHER: {**found, **extra}}, remaining=50),
+            shard=shard,
+        )
+        for shard, extra in ((0, {"slow": TRICKLED}), (1, {"reason": follows}))
+    ]
+    status = status_of(tmp_path, runs, {GOOD: probe(MODEL, running=4), OTHER: probe(MODEL)})
+
+    text = render_text(status)
+    (set_aside,) = [line for line in text.splitlines() if line.startswith("   SET ASIDE:")]
+    assert set_aside.startswith(f"   SET ASIDE: {OTHER} ({TRICKLING}, found by 24214-7f3a) since ")
+    assert set_aside.endswith(
+        "by the runs of shards [0, 1]: it gets no new requests until a re-probe passes; look at its log"
+    )
+    limited_by = f"set aside ({TRICKLING}): it gets no new requests until a re-probe passes"
+    assert status.concurrency.servers[OTHER].limited_by == limited_by and f"0 / 0 → {limited_by}" in text
+    assert "idle server" not in text
+    page = render_markdown(status)
+    assert "| gpu1:30000 | 0/8 | 0 | —/— | set aside |" in page and f"Now: {limited_by};" in page
+    assert "idle server" not in page
