@@ -20,7 +20,7 @@ from dagster_project.ops.answers.progress import ProgressAnswer
 from dagster_project.ops.answers.quality import QualityAnswer, describe_figure
 from dagster_project.ops.answers.shards import GateFailure, ShardsAnswer
 from dagster_project.ops.answers.storage import StorageAnswer, retried_calls
-from dagster_project.ops.answers.text import shard_list
+from dagster_project.ops.answers.text import counts_in_line, shard_list
 from dagster_project.pilot_record import PILOT_COMMAND, PilotRecord
 from dagster_project.sglang.answer_contract import CUT_SHORT, breaches_of, describe
 
@@ -285,7 +285,11 @@ def _shard_alerts(progress: ProgressAnswer, storage: StorageAnswer, publish_slow
     if storage.failed_uploads:
         alerts.append(Alert("storage", f"{storage.failed_uploads} uploads to the store failed (retried)"))
     if len(storage.settings_fingerprints) > 1:
-        alerts.append(Alert("storage", f"published shards mix generation settings: {storage.settings_fingerprints}"))
+        alerts.append(
+            Alert(
+                "storage", f"published shards mix generation settings: {counts_in_line(storage.settings_fingerprints)}"
+            )
+        )
     return alerts
 
 

@@ -102,6 +102,10 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
     eta_s = remaining / events_per_s if events_per_s else None
     from_window = eta_s is not None and not any(b.eta_settling for b in live)
     plan = readings.plan
+    # The runs the standing hold stopped are no failures to chase one by one: the hold's verdict names their shards
+    # and the one command that runs them again after the release.
+    hold = readings.hold
+    stopped_by_the_hold = {b.shard for b in readings.held_runs if hold is not None and b.updated_at >= hold.held_at}
     return ProgressAnswer(
         events_planned=readings.events_planned,
         events_done=done,
@@ -127,7 +131,11 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
         events_ok=ok_events,
         eta_settling=settling,
         eta_basis=(ETA_FROM_WINDOW if from_window else ETA_FROM_LIFETIME) if eta_s is not None else "",
-        shards_failed=sorted(b.shard for b in beats if b.state == "failed" and b.shard not in readings.published),
+        shards_failed=sorted(
+            b.shard
+            for b in beats
+            if b.state == "failed" and b.shard not in readings.published and b.shard not in stopped_by_the_hold
+        ),
         shards_publishing={
             b.shard: readings.now - b.updated_at
             for b in sorted(readings.live, key=lambda b: b.shard)

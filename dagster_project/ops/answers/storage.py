@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from dagster_project.ops.answers.readings import Readings
-from dagster_project.ops.answers.text import ago, as_of, fmt, shard_list
+from dagster_project.ops.answers.text import ago, as_of, counts_in_line, fmt, shard_list
 from dagster_project.store.storage import Store
 
 
@@ -136,7 +136,7 @@ def render_storage(storage: StorageAnswer, now: float) -> list[str]:
         f"   {s.store}: {s.shards_published}/{s.shards_total} shards published "
         f"(Dagster: {fmt(s.shards_materialized)} materialized), {fmt(s.bytes_published)} bytes, "
         f"failed uploads {s.failed_uploads}, last publish {ago(s.last_publish_at, now)}",
-        f"   generation settings of published shards: {s.settings_fingerprints or '—'}"
+        f"   generation settings of published shards: {counts_in_line(s.settings_fingerprints) or '—'}"
         + ("  ALERT: mixed settings" if len(s.settings_fingerprints) > 1 else "")
         + (f"  stale (made with other settings than configured now): {s.stale_shards}" if s.stale_shards else ""),
     ]

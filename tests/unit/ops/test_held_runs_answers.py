@@ -118,3 +118,15 @@ def test_a_run_that_failed_with_no_hold_standing_is_no_held_run(tmp_path):
     """Failed before the hold (its own error): its answers are not the held runs', and nothing says so."""
     status = status_of(tmp_path, [ended(2, 9, HELD_AT - 60)], hold=HOLD)
     assert status.progress.held_runs_answers == 0 and "held shard runs" not in render_text(status)
+
+
+def test_the_runs_the_standing_hold_stopped_are_not_listed_as_failed_shards(tmp_path):
+    """While held, the hold's verdict names the held shards and the command: a "shard runs failed" alert listing
+    the same runs again is noise. A run that failed on its own, before the hold, is still one."""
+    status = status_of(tmp_path, [ended(0, 80, HELD_AT + 30), ended(1, 47, HELD_AT + 40), ended(2, 9, HELD_AT - 60)])
+    assert status.progress.shards_failed == [0, 1, 2]  # no hold: each is a failed run
+    held = status_of(
+        tmp_path, [ended(0, 80, HELD_AT + 30), ended(1, 47, HELD_AT + 40), ended(2, 9, HELD_AT - 60)], hold=HOLD
+    )
+    assert held.progress.shards_failed == [2]
+    assert [a.message for a in held.alerts if a.kind == "shards"] == ["shard runs failed and unpublished: [2]"]
