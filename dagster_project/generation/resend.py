@@ -68,6 +68,9 @@ class Resends:
     def _spawn(self, coroutine: Awaitable, tasks: set[asyncio.Task] | None = None) -> None:
         raise NotImplementedError
 
+    def _server_failed(self, server: ServerState, error: SGLangError, now: float) -> None:
+        raise NotImplementedError
+
     def _unrecorded(self, server: ServerState, cause: str, tokens: int) -> None:
         """The server generated an answer of `tokens` output tokens that no record holds (the waste ledger's)."""
         server.unrecorded.add(cause, tokens)
@@ -125,7 +128,10 @@ class Resends:
 
     def _settle_superseded(self, attempt, result: GenerateResult | None, error: SGLangError | None) -> None:
         """A superseded attempt ended: a late answer (lost to another attempt) or the answer to our abort, whose
-        tokens were generated for nothing. Neither says anything against the server."""
+        tokens were generated for nothing and say nothing against the server; or an answer that broke the contract as
+        no healthy server does (`MALFORMED_ANSWER_KINDS`), a fault of its server even though nobody waits for it any
+        more. No other failure is counted against it here: a timeout or a dropped connection of a request given up
+        says nothing of it, and the other breaches' tokens are counted (`errors_and_retries`), not the breaches."""
         server, now = attempt.server, self._clock()
         if result is not None:
             server.watch.answered(now)
@@ -137,8 +143,15 @@ class Resends:
             server.watch.answered(now)
             cause = STOPPED_IN_FLIGHT if attempt.stopped else RESENT_ORIGINAL
             self._unrecorded(server, cause, error.partial.completion_tokens if error.partial else 0)
-        elif error.partial is not None:  # it failed otherwise (broke the contract): what it wrote is in no record
-            self._unrecorded(server, unrecorded_cause(error), error.partial.completion_tokens)
+        else:
+            if error.kind in MALFORMED_ANSWER_KINDS:
+                # Named on its server like any breach (the ledger counts it `refused` below). It also counts toward
+                # setting the server aside: that rule reads these same counts, so many in all and not only in a
+                # row, and left out here a server past the bound would stay in until some later breach.
+                server.errors[error.kind] += 1
+                self._server_failed(server, error, now)
+            if error.partial is not None:  # what it wrote is in no record
+                self._unrecorded(server, unrecorded_cause(error), error.partial.completion_tokens)
 
     def _abort_later(self, server: ServerState, rid: str) -> None:
         """Free the slot on the server now rather than when it notices the disconnect."""

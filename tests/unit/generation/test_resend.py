@@ -1,15 +1,20 @@
 """Each request in flight once: a server stopped mid-run (a SIGSTOP) and resumed gets its re-sent requests' originals
 aborted by their rids as soon as it answers again, never runs a prompt twice at once, and what the aborted originals
-wrote is counted (on a virtual clock with in-process servers)."""
+wrote is counted, and a broken answer to one is named on its server (on a virtual clock with in-process servers)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from typing import Any
 
 from dagster_project.generation.dispatch import Dispatcher, DispatchOptions, DispatchStats, GenRequest, Outcome
 from dagster_project.generation.progress import Heartbeat
 from dagster_project.generation.shards import GenerationSummary, RowCounts
+from dagster_project.generation.unrecorded import REFUSED
+from dagster_project.sglang import answer_contract as contract
+from dagster_project.sglang.client import GenerateResult, SGLangError
 from tests.support.virtual_fleet import FakeServer, StoppableServer, VirtualClockLoop, now, run_virtual
 
 
@@ -40,6 +45,34 @@ def _run(
     assert sorted(outcomes) == sorted(r.key for r in _requests(count))  # none lost
     assert all(o.ok for o in outcomes.values())
     return dispatcher, stats, outcomes
+
+
+class BreaksWhatItHeldThroughAStop(StoppableServer):
+    """Resumed after a stop, it answers each request it held through the stop with the end-of-turn id mid-answer (a
+    breach of the contract, raised as the client raises one), and it takes aborts without acting on them (as a proxy
+    that does not pass them on): the originals it held end with their broken answers after being superseded."""
+
+    def __init__(self, url: str, **options: Any):
+        super().__init__(url, **options)
+        self.stops = 0
+        self.broke: list[str] = []  # the rids it answered with a broken answer
+
+    def stop(self) -> None:
+        self.stops += 1
+        super().stop()
+
+    async def abort(self, rid: str, timeout: float | None = None) -> None:
+        await self._answer_or_time_out(timeout)
+        self.aborted.append((now(), rid))
+
+    async def generate(self, *request: Any, **options: Any) -> GenerateResult:
+        stops = self.stops
+        result = await super().generate(*request, **options)
+        if self.stops == stops:
+            return result
+        self.broke.append(result.rid)
+        detail = contract.BREACHES[contract.END_MID_ANSWER]
+        raise SGLangError(contract.END_MID_ANSWER, detail, url=self.base_url, rid=result.rid, partial=result)
 
 
 def _originals_aborted_after(server: StoppableServer, at: float) -> list[str]:
@@ -99,3 +132,23 @@ def test_originals_of_requests_answered_elsewhere_are_aborted_once_their_server_
     )
     assert sum(stopped.running.values()) == 0  # nothing of ours left running there
     assert stats.resent_original_tokens > 0 and stats.late_results == 0
+
+
+def test_a_superseded_original_that_breaks_the_contract_is_named_on_its_server(caplog):
+    # Stopped 2 s before its five 20 s answers end, it is set aside and their re-sends are answered by the other
+    # server; resumed, it ends the originals (superseded: nobody waits for them) with broken answers. Each is a
+    # fault of the server: named on it, as many as the ledger counts refused, and they set it aside.
+    stopped = BreaksWhatItHeldThroughAStop("http://stopped", answer_s=20.0)
+    healthy = FakeServer("http://healthy", answer_s=2.0)
+    with caplog.at_level(logging.WARNING):
+        dispatcher, stats, _ = _run([stopped, healthy], 300, stopped, stop_at=18.0, resume_at=80.0)  # all answered
+    # Each broken answer was to an original given up and aborted (superseded), not to an attempt waited for.
+    assert len(stopped.broke) == 5 and set(stopped.broke) <= set(_originals_aborted_after(stopped, 80.0))
+    view = dispatcher.snapshot()["servers"][stopped.base_url]
+    named = contract.breaches_of(view["errors"], contract.MALFORMED_ANSWER_KINDS)
+    assert named == {contract.END_MID_ANSWER: 5}, view
+    assert view["unrecorded"]["answers"][REFUSED] == sum(named.values())
+    assert view["unrecorded"]["tokens"][REFUSED] == 5 * 200  # each wrote its whole answer
+    assert stats.unrecorded.answers[REFUSED] == sum(named.values())
+    set_aside = f"server {stopped.base_url} set aside (3 answers broke the contract: end-of-turn mid-answer 3)"
+    assert any(set_aside in record.getMessage() for record in caplog.records), caplog.text
