@@ -82,14 +82,18 @@ def test_a_body_past_its_bound_is_refused_unread_and_the_request_answered_elsewh
 
     def on_outcome(outcome: Outcome) -> None:
         outcomes.append(outcome)
-        if len(outcomes) == 2:  # both servers checked and answering: from now on 50 MB bodies (the bound: 1.06 MB)
+        # Server 1 checked and answering (its first answer: on a loaded machine server 0 can take the first dozens
+        # before server 1's checks end): from now on 50 MB bodies (the bound: 1.06 MB).
+        if outcome.server == fleet.url(1) and sum(o.server == fleet.url(1) for o in outcomes) == 1:
             fleet.set_faults(1, huge_body_share=1.0)
 
-    requests = [GenRequest(f"c{i}#turn0", [248045, 846, 198, 3000 + i, 248046, 198], params) for i in range(40)]
+    count = 120  # work left for server 1 after its first answer, however many server 0 answered first
+    requests = [GenRequest(f"c{i}#turn0", [248045, 846, 198, 3000 + i, 248046, 198], params) for i in range(count)]
     asyncio.run(dispatcher.run(requests, on_outcome))
-    assert len(outcomes) == 40 and all(o.ok for o in outcomes)
+    assert len(outcomes) == count and all(o.ok for o in outcomes)
+    assert any(o.server == fleet.url(1) for o in outcomes), "server 1 never answered: the test proves nothing"
     faulty = dispatcher.snapshot()["servers"][fleet.url(1)]
-    assert faulty["errors"][contract.OVERSIZED_BODY] >= 1 and faulty["state"] == "quarantined", faulty
+    assert faulty["errors"].get(contract.OVERSIZED_BODY, 0) >= 1 and faulty["state"] == "quarantined", faulty
     assert "answers broke the contract: a body larger than any answer" in faulty["reason"]
 
 
