@@ -64,6 +64,14 @@ FAULT_CONFIG = {
     **RUN_CONFIG,
     "resources": {"generation": {"config": {"max_new_tokens": 512, "temperature": 0.0}}},
 }
+# The pilot of each of those settings, through the same server, before any shard of them (as in production), its
+# gates lifted as the shards' are.
+PILOT_GATES = {
+    **LIFTED_ANSWER_GATES,
+    "max_length_capped_share": 1.0,
+    "min_supervised_pairs": 1,
+    "exclude_length_capped": False,
+}
 SERVER_TIMEOUT_S = sglang_real.STARTUP_TIMEOUT_S + 60
 RUN_TIMEOUT_S = 900
 
@@ -128,6 +136,9 @@ def pipeline(tmp_path_factory, tiny_model, sglang_python) -> Iterator[Pipeline]:
         dflash(pipeline, *fleet_up, timeout_s=SERVER_TIMEOUT_S)
         prompts = {"ops": {"conversations": {"config": {"max_prompt_tokens": 2048}}}}
         materialize(env, root, "raw_prompts,conversations", run_config=prompts)
+        for settings in (RUN_CONFIG, FAULT_CONFIG):
+            pilot = {"resources": settings["resources"], "ops": {"pilot": {"config": PILOT_GATES}}}
+            materialize(env, root, "pilot", run_config=pilot, timeout_s=RUN_TIMEOUT_S)
         yield pipeline
     finally:
         dflash(pipeline, "fleet", "down", timeout_s=120)
