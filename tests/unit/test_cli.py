@@ -73,7 +73,7 @@ def test_each_fleet_action_shows_only_its_own_flags():
     assert flags["dflash fleet down"] == {"--node"}
     assert flags["dflash fleet status"] == {"--json"}
     assert flags["dflash fleet forget"] == {"--node"}
-    assert flags["dflash fleet router"] == {"--router-port"}
+    assert flags["dflash fleet router"] == {"--router-port", "--router-metrics-port"}
     assert flags["dflash fleet"] == set()
 
 
