@@ -104,8 +104,7 @@ def answer_progress(readings: Readings) -> ProgressAnswer:
     plan = readings.plan
     # The runs the standing hold stopped are no failures to chase one by one: the hold's verdict names their shards
     # and the one command that runs them again after the release.
-    hold = readings.hold
-    stopped_by_the_hold = {b.shard for b in readings.held_runs if hold is not None and b.updated_at >= hold.held_at}
+    stopped_by_the_hold = readings.stopped_by_the_standing_hold
     return ProgressAnswer(
         events_planned=readings.events_planned,
         events_done=done,

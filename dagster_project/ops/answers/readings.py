@@ -144,6 +144,12 @@ class Readings:
         ]
 
     @property
+    def stopped_by_the_standing_hold(self) -> set[int]:
+        """The shards of the held runs the hold that stands now stopped (the verdict names them, and their command)."""
+        hold = self.hold
+        return {b.shard for b in self.held_runs if hold is not None and b.updated_at >= hold.held_at}
+
+    @property
     def events_done(self) -> int:
         """Planned events with a record: the published shards' rows, and what running shards did so far (not the held
         runs' answers: see `held_runs`)."""
